@@ -1,0 +1,178 @@
+"""The cluster's shared state in ZooKeeper: paths and the JSON records stored there.
+
+The coordinator and the partition servers both read and write these; nothing else does.
+All paths are relative to the ZooKeeper chroot in the hosts string (default
+``127.0.0.1:2181/pidlease``), so several clusters or tests can share one ensemble.
+
+    /pid_block                       next unallocated PID (ASCII int), advanced by CAS
+    /pids/<pid>                      PidRecord JSON; its znode version is the CAS token
+    /names/<quoted producer name>    the PID bound to that name (ASCII int)
+    /topics/<name>                   TopicSpec JSON
+    /topics/<name>/partitions/<p>    PartitionState JSON (leader, replicas, isr, epoch)
+    /servers/<id>                    ephemeral ServerInfo JSON of a live partition server
+    /coordinators/<id>               ephemeral, one per live coordinator
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import quote, unquote
+
+PID_BLOCK = "/pid_block"
+PIDS = "/pids"
+NAMES = "/names"
+TOPICS = "/topics"
+SERVERS = "/servers"
+COORDINATORS = "/coordinators"
+ALL_ROOTS = (PIDS, NAMES, TOPICS, SERVERS, COORDINATORS)
+
+DEDUP_MODES = ("strict", "monotonic", "off")
+
+
+def pid_path(pid: int) -> str:
+    return f"{PIDS}/{pid}"
+
+
+def name_path(producer_name: str) -> str:
+    return f"{NAMES}/{quote(producer_name, safe='')}"
+
+
+def name_from_node(node: str) -> str:
+    return unquote(node)
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def partition_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}"
+
+
+def server_path(server_id: int) -> str:
+    return f"{SERVERS}/{server_id}"
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(asdict(obj), separators=(",", ":")).encode()
+
+
+@dataclass
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int = 1
+    dedup: str = "strict"
+    created_ms: int = 0
+
+    def to_bytes(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> TopicSpec:
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class PartitionState:
+    replicas: list[int]
+    leader: int
+    leader_epoch: int = 0
+    isr: list[int] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> PartitionState:
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class ServerInfo:
+    id: int
+    host: str
+    port: int
+    started_ms: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_bytes(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> ServerInfo:
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class PidRecord:
+    """What the coordinator knows of a PID. ``partitions`` maps "topic/partition" to
+    ``{"seen": bool}``: seen means a leader once reported state for this PID there, so
+    a later "no state" answer means the state expired (UNKNOWN_PID), not "never written"."""
+
+    pid: int
+    generation: int
+    producer_name: str | None = None
+    expire_ms: int = 0
+    expires_at_ms: int = 0
+    last_use_ms: int = 0
+    created_ms: int = 0
+    partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> PidRecord:
+        return cls(**json.loads(raw))
+
+
+def tp_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def split_tp_key(key: str) -> tuple[str, int]:
+    topic, _, p = key.rpartition("/")
+    return topic, int(p)
+
+
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+TOPIC_NAME_MAX = 200
+PRODUCER_NAME_MAX = 255
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid topic name, or None when it is."""
+    if not name or len(name) > TOPIC_NAME_MAX:
+        return f"topic name must be 1..{TOPIC_NAME_MAX} characters"
+    if name in (".", "..") or not set(name) <= _TOPIC_CHARS:
+        return "topic name may hold only letters, digits, '.', '_' and '-'"
+    return None
+
+
+def connect_zk(hosts: str, *, timeout_s: float = 10.0, ensure_roots: bool = True) -> Any:
+    """A started KazooClient for ``hosts`` (which may end in a chroot such as
+    ``127.0.0.1:2181/pidlease``). The chroot and the layout's roots are created first, so
+    a fresh ZooKeeper works without any setup step."""
+    from kazoo.client import KazooClient
+
+    server_part, slash, chroot = hosts.partition("/")
+    if slash and chroot:
+        boot = KazooClient(hosts=server_part, timeout=timeout_s)
+        boot.start(timeout=timeout_s)
+        try:
+            boot.ensure_path("/" + chroot)
+        finally:
+            boot.stop()
+            boot.close()
+    zk = KazooClient(hosts=hosts, timeout=timeout_s)
+    zk.start(timeout=timeout_s)
+    if ensure_roots:
+        for root in ALL_ROOTS:
+            zk.ensure_path(root)
+    return zk

@@ -1,0 +1,264 @@
+"""A real local cluster on 127.0.0.1: ZooKeeper, coordinators and partition servers as
+separate processes with their own files.
+
+Used by ``pidlease dev up``, the demo, the benchmarks and the integration tests (which is
+why it is public, like ``trio.testing``). Every service is started with ``sys.executable
+-m coordinator`` / ``-m partition_server`` and configured through ``PIDLEASE_*``
+environment variables, exactly as an operator would run them. Fault helpers
+(``kill_server``, ``restart_server``, ``stop_server``) send real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pidlease.zkserver import ZooKeeperCluster, free_port
+
+DEV_SECRET = "pidlease-dev-secret"
+
+
+@dataclass
+class Service:
+    kind: str           # "coordinator" | "partition_server"
+    ident: int
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{what} did not listen on {port} within {timeout_s}s:\n{tail(log)}")
+
+
+def tail(path: Path, lines: int = 80) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> tuple[int, dict]:
+    """A tiny JSON HTTP call with no dependencies: (status, body)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"raw": raw.decode(errors="replace")}
+
+
+class LocalCluster:
+    """ZooKeeper (1 or 3 nodes) + ``coordinators`` coordinators + ``servers`` partition
+    servers under ``data_dir``. ``zk_hosts`` may point at an existing ZooKeeper (tests pass
+    a per-test chroot of a session-wide server); then no ZooKeeper is started."""
+
+    def __init__(self, data_dir: str | Path, *, servers: int = 1, coordinators: int = 1,
+                 zk_nodes: int = 1, zk_hosts: str | None = None, chroot: str = "/pidlease",
+                 secret: str = DEV_SECRET, env: dict[str, str] | None = None,
+                 coordinator_ports: list[int] | None = None,
+                 server_ports: list[int] | None = None) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.zk: ZooKeeperCluster | None = None
+        self._zk_nodes = zk_nodes
+        self._zk_hosts_given = zk_hosts
+        self.chroot = chroot
+        self.secret = secret
+        self.base_env = dict(env or {})
+        self.coordinators: list[Service] = []
+        self.servers: list[Service] = []
+        self._n_coord = coordinators
+        self._n_servers = servers
+        self._coord_ports = coordinator_ports
+        self._server_ports = server_ports
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def zk_hosts(self) -> str:
+        if self._zk_hosts_given:
+            return self._zk_hosts_given
+        assert self.zk is not None, "ZooKeeper not started"
+        return self.zk.hosts + self.chroot
+
+    @property
+    def coordinator_url(self) -> str:
+        return self.coordinators[0].url
+
+    def common_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"PIDLEASE_ZK": self.zk_hosts, "PIDLEASE_LEASE_SECRET": self.secret,
+                    "PYTHONUNBUFFERED": "1"})
+        env.update(self.base_env)
+        return env
+
+    def start(self, timeout_s: float = 60.0) -> LocalCluster:
+        if self._zk_hosts_given is None:
+            self.zk = ZooKeeperCluster(self.data_dir / "zookeeper", self._zk_nodes).start(timeout_s)
+        for i in range(self._n_servers):
+            port = self._server_ports[i] if self._server_ports else free_port()
+            self.add_server(i + 1, port, start=True, timeout_s=timeout_s)
+        for i in range(self._n_coord):
+            port = self._coord_ports[i] if self._coord_ports else free_port()
+            self.add_coordinator(i + 1, port, timeout_s=timeout_s)
+        return self
+
+    def add_server(self, ident: int, port: int | None = None, *, start: bool = True,
+                   timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> Service:
+        port = port or free_port()
+        sdir = self.data_dir / f"server-{ident}"
+        sdir.mkdir(parents=True, exist_ok=True)
+        svc = Service("partition_server", ident, port, {}, sdir / "server.log",
+                      extra_env=dict(extra_env or {}))
+        self.servers.append(svc)
+        if start:
+            self.start_service(svc, timeout_s)
+        return svc
+
+    def add_coordinator(self, ident: int, port: int | None = None, *, timeout_s: float = 60.0,
+                        extra_env: dict[str, str] | None = None) -> Service:
+        port = port or free_port()
+        cdir = self.data_dir / f"coordinator-{ident}"
+        cdir.mkdir(parents=True, exist_ok=True)
+        svc = Service("coordinator", ident, port, {}, cdir / "coordinator.log",
+                      extra_env=dict(extra_env or {}))
+        self.coordinators.append(svc)
+        self.start_service(svc, timeout_s)
+        return svc
+
+    def _service_env(self, svc: Service) -> dict[str, str]:
+        env = self.common_env()
+        if svc.kind == "coordinator":
+            env.update({"PIDLEASE_HTTP_HOST": "127.0.0.1", "PIDLEASE_HTTP_PORT": str(svc.port),
+                        "PIDLEASE_COORDINATOR_ID": f"coordinator-{svc.ident}"})
+        else:
+            env.update({"PIDLEASE_SERVER_ID": str(svc.ident), "PIDLEASE_HOST": "127.0.0.1",
+                        "PIDLEASE_PORT": str(svc.port),
+                        "PIDLEASE_DATA_DIR": str(self.data_dir / f"server-{svc.ident}" / "data")})
+        env.update(svc.extra_env)
+        return env
+
+    def start_service(self, svc: Service, timeout_s: float = 60.0) -> None:
+        if svc.alive:
+            return
+        log = open(svc.log_path, "ab")
+        log.write(f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode())
+        log.flush()
+        svc.proc = subprocess.Popen([sys.executable, "-m", svc.kind], env=self._service_env(svc),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        log.close()
+        _wait_tcp(svc.port, svc.proc, timeout_s, f"{svc.kind} {svc.ident}", svc.log_path)
+        if svc.kind == "coordinator":
+            self._wait_healthy(svc, timeout_s)
+
+    def _wait_healthy(self, svc: Service, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                status, body = http_json("GET", svc.url + "/healthz", timeout_s=2)
+                if status == 200:
+                    return
+                last = body
+            except OSError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise TimeoutError(f"coordinator {svc.ident} not healthy: {last}\n{tail(svc.log_path)}")
+
+    def signal_service(self, svc: Service, sig: int) -> None:
+        if svc.proc is not None and svc.proc.poll() is None:
+            os.kill(svc.proc.pid, sig)
+
+    def kill(self, svc: Service) -> None:
+        """SIGKILL, and wait until the process is gone."""
+        if svc.proc is not None:
+            if svc.proc.poll() is None:
+                svc.proc.send_signal(signal.SIGKILL)
+            svc.proc.wait(10)
+            svc.proc = None
+
+    def stop_service(self, svc: Service, timeout_s: float = 15.0) -> None:
+        if svc.proc is None:
+            return
+        if svc.proc.poll() is None:
+            svc.proc.send_signal(signal.SIGTERM)
+            try:
+                svc.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                svc.proc.kill()
+                svc.proc.wait(5)
+        svc.proc = None
+
+    def restart(self, svc: Service, timeout_s: float = 60.0) -> None:
+        self.kill(svc)
+        self.start_service(svc, timeout_s)
+
+    def server(self, ident: int) -> Service:
+        return next(s for s in self.servers if s.ident == ident)
+
+    def stop(self) -> None:
+        for svc in self.coordinators + self.servers:
+            self.stop_service(svc)
+        if self.zk is not None:
+            self.zk.stop()
+
+    def logs(self, lines: int = 60) -> str:
+        parts = [f"--- {s.kind} {s.ident} ({s.log_path}) ---\n{tail(s.log_path, lines)}"
+                 for s in self.coordinators + self.servers]
+        if self.zk is not None:
+            parts.append(self.zk.tail_logs(lines))
+        return "\n".join(parts)
+
+    # -- conveniences ----------------------------------------------------------------------
+    def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                     dedup: str = "strict") -> dict:
+        status, body = http_json("POST", self.coordinator_url + "/v1/topics",
+                                 {"name": name, "partitions": partitions,
+                                  "replication_factor": replication_factor, "dedup": dedup})
+        if status != 200:
+            raise RuntimeError(f"create topic {name}: {status} {body}")
+        return body
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,455 @@
+"""The binary wire protocol between producers, readers, coordinators and partition servers.
+
+Shared by the SDK and the servers (the server imports it from here, as Kafka's broker
+imports ``clients``). ``docs/protocol.md`` is the prose version of this module.
+
+Framing: every message is ``u32 length`` followed by ``length`` bytes, big-endian.
+
+    request  = u8 api_key, u32 correlation_id, payload
+    response = u32 correlation_id, u16 error_code, str detail, payload
+
+``str`` is ``u16 length`` + UTF-8 bytes. A response payload is always present and has
+the same shape whatever the error code, so a reader never branches on the error to parse.
+
+The unit of data is a *batch*, stored on disk exactly as it travels (the server only
+fills in ``base_offset``, which the checksum does not cover, so it never recomputes it):
+
+    off  size  field
+    0    8     base_offset   i64   set by the server; a producer sends 0
+    8    4     batch_len     u32   bytes after this field
+    12   4     crc           u32   CRC-32 of every byte from offset 16 to the end
+    16   1     flags         u8    bit 0: control batch (a fence record)
+    17   8     pid           u64   0 = not idempotent
+    25   4     generation    u32   < 2**31
+    29   8     base_sequence i64   sequence of the first record; -1 on control batches
+    37   4     count         u32   records in the batch, >= 1
+    41   8     timestamp_ms  i64   producer's clock when the batch was closed
+    49   ...   records: i32 key_len (-1 = no key), u32 value_len, key, value
+
+Record ``i`` of a batch has offset ``base_offset + i`` and sequence ``base_sequence + i``.
+A control batch holds one record (key ``b"fence"``), takes one offset, has no sequence,
+and readers skip it unless asked for control records.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pidlease.errors import CorruptRecord
+
+# --- API keys -----------------------------------------------------------------------------
+PRODUCE = 1
+FETCH = 2
+FENCE = 3
+PRODUCER_STATE = 4
+METADATA = 5
+API_NAMES = {PRODUCE: "produce", FETCH: "fetch", FENCE: "fence",
+             PRODUCER_STATE: "producer_state", METADATA: "metadata"}
+
+FLAG_CONTROL = 0x01
+FENCE_CREATE_IF_ABSENT = 0x01
+
+MAX_GENERATION = 2**31 - 1
+MAX_SEQUENCE = 2**63 - 1
+MAX_PID = 2**63 - 1  # PIDs are positive 64-bit integers; kept signed-safe for JSON users
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_REQ_HEAD = struct.Struct(">BI")
+_RESP_HEAD = struct.Struct(">IH")
+BATCH_HEADER = struct.Struct(">qIIBQIqIq")
+BATCH_HEADER_SIZE = BATCH_HEADER.size  # 49
+_REC_HEAD = struct.Struct(">iI")
+_CRC_START = 16
+# Fixed-size parts of responses.
+_PRODUCE_RESP = struct.Struct(">qqq")      # base_offset, last_offset, expected_sequence
+_FETCH_REQ = struct.Struct(">qI")          # offset, max_bytes
+_FETCH_RESP = struct.Struct(">qq")         # high_watermark, log_start_offset (then bytes)
+_FENCE_REQ = struct.Struct(">QIB")         # pid, generation, flags
+_FENCE_RESP = struct.Struct(">Bqq")        # existed, durable_highwater, fence_offset
+_STATE_REQ = struct.Struct(">Q")           # pid
+_STATE_RESP = struct.Struct(">BIqq")       # found, generation, durable_highwater, last_use_ms
+_PARTITION = struct.Struct(">I")
+
+
+# --- batches ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_len: int
+    crc: int
+    flags: int
+    pid: int
+    generation: int
+    base_sequence: int
+    count: int
+    timestamp_ms: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch takes, header included."""
+        return self.batch_len + 12
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.flags & FLAG_CONTROL)
+
+    @property
+    def last_sequence(self) -> int:
+        return self.base_sequence + self.count - 1
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.count - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record as a reader sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    pid: int
+    generation: int
+    sequence_id: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+    is_control: bool = False
+
+
+def encode_batch(
+    records: Sequence[tuple[bytes | None, bytes]],
+    *,
+    pid: int,
+    generation: int,
+    base_sequence: int,
+    timestamp_ms: int,
+    flags: int = 0,
+) -> bytes:
+    """A batch ready to send (``base_offset`` 0). ``records`` are (key, value) pairs."""
+    parts: list[bytes] = []
+    for key, value in records:
+        if key is None:
+            parts.append(_REC_HEAD.pack(-1, len(value)))
+        else:
+            parts.append(_REC_HEAD.pack(len(key), len(value)))
+            parts.append(key)
+        parts.append(value)
+    body = b"".join(parts)
+    tail = struct.pack(">BQIqIq", flags, pid, generation, base_sequence, len(records),
+                       timestamp_ms) + body
+    crc = zlib.crc32(tail)
+    return struct.pack(">qII", 0, len(tail) + 4, crc) + tail
+
+
+def encode_control_batch(*, pid: int, generation: int, timestamp_ms: int) -> bytes:
+    return encode_batch([(b"fence", b"")], pid=pid, generation=generation, base_sequence=-1,
+                        timestamp_ms=timestamp_ms, flags=FLAG_CONTROL)
+
+
+def decode_batch_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse a header without checking the checksum. Raises CorruptRecord when short."""
+    if len(buf) - pos < BATCH_HEADER_SIZE:
+        raise CorruptRecord(f"batch header needs {BATCH_HEADER_SIZE} bytes, got {len(buf) - pos}")
+    return BatchHeader(*BATCH_HEADER.unpack_from(buf, pos))
+
+
+def set_base_offset(batch: bytearray, base_offset: int, pos: int = 0) -> None:
+    struct.pack_into(">q", batch, pos, base_offset)
+
+
+def batch_crc_ok(buf: bytes | memoryview, header: BatchHeader, pos: int = 0) -> bool:
+    end = pos + header.size
+    if end > len(buf):
+        return False
+    return zlib.crc32(memoryview(buf)[pos + _CRC_START:end]) == header.crc
+
+
+def validate_batch(buf: bytes | memoryview, pos: int = 0, *, max_bytes: int | None = None) -> BatchHeader:
+    """Check one complete batch at ``pos``: lengths, checksum, field ranges and that its
+    records parse to exactly ``count`` records filling the batch. Raises CorruptRecord."""
+    h = decode_batch_header(buf, pos)
+    if h.batch_len < BATCH_HEADER_SIZE - 12:
+        raise CorruptRecord(f"batch_len {h.batch_len} is shorter than a header")
+    if max_bytes is not None and h.size > max_bytes:
+        raise CorruptRecord(f"batch of {h.size} bytes is over the limit of {max_bytes}")
+    if pos + h.size > len(buf):
+        raise CorruptRecord(f"batch says {h.size} bytes but only {len(buf) - pos} arrived")
+    if not batch_crc_ok(buf, h, pos):
+        raise CorruptRecord("batch checksum mismatch")
+    if h.count < 1:
+        raise CorruptRecord(f"batch record count must be >= 1, got {h.count}")
+    if h.generation > MAX_GENERATION:
+        raise CorruptRecord(f"generation {h.generation} is over 2**31-1")
+    if h.pid > MAX_PID:
+        raise CorruptRecord(f"pid {h.pid} is over 2**63-1")
+    if h.is_control:
+        if h.count != 1 or h.base_sequence != -1:
+            raise CorruptRecord("a control batch holds one record and no sequence")
+    elif h.base_sequence < 0 or h.base_sequence + h.count - 1 > MAX_SEQUENCE:
+        raise CorruptRecord(f"base_sequence {h.base_sequence} out of range")
+    end = pos + h.size
+    p = pos + BATCH_HEADER_SIZE
+    for _ in range(h.count):
+        if p + 8 > end:
+            raise CorruptRecord("record header runs past the batch")
+        klen, vlen = _REC_HEAD.unpack_from(buf, p)
+        p += 8 + max(klen, 0) + vlen
+        if klen < -1 or p > end:
+            raise CorruptRecord("record runs past the batch")
+    if p != end:
+        raise CorruptRecord(f"{end - p} bytes after the last record of the batch")
+    return h
+
+
+def iter_batches(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator[tuple[BatchHeader, int]]:
+    """Yield (header, position) for each complete batch in ``buf``; raises CorruptRecord on
+    a bad checksum, stops quietly at a trailing partial batch (a fetch may cut one)."""
+    pos = 0
+    n = len(buf)
+    while n - pos >= BATCH_HEADER_SIZE:
+        h = decode_batch_header(buf, pos)
+        if pos + h.size > n:
+            return
+        if check_crc and not batch_crc_ok(buf, h, pos):
+            raise CorruptRecord(f"checksum mismatch in batch at offset {h.base_offset}")
+        yield h, pos
+        pos += h.size
+
+
+def iter_records(buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str = "",
+                 partition: int = 0) -> Iterator[Record]:
+    p = pos + BATCH_HEADER_SIZE
+    mv = memoryview(buf)
+    for i in range(h.count):
+        klen, vlen = _REC_HEAD.unpack_from(buf, p)
+        p += 8
+        key = None
+        if klen >= 0:
+            key = bytes(mv[p:p + klen])
+            p += klen
+        value = bytes(mv[p:p + vlen])
+        p += vlen
+        seq = -1 if h.is_control else h.base_sequence + i
+        yield Record(topic, partition, h.base_offset + i, h.pid, h.generation, seq, key, value,
+                     h.timestamp_ms, h.is_control)
+
+
+# --- primitive encoders -------------------------------------------------------------------
+def pack_str(s: str) -> bytes:
+    b = s.encode()
+    if len(b) > 0xFFFF:
+        raise ValueError("string longer than 65535 bytes")
+    return _U16.pack(len(b)) + b
+
+
+class Cursor:
+    """Reads fields off a payload; any overrun raises CorruptRecord (a malformed frame)."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes | memoryview, pos: int = 0) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def take(self, st: struct.Struct) -> tuple[Any, ...]:
+        if self.pos + st.size > len(self.buf):
+            raise CorruptRecord("frame ends in the middle of a field")
+        v = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return v
+
+    def str(self) -> str:
+        (n,) = self.take(_U16)
+        if self.pos + n > len(self.buf):
+            raise CorruptRecord("frame ends in the middle of a string")
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptRecord("string field is not UTF-8") from exc
+
+    def rest(self) -> memoryview:
+        mv = memoryview(self.buf)[self.pos:]
+        self.pos = len(self.buf)
+        return mv
+
+
+def frame(body: bytes) -> bytes:
+    return _U32.pack(len(body)) + body
+
+
+# --- requests -----------------------------------------------------------------------------
+def request(api_key: int, correlation_id: int, payload: bytes) -> bytes:
+    return frame(_REQ_HEAD.pack(api_key, correlation_id) + payload)
+
+
+def produce_request(correlation_id: int, topic: str, partition: int, token: str, batch: bytes) -> bytes:
+    head = _REQ_HEAD.pack(PRODUCE, correlation_id) + pack_str(topic) + _PARTITION.pack(partition) + pack_str(token)
+    return _U32.pack(len(head) + len(batch)) + head + batch
+
+
+def fetch_request(correlation_id: int, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
+    return request(FETCH, correlation_id,
+                   pack_str(topic) + _PARTITION.pack(partition) + _FETCH_REQ.pack(offset, max_bytes))
+
+
+def fence_request(correlation_id: int, topic: str, partition: int, pid: int, generation: int,
+                  token: str, *, create_if_absent: bool) -> bytes:
+    flags = FENCE_CREATE_IF_ABSENT if create_if_absent else 0
+    return request(FENCE, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
+                   + _FENCE_REQ.pack(pid, generation, flags) + pack_str(token))
+
+
+def producer_state_request(correlation_id: int, topic: str, partition: int, pid: int) -> bytes:
+    return request(PRODUCER_STATE, correlation_id,
+                   pack_str(topic) + _PARTITION.pack(partition) + _STATE_REQ.pack(pid))
+
+
+def metadata_request(correlation_id: int) -> bytes:
+    return request(METADATA, correlation_id, b"")
+
+
+@dataclass(slots=True)
+class Request:
+    api_key: int
+    correlation_id: int
+    topic: str = ""
+    partition: int = 0
+    token: str = ""
+    batch: memoryview | None = None
+    offset: int = 0
+    max_bytes: int = 0
+    pid: int = 0
+    generation: int = 0
+    flags: int = 0
+
+
+def decode_request(body: bytes | memoryview) -> Request:
+    """Parse a request frame's body. Raises CorruptRecord on anything malformed; the
+    caller answers with that error (using ``correlation_id`` when it was readable)."""
+    c = Cursor(body)
+    api_key, corr = c.take(_REQ_HEAD)
+    req = Request(api_key, corr)
+    if api_key == METADATA:
+        return req
+    if api_key not in API_NAMES:
+        raise CorruptRecord(f"unknown api key {api_key}")
+    req.topic = c.str()
+    (req.partition,) = c.take(_PARTITION)
+    if api_key == PRODUCE:
+        req.token = c.str()
+        req.batch = c.rest()
+    elif api_key == FETCH:
+        req.offset, req.max_bytes = c.take(_FETCH_REQ)
+    elif api_key == FENCE:
+        req.pid, req.generation, req.flags = c.take(_FENCE_REQ)
+        req.token = c.str()
+    elif api_key == PRODUCER_STATE:
+        (req.pid,) = c.take(_STATE_REQ)
+    if c.pos != len(body):
+        raise CorruptRecord(f"{len(body) - c.pos} unexpected bytes after the request")
+    return req
+
+
+# --- responses ----------------------------------------------------------------------------
+def response(correlation_id: int, error_code: int, detail: str, payload: bytes) -> bytes:
+    return frame(_RESP_HEAD.pack(correlation_id, error_code) + pack_str(detail[:1000]) + payload)
+
+
+def produce_response(corr: int, code: int, detail: str = "", *, base_offset: int = -1,
+                     last_offset: int = -1, expected_sequence: int = -1, leader: str = "") -> bytes:
+    return response(corr, code, detail,
+                    _PRODUCE_RESP.pack(base_offset, last_offset, expected_sequence) + pack_str(leader))
+
+
+def fetch_response(corr: int, code: int, detail: str = "", *, high_watermark: int = -1,
+                   log_start_offset: int = 0, data: bytes | Sequence[bytes] = b"", leader: str = "") -> bytes:
+    """``data`` may be a list of buffers (whole stored batches) to avoid a join."""
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+    size = sum(len(x) for x in chunks)
+    head = _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + \
+        _FETCH_RESP.pack(high_watermark, log_start_offset) + pack_str(leader) + _U32.pack(size)
+    return b"".join([_U32.pack(len(head) + size), head, *chunks])
+
+
+def fence_response(corr: int, code: int, detail: str = "", *, existed: bool = False,
+                   durable_highwater: int = -1, fence_offset: int = -1) -> bytes:
+    return response(corr, code, detail, _FENCE_RESP.pack(int(existed), durable_highwater, fence_offset))
+
+
+def producer_state_response(corr: int, code: int, detail: str = "", *, found: bool = False,
+                            generation: int = 0, durable_highwater: int = -1,
+                            last_use_ms: int = 0) -> bytes:
+    return response(corr, code, detail,
+                    _STATE_RESP.pack(int(found), generation, durable_highwater, last_use_ms))
+
+
+def metadata_response(corr: int, code: int, detail: str = "", *, info: dict[str, Any] | None = None) -> bytes:
+    blob = json.dumps(info or {}).encode()
+    return response(corr, code, detail, _U32.pack(len(blob)) + blob)
+
+
+@dataclass(slots=True)
+class Response:
+    correlation_id: int
+    error_code: int
+    detail: str
+    base_offset: int = -1
+    last_offset: int = -1
+    expected_sequence: int = -1
+    leader: str = ""
+    high_watermark: int = -1
+    log_start_offset: int = 0
+    data: memoryview | None = None
+    found: bool = False
+    existed: bool = False
+    generation: int = 0
+    durable_highwater: int = -1
+    fence_offset: int = -1
+    last_use_ms: int = 0
+    info: dict[str, Any] | None = None
+
+
+def decode_response(api_key: int, body: bytes | memoryview) -> Response:
+    """Parse a response body for a request of ``api_key``. Raises CorruptRecord."""
+    c = Cursor(body)
+    corr, code = c.take(_RESP_HEAD)
+    r = Response(corr, code, c.str())
+    if api_key == PRODUCE:
+        r.base_offset, r.last_offset, r.expected_sequence = c.take(_PRODUCE_RESP)
+        r.leader = c.str()
+    elif api_key == FETCH:
+        r.high_watermark, r.log_start_offset = c.take(_FETCH_RESP)
+        r.leader = c.str()
+        (n,) = c.take(_U32)
+        r.data = c.rest()
+        if len(r.data) != n:
+            raise CorruptRecord("fetch response data length mismatch")
+    elif api_key == FENCE:
+        existed, r.durable_highwater, r.fence_offset = c.take(_FENCE_RESP)
+        r.existed = bool(existed)
+    elif api_key == PRODUCER_STATE:
+        found, r.generation, r.durable_highwater, r.last_use_ms = c.take(_STATE_RESP)
+        r.found = bool(found)
+    elif api_key == METADATA:
+        (n,) = c.take(_U32)
+        raw = bytes(c.rest())
+        if len(raw) != n:
+            raise CorruptRecord("metadata length mismatch")
+        r.info = json.loads(raw) if raw else {}
+    return r
+
+
+def peek_correlation_id(body: bytes | memoryview) -> int:
+    """The correlation id of a response body (first 4 bytes)."""
+    return _U32.unpack_from(body, 0)[0]
