@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian/Ubuntu machine for pidlease: Debian's ZooKeeper 3.8 (and a Java
+# runtime if missing), then a virtualenv in .venv with the project and its test tools.
+# Safe to run again; it installs only what is missing. Needs no standard input.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+need_apt=()
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "== installing Debian packages: ${need_apt[*]}"
+  $SUDO apt-get update -qq </dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" </dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  python3 -m venv .venv
+fi
+echo "== installing pidlease into .venv"
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' </dev/null
+echo "== ready: .venv/bin/pidlease --help"

@@ -1,0 +1,122 @@
+"""The wire and batch format: round trips, checksums, and that any byte string either
+decodes or raises CorruptRecord (never another exception)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pidlease import protocol as p
+from pidlease.errors import CorruptRecord
+
+records_st = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50)),
+                      min_size=1, max_size=20)
+
+
+@given(records_st, st.integers(1, 2**63 - 1), st.integers(0, 2**31 - 1), st.integers(0, 2**40))
+def test_batch_round_trip(records, pid, gen, base):
+    raw = bytearray(p.encode_batch(records, pid=pid, generation=gen, base_sequence=base, timestamp_ms=7))
+    p.set_base_offset(raw, 1000)
+    h = p.validate_batch(raw)
+    assert (h.pid, h.generation, h.base_sequence, h.count, h.base_offset) == (pid, gen, base, len(records), 1000)
+    recs = list(p.iter_records(raw, h, 0, "t", 3))
+    assert [(r.key, r.value) for r in recs] == records
+    assert [r.offset for r in recs] == list(range(1000, 1000 + len(records)))
+    assert [r.sequence_id for r in recs] == list(range(base, base + len(records)))
+
+
+def test_base_offset_is_outside_the_checksum():
+    raw = bytearray(p.encode_batch([(None, b"x")], pid=1, generation=0, base_sequence=0, timestamp_ms=0))
+    p.set_base_offset(raw, 2**40)
+    p.validate_batch(raw)
+
+
+@given(st.data())
+@settings(max_examples=200)
+def test_any_flipped_byte_after_offset_is_refused(data):
+    raw = bytearray(p.encode_batch([(b"k", b"value-1"), (None, b"v2")], pid=5, generation=1,
+                                   base_sequence=0, timestamp_ms=0))
+    i = data.draw(st.integers(8, len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CorruptRecord):
+        p.validate_batch(raw)
+
+
+def test_count_mismatch_with_valid_crc_is_refused():
+    raw = bytearray(p.encode_batch([(None, b"a"), (None, b"b")], pid=5, generation=1,
+                                   base_sequence=0, timestamp_ms=0))
+    struct.pack_into(">I", raw, 37, 3)  # claim 3 records, fix the checksum
+    struct.pack_into(">I", raw, 12, __import__("zlib").crc32(bytes(raw[16:])))
+    with pytest.raises(CorruptRecord, match="record"):
+        p.validate_batch(raw)
+
+
+def test_oversized_batch_is_refused():
+    raw = p.encode_batch([(None, b"x" * 1000)], pid=1, generation=0, base_sequence=0, timestamp_ms=0)
+    with pytest.raises(CorruptRecord, match="over the limit"):
+        p.validate_batch(raw, max_bytes=500)
+
+
+def test_control_batch_shape():
+    raw = p.encode_control_batch(pid=9, generation=4, timestamp_ms=1)
+    h = p.validate_batch(raw)
+    assert h.is_control and h.count == 1 and h.base_sequence == -1
+
+
+@pytest.mark.parametrize("api", [p.PRODUCE, p.FETCH, p.FENCE, p.PRODUCER_STATE, p.METADATA])
+def test_request_response_round_trip(api):
+    batch = p.encode_batch([(None, b"v")], pid=3, generation=2, base_sequence=0, timestamp_ms=0)
+    frames = {
+        p.PRODUCE: p.produce_request(11, "orders", 2, "tok", batch),
+        p.FETCH: p.fetch_request(11, "orders", 2, 99, 4096),
+        p.FENCE: p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True),
+        p.PRODUCER_STATE: p.producer_state_request(11, "orders", 2, 3),
+        p.METADATA: p.metadata_request(11),
+    }
+    raw = frames[api]
+    (n,) = struct.unpack_from(">I", raw)
+    assert n == len(raw) - 4
+    req = p.decode_request(raw[4:])
+    assert req.api_key == api and req.correlation_id == 11
+    if api != p.METADATA:
+        assert (req.topic, req.partition) == ("orders", 2)
+    if api == p.PRODUCE:
+        assert bytes(req.batch) == batch and req.token == "tok"
+    if api == p.FENCE:
+        assert (req.pid, req.generation, req.flags) == (3, 8, p.FENCE_CREATE_IF_ABSENT)
+    responses = {
+        p.PRODUCE: p.produce_response(11, 0, base_offset=5, last_offset=9, expected_sequence=-1),
+        p.FETCH: p.fetch_response(11, 0, high_watermark=7, data=[batch, batch]),
+        p.FENCE: p.fence_response(11, 0, existed=True, durable_highwater=41, fence_offset=50),
+        p.PRODUCER_STATE: p.producer_state_response(11, 0, found=True, generation=8, durable_highwater=41),
+        p.METADATA: p.metadata_response(11, 0, info={"server_id": 1}),
+    }
+    resp = p.decode_response(api, responses[api][4:])
+    assert resp.correlation_id == 11 and resp.error_code == 0
+    if api == p.FETCH:
+        assert bytes(resp.data) == batch + batch and resp.high_watermark == 7
+    if api == p.FENCE:
+        assert resp.existed and resp.durable_highwater == 41 and resp.fence_offset == 50
+    if api == p.METADATA:
+        assert resp.info == {"server_id": 1}
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=500)
+def test_decode_request_raises_only_corrupt_record(body):
+    try:
+        p.decode_request(body)
+    except CorruptRecord:
+        pass
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=300)
+def test_validate_batch_raises_only_corrupt_record(body):
+    try:
+        p.validate_batch(body, max_bytes=1 << 20)
+    except CorruptRecord:
+        pass
