@@ -1,5 +1,35 @@
 """The PySpark side of pidlease: a ``pidlease`` data source for batch and streaming writes
-and reads, and the ``pidlease-spark`` publish/audit commands.
+and batch reads, and the ``pidlease-spark`` publish/audit commands.
 
-Not built yet (GitHub issue 8). ``pidlease-spark`` says so and exits 2 rather than pretend.
+How the package is built (read this first):
+
+- ``source``      the ``DataSource`` Spark knows; ``register(spark)`` adds it to a session
+- ``sink``        batch and streaming writers: checks on the driver, tasks run ``faults.run_task``
+- ``attempt``     one attempt at one Spark partition: lease by name (a takeover fences older
+                  attempts), skip what is durable, send the rest with explicit sequence ids
+- ``sequencing``  pure rules: producer name, topic partition and sequence id of each row
+- ``encoding``    rows (Arrow batches) to (key, value) bytes
+- ``faults``      injected failures and the speculative copy used by tests and demos
+- ``job_report``  the commit messages added up on the driver
+- ``scan``        the batch read: offset ranges per topic partition, read with the SDK
+- ``audit``       the exactly-once audit of a topic, in Spark, written as JSON and Parquet
+- ``session`` / ``progress`` / ``cli``   the ``pidlease-spark`` command
+
+Spark and pyarrow are imported only by the modules that need them, so ``sequencing``,
+``encoding``'s planning and ``options`` stay importable (and testable) on their own.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register", "FORMAT"]
+
+FORMAT = "pidlease"
+
+
+def register(spark: Any) -> None:
+    """Make ``format("pidlease")`` available in ``spark`` (a ``SparkSession``)."""
+    from pipeline.source import register as _register
+
+    _register(spark)

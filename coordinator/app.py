@@ -1,0 +1,232 @@
+"""The coordinator's HTTP API (FastAPI): routes, error translation and the request guard.
+
+Every answer is JSON with ``"error"`` and ``"detail"``. Errors are translated here, at the
+boundary: ``PidleaseError`` keeps its own code and status, FastAPI's validation errors and
+undecodable JSON become INVALID_REQUEST, unknown routes 404, and anything unexpected is
+logged and answered COORDINATOR_UNAVAILABLE (503, retriable) instead of a 500. Handlers
+are plain ``def``: kazoo is thread-based, so they run on AnyIO's worker threads, whose
+limit is raised to ``worker_threads`` so thousands of concurrent requests queue rather
+than fail.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import anyio.to_thread
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from coordinator.allocator import PidAllocator
+from coordinator.dashboard import render_dashboard
+from coordinator.guard import Guard
+from coordinator.housekeeper import Housekeeper
+from coordinator.leaders import LeaderClient
+from coordinator.metrics import Metrics
+from coordinator.schemas import LeaseBatchBody, LeaseBody, TopicBody
+from coordinator.service import LeaseService, wall_clock_ms
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import Store
+from coordinator.topics import Topics
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError
+from pidlease.protocol import MAX_PID
+
+log = logging.getLogger("coordinator.app")
+
+
+class Coordinator:
+    """Everything one coordinator process holds, wired together."""
+
+    def __init__(self, settings: CoordinatorSettings, *, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.store = Store(settings.zk, request_timeout_ms=settings.zk_request_timeout_ms,
+                           session_timeout_ms=settings.zk_session_timeout_ms)
+        self.allocator = PidAllocator(self.store, settings.pid_block_size,
+                                      attempts_max=settings.cas_attempts_max)
+        self.leaders = LeaderClient(timeout_ms=settings.leader_request_timeout_ms,
+                                    connections_max=settings.leader_connections_max)
+        self.service = LeaseService(settings, self.store, self.allocator, self.leaders,
+                                    self.metrics, clock_ms=clock_ms)
+        self.topics = Topics(self.store, self.leaders, clock_ms)
+        info = {"id": settings.coordinator_id, "host": settings.http_host,
+                "port": settings.http_port, "started_ms": clock_ms()}
+        self.housekeeper = Housekeeper(self.store, settings.coordinator_id, info,
+                                       self.service.sweep, settings.pid_sweep_interval_ms)
+        g = self.metrics.gauges
+        g["pidlease_pid_blocks_fetched_total"] = lambda: self.allocator.blocks_fetched
+        g["pidlease_pid_block_conflicts_total"] = lambda: self.allocator.cas_conflicts
+        g["pidlease_zk_write_requests_total"] = lambda: self.store.write_requests
+        g["pidlease_zk_read_requests_total"] = lambda: self.store.read_requests
+        g["pidlease_zk_connected"] = lambda: int(self.store.connected)
+        g["pidlease_zk_session_losses_total"] = lambda: self.store.session_losses
+        g["pidlease_leader_calls_total"] = lambda: self.leaders.calls
+        g["pidlease_leader_call_failures_total"] = lambda: self.leaders.failures
+        g["pidlease_pids_swept_total"] = lambda: self.housekeeper.swept
+
+    def start(self) -> None:
+        self.store.start()
+        self.housekeeper.start()
+
+    def stop(self) -> None:
+        self.housekeeper.stop()
+        self.service.close()
+        self.leaders.close()
+        self.store.stop()
+
+    @property
+    def healthy(self) -> bool:
+        return self.store.connected and self.store.layout_ready
+
+
+def _validation_detail(errs: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+    items = []
+    for e in errs[:20]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        items.append({"field": loc, "problem": e.get("msg", "invalid")})
+    detail = "; ".join(f"{i['field']}: {i['problem']}" for i in items) or "malformed request"
+    return detail, items
+
+
+def create_app(settings: CoordinatorSettings | None = None, *,
+               coordinator: Coordinator | None = None, start: bool = True) -> FastAPI:
+    settings = settings or (coordinator.settings if coordinator else CoordinatorSettings())
+    coord = coordinator or Coordinator(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
+        if start:
+            coord.start()
+        try:
+            yield
+        finally:
+            if start:
+                await anyio.to_thread.run_sync(coord.stop)
+
+    app = FastAPI(title="pidlease coordinator", version="0.1.0", lifespan=lifespan,
+                  description="Leases producer ids (PIDs) with generation fencing.")
+    app.state.coordinator = coord
+    metrics = coord.metrics
+
+    def error_response(exc: PidleaseError, status: int | None = None) -> JSONResponse:
+        metrics.error(exc.name)
+        return JSONResponse(exc.to_json(), status_code=status or exc.http_status)
+
+    @app.exception_handler(PidleaseError)
+    async def _pidlease_error(_: Request, exc: PidleaseError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = list(exc.errors())
+        detail, items = _validation_detail(errs)
+        undecodable = any(e.get("type") == "json_invalid" for e in errs)
+        if undecodable:
+            detail = "body is not valid JSON: " + detail
+        return error_response(InvalidRequest(detail, problems=items), 400 if undecodable else 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        what = {404: f"no such route: {request.method} {request.url.path}",
+                405: f"method {request.method} is not allowed on {request.url.path}"}
+        detail = what.get(exc.status_code, str(exc.detail))
+        return error_response(InvalidRequest(detail), exc.status_code)
+
+    # -- leases ----------------------------------------------------------------------------
+    @app.post("/v1/lease_pid", summary="Lease, renew or take over a PID for one partition")
+    def lease_pid(body: LeaseBody) -> dict[str, Any]:
+        return coord.service.lease(body.to_request()).to_json()
+
+    @app.post("/v1/lease_pid/batch", summary="Several lease_pid requests, answered in order")
+    def lease_pid_batch(body: LeaseBatchBody) -> dict[str, Any]:
+        if len(body.requests) > settings.batch_requests_max:
+            raise InvalidRequest(f"a batch holds at most {settings.batch_requests_max} requests, "
+                                 f"got {len(body.requests)}")
+        responses = coord.service.lease_batch([r.to_request() for r in body.requests])
+        for r in responses:
+            if r["error"] != "NONE":
+                metrics.error(r["error"])
+        return {"error": "NONE", "responses": responses}
+
+    # -- topics ----------------------------------------------------------------------------
+    @app.post("/v1/topics", summary="Create a topic")
+    def create_topic(body: TopicBody) -> dict[str, Any]:
+        return coord.topics.create(body.name, body.partitions, body.replication_factor, body.dedup)
+
+    @app.get("/v1/topics")
+    def list_topics() -> dict[str, Any]:
+        return {"error": "NONE", "topics": coord.topics.list()}
+
+    @app.get("/v1/topics/{name}")
+    def describe_topic(name: str = Path(min_length=1, max_length=200)) -> dict[str, Any]:
+        from pidlease.cluster import topic_name_problem
+
+        problem = topic_name_problem(name)
+        if problem:
+            raise InvalidRequest(problem)
+        return coord.topics.describe(name)
+
+    # -- PIDs, servers ---------------------------------------------------------------------
+    @app.get("/v1/pids")
+    def list_pids(state: Literal["active", "expiring", "lapsed"] | None = None,
+                  limit: int = Query(1000, ge=1)) -> dict[str, Any]:
+        if limit > settings.pids_list_max:
+            raise InvalidRequest(f"limit is at most {settings.pids_list_max}")
+        pids = coord.service.list_pids(state, limit)
+        return {"error": "NONE", "count": len(pids), "pids": pids}
+
+    @app.get("/v1/pids/{pid}")
+    def describe_pid(pid: int = Path(ge=1, le=MAX_PID)) -> dict[str, Any]:
+        return {"error": "NONE", **coord.service.describe_pid(pid)}
+
+    @app.get("/v1/servers")
+    def servers() -> dict[str, Any]:
+        live = coord.store.live_servers()
+        return {"error": "NONE", "servers": [{"id": s.id, "address": s.address, "host": s.host,
+                                              "port": s.port, "started_ms": s.started_ms}
+                                             for s in live]}
+
+    @app.get("/v1/coordinators")
+    def coordinators() -> dict[str, Any]:
+        return {"error": "NONE", "coordinators": coord.store.coordinators()}
+
+    # -- operations ------------------------------------------------------------------------
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        if not coord.healthy:
+            why = "ZooKeeper is not connected" if not coord.store.connected else "layout not ready"
+            return error_response(CoordinatorUnavailable(why))
+        return JSONResponse({"error": "NONE", "detail": "ok", "coordinator_id": settings.coordinator_id,
+                             "zk_connected": True})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/dashboard", response_class=HTMLResponse)
+    def dashboard() -> HTMLResponse:
+        pids = coord.service.list_pids(None, settings.pids_list_max)
+        return HTMLResponse(render_dashboard(pids, coord.service.clock_ms(), settings.coordinator_id))
+
+    def on_unexpected(exc: BaseException) -> tuple[int, dict[str, Any]]:
+        if isinstance(exc, PidleaseError):
+            metrics.error(exc.name)
+            return exc.http_status, exc.to_json()
+        log.exception("unexpected error while serving a request", exc_info=exc)
+        metrics.error(CoordinatorUnavailable.name)
+        return 503, CoordinatorUnavailable(f"internal error ({type(exc).__name__}); it was logged; "
+                                           "retry").to_json()
+
+    def on_reject(err: PidleaseError) -> None:
+        metrics.error(err.name)
+
+    app.add_middleware(Guard, bytes_max=settings.request_bytes_max, api_token=settings.api_token,
+                       on_unexpected=on_unexpected, on_reject=on_reject)
+    return app
+

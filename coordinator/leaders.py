@@ -1,0 +1,153 @@
+"""Calls from the coordinator to partition leaders over the binary protocol: PRODUCER_STATE
+(a PID's durable highwater at lease time), FENCE (record a takeover's new generation) and
+METADATA (offsets for topic descriptions).
+
+Blocking sockets, because the coordinator's request handlers run on threads (kazoo is
+thread-based). A small pool keeps up to ``connections_max`` idle connections per leader;
+each call has one deadline for connect, send and receive. Every failure to reach a leader
+becomes ``CoordinatorUnavailable`` (retriable 503), never a hang.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from pidlease import protocol
+from pidlease.errors import CorruptRecord, CoordinatorUnavailable
+
+_LEN = struct.Struct(">I")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise CoordinatorUnavailable(f"partition leader address {address!r} is malformed")
+    return host, int(port)
+
+
+class _Deadline:
+    def __init__(self, timeout_s: float) -> None:
+        self.end = time.monotonic() + timeout_s
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return left
+
+
+class LeaderClient:
+    def __init__(self, *, timeout_ms: int = 5_000, connections_max: int = 8,
+                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> None:
+        self._timeout_s = timeout_ms / 1000
+        self._connections_max = connections_max
+        self._frame_bytes_max = frame_bytes_max
+        self._idle: dict[str, list[socket.socket]] = {}
+        self._lock = threading.Lock()
+        self._corr = itertools.count(1)
+        self._closed = False
+        self.calls = 0
+        self.failures = 0
+
+    # -- public calls ----------------------------------------------------------------------
+    def producer_state(self, address: str, topic: str, partition: int, pid: int) -> protocol.Response:
+        return self._call(address, protocol.PRODUCER_STATE,
+                          lambda c: protocol.producer_state_request(c, topic, partition, pid))
+
+    def fence(self, address: str, topic: str, partition: int, pid: int, generation: int,
+              token: str, *, create_if_absent: bool) -> protocol.Response:
+        # Safe to resend: fencing the same generation twice leaves the same state.
+        return self._call(address, protocol.FENCE,
+                          lambda c: protocol.fence_request(c, topic, partition, pid, generation, token,
+                                                           create_if_absent=create_if_absent))
+
+    def metadata(self, address: str) -> protocol.Response:
+        return self._call(address, protocol.METADATA, protocol.metadata_request)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            socks = [s for lst in self._idle.values() for s in lst]
+            self._idle.clear()
+        for s in socks:
+            s.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _take(self, address: str) -> socket.socket | None:
+        with self._lock:
+            idle = self._idle.get(address)
+            return idle.pop() if idle else None
+
+    def _give_back(self, address: str, sock: socket.socket) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(address, [])
+            if not self._closed and len(idle) < self._connections_max:
+                idle.append(sock)
+                return
+        sock.close()
+
+    def _call(self, address: str, api_key: int, build: Callable[[int], bytes]) -> protocol.Response:
+        self.calls += 1
+        deadline = _Deadline(self._timeout_s)
+        host, port = split_address(address)
+        name = protocol.API_NAMES[api_key]
+        # A pooled connection may have been closed by the server while idle; that shows
+        # up as an error before any answer arrives, and one fresh connection is tried.
+        for attempt in (0, 1):
+            sock = self._take(address) if attempt == 0 else None
+            reused = sock is not None
+            try:
+                if sock is None:
+                    sock = socket.create_connection((host, port), timeout=deadline.left())
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                corr = next(self._corr) & 0xFFFFFFFF
+                sock.settimeout(deadline.left())
+                sock.sendall(build(corr))
+                body = self._read_frame(sock, deadline)
+                resp = protocol.decode_response(api_key, body)
+                if resp.correlation_id != corr:
+                    raise CorruptRecord(f"correlation id {resp.correlation_id} != {corr}")
+            except (ConnectionError, EOFError) as exc:
+                if sock is not None:
+                    sock.close()
+                if reused:
+                    continue
+                self.failures += 1
+                raise CoordinatorUnavailable(f"partition leader {address} unreachable ({name}): {exc}") from exc
+            except (OSError, TimeoutError) as exc:
+                if sock is not None:
+                    sock.close()
+                self.failures += 1
+                raise CoordinatorUnavailable(
+                    f"partition leader {address} did not answer {name} within "
+                    f"{self._timeout_s * 1000:.0f} ms: {exc}") from exc
+            except CorruptRecord as exc:
+                sock.close()
+                self.failures += 1
+                raise CoordinatorUnavailable(f"partition leader {address} sent a malformed {name} "
+                                             f"answer: {exc.detail}") from exc
+            self._give_back(address, sock)
+            return resp
+        raise AssertionError("unreachable")
+
+    def _read_frame(self, sock: socket.socket, deadline: _Deadline) -> bytes:
+        (n,) = _LEN.unpack(self._read_exact(sock, 4, deadline))
+        if n > self._frame_bytes_max:
+            raise CorruptRecord(f"frame of {n} bytes is over the limit")
+        return self._read_exact(sock, n, deadline)
+
+    @staticmethod
+    def _read_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            sock.settimeout(deadline.left())
+            chunk = sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("connection closed by the partition server")
+            buf += chunk
+        return bytes(buf)

@@ -1,0 +1,170 @@
+"""The lease rules: what a ``lease_pid`` request means for a PID record, as pure functions.
+
+No ZooKeeper, no sockets, no clock of its own: callers pass ``now_ms`` and the record they
+read, and get back either a decision plus the record to write, or a ``PidleaseError``.
+This is what the hypothesis state-machine test drives against a tiny reference model;
+``service.py`` is the thin shell that does the I/O around it.
+
+A lease's life is ``active -> expiring -> lapsed`` as time passes; a renew or a takeover
+brings it back to ``active``. After ``pid_retention_ms`` past expiry the PID is forgotten
+(UNKNOWN_PID) and the sweeper deletes its record.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass
+
+from pidlease.cluster import PidRecord, tp_key
+from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
+from pidlease.protocol import MAX_GENERATION
+
+NEW_PID = -1
+
+
+class LeaseState(enum.Enum):
+    ACTIVE = "active"
+    EXPIRING = "expiring"
+    LAPSED = "lapsed"
+
+
+class LeaseKind(enum.Enum):
+    NEW = "new"
+    RENEW = "renew"
+    TAKEOVER = "takeover"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """A validated request (``app.py`` has checked types and ranges)."""
+
+    topic: str
+    partition: int
+    pid: int = NEW_PID
+    expire_ms: int | None = None
+    generation: int | None = None
+    producer_name: str | None = None
+
+    @property
+    def tp(self) -> str:
+        return tp_key(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryLimits:
+    default_ms: int
+    min_ms: int
+    max_ms: int
+    retention_ms: int
+    expiring_window_ms: int
+
+    def clamp(self, requested_ms: int | None) -> int:
+        if requested_ms is None:
+            return self.default_ms
+        return max(self.min_ms, min(self.max_ms, requested_ms))
+
+
+def lease_state(record: PidRecord, now_ms: int, window_ms: int) -> LeaseState:
+    """``expiring`` once the time left is at most min(window, expire_ms/2): a producer
+    renewing at half its lease never shows as expiring, one that stopped soon does."""
+    left_ms = record.expires_at_ms - now_ms
+    if left_ms <= 0:
+        return LeaseState.LAPSED
+    if left_ms <= min(window_ms, record.expire_ms // 2):
+        return LeaseState.EXPIRING
+    return LeaseState.ACTIVE
+
+
+def retained(record: PidRecord, now_ms: int, retention_ms: int) -> bool:
+    """Whether the PID still exists: it is forgotten ``retention_ms`` after its lease lapsed."""
+    return now_ms < record.expires_at_ms + retention_ms
+
+
+def classify(req: LeaseRequest, record: PidRecord | None, now_ms: int,
+             limits: ExpiryLimits) -> LeaseKind:
+    """What ``req`` does given the PID's current record (for pid -1 with a producer_name,
+    the record of the PID bound to that name, or None). Raises FENCED / UNKNOWN_PID /
+    INVALID_REQUEST for requests that change nothing."""
+    live = record is not None and retained(record, now_ms, limits.retention_ms)
+    if req.pid == NEW_PID:
+        if req.generation is not None:
+            raise InvalidRequest("generation is only meaningful with a pid; a new lease gets one")
+        if req.producer_name is None or not live:
+            return LeaseKind.NEW
+        return LeaseKind.TAKEOVER
+    if not live:
+        raise UnknownPid(f"pid {req.pid} was never leased or its state has expired; "
+                         "lease a new PID with pid -1")
+    assert record is not None
+    if req.producer_name is not None and req.producer_name != record.producer_name:
+        raise InvalidRequest(f"pid {req.pid} is not bound to producer_name {req.producer_name!r}")
+    if req.generation is None:
+        return LeaseKind.TAKEOVER
+    if req.generation < record.generation:
+        raise ProducerFenced(f"pid {req.pid} generation {req.generation} is fenced by "
+                             f"generation {record.generation}", current_generation=record.generation)
+    if req.generation > record.generation:
+        raise InvalidRequest(f"generation {req.generation} was never issued for pid {req.pid} "
+                             f"(current {record.generation})")
+    return LeaseKind.RENEW
+
+
+def _with_partition(partitions: dict[str, dict[str, object]], tp: str) -> dict[str, dict[str, object]]:
+    out = copy.deepcopy(partitions)
+    out.setdefault(tp, {"seen": False})
+    return out
+
+
+def new_record(req: LeaseRequest, pid: int, generation: int, now_ms: int,
+               limits: ExpiryLimits) -> PidRecord:
+    expire_ms = limits.clamp(req.expire_ms)
+    return PidRecord(pid=pid, generation=generation, producer_name=req.producer_name,
+                     expire_ms=expire_ms, expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
+                     created_ms=now_ms, partitions={req.tp: {"seen": False}})
+
+
+def renewed(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
+    expire_ms = limits.clamp(req.expire_ms)
+    return PidRecord(pid=record.pid, generation=record.generation,
+                     producer_name=record.producer_name, expire_ms=expire_ms,
+                     expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
+                     created_ms=record.created_ms,
+                     partitions=_with_partition(record.partitions, req.tp))
+
+
+def taken_over(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
+    if record.generation >= MAX_GENERATION:
+        raise InvalidRequest(f"pid {record.pid} has used every generation; lease a new PID")
+    out = renewed(record, req, now_ms, limits)
+    out.generation = record.generation + 1
+    return out
+
+
+def apply(kind: LeaseKind, record: PidRecord, req: LeaseRequest, now_ms: int,
+          limits: ExpiryLimits) -> PidRecord:
+    """The record to write for a RENEW or TAKEOVER of ``record``."""
+    if kind is LeaseKind.RENEW:
+        return renewed(record, req, now_ms, limits)
+    if kind is LeaseKind.TAKEOVER:
+        return taken_over(record, req, now_ms, limits)
+    raise ValueError("NEW has no previous record; use new_record")
+
+
+def next_sequence(pid: int, tp: str, seen: bool, found: bool, durable_highwater: int) -> int:
+    """The sequence a producer must send next to a partition, from its leader's answer.
+
+    "No state" on a partition where a leader once reported state means the server expired
+    it: answering 0 would make a replayable source resend what is already in the log."""
+    if found:
+        return durable_highwater + 1
+    if seen:
+        raise UnknownPid(f"partition {tp} no longer holds state for pid {pid} (expired on the "
+                         "server); lease a new PID and resume from your own checkpoint")
+    return 0
+
+
+def mark_seen(record: PidRecord, tp: str, highwater: int) -> PidRecord:
+    out = copy.deepcopy(record)
+    out.partitions[tp] = {"seen": True, "highwater": highwater}
+    return out

@@ -1,0 +1,370 @@
+"""The lease service: carries out ``lease_pid`` requests around the pure rules of
+``leases.py``, with the PID allocator, the ZooKeeper store and the partition leaders.
+
+Every change of a PID record is a compare-and-set on its znode version, retried on
+conflict with a fresh read, so concurrent coordinators (or threads) never lose an update
+and two takeovers never get the same generation. A takeover answers only after the leader
+of every partition in the PID's record has durably recorded the new generation (FENCE).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator import leases
+from coordinator.allocator import PidAllocator
+from coordinator.leaders import LeaderClient
+from coordinator.leases import LeaseKind, LeaseRequest
+from coordinator.metrics import Metrics
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import Store
+from pidlease import errors
+from pidlease.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
+from pidlease.errors import (CoordinatorUnavailable, PidleaseError, ProducerFenced, UnknownPid,
+                             UnknownTopicOrPartition)
+from pidlease.protocol import Response
+from pidlease.token import make_token
+
+log = logging.getLogger("coordinator.service")
+
+GENERATION_START_MAX = 2**30
+
+
+def wall_clock_ms() -> int:
+    # Wall clock, not monotonic: expiries are absolute times shared with partition servers.
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    kind: LeaseKind
+    record: PidRecord
+    sequence_number: int
+    lease_token: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": "NONE", "pid": self.record.pid, "generation": self.record.generation,
+                "sequence_number": self.sequence_number, "expire_ms": self.record.expire_ms,
+                "expires_at_ms": self.record.expires_at_ms, "lease_token": self.lease_token,
+                "kind": self.kind.value, "producer_name": self.record.producer_name}
+
+
+def _seen(record: PidRecord, tp: str) -> bool:
+    return bool(record.partitions.get(tp, {}).get("seen", False))
+
+
+class LeaseService:
+    def __init__(self, settings: CoordinatorSettings, store: Store, allocator: PidAllocator,
+                 leaders: LeaderClient, metrics: Metrics, *,
+                 clock_ms: Callable[[], int] = wall_clock_ms,
+                 rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.allocator = allocator
+        self.leaders = leaders
+        self.metrics = metrics
+        self.clock_ms = clock_ms
+        self._rng = rng or random.SystemRandom()
+        self.limits = leases.ExpiryLimits(
+            default_ms=settings.lease_expire_ms_default, min_ms=settings.lease_expire_ms_min,
+            max_ms=settings.lease_expire_ms_max, retention_ms=settings.pid_retention_ms,
+            expiring_window_ms=settings.lease_expiring_window_ms)
+        # Topics are never deleted, so a spec once read stays true.
+        self._topics: dict[str, TopicSpec] = {}
+        self._pool = ThreadPoolExecutor(max_workers=settings.fence_parallelism_max,
+                                        thread_name_prefix="leader-call")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- entry points ----------------------------------------------------------------------
+    def lease(self, req: LeaseRequest) -> LeaseResult:
+        started = time.perf_counter()
+        try:
+            result = self._lease(req)
+        except PidleaseError as exc:
+            # The error itself is counted where it is answered (app.py), once.
+            self.metrics.lease_failed(time.perf_counter() - started)
+            raise
+        self.metrics.lease_done(result.kind.value, time.perf_counter() - started)
+        return result
+
+    def lease_batch(self, reqs: list[LeaseRequest]) -> list[dict[str, Any]]:
+        """In request order, so a batch may rely on an earlier item's effect."""
+        out: list[dict[str, Any]] = []
+        for req in reqs:
+            try:
+                out.append(self.lease(req).to_json())
+            except PidleaseError as exc:
+                out.append(exc.to_json())
+        return out
+
+    def topic(self, name: str) -> TopicSpec:
+        spec = self._topics.get(name)
+        if spec is None:
+            spec = self.store.get_topic(name)
+            if spec is None:
+                raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
+            self._topics[name] = spec
+        return spec
+
+    # -- the three kinds -------------------------------------------------------------------
+    def _lease(self, req: LeaseRequest) -> LeaseResult:
+        spec = self.topic(req.topic)
+        if req.partition >= spec.partitions:
+            raise UnknownTopicOrPartition(
+                f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, not {req.partition}")
+        if req.pid != leases.NEW_PID:
+            return self._change(req, req.pid, None)
+        if req.producer_name is None:
+            leases.classify(req, None, self.clock_ms(), self.limits)  # rejects a stray generation
+            result = self._new(req, None)
+            assert result is not None
+            return result
+        return self._by_name(req, req.producer_name)
+
+    def _by_name(self, req: LeaseRequest, name: str) -> LeaseResult:
+        for _ in range(self.settings.cas_attempts_max):
+            bound = self.store.get_name(name)
+            if bound is None:
+                result = self._new(req, name, name_version=None)
+            else:
+                pid, name_version = bound
+                got = self.store.get_pid(pid)
+                record = got[0] if got else None
+                kind = leases.classify(req, record, self.clock_ms(), self.limits)
+                if kind is LeaseKind.NEW:
+                    result = self._new(req, name, name_version=name_version)
+                else:
+                    by_pid = LeaseRequest(req.topic, req.partition, pid, req.expire_ms, None, name)
+                    try:
+                        return self._change(by_pid, pid, got)
+                    except UnknownPid:
+                        continue  # swept meanwhile: the name is free to rebind
+            if result is not None:
+                return result
+        raise CoordinatorUnavailable(f"producer_name {name!r} is contended; retry")
+
+    def _new(self, req: LeaseRequest, name: str | None, name_version: int | None = None
+             ) -> LeaseResult | None:
+        """A fresh PID from the block with a random generation; sequence 0 without asking
+        any server (nobody can have written with a PID that did not exist). None when the
+        name was bound by someone else meanwhile (the caller re-reads it)."""
+        pid = self.allocator.next_pid()
+        generation = self._rng.randrange(GENERATION_START_MAX)
+        record = leases.new_record(req, pid, generation, self.clock_ms(), self.limits)
+        if name is None:
+            self.store.create_pid(record)
+        elif not self.store.create_named_pid(record, name, name_version):
+            return None
+        return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
+
+    def _change(self, req: LeaseRequest, pid: int, got: tuple[PidRecord, int] | None) -> LeaseResult:
+        """Renew or take over ``pid``: compare-and-set loop on its record."""
+        state: Response | None = None
+        for attempt in range(self.settings.cas_attempts_max):
+            if got is None:
+                got = self.store.get_pid(pid)
+            record, version = got if got else (None, -1)
+            now = self.clock_ms()
+            kind = leases.classify(req, record, now, self.limits)
+            assert record is not None
+            updated = leases.apply(kind, record, req, now, self.limits)
+            if kind is LeaseKind.RENEW:
+                # Read-only leader call, done once and reused if the write must be retried.
+                if state is None:
+                    state = self._producer_state(req.topic, req.partition, pid)
+                seq = leases.next_sequence(pid, req.tp, _seen(updated, req.tp), state.found,
+                                           state.durable_highwater)
+                if state.found and state.durable_highwater >= 0:
+                    updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
+                if self.store.cas_pid(updated, version):
+                    return LeaseResult(kind, updated, seq, self._token(updated))
+            else:
+                if self.store.cas_pid(updated, version):
+                    return self._fence_all(req, updated)
+            got = None
+            # Back off a little under contention so the winner's write is not starved.
+            time.sleep(self._rng.uniform(0, min(0.05, 0.001 * (attempt + 1))))
+        raise CoordinatorUnavailable(f"pid {pid} is contended; retry")
+
+    # -- takeover fencing ------------------------------------------------------------------
+    def _fence_all(self, req: LeaseRequest, record: PidRecord) -> LeaseResult:
+        token = self._token(record)
+        tps = sorted(record.partitions)
+        addresses = self._leader_addresses(tps)
+        futures: dict[str, Future[Response]] = {}
+        for tp in tps:
+            topic, p = split_tp_key(tp)
+            futures[tp] = self._pool.submit(
+                self.leaders.fence, addresses[tp], topic, p, record.pid, record.generation, token,
+                create_if_absent=not _seen(record, tp))
+        self.metrics.fences(len(futures))
+        answers: dict[str, Response] = {}
+        failure: PidleaseError | None = None
+        for tp, fut in futures.items():
+            try:
+                answers[tp] = fut.result(timeout=self.settings.leader_request_timeout_ms / 1000 * 2)
+            except PidleaseError as exc:
+                failure = failure or exc
+            except Exception as exc:  # noqa: BLE001 - a pool timeout or a bug in one call
+                failure = failure or CoordinatorUnavailable(f"fencing {tp} failed: {exc!r}")
+        if failure is not None:
+            # The new generation is in ZooKeeper; a retried takeover raises it again and
+            # re-fences every partition, so nothing is left half-done for the producer.
+            raise failure
+        highwaters: dict[str, int] = {}
+        for tp, resp in answers.items():
+            if resp.error_code == errors.NONE:
+                if resp.existed and resp.durable_highwater >= 0:
+                    highwaters[tp] = resp.durable_highwater
+                continue
+            if resp.error_code == ProducerFenced.code:
+                raise ProducerFenced(
+                    f"takeover of pid {record.pid} got generation {record.generation}, but "
+                    f"partition {tp} already holds a newer one (a concurrent takeover won)",
+                    generation=record.generation)
+            if resp.error_code == UnknownPid.code:
+                continue  # no state there and none created: treated as "not found" below
+            raise CoordinatorUnavailable(
+                f"leader of {tp} refused FENCE: {errors.error_for_code(resp.error_code).name} "
+                f"{resp.detail}")
+        mine = answers.get(req.tp)
+        found = mine is not None and mine.error_code == errors.NONE and mine.existed
+        seq = leases.next_sequence(record.pid, req.tp, _seen(record, req.tp), found,
+                                   mine.durable_highwater if mine is not None else -1)
+        if highwaters:
+            record = self._remember_highwaters(record, highwaters)
+        return LeaseResult(LeaseKind.TAKEOVER, record, seq, self._token(record))
+
+    def _remember_highwaters(self, record: PidRecord, highwaters: dict[str, int]) -> PidRecord:
+        """Mark partitions seen after a takeover's fences. Best effort: "seen" only makes a
+        later lease stricter, so losing this write to a newer change is harmless."""
+        target = record
+        got: tuple[PidRecord, int] | None = None
+        for _ in range(10):
+            got = got or self.store.get_pid(record.pid)
+            if got is None:
+                break
+            current, version = got
+            updated = current
+            for tp, hw in highwaters.items():
+                if tp in updated.partitions:
+                    updated = leases.mark_seen(updated, tp, hw)
+            if updated == current or self.store.cas_pid(updated, version):
+                if current.generation == record.generation:
+                    target = updated
+                break
+            got = None
+        return target
+
+    # -- leaders ---------------------------------------------------------------------------
+    def _leader_addresses(self, tps: list[str]) -> dict[str, str]:
+        keys = [split_tp_key(tp) for tp in tps]
+        states = {}
+        for topic in {t for t, _ in keys}:
+            parts = [p for t, p in keys if t == topic]
+            for p, st in zip(parts, self.store.get_partition_states(topic, parts), strict=True):
+                if st is None:
+                    raise UnknownTopicOrPartition(f"partition {tp_key(topic, p)} does not exist")
+                states[tp_key(topic, p)] = st
+        servers = self.store.get_servers(sorted({st.leader for st in states.values()}))
+        out = {}
+        for tp, st in states.items():
+            info = servers.get(st.leader)
+            if info is None:
+                raise CoordinatorUnavailable(f"leader {st.leader} of partition {tp} is not live; retry")
+            out[tp] = info.address
+        return out
+
+    def _producer_state(self, topic: str, partition: int, pid: int) -> Response:
+        tp = tp_key(topic, partition)
+        address = self._leader_addresses([tp])[tp]
+        resp = self.leaders.producer_state(address, topic, partition, pid)
+        if resp.error_code != errors.NONE:
+            # The topic exists in ZooKeeper, so NOT_LEADER or an unknown partition on the
+            # server is a transition (leader moving, server still loading): retriable.
+            raise CoordinatorUnavailable(
+                f"leader of {tp} answered PRODUCER_STATE with "
+                f"{errors.error_for_code(resp.error_code).name}: {resp.detail}")
+        return resp
+
+    def _token(self, record: PidRecord) -> str:
+        return make_token(self.settings.secret_bytes, record.pid, record.generation,
+                          record.expires_at_ms)
+
+    # -- PID views and expiry --------------------------------------------------------------
+    def pid_view(self, record: PidRecord, now_ms: int,
+                 live: dict[str, int | None] | None = None) -> dict[str, Any]:
+        parts = []
+        for tp in sorted(record.partitions, key=split_tp_key):
+            topic, p = split_tp_key(tp)
+            entry: dict[str, Any] = {"topic": topic, "partition": p,
+                                     "highwater": record.partitions[tp].get("highwater", -1),
+                                     "seen": _seen(record, tp)}
+            if live is not None:
+                entry["live"] = tp in live and live[tp] is not None
+                if entry["live"]:
+                    entry["highwater"] = live[tp]
+            parts.append(entry)
+        return {"producer_name": record.producer_name, "pid": record.pid,
+                "generation": record.generation, "expire_ms": record.expire_ms,
+                "expires_at_ms": record.expires_at_ms,
+                "expires_in_ms": record.expires_at_ms - now_ms, "last_use_ms": record.last_use_ms,
+                "created_ms": record.created_ms,
+                "state": leases.lease_state(record, now_ms, self.limits.expiring_window_ms).value,
+                "partitions": parts}
+
+    def list_pids(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+        now = self.clock_ms()
+        out: list[dict[str, Any]] = []
+        ids = self.store.list_pid_ids()
+        for start in range(0, len(ids), 1000):
+            for record, _ in self.store.get_pids(ids[start:start + 1000]):
+                if not leases.retained(record, now, self.limits.retention_ms):
+                    continue
+                view = self.pid_view(record, now)
+                if state is None or view["state"] == state:
+                    out.append(view)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def describe_pid(self, pid: int) -> dict[str, Any]:
+        got = self.store.get_pid(pid)
+        now = self.clock_ms()
+        if got is None or not leases.retained(got[0], now, self.limits.retention_ms):
+            raise UnknownPid(f"pid {pid} was never leased or its state has expired")
+        record = got[0]
+        live: dict[str, int | None] = {}
+        try:
+            addresses = self._leader_addresses(sorted(record.partitions))
+        except PidleaseError:
+            addresses = {}
+        futures = {tp: self._pool.submit(self.leaders.producer_state, addr, *split_tp_key(tp), pid)
+                   for tp, addr in addresses.items()}
+        for tp, fut in futures.items():
+            try:
+                resp = fut.result(timeout=self.settings.leader_request_timeout_ms / 1000 * 2)
+                live[tp] = resp.durable_highwater if resp.error_code == errors.NONE and resp.found else None
+            except Exception:  # noqa: BLE001 - an unreachable leader leaves the recorded value
+                live[tp] = None
+        return self.pid_view(record, now, live)
+
+    def sweep(self) -> int:
+        """Delete PIDs past retention (and their name bindings); returns how many."""
+        now = self.clock_ms()
+        deleted = 0
+        ids = self.store.list_pid_ids()
+        for start in range(0, len(ids), 1000):
+            for record, version in self.store.get_pids(ids[start:start + 1000]):
+                if not leases.retained(record, now, self.limits.retention_ms):
+                    if self.store.delete_pid(record, version):
+                        deleted += 1
+        return deleted

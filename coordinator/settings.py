@@ -1,0 +1,61 @@
+"""The coordinator's typed settings, read from ``PIDLEASE_*`` environment variables.
+
+One table of names, defaults and meanings lives in ``docs/coordinator.md``; keep the two in
+step. Every duration is in milliseconds and says so in its name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_coordinator_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class CoordinatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore")
+
+    zk: str = "127.0.0.1:2181/pidlease"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8470, ge=0, le=65535)
+    coordinator_id: str = ""
+    lease_secret: str = "pidlease-dev-secret"
+    # When set, every /v1 call needs "Authorization: Bearer <api_token>" (401 otherwise).
+    api_token: str = ""
+
+    pid_block_size: int = Field(100, ge=1, le=1_000_000)
+    lease_expire_ms_default: int = Field(60_000, ge=1)
+    lease_expire_ms_min: int = Field(100, ge=1)
+    lease_expire_ms_max: int = Field(86_400_000, ge=1)
+    pid_retention_ms: int = Field(604_800_000, ge=0)
+    lease_expiring_window_ms: int = Field(30_000, ge=0)
+    pid_sweep_interval_ms: int = Field(60_000, ge=10)
+
+    zk_request_timeout_ms: int = Field(5_000, ge=10)
+    zk_session_timeout_ms: int = Field(10_000, ge=1_000)
+    leader_request_timeout_ms: int = Field(5_000, ge=10)
+    leader_connections_max: int = Field(8, ge=1, le=1024)
+    fence_parallelism_max: int = Field(16, ge=1, le=256)
+
+    request_bytes_max: int = Field(1_048_576, ge=1024)
+    batch_requests_max: int = Field(1_000, ge=1)
+    pids_list_max: int = Field(100_000, ge=1)
+    worker_threads: int = Field(256, ge=1, le=4096)
+    cas_attempts_max: int = Field(10_000, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> CoordinatorSettings:
+        if not self.coordinator_id:
+            self.coordinator_id = default_coordinator_id()
+        if not (self.lease_expire_ms_min <= self.lease_expire_ms_default <= self.lease_expire_ms_max):
+            raise ValueError("need lease_expire_ms_min <= lease_expire_ms_default <= lease_expire_ms_max")
+        return self
+
+    @property
+    def secret_bytes(self) -> bytes:
+        return self.lease_secret.encode()

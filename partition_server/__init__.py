@@ -1,0 +1,14 @@
+"""The partition server: hosts partition logs and enforces the idempotent append rules.
+
+How it is built (one noun per module):
+
+- ``settings``        typed settings from ``PIDLEASE_*`` environment variables
+- ``producer_state``  the append rules and per-PID state of one partition: pure, no I/O
+- ``log``             segment files of one partition, the batch index, torn-tail recovery
+- ``snapshot``        one atomic file per server: offset vector + producer state
+- ``flusher``         group commit: fsync in an executor, then acks in order
+- ``partition``       one partition: log + producer state + durability waiters
+- ``registry``        ZooKeeper: our ephemeral znode, topics and partition states we host
+- ``server``          the asyncio TCP front: framing, dispatch, pipelined responses
+- ``__main__``        ``python -m partition_server``
+"""

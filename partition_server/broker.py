@@ -1,0 +1,214 @@
+"""The partitions of this server as a whole: recovery at startup (newest valid snapshot +
+log replay), which partitions it hosts and leads (from the registry's Assignment),
+periodic snapshots of durable state, and PID expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from partition_server.flusher import Flusher
+from partition_server.partition import Partition, parse_dir_name, wall_clock_ms
+from partition_server.registry import Assignment
+from partition_server.settings import ServerSettings
+from partition_server.snapshot import Snapshot, SnapshotStore
+from pidlease.cluster import DEDUP_MODES
+
+log = logging.getLogger("partition_server.broker")
+
+Key = tuple[str, int]
+
+
+class Broker:
+    def __init__(self, settings: ServerSettings, *,
+                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.s = settings
+        self.clock_ms = clock_ms
+        self.data_dir = Path(settings.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.partitions: dict[Key, Partition] = {}
+        self.assignment = Assignment()
+        self.flusher = Flusher(mode=settings.fsync, interval_ms=settings.fsync_interval_ms)
+        self.snapshots = SnapshotStore(self.data_dir / "snapshots", settings.snapshots_kept)
+        self._batches_since_snapshot = 0
+        self._last_snapshot_ms = clock_ms()
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_lock = asyncio.Lock()
+        self.recovery: dict[str, Any] = {}
+        self.snapshots_taken = 0
+
+    # -- recovery --------------------------------------------------------------------------
+    def _mode(self, topic: str, a: Assignment | None = None) -> str:
+        spec = (a or self.assignment).topics.get(topic)
+        mode = spec.dedup if spec is not None else "strict"
+        if mode not in DEDUP_MODES:
+            log.warning("topic %s has unknown dedup mode %r; using strict", topic, mode)
+            mode = "strict"
+        return mode
+
+    def _open(self, key: Key, snapshot: tuple[int, list[Any]] | None,
+              a: Assignment | None = None) -> tuple[Partition, Any, int]:
+        return Partition.recover(
+            self.data_dir, key[0], key[1], mode=self._mode(key[0], a),
+            segment_bytes_max=self.s.segment_bytes_max,
+            batches_kept=self.s.duplicate_batches_kept,
+            pids_max=self.s.tracked_pids_max_per_partition, flusher=self.flusher,
+            clock_ms=self.clock_ms, snapshot=snapshot)
+
+    def recover(self, a: Assignment) -> dict[str, Any]:
+        """Open every partition found on disk (blocking; before serving)."""
+        t0 = time.perf_counter()
+        loaded = self.snapshots.load_newest()
+        snap_parts = loaded[0].partitions if loaded else {}
+        t_snap = time.perf_counter() - t0
+        replayed = truncations = batches = 0
+        for d in sorted(self.data_dir.iterdir()):
+            key = parse_dir_name(d.name) if d.is_dir() else None
+            if key is None:
+                continue
+            part, report, n = self._open(key, snap_parts.get(key), a)
+            self.partitions[key] = part
+            replayed += n
+            batches += report.batches
+            truncations += len(report.truncations)
+        # A killed process leaves written-but-unsynced pages; make them durable before
+        # anything we now call durable is acked or snapshotted.
+        for part in self.partitions.values():
+            for fd in part.log.all_fds():
+                os.fsync(fd)
+        secs = time.perf_counter() - t0
+        self.recovery = {"snapshot": loaded[1].name if loaded else None,
+                         "snapshot_load_s": round(t_snap, 3), "partitions": len(self.partitions),
+                         "batches": batches, "batches_replayed": replayed,
+                         "truncations": truncations, "seconds": round(secs, 3),
+                         "tracked_pids": sum(len(p.state) for p in self.partitions.values())}
+        log.info("recovery: snapshot %s (loaded in %.3fs), %d partitions, %d batches in logs, "
+                 "%d batches replayed, %d truncations, %d tracked pids, %.3fs",
+                 self.recovery["snapshot"] or "none", t_snap, len(self.partitions), batches,
+                 replayed, truncations, self.recovery["tracked_pids"], secs)
+        self.apply_assignment(a)
+        return self.recovery
+
+    # -- assignment ------------------------------------------------------------------------
+    def apply_assignment(self, a: Assignment) -> None:
+        self.assignment = a
+        me = self.s.server_id
+        hosted: set[Key] = set()
+        for key, ps in a.partitions.items():
+            if me not in ps.replicas:
+                continue
+            hosted.add(key)
+            part = self.partitions.get(key)
+            if part is None:
+                part, _, _ = self._open(key, None, a)
+                self.partitions[key] = part
+                log.info("hosting new partition %s-%d", *key)
+            part.hosted = True
+            role = "leader" if ps.leader == me else "follower"
+            if role != part.role:
+                log.info("partition %s-%d: %s -> %s", key[0], key[1], part.role, role)
+            part.role = role
+            leader = a.servers.get(ps.leader)
+            part.leader_address = leader.address if leader is not None else ""
+            mode = self._mode(key[0], a)
+            if mode != part.state.mode:
+                log.warning("topic %s dedup mode %s -> %s", key[0], part.state.mode, mode)
+                part.state.mode = mode
+        for key, part in self.partitions.items():
+            if key not in hosted:
+                part.hosted = False
+                part.role = "none"
+
+    def route(self, topic: str, partition: int) -> tuple[Partition | None, str | None]:
+        """(partition to serve, None) when we lead it; (None, leader address or "") when
+        another server should; (None, None) when the partition is unknown."""
+        part = self.partitions.get((topic, partition))
+        if part is not None and part.hosted and part.role == "leader":
+            return part, None
+        ps = self.assignment.partitions.get((topic, partition))
+        if ps is None:
+            return None, None
+        leader = self.assignment.servers.get(ps.leader)
+        return None, leader.address if leader is not None else ""
+
+    # -- snapshots -------------------------------------------------------------------------
+    def note_append(self) -> None:
+        self._batches_since_snapshot += 1
+        if self._batches_since_snapshot >= self.s.snapshot_interval_batches:
+            self._start_snapshot()
+
+    def _start_snapshot(self) -> None:
+        if self._snapshot_task is None or self._snapshot_task.done():
+            self._snapshot_task = asyncio.get_running_loop().create_task(self.snapshot_now())
+
+    async def snapshot_now(self) -> None:
+        """Capture every partition's (next offset, producer state), wait until those
+        offsets are fsynced, then write the file: a snapshot never holds undurable state."""
+        async with self._snapshot_lock:
+            t0 = time.perf_counter()
+            self._batches_since_snapshot = 0
+            self._last_snapshot_ms = self.clock_ms()
+            snap = Snapshot(self._last_snapshot_ms)
+            waits = []
+            for key, part in self.partitions.items():
+                next_offset, rows = part.snapshot_rows()
+                snap.partitions[key] = (next_offset, rows)
+                waits.append(part.wait_durable(next_offset))
+            self.flusher.flush_soon()
+            await asyncio.gather(*waits)
+            t_capture = time.perf_counter() - t0
+            loop = asyncio.get_running_loop()
+            path, nbytes = await loop.run_in_executor(None, self.snapshots.write, snap)
+            self.snapshots_taken += 1
+            log.info("snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
+                     path.name, len(snap.partitions),
+                     sum(len(r) for _, r in snap.partitions.values()), nbytes,
+                     time.perf_counter() - t0, t_capture)
+
+    async def maintain(self) -> None:
+        """Background: time-based snapshots and PID expiry. Runs until cancelled."""
+        tick_s = min(self.s.snapshot_interval_ms, self.s.pid_expire_check_ms, 1000) / 1000
+        last_expiry_ms = self.clock_ms()
+        while True:
+            await asyncio.sleep(tick_s)
+            now = self.clock_ms()
+            if (self._batches_since_snapshot > 0
+                    and now - self._last_snapshot_ms >= self.s.snapshot_interval_ms):
+                self._start_snapshot()
+            if now - last_expiry_ms >= self.s.pid_expire_check_ms:
+                last_expiry_ms = now
+                self.expire_pids(now)
+
+    def expire_pids(self, now_ms: int) -> int:
+        dropped = 0
+        for key, part in self.partitions.items():
+            n = part.state.expire(now_ms, self.s.pid_expire_ms)
+            if n:
+                log.info("partition %s-%d: expired %d pids unused for %d ms", key[0], key[1], n,
+                         self.s.pid_expire_ms)
+            dropped += n
+        return dropped
+
+    # -- reporting and shutdown ------------------------------------------------------------
+    def metadata(self, server_id: int, address: str) -> dict[str, Any]:
+        parts = [p.metadata() for _, p in sorted(self.partitions.items())]
+        return {"server_id": server_id, "address": address, "partitions": parts,
+                "tracked_pids_total": sum(x["tracked_pids"] for x in parts),
+                "recovery": self.recovery}
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.flusher.wait_idle(), 10)
+            if self.partitions:
+                await asyncio.wait_for(self.snapshot_now(), 30)
+        except Exception as exc:  # noqa: BLE001 - shutting down anyway; recovery copes
+            log.warning("final flush/snapshot failed: %s", exc)
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            self._snapshot_task.cancel()
+        for part in self.partitions.values():
+            part.close()

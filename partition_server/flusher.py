@@ -1,0 +1,113 @@
+"""Group commit: one flusher per server fsyncs, in an executor, every file written since
+the last flush, then marks the partitions durable up to what was written before the flush
+began, which resolves their waiting acks in log order.
+
+``fsync="interval"`` waits ``fsync_interval_ms`` after the first write so a flush covers
+many batches; ``fsync="batch"`` starts a flush as soon as one is not already running (so a
+lone batch is fsynced on its own, and batches that arrive during an fsync share the next).
+The event loop never blocks on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Protocol
+
+log = logging.getLogger("partition_server.flusher")
+
+
+class Flushable(Protocol):
+    def prepare_flush(self) -> tuple[int, list[int]]: ...
+    def mark_durable(self, end_offset: int) -> None: ...
+
+
+def _fsync_all(fds: list[int]) -> float:
+    t0 = time.perf_counter()
+    for fd in fds:
+        os.fsync(fd)
+    return time.perf_counter() - t0
+
+
+def _die_on_fsync_error(exc: BaseException) -> None:
+    # After a failed fsync the kernel may have dropped the dirty pages while marking them
+    # clean; retrying could "succeed" and ack lost data. Crash and recover from the log.
+    log.critical("fsync failed (%s); exiting so recovery re-reads what is on disk", exc)
+    os._exit(70)
+
+
+class Flusher:
+    def __init__(self, *, mode: str, interval_ms: int, executor: Executor | None = None,
+                 on_error: Callable[[BaseException], None] = _die_on_fsync_error) -> None:
+        self.mode = mode
+        self.interval_s = interval_ms / 1000.0
+        self._executor = executor
+        self._on_error = on_error
+        self._dirty: dict[Flushable, None] = {}
+        self._running = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.flushes = 0
+        self.fsync_seconds = 0.0
+
+    def note_write(self, part: Flushable) -> None:
+        self._dirty[part] = None
+        self._idle.clear()
+        if self._running or self._timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if self.mode == "batch" or self.interval_s == 0:
+            self._timer = loop.call_soon(self._start)  # type: ignore[assignment]
+        else:
+            self._timer = loop.call_later(self.interval_s, self._start)
+
+    def flush_soon(self) -> None:
+        """Start a flush now (snapshots and shutdown do not wait for the interval)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._running:
+            self._start()
+
+    def _start(self) -> None:
+        self._timer = None
+        if self._running or not self._dirty:
+            if not self._running and not self._dirty:
+                self._idle.set()
+            return
+        self._running = True
+        parts = list(self._dirty)
+        self._dirty.clear()
+        jobs = [(p, *p.prepare_flush()) for p in parts]
+        fds = [fd for _, _, fl in jobs for fd in fl]
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._executor, _fsync_all, fds)
+        fut.add_done_callback(lambda f: self._done(f, jobs))
+
+    def _done(self, fut: asyncio.Future[float], jobs: list[tuple[Flushable, int, list[int]]]) -> None:
+        self._running = False
+        exc = fut.exception()
+        if exc is not None:
+            self._on_error(exc)
+            return
+        self.flushes += 1
+        self.fsync_seconds += fut.result()
+        for part, end_offset, _ in jobs:
+            part.mark_durable(end_offset)
+        if self._dirty:
+            loop = asyncio.get_running_loop()
+            # Writes arrived during the fsync and already waited that long: go now.
+            self._timer = loop.call_soon(self._start)  # type: ignore[assignment]
+        else:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Flush everything written so far and wait until it is durable."""
+        if self._dirty:
+            self.flush_soon()
+        await self._idle.wait()

@@ -1,0 +1,200 @@
+"""This server's view of ZooKeeper: its ephemeral ``/servers/<id>`` znode, and the topics,
+partition states and live servers it needs to know which partitions it hosts, which it
+leads, and where to send a client that asked the wrong server.
+
+kazoo runs its own threads; watch callbacks only schedule a refresh on the event loop, and
+a refresh reads everything in an executor (coalesced: one read answers every refresh asked
+for before it started), re-arming the one-shot watches as it goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
+from kazoo.protocol.states import KazooState  # type: ignore[import-untyped]
+
+from pidlease.cluster import (
+    SERVERS,
+    TOPICS,
+    PartitionState,
+    ServerInfo,
+    TopicSpec,
+    connect_zk,
+    partition_path,
+    server_path,
+    topic_path,
+)
+
+log = logging.getLogger("partition_server.registry")
+
+
+@dataclass
+class Assignment:
+    topics: dict[str, TopicSpec] = field(default_factory=dict)
+    partitions: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
+    servers: dict[int, ServerInfo] = field(default_factory=dict)
+
+
+class Registry:
+    def __init__(self, hosts: str, server_id: int, *, timeout_s: float = 10.0) -> None:
+        self.hosts = hosts
+        self.server_id = server_id
+        self.timeout_s = timeout_s
+        self.zk: Any = None
+        self.info: ServerInfo | None = None
+        self.assignment = Assignment()
+        self.on_change: Any = None  # callable(Assignment), set by the broker
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._want = False
+        self._waiters: list[asyncio.Future[Assignment]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._session_lost = False
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Blocking: connect (startup runs it before serving)."""
+        self.zk = connect_zk(self.hosts, timeout_s=self.timeout_s)
+        self.zk.add_listener(self._on_state)
+
+    def read_now(self) -> Assignment:
+        """Blocking read of everything (at startup, before the loop serves)."""
+        self.assignment = self._read_all()
+        return self.assignment
+
+    async def register(self, host: str, port: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.info = ServerInfo(self.server_id, host, port, started_ms=int(time.time() * 1000))
+        await self._loop.run_in_executor(None, self._create_znode)
+        log.info("registered %s as %s", server_path(self.server_id), self.info.address)
+
+    def _create_znode(self) -> None:
+        assert self.info is not None
+        path, data = server_path(self.server_id), self.info.to_bytes()
+        for _ in range(10):
+            try:
+                self.zk.create(path, data, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                try:
+                    _, stat = self.zk.get(path)
+                    if stat.ephemeralOwner == self.zk.client_id[0]:
+                        self.zk.set(path, data)
+                        return
+                    # Left by a previous run of this id that was killed before its session
+                    # expired: it is us, replace it rather than wait out the session.
+                    log.warning("replacing stale %s (owner session 0x%x)", path,
+                                stat.ephemeralOwner)
+                    self.zk.delete(path, version=stat.version)
+                except NoNodeError:
+                    pass
+        raise RuntimeError(f"could not create {path}")
+
+    def close(self) -> None:
+        self._closed = True
+        if self.zk is not None:
+            try:
+                if self.zk.connected:
+                    self.zk.delete(server_path(self.server_id))
+            except Exception as exc:  # noqa: BLE001 - best effort; the session end removes it too
+                log.info("could not delete our znode at shutdown: %s", exc)
+            self.zk.stop()
+            self.zk.close()
+            self.zk = None
+
+    def _on_state(self, state: str) -> None:
+        # kazoo thread: no blocking calls here.
+        if state == KazooState.LOST:
+            self._session_lost = True
+            log.warning("ZooKeeper session lost; will re-register when reconnected")
+        elif state == KazooState.CONNECTED and self._session_lost and not self._closed:
+            self._session_lost = False
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._reregister)
+
+    def _reregister(self) -> None:
+        assert self._loop is not None
+        fut = self._loop.run_in_executor(None, self._create_znode)
+
+        def done(f: asyncio.Future[None]) -> None:
+            if f.exception() is not None:
+                log.error("re-registration failed: %s", f.exception())
+
+        fut.add_done_callback(done)
+        self.refresh()
+
+    # -- reading the cluster state ---------------------------------------------------------
+    def _watch(self, _event: object) -> None:
+        if self._loop is not None and not self._closed:
+            self._loop.call_soon_threadsafe(self.refresh)
+
+    def refresh(self) -> asyncio.Future[Assignment]:
+        """Re-read ZooKeeper; the future resolves with an Assignment read after this call."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        fut: asyncio.Future[Assignment] = loop.create_future()
+        self._waiters.append(fut)
+        self._want = True
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        return fut
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._want and not self._closed:
+            self._want = False
+            waiters, self._waiters = self._waiters, []
+            try:
+                a = await loop.run_in_executor(None, self._read_all)
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper down: keep the old view
+                log.warning("reading ZooKeeper failed (%s); keeping the last view", exc)
+                a = self.assignment
+            else:
+                self.assignment = a
+                if self.on_change is not None:
+                    self.on_change(a)
+            for w in waiters:
+                if not w.done():
+                    w.set_result(a)
+
+    def _read_all(self) -> Assignment:
+        zk, w = self.zk, self._watch
+        a = Assignment()
+        for name in zk.get_children(TOPICS, watch=w):
+            try:
+                raw, _ = zk.get(topic_path(name), watch=w)
+                spec = TopicSpec.from_bytes(raw)
+            except NoNodeError:
+                continue
+            except (ValueError, TypeError) as exc:
+                log.warning("topic %s has an unreadable spec: %s", name, exc)
+                continue
+            a.topics[name] = spec
+            ppath = topic_path(name) + "/partitions"
+            try:
+                plist = zk.get_children(ppath, watch=w)
+            except NoNodeError:
+                zk.exists(ppath, watch=w)  # a watch on its creation
+                continue
+            for p in plist:
+                if not p.isdigit():
+                    continue
+                try:
+                    raw, _ = zk.get(partition_path(name, int(p)), watch=w)
+                    a.partitions[(name, int(p))] = PartitionState.from_bytes(raw)
+                except NoNodeError:
+                    continue
+                except (ValueError, TypeError) as exc:
+                    log.warning("partition %s/%s has an unreadable state: %s", name, p, exc)
+        for sid in zk.get_children(SERVERS, watch=w):
+            try:
+                raw, _ = zk.get(server_path(int(sid)))
+                a.servers[int(sid)] = ServerInfo.from_bytes(raw)
+            except (NoNodeError, ValueError, TypeError):
+                continue
+        return a

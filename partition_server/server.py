@@ -1,0 +1,301 @@
+"""The TCP front of a partition server: framing, request dispatch, and pipelining (each
+connection's responses go out in request order, however long each takes to be durable).
+
+Bad input never reaches a log: a frame whose length is over ``frame_bytes_max`` gets a
+RECORD_TOO_LARGE answer and the connection is closed (we will not read that much); any
+other malformed frame gets an error response (with its correlation id when readable) and
+the connection keeps serving, since the framing itself is intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections import deque
+from collections.abc import Callable
+
+from partition_server.broker import Broker
+from partition_server.partition import Partition, wall_clock_ms
+from partition_server.producer_state import FenceOutcome, Outcome
+from partition_server.registry import Registry
+from partition_server.settings import ServerSettings
+from pidlease import errors
+from pidlease import protocol as P
+from pidlease.errors import CorruptRecord, InvalidRequest, PidleaseError, RecordTooLarge
+from pidlease.token import verify_token
+
+log = logging.getLogger("partition_server.server")
+
+_U32 = struct.Struct(">I")
+_HEAD = struct.Struct(">BI")
+
+_OUTCOME_CODES = {
+    Outcome.FENCED: errors.ProducerFenced.code,
+    Outcome.UNKNOWN_PID: errors.UnknownPid.code,
+    Outcome.SEQUENCE_UNKNOWN: errors.SequenceUnknown.code,
+    Outcome.OUT_OF_ORDER: errors.OutOfOrderSequence.code,
+}
+
+Reply = bytes | asyncio.Future[bytes]
+
+
+def error_response(api_key: int, corr: int, code: int, detail: str, leader: str = "",
+                   expected_sequence: int = -1) -> bytes:
+    """An error in the response shape of ``api_key`` (so clients parse it as usual)."""
+    if api_key == P.PRODUCE:
+        return P.produce_response(corr, code, detail, expected_sequence=expected_sequence,
+                                  leader=leader)
+    if api_key == P.FETCH:
+        return P.fetch_response(corr, code, detail, leader=leader)
+    if api_key == P.FENCE:
+        return P.fence_response(corr, code, detail)
+    if api_key == P.PRODUCER_STATE:
+        return P.producer_state_response(corr, code, detail)
+    if api_key == P.METADATA:
+        return P.metadata_response(corr, code, detail)
+    return P.response(corr, code, detail, b"")
+
+
+class _Conn:
+    """Per-connection pipeline: replies in request order, bounded in number."""
+
+    __slots__ = ("dead", "eof", "pending", "space", "wake")
+
+    def __init__(self) -> None:
+        self.pending: deque[tuple[int, int, Reply]] = deque()
+        self.wake = asyncio.Event()
+        self.space = asyncio.Event()
+        self.eof = False
+        self.dead = False
+
+
+class PartitionServer:
+    def __init__(self, settings: ServerSettings, *,
+                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.s = settings
+        self.clock_ms = clock_ms
+        self.broker = Broker(settings, clock_ms=clock_ms)
+        self.registry = Registry(settings.zk, settings.server_id)
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._maint: asyncio.Task[None] | None = None
+        self.address = settings.address
+        self.port = settings.port
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.registry.connect)
+        a = await loop.run_in_executor(None, self.registry.read_now)
+        self.broker.recover(a)
+        self.registry.on_change = self.broker.apply_assignment
+        # Bind first (port 0 picks one), listen only once registered: whoever can connect
+        # can also find us in ZooKeeper.
+        self._server = await asyncio.start_server(self._handle, self.s.host, self.s.port,
+                                                  start_serving=False)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.address = f"{self.s.host}:{self.port}"
+        await self.registry.register(self.s.host, self.port)
+        await self.registry.refresh()  # arms the watches, now that we are listed
+        await self._server.start_serving()
+        self._maint = loop.create_task(self.broker.maintain())
+        log.info("partition server %d serving on %s (data %s, fsync=%s)", self.s.server_id,
+                 self.address, self.s.data_dir, self.s.fsync)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._maint is not None:
+            self._maint.cancel()
+        await self.broker.close()
+        for w in list(self._writers):
+            w.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.registry.close)
+        log.info("partition server %d stopped", self.s.server_id)
+
+    # -- connections -----------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        conn = _Conn()
+        wtask = asyncio.get_running_loop().create_task(self._write_loop(conn, writer))
+        try:
+            await self._read_loop(conn, reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception:
+            log.exception("connection failed")
+        finally:
+            conn.eof = True
+            conn.wake.set()
+            try:
+                await wtask
+            finally:
+                self._writers.discard(writer)
+                writer.close()
+                try:
+                    await writer.wait_closed()
+                except (ConnectionError, OSError):
+                    pass
+
+    async def _read_loop(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
+        frame_max = self.s.frame_bytes_max
+        inflight_max = self.s.inflight_requests_max_per_connection
+        while not conn.dead:
+            (n,) = _U32.unpack(await reader.readexactly(4))
+            if n > frame_max:
+                head = await reader.readexactly(min(n, 5))
+                api, corr = _HEAD.unpack(head) if len(head) == 5 else (0, 0)
+                self._push(conn, api, corr, error_response(
+                    api, corr, RecordTooLarge.code,
+                    f"frame of {n} bytes is over the limit of {frame_max}; closing"))
+                log.warning("closing a connection that sent a %d-byte frame", n)
+                return
+            body = await reader.readexactly(n)
+            api, corr = _HEAD.unpack_from(body) if n >= 5 else (0, 0)
+            self._push(conn, api, corr, self.dispatch(body))
+            while len(conn.pending) >= inflight_max and not conn.dead:
+                conn.space.clear()
+                await conn.space.wait()
+
+    def _push(self, conn: _Conn, api: int, corr: int, reply: Reply) -> None:
+        conn.pending.append((api, corr, reply))
+        conn.wake.set()
+
+    async def _write_loop(self, conn: _Conn, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                if not conn.pending:
+                    if conn.eof:
+                        return
+                    conn.wake.clear()
+                    await conn.wake.wait()
+                    continue
+                api, corr, reply = conn.pending[0]
+                if isinstance(reply, bytes):
+                    data = reply
+                else:
+                    try:
+                        data = await reply
+                    except PidleaseError as exc:
+                        data = error_response(api, corr, exc.code, exc.detail)
+                    except Exception as exc:
+                        log.exception("request %d failed", corr)
+                        data = error_response(api, corr, errors.PidleaseError.code, str(exc))
+                conn.pending.popleft()
+                conn.space.set()
+                writer.write(data)
+                if not conn.pending or writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            conn.dead = True
+            conn.space.set()
+            writer.close()
+
+    # -- dispatch --------------------------------------------------------------------------
+    def dispatch(self, body: bytes, *, refreshed: bool = False) -> Reply:
+        """The reply to one request body: bytes now, or a future of bytes."""
+        api, corr = _HEAD.unpack_from(body) if len(body) >= 5 else (0, 0)
+        try:
+            req = P.decode_request(body)
+            if req.api_key == P.METADATA:
+                return P.metadata_response(corr, 0, info=self.broker.metadata(
+                    self.s.server_id, self.address))
+            part, leader = self.broker.route(req.topic, req.partition)
+            if part is None:
+                if leader is None and not refreshed:
+                    return asyncio.ensure_future(self._after_refresh(body))
+                if leader is None:
+                    return error_response(api, corr, errors.UnknownTopicOrPartition.code,
+                                          f"no partition {req.topic}/{req.partition}")
+                return error_response(api, corr, errors.NotLeader.code,
+                                      f"this server does not lead {req.topic}/{req.partition}"
+                                      + (f"; the leader is {leader}" if leader else ""),
+                                      leader=leader)
+            if api == P.PRODUCE:
+                return self._produce(req, part)
+            if api == P.FETCH:
+                return self._fetch(req, part)
+            if api == P.FENCE:
+                return self._fence(req, part)
+            return self._producer_state(req, part)
+        except PidleaseError as exc:
+            if len(body) < 5:
+                return P.response(corr, exc.code, f"frame too short: {exc.detail}", b"")
+            return error_response(api, corr, exc.code, exc.detail)
+        except Exception as exc:
+            log.exception("request %d (api %d) failed", corr, api)
+            return error_response(api, corr, errors.PidleaseError.code, f"internal error: {exc}")
+
+    async def _after_refresh(self, body: bytes) -> bytes:
+        # The topic may have been created a moment ago: read ZooKeeper once, then answer.
+        await self.registry.refresh()
+        reply = self.dispatch(body, refreshed=True)
+        return reply if isinstance(reply, bytes) else await reply
+
+    def _produce(self, req: P.Request, part: Partition) -> Reply:
+        corr = req.correlation_id
+        batch = req.batch
+        assert batch is not None
+        if len(batch) > self.s.batch_bytes_max:
+            raise RecordTooLarge(f"batch of {len(batch)} bytes is over the limit of "
+                                 f"{self.s.batch_bytes_max}")
+        h = P.validate_batch(batch)
+        if h.size != len(batch):
+            raise CorruptRecord(f"{len(batch) - h.size} bytes after the batch")
+        if h.is_control:
+            raise InvalidRequest("producers may not write control batches")
+        if h.pid > 0:
+            verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
+        d, fut = part.append(batch, h, lambda base, last: P.produce_response(
+            corr, 0, base_offset=base, last_offset=last))
+        if fut is not None:
+            self.broker.note_append()
+            return fut
+        if d.outcome is Outcome.DUPLICATE:
+            return P.produce_response(corr, errors.DUPLICATE, d.detail,
+                                      base_offset=d.base_offset, last_offset=d.last_offset)
+        return P.produce_response(corr, _OUTCOME_CODES[d.outcome], d.detail,
+                                  expected_sequence=d.expected_sequence)
+
+    def _fetch(self, req: P.Request, part: Partition) -> Reply:
+        if req.offset < 0:
+            raise InvalidRequest(f"fetch offset must be >= 0, got {req.offset}")
+        max_bytes = min(max(req.max_bytes, 1), self.s.fetch_bytes_max)
+        chunks = part.fetch(req.offset, max_bytes)
+        return P.fetch_response(req.correlation_id, 0, high_watermark=part.durable_end,
+                                log_start_offset=0, data=chunks)
+
+    def _fence(self, req: P.Request, part: Partition) -> Reply:
+        corr = req.correlation_id
+        if req.pid == 0 or req.pid > P.MAX_PID:
+            raise InvalidRequest(f"fence needs a pid in 1..2**63-1, got {req.pid}")
+        if req.generation > P.MAX_GENERATION:
+            raise InvalidRequest(f"generation {req.generation} is over 2**31-1")
+        if req.flags & ~P.FENCE_CREATE_IF_ABSENT:
+            raise InvalidRequest(f"unknown fence flags {req.flags:#x}")
+        verify_token(self.s.secret_bytes, req.token, req.pid, req.generation, self.clock_ms())
+        create = bool(req.flags & P.FENCE_CREATE_IF_ABSENT)
+
+        def ok(existed: bool, durable_hw: int, fence_offset: int) -> bytes:
+            return P.fence_response(corr, 0, existed=existed, durable_highwater=durable_hw,
+                                    fence_offset=fence_offset)
+
+        outcome, fut = part.fence(req.pid, req.generation, create, ok)
+        if outcome is FenceOutcome.FENCED:
+            e = part.state.get(req.pid)
+            return P.fence_response(corr, errors.ProducerFenced.code,
+                                    f"generation {req.generation} is older than the current "
+                                    f"{e.generation if e else '?'}", existed=True,
+                                    durable_highwater=e.durable_highwater if e else -1)
+        if outcome is FenceOutcome.APPEND:
+            self.broker.note_append()
+            log.info("fence %s-%d pid %d generation %d", part.topic, part.partition, req.pid,
+                     req.generation)
+        return fut
+
+    def _producer_state(self, req: P.Request, part: Partition) -> Reply:
+        found, gen, dhw, last_use = part.producer_state(req.pid)
+        return P.producer_state_response(req.correlation_id, 0, found=found, generation=gen,
+                                         durable_highwater=dhw, last_use_ms=last_use)
+

@@ -1,0 +1,58 @@
+"""Typed settings of a partition server, read from ``PIDLEASE_*`` environment variables."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+# The coordinator's longest lease; a PID's state must outlive any lease of it, or a
+# renewing producer could find its state gone (UNKNOWN_PID) while its lease is valid.
+LEASE_MAX_MS = 86_400_000
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore")
+
+    zk: str = "127.0.0.1:2181/pidlease"
+    lease_secret: str = "pidlease-dev-secret"
+    server_id: int = Field(default=1, ge=0)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8480, ge=0, le=65535)
+    data_dir: str = "./pidlease-data/server-1"
+    fsync: Literal["batch", "interval"] = "interval"
+    fsync_interval_ms: int = Field(default=2, ge=0, le=10_000)
+    segment_bytes_max: int = Field(default=64 * MiB, ge=4096)
+    snapshot_interval_batches: int = Field(default=10_000, ge=1)
+    snapshot_interval_ms: int = Field(default=30_000, ge=10)
+    snapshots_kept: int = Field(default=2, ge=1)
+    duplicate_batches_kept: int = Field(default=5, ge=1, le=1000)
+    pid_expire_ms: int = Field(default=604_800_000, ge=1)
+    allow_short_pid_expire: bool = False
+    pid_expire_check_ms: int = Field(default=1000, ge=10)
+    batch_bytes_max: int = Field(default=1 * MiB, ge=64)
+    frame_bytes_max: int = Field(default=16 * MiB, ge=1024)
+    fetch_bytes_max: int = Field(default=4 * MiB, ge=1024)
+    tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1)
+    inflight_requests_max_per_connection: int = Field(default=1000, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        if self.pid_expire_ms < LEASE_MAX_MS and not self.allow_short_pid_expire:
+            raise ValueError(
+                f"pid_expire_ms={self.pid_expire_ms} is below the coordinator's lease maximum "
+                f"{LEASE_MAX_MS}: a leased PID could lose its state; set "
+                "PIDLEASE_ALLOW_SHORT_PID_EXPIRE=1 only for tests")
+        if self.batch_bytes_max > self.frame_bytes_max:
+            raise ValueError("batch_bytes_max must not exceed frame_bytes_max")
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def secret_bytes(self) -> bytes:
+        return self.lease_secret.encode()

@@ -1,0 +1,247 @@
+"""Connections from a client to one partition server, speaking ``pidlease.protocol``.
+
+``Connection`` is the producer's: asyncio, pipelined (many requests written before the
+first answer arrives), answers matched to requests by correlation id. The server answers
+one connection's requests in the order they were written, which is what keeps a
+partition's in-flight batches in order. When the connection dies (EOF, reset, a frame
+that does not parse, a request past its timeout, or ``abort()``), every outstanding
+request fails with ``ServerUnavailable`` and the connection is never used again: after a
+lost answer nothing later on the same stream can be trusted, so the caller reconnects and
+resends.
+
+``BlockingConnection`` is the reader's: one request at a time on a plain socket, so an
+iterator needs no event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import struct
+from typing import Any, Self
+
+from pidlease import protocol
+from pidlease.errors import CorruptRecord, ServerUnavailable
+
+_U32 = struct.Struct(">I")
+CONNECT_TIMEOUT_MS_DEFAULT = 5_000
+REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` -> (host, port); raises ServerUnavailable when it is not one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ServerUnavailable(f"partition server address {address!r} is not host:port")
+    return host, int(port)
+
+
+class _Protocol(asyncio.Protocol):
+    """Frames bytes off the socket and hands each response body to its Connection."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.buf = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.conn._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (size,) = _U32.unpack_from(buf, pos)
+            if size > self.conn.frame_bytes_max:
+                self.conn._die(f"server sent a frame of {size} bytes, over the limit")
+                return
+            if n - pos - 4 < size:
+                break
+            body = bytes(buf[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            self.conn._on_frame(body)
+        if pos:
+            del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn._die(f"connection to {self.conn.address} lost"
+                       + (f": {exc}" if exc else ""))
+
+
+class Connection:
+    """A pipelined asyncio connection to the partition server at ``address``."""
+
+    def __init__(self, address: str, *, frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> None:
+        self.address = address
+        self.frame_bytes_max = frame_bytes_max
+        self._transport: asyncio.Transport | None = None
+        self._corr = itertools.count(1)
+        # correlation id -> (api key, answer future, timeout handle)
+        self._waiting: dict[int, tuple[int, asyncio.Future[protocol.Response], asyncio.TimerHandle | None]] = {}
+        self._closed_reason: str | None = None
+
+    @classmethod
+    async def open(cls, address: str, *, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+                   frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> Connection:
+        host, port = split_address(address)
+        conn = cls(address, frame_bytes_max=frame_bytes_max)
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(conn), host, port),
+                                   connect_timeout_ms / 1000)
+        except (TimeoutError, OSError) as exc:
+            raise ServerUnavailable(f"cannot connect to partition server {address}: "
+                                    f"{exc or 'timed out'}") from exc
+        # (asyncio sets TCP_NODELAY on its TCP transports itself.)
+        if conn.closed:
+            raise ServerUnavailable(conn._closed_reason or f"connection to {address} lost at once")
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_reason is not None
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._waiting)
+
+    def next_correlation_id(self) -> int:
+        return next(self._corr) & 0xFFFFFFFF
+
+    def send(self, api_key: int, correlation_id: int, data: bytes, *,
+             timeout_ms: int | None = REQUEST_TIMEOUT_MS_DEFAULT) -> asyncio.Future[protocol.Response]:
+        """Write one framed request (built with ``correlation_id``) and return the future
+        of its answer. Never raises: on a dead connection the future is already failed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[protocol.Response] = loop.create_future()
+        if self._transport is not None and self._transport.is_closing():
+            self._die(f"connection to {self.address} is closing")
+        if self._closed_reason is not None or self._transport is None:
+            fut.set_exception(ServerUnavailable(self._closed_reason or "connection is not open"))
+            return fut
+        timer = None
+        if timeout_ms is not None:
+            timer = loop.call_later(timeout_ms / 1000, self._timed_out, correlation_id, timeout_ms)
+        self._waiting[correlation_id] = (api_key, fut, timer)
+        self._transport.write(data)
+        return fut
+
+    async def request(self, api_key: int, build: Any, *, timeout_ms: int | None = REQUEST_TIMEOUT_MS_DEFAULT,
+                      ) -> protocol.Response:
+        """Send ``build(correlation_id)`` and wait for its answer."""
+        corr = self.next_correlation_id()
+        return await self.send(api_key, corr, build(corr), timeout_ms=timeout_ms)
+
+    def abort(self, reason: str = "connection aborted") -> None:
+        """Cut the connection at once, as a network failure would (no goodbye)."""
+        if self._transport is not None:
+            self._transport.abort()
+        self._die(reason)
+
+    async def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        self._die("connection closed by the client")
+        await asyncio.sleep(0)  # let the transport's connection_lost run before the loop may close
+
+    # -- internals ----------------------------------------------------------------------
+    def _on_frame(self, body: bytes) -> None:
+        if len(body) < 4:
+            self._die("server sent a frame too short to hold a correlation id")
+            return
+        corr = protocol.peek_correlation_id(body)
+        entry = self._waiting.pop(corr, None)
+        if entry is None:
+            self._die(f"server answered unknown correlation id {corr}")
+            return
+        api_key, fut, timer = entry
+        if timer is not None:
+            timer.cancel()
+        try:
+            resp = protocol.decode_response(api_key, body)
+        except (CorruptRecord, ValueError) as exc:
+            fut.set_exception(ServerUnavailable(f"malformed answer from {self.address}: {exc}"))
+            self._die(f"malformed answer from {self.address}")
+            return
+        if not fut.done():
+            fut.set_result(resp)
+
+    def _timed_out(self, corr: int, timeout_ms: int) -> None:
+        if corr in self._waiting:
+            self.abort(f"no answer from {self.address} within {timeout_ms} ms")
+
+    def _die(self, reason: str) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = reason
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        waiting, self._waiting = self._waiting, {}
+        for _api, fut, timer in waiting.values():
+            if timer is not None:
+                timer.cancel()
+            if not fut.done():
+                fut.set_exception(ServerUnavailable(self._closed_reason))
+
+
+class BlockingConnection:
+    """One request at a time to a partition server on a blocking socket."""
+
+    def __init__(self, address: str, *, timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> None:
+        self.address = address
+        self.frame_bytes_max = frame_bytes_max
+        host, port = split_address(address)
+        try:
+            self._sock: socket.socket | None = socket.create_connection((host, port), timeout=timeout_ms / 1000)
+        except OSError as exc:
+            raise ServerUnavailable(f"cannot connect to partition server {address}: {exc}") from exc
+        self._corr = itertools.count(1)
+
+    def request(self, api_key: int, build: Any) -> protocol.Response:
+        """Send ``build(correlation_id)``, read and decode the answer. Any socket trouble
+        closes the connection and raises ServerUnavailable."""
+        if self._sock is None:
+            raise ServerUnavailable("connection is closed")
+        corr = next(self._corr) & 0xFFFFFFFF
+        try:
+            self._sock.sendall(build(corr))
+            (size,) = _U32.unpack(self._read_exact(4))
+            if size > self.frame_bytes_max:
+                raise ServerUnavailable(f"server sent a frame of {size} bytes, over the limit")
+            body = self._read_exact(size)
+            resp = protocol.decode_response(api_key, body)
+        except (OSError, CorruptRecord, ValueError) as exc:
+            self.close()
+            raise ServerUnavailable(f"request to {self.address} failed: {exc}") from exc
+        except ServerUnavailable:
+            self.close()
+            raise
+        if resp.correlation_id != corr:
+            self.close()
+            raise ServerUnavailable(f"{self.address} answered correlation id {resp.correlation_id}, "
+                                    f"expected {corr}")
+        return resp
+
+    def _read_exact(self, n: int) -> bytes:
+        assert self._sock is not None
+        chunks = []
+        while n:
+            chunk = self._sock.recv(min(n, 1 << 20))
+            if not chunk:
+                raise ServerUnavailable(f"{self.address} closed the connection")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

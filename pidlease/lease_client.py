@@ -1,0 +1,242 @@
+"""HTTP clients for the coordinator's JSON API (leases, topics, PIDs).
+
+``AsyncLeaseClient`` (used by the producer) and ``LeaseClient`` (used by the reader, the
+audit and the CLI) are thin shells over the same request builders and answer parsers,
+httpx style. The coordinator's ``"error"`` names become ``pidlease.errors`` exceptions
+here, and so do httpx's transport failures (as ``CoordinatorUnavailable``): nothing from
+httpx leaks past this module. Tests pass an ``httpx.MockTransport`` as ``transport``.
+When the coordinator requires an API token, pass ``api_token`` or set
+``PIDLEASE_API_TOKEN``; it is sent as ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import httpx
+
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, error_for_name
+
+DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
+API_TOKEN_ENV = "PIDLEASE_API_TOKEN"
+REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One answer of ``/v1/lease_pid``: the PID, its generation and token, and the next
+    sequence this PID must send to the partition that was asked about."""
+
+    topic: str
+    partition: int
+    pid: int
+    generation: int
+    sequence_number: int
+    expire_ms: int
+    expires_at_ms: int
+    lease_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    partition: int
+    leader: int | None
+    leader_address: str | None
+    leader_epoch: int = 0
+    replicas: list[int] = field(default_factory=list)
+    isr: list[int] = field(default_factory=list)
+    log_end_offset: int = -1
+    high_watermark: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    replication_factor: int
+    dedup: str
+    partition_states: list[PartitionInfo]
+
+    def leader_address(self, partition: int) -> str | None:
+        for p in self.partition_states:
+            if p.partition == partition:
+                return p.leader_address or None
+        return None
+
+
+def lease_request(topic: str, partition: int, pid: int, *, generation: int | None = None,
+                  producer_name: str | None = None, expire_ms: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"topic": topic, "partition": partition, "pid": pid}
+    if generation is not None:
+        body["generation"] = generation
+    if producer_name is not None:
+        body["producer_name"] = producer_name
+    if expire_ms is not None:
+        body["expire_ms"] = expire_ms
+    return body
+
+
+def _check(body: dict[str, Any]) -> dict[str, Any]:
+    """Raise the error an answer carries, else return it."""
+    name = body.get("error", "NONE")
+    if name != "NONE":
+        extra = {k: v for k, v in body.items() if k not in ("error", "detail")}
+        raise error_for_name(str(name), str(body.get("detail") or name), **extra)
+    return body
+
+
+def _decode(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "error" not in body:
+        if resp.status_code >= 500:
+            raise CoordinatorUnavailable(f"coordinator answered HTTP {resp.status_code}; retry")
+        if resp.status_code >= 400:
+            raise InvalidRequest(f"coordinator answered HTTP {resp.status_code}: {resp.text[:200]}")
+        raise CoordinatorUnavailable(f"coordinator answered HTTP {resp.status_code} without a JSON error field")
+    return body
+
+
+def parse_lease(body: dict[str, Any], topic: str, partition: int) -> Lease:
+    _check(body)
+    try:
+        return Lease(topic, partition, int(body["pid"]), int(body["generation"]),
+                     int(body["sequence_number"]), int(body["expire_ms"]),
+                     int(body["expires_at_ms"]), str(body["lease_token"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CoordinatorUnavailable(f"lease answer lacks a field: {exc}") from exc
+
+
+def parse_batch(body: dict[str, Any], requests: list[dict[str, Any]]) -> list[Lease | PidleaseError]:
+    """One Lease or error per request, in order."""
+    _check(body)
+    answers = body.get("responses")
+    if not isinstance(answers, list) or len(answers) != len(requests):
+        raise CoordinatorUnavailable("batch lease answer does not hold one response per request")
+    out: list[Lease | PidleaseError] = []
+    for req, ans in zip(requests, answers):
+        try:
+            out.append(parse_lease(ans, req["topic"], req["partition"]))
+        except PidleaseError as exc:
+            out.append(exc)
+    return out
+
+
+def parse_topic(body: dict[str, Any]) -> TopicInfo:
+    _check(body)
+    try:
+        states = [PartitionInfo(int(p["partition"]), p.get("leader"), p.get("leader_address"),
+                                int(p.get("leader_epoch", 0)), list(p.get("replicas", [])),
+                                list(p.get("isr", [])), int(p.get("log_end_offset", -1)),
+                                int(p.get("high_watermark", -1)))
+                  for p in body.get("partition_states", [])]
+        return TopicInfo(str(body["name"]), int(body["partitions"]),
+                         int(body.get("replication_factor", 1)), str(body.get("dedup", "strict")),
+                         states)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CoordinatorUnavailable(f"topic answer lacks a field: {exc}") from exc
+
+
+def _headers(api_token: str | None) -> dict[str, str]:
+    # The coordinator wants "Authorization: Bearer <token>" on /v1 calls when it has one.
+    token = api_token if api_token is not None else os.environ.get(API_TOKEN_ENV, "")
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _transport_error(base_url: str, exc: Exception) -> CoordinatorUnavailable:
+    return CoordinatorUnavailable(f"cannot reach the coordinator at {base_url}: "
+                                  f"{type(exc).__name__}: {exc}; is it running?")
+
+
+class AsyncLeaseClient:
+    """The coordinator's API for asyncio code."""
+
+    def __init__(self, base_url: str = DEFAULT_COORDINATOR, *,
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+                 transport: httpx.AsyncBaseTransport | None = None, api_token: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_ms / 1000,
+                                       transport=transport, headers=_headers(api_token))
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            resp = await self._http.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise _transport_error(self.base_url, exc) from exc
+        return _decode(resp)
+
+    async def lease(self, topic: str, partition: int, pid: int, *, generation: int | None = None,
+                    producer_name: str | None = None, expire_ms: int | None = None) -> Lease:
+        req = lease_request(topic, partition, pid, generation=generation,
+                            producer_name=producer_name, expire_ms=expire_ms)
+        return parse_lease(await self._call("POST", "/v1/lease_pid", req), topic, partition)
+
+    async def lease_batch(self, requests: list[dict[str, Any]]) -> list[Lease | PidleaseError]:
+        body = await self._call("POST", "/v1/lease_pid/batch", {"requests": requests})
+        return parse_batch(body, requests)
+
+    async def topic(self, name: str) -> TopicInfo:
+        return parse_topic(_check(await self._call("GET", f"/v1/topics/{name}")))
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+class LeaseClient:
+    """The coordinator's API for blocking code (reader, audit, CLI)."""
+
+    def __init__(self, base_url: str = DEFAULT_COORDINATOR, *,
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+                 transport: httpx.BaseTransport | None = None, api_token: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=request_timeout_ms / 1000,
+                                  transport=transport, headers=_headers(api_token))
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Any API call; raises the error the answer carries."""
+        try:
+            resp = self._http.request(method, path, json=body, params=params)
+        except httpx.HTTPError as exc:
+            raise _transport_error(self.base_url, exc) from exc
+        return _check(_decode(resp))
+
+    def lease(self, topic: str, partition: int, pid: int, *, generation: int | None = None,
+              producer_name: str | None = None, expire_ms: int | None = None) -> Lease:
+        req = lease_request(topic, partition, pid, generation=generation,
+                            producer_name=producer_name, expire_ms=expire_ms)
+        try:
+            resp = self._http.post("/v1/lease_pid", json=req)
+        except httpx.HTTPError as exc:
+            raise _transport_error(self.base_url, exc) from exc
+        return parse_lease(_decode(resp), topic, partition)
+
+    def topic(self, name: str) -> TopicInfo:
+        return parse_topic(self.call("GET", f"/v1/topics/{name}"))
+
+    def topics(self) -> list[dict[str, Any]]:
+        body = self.call("GET", "/v1/topics")
+        topics = body.get("topics", [])
+        return [t if isinstance(t, dict) else {"name": t} for t in topics]
+
+    def create_topic(self, name: str, *, partitions: int, replication_factor: int = 1,
+                     dedup: str = "strict") -> dict[str, Any]:
+        return self.call("POST", "/v1/topics", {"name": name, "partitions": partitions,
+                                                "replication_factor": replication_factor,
+                                                "dedup": dedup})
+
+    def pids(self, *, limit: int = 1000) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/v1/pids", params={"limit": limit}).get("pids", []))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

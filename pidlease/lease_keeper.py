@@ -1,0 +1,170 @@
+"""The producer's PID lease: leased at start, renewed in the background, and the token
+every produce request carries.
+
+At start, partition 0 is leased with ``pid=-1`` (and the producer name, which makes a
+known name a takeover), then every other partition in one batch request with that pid
+and generation; each answer's ``sequence_number`` is where that partition continues.
+Renewal asks for all partitions again at half the lease's lifetime, measured from when
+the request left, so our idea of the expiry is never later than the coordinator's. A
+token is used only until a margin before it expires (10 %, at most 5 s), so a batch never
+arrives with a dying token; when renewals keep failing the token runs out and the
+partitions wait (``token_ok`` is False) until a renewal succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pidlease import errors
+from pidlease.lease_client import AsyncLeaseClient, Lease
+from pidlease.sender import Backoff
+
+log = logging.getLogger("pidlease.producer")
+
+
+async def retrying(call: Callable[[], Awaitable[Any]], *, deadline_ms: float, backoff: Backoff,
+                   clock_ms: Callable[[], float]) -> Any:
+    """``await call()`` until it succeeds, raises a fatal error, or ``deadline_ms`` passes."""
+    while True:
+        try:
+            return await call()
+        except errors.PidleaseError as exc:
+            if not exc.retriable or clock_ms() + backoff.cap_ms > deadline_ms:
+                raise
+            await asyncio.sleep(backoff.next_ms() / 1000)
+
+
+class LeaseKeeper:
+    def __init__(self, client: AsyncLeaseClient, topic: str, *, producer_name: str | None,
+                 expire_ms: int | None, clock_ms: Callable[[], float], rng: random.Random,
+                 backoff_ms: float, backoff_max_ms: float,
+                 on_fatal: Callable[[errors.PidleaseError], None], on_renewed: Callable[[], None]) -> None:
+        self.client = client
+        self.topic = topic
+        self.producer_name = producer_name
+        self.expire_ms = expire_ms
+        self.clock_ms = clock_ms
+        self.pid = -1
+        self.generation = -1
+        self.token = ""
+        self.renewals = 0
+        self._rng = rng
+        self._backoff_ms = (backoff_ms, backoff_max_ms)
+        self._on_fatal = on_fatal
+        self._on_renewed = on_renewed
+        self._good_until = 0.0
+        self._renew_at = 0.0
+        self._partitions = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def backoff(self) -> Backoff:
+        return Backoff(base_ms=self._backoff_ms[0], cap_ms=self._backoff_ms[1], rng=self._rng)
+
+    def token_ok(self, now_ms: float) -> bool:
+        return now_ms < self._good_until
+
+    def request(self, partition: int) -> dict[str, Any]:
+        req: dict[str, Any] = {"topic": self.topic, "partition": partition, "pid": self.pid,
+                               "generation": self.generation}
+        if self.expire_ms is not None:
+            req["expire_ms"] = self.expire_ms
+        return req
+
+    def _take(self, lease: Lease, sent_at_ms: float) -> None:
+        margin = min(lease.expire_ms * 0.1, 5_000)
+        good_until = sent_at_ms + lease.expire_ms - margin
+        if good_until >= self._good_until:
+            self.token = lease.lease_token
+            self._good_until = good_until
+            self._renew_at = sent_at_ms + lease.expire_ms / 2
+
+    async def acquire(self, partitions: int, deadline_ms: float) -> dict[int, Lease]:
+        """Lease every partition; retriable failures are retried until ``deadline_ms``."""
+        self._partitions = partitions
+        sent_at = self.clock_ms()
+        first: Lease = await retrying(
+            lambda: self.client.lease(self.topic, 0, -1, producer_name=self.producer_name,
+                                      expire_ms=self.expire_ms),
+            deadline_ms=deadline_ms, backoff=self.backoff(), clock_ms=self.clock_ms)
+        self.pid, self.generation = first.pid, first.generation
+        self._take(first, sent_at)
+        leases = {0: first}
+        backoff = self.backoff()
+        while len(leases) < partitions:
+            todo = [p for p in range(partitions) if p not in leases]
+            sent_at = self.clock_ms()
+            try:
+                answers = await self.client.lease_batch([self.request(p) for p in todo])
+            except errors.PidleaseError as exc:
+                answers = [exc] * len(todo)
+            last: errors.PidleaseError | None = None
+            for p, ans in zip(todo, answers):
+                if isinstance(ans, Lease):
+                    leases[p] = ans
+                    self._take(ans, sent_at)
+                elif not ans.retriable:
+                    raise ans
+                else:
+                    last = ans
+            if last is not None:
+                if self.clock_ms() + backoff.cap_ms > deadline_ms:
+                    raise last
+                await asyncio.sleep(backoff.next_ms() / 1000)
+        return leases
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="lease-renewal")
+
+    def halt(self) -> None:
+        """Stop renewing (the producer failed); ``stop()`` still reaps the task."""
+        self._stopped = True
+        self._wake.set()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        backoff = self.backoff()
+        while not self._stopped:
+            delay_s = max(0.0, (self._renew_at - self.clock_ms()) / 1000)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay_s)
+            except TimeoutError:
+                pass
+            if self._stopped:
+                return
+            if self.clock_ms() < self._renew_at:
+                continue
+            sent_at = self.clock_ms()
+            try:
+                answers = await self.client.lease_batch([self.request(p) for p in range(self._partitions)])
+                for a in answers:
+                    if isinstance(a, errors.PidleaseError) and not a.retriable:
+                        raise a
+                good = [a for a in answers if isinstance(a, Lease)]
+                if not good:
+                    raise next(a for a in answers if isinstance(a, errors.PidleaseError))
+            except errors.PidleaseError as exc:
+                if not exc.retriable:
+                    self._on_fatal(exc)
+                    return
+                log.info("lease renewal failed (%s: %s); retrying", exc.name, exc.detail)
+                self._renew_at = self.clock_ms() + backoff.next_ms()
+                continue
+            backoff.reset()
+            self.renewals += 1
+            was_ok = self.token_ok(self.clock_ms())
+            for a in good:
+                self._take(a, sent_at)
+            if not was_ok:
+                self._on_renewed()

@@ -1,0 +1,515 @@
+"""The producer SDK: ``AsyncProducer`` (the engine, asyncio) and ``Producer`` (the same
+engine on a background thread's event loop, for blocking code).
+
+The engine ties together the lease (``lease_keeper.py``: PID, generation, token, renewal),
+the leaders and their connections (``leader_pool.py``), and one ``PartitionSender`` per
+partition (``sender.py``: batching, the in-flight window, resends). Records enter through ``admit`` (validation, partition
+choice, sequence-mode checks) under a lock, so ``Producer.send`` can admit on the
+caller's thread and raise bad input at once, before anything is queued.
+
+Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
+unresolved future and the producer; later sends raise the same error type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Self
+
+import httpx
+
+from pidlease import errors, protocol
+from pidlease.connection import Connection
+from pidlease.leader_pool import LeaderPool
+from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
+from pidlease.lease_keeper import LeaseKeeper, retrying
+from pidlease.partitioner import Partitioner
+from pidlease.sender import (
+    DeliveryTimeout,
+    PartitionSender,
+    PendingRecord,
+    ProducerClosed,
+    RecordMetadata,
+    settle,
+)
+
+__all__ = [
+    "AsyncProducer",
+    "DeliveryTimeout",
+    "Producer",
+    "ProducerClosed",
+    "ProducerConfig",
+    "RecordMetadata",
+]
+
+log = logging.getLogger("pidlease.producer")
+_RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProducerConfig:
+    max_in_flight: int = 5
+    linger_ms: float = 5
+    delivery_timeout_ms: int | None = None
+    batch_bytes_max: int = 512 * 1024
+    batch_records_max: int = 1000
+    buffer_records_max: int = 50_000      # admitted but unresolved records; send() waits beyond
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: float = 50
+    retry_backoff_max_ms: float = 1000
+    start_timeout_ms: int = 30_000        # leasing at start: retried this long
+    metadata_refresh_min_ms: float = 100  # at most one topic lookup per this interval
+
+    def check(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise errors.InvalidRequest(f"producer setting {what}")
+        need(1 <= self.max_in_flight <= 100, f"max_in_flight={self.max_in_flight} must be 1..100")
+        need(0 <= self.linger_ms <= 60_000, f"linger_ms={self.linger_ms} must be 0..60000")
+        need(self.delivery_timeout_ms is None or self.delivery_timeout_ms > 0,
+             "delivery_timeout_ms must be positive, or None to retry forever")
+        need(protocol.BATCH_HEADER_SIZE + _RECORD_OVERHEAD < self.batch_bytes_max
+             <= protocol.FRAME_BYTES_MAX_DEFAULT // 2, "batch_bytes_max is out of range")
+        need(1 <= self.batch_records_max <= 1_000_000, "batch_records_max must be 1..1000000")
+        need(self.buffer_records_max >= self.batch_records_max,
+             "buffer_records_max must be at least batch_records_max")
+        need(self.request_timeout_ms > 0, "request_timeout_ms must be positive")
+        need(0 < self.retry_backoff_ms <= self.retry_backoff_max_ms,
+             "retry_backoff_ms must be positive and at most retry_backoff_max_ms")
+
+
+def _as_bytes(x: Any, what: str) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, (bytearray, memoryview)):
+        return bytes(x)
+    if isinstance(x, str):
+        return x.encode()
+    raise errors.InvalidRequest(f"{what} must be bytes or str, not {type(x).__name__}")
+
+
+def _fresh(exc: errors.PidleaseError) -> errors.PidleaseError:
+    """A new instance of a stored fatal error, so raising it again keeps tracebacks short."""
+    new = type(exc)(exc.detail, **exc.extra)
+    new.__cause__ = exc
+    return new
+
+
+class AsyncProducer:
+    """Exactly-once producer for one topic, on the running event loop.
+
+    ``await AsyncProducer.create(url, topic, ...)`` (or ``async with AsyncProducer(...)``,
+    or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
+    returns an asyncio future of its ``RecordMetadata``."""
+
+    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
+                 expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
+                 delivery_timeout_ms: int | None = None, *, http_transport: httpx.AsyncBaseTransport | None = None,
+                 api_token: str | None = None,
+                 clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
+                 rng: random.Random | None = None, **settings: Any) -> None:
+        if not topic:
+            raise errors.InvalidRequest("a producer needs a topic")
+        try:
+            self.config = ProducerConfig(max_in_flight=max_in_flight, linger_ms=linger_ms,
+                                         delivery_timeout_ms=delivery_timeout_ms, **settings)
+        except TypeError as exc:
+            raise errors.InvalidRequest(f"unknown producer setting: {exc}") from exc
+        self.config.check()
+        self.coordinator_url = coordinator_url
+        self.topic = topic
+        self.producer_name = producer_name
+        self.expire_ms = expire_ms
+        self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
+        self.wall_ms = wall_ms or (lambda: time.time() * 1000)
+        self.rng = rng or random.Random()
+        self.partitions = 0
+        self.dedup = "strict"
+        self.fatal: errors.PidleaseError | None = None
+        self.stats = {"batches_resent": 0, "retries": 0}
+        self.lock = threading.Lock()  # guards admit(): Producer.send runs it on callers' threads
+        self.release_hook: Callable[[int], None] | None = None
+        self._http_transport = http_transport
+        self._api_token = api_token
+        self._client: AsyncLeaseClient | None = None
+        self._lease: LeaseKeeper | None = None
+        self._pool: LeaderPool | None = None
+        self._senders: list[PartitionSender] = []
+        self._partitioner: Partitioner | None = None
+        self._explicit: bool | None = None
+        self._last_given: list[int] = []
+        self._buffered = 0
+        self._space: asyncio.Event | None = None
+        self._started = False
+        self._closing = False
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._lease.pid if self._lease is not None else -1
+
+    @property
+    def generation(self) -> int:
+        return self._lease.generation if self._lease is not None else -1
+
+    @property
+    def token(self) -> str:
+        assert self._lease is not None
+        return self._lease.token
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    async def create(cls, *args: Any, **kwargs: Any) -> AsyncProducer:
+        return await cls(*args, **kwargs).start()
+
+    async def start(self) -> Self:
+        """Look the topic up and lease the PID on every partition (see lease_keeper.py)."""
+        if self._started:
+            return self
+        cfg = self.config
+        client = self._client = AsyncLeaseClient(self.coordinator_url, request_timeout_ms=cfg.request_timeout_ms,
+                                                  transport=self._http_transport, api_token=self._api_token)
+        try:
+            self._lease = LeaseKeeper(client, self.topic, producer_name=self.producer_name,
+                                      expire_ms=self.expire_ms, clock_ms=self.clock_ms, rng=self.rng,
+                                      backoff_ms=cfg.retry_backoff_ms, backoff_max_ms=cfg.retry_backoff_max_ms,
+                                      on_fatal=self.fail, on_renewed=self._wake_senders)
+            self._pool = LeaderPool(client, self.topic, connect_timeout_ms=min(cfg.request_timeout_ms, 10_000),
+                                    refresh_min_ms=cfg.metadata_refresh_min_ms, clock_ms=self.clock_ms)
+            deadline = self.clock_ms() + cfg.start_timeout_ms
+            info: TopicInfo = await retrying(lambda: client.topic(self.topic), deadline_ms=deadline,
+                                             backoff=self._lease.backoff(), clock_ms=self.clock_ms)
+            self._pool.apply(info)
+            self.partitions, self.dedup = info.partitions, info.dedup
+            leases = await self._lease.acquire(self.partitions, deadline)
+        except BaseException:
+            await client.close()
+            raise
+        self._partitioner = Partitioner(self.partitions, start=self.rng.randrange(self.partitions))
+        self._space = asyncio.Event()
+        self._space.set()
+        self._senders = [PartitionSender(self, p, next_sequence=leases[p].sequence_number)
+                         for p in range(self.partitions)]
+        self._last_given = [leases[p].sequence_number - 1 for p in range(self.partitions)]
+        for s in self._senders:
+            s.start()
+        self._lease.start()
+        self._started = True
+        return self
+
+    async def close(self, timeout_ms: float | None = None) -> None:
+        """Deliver what was sent (up to ``timeout_ms``; then fail the rest), stop, release
+        connections. Idempotent."""
+        if self._closed:
+            return
+        self._closing = True
+        for s in self._senders:
+            s.closing = True
+            s.wake()
+        tasks = [s.task for s in self._senders if s.task is not None]
+        if tasks:
+            _done, late = await asyncio.wait(tasks, timeout=None if timeout_ms is None else timeout_ms / 1000)
+            if late:
+                self.fail(ProducerClosed(f"closed after {timeout_ms} ms with records still undelivered"))
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._lease is not None:
+            await self._lease.stop()
+        if self._pool is not None:
+            await self._pool.close()
+        if self._client is not None:
+            await self._client.close()
+        self._closed = True
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the public surface --------------------------------------------------------------
+    def last_sequence_id(self, partition: int) -> int:
+        """Highest sequence of this PID known durable in ``partition`` (-1: none)."""
+        self._check_partition(partition)
+        return self._senders[partition].last_acked
+
+    async def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
+                   sequence_id: int | None = None) -> asyncio.Future[RecordMetadata]:
+        """Admit one record; returns the future of its RecordMetadata. Waits while
+        ``buffer_records_max`` records are unresolved. Bad input raises here."""
+        self.check_open()
+        assert self._space is not None
+        while self._buffered >= self.config.buffer_records_max:
+            self._space.clear()
+            await self._space.wait()
+            self.check_open()
+        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        with self.lock:
+            got = self.admit(value, key, partition, sequence_id, fut)
+        if got is not None:
+            self.enqueue(*got)
+        return fut
+
+    async def send_and_wait(self, value: bytes | str, key: bytes | str | None = None,
+                            partition: int | None = None, sequence_id: int | None = None) -> RecordMetadata:
+        return await (await self.send(value, key, partition, sequence_id))
+
+    async def flush(self) -> None:
+        """Wait until every record admitted so far is resolved (acked or failed); records
+        waiting for ``linger_ms`` are sent at once. Errors are on the futures."""
+        await asyncio.gather(*(s.wait_resolved(s.enqueued) for s in self._senders))
+
+    def drop_connections(self) -> None:
+        """Fault injection: abort every socket at once, as a network cut would. In-flight
+        batches are resent on new connections (the server answers DUPLICATE for the ones
+        it already has, with their original offsets)."""
+        if self._pool is not None:
+            self._pool.drop_all()
+
+    # -- admission (any thread, under self.lock) -----------------------------------------
+    def check_open(self) -> None:
+        if self.fatal is not None:
+            raise _fresh(self.fatal)
+        if self._closing:
+            raise ProducerClosed("the producer is closed")
+        if not self._started:
+            raise ProducerClosed("the producer is not started: await start() or use create()")
+
+    def _check_partition(self, partition: Any) -> None:
+        if not isinstance(partition, int) or isinstance(partition, bool) or \
+                not 0 <= partition < self.partitions:
+            raise errors.InvalidRequest(f"partition {partition!r} is not in 0..{self.partitions - 1} "
+                                        f"of topic {self.topic!r}")
+
+    def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
+              fut: Any) -> tuple[int, PendingRecord] | None:
+        """Validate one record and place it; None when it was resolved at once (an explicit
+        sequence id already durable: a duplicate). Raises on bad input, changing nothing."""
+        self.check_open()
+        value_b = _as_bytes(value, "value")
+        key_b = None if key is None else _as_bytes(key, "key")
+        size = len(value_b) + (len(key_b) if key_b is not None else 0) + _RECORD_OVERHEAD
+        if size + protocol.BATCH_HEADER_SIZE > self.config.batch_bytes_max:
+            raise errors.RecordTooLarge(f"record of {size} bytes does not fit batch_bytes_max="
+                                        f"{self.config.batch_bytes_max}")
+        explicit = sequence_id is not None
+        if self._explicit is not None and self._explicit != explicit:
+            raise errors.InvalidRequest(
+                "this producer numbers records itself; do not pass sequence_id" if not self._explicit else
+                "this producer uses explicit sequence ids: every send must give sequence_id")
+        if partition is not None:
+            self._check_partition(partition)
+            p = partition
+        else:
+            assert self._partitioner is not None
+            p = self._partitioner.partition(key_b)
+        seq = -1
+        if explicit:
+            if not isinstance(sequence_id, int) or isinstance(sequence_id, bool) or \
+                    not 0 <= sequence_id <= protocol.MAX_SEQUENCE:
+                raise errors.InvalidRequest(f"sequence_id {sequence_id!r} must be an int in 0..2**63-1")
+            seq = sequence_id
+            last = self._last_given[p]
+            if seq <= last:
+                if seq <= self._senders[p].last_acked:
+                    self._explicit = True
+                    settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
+                    return None
+                raise errors.InvalidRequest(f"sequence_id {seq} was already given to a record of "
+                                            f"partition {p} that is not acknowledged yet")
+            if self.dedup == "strict" and seq != last + 1:
+                raise errors.InvalidRequest(f"topic {self.topic!r} is strict: partition {p} needs "
+                                            f"sequence_id {last + 1} next, not {seq}")
+            self._last_given[p] = seq
+        self._explicit = explicit
+        return p, PendingRecord(key_b, value_b, seq, fut, self.clock_ms(), size)
+
+    def enqueue(self, partition: int, rec: PendingRecord) -> None:
+        """Hand an admitted record to its partition (loop thread)."""
+        self._buffered += 1
+        if self.fatal is not None or self._closed:
+            settle(rec.future, exc=_fresh(self.fatal) if self.fatal else ProducerClosed("closed"))
+            self.records_resolved(1)
+            return
+        self._senders[partition].enqueue(rec)
+
+    def records_resolved(self, n: int) -> None:
+        self._buffered = max(0, self._buffered - n)
+        if self._space is not None and self._buffered < self.config.buffer_records_max:
+            self._space.set()
+        if self.release_hook is not None:
+            self.release_hook(n)
+
+    # -- used by the senders -------------------------------------------------------------
+    def fail(self, exc: errors.PidleaseError) -> None:
+        if self.fatal is not None:
+            return
+        self.fatal = exc
+        log.error("producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail)
+        for s in self._senders:
+            s.fail_all(exc)
+        if self._space is not None:
+            self._space.set()
+        if self._lease is not None:
+            self._lease.halt()
+
+    def note_retry(self, partition: int, exc: errors.PidleaseError) -> None:
+        self.stats["retries"] += 1
+        log.info("partition %s: retrying after %s: %s", partition, exc.name, exc.detail)
+
+    def token_ok(self, now_ms: float) -> bool:
+        return self._lease is not None and self._lease.token_ok(now_ms)
+
+    async def connection_for(self, partition: int) -> Connection:
+        assert self._pool is not None
+        return await self._pool.connection_for(partition)
+
+    async def refresh_metadata(self) -> None:
+        assert self._pool is not None
+        await self._pool.refresh()
+
+    def _wake_senders(self) -> None:
+        for s in self._senders:
+            s.wake()
+
+
+class Producer:
+    """The blocking producer: an ``AsyncProducer`` on a background thread's event loop.
+    ``send`` returns a ``concurrent.futures.Future`` of ``RecordMetadata``; it blocks only
+    while ``buffer_records_max`` records are unresolved. Construction leases the PID."""
+
+    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
+                 expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
+                 delivery_timeout_ms: int | None = None, **kwargs: Any) -> None:
+        self._engine = AsyncProducer(coordinator_url, topic, producer_name, expire_ms, max_in_flight,
+                                     linger_ms, delivery_timeout_ms, **kwargs)
+        self._inbox: list[tuple[int, PendingRecord]] = []
+        self._drain_scheduled = False
+        self._closed = False
+        self._sem = threading.Semaphore(self._engine.config.buffer_records_max)
+        self._engine.release_hook = self._sem.release
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._engine.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            rest = asyncio.all_tasks(self._loop)
+            for t in rest:
+                t.cancel()
+            if rest:
+                self._loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    @property
+    def pid(self) -> int:
+        return self._engine.pid
+
+    @property
+    def generation(self) -> int:
+        return self._engine.generation
+
+    @property
+    def partitions(self) -> int:
+        return self._engine.partitions
+
+    @property
+    def topic(self) -> str:
+        return self._engine.topic
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return dict(self._engine.stats)
+
+    def last_sequence_id(self, partition: int) -> int:
+        return self._engine.last_sequence_id(partition)
+
+    def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
+             sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
+        eng = self._engine
+        eng.check_open()
+        while not self._sem.acquire(timeout=0.2):
+            eng.check_open()  # a producer that failed while we waited must not block us forever
+        fut: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
+        schedule = False
+        try:
+            with eng.lock:
+                got = eng.admit(value, key, partition, sequence_id, fut)
+                if got is not None:
+                    self._inbox.append(got)
+                    if not self._drain_scheduled:
+                        self._drain_scheduled = schedule = True
+        except BaseException:
+            self._sem.release()
+            raise
+        if got is None:
+            self._sem.release()
+        elif schedule:
+            self._loop.call_soon_threadsafe(self._drain)
+        return fut
+
+    def _drain(self) -> None:
+        with self._engine.lock:
+            items, self._inbox = self._inbox, []
+            self._drain_scheduled = False
+        for p, rec in items:
+            self._engine.enqueue(p, rec)
+
+    async def _flush(self) -> None:
+        self._drain()
+        await self._engine.flush()
+
+    async def _close(self, timeout_ms: float | None) -> None:
+        self._drain()
+        await self._engine.close(timeout_ms)
+
+    async def _drop(self) -> None:
+        self._engine.drop_connections()
+
+    def flush(self) -> None:
+        """Block until every record sent so far is acked or failed."""
+        self._call(self._flush())
+
+    def drop_connections(self) -> None:
+        """Fault injection: abort every socket, as a network cut would (see AsyncProducer)."""
+        self._call(self._drop())
+
+    def close(self, timeout_ms: float | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._engine._started:
+                self._call(self._close(timeout_ms))
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,427 @@
+"""The send pipeline of one partition: batching, the in-flight window, resends.
+
+One ``PartitionSender`` task per partition owns everything about that partition's
+records once the producer has admitted them:
+
+- records wait in ``pending`` until a batch is full (``batch_records_max`` /
+  ``batch_bytes_max``), the oldest has waited ``linger_ms``, or a flush or close asks;
+- a batch gets its sequences when it is built (base = the partition's next sequence, or
+  the caller's own contiguous run in explicit mode) and is then frozen: a resend sends
+  the same bytes, so the server recognises a retry as the same batch (DUPLICATE with the
+  original offsets) and never splits or merges sequences;
+- at most ``max_in_flight`` batches are unresolved at once, all written to the current
+  leader's pipelined connection in sequence order;
+- a retriable answer (connection lost, NOT_LEADER, SEQUENCE_UNKNOWN, ...) stops new
+  sends; once every outstanding answer of the partition is in, the sender backs off
+  (bounded exponential, jittered), refreshes the leader when needed, and resends every
+  unresolved batch in order on one connection. Never two connections at once for one
+  partition: that is what keeps the server seeing sequences in order.
+- OUT_OF_ORDER_SEQUENCE or UNKNOWN_PID for a batch behind an earlier unresolved one is
+  a consequence of that earlier failure and is retried with it; for the earliest
+  unresolved batch it is real, and fatal.
+
+User futures are resolved in sequence order when a batch reaches the head of the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pidlease import errors, protocol
+
+if TYPE_CHECKING:
+    from pidlease.producer import AsyncProducer
+
+log = logging.getLogger("pidlease.producer")
+_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a sent record is. ``duplicate`` means the server already had it (a retry of
+    something that was written); ``offset`` is then the original one, or -1 when the
+    server no longer remembers it."""
+
+    topic: str
+    partition: int
+    offset: int
+    sequence_id: int
+    duplicate: bool = False
+
+
+class DeliveryTimeout(errors.PidleaseError):
+    """``delivery_timeout_ms`` passed before a record was acknowledged. The outcome of its
+    batch is unknown, so the producer cannot continue its sequence: it is closed. A new
+    producer with the same ``producer_name`` resumes from the durable sequence."""
+
+    name = "DELIVERY_TIMEOUT"
+
+
+class ProducerClosed(errors.PidleaseError):
+    """The producer was closed, or failed earlier (the cause is chained)."""
+
+    name = "PRODUCER_CLOSED"
+
+
+@dataclass(slots=True, eq=False)
+class PendingRecord:
+    key: bytes | None
+    value: bytes
+    sequence_id: int          # the caller's own, or -1 when the producer numbers records
+    future: Any               # asyncio.Future or concurrent.futures.Future
+    enqueued_ms: float
+    size: int
+
+
+@dataclass(slots=True, eq=False)
+class InFlightBatch:
+    records: list[PendingRecord]
+    base_sequence: int
+    batch: bytes
+    response: asyncio.Future[protocol.Response] | None = None
+    attempts: int = 0
+    done: bool = False
+    base_offset: int = -1
+    duplicate: bool = False
+
+    @property
+    def last_sequence(self) -> int:
+        return self.base_sequence + len(self.records) - 1
+
+
+def settle(fut: Any, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve a user future unless the user already cancelled it."""
+    if fut.done():
+        return
+    try:
+        if exc is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exc)
+    except _INVALID_STATE:
+        pass  # cancelled by the user in another thread between done() and here
+
+
+class Backoff:
+    """Exponential backoff from ``base_ms`` up to ``cap_ms``, jittered by +-20%."""
+
+    def __init__(self, *, base_ms: float, cap_ms: float, rng: random.Random) -> None:
+        self.base_ms = base_ms
+        self.cap_ms = cap_ms
+        self.rng = rng
+        self.failures = 0
+
+    def next_ms(self) -> float:
+        delay = min(self.cap_ms, self.base_ms * (2 ** min(self.failures, 30)))
+        self.failures += 1
+        return min(self.cap_ms, delay * (0.8 + 0.4 * self.rng.random()))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def _retriable(exc: BaseException) -> bool:
+    # UNKNOWN_TOPIC_OR_PARTITION is retried too: a restarted server answers it until it
+    # has loaded the partition, and metadata may simply be stale.
+    return isinstance(exc, errors.UnknownTopicOrPartition) or bool(getattr(exc, "retriable", False))
+
+
+class PartitionSender:
+    def __init__(self, owner: AsyncProducer, partition: int, *, next_sequence: int) -> None:
+        self.owner = owner
+        self.partition = partition
+        self.next_sequence = next_sequence      # auto numbering
+        self.last_acked = next_sequence - 1     # highest sequence known durable
+        self.pending: deque[PendingRecord] = deque()
+        self.pending_bytes = 0
+        self.in_flight: deque[InFlightBatch] = deque()
+        self.enqueued = 0
+        self.resolved = 0
+        self.closing = False
+        self.task: asyncio.Task[None] | None = None
+        self._flush_upto = 0
+        self._wake = asyncio.Event()
+        self._retry_at: float | None = None
+        self._stale_metadata = False
+        self._last_error: errors.PidleaseError | None = None
+        cfg = owner.config
+        self._backoff = Backoff(base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms,
+                                rng=owner.rng)
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    # -- called by the producer (loop thread) -------------------------------------------
+    def enqueue(self, rec: PendingRecord) -> None:
+        was_empty = not self.pending
+        self.pending.append(rec)
+        self.pending_bytes += rec.size
+        self.enqueued += 1
+        # Waking the task per record would cost more than the batching saves: only the
+        # first record (to arm the linger timer) and a full batch need it.
+        cfg = self.owner.config
+        if was_empty or len(self.pending) >= cfg.batch_records_max or \
+                self.pending_bytes >= cfg.batch_bytes_max:
+            self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"sender-{self.partition}")
+
+    async def wait_resolved(self, target: int) -> None:
+        """Until ``target`` records of this partition are resolved (acked or failed)."""
+        if self.resolved >= target:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((target, fut))
+        self._flush_upto = max(self._flush_upto, target)
+        self._wake.set()
+        await fut
+
+    def fail_all(self, exc: BaseException) -> None:
+        n = 0
+        for b in self.in_flight:
+            for rec in b.records:
+                settle(rec.future, exc=exc)
+            n += len(b.records)
+        for rec in self.pending:
+            settle(rec.future, exc=exc)
+        n += len(self.pending)
+        self.in_flight.clear()
+        self.pending.clear()
+        self.pending_bytes = 0
+        self._count_resolved(n)
+        self._wake.set()
+
+    # -- the task ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        owner = self.owner
+        try:
+            while owner.fatal is None:
+                self._wake.clear()
+                now = owner.clock_ms()
+                self._collect(now)
+                if owner.fatal is not None:
+                    break
+                self._complete_head()
+                if self._check_delivery_timeout(now):
+                    break
+                if self.closing and not self.pending and not self.in_flight:
+                    break
+                if self._retry_at is not None:
+                    if any(b.response is not None for b in self.in_flight):
+                        await self._wait(self._deadline_s(now))   # answers still coming
+                    elif now < self._retry_at or not owner.token_ok(now):
+                        await self._wait(self._deadline_s(now))
+                    else:
+                        await self._resend()
+                    continue
+                if self._can_send_new(now):
+                    await self._send_new()
+                    continue
+                await self._wait(self._deadline_s(now))
+        except Exception as exc:  # a bug here must fail the futures, not hang them
+            log.exception("sender of partition %s crashed", self.partition)
+            owner.fail(errors.PidleaseError(f"sender of partition {self.partition} crashed: {exc!r}"))
+            raise
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        if timeout_s is None:
+            await self._wake.wait()
+            return
+        handle = asyncio.get_running_loop().call_later(max(timeout_s, 0.0), self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            handle.cancel()
+
+    def _deadline_s(self, now: float) -> float | None:
+        cfg = self.owner.config
+        deadlines: list[float] = []
+        if self._retry_at is not None:
+            deadlines.append(self._retry_at)
+        elif self.pending and len(self.in_flight) < cfg.max_in_flight:
+            deadlines.append(self.pending[0].enqueued_ms + cfg.linger_ms)
+        oldest = self._oldest_ms()
+        if cfg.delivery_timeout_ms is not None and oldest is not None:
+            deadlines.append(oldest + cfg.delivery_timeout_ms)
+        if not deadlines:
+            return None
+        return max(0.0, (min(deadlines) - now) / 1000)
+
+    def _oldest_ms(self) -> float | None:
+        if self.in_flight:
+            return self.in_flight[0].records[0].enqueued_ms
+        if self.pending:
+            return self.pending[0].enqueued_ms
+        return None
+
+    def _check_delivery_timeout(self, now: float) -> bool:
+        limit = self.owner.config.delivery_timeout_ms
+        oldest = self._oldest_ms()
+        if limit is None or oldest is None or now - oldest < limit:
+            return False
+        last = f"; last error: {self._last_error.name}: {self._last_error.detail}" if self._last_error else ""
+        self.owner.fail(DeliveryTimeout(
+            f"partition {self.partition}: no acknowledgement within delivery_timeout_ms={limit}{last}"))
+        return True
+
+    # -- answers -------------------------------------------------------------------------
+    def _collect(self, now: float) -> None:
+        """Read every answer that has arrived, in window order."""
+        unresolved_before = False
+        for b in self.in_flight:
+            if b.done:
+                continue
+            r = b.response
+            if r is None or not r.done():
+                unresolved_before = True
+                continue
+            b.response = None
+            exc: BaseException | None = r.exception() if not r.cancelled() else errors.ServerUnavailable("cancelled")
+            if exc is None:
+                resp = r.result()
+                if resp.error_code in (errors.NONE, errors.DUPLICATE):
+                    b.done = True
+                    b.base_offset = resp.base_offset
+                    b.duplicate = resp.error_code == errors.DUPLICATE
+                    self._backoff.reset()
+                    continue
+                exc = errors.error_for_code(resp.error_code, resp.detail,
+                                            expected_sequence=resp.expected_sequence,
+                                            leader=resp.leader)
+            if not isinstance(exc, errors.PidleaseError):
+                exc = errors.ServerUnavailable(f"{type(exc).__name__}: {exc}")
+            consequence = unresolved_before and isinstance(
+                exc, (errors.OutOfOrderSequence, errors.UnknownPid))
+            if _retriable(exc) or consequence:
+                self._schedule_retry(exc, now)
+                unresolved_before = True
+                continue
+            self.owner.fail(exc)
+            return
+
+    def _schedule_retry(self, exc: errors.PidleaseError, now: float) -> None:
+        self._last_error = exc
+        if isinstance(exc, (errors.NotLeader, errors.ServerUnavailable, errors.UnknownTopicOrPartition)):
+            self._stale_metadata = True
+        if self._retry_at is None:
+            self._retry_at = now + self._backoff.next_ms()
+        self.owner.note_retry(self.partition, exc)
+
+    def _complete_head(self) -> None:
+        topic = self.owner.topic
+        p = self.partition
+        while self.in_flight and self.in_flight[0].done:
+            b = self.in_flight.popleft()
+            base_off, dup, seq0 = b.base_offset, b.duplicate, b.base_sequence
+            for i, rec in enumerate(b.records):
+                off = base_off + i if base_off >= 0 else -1
+                settle(rec.future, RecordMetadata(topic, p, off, seq0 + i, dup))
+            self.last_acked = max(self.last_acked, b.last_sequence)
+            self._count_resolved(len(b.records))
+
+    def _count_resolved(self, n: int) -> None:
+        if not n:
+            return
+        self.resolved += n
+        self.owner.records_resolved(n)
+        if self._waiters:
+            still = []
+            for target, fut in self._waiters:
+                if self.resolved >= target:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    still.append((target, fut))
+            self._waiters = still
+
+    # -- sending -------------------------------------------------------------------------
+    def _can_send_new(self, now: float) -> bool:
+        cfg = self.owner.config
+        if not self.pending or len(self.in_flight) >= cfg.max_in_flight or not self.owner.token_ok(now):
+            return False
+        return (len(self.pending) >= cfg.batch_records_max
+                or self.pending_bytes >= cfg.batch_bytes_max
+                or now - self.pending[0].enqueued_ms >= cfg.linger_ms
+                or self.closing
+                or self.enqueued - len(self.pending) < self._flush_upto)
+
+    async def _send_new(self) -> None:
+        try:
+            conn = await self.owner.connection_for(self.partition)
+        except errors.PidleaseError as exc:
+            self._schedule_retry(exc, self.owner.clock_ms())
+            return
+        if self.owner.fatal is not None or not self.pending or self._retry_at is not None:
+            return
+        b = self._build_batch()
+        self.in_flight.append(b)
+        self._transmit(b, conn)
+
+    def _build_batch(self) -> InFlightBatch:
+        cfg = self.owner.config
+        pending = self.pending
+        first = pending.popleft()
+        recs = [first]
+        size = first.size
+        explicit = first.sequence_id >= 0
+        prev_seq = first.sequence_id
+        while pending and len(recs) < cfg.batch_records_max:
+            nxt = pending[0]
+            if size + nxt.size > cfg.batch_bytes_max:
+                break
+            if explicit and nxt.sequence_id != prev_seq + 1:
+                break  # a batch holds one contiguous run of the caller's sequence ids
+            pending.popleft()
+            recs.append(nxt)
+            size += nxt.size
+            prev_seq = nxt.sequence_id
+        self.pending_bytes -= size
+        if explicit:
+            base = first.sequence_id
+            self.next_sequence = max(self.next_sequence, prev_seq + 1)
+        else:
+            base = self.next_sequence
+            self.next_sequence += len(recs)
+        owner = self.owner
+        batch = protocol.encode_batch([(r.key, r.value) for r in recs], pid=owner.pid,
+                                      generation=owner.generation, base_sequence=base,
+                                      timestamp_ms=int(owner.wall_ms()))
+        return InFlightBatch(recs, base, batch)
+
+    def _transmit(self, b: InFlightBatch, conn: Any) -> None:
+        owner = self.owner
+        corr = conn.next_correlation_id()
+        data = protocol.produce_request(corr, owner.topic, self.partition, owner.token, b.batch)
+        b.attempts += 1
+        b.response = conn.send(protocol.PRODUCE, corr, data, timeout_ms=owner.config.request_timeout_ms)
+        b.response.add_done_callback(self._on_answer)
+
+    def _on_answer(self, _fut: asyncio.Future[protocol.Response]) -> None:
+        self._wake.set()
+
+    async def _resend(self) -> None:
+        owner = self.owner
+        try:
+            if self._stale_metadata:
+                await owner.refresh_metadata()
+                self._stale_metadata = False
+            conn = await owner.connection_for(self.partition)
+        except errors.PidleaseError as exc:
+            self._retry_at = None
+            self._schedule_retry(exc, owner.clock_ms())
+            return
+        if owner.fatal is not None or not owner.token_ok(owner.clock_ms()):
+            return
+        for b in self.in_flight:
+            if not b.done and b.response is None:
+                self._transmit(b, conn)
+                owner.stats["batches_resent"] += 1
+        self._retry_at = None

@@ -1,0 +1,130 @@
+"""Injected faults, so tests and demos can show exactly-once under the failures Spark
+really has. Each is off unless its option is set (``pipeline.options.Faults``).
+
+- ``fail_after_rows_once=N``: attempt 0 of a batch-write task (of ``fail_partitions``,
+  default all) raises ``InjectedFailure`` just before its row N, after handing rows
+  0..N-1 to the producer. Run Spark with ``local[n,F]`` (F > 1) so it retries the task;
+  the retry takes the producer over and resumes after what is durable.
+- ``speculate_partition=K`` (``speculate_after_rows=N``, default half the rows): Spark
+  starts no speculative tasks in local mode, so attempt 0 of Spark partition K starts its
+  own speculative copy when it reaches row N: a second ``Attempt`` of the same partition,
+  on the same rows, with its own producer and connections, on a thread beside the first.
+  The copy's lease is a takeover, so the original is fenced at its next append; it stops
+  cleanly and the copy finishes the partition. The task reports the copy's result, with
+  the fenced attempt's figures in ``fenced_attempts`` (as Spark keeps the result of
+  whichever copy of a task succeeds).
+- ``kill_batch_id=B`` (``kill_at_row=R``): in streaming micro-batch B every attempt of
+  every task raises before row R, so Spark gives the batch up and the query dies
+  mid-batch. Restarting the query without the option replays batch B from the checkpoint.
+- ``kill_commit_batch_id=B``: the driver-side commit of micro-batch B raises after every
+  row of it was written, so the checkpoint never records B: the restart replays B whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pipeline.attempt import Attempt, PartitionCommit, TaskInfo
+from pipeline.errors import AttemptFenced, InjectedFailure, PipelineError
+from pipeline.options import Faults, WriteSettings
+
+TWIN_LEASE_TIMEOUT_S = 60.0     # the speculative copy must have leased by then
+TWIN_FINISH_TIMEOUT_S = 600.0   # and finished by then
+
+
+def _raiser(message: str) -> Callable[[], None]:
+    def hook() -> None:
+        raise InjectedFailure(message)
+    return hook
+
+
+def hooks_for(faults: Faults, task: TaskInfo) -> dict[int, Callable[[], None]]:
+    """The failure hooks (row position -> callable) this task must run."""
+    hooks: dict[int, Callable[[], None]] = {}
+    n = faults.fail_after_rows_once
+    if (n is not None and task.batch_id is None and task.attempt == 0 and not task.speculative
+            and (faults.fail_partitions is None or task.spark_partition in faults.fail_partitions)):
+        hooks[n] = _raiser(f"injected failure of attempt 0 of Spark partition {task.spark_partition} "
+                           f"after {n} rows (fail_after_rows_once)")
+    if task.batch_id is not None and faults.kill_batch_id == task.batch_id:
+        hooks[faults.kill_at_row] = _raiser(
+            f"injected kill of micro-batch {task.batch_id} at row {faults.kill_at_row} of Spark "
+            f"partition {task.spark_partition} (kill_batch_id)")
+    return hooks
+
+
+def wants_twin(faults: Faults, task: TaskInfo) -> bool:
+    return (faults.speculate_partition == task.spark_partition and task.attempt == 0
+            and not task.speculative)
+
+
+def run_task(settings: WriteSettings, task: TaskInfo,
+             rows: Iterable[tuple[bytes | None, bytes]]) -> PartitionCommit:
+    """What a writer task runs: one attempt, with the faults the options ask for."""
+    if wants_twin(settings.faults, task):
+        return run_with_twin(settings, task, list(rows))
+    return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
+
+
+def run_with_twin(settings: WriteSettings, task: TaskInfo,
+                  rows: list[tuple[bytes | None, bytes]]) -> PartitionCommit:
+    """Attempt ``task`` with a speculative copy started beside it (see the module doc)."""
+    start_at = settings.faults.speculate_after_rows
+    if start_at is None:
+        start_at = len(rows) // 2
+    if not 0 <= start_at < len(rows):
+        # Nothing left to overlap: a copy started at the end fences nobody.
+        return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
+    twin_task = dataclasses.replace(task, attempt=task.attempt + 1, speculative=True)
+    leased = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def twin_main() -> None:
+        try:
+            outcome["commit"] = Attempt(settings, twin_task, on_leased=leased.set).run(rows)
+        except BaseException as exc:  # noqa: BLE001 - reported by the original's thread
+            outcome["error"] = exc
+        finally:
+            leased.set()
+
+    thread = threading.Thread(target=twin_main, daemon=True,
+                              name=f"pidlease-speculative-{task.spark_partition}")
+
+    def launch() -> None:
+        thread.start()
+        # Go on only once the copy holds the newer generation, so the two really overlap.
+        if not leased.wait(TWIN_LEASE_TIMEOUT_S):
+            raise PipelineError(f"the speculative copy did not lease within {TWIN_LEASE_TIMEOUT_S}s")
+
+    hooks = hooks_for(settings.faults, task)
+    hooks[start_at] = launch
+    original: PartitionCommit | None = None
+    original_fenced: AttemptFenced | None = None
+    try:
+        original = Attempt(settings, task).run(rows, hooks)
+    except AttemptFenced as exc:
+        original_fenced = exc
+    finally:
+        if thread.is_alive() or thread.ident is not None:
+            thread.join(TWIN_FINISH_TIMEOUT_S)
+    if thread.is_alive():
+        raise PipelineError(f"the speculative copy did not finish within {TWIN_FINISH_TIMEOUT_S}s")
+    twin: PartitionCommit | None = outcome.get("commit")
+    twin_error: BaseException | None = outcome.get("error")
+    if twin is not None and original_fenced is not None:
+        twin.fenced_attempts.append(original_fenced.figures)
+        return twin
+    if original is not None and isinstance(twin_error, AttemptFenced):
+        original.fenced_attempts.append(twin_error.figures)
+        return original
+    if twin_error is not None:
+        raise twin_error
+    if original_fenced is not None:
+        raise original_fenced
+    # Both succeeded: possible only when the rows after the start were already written
+    # (a re-run), so the original had nothing left to send and nothing to be fenced on.
+    assert original is not None
+    return original

@@ -1,0 +1,67 @@
+"""Progress lines while a Spark job runs, from the driver's status tracker.
+
+A daemon thread polls ``SparkContext.statusTracker()`` every ``interval_s`` and prints
+one line per change: the running stages with tasks done / total, and how long the job has
+taken. Spark's own console bar is off (``pipeline.session``) because it redraws in place,
+which logs and CI output mangle.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+
+class Progress:
+    def __init__(self, spark: Any, what: str, *, interval_s: float = 2.0,
+                 out: TextIO | None = None) -> None:
+        self._tracker = spark.sparkContext.statusTracker()
+        self.what = what
+        self.interval_s = interval_s
+        self.out = out or sys.stderr
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+        self._last = ""
+        self.lines = 0
+
+    def line(self) -> str:
+        """One status line: every active stage's completed/total tasks."""
+        parts = []
+        for sid in sorted(self._tracker.getActiveStageIds()):
+            info = self._tracker.getStageInfo(sid)
+            if info is None:
+                continue
+            parts.append(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks done"
+                         + (f", {info.numActiveTasks} running" if info.numActiveTasks else "")
+                         + (f", {info.numFailedTasks} failed" if info.numFailedTasks else ""))
+        return "; ".join(parts) or "planning"
+
+    def say(self, text: str) -> None:
+        print(f"[{self.what} {time.monotonic() - self._started:6.1f}s] {text}", file=self.out, flush=True)
+        self.lines += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                now = self.line()
+            except Exception as exc:  # noqa: BLE001 - progress must never kill the job
+                now = f"(no status: {exc})"
+            if now != self._last:
+                self.say(now)
+                self._last = now
+
+    def __enter__(self) -> Progress:
+        self._started = time.monotonic()
+        self.say("started")
+        self._thread = threading.Thread(target=self._run, name="pidlease-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval_s + 5)
+        self.say("failed" if exc and exc[0] is not None else "done")

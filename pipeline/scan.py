@@ -1,0 +1,113 @@
+"""The read side of the data source: ``spark.read.format("pidlease")``.
+
+Planning (on the driver) asks the coordinator for the topic's partitions and each one's
+high watermark, and cuts ``[0, high watermark)`` of every partition into offset ranges of
+at most ``split_records`` records: one Spark partition per range, so a big topic partition
+is read by several tasks at once. Records appended after planning are not read: a batch
+read is a snapshot. A partition whose watermark the coordinator could not learn is read
+in one range to its end.
+
+Each task fetches its range from the partition's leader with the SDK's ``Reader``
+(checksums checked, control records skipped) and hands Spark Arrow record batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from pidlease.lease_client import LeaseClient
+from pidlease.reader import Reader
+from pipeline.options import ReadSettings
+
+SCHEMA_DDL = ("topic STRING, partition INT, offset BIGINT, pid BIGINT, generation INT, "
+              "sequence_id BIGINT, key BINARY, value BINARY, timestamp TIMESTAMP")
+ARROW_BATCH_RECORDS = 8192
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    """Offsets ``[start, end)`` of one topic partition; ``end`` -1: to the end."""
+
+    partition: int
+    start: int
+    end: int
+
+
+def plan_ranges(high_watermarks: Sequence[int], split_records: int) -> list[OffsetRange]:
+    """Ranges covering every partition (watermark -1: unknown, one open range)."""
+    out: list[OffsetRange] = []
+    for p, end in enumerate(high_watermarks):
+        if end < 0:
+            out.append(OffsetRange(p, 0, -1))
+            continue
+        for start in range(0, end, split_records):
+            out.append(OffsetRange(p, start, min(start + split_records, end)))
+    if not out:  # an empty topic still needs one (empty) task
+        out.append(OffsetRange(0, 0, 0))
+    return out
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                      ("pid", pa.int64()), ("generation", pa.int32()), ("sequence_id", pa.int64()),
+                      ("key", pa.binary()), ("value", pa.binary()),
+                      ("timestamp", pa.timestamp("us", tz="UTC"))])
+
+
+class Scan(DataSourceReader):
+    def __init__(self, settings: ReadSettings) -> None:
+        self.settings = settings
+
+    def partitions(self) -> Sequence[InputPartition]:
+        with LeaseClient(self.settings.coordinator, api_token=self.settings.api_token) as client:
+            info = client.topic(self.settings.topic)
+        marks = {p.partition: p.high_watermark for p in info.partition_states}
+        return plan_ranges([marks.get(p, -1) for p in range(info.partitions)],
+                           self.settings.split_records)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa
+
+        assert isinstance(partition, OffsetRange)
+        if partition.end == partition.start:
+            return
+        schema = _arrow_schema()
+        topic, p, end = self.settings.topic, partition.partition, partition.end
+        cols: list[list[Any]] = [[] for _ in range(6)]
+        offsets, pids, gens, seqs, keys, values = cols
+        stamps: list[int] = []
+
+        def batch() -> Any:
+            n = len(offsets)
+            arrays = [pa.array([topic] * n, pa.string()), pa.array([p] * n, pa.int32()),
+                      pa.array(offsets, pa.int64()), pa.array(pids, pa.int64()),
+                      pa.array(gens, pa.int32()), pa.array(seqs, pa.int64()),
+                      pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+                      pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC"))]
+            for c in cols:
+                c.clear()
+            stamps.clear()
+            return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+        with Reader(self.settings.coordinator, topic, p, partition.start,
+                    api_token=self.settings.api_token) as reader:
+            for rec in reader:
+                if 0 <= end <= rec.offset:
+                    break
+                offsets.append(rec.offset)
+                pids.append(rec.pid)
+                gens.append(rec.generation)
+                seqs.append(rec.sequence_id)
+                keys.append(rec.key)
+                values.append(rec.value)
+                stamps.append(rec.timestamp_ms * 1000)
+                if len(offsets) >= ARROW_BATCH_RECORDS:
+                    yield batch()
+        if offsets:
+            yield batch()

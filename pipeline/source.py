@@ -1,0 +1,38 @@
+"""The ``pidlease`` Python data source: the one class Spark knows, which hands out the
+scan (``pipeline.scan``) and the sinks (``pipeline.sink``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.types import StructType
+
+from pipeline.options import ReadSettings
+from pipeline.scan import SCHEMA_DDL, Scan
+from pipeline.sink import BatchSink, StreamSink
+
+FORMAT = "pidlease"
+
+
+class PidleaseDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return Scan(ReadSettings.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchSink.plan(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        return StreamSink.plan(self.options, schema, overwrite)  # type: ignore[return-value]
+
+
+def register(spark: Any) -> None:
+    """Make ``format("pidlease")`` available in this Spark session."""
+    spark.dataSource.register(PidleaseDataSource)

@@ -1,0 +1,304 @@
+"""Fakes for the SDK's unit tests: an in-process partition server speaking the real wire
+protocol over a real loopback socket (its own thread and event loop), and a coordinator
+as an ``httpx.MockTransport``. They follow the contract's append rules closely enough to
+drive the producer through resends, duplicates, fencing and leader changes, and they can
+inject faults: answer with an error code, append but drop the connection before the
+answer, stop answering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import httpx
+
+from pidlease import errors
+from pidlease import protocol as P
+
+_U32 = struct.Struct(">I")
+
+
+@dataclass
+class _PidState:
+    generation: int
+    highwater: int = -1
+    recent: deque = field(default_factory=lambda: deque(maxlen=5))  # (first, last, base_offset)
+
+
+@dataclass
+class _Partition:
+    dedup: str = "strict"
+    batches: list = field(default_factory=list)  # stored batch bytes with base_offset set
+    next_offset: int = 0
+    pids: dict = field(default_factory=dict)
+
+
+class FakePartitionServer:
+    def __init__(self, topics: dict[str, tuple[int, str]]) -> None:
+        self.lock = threading.Lock()
+        self.parts = {(t, p): _Partition(dedup) for t, (n, dedup) in topics.items() for p in range(n)}
+        self.fail_next: deque[int] = deque()   # error codes to answer produce requests with
+        self.drop_after_append = 0              # append, then cut the connection, this many times
+        self.silent = False                     # read requests, never answer
+        self.produce_requests = 0
+        self.tokens_seen: list[str] = []
+        self.address = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    # -- lifecycle in a thread ---------------------------------------------------------
+    def start(self) -> FakePartitionServer:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+
+            async def boot() -> None:
+                self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+                port = self._server.sockets[0].getsockname()[1]
+                self.address = f"127.0.0.1:{port}"
+                ready.set()
+
+            loop.run_until_complete(boot())
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+            await self._server.wait_closed()
+            await asyncio.sleep(0.01)
+
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            assert self._thread is not None
+            self._thread.join(10)
+
+    def drop_all(self) -> None:
+        """Cut every client connection from the server side."""
+        def cut() -> None:
+            for w in list(self._writers):
+                w.transport.abort()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(cut)
+
+    # -- state helpers ------------------------------------------------------------------
+    def highwater(self, topic: str, partition: int, pid: int) -> int | None:
+        with self.lock:
+            st = self.parts[(topic, partition)].pids.get(pid)
+            return None if st is None else st.highwater
+
+    def fence(self, topic: str, partition: int, pid: int, generation: int) -> None:
+        with self.lock:
+            part = self.parts[(topic, partition)]
+            st = part.pids.setdefault(pid, _PidState(generation))
+            st.generation = generation
+
+    def records(self, topic: str, partition: int) -> list[P.Record]:
+        with self.lock:
+            out = []
+            for b in self.parts[(topic, partition)].batches:
+                h = P.decode_batch_header(b)
+                out.extend(P.iter_records(b, h, 0, topic, partition))
+            return out
+
+    # -- the protocol ---------------------------------------------------------------------
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                body = await reader.readexactly(_U32.unpack(head)[0])
+                req = P.decode_request(body)
+                out = self._handle(req)
+                if out is None:
+                    writer.transport.abort()
+                    return
+                if out:
+                    writer.write(out)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+    def _handle(self, req: P.Request) -> bytes | None:
+        with self.lock:
+            if req.api_key == P.PRODUCE:
+                return self._produce(req)
+            if req.api_key == P.FETCH:
+                return self._fetch(req)
+            return P.response(req.correlation_id, errors.InvalidRequest.code, "unsupported", b"")
+
+    def _produce(self, req: P.Request) -> bytes | None:
+        self.produce_requests += 1
+        self.tokens_seen.append(req.token)
+        corr = req.correlation_id
+        if self.silent:
+            return b""
+        if self.fail_next:
+            code = self.fail_next.popleft()
+            return P.produce_response(corr, code, "injected")
+        part = self.parts.get((req.topic, req.partition))
+        if part is None:
+            return P.produce_response(corr, errors.UnknownTopicOrPartition.code, "no such partition")
+        assert req.batch is not None
+        h = P.validate_batch(req.batch)
+        first, last = h.base_sequence, h.last_sequence
+        st = part.pids.get(h.pid)
+        if part.dedup != "off" and h.pid != 0:
+            if st is not None and h.generation < st.generation:
+                return P.produce_response(corr, errors.ProducerFenced.code, "fenced")
+            if st is None and part.dedup == "strict" and first > 0:
+                return P.produce_response(corr, errors.UnknownPid.code, "unknown pid")
+            if st is not None and last <= st.highwater:
+                for f, l, off in st.recent:
+                    if f == first and l == last:
+                        return P.produce_response(corr, errors.DUPLICATE, "dup", base_offset=off,
+                                                  last_offset=off + h.count - 1)
+                return P.produce_response(corr, errors.DUPLICATE, "dup")
+            hw = st.highwater if st is not None else -1
+            ok = first > hw if part.dedup == "monotonic" else first == hw + 1
+            if st is not None and not ok:
+                return P.produce_response(corr, errors.OutOfOrderSequence.code, "ooo",
+                                          expected_sequence=hw + 1)
+        stored = bytearray(req.batch)
+        base = part.next_offset
+        P.set_base_offset(stored, base)
+        part.batches.append(bytes(stored))
+        part.next_offset += h.count
+        if h.pid != 0:
+            st = part.pids.setdefault(h.pid, _PidState(h.generation))
+            st.generation = max(st.generation, h.generation)
+            st.highwater = last
+            st.recent.append((first, last, base))
+        if self.drop_after_append > 0:
+            self.drop_after_append -= 1
+            return None
+        return P.produce_response(corr, errors.NONE, "", base_offset=base, last_offset=base + h.count - 1)
+
+    def _fetch(self, req: P.Request) -> bytes:
+        part = self.parts.get((req.topic, req.partition))
+        if part is None:
+            return P.fetch_response(req.correlation_id, errors.UnknownTopicOrPartition.code, "no")
+        chunks, size = [], 0
+        for b in part.batches:
+            h = P.decode_batch_header(b)
+            if h.last_offset < req.offset:
+                continue
+            if chunks and size + len(b) > req.max_bytes:
+                break
+            chunks.append(b)
+            size += len(b)
+        return P.fetch_response(req.correlation_id, errors.NONE, "", high_watermark=part.next_offset,
+                                data=chunks)
+
+
+class FakeCoordinator:
+    """The coordinator's HTTP API over one FakePartitionServer (all partitions lead there)."""
+
+    def __init__(self, server: FakePartitionServer, topics: dict[str, tuple[int, str]], *,
+                 expire_ms: int = 30_000) -> None:
+        self.server = server
+        self.topics = topics
+        self.expire_ms = expire_ms
+        self.next_pid = 1000
+        self.pids: dict[int, int] = {}         # pid -> generation
+        self.names: dict[str, int] = {}
+        self.requests: list[tuple[str, dict]] = []
+        self.fail_leases = 0                   # answer this many lease calls with 503
+        self.leader_override: str | None = None
+        self.lock = threading.Lock()
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self._handle)
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            body = json.loads(request.content) if request.content else {}
+            self.requests.append((request.url.path, body))
+            path = request.url.path
+            if path.startswith("/v1/topics/"):
+                return self._topic(path.rsplit("/", 1)[1])
+            if path == "/v1/lease_pid":
+                if self.fail_leases > 0:
+                    self.fail_leases -= 1
+                    return httpx.Response(503, json={"error": "COORDINATOR_UNAVAILABLE", "detail": "x"})
+                status, out = self._lease(body)
+                return httpx.Response(status, json=out)
+            if path == "/v1/lease_pid/batch":
+                if self.fail_leases > 0:
+                    self.fail_leases -= 1
+                    return httpx.Response(503, json={"error": "COORDINATOR_UNAVAILABLE", "detail": "x"})
+                return httpx.Response(200, json={"error": "NONE", "responses": [
+                    self._lease(r)[1] for r in body["requests"]]})
+            return httpx.Response(404, json={"error": "INVALID_REQUEST", "detail": "no route"})
+
+    def _topic(self, name: str) -> httpx.Response:
+        if name not in self.topics:
+            return httpx.Response(404, json={"error": "UNKNOWN_TOPIC_OR_PARTITION", "detail": name})
+        n, dedup = self.topics[name]
+        addr = self.leader_override or self.server.address
+        return httpx.Response(200, json={
+            "error": "NONE", "name": name, "partitions": n, "replication_factor": 1, "dedup": dedup,
+            "partition_states": [{"partition": p, "leader": 1, "leader_address": addr, "leader_epoch": 0,
+                                  "replicas": [1], "isr": [1], "log_end_offset": 0, "high_watermark": 0}
+                                 for p in range(n)]})
+
+    def takeover(self, name: str) -> tuple[int, int]:
+        """Raise the generation of ``name``'s PID and fence every partition (as the real
+        coordinator does before answering a takeover)."""
+        with self.lock:
+            pid = self.names[name]
+            self.pids[pid] += 1
+            gen = self.pids[pid]
+        for t, (n, _d) in self.topics.items():
+            for p in range(n):
+                self.server.fence(t, p, pid, gen)
+        return pid, gen
+
+    def _lease(self, req: dict) -> tuple[int, dict]:
+        pid = req["pid"]
+        name = req.get("producer_name")
+        if pid == -1:
+            if name is not None and name in self.names:
+                pid = self.names[name]
+                self.pids[pid] += 1
+                for t, (n, _d) in self.topics.items():
+                    for p in range(n):
+                        self.server.fence(t, p, pid, self.pids[pid])
+            else:
+                pid = self.next_pid
+                self.next_pid += 1
+                self.pids[pid] = 7
+                if name is not None:
+                    self.names[name] = pid
+        elif pid not in self.pids:
+            return 404, {"error": "UNKNOWN_PID", "detail": "unknown"}
+        elif req.get("generation") is None:
+            self.pids[pid] += 1
+        elif req["generation"] < self.pids[pid]:
+            return 409, {"error": "FENCED", "detail": "stale generation"}
+        gen = self.pids[pid]
+        hw = self.server.highwater(req["topic"], req["partition"], pid)
+        exp = req.get("expire_ms") or self.expire_ms
+        return 200, {"error": "NONE", "pid": pid, "generation": gen,
+                     "sequence_number": 0 if hw is None else hw + 1, "expire_ms": exp,
+                     "expires_at_ms": 0, "lease_token": f"tok-{pid}-{gen}-{len(self.requests)}"}

@@ -1,0 +1,374 @@
+"""The lease flows of coordinator/service.py with a fake ZooKeeper store (versions and
+compare-and-set like the real one) and fake partition leaders; time is a fake clock."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from coordinator.allocator import PidAllocator
+from coordinator.leases import LeaseKind, LeaseRequest
+from coordinator.metrics import Metrics
+from coordinator.service import LeaseService
+from coordinator.settings import CoordinatorSettings
+from pidlease import cluster
+from pidlease.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
+from pidlease.errors import (CoordinatorUnavailable, ProducerFenced, UnknownPid,
+                             UnknownTopicOrPartition)
+from pidlease.protocol import Response
+from pidlease.token import verify_token
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.nodes: dict[str, tuple[bytes, int]] = {}
+        self.writes = 0
+
+    # generic znodes
+    def _get(self, path: str) -> tuple[bytes, int] | None:
+        with self.lock:
+            return self.nodes.get(path)
+
+    def _create(self, path: str, data: bytes) -> bool:
+        with self.lock:
+            self.writes += 1
+            if path in self.nodes:
+                return False
+            self.nodes[path] = (data, 0)
+            return True
+
+    def _cas(self, path: str, data: bytes, version: int) -> bool:
+        with self.lock:
+            self.writes += 1
+            cur = self.nodes.get(path)
+            if cur is None or cur[1] != version:
+                return False
+            self.nodes[path] = (data, version + 1)
+            return True
+
+    # counter
+    def read_counter(self) -> tuple[int | None, int]:
+        got = self._get(cluster.PID_BLOCK)
+        return (None, -1) if got is None else (int(got[0]), got[1])
+
+    def create_counter(self, value: int) -> bool:
+        return self._create(cluster.PID_BLOCK, str(value).encode())
+
+    def cas_counter(self, value: int, version: int) -> bool:
+        return self._cas(cluster.PID_BLOCK, str(value).encode(), version)
+
+    # pids and names
+    def get_pid(self, pid: int) -> tuple[PidRecord, int] | None:
+        got = self._get(cluster.pid_path(pid))
+        return None if got is None else (PidRecord.from_bytes(got[0]), got[1])
+
+    def get_name(self, name: str) -> tuple[int, int] | None:
+        got = self._get(cluster.name_path(name))
+        return None if got is None else (int(got[0]), got[1])
+
+    def create_pid(self, record: PidRecord) -> None:
+        assert self._create(cluster.pid_path(record.pid), record.to_bytes())
+
+    def create_named_pid(self, record: PidRecord, name: str, name_version: int | None) -> bool:
+        with self.lock:
+            self.writes += 1
+            npath = cluster.name_path(name)
+            cur = self.nodes.get(npath)
+            if name_version is None and cur is not None:
+                return False
+            if name_version is not None and (cur is None or cur[1] != name_version):
+                return False
+            self.nodes[cluster.pid_path(record.pid)] = (record.to_bytes(), 0)
+            self.nodes[npath] = (str(record.pid).encode(), 0 if cur is None else cur[1] + 1)
+            return True
+
+    def cas_pid(self, record: PidRecord, version: int) -> bool:
+        return self._cas(cluster.pid_path(record.pid), record.to_bytes(), version)
+
+    def list_pid_ids(self) -> list[int]:
+        with self.lock:
+            return sorted(int(p.split("/")[-1]) for p in self.nodes if p.startswith("/pids/"))
+
+    def get_pids(self, pids: list[int]) -> list[tuple[PidRecord, int]]:
+        return [g for g in (self.get_pid(p) for p in pids) if g is not None]
+
+    def delete_pid(self, record: PidRecord, version: int) -> bool:
+        with self.lock:
+            path = cluster.pid_path(record.pid)
+            if self.nodes.get(path, (b"", -1))[1] != version:
+                return False
+            del self.nodes[path]
+            if record.producer_name:
+                npath = cluster.name_path(record.producer_name)
+                if self.nodes.get(npath, (b"",))[0] == str(record.pid).encode():
+                    del self.nodes[npath]
+            return True
+
+    # topics and servers
+    def get_topic(self, name: str) -> TopicSpec | None:
+        got = self._get(cluster.topic_path(name))
+        return None if got is None else TopicSpec.from_bytes(got[0])
+
+    def get_partition_states(self, topic: str, partitions: list[int]) -> list[PartitionState | None]:
+        out = []
+        for p in partitions:
+            got = self._get(cluster.partition_path(topic, p))
+            out.append(None if got is None else PartitionState.from_bytes(got[0]))
+        return out
+
+    def get_servers(self, ids: list[int]) -> dict[int, ServerInfo]:
+        out = {}
+        for i in ids:
+            got = self._get(cluster.server_path(i))
+            if got is not None:
+                out[i] = ServerInfo.from_bytes(got[0])
+        return out
+
+    def add_topic(self, name: str, partitions: int, leader: int = 1) -> None:
+        self.nodes[cluster.topic_path(name)] = (TopicSpec(name, partitions).to_bytes(), 0)
+        for p in range(partitions):
+            self.nodes[cluster.partition_path(name, p)] = (
+                PartitionState([leader], leader, 0, [leader]).to_bytes(), 0)
+
+    def add_server(self, ident: int, port: int) -> None:
+        self.nodes[cluster.server_path(ident)] = (ServerInfo(ident, "127.0.0.1", port).to_bytes(), 0)
+
+
+class FakeLeaders:
+    """Holds per (address, topic, partition, pid) producer state like a partition leader."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.state: dict[tuple[str, int, int], tuple[int, int]] = {}  # -> (generation, durable hw)
+        self.calls: list[tuple[Any, ...]] = []
+        self.down: set[str] = set()
+
+    def producer_state(self, address: str, topic: str, partition: int, pid: int) -> Response:
+        with self.lock:
+            self.calls.append(("state", address, topic, partition, pid))
+            if address in self.down:
+                raise CoordinatorUnavailable(f"{address} unreachable")
+            st = self.state.get((topic, partition, pid))
+        if st is None:
+            return Response(1, 0, "", found=False)
+        return Response(1, 0, "", found=True, generation=st[0], durable_highwater=st[1])
+
+    def fence(self, address: str, topic: str, partition: int, pid: int, generation: int,
+              token: str, *, create_if_absent: bool) -> Response:
+        with self.lock:
+            self.calls.append(("fence", address, topic, partition, pid, generation, create_if_absent))
+            if address in self.down:
+                raise CoordinatorUnavailable(f"{address} unreachable")
+            key = (topic, partition, pid)
+            st = self.state.get(key)
+            if st is not None and generation < st[0]:
+                return Response(1, ProducerFenced.code, "older generation")
+            if st is None and not create_if_absent:
+                return Response(1, 0, "", existed=False, durable_highwater=-1)
+            self.state[key] = (generation, st[1] if st else -1)
+            return Response(1, 0, "", existed=st is not None,
+                            durable_highwater=st[1] if st else -1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def env() -> Any:
+    settings = CoordinatorSettings(zk="x", pid_block_size=10, lease_expire_ms_default=1_000,
+                                   lease_expire_ms_min=100, pid_retention_ms=10_000,
+                                   lease_expiring_window_ms=300)
+    store, leaders, clock = FakeStore(), FakeLeaders(), Clock()
+    store.add_topic("t", 4)
+    store.add_server(1, 9001)
+    svc = LeaseService(settings, store, PidAllocator(store, 10), leaders, Metrics(),  # type: ignore[arg-type]
+                       clock_ms=clock)
+    yield svc, store, leaders, clock
+    svc.close()
+
+
+def lease(svc: LeaseService, **kw: Any) -> Any:
+    kw.setdefault("topic", "t")
+    kw.setdefault("partition", 0)
+    kw.setdefault("pid", -1)
+    return svc.lease(LeaseRequest(**kw))
+
+
+def test_new_pid_is_sequence_zero_without_any_leader_call(env: Any) -> None:
+    svc, store, leaders, clock = env
+    r = lease(svc)
+    assert (r.kind, r.record.pid, r.sequence_number) == (LeaseKind.NEW, 1, 0)
+    assert 0 <= r.record.generation < 2**30
+    assert leaders.calls == []
+    assert verify_token(b"pidlease-dev-secret", r.lease_token, 1, r.record.generation, clock.now) == \
+        clock.now + 1_000
+
+
+def test_renew_reads_durable_highwater_and_marks_seen(env: Any) -> None:
+    svc, store, leaders, clock = env
+    r = lease(svc)
+    leaders.state[("t", 0, r.record.pid)] = (r.record.generation, 41)
+    clock.now += 500
+    again = lease(svc, pid=r.record.pid, generation=r.record.generation)
+    assert (again.kind, again.sequence_number) == (LeaseKind.RENEW, 42)
+    assert again.record.generation == r.record.generation
+    assert again.record.expires_at_ms == clock.now + 1_000
+    stored, _ = store.get_pid(r.record.pid)
+    assert stored.partitions["t/0"] == {"seen": True, "highwater": 41}
+
+
+def test_renew_adds_a_partition_with_sequence_zero(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    again = lease(svc, pid=r.record.pid, generation=r.record.generation, partition=3)
+    assert again.sequence_number == 0
+    assert set(store.get_pid(r.record.pid)[0].partitions) == {"t/0", "t/3"}
+
+
+def test_expired_state_on_a_seen_partition_is_unknown_pid_not_zero(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    leaders.state[("t", 0, r.record.pid)] = (r.record.generation, 5)
+    lease(svc, pid=r.record.pid, generation=r.record.generation)
+    before = store.get_pid(r.record.pid)
+    del leaders.state[("t", 0, r.record.pid)]  # the server expired it
+    with pytest.raises(UnknownPid):
+        lease(svc, pid=r.record.pid, generation=r.record.generation)
+    assert store.get_pid(r.record.pid) == before, "a refused lease changes nothing"
+
+
+def test_takeover_fences_every_partition_before_answering(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    lease(svc, pid=pid, generation=gen, partition=1)
+    leaders.state[("t", 0, pid)] = (gen, 9)
+    lease(svc, pid=pid, generation=gen, partition=0)  # marks t/0 seen
+    t = lease(svc, pid=pid, partition=2)
+    assert (t.kind, t.record.generation, t.sequence_number) == (LeaseKind.TAKEOVER, gen + 1, 0)
+    fences = sorted(c for c in leaders.calls if c[0] == "fence")
+    assert [(c[3], c[5], c[6]) for c in fences] == [(0, gen + 1, False), (1, gen + 1, True),
+                                                    (2, gen + 1, True)]
+    assert all(leaders.state[("t", p, pid)][0] == gen + 1 for p in range(3))
+    # The old generation is now fenced at the coordinator too.
+    with pytest.raises(ProducerFenced):
+        lease(svc, pid=pid, generation=gen)
+
+
+def test_takeover_continues_the_sequence(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc, producer_name="job")
+    leaders.state[("t", 0, r.record.pid)] = (r.record.generation, 99)
+    t = lease(svc, producer_name="job")
+    assert (t.kind, t.record.pid, t.sequence_number) == (LeaseKind.TAKEOVER, r.record.pid, 100)
+    assert store.get_pid(r.record.pid)[0].partitions["t/0"]["seen"] is True
+
+
+def test_takeover_superseded_on_a_partition_is_fenced(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    # A concurrent takeover already put a newer generation on the partition.
+    leaders.state[("t", 0, r.record.pid)] = (r.record.generation + 5, 3)
+    with pytest.raises(ProducerFenced) as exc:
+        lease(svc, pid=r.record.pid)
+    assert exc.value.extra["generation"] == r.record.generation + 1
+
+
+def test_leader_down_is_retriable_and_changes_nothing_on_renew(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    before = store.get_pid(r.record.pid)
+    leaders.down.add("127.0.0.1:9001")
+    with pytest.raises(CoordinatorUnavailable):
+        lease(svc, pid=r.record.pid, generation=r.record.generation)
+    assert store.get_pid(r.record.pid) == before
+
+
+def test_leader_not_live_is_retriable(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    del store.nodes[cluster.server_path(1)]
+    with pytest.raises(CoordinatorUnavailable, match="not live"):
+        lease(svc, pid=r.record.pid, generation=r.record.generation)
+
+
+def test_unknown_topic_and_partition(env: Any) -> None:
+    svc, *_ = env
+    with pytest.raises(UnknownTopicOrPartition):
+        lease(svc, topic="nope")
+    with pytest.raises(UnknownTopicOrPartition):
+        lease(svc, partition=4)
+
+
+def test_name_binding_new_takeover_and_rebind_after_retention(env: Any) -> None:
+    svc, store, leaders, clock = env
+    a = lease(svc, producer_name="job")
+    b = lease(svc, producer_name="job")
+    assert b.record.pid == a.record.pid and b.record.generation == a.record.generation + 1
+    other = lease(svc, producer_name="other")
+    assert other.record.pid != a.record.pid
+    clock.now = b.record.expires_at_ms + 10_000  # past retention
+    c = lease(svc, producer_name="job")
+    assert c.kind is LeaseKind.NEW and c.record.pid not in (a.record.pid, other.record.pid)
+    assert store.get_name("job")[0] == c.record.pid
+    with pytest.raises(UnknownPid):
+        lease(svc, pid=a.record.pid, generation=b.record.generation)
+
+
+def test_concurrent_takeovers_get_distinct_generations(env: Any) -> None:
+    svc, store, leaders, _ = env
+    first = lease(svc, producer_name="job")
+    gens: list[int] = []
+    fenced: list[int] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            r = lease(svc, producer_name="job")
+            with lock:
+                gens.append(r.record.generation)
+        except ProducerFenced as exc:
+            with lock:
+                fenced.append(int(exc.extra["generation"]))  # type: ignore[call-overload]
+
+    threads = [threading.Thread(target=one) for _ in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = gens + fenced
+    assert len(every) == 30
+    assert sorted(every) == list(range(first.record.generation + 1, first.record.generation + 31))
+    assert store.get_pid(first.record.pid)[0].generation == first.record.generation + 30
+
+
+def test_sweep_deletes_past_retention_and_the_name(env: Any) -> None:
+    svc, store, leaders, clock = env
+    old = lease(svc, producer_name="job")
+    clock.now += 5_000
+    young = lease(svc)
+    clock.now = old.record.expires_at_ms + 10_000
+    assert svc.sweep() == 1
+    assert store.get_pid(old.record.pid) is None and store.get_name("job") is None
+    assert store.get_pid(young.record.pid) is not None
+
+
+def test_list_pids_states(env: Any) -> None:
+    svc, store, leaders, clock = env
+    a = lease(svc)
+    clock.now += 800  # 200 ms left, window 300 -> expiring
+    b = lease(svc)
+    views = {v["pid"]: v for v in svc.list_pids(None, 100)}
+    assert views[a.record.pid]["state"] == "expiring"
+    assert views[b.record.pid]["state"] == "active"
+    clock.now += 300
+    assert [v["pid"] for v in svc.list_pids("lapsed", 100)] == [a.record.pid]
+    assert len(svc.list_pids(None, 1)) == 1

@@ -1,0 +1,245 @@
+"""The pure lease rules (coordinator/leases.py): examples, then a hypothesis state machine
+that drives new / renew / takeover / fenced / unknown / retention against a tiny
+reference model written independently of the rules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from coordinator import leases
+from coordinator.leases import ExpiryLimits, LeaseKind, LeaseRequest, LeaseState
+from pidlease.cluster import PidRecord
+from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
+from pidlease.protocol import MAX_GENERATION
+
+LIMITS = ExpiryLimits(default_ms=1_000, min_ms=100, max_ms=10_000, retention_ms=5_000,
+                      expiring_window_ms=300)
+
+
+def rec(pid: int = 7, generation: int = 10, expires_at_ms: int = 2_000, expire_ms: int = 1_000,
+        name: str | None = None, partitions: dict | None = None) -> PidRecord:
+    return PidRecord(pid=pid, generation=generation, producer_name=name, expire_ms=expire_ms,
+                     expires_at_ms=expires_at_ms, last_use_ms=expires_at_ms - expire_ms,
+                     partitions=partitions or {})
+
+
+def req(pid: int = 7, generation: int | None = None, name: str | None = None,
+        expire_ms: int | None = None, partition: int = 0) -> LeaseRequest:
+    return LeaseRequest("t", partition, pid, expire_ms, generation, name)
+
+
+# -- examples: one per row of the contract's table ------------------------------------------
+def test_new_pid_without_name() -> None:
+    assert leases.classify(req(pid=-1), None, 0, LIMITS) is LeaseKind.NEW
+
+
+def test_known_name_is_a_takeover_and_new_name_is_new() -> None:
+    assert leases.classify(req(pid=-1, name="job"), rec(name="job"), 1_000, LIMITS) is LeaseKind.TAKEOVER
+    assert leases.classify(req(pid=-1, name="job"), None, 1_000, LIMITS) is LeaseKind.NEW
+
+
+def test_name_past_retention_gets_a_new_pid() -> None:
+    r = rec(name="job", expires_at_ms=2_000)
+    assert leases.classify(req(pid=-1, name="job"), r, 2_000 + 5_000, LIMITS) is LeaseKind.NEW
+    assert leases.classify(req(pid=-1, name="job"), r, 2_000 + 4_999, LIMITS) is LeaseKind.TAKEOVER
+
+
+def test_renew_takeover_fenced_and_never_issued() -> None:
+    r = rec(generation=10)
+    assert leases.classify(req(generation=10), r, 0, LIMITS) is LeaseKind.RENEW
+    assert leases.classify(req(generation=None), r, 0, LIMITS) is LeaseKind.TAKEOVER
+    with pytest.raises(ProducerFenced) as fenced:
+        leases.classify(req(generation=9), r, 0, LIMITS)
+    assert fenced.value.extra["current_generation"] == 10
+    with pytest.raises(InvalidRequest):
+        leases.classify(req(generation=11), r, 0, LIMITS)
+
+
+def test_unknown_and_past_retention_pid() -> None:
+    with pytest.raises(UnknownPid):
+        leases.classify(req(generation=1), None, 0, LIMITS)
+    with pytest.raises(UnknownPid):
+        leases.classify(req(generation=10), rec(expires_at_ms=2_000), 7_000, LIMITS)
+
+
+def test_a_lapsed_lease_within_retention_can_still_be_renewed() -> None:
+    assert leases.classify(req(generation=10), rec(expires_at_ms=2_000), 3_000, LIMITS) is LeaseKind.RENEW
+
+
+def test_name_mismatch_and_generation_with_new_pid_are_invalid() -> None:
+    with pytest.raises(InvalidRequest):
+        leases.classify(req(name="other"), rec(name="job"), 0, LIMITS)
+    with pytest.raises(InvalidRequest):
+        leases.classify(req(pid=-1, generation=3), None, 0, LIMITS)
+
+
+def test_takeover_raises_generation_and_adds_partition() -> None:
+    r = rec(generation=10, partitions={"t/0": {"seen": True, "highwater": 4}})
+    out = leases.taken_over(r, req(partition=3, expire_ms=50), 5_000, LIMITS)
+    assert out.generation == 11
+    assert out.expire_ms == 100  # clamped up to the minimum
+    assert out.expires_at_ms == 5_100
+    assert out.partitions == {"t/0": {"seen": True, "highwater": 4}, "t/3": {"seen": False}}
+    assert r.partitions == {"t/0": {"seen": True, "highwater": 4}}, "input record untouched"
+
+
+def test_takeover_at_the_last_generation_is_refused() -> None:
+    with pytest.raises(InvalidRequest):
+        leases.taken_over(rec(generation=MAX_GENERATION), req(), 0, LIMITS)
+
+
+def test_renew_keeps_generation_and_pushes_expiry() -> None:
+    out = leases.renewed(rec(generation=10, expires_at_ms=2_000), req(expire_ms=10**18), 1_500, LIMITS)
+    assert (out.generation, out.expire_ms, out.expires_at_ms, out.last_use_ms) == (10, 10_000, 11_500, 1_500)
+
+
+@given(st.one_of(st.none(), st.integers(min_value=1, max_value=2**63 - 1)))
+def test_clamp_stays_in_range(expire_ms: int | None) -> None:
+    got = LIMITS.clamp(expire_ms)
+    assert LIMITS.min_ms <= got <= LIMITS.max_ms
+    if expire_ms is not None and LIMITS.min_ms <= expire_ms <= LIMITS.max_ms:
+        assert got == expire_ms
+
+
+def test_next_sequence_rules() -> None:
+    assert leases.next_sequence(7, "t/0", seen=False, found=True, durable_highwater=41) == 42
+    assert leases.next_sequence(7, "t/0", seen=True, found=True, durable_highwater=41) == 42
+    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1) == 0
+    with pytest.raises(UnknownPid):
+        leases.next_sequence(7, "t/0", seen=True, found=False, durable_highwater=-1)
+
+
+@pytest.mark.parametrize(("left_ms", "expire_ms", "window_ms", "state"), [
+    (1_000, 1_000, 30_000, LeaseState.ACTIVE),
+    (501, 1_000, 30_000, LeaseState.ACTIVE),
+    (500, 1_000, 30_000, LeaseState.EXPIRING),    # half the lease is below the window
+    (1, 1_000, 30_000, LeaseState.EXPIRING),
+    (0, 1_000, 30_000, LeaseState.LAPSED),
+    (-5, 1_000, 30_000, LeaseState.LAPSED),
+    (30_000, 60_000, 30_000, LeaseState.EXPIRING),  # the window is the smaller bound
+    (30_001, 60_000, 30_000, LeaseState.ACTIVE),
+    (300, 1_000, 300, LeaseState.EXPIRING),
+    (301, 1_000, 300, LeaseState.ACTIVE),
+])
+def test_lease_state(left_ms: int, expire_ms: int, window_ms: int, state: LeaseState) -> None:
+    r = rec(expires_at_ms=10_000, expire_ms=expire_ms)
+    assert leases.lease_state(r, 10_000 - left_ms, window_ms) is state
+
+
+# -- state machine against a reference model ------------------------------------------------
+NAMES = ("a", "b")
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    """The system under test is leases.* applied to a dict of records (what ZooKeeper
+    would hold); the model is a few dicts and the contract's table in plain ifs."""
+
+    @initialize()
+    def setup(self) -> None:
+        self.now = 1_000
+        self.next_pid = 1
+        self.records: dict[int, PidRecord] = {}
+        self.bindings: dict[str, int] = {}
+        # model: pid -> [generation, expires_at_ms, name]
+        self.model: dict[int, list] = {}
+        self.model_names: dict[str, int] = {}
+
+    def _alive(self, pid: int) -> bool:
+        m = self.model.get(pid)
+        return m is not None and self.now < m[1] + LIMITS.retention_ms
+
+    def _sut(self, r: LeaseRequest, record: PidRecord | None, gen0: int) -> tuple[str, PidRecord | None]:
+        try:
+            kind = leases.classify(r, record, self.now, LIMITS)
+        except ProducerFenced:
+            return "fenced", None
+        except UnknownPid:
+            return "unknown", None
+        except InvalidRequest:
+            return "invalid", None
+        if kind is LeaseKind.NEW:
+            out = leases.new_record(r, self.next_pid, gen0, self.now, LIMITS)
+            self.next_pid += 1
+        else:
+            assert record is not None
+            out = leases.apply(kind, record, r, self.now, LIMITS)
+        self.records[out.pid] = out
+        if r.producer_name is not None:
+            self.bindings[r.producer_name] = out.pid
+        return kind.value, out
+
+    @rule(name=st.one_of(st.none(), st.sampled_from(NAMES)), gen0=st.integers(0, 2**30 - 1),
+          expire_ms=st.one_of(st.none(), st.integers(1, 20_000)))
+    def lease_new(self, name: str | None, gen0: int, expire_ms: int | None) -> None:
+        r = LeaseRequest("t", 0, -1, expire_ms, None, name)
+        bound = self.bindings.get(name) if name else None
+        got, out = self._sut(r, self.records.get(bound) if bound else None, gen0)
+        exp = LIMITS.clamp(expire_ms)
+        mpid = self.model_names.get(name) if name else None
+        if mpid is not None and self._alive(mpid):
+            assert got == "takeover"
+            self.model[mpid][0] += 1
+            self.model[mpid][1] = self.now + exp
+            assert out is not None and out.pid == mpid
+        else:
+            assert got == "new"
+            assert out is not None and out.generation == gen0 and out.pid not in self.model
+            self.model[out.pid] = [gen0, self.now + exp, name]
+            if name:
+                self.model_names[name] = out.pid
+        assert out.generation == self.model[out.pid][0]
+        assert out.expires_at_ms == self.model[out.pid][1]
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data(), delta=st.sampled_from([None, -1, 0, 1]),
+          expire_ms=st.one_of(st.none(), st.integers(1, 20_000)))
+    def lease_pid(self, data: st.DataObject, delta: int | None, expire_ms: int | None) -> None:
+        pid = data.draw(st.sampled_from(sorted(self.model)))
+        m = self.model[pid]
+        gen = None if delta is None else max(0, m[0] + delta)
+        r = LeaseRequest("t", 0, pid, expire_ms, gen, None)
+        got, out = self._sut(r, self.records.get(pid), 0)
+        if not self._alive(pid):
+            assert got == "unknown"
+        elif gen is None:
+            assert got == "takeover"
+            m[0] += 1
+        elif gen < m[0]:
+            assert got == "fenced"
+        elif gen > m[0]:
+            assert got == "invalid"
+        else:
+            assert got == "renew"
+        if out is not None:
+            m[1] = self.now + LIMITS.clamp(expire_ms)
+            assert (out.generation, out.expires_at_ms) == (m[0], m[1])
+
+    @precondition(lambda self: bool(self.model))
+    @rule()
+    def unknown_pid(self) -> None:
+        got, _ = self._sut(LeaseRequest("t", 0, self.next_pid + 100, None, 1, None), None, 0)
+        assert got == "unknown"
+
+    @rule(ms=st.sampled_from([1, 99, 500, 1_000, 4_999, 5_000, 20_000]))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+    @invariant()
+    def states_follow_time(self) -> None:
+        for pid, record in self.records.items():
+            state = leases.lease_state(record, self.now, LIMITS.expiring_window_ms)
+            left = self.model[pid][1] - self.now
+            assert (state is LeaseState.LAPSED) == (left <= 0)
+
+    @invariant()
+    def generations_only_grow(self) -> None:
+        for pid, record in self.records.items():
+            assert record.generation == self.model[pid][0]
+
+
+TestLeaseMachine = LeaseMachine.TestCase
+TestLeaseMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,173 @@
+"""The partition log on real files: append/read, segments, index rebuild, torn and corrupt
+tails truncated at open (and reported), checksums verified on read, failed writes cut back."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from partition_server.log import PartitionLog
+from pidlease import protocol as P
+from pidlease.errors import CorruptRecord, ServerUnavailable
+
+
+def mk(seq: int, n: int = 2, pid: int = 1, size: int = 10) -> bytes:
+    return P.encode_batch([(None, bytes([seq % 256]) * size) for _ in range(n)], pid=pid,
+                          generation=0, base_sequence=seq, timestamp_ms=1)
+
+
+def put(lg: PartitionLog, b: bytes) -> int:
+    buf = bytearray(b)
+    P.set_base_offset(buf, lg.next_offset)
+    return lg.append(buf, P.decode_batch_header(buf).count)
+
+
+def offsets(chunks: list[bytes]) -> list[int]:
+    return [h.base_offset for c in chunks for h, _ in P.iter_batches(c)]
+
+
+def fill(tmp_path: Path, batches: int, seg_max: int = 1 << 20) -> PartitionLog:
+    lg, _ = PartitionLog.open(tmp_path / "t-0", seg_max)
+    for i in range(batches):
+        put(lg, mk(i * 2))
+    return lg
+
+
+def test_append_and_read_back(tmp_path: Path) -> None:
+    lg = fill(tmp_path, 10)
+    assert lg.next_offset == 20
+    assert offsets(lg.read(0, 1 << 20, 20)) == list(range(0, 20, 2))
+    # an offset inside a batch returns that batch
+    assert offsets(lg.read(5, 1 << 20, 20))[0] == 4
+    # never past the end offset (the high watermark)
+    assert offsets(lg.read(0, 1 << 20, 7)) == [0, 2, 4, 6]
+    assert lg.read(20, 1 << 20, 20) == []
+    # max_bytes: at least one whole batch, then only whole batches that fit
+    size = len(mk(0))
+    assert offsets(lg.read(0, 1, 20)) == [0]
+    assert offsets(lg.read(0, size * 3 + 1, 20)) == [0, 2, 4]
+    lg.close()
+
+
+def test_segments_roll_and_reopen_rebuilds_the_index(tmp_path: Path) -> None:
+    size = len(mk(0))
+    lg = fill(tmp_path, 30, seg_max=size * 4)
+    assert len(lg.segments) == 8
+    names = sorted(p.name for p in (tmp_path / "t-0").glob("*.log"))
+    assert names[1] == f"{8:020d}.log"
+    whole = offsets(lg.read(0, 1 << 20, lg.next_offset))
+    lg.close()
+    lg2, report = PartitionLog.open(tmp_path / "t-0", size * 4)
+    assert (report.batches, report.truncations, lg2.next_offset) == (30, [], 60)
+    assert offsets(lg2.read(0, 1 << 20, 60)) == whole == list(range(0, 60, 2))
+    assert offsets(lg2.read(33, size * 2, 60)) == [32, 34]
+    assert put(lg2, mk(60)) == 60
+    lg2.close()
+
+
+@pytest.mark.parametrize("tail", ["half header", "half batch", "bad checksum", "wrong offset"])
+def test_torn_tail_is_truncated_and_reported(tmp_path: Path, tail: str,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    lg = fill(tmp_path, 5)
+    seg = lg.segments[-1].path
+    good = seg.stat().st_size
+    lg.close()
+    b = bytearray(mk(10))
+    P.set_base_offset(b, 10)
+    if tail == "half header":
+        b = b[:20]
+    elif tail == "half batch":
+        b = b[:len(b) - 7]
+    elif tail == "bad checksum":
+        b[-1] ^= 0xFF
+    else:
+        P.set_base_offset(b, 99)
+    with open(seg, "ab") as f:
+        f.write(b)
+    with caplog.at_level(logging.WARNING, logger="partition_server.log"):
+        lg2, report = PartitionLog.open(tmp_path / "t-0", 1 << 20)
+    assert seg.stat().st_size == good
+    assert len(report.truncations) == 1
+    t = report.truncations[0]
+    assert (t.bytes, t.offset, t.segment) == (len(b), 10, seg.name)
+    assert f"truncated {len(b)} bytes at offset 10 of segment {seg.name}" in caplog.text
+    assert lg2.next_offset == 10 and put(lg2, mk(10)) == 10
+    lg2.close()
+
+
+def test_corrupt_batch_before_the_verified_range_is_caught_on_read(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    lg = fill(tmp_path, 5)
+    seg, pos = lg.segments[0].path, lg.segments[0].positions[2]
+    lg.close()
+    with open(seg, "r+b") as f:  # flip a value byte of the batch at offset 4
+        f.seek(pos + P.BATCH_HEADER_SIZE + 9)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x55]))
+    lg2, report = PartitionLog.open(tmp_path / "t-0", 1 << 20, verify_from_offset=8)
+    assert report.truncations == []  # headers fine, checksum not checked below 8
+    assert offsets(lg2.read(0, 2 * len(mk(0)), 10)) == [0, 2]
+    with caplog.at_level(logging.ERROR), pytest.raises(CorruptRecord):
+        lg2.read(4, 1 << 20, 10)
+    assert "corrupt batch at offset 4" in caplog.text
+    assert offsets(lg2.read(6, 1 << 20, 10)) == [6, 8]
+    lg2.close()
+    # when the corrupt batch is in the range recovery verifies, it and the rest go
+    lg3, report = PartitionLog.open(tmp_path / "t-0", 1 << 20, verify_from_offset=0)
+    assert lg3.next_offset == 4 and report.truncations[0].reason == "batch checksum mismatch"
+    lg3.close()
+
+
+def test_corruption_in_an_old_segment_drops_later_segments(tmp_path: Path) -> None:
+    size = len(mk(0))
+    lg = fill(tmp_path, 6, seg_max=size * 2)
+    first = lg.segments[0].path
+    lg.close()
+    with open(first, "r+b") as f:
+        f.seek(size + 30)
+        f.write(b"\xff\xff")
+    lg2, report = PartitionLog.open(tmp_path / "t-0", size * 2)
+    assert lg2.next_offset == 2
+    assert len(list((tmp_path / "t-0").glob("*.log"))) == 1
+    assert sum(t.bytes for t in report.truncations) == size * 5
+    lg2.close()
+
+
+def test_failed_write_is_cut_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lg = fill(tmp_path, 2)
+    before = lg.segments[-1].path.stat().st_size
+    real_write = os.write
+    calls = {"n": 0}
+
+    def half_then_full(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data[:len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(ServerUnavailable):
+        put(lg, mk(4))
+    monkeypatch.undo()
+    assert lg.segments[-1].path.stat().st_size == before and lg.next_offset == 4
+    assert put(lg, mk(4)) == 4
+    assert offsets(lg.read(0, 1 << 20, 6)) == [0, 2, 4]
+    lg.close()
+
+
+def test_take_dirty_lists_written_segments_and_the_directory_after_a_roll(tmp_path: Path) -> None:
+    size = len(mk(0))
+    lg, _ = PartitionLog.open(tmp_path / "t-0", size)
+    lg.take_dirty()
+    put(lg, mk(0))
+    assert lg.take_dirty() == [lg.segments[0].fd]
+    assert lg.take_dirty() == []
+    put(lg, mk(2))  # rolls
+    dirty = lg.take_dirty()
+    assert lg.segments[1].fd in dirty and len(dirty) == 2
+    lg.close()
