@@ -6,6 +6,8 @@
    with ``PIDLEASE_SNAPSHOT_INTERVAL_BATCHES`` set to each interval, fed the same load over
    the protocol, SIGKILLed, restarted; the server's own recovery figures (METADATA).
 3. memory per tracked PID (tracemalloc) at 100k and 1M PIDs, with 1 and K=5 batches kept.
+4. snapshots of 100k and 1M PIDs: chunked capture (total, longest event-loop stall),
+   file size, and the load time a recovery pays (decode + rebuild the table).
 
     /work/venv/bin/python bench/bench_recovery.py [--skip-servers] [--replay-batches 200000]
 """
@@ -29,6 +31,7 @@ from partition_server.flusher import Flusher
 from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import ProducerStateTable
+from partition_server.snapshot import PartitionImage, Snapshot, decode, encode
 from partition_server.testing import WireClient, create_topic, token
 from pidlease import protocol as P
 from pidlease.devcluster import DEV_SECRET, LocalCluster
@@ -172,13 +175,48 @@ def memory_per_pid(n: int, batches_each: int) -> float:
     return per
 
 
+# -- 4. snapshot cost at scale -------------------------------------------------------------
+def snapshot_cost(n: int) -> dict[str, float]:
+    t = ProducerStateTable(mode="strict", batches_kept=5, pids_max=10_000_000)
+    for pid in range(1, n + 1):
+        t.apply_append(pid, 77, 0, 10, pid * 10, 1_700_000_000_000, durable=True)
+    gc.collect()
+    # the same chunking Partition.capture uses (20k PIDs, GC paused)
+    pids = t.pids()
+    rows: list = []  # type: ignore[type-arg]
+    worst = 0.0
+    gc.disable()
+    t0 = time.perf_counter()
+    for i in range(0, len(pids), 20_000):
+        a = time.perf_counter()
+        rows.extend(t.export_rows(pids[i:i + 20_000]))
+        worst = max(worst, time.perf_counter() - a)
+    capture_s = time.perf_counter() - t0
+    gc.enable()
+    t0 = time.perf_counter()
+    raw = encode(Snapshot(1, {("t", 0): PartitionImage(0, n * 10, rows)}))
+    encode_s = time.perf_counter() - t0
+    del rows
+    gc.disable()
+    t0 = time.perf_counter()
+    snap = decode(raw)
+    u = ProducerStateTable(mode="strict", batches_kept=5, pids_max=10_000_000)
+    u.load_rows(snap.partitions[("t", 0)].rows)
+    load_s = time.perf_counter() - t0
+    gc.enable()
+    assert len(u) == n
+    return {"pids": n, "capture_s": round(capture_s, 3),
+            "longest_stall_ms": round(worst * 1000, 1), "encode_s": round(encode_s, 3),
+            "file_mb": round(len(raw) / 1e6, 1), "load_s": round(load_s, 3)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay-batches", type=int, default=200_000)
     ap.add_argument("--replay-records", type=int, default=10)
-    ap.add_argument("--server-batches", type=int, default=60_000)
-    ap.add_argument("--server-pids", type=int, default=2_000)
-    ap.add_argument("--intervals", default="1000,10000,1000000")
+    ap.add_argument("--server-batches", type=int, default=200_000)
+    ap.add_argument("--server-pids", type=int, default=20_000)
+    ap.add_argument("--intervals", default="2000,20000,100000,10000000")
     ap.add_argument("--skip-servers", action="store_true")
     ap.add_argument("--skip-1m", action="store_true")
     args = ap.parse_args()
@@ -207,6 +245,18 @@ def main() -> int:
             print(f"  {n:>9,} pids, {k} batch(es) kept each: {per:,.0f} bytes/pid "
                   f"({per * n / 1e6:,.0f} MB)")
     results["memory_bytes_per_pid"] = mem
+
+    print("4. snapshot cost (capture in 20k-PID chunks, encode, load at recovery)")
+    sc = []
+    for n in (100_000, 1_000_000):
+        if n == 1_000_000 and args.skip_1m:
+            continue
+        r = snapshot_cost(n)
+        sc.append(r)
+        print(f"  {n:>9,} pids: capture {r['capture_s']}s (longest stall "
+              f"{r['longest_stall_ms']} ms), encode {r['encode_s']}s, {r['file_mb']} MB, "
+              f"load {r['load_s']}s")
+    results["snapshot_cost"] = sc
     print(json.dumps(results))
     return 0
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from pidlease import protocol
-from pidlease.errors import CorruptRecord, CoordinatorUnavailable
+from pidlease.errors import CoordinatorUnavailable, CorruptRecord
 
 _LEN = struct.Struct(">I")
 
@@ -127,7 +127,8 @@ class LeaderClient:
                     f"partition leader {address} did not answer {name} within "
                     f"{self._timeout_s * 1000:.0f} ms: {exc}") from exc
             except CorruptRecord as exc:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 self.failures += 1
                 raise CoordinatorUnavailable(f"partition leader {address} sent a malformed {name} "
                                              f"answer: {exc.detail}") from exc

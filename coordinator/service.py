@@ -26,8 +26,13 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from pidlease import errors
 from pidlease.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
-from pidlease.errors import (CoordinatorUnavailable, PidleaseError, ProducerFenced, UnknownPid,
-                             UnknownTopicOrPartition)
+from pidlease.errors import (
+    CoordinatorUnavailable,
+    PidleaseError,
+    ProducerFenced,
+    UnknownPid,
+    UnknownTopicOrPartition,
+)
 from pidlease.protocol import Response
 from pidlease.token import make_token
 
@@ -88,7 +93,7 @@ class LeaseService:
         started = time.perf_counter()
         try:
             result = self._lease(req)
-        except PidleaseError as exc:
+        except PidleaseError:
             # The error itself is counted where it is answered (app.py), once.
             self.metrics.lease_failed(time.perf_counter() - started)
             raise
@@ -309,8 +314,8 @@ class LeaseService:
                                      "highwater": record.partitions[tp].get("highwater", -1),
                                      "seen": _seen(record, tp)}
             if live is not None:
-                entry["live"] = tp in live and live[tp] is not None
-                if entry["live"]:
+                entry["live"] = live.get(tp) is not None
+                if live.get(tp) is not None:
                     entry["highwater"] = live[tp]
             parts.append(entry)
         return {"producer_name": record.producer_name, "pid": record.pid,
@@ -364,7 +369,7 @@ class LeaseService:
         ids = self.store.list_pid_ids()
         for start in range(0, len(ids), 1000):
             for record, version in self.store.get_pids(ids[start:start + 1000]):
-                if not leases.retained(record, now, self.limits.retention_ms):
-                    if self.store.delete_pid(record, version):
-                        deleted += 1
+                expired = not leases.retained(record, now, self.limits.retention_ms)
+                if expired and self.store.delete_pid(record, version):
+                    deleted += 1
         return deleted

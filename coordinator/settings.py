@@ -22,31 +22,31 @@ class CoordinatorSettings(BaseSettings):
 
     zk: str = "127.0.0.1:2181/pidlease"
     http_host: str = "127.0.0.1"
-    http_port: int = Field(8470, ge=0, le=65535)
+    http_port: int = Field(default=8470, ge=0, le=65535)
     coordinator_id: str = ""
     lease_secret: str = "pidlease-dev-secret"
     # When set, every /v1 call needs "Authorization: Bearer <api_token>" (401 otherwise).
     api_token: str = ""
 
-    pid_block_size: int = Field(100, ge=1, le=1_000_000)
-    lease_expire_ms_default: int = Field(60_000, ge=1)
-    lease_expire_ms_min: int = Field(100, ge=1)
-    lease_expire_ms_max: int = Field(86_400_000, ge=1)
-    pid_retention_ms: int = Field(604_800_000, ge=0)
-    lease_expiring_window_ms: int = Field(30_000, ge=0)
-    pid_sweep_interval_ms: int = Field(60_000, ge=10)
+    pid_block_size: int = Field(default=100, ge=1, le=1_000_000)
+    lease_expire_ms_default: int = Field(default=60_000, ge=1)
+    lease_expire_ms_min: int = Field(default=100, ge=1)
+    lease_expire_ms_max: int = Field(default=86_400_000, ge=1)
+    pid_retention_ms: int = Field(default=604_800_000, ge=0)
+    lease_expiring_window_ms: int = Field(default=30_000, ge=0)
+    pid_sweep_interval_ms: int = Field(default=60_000, ge=10)
 
-    zk_request_timeout_ms: int = Field(5_000, ge=10)
-    zk_session_timeout_ms: int = Field(10_000, ge=1_000)
-    leader_request_timeout_ms: int = Field(5_000, ge=10)
-    leader_connections_max: int = Field(8, ge=1, le=1024)
-    fence_parallelism_max: int = Field(16, ge=1, le=256)
+    zk_request_timeout_ms: int = Field(default=5_000, ge=10)
+    zk_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    leader_request_timeout_ms: int = Field(default=5_000, ge=10)
+    leader_connections_max: int = Field(default=8, ge=1, le=1024)
+    fence_parallelism_max: int = Field(default=16, ge=1, le=256)
 
-    request_bytes_max: int = Field(1_048_576, ge=1024)
-    batch_requests_max: int = Field(1_000, ge=1)
-    pids_list_max: int = Field(100_000, ge=1)
-    worker_threads: int = Field(256, ge=1, le=4096)
-    cas_attempts_max: int = Field(10_000, ge=1)
+    request_bytes_max: int = Field(default=1_048_576, ge=1024)
+    batch_requests_max: int = Field(default=1_000, ge=1)
+    pids_list_max: int = Field(default=100_000, ge=1)
+    worker_threads: int = Field(default=256, ge=1, le=4096)
+    cas_attempts_max: int = Field(default=10_000, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorSettings:

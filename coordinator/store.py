@@ -19,8 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (BadVersionError, KazooException, NodeExistsError, NoNodeError,
-                              NotEmptyError)
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 
 from pidlease import cluster
@@ -42,6 +47,20 @@ def _checked(data: bytes, what: str) -> bytes:
         raise InvalidRequest(f"{what} would be {len(data)} bytes, over ZooKeeper's limit; "
                              "lease a new PID for further partitions")
     return data
+
+
+def _creates(ops: list[tuple[str, bytes]]) -> Callable[[Any], None]:
+    def build(tx: Any) -> None:
+        for path, data in ops:
+            tx.create(path, data)
+    return build
+
+
+def _deletes(ops: list[tuple[str, bytes]]) -> Callable[[Any], None]:
+    def build(tx: Any) -> None:
+        for path, _ in ops:
+            tx.delete(path)
+    return build
 
 
 class Store:
@@ -287,11 +306,14 @@ class Store:
 
             self._commit_topic(spec.name, build)
             return
-        self._commit_topic(spec.name, lambda tx: (tx.create(tpath, b""),
-                                                  tx.create(f"{tpath}/partitions", b"")))
+        def build_marker(tx: Any) -> None:
+            tx.create(tpath, b"")
+            tx.create(f"{tpath}/partitions", b"")
+
+        self._commit_topic(spec.name, build_marker)
         try:
             for chunk in chunks:
-                results = self._commit(lambda tx, c=chunk: [tx.create(path, data) for path, data in c])
+                results = self._commit(_creates(chunk))
                 bad = [r for r in results if isinstance(r, Exception)]
                 if bad:
                     raise CoordinatorUnavailable(f"creating partitions of {spec.name!r} failed: {bad[:2]!r}")
@@ -327,7 +349,7 @@ class Store:
             parts = self._children(f"{tpath}/partitions")
             paths = [f"{tpath}/partitions/{p}" for p in parts] + [f"{tpath}/partitions", tpath]
             for chunk in self._chunk_ops([(path, b"") for path in paths]):
-                self._commit(lambda tx, c=chunk: [tx.delete(path) for path, _ in c])
+                self._commit(_deletes(chunk))
         except (CoordinatorUnavailable, NoNodeError) as exc:
             log.warning("cleaning up topic %s failed: %s", name, exc)
 

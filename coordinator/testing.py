@@ -54,7 +54,7 @@ class HttpConnection:
         started = time.perf_counter()
         try:
             return await asyncio.wait_for(self._request(method, path, body, started), self.timeout_s)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
             await self.close()
             raise ConnectionError(f"{method} {path}: {exc!r}") from exc
 

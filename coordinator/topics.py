@@ -91,7 +91,7 @@ class Topics:
         metadata: dict[int, dict[str, Any] | None] = {}
         if with_offsets and servers:
             metadata = self._metadata(servers)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for p, st in enumerate(states):
             if st is None:
                 rows.append({"partition": p, "leader": -1, "leader_address": None,

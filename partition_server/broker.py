@@ -5,6 +5,7 @@ periodic snapshots of durable state, and PID expiry."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -16,7 +17,7 @@ from partition_server.flusher import Flusher
 from partition_server.partition import Partition, parse_dir_name, wall_clock_ms
 from partition_server.registry import Assignment
 from partition_server.settings import ServerSettings
-from partition_server.snapshot import Snapshot, SnapshotStore
+from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
 from pidlease.cluster import DEDUP_MODES
 
 log = logging.getLogger("partition_server.broker")
@@ -51,7 +52,7 @@ class Broker:
             mode = "strict"
         return mode
 
-    def _open(self, key: Key, snapshot: tuple[int, list[Any]] | None,
+    def _open(self, key: Key, snapshot: PartitionImage | None,
               a: Assignment | None = None) -> tuple[Partition, Any, int]:
         return Partition.recover(
             self.data_dir, key[0], key[1], mode=self._mode(key[0], a),
@@ -63,6 +64,13 @@ class Broker:
     def recover(self, a: Assignment) -> dict[str, Any]:
         """Open every partition found on disk (blocking; before serving)."""
         t0 = time.perf_counter()
+        gc.disable()  # building millions of long-lived objects: no GC passes meanwhile
+        try:
+            return self._recover(a, t0)
+        finally:
+            gc.enable()
+
+    def _recover(self, a: Assignment, t0: float) -> dict[str, Any]:
         loaded = self.snapshots.load_newest()
         snap_parts = loaded[0].partitions if loaded else {}
         t_snap = time.perf_counter() - t0
@@ -81,6 +89,9 @@ class Broker:
         for part in self.partitions.values():
             for fd in part.log.all_fds():
                 os.fsync(fd)
+        # The recovered state is long lived: keep it out of every future GC pass.
+        gc.collect()
+        gc.freeze()
         secs = time.perf_counter() - t0
         self.recovery = {"snapshot": loaded[1].name if loaded else None,
                          "snapshot_load_s": round(t_snap, 3), "partitions": len(self.partitions),
@@ -155,10 +166,10 @@ class Broker:
             self._last_snapshot_ms = self.clock_ms()
             snap = Snapshot(self._last_snapshot_ms)
             waits = []
-            for key, part in self.partitions.items():
-                next_offset, rows = part.snapshot_rows()
-                snap.partitions[key] = (next_offset, rows)
-                waits.append(part.wait_durable(next_offset))
+            for key, part in list(self.partitions.items()):
+                img = await part.capture()
+                snap.partitions[key] = img
+                waits.append(part.wait_durable(img.covered_to))
             self.flusher.flush_soon()
             await asyncio.gather(*waits)
             t_capture = time.perf_counter() - t0
@@ -167,7 +178,7 @@ class Broker:
             self.snapshots_taken += 1
             log.info("snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
                      path.name, len(snap.partitions),
-                     sum(len(r) for _, r in snap.partitions.values()), nbytes,
+                     sum(len(i.rows) for i in snap.partitions.values()), nbytes,
                      time.perf_counter() - t0, t_capture)
 
     async def maintain(self) -> None:

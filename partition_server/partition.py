@@ -5,6 +5,7 @@ with no await in between, so appends to one partition are serialized without a l
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import deque
@@ -14,7 +15,8 @@ from typing import Any
 
 from partition_server.flusher import Flusher
 from partition_server.log import OpenReport, PartitionLog
-from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable, Row
+from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
+from partition_server.snapshot import PartitionImage
 from pidlease.errors import ServerUnavailable
 from pidlease.protocol import BatchHeader, encode_control_batch, set_base_offset
 
@@ -52,32 +54,32 @@ class Partition:
     @classmethod
     def recover(cls, data_dir: Path, topic: str, partition: int, *, mode: str,
                 segment_bytes_max: int, batches_kept: int, pids_max: int, flusher: Flusher,
-                clock_ms: Callable[[], int], snapshot: tuple[int, list[Row]] | None = None,
+                clock_ms: Callable[[], int], snapshot: PartitionImage | None = None,
                 ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
-        the snapshot's offset; from 0 when the log is shorter than the snapshot says.
-        Returns (partition, log report, batches replayed)."""
+        the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
+        ``covered_to``. Returns (partition, log report, batches replayed)."""
         now = clock_ms()
         state = ProducerStateTable(mode=mode, batches_kept=batches_kept, pids_max=pids_max)
-        from_offset = 0
+        from_offset = covered_to = 0
         if snapshot is not None:
-            from_offset, rows = snapshot
-            state.load_rows(rows)
+            from_offset, covered_to = snapshot.replay_from, snapshot.covered_to
+            state.load_rows(snapshot.rows)
         replayed = 0
 
         def replay(h: BatchHeader) -> None:
             nonlocal replayed
             replayed += 1
-            _apply(state, h, now)
+            replay_batch(state, h, now)
 
         directory = data_dir / dir_name(topic, partition)
         plog, report = PartitionLog.open(directory, segment_bytes_max,
                                          verify_from_offset=from_offset, on_batch=replay,
                                          replay_from_offset=from_offset)
-        if plog.next_offset < from_offset:
+        if plog.next_offset < covered_to:
             log.warning("%s-%d: log ends at %d, before the snapshot's offset %d; rebuilding "
                         "producer state from offset 0", topic, partition, plog.next_offset,
-                        from_offset)
+                        covered_to)
             state.clear()
             replayed = 0
             for h in plog.iter_headers(0):
@@ -175,10 +177,26 @@ class Partition:
             return False, 0, -1, 0
         return True, e.generation, e.durable_highwater, e.last_use_ms
 
-    def snapshot_rows(self) -> tuple[int, list[Row]]:
-        """(next offset, rows) of this instant; the caller fsyncs up to that offset before
-        writing them, so the snapshot holds only durable state."""
-        return self.log.next_offset, self.state.export_rows()
+    async def capture(self, chunk_pids: int = 20_000) -> PartitionImage:
+        """Producer state for a snapshot, exported ``chunk_pids`` at a time with the loop
+        free in between (see snapshot.py for why replay over it is exact). The caller
+        fsyncs up to ``covered_to`` before writing it: a snapshot holds only durable state."""
+        replay_from = self.log.next_offset
+        pids = self.state.pids()
+        rows = []
+        # A million new row objects would set off full GC passes over the whole heap
+        # (hundreds of ms each, stalling the loop); rows hold no cycles, so pause the GC.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            for i in range(0, len(pids), chunk_pids):
+                if i:
+                    await asyncio.sleep(0)
+                rows.extend(self.state.export_rows(pids[i:i + chunk_pids]))
+        finally:
+            if gc_was_on:
+                gc.enable()
+        return PartitionImage(replay_from, self.log.next_offset, rows)
 
     def metadata(self) -> dict[str, Any]:
         return {"topic": self.topic, "partition": self.partition, "role": self.role,
@@ -190,7 +208,7 @@ class Partition:
         self.log.close()
 
 
-def _apply(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None:
+def replay_batch(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None:
     """Replay one stored batch into ``state`` (the log is the truth: no checks)."""
     if h.is_control:
         state.apply_fence(h.pid, h.generation, now_ms)

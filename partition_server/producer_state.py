@@ -72,8 +72,9 @@ class ProducerEntry:
         self.pending: list[tuple[int, int]] | None = None
 
 
-# One row of a snapshot: pid, generation, highwater, last_use_ms, batches.
-Row = tuple[int, int, int, int, list[tuple[int, int, int]]]
+# One row of a snapshot: pid, generation, highwater, last_use_ms, and the last K batches
+# as flat (base_seq, last_seq, base_offset) triples.
+Row = tuple[int, int, int, int, "array[int]"]
 
 
 class ProducerStateTable:
@@ -153,9 +154,13 @@ class ProducerStateTable:
             return
         last_seq = base_seq + count - 1
         e = self._entry_for_write(pid, generation, now_ms)
+        b = e.batches
+        if b and base_offset <= b[-1]:
+            # Already applied: replay over a snapshot whose rows were captured while
+            # appends went on starts at the capture's first offset. Makes replay idempotent.
+            return
         e.generation = max(e.generation, generation)
         e.highwater = last_seq
-        b = e.batches
         b.append(base_seq)
         b.append(last_seq)
         b.append(base_offset)
@@ -243,19 +248,31 @@ class ProducerStateTable:
         return dropped
 
     # -- snapshots -------------------------------------------------------------------------
-    def export_rows(self) -> list[Row]:
-        """State as rows, oldest use first. Taken for a snapshot of the log prefix the
-        caller is about to fsync, so highwaters are written as durable."""
-        return [(pid, e.generation, e.highwater, e.last_use_ms, batch_triples(e.batches))
-                for pid, e in self.entries.items()]
+    def pids(self) -> list[int]:
+        return list(self.entries)
+
+    def export_rows(self, pids: Iterable[int] | None = None) -> list[Row]:
+        """Rows of ``pids`` (all when None) that are still tracked, for a snapshot of the
+        log prefix the caller will fsync before writing it: highwaters count as durable."""
+        if pids is None:
+            return [(pid, e.generation, e.highwater, e.last_use_ms, array("q", e.batches))
+                    for pid, e in self.entries.items()]
+        get = self.entries.get
+        out = []
+        for pid in pids:
+            e = get(pid)
+            if e is not None:
+                out.append((pid, e.generation, e.highwater, e.last_use_ms, array("q", e.batches)))
+        return out
 
     def load_rows(self, rows: Iterable[Row]) -> None:
+        """Replace the state with ``rows``, ordered by last use (expiry pops the front)."""
         self.entries.clear()
         self._pending_pids.clear()
-        for pid, gen, hw, last_use_ms, batches in rows:
+        keep = 3 * self.batches_kept
+        for pid, gen, hw, last_use_ms, flat in sorted(rows, key=lambda r: r[3]):
             e = ProducerEntry(gen, hw, hw, last_use_ms)
-            for t in list(batches)[-self.batches_kept:]:
-                e.batches.extend(t)
+            e.batches = array("q", flat[-keep:]) if len(flat) > keep else array("q", flat)
             self.entries[pid] = e
 
     def clear(self) -> None:
@@ -269,6 +286,6 @@ class ProducerStateTable:
 _APPEND = Decision(Outcome.APPEND)
 
 
-def batch_triples(flat: array) -> list[tuple[int, int, int]]:  # type: ignore[type-arg]
-    """(base_seq, last_seq, base_offset) tuples from an entry's flat batch array."""
+def batch_triples(flat: array[int]) -> list[tuple[int, int, int]]:
+    """(base_seq, last_seq, base_offset) tuples from a flat batch array."""
     return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]

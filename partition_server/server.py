@@ -82,6 +82,7 @@ class PartitionServer:
         self._maint: asyncio.Task[None] | None = None
         self.address = settings.address
         self.port = settings.port
+        self._stopping = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -104,6 +105,9 @@ class PartitionServer:
                  self.address, self.s.data_dir, self.s.fsync)
 
     async def stop(self) -> None:
+        # New requests get SERVER_UNAVAILABLE (retriable); the ones in flight are answered
+        # after the final flush, then connections close.
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         if self._maint is not None:
@@ -198,6 +202,9 @@ class PartitionServer:
         api, corr = _HEAD.unpack_from(body) if len(body) >= 5 else (0, 0)
         try:
             req = P.decode_request(body)
+            if self._stopping:
+                return error_response(api, corr, errors.ServerUnavailable.code,
+                                      "server is shutting down; retry")
             if req.api_key == P.METADATA:
                 return P.metadata_response(corr, 0, info=self.broker.metadata(
                     self.s.server_id, self.address))

@@ -1,14 +1,23 @@
-"""Snapshots: one file per server holding, for every partition, the next offset and the
-producer state of the log prefix below it (the seed's "snapshot ... along with the current
-offset vector"). Recovery loads the newest valid one and replays each log from its offset.
+"""Snapshots: one file per server holding, for every partition, its producer state and
+the offsets that say which part of the log that state covers (the seed's "snapshot ...
+along with the current offset vector"). Recovery loads the newest valid one and replays
+each log from the partition's ``replay_from`` offset.
+
+Rows are captured in chunks while appends go on (so 1M PIDs never stall the event loop for
+seconds): ``replay_from`` is the log end when the capture began, ``covered_to`` the log end
+when it finished; every row reflects only batches below ``covered_to``, which is fsynced
+before the file is written. Replay from ``replay_from`` is idempotent (a batch already in
+a row is skipped), so the result is exact. A log that ends before ``covered_to`` lost data
+the rows describe: that partition is rebuilt from offset 0 instead.
 
 File layout (big-endian), written atomically (tmp file, fsync, rename, fsync dir):
 
-    magic "PLSNAP01" | u32 crc32(body) | u64 len(body) | body
+    magic "PLSNAP02" | u32 crc32(body) | u64 len(body) | body
     body = i64 created_ms, u32 partitions, then per partition:
-        u16+utf8 topic, u32 partition, i64 next_offset, u32 rows, then per row:
-        u64 pid, u32 generation, i64 highwater, i64 last_use_ms, u8 batches,
-        batches x (i64 base_seq, i64 last_seq, i64 base_offset)
+        u16+utf8 topic, u32 partition, i64 replay_from, i64 covered_to, u32 rows,
+        u32 batch_words, rows x (u64 pid, u32 generation, i64 highwater, i64 last_use_ms,
+        u8 batches), batch_words x i64 (the rows' batches as flat (base_seq, last_seq,
+        base_offset) triples, in row order)
 
 A file whose magic, length or checksum is wrong is skipped (and logged), and the next
 older one is tried; the last ``kept`` files are kept.
@@ -19,7 +28,9 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import sys
 import zlib
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,14 +38,14 @@ from partition_server.producer_state import Row
 
 log = logging.getLogger("partition_server.snapshot")
 
-MAGIC = b"PLSNAP01"
+MAGIC = b"PLSNAP02"
 _HEAD = struct.Struct(">IQ")
 _BODY_HEAD = struct.Struct(">qI")
-_PART = struct.Struct(">IqI")
+_PART = struct.Struct(">IqqII")
 _ROW = struct.Struct(">QIqqB")
-_BATCH = struct.Struct(">qqq")
 _U16 = struct.Struct(">H")
 SUFFIX = ".snap"
+_SWAP = sys.byteorder == "little"
 
 
 class CorruptSnapshot(Exception):
@@ -42,25 +53,39 @@ class CorruptSnapshot(Exception):
 
 
 @dataclass
+class PartitionImage:
+    replay_from: int
+    covered_to: int
+    rows: list[Row] = field(default_factory=list)
+
+
+@dataclass
 class Snapshot:
     created_ms: int
-    # (topic, partition) -> (next_offset, rows)
-    partitions: dict[tuple[str, int], tuple[int, list[Row]]] = field(default_factory=dict)
+    partitions: dict[tuple[str, int], PartitionImage] = field(default_factory=dict)
+
+
+def _be(words: array[int]) -> bytes:
+    if _SWAP:
+        words = array("q", words)
+        words.byteswap()
+    return words.tobytes()
 
 
 def encode(snap: Snapshot) -> bytes:
-    out = bytearray(_BODY_HEAD.pack(snap.created_ms, len(snap.partitions)))
-    row_pack, batch_pack = _ROW.pack, _BATCH.pack
-    for (topic, partition), (next_offset, rows) in snap.partitions.items():
+    out = [_BODY_HEAD.pack(snap.created_ms, len(snap.partitions))]
+    row_pack = _ROW.pack
+    for (topic, partition), img in snap.partitions.items():
         t = topic.encode()
-        out += _U16.pack(len(t)) + t + _PART.pack(partition, next_offset, len(rows))
-        parts = []
-        for pid, gen, hw, last_use_ms, batches in rows:
-            parts.append(row_pack(pid, gen, hw, last_use_ms, len(batches)))
-            for b in batches:
-                parts.append(batch_pack(*b))
-        out += b"".join(parts)
-    body = bytes(out)
+        flat = array("q")
+        for r in img.rows:
+            flat.extend(r[4])
+        out.append(_U16.pack(len(t)) + t + _PART.pack(partition, img.replay_from, img.covered_to,
+                                                      len(img.rows), len(flat)))
+        out.append(b"".join([row_pack(pid, gen, hw, lu, len(b) // 3)
+                             for pid, gen, hw, lu, b in img.rows]))
+        out.append(_be(flat))
+    body = b"".join(out)
     return MAGIC + _HEAD.pack(zlib.crc32(body), len(body)) + body
 
 
@@ -77,25 +102,31 @@ def decode(raw: bytes) -> Snapshot:
         created_ms, nparts = _BODY_HEAD.unpack_from(body, 0)
         pos = _BODY_HEAD.size
         snap = Snapshot(created_ms)
-        row_unpack, batch_unpack = _ROW.unpack_from, _BATCH.unpack_from
         for _ in range(nparts):
             (tl,) = _U16.unpack_from(body, pos)
             pos += 2
             topic = bytes(body[pos:pos + tl]).decode()
             pos += tl
-            partition, next_offset, nrows = _PART.unpack_from(body, pos)
+            partition, replay_from, covered_to, nrows, nwords = _PART.unpack_from(body, pos)
             pos += _PART.size
+            end_rows = pos + nrows * _ROW.size
+            if end_rows + 8 * nwords > len(body):
+                raise CorruptSnapshot("partition runs past the end of the file")
+            heads = list(_ROW.iter_unpack(body[pos:end_rows]))
+            flat = array("q")
+            flat.frombytes(body[end_rows:end_rows + 8 * nwords])
+            if _SWAP:
+                flat.byteswap()
+            pos = end_rows + 8 * nwords
             rows: list[Row] = []
-            for _ in range(nrows):
-                pid, gen, hw, last_use, nb = row_unpack(body, pos)
-                pos += _ROW.size
-                batches = []
-                for _ in range(nb):
-                    batches.append(batch_unpack(body, pos))
-                    pos += _BATCH.size
-                rows.append((pid, gen, hw, last_use, batches))
-            snap.partitions[(topic, partition)] = (next_offset, rows)
-    except (struct.error, UnicodeDecodeError) as exc:
+            w = 0
+            for pid, gen, hw, lu, nb in heads:
+                rows.append((pid, gen, hw, lu, flat[w:w + 3 * nb]))
+                w += 3 * nb
+            if w != nwords:
+                raise CorruptSnapshot(f"rows name {w} batch words, the file has {nwords}")
+            snap.partitions[(topic, partition)] = PartitionImage(replay_from, covered_to, rows)
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptSnapshot(f"malformed body: {exc}") from exc
     if pos != len(body):
         raise CorruptSnapshot(f"{len(body) - pos} unexpected bytes after the last partition")

@@ -1,11 +1,12 @@
 """The producer SDK: ``AsyncProducer`` (the engine, asyncio) and ``Producer`` (the same
 engine on a background thread's event loop, for blocking code).
 
-The engine ties together the lease (``lease_keeper.py``: PID, generation, token, renewal),
-the leaders and their connections (``leader_pool.py``), and one ``PartitionSender`` per
-partition (``sender.py``: batching, the in-flight window, resends). Records enter through ``admit`` (validation, partition
-choice, sequence-mode checks) under a lock, so ``Producer.send`` can admit on the
-caller's thread and raise bad input at once, before anything is queued.
+The engine ties together the lease (``lease_keeper.py``: PID, generation, token,
+renewal), the leaders and their connections (``leader_pool.py``), and one
+``PartitionSender`` per partition (``sender.py``: batching, the in-flight window,
+resends). Records enter through ``admit`` (validation, partition choice, sequence-mode
+checks) under a lock, so ``Producer.send`` can admit on the caller's thread and raise bad
+input at once, before anything is queued.
 
 Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
 unresolved future and the producer; later sends raise the same error type.
@@ -392,8 +393,12 @@ class Producer:
         self._inbox: list[tuple[int, PendingRecord]] = []
         self._drain_scheduled = False
         self._closed = False
-        self._sem = threading.Semaphore(self._engine.config.buffer_records_max)
-        self._engine.release_hook = self._sem.release
+        # Records admitted and not yet resolved, counted under the engine's lock (a plain
+        # lock is several times cheaper per send than a threading.Semaphore); senders wait
+        # on the condition only when the bound is reached.
+        self._unresolved = 0
+        self._space = threading.Condition(self._engine.lock)
+        self._engine.release_hook = self._release
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
         self._thread.start()
@@ -451,26 +456,28 @@ class Producer:
     def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
              sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
         eng = self._engine
-        eng.check_open()
-        while not self._sem.acquire(timeout=0.2):
-            eng.check_open()  # a producer that failed while we waited must not block us forever
+        limit = eng.config.buffer_records_max
         fut: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
         schedule = False
-        try:
-            with eng.lock:
-                got = eng.admit(value, key, partition, sequence_id, fut)
-                if got is not None:
-                    self._inbox.append(got)
-                    if not self._drain_scheduled:
-                        self._drain_scheduled = schedule = True
-        except BaseException:
-            self._sem.release()
-            raise
-        if got is None:
-            self._sem.release()
-        elif schedule:
+        with eng.lock:
+            while self._unresolved >= limit:
+                eng.check_open()  # a producer that failed while we waited must not block us
+                self._space.wait(0.2)
+            got = eng.admit(value, key, partition, sequence_id, fut)
+            if got is not None:
+                self._unresolved += 1
+                self._inbox.append(got)
+                if not self._drain_scheduled:
+                    self._drain_scheduled = schedule = True
+        if schedule:
             self._loop.call_soon_threadsafe(self._drain)
         return fut
+
+    def _release(self, n: int) -> None:
+        with self._engine.lock:
+            self._unresolved -= n
+            if self._unresolved < self._engine.config.buffer_records_max:
+                self._space.notify_all()
 
     def _drain(self) -> None:
         with self._engine.lock:

@@ -4,8 +4,9 @@ An attempt leases its producer by name (``<job>:<spark partition>``): for a retr
 speculative copy that is a takeover, which fences every older attempt of the same
 partition. The lease reports, per topic partition, the PID's durable highwater; rows at
 or below it were written by an earlier attempt and are skipped (``Resume``). The rest are
-sent with explicit sequence ids (``pipeline.sequencing``), pipelined through the SDK, and
-counted as they are acknowledged: appended, or duplicate (the partition already had it).
+sent with explicit sequence ids (``pipeline.sequencing``), pipelined through the SDK's
+``AsyncProducer``, and counted as they are acknowledged: appended, or duplicate (the
+partition already had it).
 
 A fenced attempt stops at once, closes its producer and raises ``AttemptFenced`` with its
 figures; what it sent before the fence is either in the log (and the newer attempt skips
@@ -17,6 +18,7 @@ the driver, where ``pipeline.job_report`` adds them up.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections import deque
@@ -27,7 +29,7 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from pidlease import errors
-from pidlease.producer import Producer
+from pidlease.producer import AsyncProducer
 from pipeline.errors import AttemptFenced, PipelineError
 from pipeline.options import WriteSettings
 from pipeline.sequencing import BatchSequencer, Resume, StreamSequencer, plan, producer_name
@@ -35,6 +37,7 @@ from pipeline.sequencing import BatchSequencer, Resume, StreamSequencer, plan, p
 log = logging.getLogger("pipeline.attempt")
 
 CLOSE_TIMEOUT_MS = 10_000   # a failing attempt waits this long for its in-flight batches
+YIELD_EVERY_RECORDS = 1024  # records admitted between turns of the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +102,11 @@ class Attempt:
         self.name = producer_name(job_name_for(settings, task), task.spark_partition)
         self._on_leased = on_leased
 
-    def _open(self) -> Producer:
+    def _open(self) -> AsyncProducer:
         s = self.settings
-        return Producer(s.coordinator, topic=s.topic, producer_name=self.name, expire_ms=s.expire_ms,
-                        max_in_flight=s.max_in_flight, linger_ms=s.linger_ms,
-                        batch_records_max=s.batch_records_max, api_token=s.api_token)
+        return AsyncProducer(s.coordinator, topic=s.topic, producer_name=self.name, expire_ms=s.expire_ms,
+                             max_in_flight=s.max_in_flight, linger_ms=s.linger_ms,
+                             batch_records_max=s.batch_records_max, api_token=s.api_token)
 
     def _fenced(self, commit: PartitionCommit, exc: BaseException) -> AttemptFenced:
         who = "speculative copy" if self.task.speculative else f"attempt {self.task.attempt}"
@@ -114,16 +117,26 @@ class Attempt:
     def run(self, rows: Iterable[tuple[bytes | None, bytes]],
             hooks: Mapping[int, Callable[[], None]] | None = None) -> PartitionCommit:
         """Publish ``rows`` (this Spark partition's (key, value) pairs, in order).
-        ``hooks[position]()`` runs just before the row at that position (fault injection)."""
+        ``hooks[position]()`` runs just before the row at that position (fault injection).
+
+        The SDK's ``AsyncProducer`` runs on this thread's own event loop: about three times
+        the throughput of the blocking ``Producer``, which hands every record to another
+        thread under a lock."""
+        return asyncio.run(self._run(rows, hooks or {}))
+
+    async def _run(self, rows: Iterable[tuple[bytes | None, bytes]],
+                   hooks: Mapping[int, Callable[[], None]]) -> PartitionCommit:
         t = self.task
         commit = PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
+        producer = self._open()
         try:
-            producer = self._open()
+            await producer.start()
         except errors.ProducerFenced as exc:  # a concurrent takeover won the lease race
+            await producer.close()
             raise self._fenced(commit, exc) from exc
         if self._on_leased is not None:
             self._on_leased()
-        pending: deque[Any] = deque()
+        pending: deque[asyncio.Future[Any]] = deque()
         ok = False
         try:
             commit.pid, commit.generation = producer.pid, producer.generation
@@ -147,12 +160,15 @@ class Attempt:
                 if rec.written:
                     commit.skipped += 1
                     continue
-                pending.append(producer.send(rec.value, rec.key, partition=rec.topic_partition,
-                                             sequence_id=rec.sequence))
+                pending.append(await producer.send(rec.value, rec.key, partition=rec.topic_partition,
+                                                   sequence_id=rec.sequence))
                 commit.sent += 1
-                while pending and pending[0].done():
-                    _count(pending.popleft(), commit)
-            producer.flush()
+                if not commit.sent % YIELD_EVERY_RECORDS:
+                    # send() only waits when the buffer is full; let the senders run sooner.
+                    await asyncio.sleep(0)
+                    while pending and pending[0].done():
+                        _count(pending.popleft(), commit)
+            await producer.flush()
             while pending:
                 _count(pending.popleft(), commit)
             ok = True
@@ -161,7 +177,10 @@ class Attempt:
                 _count(pending.popleft(), commit)
             raise self._fenced(commit, exc) from exc
         finally:
-            producer.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS)
+            await producer.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS)
+            for fut in pending:  # mark failures as seen, so asyncio does not log each one
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
         log.info("%s: %d rows, %d skipped, %d appended, %d duplicates", self.name, commit.rows,
                  commit.skipped, commit.appended, commit.duplicates)
         return commit

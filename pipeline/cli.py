@@ -1,14 +1,174 @@
-"""``pidlease-spark``: publish data sets exactly once and audit a topic (issue 8, pending)."""
+"""``pidlease-spark``: publish a data set to a topic exactly once, and audit a topic.
+
+Both commands run a Spark session of their own (``pipeline.session``; ``--master
+local[*]`` by default), print progress lines while Spark works (``pipeline.progress``)
+and a summary at the end. ``publish`` exits 0 when the job committed; ``audit`` exits 0
+when the topic is exactly-once and 1 when it is not, like ``pidlease verify``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import os
 import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pidlease.lease_client import DEFAULT_COORDINATOR
+from pipeline.options import COORDINATOR_ENV
+
+MIN_PARTITIONS_DEFAULT = 8
+
+DESCRIPTION = """\
+Publish data sets to pidlease exactly once with Spark, and audit topics.
+
+publish reads files (parquet, csv or json) and writes every row to the topic exactly
+once: each Spark partition publishes as the named producer <job-name>:<partition> with
+the row's position as its sequence id, so a retried or speculative task takes the name
+over (fencing the old attempt) and resumes after the last durable row. Running the same
+publish again appends nothing. The job name defaults to one derived from the topic, the
+input path and the format, so re-running the same command is safe; give --job-name to
+publish the same files again as a new data set. Rows keep their Spark partition only if
+the input files and --min-partitions are unchanged.
+
+audit reads the whole topic and writes a report (report.json and Parquet tables) of
+records per partition, duplicates per (pid, partition, sequence), sequence gaps, and per
+PID its first/last offsets, last use and time to expiry.
+"""
+
+EPILOG = """\
+examples:
+  pidlease-spark publish --input orders/ --format parquet --topic orders --key-column customer
+  pidlease-spark audit --topic orders --out /tmp/orders-audit
+  pidlease-spark publish ... --master 'local[4,3]'     # 4 cores, a failed task retried twice
+"""
+
+
+def default_job_name(topic: str, input_path: str, fmt: str) -> str:
+    digest = hashlib.sha256(f"{os.path.abspath(input_path)}\0{fmt}".encode()).hexdigest()[:12]
+    return f"publish-{topic}-{digest}"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topic", required=True, help="the pidlease topic")
+    p.add_argument("--coordinator", default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
+                   help=f"coordinator URL (env {COORDINATOR_ENV}; default %(default)s)")
+    p.add_argument("--master", default="local[*]",
+                   help="Spark master: local[N], local[N,F] (F-1 retries per task), or "
+                        "spark://host:port (default %(default)s)")
+    p.add_argument("--conf", action="append", metavar="KEY=VALUE",
+                   help="extra Spark setting, repeatable (overrides pidlease's loopback defaults)")
+    p.add_argument("--progress-interval", type=float, default=2.0, metavar="S",
+                   help="seconds between progress lines (default %(default)s)")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pidlease-spark", description=DESCRIPTION, epilog=EPILOG,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", required=True)
+    pub = sub.add_parser("publish", help="publish files to a topic exactly once",
+                         description="Publish every row of the input to --topic exactly once. "
+                                     "Without a 'value' column each row is encoded as JSON.")
+    pub.add_argument("--input", required=True, help="file or directory to read")
+    pub.add_argument("--format", required=True, choices=["parquet", "csv", "json"])
+    _common(pub)
+    pub.add_argument("--key-column", help="column used as the record key (default: 'key' if present)")
+    pub.add_argument("--job-name", help="names the producers (default: derived from topic, input, format)")
+    pub.add_argument("--partitioning", choices=["auto", "spark", "key"], default="auto",
+                     help="topic partition of a row: auto = by key when it has one, else Spark "
+                          "partition mod N (default %(default)s)")
+    pub.add_argument("--min-partitions", type=int, default=MIN_PARTITIONS_DEFAULT,
+                     help="how finely input files are split (spark.sql.files.minPartitionNum); "
+                          "fixed so that the split does not depend on --master (default %(default)s)")
+    pub.add_argument("--csv-no-header", action="store_true", help="CSV files have no header line")
+    pub.add_argument("--infer-schema", action="store_true",
+                     help="infer CSV column types (one more pass); otherwise CSV columns are text")
+    pub.add_argument("--report", help="also keep the job report (JSON) at this path")
+    aud = sub.add_parser("audit", help="audit a topic for duplicates and gaps")
+    _common(aud)
+    aud.add_argument("--out", required=True, help="directory for report.json and the Parquet tables")
+    return top
+
+
+def _session(args: argparse.Namespace, conf: dict[str, str]) -> Any:
+    from pipeline.session import build_session, parse_conf
+
+    return build_session(args.master, app_name=f"pidlease-spark {args.command}",
+                         conf={**conf, **parse_conf(args.conf)})
+
+
+def publish(args: argparse.Namespace) -> int:
+    from pipeline import job_report
+    from pipeline.progress import Progress
+
+    job = args.job_name or default_job_name(args.topic, args.input, args.format)
+    spark = _session(args, {"spark.sql.files.minPartitionNum": str(args.min_partitions)})
+    report_dir = tempfile.mkdtemp(prefix="pidlease-spark-")
+    report_path = args.report or os.path.join(report_dir, "job-report.json")
+    try:
+        reader = spark.read.format(args.format)
+        if args.format == "csv":
+            reader = reader.option("header", str(not args.csv_no_header).lower()) \
+                           .option("inferSchema", str(args.infer_schema).lower())
+        df = reader.load(args.input)
+        print(f"publishing {args.input} ({args.format}) to {args.topic!r} as job {job!r}",
+              file=sys.stderr)
+        writer = (df.write.format("pidlease").option("coordinator", args.coordinator)
+                  .option("topic", args.topic).option("job_name", job)
+                  .option("partitioning", args.partitioning).option("report_path", report_path))
+        if args.key_column:
+            writer = writer.option("key_column", args.key_column)
+        started = time.monotonic()
+        with Progress(spark, "publish", interval_s=args.progress_interval):
+            writer.mode("append").save()
+        elapsed = time.monotonic() - started
+        report = job_report.load(report_path)[0]
+        print(job_report.one_line(report))
+        print(f"{report['rows']} rows in {elapsed:.1f}s ({report['rows'] / max(elapsed, 1e-9):,.0f} rows/s); "
+              f"job report: {report_path}")
+        return 0
+    finally:
+        spark.stop()
+
+
+def audit(args: argparse.Namespace) -> int:
+    from pipeline.audit import run_audit, summary
+    from pipeline.progress import Progress
+
+    spark = _session(args, {})
+    try:
+        with Progress(spark, "audit", interval_s=args.progress_interval):
+            report = run_audit(spark, args.coordinator, args.topic, args.out)
+        print(summary(report))
+        print(f"report: {Path(args.out) / 'report.json'} (+ partitions, producers, duplicates .parquet)")
+        return 0 if report["ok"] else 1
+    finally:
+        spark.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("pidlease-spark: the Spark pipeline is not built yet (issue 8). "
-          "Use `pidlease produce` and `pidlease verify` meanwhile.", file=sys.stderr)
-    return 2
+    args = parser().parse_args(argv)
+    from pidlease import errors
+    from pipeline.errors import PipelineError
+
+    try:
+        return publish(args) if args.command == "publish" else audit(args)
+    except (PipelineError, errors.PidleaseError) as exc:
+        print(f"pidlease-spark {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # Spark wraps errors raised in the data source (AnalysisException, ...): say the
+        # first line, which holds ours, not a page of JVM stack.
+        first = str(exc).strip().splitlines()
+        print(f"pidlease-spark {args.command}: {type(exc).__name__}: "
+              f"{first[0] if first else exc}", file=sys.stderr)
+        if os.environ.get("PIDLEASE_DEBUG"):
+            raise
+        return 1
 
 
 if __name__ == "__main__":

@@ -160,3 +160,46 @@ def test_dev_up_foreground_stops_on_dev_down(tmp_path: Path) -> None:
             proc.wait(60)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    import socket
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listening on {port}")
+
+
+def test_service_commands_run_the_services(zk_hosts: str, tmp_path: Path) -> None:
+    sport, cport = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIDLEASE_")}
+    server = subprocess.Popen([sys.executable, "-m", "pidlease.cli", "partition-server", "--zk", zk_hosts,
+                               "--port", str(sport), "--server-id", "7", "--data-dir", str(tmp_path / "s7")],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    coord = subprocess.Popen([sys.executable, "-m", "pidlease.cli", "coordinator", "--zk", zk_hosts,
+                              "--port", str(cport)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(sport, server)
+        _wait_listening(cport, coord)
+        url = f"http://127.0.0.1:{cport}"
+        deadline = time.monotonic() + 30
+        while True:  # the server registers itself in ZooKeeper shortly after listening
+            r = cli("topic", "create", "svc", "--partitions", "1", url=url)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "s7").exists()
+        p = cli("produce", "svc", url=url, stdin="x\ny\n")
+        assert p.returncode == 0 and "2 new" in p.stdout, p.stderr
+    finally:
+        for proc in (coord, server):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly
+    assert coord.returncode in (0, -signal.SIGTERM) and server.returncode == 0

@@ -40,11 +40,6 @@ class TestClient:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> TestClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 def make_client(**settings: Any) -> TestClient:
@@ -126,8 +121,6 @@ def test_bad_batches(client: TestClient, body: Any) -> None:
 
 def test_batch_over_the_limit() -> None:
     c = make_client(batch_requests_max=2)
-    with c:
-        pass
     r = c.post("/v1/lease_pid/batch", json={"requests": [GOOD] * 3})
     assert r.status_code == 400 and "at most 2" in r.json()["detail"]
     c.close()

@@ -15,8 +15,12 @@ from coordinator.service import LeaseService
 from coordinator.settings import CoordinatorSettings
 from pidlease import cluster
 from pidlease.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
-from pidlease.errors import (CoordinatorUnavailable, ProducerFenced, UnknownPid,
-                             UnknownTopicOrPartition)
+from pidlease.errors import (
+    CoordinatorUnavailable,
+    ProducerFenced,
+    UnknownPid,
+    UnknownTopicOrPartition,
+)
 from pidlease.protocol import Response
 from pidlease.token import verify_token
 
@@ -203,7 +207,7 @@ def lease(svc: LeaseService, **kw: Any) -> Any:
 
 
 def test_new_pid_is_sequence_zero_without_any_leader_call(env: Any) -> None:
-    svc, store, leaders, clock = env
+    svc, _store, leaders, clock = env
     r = lease(svc)
     assert (r.kind, r.record.pid, r.sequence_number) == (LeaseKind.NEW, 1, 0)
     assert 0 <= r.record.generation < 2**30
@@ -226,7 +230,7 @@ def test_renew_reads_durable_highwater_and_marks_seen(env: Any) -> None:
 
 
 def test_renew_adds_a_partition_with_sequence_zero(env: Any) -> None:
-    svc, store, leaders, _ = env
+    svc, store, _leaders, _ = env
     r = lease(svc)
     again = lease(svc, pid=r.record.pid, generation=r.record.generation, partition=3)
     assert again.sequence_number == 0
@@ -246,7 +250,7 @@ def test_expired_state_on_a_seen_partition_is_unknown_pid_not_zero(env: Any) -> 
 
 
 def test_takeover_fences_every_partition_before_answering(env: Any) -> None:
-    svc, store, leaders, _ = env
+    svc, _store, leaders, _ = env
     r = lease(svc)
     pid, gen = r.record.pid, r.record.generation
     lease(svc, pid=pid, generation=gen, partition=1)
@@ -273,7 +277,7 @@ def test_takeover_continues_the_sequence(env: Any) -> None:
 
 
 def test_takeover_superseded_on_a_partition_is_fenced(env: Any) -> None:
-    svc, store, leaders, _ = env
+    svc, _store, leaders, _ = env
     r = lease(svc)
     # A concurrent takeover already put a newer generation on the partition.
     leaders.state[("t", 0, r.record.pid)] = (r.record.generation + 5, 3)
@@ -293,7 +297,7 @@ def test_leader_down_is_retriable_and_changes_nothing_on_renew(env: Any) -> None
 
 
 def test_leader_not_live_is_retriable(env: Any) -> None:
-    svc, store, leaders, _ = env
+    svc, store, _leaders, _ = env
     r = lease(svc)
     del store.nodes[cluster.server_path(1)]
     with pytest.raises(CoordinatorUnavailable, match="not live"):
@@ -309,7 +313,7 @@ def test_unknown_topic_and_partition(env: Any) -> None:
 
 
 def test_name_binding_new_takeover_and_rebind_after_retention(env: Any) -> None:
-    svc, store, leaders, clock = env
+    svc, store, _leaders, clock = env
     a = lease(svc, producer_name="job")
     b = lease(svc, producer_name="job")
     assert b.record.pid == a.record.pid and b.record.generation == a.record.generation + 1
@@ -324,7 +328,7 @@ def test_name_binding_new_takeover_and_rebind_after_retention(env: Any) -> None:
 
 
 def test_concurrent_takeovers_get_distinct_generations(env: Any) -> None:
-    svc, store, leaders, _ = env
+    svc, store, _leaders, _ = env
     first = lease(svc, producer_name="job")
     gens: list[int] = []
     fenced: list[int] = []
@@ -351,7 +355,7 @@ def test_concurrent_takeovers_get_distinct_generations(env: Any) -> None:
 
 
 def test_sweep_deletes_past_retention_and_the_name(env: Any) -> None:
-    svc, store, leaders, clock = env
+    svc, store, _leaders, clock = env
     old = lease(svc, producer_name="job")
     clock.now += 5_000
     young = lease(svc)
@@ -362,7 +366,7 @@ def test_sweep_deletes_past_retention_and_the_name(env: Any) -> None:
 
 
 def test_list_pids_states(env: Any) -> None:
-    svc, store, leaders, clock = env
+    svc, _store, _leaders, clock = env
     a = lease(svc)
     clock.now += 800  # 200 ms left, window 300 -> expiring
     b = lease(svc)

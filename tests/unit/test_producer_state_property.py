@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from partition_server.partition import replay_batch
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable, Row
+from pidlease.protocol import FLAG_CONTROL, BatchHeader
 
 K = 3
 PIDS = (11, 12)
@@ -94,10 +96,9 @@ def rebuild(mode: str, log: list[Stored], snap: tuple[int, list[Row]] | None) ->
     for b in log:
         if b.offset < start:
             continue
-        if b.base < 0:
-            t.apply_fence(b.pid, b.gen, 0)
-        else:
-            t.apply_append(b.pid, b.gen, b.base, b.count, b.offset, 0, durable=True)
+        # the very function recovery replays stored batch headers with
+        replay_batch(t, BatchHeader(b.offset, 0, 0, FLAG_CONTROL if b.base < 0 else 0, b.pid,
+                                    b.gen, b.base, b.count, 0), 0)
     return t
 
 

@@ -319,5 +319,5 @@ def test_buffer_bound_blocks_send_until_acks_free_space(fake) -> None:  # type: 
         futs = [p.send(b"b%d" % i) for i in range(5000)]  # 5x the bound: send must wait, not grow
         p.flush()
         assert all(f.result(5) for f in futs)
-        assert p._engine._buffered == 0
+        assert p._engine._buffered == 0 and p._unresolved == 0
     assert len(srv.records("one", 0)) == 5000

@@ -1,0 +1,129 @@
+"""Takeovers against a real partition server: 50 concurrent takeovers of one name get 50
+distinct generations, only the newest can renew, the zombie is fenced as soon as the
+takeover answers, the sequence continues, and a partition that lost the PID's state
+answers UNKNOWN_PID rather than sequence 0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from coordinator.testing import run_many
+from partition_server.testing import WireClient
+from pidlease import errors
+from pidlease import protocol as P
+from pidlease.devcluster import LocalCluster, http_json
+
+
+def lease(cluster: LocalCluster, **body: Any) -> tuple[int, dict[str, Any]]:
+    body.setdefault("topic", "orders")
+    body.setdefault("partition", 0)
+    body.setdefault("pid", -1)
+    return http_json("POST", cluster.coordinator_url + "/v1/lease_pid", body)
+
+
+def produce(w: WireClient, lease_body: dict[str, Any], partition: int, seq: int, n: int = 1,
+            generation: int | None = None, token: str | None = None) -> P.Response:
+    batch = P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=lease_body["pid"],
+                           generation=lease_body["generation"] if generation is None else generation,
+                           base_sequence=seq, timestamp_ms=int(time.time() * 1000))
+    return w.produce("orders", partition, batch, lease_body["lease_token"] if token is None else token)
+
+
+def test_50_concurrent_takeovers_get_50_distinct_generations(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster(servers=1)
+    cluster.create_topic("orders", 1)
+    status, first = lease(cluster, producer_name="job")
+    assert status == 200 and first["kind"] == "new"
+    w = WireClient(cluster.servers[0].address)
+    try:
+        assert produce(w, first, 0, 0, n=3).error_code == errors.NONE
+
+        body = {"topic": "orders", "partition": 0, "pid": -1, "producer_name": "job"}
+        replies = asyncio.run(run_many(cluster.coordinator_url, [body] * 50, connections=50))
+        generations = []
+        for r in replies:
+            # A takeover whose FENCE reached the partition after a newer one was told so
+            # (FENCED, with the generation it had been given); the rest succeeded.
+            assert (r.status, r.body["error"]) in ((200, "NONE"), (409, "FENCED")), r.body
+            assert r.body.get("pid", first["pid"]) == first["pid"]
+            generations.append(r.body["generation"])
+        assert len(set(generations)) == 50
+        assert sorted(generations) == list(range(first["generation"] + 1, first["generation"] + 51))
+        newest = max(generations)
+
+        status, renewed = lease(cluster, pid=first["pid"], generation=newest)
+        assert status == 200 and renewed["kind"] == "renew"
+        assert renewed["generation"] == newest and renewed["sequence_number"] == 3
+        for g in [first["generation"], *generations]:
+            if g == newest:
+                continue
+            status, body = lease(cluster, pid=first["pid"], generation=g)
+            assert (status, body["error"]) == (409, "FENCED"), (g, body)
+
+        # The original producer is a zombie now: the partition refuses it.
+        assert produce(w, first, 0, 3).error_code == errors.ProducerFenced.code
+        assert produce(w, renewed, 0, 3).error_code == errors.NONE
+    finally:
+        w.sock.close()
+
+
+def test_takeover_fences_every_partition_before_answering(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster(servers=1)
+    cluster.create_topic("orders", 2)
+    _, a = lease(cluster, producer_name="etl", partition=0)
+    status, a1 = lease(cluster, pid=a["pid"], generation=a["generation"], partition=1)
+    assert status == 200 and a1["sequence_number"] == 0
+    w = WireClient(cluster.servers[0].address)
+    try:
+        assert produce(w, a, 0, 0, n=5).error_code == errors.NONE
+        assert produce(w, a1, 1, 0, n=2).error_code == errors.NONE
+
+        status, b = lease(cluster, producer_name="etl", partition=1)
+        assert status == 200 and b["kind"] == "takeover" and b["pid"] == a["pid"]
+        assert b["generation"] == a["generation"] + 1
+        assert b["sequence_number"] == 2, "continues after what the old holder wrote"
+        # Before the new holder appended anything, the zombie is refused on both partitions.
+        assert produce(w, a1, 0, 5).error_code == errors.ProducerFenced.code
+        assert produce(w, a1, 1, 2).error_code == errors.ProducerFenced.code
+        status, b0 = lease(cluster, pid=b["pid"], generation=b["generation"], partition=0)
+        assert status == 200 and b0["sequence_number"] == 5
+        # A takeover by pid (no generation) works the same way.
+        status, c = lease(cluster, pid=a["pid"], partition=0)
+        assert status == 200 and c["kind"] == "takeover" and c["sequence_number"] == 5
+        assert produce(w, b0, 0, 5).error_code == errors.ProducerFenced.code
+
+        status, view = http_json("GET", cluster.coordinator_url + f"/v1/pids/{a['pid']}")
+        assert status == 200 and view["generation"] == c["generation"]
+        assert {(p["partition"], p["highwater"]) for p in view["partitions"]} == {(0, 4), (1, 1)}
+    finally:
+        w.sock.close()
+
+
+def test_partition_that_forgot_the_pid_answers_unknown_pid_not_zero(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster(servers=1, env={
+        "PIDLEASE_PID_EXPIRE_MS": "1500", "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
+        "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
+    cluster.create_topic("orders", 1)
+    _, a = lease(cluster)
+    w = WireClient(cluster.servers[0].address)
+    try:
+        assert produce(w, a, 0, 0, n=2).error_code == errors.NONE
+        status, r = lease(cluster, pid=a["pid"], generation=a["generation"])
+        assert status == 200 and r["sequence_number"] == 2  # the partition is now "seen"
+        # Wait (bounded) until the server has expired the state; METADATA does not touch it.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            parts = w.metadata()["partitions"]
+            if sum(p["tracked_pids"] for p in parts) == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the partition server never expired the PID's state")
+    finally:
+        w.sock.close()
+    status, body = lease(cluster, pid=a["pid"], generation=a["generation"])
+    assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
+    status, body = lease(cluster, pid=a["pid"])  # a takeover must not restart at 0 either
+    assert (status, body["error"]) == (404, "UNKNOWN_PID"), body

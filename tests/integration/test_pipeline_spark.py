@@ -1,0 +1,215 @@
+"""The PySpark pipeline against a real local cluster, with real Spark in local mode.
+
+One Spark session (``local[2,4]``: two cores, a failed task retried up to three times) is
+shared by the module; each test has its own cluster (ZooKeeper chroot, coordinator,
+partition servers). Faults are injected through the data source's fault options
+(``pipeline.faults``): a task failing on its first attempt, a speculative copy of a task
+beside the original (Spark never speculates in local mode), a streaming query dying in
+the middle of a micro-batch and in the commit of another.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from pyspark.sql import functions as F  # noqa: E402
+
+from pidlease.lease_client import LeaseClient  # noqa: E402
+from pipeline import job_report  # noqa: E402
+from pipeline.audit import run_audit  # noqa: E402
+from pipeline.session import build_session  # noqa: E402
+
+ROWS = 1_000_000
+SPARK_PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    session = build_session("local[2,4]", app_name="pidlease-tests",
+                            conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+def _writer(df: Any, url: str, topic: str, job: str, report: Path, **options: Any) -> Any:
+    w = (df.write.format("pidlease").option("coordinator", url).option("topic", topic)
+         .option("job_name", job).option("report_path", str(report)))
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    return w.mode("append")
+
+
+def _log_end_offsets(url: str, topic: str) -> list[int]:
+    with LeaseClient(url) as c:
+        return [p.high_watermark for p in c.topic(topic).partition_states]
+
+
+def _ids_in_topic(spark: Any, url: str, topic: str, path: str) -> Any:
+    """(count, distinct, min, max) of the ``path`` JSON field over the topic's values."""
+    df = spark.read.format("pidlease").option("coordinator", url).option("topic", topic).load()
+    ids = df.select(F.get_json_object(F.col("value").cast("string"), path).cast("long").alias("id"))
+    return ids.agg(F.count("id"), F.countDistinct("id"), F.min("id"), F.max("id")).first()
+
+
+def test_million_rows_exactly_once_through_a_failed_task_and_a_speculative_copy(
+        spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    cluster = make_cluster(servers=2)
+    cluster.create_topic("orders", partitions=4)
+    url = cluster.coordinator_url
+    df = spark.range(ROWS, numPartitions=SPARK_PARTITIONS).selectExpr(
+        "id", "concat('customer-', CAST(id % 997 AS STRING)) AS customer", "id * 3 AS amount")
+    per_task = ROWS // SPARK_PARTITIONS
+    report_path = tmp_path / "job.json"
+    # Partitions 0, 1, 3 fail on attempt 0 after half their rows; partition 2 gets a
+    # speculative copy started when the original is half-way.
+    _writer(df, url, "orders", "nightly-orders", report_path, key_column="customer",
+            fail_after_rows_once=per_task // 2, fail_partitions="0,1,3",
+            speculate_partition=2).save()
+
+    [report] = job_report.load(report_path)
+    assert report["committed"] and report["rows"] == ROWS
+    assert report["appended"] + report["skipped"] + report["duplicates"] == ROWS
+    tasks = {p["spark_partition"]: p for p in report["partitions"]}
+    for k in (0, 1, 3):
+        # The retry took the producer over and skipped what attempt 0 had made durable.
+        assert tasks[k]["attempt"] >= 1 and not tasks[k]["speculative"]
+        assert 0 < tasks[k]["skipped"] <= per_task // 2
+    twin = tasks[2]
+    assert twin["speculative"] and twin["attempt"] == 1
+    [fenced] = twin["fenced_attempts"]  # the original: fenced, stopped cleanly
+    assert fenced["attempt"] == 0 and fenced["generation"] < twin["generation"]
+    assert fenced["pid"] == twin["pid"] and fenced["sent"] >= per_task // 2
+    # What the original had acknowledged, the copy skipped (it may skip more: batches made
+    # durable whose acknowledgement the fenced original never processed).
+    assert twin["skipped"] >= fenced["appended"] > 0 and twin["appended"] > 0
+
+    audit = run_audit(spark, url, "orders", tmp_path / "audit")
+    assert (audit["records"], audit["duplicates"], audit["gaps"], audit["ok"]) == (ROWS, 0, 0, True)
+    assert audit["pids"] == SPARK_PARTITIONS
+    assert sorted(u["producer_name"] for u in audit["pid_usage"]) == \
+        [f"nightly-orders:{k}" for k in range(SPARK_PARTITIONS)]
+    assert all(u["state"] == "active" and u["time_to_expiry_ms"] > 0 for u in audit["pid_usage"])
+    assert {f.name for f in (tmp_path / "audit").iterdir()} == {
+        "report.json", "partitions.parquet", "producers.parquet", "duplicates.parquet"}
+
+    # The same job again appends nothing: every row is at or below its durable highwater.
+    before = _log_end_offsets(url, "orders")
+    _writer(df, url, "orders", "nightly-orders", report_path, key_column="customer").save()
+    [again] = job_report.load(report_path)
+    assert (again["rows"], again["skipped"], again["sent"], again["appended"]) == (ROWS, ROWS, 0, 0)
+    # At most the takeovers' fence records (control records, one per producer) were added.
+    after = _log_end_offsets(url, "orders")
+    assert all(0 <= a - b <= SPARK_PARTITIONS for a, b in zip(after, before))
+    # Every input row is in the topic once: ids 0..ROWS-1, each once.
+    assert tuple(_ids_in_topic(spark, url, "orders", "$.id")) == (ROWS, ROWS, 0, ROWS - 1)
+
+
+def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("pairs", partitions=2)
+    url = cluster.coordinator_url
+    df = spark.range(3000, numPartitions=3).selectExpr(
+        "CAST(id AS STRING) AS key", "concat('value-', CAST(id AS STRING)) AS value")
+    _writer(df, url, "pairs", "pairs-job", tmp_path / "r.json", partitioning="spark").save()
+    got = (spark.read.format("pidlease").option("coordinator", url).option("topic", "pairs")
+           .option("split_records", "700").load())
+    assert got.rdd.getNumPartitions() >= 4  # 1000/2000 records cut into ranges of 700
+    rows = got.orderBy("partition", "offset").collect()
+    assert len(rows) == 3000
+    by_key = {int(r.key): r for r in rows}
+    assert sorted(by_key) == list(range(3000))
+    for i, r in by_key.items():
+        spark_partition, position = divmod(i, 1000)
+        assert r.topic == "pairs" and r.value == f"value-{i}".encode()
+        assert r.partition == spark_partition % 2  # partitioning=spark: k mod N
+        assert r.sequence_id == position           # the row's position in its Spark partition
+        assert r.pid > 0 and r.timestamp is not None
+    # Spark partitions 0 and 2 share topic partition 0 as two PIDs, in sequence order each.
+    p0 = [r for r in rows if r.partition == 0]
+    assert len({r.pid for r in p0}) == 2
+
+
+def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
+        spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("events", partitions=2, dedup="monotonic")
+    url = cluster.coordinator_url
+    source = tmp_path / "in"
+    source.mkdir()
+    files, per_file = 3, 2000
+    for f in range(files):
+        with open(source / f"part-{f}.json", "w") as out:
+            for i in range(per_file):
+                out.write(json.dumps({"event_id": f * per_file + i, "user": f"u{i % 17}"}) + "\n")
+    checkpoint = tmp_path / "checkpoint"
+    reports = tmp_path / "stream.jsonl"
+
+    def run(**faults: Any) -> None:
+        stream = (spark.readStream.schema("event_id BIGINT, user STRING")
+                  .option("maxFilesPerTrigger", 1).json(str(source)))
+        w = (stream.writeStream.format("pidlease").option("coordinator", url).option("topic", "events")
+             .option("key_column", "user").option("checkpointLocation", str(checkpoint))
+             .option("report_path", str(reports)).trigger(availableNow=True))
+        for k, v in faults.items():
+            w = w.option(k, str(v))
+        q = w.start()
+        try:
+            q.awaitTermination(180)
+        finally:
+            q.stop()
+
+    # Run 1: batch 0 commits; every attempt of batch 1 dies at row 500: the query fails.
+    with pytest.raises(Exception, match="kill_batch_id"):
+        run(kill_batch_id=1, kill_at_row=500)
+    # Run 2: batch 1 is replayed from the checkpoint; batch 2 is written, its commit fails.
+    with pytest.raises(Exception, match="kill_commit_batch_id"):
+        run(kill_commit_batch_id=2)
+    # Run 3: batch 2 is replayed whole; nothing is left to do after it.
+    run()
+
+    lines = job_report.load(reports)
+    committed = [r for r in lines if r["committed"]]
+    assert [r["batch_id"] for r in committed] == [0, 1, 2]
+    first, replayed_1, replayed_2 = committed
+    assert first["appended"] == per_file and first["skipped"] == 0
+    assert replayed_1["skipped"] == 500 and replayed_1["appended"] == per_file - 500
+    assert replayed_2["skipped"] == per_file and replayed_2["appended"] == 0
+    assert any(r["batch_id"] == 2 and not r["committed"] and r["appended"] == per_file for r in lines)
+
+    total = files * per_file
+    assert tuple(_ids_in_topic(spark, url, "events", "$.event_id")) == (total, total, 0, total - 1)
+    audit = run_audit(spark, url, "events")
+    assert (audit["records"], audit["duplicates"], audit["ok"]) == (total, 0, True)
+    assert audit["gaps_allowed"]  # ids are batch_id * 2**32 + position: holes by design
+
+
+def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
+        spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("strict-topic", partitions=1)
+    cluster.create_topic("loose", partitions=1, dedup="off")
+    url = cluster.coordinator_url
+    df = spark.range(10).selectExpr("CAST(id AS STRING) AS value")
+    with pytest.raises(Exception, match="does not exist"):
+        _writer(df, url, "missing", "j", tmp_path / "r.json").save()
+    with pytest.raises(Exception, match="dedup off"):
+        _writer(df, url, "loose", "j", tmp_path / "r.json").save()
+    with pytest.raises(Exception, match="append-only"):
+        _writer(df, url, "strict-topic", "j", tmp_path / "r.json").mode("overwrite").save()
+    stream = spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
+    with pytest.raises(Exception, match="must be\\s+monotonic"):
+        # Spark may plan the sink in start() or in the first micro-batch.
+        q = (stream.writeStream.format("pidlease").option("coordinator", url).option("topic", "strict-topic")
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+        try:
+            q.awaitTermination(120)
+        finally:
+            q.stop()
+    assert _log_end_offsets(url, "strict-topic") == [0]
