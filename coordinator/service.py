@@ -108,6 +108,10 @@ class LeaseService:
                 out.append(self.lease(req).to_json())
             except PidleaseError as exc:
                 out.append(exc.to_json())
+            except Exception as exc:
+                log.exception("unexpected error in a batch item")
+                out.append(CoordinatorUnavailable(
+                    f"internal error ({type(exc).__name__}); it was logged; retry").to_json())
         return out
 
     def topic(self, name: str) -> TopicSpec:

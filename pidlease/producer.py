@@ -32,6 +32,7 @@ from pidlease.leader_pool import LeaderPool
 from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
+from pidlease.record_future import RecordFuture
 from pidlease.sender import (
     DeliveryTimeout,
     PartitionSender,
@@ -137,6 +138,8 @@ class AsyncProducer:
         self.stats = {"batches_resent": 0, "retries": 0}
         self.lock = threading.Lock()  # guards admit(): Producer.send runs it on callers' threads
         self.release_hook: Callable[[int], None] | None = None
+        # Set by Producer: its futures are RecordFutures sharing this Condition.
+        self.future_condition: threading.Condition | None = None
         self._http_transport = http_transport
         self._api_token = api_token
         self._client: AsyncLeaseClient | None = None
@@ -399,6 +402,7 @@ class Producer:
         self._unresolved = 0
         self._space = threading.Condition(self._engine.lock)
         self._engine.release_hook = self._release
+        self._futures_cond = self._engine.future_condition = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
         self._thread.start()
@@ -457,7 +461,7 @@ class Producer:
              sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
         eng = self._engine
         limit = eng.config.buffer_records_max
-        fut: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[RecordMetadata] = RecordFuture(self._futures_cond)
         schedule = False
         with eng.lock:
             while self._unresolved >= limit:

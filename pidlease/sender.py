@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pidlease import errors, protocol
+from pidlease.record_future import BatchAck, fail_all, resolve_batch
 
 if TYPE_CHECKING:
     from pidlease.producer import AsyncProducer
@@ -186,13 +187,14 @@ class PartitionSender:
 
     def fail_all(self, exc: BaseException) -> None:
         n = 0
-        for b in self.in_flight:
-            for rec in b.records:
-                settle(rec.future, exc=exc)
-            n += len(b.records)
-        for rec in self.pending:
-            settle(rec.future, exc=exc)
-        n += len(self.pending)
+        cond = self.owner.future_condition
+        for recs in [b.records for b in self.in_flight] + [self.pending]:
+            if cond is not None:
+                fail_all(cond, [rec.future for rec in recs], exc)
+            else:
+                for rec in recs:
+                    settle(rec.future, exc=exc)
+            n += len(recs)
         self.in_flight.clear()
         self.pending.clear()
         self.pending_bytes = 0
@@ -318,12 +320,17 @@ class PartitionSender:
     def _complete_head(self) -> None:
         topic = self.owner.topic
         p = self.partition
+        cond = self.owner.future_condition
         while self.in_flight and self.in_flight[0].done:
             b = self.in_flight.popleft()
             base_off, dup, seq0 = b.base_offset, b.duplicate, b.base_sequence
-            for i, rec in enumerate(b.records):
-                off = base_off + i if base_off >= 0 else -1
-                settle(rec.future, RecordMetadata(topic, p, off, seq0 + i, dup))
+            if cond is not None:  # the blocking Producer's RecordFutures: one lock per batch
+                resolve_batch(cond, [rec.future for rec in b.records],
+                              BatchAck(topic, p, base_off, seq0, dup))
+            else:
+                for i, rec in enumerate(b.records):
+                    off = base_off + i if base_off >= 0 else -1
+                    settle(rec.future, RecordMetadata(topic, p, off, seq0 + i, dup))
             self.last_acked = max(self.last_acked, b.last_sequence)
             self._count_resolved(len(b.records))
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register", "FORMAT"]
+__all__ = ["FORMAT", "register"]
 
 FORMAT = "pidlease"
 

@@ -53,12 +53,12 @@ def build_report(*, topic: str, dedup: str, partitions: int, groups: Sequence[di
             continue
         distinct = int(g["distinct_sequences"])
         first_seq, last_seq = int(g["first_sequence"]), int(g["last_sequence"])
-        row = {"pid": pid, "partition": p, "records": records,
-               "duplicates": records - distinct, "gaps": (last_seq - first_seq + 1) - distinct,
-               "first_sequence": first_seq, "last_sequence": last_seq,
-               "first_offset": int(g["first_offset"]), "last_offset": int(g["last_offset"]),
-               "first_timestamp_ms": g.get("first_timestamp_ms"),
-               "last_timestamp_ms": g.get("last_timestamp_ms")}
+        row: dict[str, Any] = {"pid": pid, "partition": p, "records": records,
+            "duplicates": records - distinct, "gaps": (last_seq - first_seq + 1) - distinct,
+            "first_sequence": first_seq, "last_sequence": last_seq,
+            "first_offset": int(g["first_offset"]), "last_offset": int(g["last_offset"]),
+            "first_timestamp_ms": g.get("first_timestamp_ms"),
+            "last_timestamp_ms": g.get("last_timestamp_ms")}
         producers.append(row)
         part["producers"] += 1
         part["duplicates"] += row["duplicates"]
@@ -97,8 +97,8 @@ def _pid_entry(pid: int, view: dict[str, Any] | None, now_ms: int) -> dict[str, 
 
 
 def summary(report: dict[str, Any]) -> str:
-    lines = [f"audit of topic {report['topic']!r} ({report['dedup']}): {report['records']} records "
-             f"from {report['pids']} PIDs in {len(report['partitions'])} partitions"]
+    lines = [(f"audit of topic {report['topic']!r} ({report['dedup']}): {report['records']} records "
+              f"from {report['pids']} PIDs in {len(report['partitions'])} partitions")]
     for p in report["partitions"]:
         lines.append(f"  partition {p['partition']}: {p['records']} records, {p['producers']} PIDs, "
                      f"{p['duplicates']} duplicates, {p['gaps']} gaps")
@@ -166,8 +166,8 @@ def _pid_views(coordinator: str, api_token: str | None) -> list[dict[str, Any]]:
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """``report.json`` plus one Parquet table per list; returns the files written."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -94,23 +94,40 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _session(args: argparse.Namespace, conf: dict[str, str]) -> Any:
-    from pipeline.session import build_session, parse_conf
+class _Session:
+    """The command's Spark session: built (and stopped at the end) unless one is given,
+    as the tests give theirs to save a JVM start per command."""
 
-    return build_session(args.master, app_name=f"pidlease-spark {args.command}",
-                         conf={**conf, **parse_conf(args.conf)})
+    def __init__(self, args: argparse.Namespace, conf: dict[str, str], given: Any) -> None:
+        self.args, self.conf, self.given = args, conf, given
+        self.spark: Any = None
+
+    def __enter__(self) -> Any:
+        if self.given is not None:
+            self.spark = self.given
+            for k, v in self.conf.items():
+                self.spark.conf.set(k, v)
+            return self.spark
+        from pipeline.session import build_session, parse_conf
+
+        self.spark = build_session(self.args.master, app_name=f"pidlease-spark {self.args.command}",
+                                   conf={**self.conf, **parse_conf(self.args.conf)})
+        return self.spark
+
+    def __exit__(self, *exc: object) -> None:
+        if self.given is None and self.spark is not None:
+            self.spark.stop()
 
 
-def publish(args: argparse.Namespace) -> int:
+def publish(args: argparse.Namespace, spark: Any = None) -> int:
     from pipeline import job_report
     from pipeline.progress import Progress
 
     job = args.job_name or default_job_name(args.topic, args.input, args.format)
-    spark = _session(args, {"spark.sql.files.minPartitionNum": str(args.min_partitions)})
-    report_dir = tempfile.mkdtemp(prefix="pidlease-spark-")
-    report_path = args.report or os.path.join(report_dir, "job-report.json")
-    try:
-        reader = spark.read.format(args.format)
+    report_path = args.report or os.path.join(tempfile.mkdtemp(prefix="pidlease-spark-"),
+                                              "job-report.json")
+    with _Session(args, {"spark.sql.files.minPartitionNum": str(args.min_partitions)}, spark) as session:
+        reader = session.read.format(args.format)
         if args.format == "csv":
             reader = reader.option("header", str(not args.csv_no_header).lower()) \
                            .option("inferSchema", str(args.infer_schema).lower())
@@ -123,52 +140,63 @@ def publish(args: argparse.Namespace) -> int:
         if args.key_column:
             writer = writer.option("key_column", args.key_column)
         started = time.monotonic()
-        with Progress(spark, "publish", interval_s=args.progress_interval):
+        with Progress(session, "publish", interval_s=args.progress_interval):
             writer.mode("append").save()
         elapsed = time.monotonic() - started
-        report = job_report.load(report_path)[0]
-        print(job_report.one_line(report))
-        print(f"{report['rows']} rows in {elapsed:.1f}s ({report['rows'] / max(elapsed, 1e-9):,.0f} rows/s); "
-              f"job report: {report_path}")
-        return 0
-    finally:
-        spark.stop()
+    report = job_report.load(report_path)[0]
+    print(job_report.one_line(report))
+    print(f"{report['rows']} rows in {elapsed:.1f}s ({report['rows'] / max(elapsed, 1e-9):,.0f} rows/s); "
+          f"job report: {report_path}")
+    return 0
 
 
-def audit(args: argparse.Namespace) -> int:
+def audit(args: argparse.Namespace, spark: Any = None) -> int:
     from pipeline.audit import run_audit, summary
     from pipeline.progress import Progress
 
-    spark = _session(args, {})
-    try:
-        with Progress(spark, "audit", interval_s=args.progress_interval):
-            report = run_audit(spark, args.coordinator, args.topic, args.out)
-        print(summary(report))
-        print(f"report: {Path(args.out) / 'report.json'} (+ partitions, producers, duplicates .parquet)")
-        return 0 if report["ok"] else 1
-    finally:
-        spark.stop()
+    with _Session(args, {}, spark) as session, \
+            Progress(session, "audit", interval_s=args.progress_interval):
+        report = run_audit(session, args.coordinator, args.topic, args.out)
+    print(summary(report))
+    print(f"report: {Path(args.out) / 'report.json'} (+ partitions, producers, duplicates .parquet)")
+    return 0 if report["ok"] else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
+    """Run the command; ``spark``: use this session instead of starting one."""
     args = parser().parse_args(argv)
     from pidlease import errors
     from pipeline.errors import PipelineError
 
     try:
-        return publish(args) if args.command == "publish" else audit(args)
+        return publish(args, spark) if args.command == "publish" else audit(args, spark)
     except (PipelineError, errors.PidleaseError) as exc:
         print(f"pidlease-spark {args.command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        # Spark wraps errors raised in the data source (AnalysisException, ...): say the
-        # first line, which holds ours, not a page of JVM stack.
-        first = str(exc).strip().splitlines()
-        print(f"pidlease-spark {args.command}: {type(exc).__name__}: "
-              f"{first[0] if first else exc}", file=sys.stderr)
+        print(f"pidlease-spark {args.command}: {cause(exc)}", file=sys.stderr)
         if os.environ.get("PIDLEASE_DEBUG"):
             raise
         return 1
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Fenced|Failure)): (.+)$")
+
+
+def cause(exc: BaseException) -> str:
+    """The line that says what went wrong. Spark wraps an error raised in a data source
+    (or a task) in its own, with the Python traceback as text: the last "Name: message"
+    line of ours is the cause, not the first line of Spark's."""
+    text = str(exc)
+    ours = mine = None
+    for line in text.splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m:
+            mine = f"{m.group(1)}: {m.group(2)}"
+            if "pipeline.errors." in line or "pidlease." in line:
+                ours = mine
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return ours or mine or f"{type(exc).__name__}: {first}"
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 
 class Progress:
@@ -37,7 +37,7 @@ class Progress:
             parts.append(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks done"
                          + (f", {info.numActiveTasks} running" if info.numActiveTasks else "")
                          + (f", {info.numFailedTasks} failed" if info.numFailedTasks else ""))
-        return "; ".join(parts) or "planning"
+        return "; ".join(parts) or "no stage running (planning or committing)"
 
     def say(self, text: str) -> None:
         print(f"[{self.what} {time.monotonic() - self._started:6.1f}s] {text}", file=self.out, flush=True)
@@ -53,7 +53,7 @@ class Progress:
                 self.say(now)
                 self._last = now
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         self._started = time.monotonic()
         self.say("started")
         self._thread = threading.Thread(target=self._run, name="pidlease-progress", daemon=True)

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from pipeline.options import ReadSettings
@@ -29,7 +34,7 @@ class PidleaseDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BatchSink.plan(self.options, schema, overwrite)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return StreamSink.plan(self.options, schema, overwrite)  # type: ignore[return-value]
 
 

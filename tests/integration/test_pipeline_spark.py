@@ -19,12 +19,12 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import functions as F
 
-from pidlease.lease_client import LeaseClient  # noqa: E402
-from pipeline import job_report  # noqa: E402
-from pipeline.audit import run_audit  # noqa: E402
-from pipeline.session import build_session  # noqa: E402
+from pidlease.lease_client import LeaseClient
+from pipeline import job_report
+from pipeline.audit import run_audit
+from pipeline.session import build_session
 
 ROWS = 1_000_000
 SPARK_PARTITIONS = 4
@@ -146,8 +146,7 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     files, per_file = 3, 2000
     for f in range(files):
         with open(source / f"part-{f}.json", "w") as out:
-            for i in range(per_file):
-                out.write(json.dumps({"event_id": f * per_file + i, "user": f"u{i % 17}"}) + "\n")
+            out.writelines(json.dumps({"event_id": f * per_file + i, "user": f"u{i % 17}"}) + "\n" for i in range(per_file))
     checkpoint = tmp_path / "checkpoint"
     reports = tmp_path / "stream.jsonl"
 
@@ -213,3 +212,55 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
         finally:
             q.stop()
     assert _log_end_offsets(url, "strict-topic") == [0]
+
+
+def test_publish_and_audit_commands(spark: Any, make_cluster: Any, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from pidlease.producer import Producer
+    from pipeline.cli import main
+
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("orders", partitions=3)
+    url = cluster.coordinator_url
+    data = tmp_path / "orders"
+    data.mkdir()
+    for f in range(2):
+        with open(data / f"orders-{f}.json", "w") as out:
+            out.writelines(json.dumps({"order_id": i, "customer": f"c{i % 13}", "amount": i / 4}) + "\n" for i in range(f * 1500, (f + 1) * 1500))
+    publish = ["publish", "--input", str(data), "--format", "json", "--topic", "orders",
+               "--key-column", "customer", "--coordinator", url, "--progress-interval", "0.2"]
+    assert main(publish, spark=spark) == 0
+    out, err = capsys.readouterr()
+    assert "3000 rows, 3000 appended, 0 skipped" in out
+    assert "[publish" in err and "done" in err  # progress lines
+    assert main(publish, spark=spark) == 0      # same input, same default job name
+    assert "3000 rows, 0 appended, 3000 skipped" in capsys.readouterr()[0]
+
+    audit_dir = tmp_path / "audit"
+    assert main(["audit", "--topic", "orders", "--out", str(audit_dir), "--coordinator", url],
+                spark=spark) == 0
+    out = capsys.readouterr()[0]
+    assert "3000 records from" in out and "EXACTLY-ONCE: OK" in out
+    report = json.loads((audit_dir / "report.json").read_text())
+    assert report["records"] == 3000 and report["ok"]
+    assert tuple(_ids_in_topic(spark, url, "orders", "$.order_id")) == (3000, 3000, 0, 2999)
+
+    # A topic without dedup takes a producer's records twice: the audit says so, exit 1.
+    cluster.create_topic("loose", partitions=1, dedup="off")
+    for _ in range(2):
+        with Producer(url, topic="loose", producer_name="resender") as p:
+            assert p.last_sequence_id(0) == -1  # dedup off keeps no producer state
+            for i in range(5):
+                p.send(b"again", partition=0, sequence_id=i)
+            p.flush()
+    assert main(["audit", "--topic", "loose", "--out", str(tmp_path / "loose"), "--coordinator", url],
+                spark=spark) == 1
+    out = capsys.readouterr()[0]
+    assert "VIOLATED - 5 duplicates" in out
+    dup = json.loads((tmp_path / "loose" / "report.json").read_text())["duplicate_examples"]
+    assert [(d["sequence_id"], d["copies"]) for d in dup] == [(i, 2) for i in range(5)]
+
+    # Errors are one line saying what is wrong, not a JVM stack.
+    assert main(["publish", "--input", str(data), "--format", "json", "--topic", "absent",
+                 "--coordinator", url], spark=spark) == 1
+    assert "topic 'absent' does not exist" in capsys.readouterr()[1].splitlines()[-1]

@@ -376,3 +376,17 @@ def test_list_pids_states(env: Any) -> None:
     clock.now += 300
     assert [v["pid"] for v in svc.list_pids("lapsed", 100)] == [a.record.pid]
     assert len(svc.list_pids(None, 1)) == 1
+
+
+def test_batch_answers_each_item_even_when_one_breaks(env: Any) -> None:
+    svc, _store, _leaders, _ = env
+    real = svc._lease
+
+    def flaky(req: LeaseRequest) -> Any:
+        if req.partition == 1:
+            raise RuntimeError("bug")
+        return real(req)
+
+    svc._lease = flaky
+    out = svc.lease_batch([LeaseRequest("t", 0), LeaseRequest("t", 1), LeaseRequest("nope", 0)])
+    assert [o["error"] for o in out] == ["NONE", "COORDINATOR_UNAVAILABLE", "UNKNOWN_TOPIC_OR_PARTITION"]

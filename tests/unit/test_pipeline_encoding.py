@@ -37,7 +37,7 @@ def test_without_value_column_the_other_columns_become_json() -> None:
 
 
 def test_json_handles_types_json_lacks() -> None:
-    row = {"ts": dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.timezone.utc), "d": dt.date(2024, 5, 1),
+    row = {"ts": dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.UTC), "d": dt.date(2024, 5, 1),
            "price": decimal.Decimal("10.05"), "raw": b"\x01\x02", "tags": [("a", 1), ("b", 2)],
            "nested": {"x": [1, 2]}, "none": None}
     got = json.loads(to_json(row))

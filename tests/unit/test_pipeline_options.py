@@ -10,8 +10,8 @@ from pipeline.options import Faults, ReadSettings, WriteSettings
 from pipeline.sequencing import Routing
 
 pytest.importorskip("pyspark")
-from pipeline.attempt import TaskInfo  # noqa: E402 - needs pyspark
-from pipeline.faults import hooks_for, wants_twin  # noqa: E402
+from pipeline.attempt import TaskInfo
+from pipeline.faults import hooks_for, wants_twin
 
 
 def test_write_settings_with_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,11 +12,11 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from pipeline import job_report  # noqa: E402
-from pipeline.attempt import PartitionCommit  # noqa: E402
-from pipeline.audit import build_report, summary, write_report  # noqa: E402
-from pipeline.cli import default_job_name, parser  # noqa: E402
-from pipeline.scan import OffsetRange, plan_ranges  # noqa: E402
+from pipeline import job_report
+from pipeline.attempt import PartitionCommit
+from pipeline.audit import build_report, summary, write_report
+from pipeline.cli import default_job_name, parser
+from pipeline.scan import OffsetRange, plan_ranges
 
 
 def _commit(k: int, attempt: int = 0, **kw: int) -> PartitionCommit:

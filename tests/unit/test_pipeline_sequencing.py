@@ -12,8 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidlease.partitioner import partition_for_key
-from pipeline.sequencing import (STREAM_POSITIONS_MAX, BatchSequencer, Resume, Routing,
-                                 StreamSequencer, plan, producer_name, route, stream_sequence)
+from pipeline.sequencing import (
+    STREAM_POSITIONS_MAX,
+    BatchSequencer,
+    Resume,
+    Routing,
+    StreamSequencer,
+    plan,
+    producer_name,
+    route,
+    stream_sequence,
+)
 
 
 def test_producer_name_is_job_and_spark_partition() -> None:
