@@ -43,6 +43,7 @@ def _pass(system: Any, cfg: dict[str, Any], phase: str, args: argparse.Namespace
     res = summarize(outcomes)
     print(f"  {system.key:22s} {value_bytes:>5} B {phase:8s} {res.records_per_s:>12,.0f} rec/s"
           f"  p50 {res.p50_ms:7.1f} ms  p99 {res.p99_ms:7.1f} ms  server CPU {usage.cpu_s:6.1f} s"
+          f"  client CPU {res.client_cpu_s:6.1f} s"
           f"  acked {res.acked} dup {res.duplicates} err {res.errors}", flush=True)
     if res.errors:
         print(f"    errors, e.g.: {res.error_sample}", flush=True)

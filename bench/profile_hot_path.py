@@ -89,7 +89,7 @@ def main() -> int:
         if args.pyinstrument:
             cmd = [sys.executable, "-m", "pyinstrument", "-o", str(work / "producer.txt")] + prod_args
         else:
-            cmd = [PY_SPY, "record", "--threads", "--format", "raw", "--rate", "250", "-o",
+            cmd = [PY_SPY, "record", "--threads", "--gil", "--format", "raw", "--rate", "250", "-o",
                    str(work / "producer.raw"), "--", sys.executable] + prod_args
         server_pid = cluster.servers[0].proc.pid  # type: ignore[union-attr]
         spy = subprocess.Popen([PY_SPY, "record", "--format", "raw", "--rate", "250",

@@ -12,9 +12,10 @@ the rows describe: that partition is rebuilt from offset 0 instead.
 
 File layout (big-endian), written atomically (tmp file, fsync, rename, fsync dir):
 
-    magic "PLSNAP02" | u32 crc32(body) | u64 len(body) | body
+    magic "PLSNAP03" | u32 crc32(body) | u64 len(body) | body
     body = i64 created_ms, u32 partitions, then per partition:
-        u16+utf8 topic, u32 partition, i64 replay_from, i64 covered_to, u32 rows,
+        u16+utf8 topic, u32 partition, i64 replay_from, i64 covered_to,
+        i64 truncations (PLSNAP02 files lack it: read as 0), u32 rows,
         u32 batch_words, rows x (u64 pid, u32 generation, i64 highwater, i64 last_use_ms,
         u8 batches), batch_words x i64 (the rows' batches as flat (base_seq, last_seq,
         base_offset) triples, in row order)
@@ -38,10 +39,12 @@ from partition_server.producer_state import Row
 
 log = logging.getLogger("partition_server.snapshot")
 
-MAGIC = b"PLSNAP02"
+MAGIC = b"PLSNAP03"
+MAGIC_V2 = b"PLSNAP02"  # before replication: no truncation count
 _HEAD = struct.Struct(">IQ")
 _BODY_HEAD = struct.Struct(">qI")
-_PART = struct.Struct(">IqqII")
+_PART = struct.Struct(">IqqqII")
+_PART_V2 = struct.Struct(">IqqII")
 _ROW = struct.Struct(">QIqqB")
 _U16 = struct.Struct(">H")
 SUFFIX = ".snap"
@@ -57,6 +60,7 @@ class PartitionImage:
     replay_from: int
     covered_to: int
     rows: list[Row] = field(default_factory=list)
+    truncations: int = 0  # the partition's truncation count at capture (epochs.py)
 
 
 @dataclass
@@ -81,7 +85,7 @@ def encode(snap: Snapshot) -> bytes:
         for r in img.rows:
             flat.extend(r[4])
         out.append(_U16.pack(len(t)) + t + _PART.pack(partition, img.replay_from, img.covered_to,
-                                                      len(img.rows), len(flat)))
+                                                      img.truncations, len(img.rows), len(flat)))
         out.append(b"".join([row_pack(pid, gen, hw, lu, len(b) // 3)
                              for pid, gen, hw, lu, b in img.rows]))
         out.append(_be(flat))
@@ -90,8 +94,9 @@ def encode(snap: Snapshot) -> bytes:
 
 
 def decode(raw: bytes) -> Snapshot:
-    if len(raw) < len(MAGIC) + _HEAD.size or raw[:len(MAGIC)] != MAGIC:
+    if len(raw) < len(MAGIC) + _HEAD.size or raw[:len(MAGIC)] not in (MAGIC, MAGIC_V2):
         raise CorruptSnapshot("not a snapshot file (bad magic)")
+    v2 = raw[:len(MAGIC)] == MAGIC_V2
     crc, n = _HEAD.unpack_from(raw, len(MAGIC))
     body = memoryview(raw)[len(MAGIC) + _HEAD.size:]
     if len(body) != n:
@@ -107,8 +112,14 @@ def decode(raw: bytes) -> Snapshot:
             pos += 2
             topic = bytes(body[pos:pos + tl]).decode()
             pos += tl
-            partition, replay_from, covered_to, nrows, nwords = _PART.unpack_from(body, pos)
-            pos += _PART.size
+            if v2:
+                partition, replay_from, covered_to, nrows, nwords = _PART_V2.unpack_from(body, pos)
+                truncations = 0
+                pos += _PART_V2.size
+            else:
+                (partition, replay_from, covered_to, truncations, nrows,
+                 nwords) = _PART.unpack_from(body, pos)
+                pos += _PART.size
             end_rows = pos + nrows * _ROW.size
             if end_rows + 8 * nwords > len(body):
                 raise CorruptSnapshot("partition runs past the end of the file")
@@ -125,7 +136,8 @@ def decode(raw: bytes) -> Snapshot:
                 w += 3 * nb
             if w != nwords:
                 raise CorruptSnapshot(f"rows name {w} batch words, the file has {nwords}")
-            snap.partitions[(topic, partition)] = PartitionImage(replay_from, covered_to, rows)
+            snap.partitions[(topic, partition)] = PartitionImage(replay_from, covered_to, rows,
+                                                                 truncations)
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptSnapshot(f"malformed body: {exc}") from exc
     if pos != len(body):

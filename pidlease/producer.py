@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import logging
 import random
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -32,11 +33,11 @@ from pidlease.leader_pool import LeaderPool
 from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
-from pidlease.record_future import RecordFuture
+from pidlease.record_future import fail_all, future_class
+from pidlease.record_run import RecordRun
 from pidlease.sender import (
     DeliveryTimeout,
     PartitionSender,
-    PendingRecord,
     ProducerClosed,
     RecordMetadata,
     settle,
@@ -53,6 +54,8 @@ __all__ = [
 
 log = logging.getLogger("pidlease.producer")
 _RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
+_encode_record = protocol.encode_record
+_REC_HEAD_NO_KEY = struct.Struct(">iI").pack   # protocol.encode_record for a record with no key
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,6 +156,8 @@ class AsyncProducer:
         self._space: asyncio.Event | None = None
         self._started = False
         self._closing = False
+        self._open = False       # started, not closing, not failed: admit's fast path
+        self._value_bytes_max = self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE - _RECORD_OVERHEAD
         self._closed = False
 
     @property
@@ -206,6 +211,7 @@ class AsyncProducer:
             s.start()
         self._lease.start()
         self._started = True
+        self._open = True
         return self
 
     async def close(self, timeout_ms: float | None = None) -> None:
@@ -214,6 +220,7 @@ class AsyncProducer:
         if self._closed:
             return
         self._closing = True
+        self._open = False
         for s in self._senders:
             s.closing = True
             s.wake()
@@ -257,7 +264,8 @@ class AsyncProducer:
         with self.lock:
             got = self.admit(value, key, partition, sequence_id, fut)
         if got is not None:
-            self.enqueue(*got)
+            p, encoded, seq = got
+            self.enqueue(p, encoded, seq, fut)
         return fut
 
     async def send_and_wait(self, value: bytes | str, key: bytes | str | None = None,
@@ -292,9 +300,20 @@ class AsyncProducer:
                                         f"of topic {self.topic!r}")
 
     def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
-              fut: Any) -> tuple[int, PendingRecord] | None:
-        """Validate one record and place it; None when it was resolved at once (an explicit
-        sequence id already durable: a duplicate). Raises on bad input, changing nothing."""
+              fut: Any) -> tuple[int, bytes, int] | None:
+        """Validate one record and place it: (partition, encoded record, explicit sequence
+        id or -1); None when it was resolved at once (an explicit sequence id already
+        durable: a duplicate). Raises on bad input, changing nothing."""
+        if (self._open and type(value) is bytes and key is None and partition is None
+                and sequence_id is None and self._explicit is not True
+                and len(value) <= self._value_bytes_max):
+            # The common case (bytes, no key, no partition, the producer's own numbering)
+            # in a few checks: this runs once per record.
+            self._explicit = False
+            if self.partitions == 1:
+                return 0, _REC_HEAD_NO_KEY(-1, len(value)) + value, -1
+            assert self._partitioner is not None
+            return self._partitioner.partition(None), _REC_HEAD_NO_KEY(-1, len(value)) + value, -1
         self.check_open()
         value_b = _as_bytes(value, "value")
         key_b = None if key is None else _as_bytes(key, "key")
@@ -332,16 +351,33 @@ class AsyncProducer:
                                             f"sequence_id {last + 1} next, not {seq}")
             self._last_given[p] = seq
         self._explicit = explicit
-        return p, PendingRecord(key_b, value_b, seq, fut, self.clock_ms(), size)
+        return p, _encode_record(key_b, value_b), seq
 
-    def enqueue(self, partition: int, rec: PendingRecord) -> None:
+    def enqueue(self, partition: int, encoded: bytes, seq: int, fut: Any) -> None:
         """Hand an admitted record to its partition (loop thread)."""
         self._buffered += 1
         if self.fatal is not None or self._closed:
-            settle(rec.future, exc=_fresh(self.fatal) if self.fatal else ProducerClosed("closed"))
+            settle(fut, exc=_fresh(self.fatal) if self.fatal else ProducerClosed("closed"))
             self.records_resolved(1)
             return
-        self._senders[partition].enqueue(rec)
+        self._senders[partition].enqueue(encoded, seq, fut)
+
+    def enqueue_runs(self, partition: int, runs: list[RecordRun]) -> None:
+        """Hand runs of admitted records built on a caller's thread to their partition
+        (loop thread; see ``Producer.send``)."""
+        n = sum(r.count for r in runs)
+        self._buffered += n
+        if self.fatal is not None or self._closed:
+            exc = _fresh(self.fatal) if self.fatal else ProducerClosed("closed")
+            for r in runs:
+                if self.future_condition is not None:
+                    fail_all(self.future_condition, r.futures, exc)
+                else:
+                    for fut in r.futures:
+                        settle(fut, exc=exc)
+            self.records_resolved(n)
+            return
+        self._senders[partition].enqueue_runs(runs)
 
     def records_resolved(self, n: int) -> None:
         self._buffered = max(0, self._buffered - n)
@@ -355,6 +391,7 @@ class AsyncProducer:
         if self.fatal is not None:
             return
         self.fatal = exc
+        self._open = False
         log.error("producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail)
         for s in self._senders:
             s.fail_all(exc)
@@ -393,8 +430,20 @@ class Producer:
                  delivery_timeout_ms: int | None = None, **kwargs: Any) -> None:
         self._engine = AsyncProducer(coordinator_url, topic, producer_name, expire_ms, max_in_flight,
                                      linger_ms, delivery_timeout_ms, **kwargs)
-        self._inbox: list[tuple[int, PendingRecord]] = []
-        self._drain_scheduled = False
+        # Records admitted on callers' threads are appended to runs here (one list per
+        # partition, admission order) until the loop thread drains them into the senders.
+        # Waking the loop costs a syscall and a GIL hand-off, so it is woken once per
+        # batch, not per record: the first run arms a drain after linger_ms (the sender
+        # would wait that long anyway), and a run filling up makes it drain at once.
+        # _drain_state 0: none scheduled, 1: delayed, 2: immediate.
+        self._inbox: dict[int, list[RecordRun]] = {}
+        self._drain_state = 0
+        self._drain_timer: asyncio.TimerHandle | None = None
+        cfg = self._engine.config
+        self._records_max = cfg.batch_records_max
+        self._bytes_max = cfg.batch_bytes_max
+        self._buffer_max = cfg.buffer_records_max
+        self._linger_s = cfg.linger_ms / 1000
         self._closed = False
         # Records admitted and not yet resolved, counted under the engine's lock (a plain
         # lock is several times cheaper per send than a threading.Semaphore); senders wait
@@ -402,7 +451,8 @@ class Producer:
         self._unresolved = 0
         self._space = threading.Condition(self._engine.lock)
         self._engine.release_hook = self._release
-        self._futures_cond = self._engine.future_condition = threading.Condition()
+        self._engine.future_condition = cond = threading.Condition()
+        self._future_class = future_class(cond)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
         self._thread.start()
@@ -460,21 +510,34 @@ class Producer:
     def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
              sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
         eng = self._engine
-        limit = eng.config.buffer_records_max
-        fut: concurrent.futures.Future[RecordMetadata] = RecordFuture(self._futures_cond)
-        schedule = False
+        fut: concurrent.futures.Future[RecordMetadata] = self._future_class()
+        schedule = 0
         with eng.lock:
-            while self._unresolved >= limit:
+            while self._unresolved >= self._buffer_max:
                 eng.check_open()  # a producer that failed while we waited must not block us
                 self._space.wait(0.2)
             got = eng.admit(value, key, partition, sequence_id, fut)
-            if got is not None:
-                self._unresolved += 1
-                self._inbox.append(got)
-                if not self._drain_scheduled:
-                    self._drain_scheduled = schedule = True
+            if got is None:
+                return fut
+            # Append to the partition's open run here, on the caller's thread: the loop
+            # thread then only moves whole runs (no per-record work there).
+            p, encoded, seq = got
+            self._unresolved += 1
+            runs = self._inbox.get(p)
+            if runs is None or not runs[-1].add(encoded, fut, seq):
+                run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max)
+                run.add(encoded, fut, seq)
+                if runs is None:
+                    self._inbox[p] = [run]
+                else:
+                    runs.append(run)   # the previous run is full: drain it now
+                state = self._drain_state
+                if state == 0:
+                    self._drain_state = schedule = 2 if runs is not None or not self._linger_s else 1
+                elif state == 1 and runs is not None:
+                    self._drain_state = schedule = 2
         if schedule:
-            self._loop.call_soon_threadsafe(self._drain)
+            self._loop.call_soon_threadsafe(self._arm_drain if schedule == 1 else self._drain)
         return fut
 
     def _release(self, n: int) -> None:
@@ -483,12 +546,20 @@ class Producer:
             if self._unresolved < self._engine.config.buffer_records_max:
                 self._space.notify_all()
 
+    def _arm_drain(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        self._drain_timer = self._loop.call_later(self._linger_s, self._drain)
+
     def _drain(self) -> None:
         with self._engine.lock:
-            items, self._inbox = self._inbox, []
-            self._drain_scheduled = False
-        for p, rec in items:
-            self._engine.enqueue(p, rec)
+            inbox, self._inbox = self._inbox, {}
+            self._drain_state = 0
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        for p, runs in inbox.items():
+            self._engine.enqueue_runs(p, runs)
 
     async def _flush(self) -> None:
         self._drain()

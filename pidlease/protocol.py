@@ -48,8 +48,11 @@ FETCH = 2
 FENCE = 3
 PRODUCER_STATE = 4
 METADATA = 5
+REPLICA_FETCH = 6
+EPOCH_END = 7
 API_NAMES = {PRODUCE: "produce", FETCH: "fetch", FENCE: "fence",
-             PRODUCER_STATE: "producer_state", METADATA: "metadata"}
+             PRODUCER_STATE: "producer_state", METADATA: "metadata",
+             REPLICA_FETCH: "replica_fetch", EPOCH_END: "epoch_end"}
 
 FLAG_CONTROL = 0x01
 FENCE_CREATE_IF_ABSENT = 0x01
@@ -66,6 +69,8 @@ _RESP_HEAD = struct.Struct(">IH")
 BATCH_HEADER = struct.Struct(">qIIBQIqIq")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 49
 _REC_HEAD = struct.Struct(">iI")
+_BATCH_LEAD = struct.Struct(">qII")       # base_offset, batch_len, crc
+_BATCH_TAIL = struct.Struct(">BQIqIq")    # flags .. timestamp_ms (the CRC covers these)
 _CRC_START = 16
 # Fixed-size parts of responses.
 _PRODUCE_RESP = struct.Struct(">qqq")      # base_offset, last_offset, expected_sequence
@@ -76,6 +81,12 @@ _FENCE_RESP = struct.Struct(">Bqq")        # existed, durable_highwater, fence_o
 _STATE_REQ = struct.Struct(">Q")           # pid
 _STATE_RESP = struct.Struct(">BIqq")       # found, generation, durable_highwater, last_use_ms
 _PARTITION = struct.Struct(">I")
+_REPLICA_FETCH_REQ = struct.Struct(">Iiq2I")  # replica_id, leader_epoch, offset, max_bytes, max_wait_ms
+_REPLICA_FETCH_RESP = struct.Struct(">qiH")   # high_watermark, leader_epoch, epoch entries
+_EPOCH_ENTRY = struct.Struct(">iq")           # epoch, start_offset
+_EPOCH_END_REQ = struct.Struct(">Iii")        # replica_id, leader_epoch, epoch asked about
+_EPOCH_END_RESP = struct.Struct(">iq")        # epoch, end_offset
+EPOCH_ENTRIES_MAX = 0xFFFF
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -125,6 +136,22 @@ class Record:
     is_control: bool = False
 
 
+def encode_record(key: bytes | None, value: bytes) -> bytes:
+    """One record as it sits in a batch (``i32 key_len``, ``u32 value_len``, key, value)."""
+    if key is None:
+        return _REC_HEAD.pack(-1, len(value)) + value
+    return _REC_HEAD.pack(len(key), len(value)) + key + value
+
+
+def batch_from_records(body: bytes, count: int, *, pid: int, generation: int,
+                       base_sequence: int, timestamp_ms: int, flags: int = 0) -> bytes:
+    """A batch ready to send around ``body``, ``count`` records already encoded
+    (``encode_record``) and concatenated. The producer encodes each record when it is
+    sent and only this header when the batch closes."""
+    tail = _BATCH_TAIL.pack(flags, pid, generation, base_sequence, count, timestamp_ms) + body
+    return _BATCH_LEAD.pack(0, len(tail) + 4, zlib.crc32(tail)) + tail
+
+
 def encode_batch(
     records: Sequence[tuple[bytes | None, bytes]],
     *,
@@ -135,19 +162,9 @@ def encode_batch(
     flags: int = 0,
 ) -> bytes:
     """A batch ready to send (``base_offset`` 0). ``records`` are (key, value) pairs."""
-    parts: list[bytes] = []
-    for key, value in records:
-        if key is None:
-            parts.append(_REC_HEAD.pack(-1, len(value)))
-        else:
-            parts.append(_REC_HEAD.pack(len(key), len(value)))
-            parts.append(key)
-        parts.append(value)
-    body = b"".join(parts)
-    tail = struct.pack(">BQIqIq", flags, pid, generation, base_sequence, len(records),
-                       timestamp_ms) + body
-    crc = zlib.crc32(tail)
-    return struct.pack(">qII", 0, len(tail) + 4, crc) + tail
+    body = b"".join([encode_record(key, value) for key, value in records])
+    return batch_from_records(body, len(records), pid=pid, generation=generation,
+                              base_sequence=base_sequence, timestamp_ms=timestamp_ms, flags=flags)
 
 
 def encode_control_batch(*, pid: int, generation: int, timestamp_ms: int) -> bytes:
@@ -319,6 +336,23 @@ def metadata_request(correlation_id: int) -> bytes:
     return request(METADATA, correlation_id, b"")
 
 
+def replica_fetch_request(correlation_id: int, topic: str, partition: int, *, replica_id: int,
+                          leader_epoch: int, offset: int, max_bytes: int, max_wait_ms: int) -> bytes:
+    """A follower's fetch: ``offset`` is its log end, every byte below it fsynced, which
+    is what the leader counts towards the high watermark."""
+    return request(REPLICA_FETCH, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
+                   + _REPLICA_FETCH_REQ.pack(replica_id, leader_epoch, offset, max_bytes,
+                                             max_wait_ms))
+
+
+def epoch_end_request(correlation_id: int, topic: str, partition: int, *, replica_id: int,
+                      leader_epoch: int, epoch: int) -> bytes:
+    """"Where does leader epoch ``epoch`` end in your log?" (a returning follower's question
+    before it fetches; the answer is where its own log may diverge)."""
+    return request(EPOCH_END, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
+                   + _EPOCH_END_REQ.pack(replica_id, leader_epoch, epoch))
+
+
 @dataclass(slots=True)
 class Request:
     api_key: int
@@ -332,6 +366,10 @@ class Request:
     pid: int = 0
     generation: int = 0
     flags: int = 0
+    replica_id: int = 0
+    leader_epoch: int = -1
+    max_wait_ms: int = 0
+    epoch: int = -1
 
 
 def decode_request(body: bytes | memoryview) -> Request:
@@ -356,6 +394,11 @@ def decode_request(body: bytes | memoryview) -> Request:
         req.token = c.str()
     elif api_key == PRODUCER_STATE:
         (req.pid,) = c.take(_STATE_REQ)
+    elif api_key == REPLICA_FETCH:
+        (req.replica_id, req.leader_epoch, req.offset, req.max_bytes,
+         req.max_wait_ms) = c.take(_REPLICA_FETCH_REQ)
+    elif api_key == EPOCH_END:
+        req.replica_id, req.leader_epoch, req.epoch = c.take(_EPOCH_END_REQ)
     if c.pos != len(body):
         raise CorruptRecord(f"{len(body) - c.pos} unexpected bytes after the request")
     return req
@@ -399,6 +442,25 @@ def metadata_response(corr: int, code: int, detail: str = "", *, info: dict[str,
     return response(corr, code, detail, _U32.pack(len(blob)) + blob)
 
 
+def replica_fetch_response(corr: int, code: int, detail: str = "", *, high_watermark: int = -1,
+                           leader_epoch: int = -1, epochs: Sequence[tuple[int, int]] = (),
+                           data: bytes | Sequence[bytes] = b"") -> bytes:
+    """``epochs``: the leader's (epoch, start_offset) entries that the batches in ``data``
+    fall in (so the follower's epoch history matches the leader's); at most 65535."""
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+    size = sum(len(x) for x in chunks)
+    ep = b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in epochs[:EPOCH_ENTRIES_MAX])
+    head = _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + \
+        _REPLICA_FETCH_RESP.pack(high_watermark, leader_epoch, min(len(epochs), EPOCH_ENTRIES_MAX)) \
+        + ep + _U32.pack(size)
+    return b"".join([_U32.pack(len(head) + size), head, *chunks])
+
+
+def epoch_end_response(corr: int, code: int, detail: str = "", *, epoch: int = -1,
+                       end_offset: int = -1) -> bytes:
+    return response(corr, code, detail, _EPOCH_END_RESP.pack(epoch, end_offset))
+
+
 @dataclass(slots=True)
 class Response:
     correlation_id: int
@@ -418,6 +480,10 @@ class Response:
     fence_offset: int = -1
     last_use_ms: int = 0
     info: dict[str, Any] | None = None
+    leader_epoch: int = -1
+    epochs: list[tuple[int, int]] | None = None
+    epoch: int = -1
+    end_offset: int = -1
 
 
 def decode_response(api_key: int, body: bytes | memoryview) -> Response:
@@ -447,6 +513,15 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
         if len(raw) != n:
             raise CorruptRecord("metadata length mismatch")
         r.info = json.loads(raw) if raw else {}
+    elif api_key == REPLICA_FETCH:
+        r.high_watermark, r.leader_epoch, n_epochs = c.take(_REPLICA_FETCH_RESP)
+        r.epochs = [c.take(_EPOCH_ENTRY) for _ in range(n_epochs)]
+        (n,) = c.take(_U32)
+        r.data = c.rest()
+        if len(r.data) != n:
+            raise CorruptRecord("replica fetch response data length mismatch")
+    elif api_key == EPOCH_END:
+        r.epoch, r.end_offset = c.take(_EPOCH_END_RESP)
     return r
 
 

@@ -9,6 +9,11 @@ share one Condition, a batch is resolved under one acquisition of it with one
 ``notify_all``, and the ``RecordMetadata`` of a record is only built when someone asks
 for it (``result()``), from the batch's answer.
 
+Creating one costs about as much as creating an empty object: the Condition is a class
+attribute of a subclass made per producer (``future_class``), the fields start as class
+attributes (``_state`` PENDING, no result), and the two lists the base class keeps
+(``_waiters`` for ``concurrent.futures.wait``, ``_done_callbacks``) are made on first use.
+
 Sharing a Condition means a waiter can be woken by another future's resolution, so
 ``result``/``exception`` re-check their own state in a loop (``Condition.wait_for``) where
 the base class waits once. Everything else (``done``, ``cancel``, ``add_done_callback``,
@@ -51,18 +56,27 @@ class BatchAck:
 
 
 class RecordFuture(Future):  # type: ignore[type-arg]
-    """The future of one record's ``RecordMetadata``; see the module docstring."""
+    """The future of one record's ``RecordMetadata``; see the module docstring. Use the
+    class ``future_class(condition)`` returns: it carries the shared Condition."""
 
-    def __init__(self, condition: threading.Condition) -> None:
+    _condition: threading.Condition
+    _state = PENDING
+    _result: Any = None
+    _exception: BaseException | None = None
+    _ack: BatchAck | None = None
+    _index = 0
+
+    def __init__(self) -> None:
         # Deliberately not calling Future.__init__: it would build a Condition per record.
-        self._condition = condition
-        self._state = PENDING
-        self._result: Any = None
-        self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
-        self._ack: BatchAck | None = None
-        self._index = 0
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes never set: the base class's lists, made on first use.
+        if name == "_waiters" or name == "_done_callbacks":
+            made: list[Any] = []
+            object.__setattr__(self, name, made)
+            return made
+        raise AttributeError(name)
 
     def _settled(self) -> bool:
         return self._state in _SETTLED
@@ -95,6 +109,11 @@ class RecordFuture(Future):  # type: ignore[type-arg]
         return f"<RecordFuture at {id(self):#x} state={self._state.lower()}>"
 
 
+def future_class(condition: threading.Condition) -> type[RecordFuture]:
+    """A RecordFuture class whose instances share ``condition`` (one per producer)."""
+    return type("RecordFuture", (RecordFuture,), {"_condition": condition, "__slots__": ()})
+
+
 def resolve_batch(condition: threading.Condition, futures: Sequence[RecordFuture],
                   ack: BatchAck) -> None:
     """Resolve the futures of one batch (record ``i`` is ``futures[i]``) under one
@@ -106,10 +125,11 @@ def resolve_batch(condition: threading.Condition, futures: Sequence[RecordFuture
                 f._ack = ack
                 f._index = i
                 f._state = FINISHED
-                if f._waiters:
-                    for w in f._waiters:
+                d = f.__dict__   # not f._waiters: that would make the lists
+                if "_waiters" in d:
+                    for w in d["_waiters"]:
                         w.add_result(f)
-                if f._done_callbacks:
+                if d.get("_done_callbacks"):
                     with_callbacks.append(f)
         condition.notify_all()
     for f in with_callbacks:
@@ -125,10 +145,11 @@ def fail_all(condition: threading.Condition, futures: Iterable[RecordFuture],
             if f._state in _OPEN:
                 f._exception = exc
                 f._state = FINISHED
-                if f._waiters:
-                    for w in f._waiters:
+                d = f.__dict__
+                if "_waiters" in d:
+                    for w in d["_waiters"]:
                         w.add_exception(f)
-                if f._done_callbacks:
+                if d.get("_done_callbacks"):
                     with_callbacks.append(f)
         condition.notify_all()
     for f in with_callbacks:

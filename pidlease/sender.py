@@ -3,8 +3,10 @@
 One ``PartitionSender`` task per partition owns everything about that partition's
 records once the producer has admitted them:
 
-- records wait in ``pending`` until a batch is full (``batch_records_max`` /
-  ``batch_bytes_max``), the oldest has waited ``linger_ms``, or a flush or close asks;
+- records wait in ``pending``, as runs of encoded records that fit one batch
+  (``record_run.py``), until the head run is full (``batch_records_max`` /
+  ``batch_bytes_max``), its first record has waited ``linger_ms``, or a flush or close
+  asks;
 - a batch gets its sequences when it is built (base = the partition's next sequence, or
   the caller's own contiguous run in explicit mode) and is then frozen: a resend sends
   the same bytes, so the server recognises a retry as the same batch (DUPLICATE with the
@@ -35,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 from pidlease import errors, protocol
 from pidlease.record_future import BatchAck, fail_all, resolve_batch
+from pidlease.record_run import RecordRun
 
 if TYPE_CHECKING:
     from pidlease.producer import AsyncProducer
 
 log = logging.getLogger("pidlease.producer")
+_SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
@@ -71,20 +75,11 @@ class ProducerClosed(errors.PidleaseError):
 
 
 @dataclass(slots=True, eq=False)
-class PendingRecord:
-    key: bytes | None
-    value: bytes
-    sequence_id: int          # the caller's own, or -1 when the producer numbers records
-    future: Any               # asyncio.Future or concurrent.futures.Future
-    enqueued_ms: float
-    size: int
-
-
-@dataclass(slots=True, eq=False)
 class InFlightBatch:
-    records: list[PendingRecord]
+    futures: list[Any]        # one per record, in sequence order
     base_sequence: int
     batch: bytes
+    first_ms: float           # admission time of its first record
     response: asyncio.Future[protocol.Response] | None = None
     attempts: int = 0
     done: bool = False
@@ -92,8 +87,12 @@ class InFlightBatch:
     duplicate: bool = False
 
     @property
+    def count(self) -> int:
+        return len(self.futures)
+
+    @property
     def last_sequence(self) -> int:
-        return self.base_sequence + len(self.records) - 1
+        return self.base_sequence + len(self.futures) - 1
 
 
 def settle(fut: Any, result: Any = None, exc: BaseException | None = None) -> None:
@@ -139,8 +138,8 @@ class PartitionSender:
         self.partition = partition
         self.next_sequence = next_sequence      # auto numbering
         self.last_acked = next_sequence - 1     # highest sequence known durable
-        self.pending: deque[PendingRecord] = deque()
-        self.pending_bytes = 0
+        self.pending: deque[RecordRun] = deque()
+        self.pending_records = 0
         self.in_flight: deque[InFlightBatch] = deque()
         self.enqueued = 0
         self.resolved = 0
@@ -155,19 +154,37 @@ class PartitionSender:
         self._backoff = Backoff(base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms,
                                 rng=owner.rng)
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._records_max = cfg.batch_records_max
+        self._bytes_max = cfg.batch_bytes_max
 
     # -- called by the producer (loop thread) -------------------------------------------
-    def enqueue(self, rec: PendingRecord) -> None:
-        was_empty = not self.pending
-        self.pending.append(rec)
-        self.pending_bytes += rec.size
-        self.enqueued += 1
-        # Waking the task per record would cost more than the batching saves: only the
-        # first record (to arm the linger timer) and a full batch need it.
-        cfg = self.owner.config
-        if was_empty or len(self.pending) >= cfg.batch_records_max or \
-                self.pending_bytes >= cfg.batch_bytes_max:
+    def enqueue(self, encoded: bytes, seq: int, future: Any) -> None:
+        """One admitted record (``protocol.encode_record``; ``seq`` -1 unless explicit)."""
+        pending = self.pending
+        if not pending or not pending[-1].add(encoded, future, seq):
+            run = RecordRun(self.owner.clock_ms(), seq, self._records_max, self._bytes_max)
+            run.add(encoded, future, seq)
+            pending.append(run)
+            # Waking the task per record would cost more than the batching saves: only a
+            # new run (to arm the linger timer, or because the previous one is full) does.
             self._wake.set()
+        self.pending_records += 1
+        self.enqueued += 1
+
+    def enqueue_runs(self, runs: list[RecordRun]) -> None:
+        """Runs built on a caller's thread (``Producer.send``), in admission order."""
+        pending = self.pending
+        n = 0
+        for run in runs:
+            n += run.count
+            last = pending[-1] if pending else None
+            if last is not None and last.can_absorb(run):
+                last.absorb(run)
+            else:
+                pending.append(run)
+        self.pending_records += n
+        self.enqueued += n
+        self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -188,16 +205,16 @@ class PartitionSender:
     def fail_all(self, exc: BaseException) -> None:
         n = 0
         cond = self.owner.future_condition
-        for recs in [b.records for b in self.in_flight] + [self.pending]:
+        for futures in [b.futures for b in self.in_flight] + [r.futures for r in self.pending]:
             if cond is not None:
-                fail_all(cond, [rec.future for rec in recs], exc)
+                fail_all(cond, futures, exc)
             else:
-                for rec in recs:
-                    settle(rec.future, exc=exc)
-            n += len(recs)
+                for fut in futures:
+                    settle(fut, exc=exc)
+            n += len(futures)
         self.in_flight.clear()
         self.pending.clear()
-        self.pending_bytes = 0
+        self.pending_records = 0
         self._count_resolved(n)
         self._wake.set()
 
@@ -249,7 +266,7 @@ class PartitionSender:
         if self._retry_at is not None:
             deadlines.append(self._retry_at)
         elif self.pending and len(self.in_flight) < cfg.max_in_flight:
-            deadlines.append(self.pending[0].enqueued_ms + cfg.linger_ms)
+            deadlines.append(self.pending[0].first_ms + cfg.linger_ms)
         oldest = self._oldest_ms()
         if cfg.delivery_timeout_ms is not None and oldest is not None:
             deadlines.append(oldest + cfg.delivery_timeout_ms)
@@ -259,9 +276,9 @@ class PartitionSender:
 
     def _oldest_ms(self) -> float | None:
         if self.in_flight:
-            return self.in_flight[0].records[0].enqueued_ms
+            return self.in_flight[0].first_ms
         if self.pending:
-            return self.pending[0].enqueued_ms
+            return self.pending[0].first_ms
         return None
 
     def _check_delivery_timeout(self, now: float) -> bool:
@@ -325,14 +342,13 @@ class PartitionSender:
             b = self.in_flight.popleft()
             base_off, dup, seq0 = b.base_offset, b.duplicate, b.base_sequence
             if cond is not None:  # the blocking Producer's RecordFutures: one lock per batch
-                resolve_batch(cond, [rec.future for rec in b.records],
-                              BatchAck(topic, p, base_off, seq0, dup))
+                resolve_batch(cond, b.futures, BatchAck(topic, p, base_off, seq0, dup))
             else:
-                for i, rec in enumerate(b.records):
+                for i, fut in enumerate(b.futures):
                     off = base_off + i if base_off >= 0 else -1
-                    settle(rec.future, RecordMetadata(topic, p, off, seq0 + i, dup))
+                    settle(fut, RecordMetadata(topic, p, off, seq0 + i, dup))
             self.last_acked = max(self.last_acked, b.last_sequence)
-            self._count_resolved(len(b.records))
+            self._count_resolved(b.count)
 
     def _count_resolved(self, n: int) -> None:
         if not n:
@@ -354,11 +370,12 @@ class PartitionSender:
         cfg = self.owner.config
         if not self.pending or len(self.in_flight) >= cfg.max_in_flight or not self.owner.token_ok(now):
             return False
-        return (len(self.pending) >= cfg.batch_records_max
-                or self.pending_bytes >= cfg.batch_bytes_max
-                or now - self.pending[0].enqueued_ms >= cfg.linger_ms
+        head = self.pending[0]
+        return (len(self.pending) > 1     # a run is closed when the next one starts
+                or head.full(_SMALLEST_RECORD)
+                or now - head.first_ms >= cfg.linger_ms
                 or self.closing
-                or self.enqueued - len(self.pending) < self._flush_upto)
+                or self.enqueued - self.pending_records < self._flush_upto)
 
     async def _send_new(self) -> None:
         try:
@@ -373,35 +390,20 @@ class PartitionSender:
         self._transmit(b, conn)
 
     def _build_batch(self) -> InFlightBatch:
-        cfg = self.owner.config
-        pending = self.pending
-        first = pending.popleft()
-        recs = [first]
-        size = first.size
-        explicit = first.sequence_id >= 0
-        prev_seq = first.sequence_id
-        while pending and len(recs) < cfg.batch_records_max:
-            nxt = pending[0]
-            if size + nxt.size > cfg.batch_bytes_max:
-                break
-            if explicit and nxt.sequence_id != prev_seq + 1:
-                break  # a batch holds one contiguous run of the caller's sequence ids
-            pending.popleft()
-            recs.append(nxt)
-            size += nxt.size
-            prev_seq = nxt.sequence_id
-        self.pending_bytes -= size
-        if explicit:
-            base = first.sequence_id
-            self.next_sequence = max(self.next_sequence, prev_seq + 1)
+        run = self.pending.popleft()
+        n = run.count
+        self.pending_records -= n
+        if run.first_seq >= 0:
+            base = run.first_seq
+            self.next_sequence = max(self.next_sequence, run.last_seq + 1)
         else:
             base = self.next_sequence
-            self.next_sequence += len(recs)
+            self.next_sequence += n
         owner = self.owner
-        batch = protocol.encode_batch([(r.key, r.value) for r in recs], pid=owner.pid,
-                                      generation=owner.generation, base_sequence=base,
-                                      timestamp_ms=int(owner.wall_ms()))
-        return InFlightBatch(recs, base, batch)
+        batch = protocol.batch_from_records(b"".join(run.encoded), n, pid=owner.pid,
+                                            generation=owner.generation, base_sequence=base,
+                                            timestamp_ms=int(owner.wall_ms()))
+        return InFlightBatch(run.futures, base, batch, run.first_ms)
 
     def _transmit(self, b: InFlightBatch, conn: Any) -> None:
         owner = self.owner

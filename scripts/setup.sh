@@ -21,5 +21,5 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 echo "== installing pidlease into .venv"
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test]' </dev/null
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,spark]' </dev/null
 echo "== ready: .venv/bin/pidlease --help"
