@@ -46,6 +46,7 @@ class EpochHistory:
         self.entries: list[tuple[int, int]] = list(entries or [])
         self.truncations = truncations
         self.path = path
+        self.found = True  # False: there was no file (load)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -112,17 +113,18 @@ class EpochHistory:
 
     # -- the file --------------------------------------------------------------------------
     @classmethod
-    def load(cls, directory: Path, log_end: int) -> EpochHistory:
-        """Read ``<directory>/leader-epochs``. Missing: a log with records gets
-        ``[(0, 0)]`` (it was written before replication, by epoch 0); an empty one none.
-        Unreadable: ``[(0, 0)]`` and one truncation more, so the next leader's answer cuts
-        this log back to what it knows for sure and snapshot rows are not trusted."""
+    def load(cls, directory: Path) -> EpochHistory:
+        """Read ``<directory>/leader-epochs`` (call :meth:`settle` once the log is open).
+        Unreadable: ``[(0, 0)]`` and a truncation count no snapshot has, so the next
+        leader's answer cuts this log back to what it knows for sure and snapshot rows are
+        not trusted."""
         path = directory / FILE_NAME
-        default = [(0, 0)] if log_end > 0 else []
         try:
             text = path.read_text()
         except FileNotFoundError:
-            return cls(default, 0, path)
+            hist = cls([], 0, path)
+            hist.found = False
+            return hist
         try:
             head, _, body = text.partition("\n")
             magic, crc = head.rsplit(" ", 1)
@@ -132,15 +134,20 @@ class EpochHistory:
             tag, n = lines[0].split()
             if tag != "truncations":
                 raise ValueError("no truncation count")
-            entries = [(int(a), int(b)) for a, b in (ln.split() for ln in lines[1:])]
             hist = cls([], int(n), path)
-            for e, s in entries:
-                hist.assign(e, s)
+            for a, b in (ln.split() for ln in lines[1:]):
+                hist.assign(int(a), int(b))
         except (ValueError, IndexError) as exc:
             log.error("%s is unreadable (%s); assuming epoch 0 for the whole log", path, exc)
             return cls([(0, 0)], 1 << 32, path)
-        hist.trim_past(log_end)
         return hist
+
+    def settle(self, log_end: int) -> None:
+        """Fit the history to the opened log: a log with records and no file was written
+        before replication, by epoch 0; entries past the log end describe nothing."""
+        if not self.found and not self.entries and log_end > 0:
+            self.entries = [(0, 0)]
+        self.trim_past(log_end)
 
     def save(self) -> None:
         """Replace the file atomically and durably (blocking: a few hundred bytes)."""

@@ -209,6 +209,31 @@ class PartitionLog:
         self._dirty_fds[active.fd] = None
         return base
 
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back so it ends at the start of the batch holding ``offset`` (a
+        follower dropping a suffix that diverges from its leader's). Returns the new end.
+        The caller makes sure no fsync of this log is running (its fds may be closed)."""
+        if offset >= self.next_offset:
+            return self.next_offset
+        si, bi = self._locate(max(offset, 0))
+        for seg in self.segments[si + 1:]:
+            self._dirty_fds.pop(seg.fd, None)
+            os.close(seg.fd)
+            seg.path.unlink()
+        del self.segments[si + 1:]
+        del self._segment_bases[si + 1:]
+        seg = self.segments[si]
+        cut, pos = seg.offsets[bi], seg.positions[bi]
+        os.ftruncate(seg.fd, pos)
+        del seg.offsets[bi:]
+        del seg.positions[bi:]
+        seg.size = pos
+        self.next_offset = cut
+        os.fsync(seg.fd)
+        os.fsync(self._dir_fd)
+        log.warning("%s: truncated the log to offset %d (asked for %d)", self.dir.name, cut, offset)
+        return cut
+
     def _new_segment(self, base_offset: int) -> Segment:
         path = self.dir / segment_name(base_offset)
         seg = Segment(base_offset, path, _open_fd(path), 0)

@@ -1,6 +1,16 @@
 """One partition on this server: its log, its producer state and the acks waiting for
 durability. Everything here runs on the event loop; a check and the write it allows happen
-with no await in between, so appends to one partition are serialized without a lock."""
+with no await in between, so appends to one partition are serialized without a lock.
+
+Two ends matter: ``flushed_end`` (everything below it is fsynced here) and
+``high_watermark`` (everything below it is committed: fsynced here and, on a replicated
+partition, held by every in-sync replica). Acks, readers and the producer state's durable
+highwaters follow the high watermark; snapshots and a follower's next fetch follow the
+flushed end. With one replica the two are the same.
+
+Replicated partitions (``replication.py`` drives them): as leader, ``isr`` tracks the
+followers and followers' fetches wait in ``wait_for_data``; as follower, fetched batches go
+through ``append_fetched`` and a divergent suffix is cut by ``truncate_to``."""
 
 from __future__ import annotations
 
@@ -13,12 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher
+from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
 from partition_server.snapshot import PartitionImage
-from pidlease.errors import ServerUnavailable
-from pidlease.protocol import BatchHeader, encode_control_batch, set_base_offset
+from pidlease.errors import CorruptRecord, NotLeader, PidleaseError, ServerUnavailable
+from pidlease.protocol import BatchHeader, encode_control_batch, iter_batches, set_base_offset
 
 log = logging.getLogger("partition_server.partition")
 
@@ -34,33 +46,63 @@ def parse_dir_name(name: str) -> tuple[str, int] | None:
     return topic, int(p)
 
 
+Waiter = tuple[int, asyncio.Future[Any], Callable[[], Any]]
+
+
 class Partition:
     def __init__(self, topic: str, partition: int, plog: PartitionLog, state: ProducerStateTable,
-                 flusher: Flusher, clock_ms: Callable[[], int]) -> None:
+                 flusher: Flusher, clock_ms: Callable[[], int], *,
+                 epochs: EpochHistory | None = None, high_watermark: int | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self.log = plog
         self.state = state
         self.flusher = flusher
         self.clock_ms = clock_ms
-        # Recovery fsyncs what it found, so all of the log is durable at start.
-        self.durable_end = plog.next_offset
-        self._waiters: deque[tuple[int, asyncio.Future[Any], Callable[[], Any]]] = deque()
+        # Recovery fsyncs what it found, so all of the log is flushed at start; on a
+        # replicated partition only what was known committed (checkpoint) counts as such.
+        self.flushed_end = plog.next_offset
+        self.high_watermark = plog.next_offset if high_watermark is None else \
+            min(high_watermark, plog.next_offset)
+        self._waiters: deque[Waiter] = deque()        # acks: wait for the high watermark
+        self._flush_waiters: deque[Waiter] = deque()  # snapshots, follower fetches
         self.role = "leader"
         self.leader_address = ""
         self.hosted = False  # assigned to this server in ZooKeeper
         self.batches_appended = 0
+        # -- replication (see replication.py) --
+        self.replicated = high_watermark is not None
+        self.epochs = epochs or EpochHistory([], 0, plog.dir / "leader-epochs")
+        self.leader_epoch = -1       # the epoch this replica leads or follows
+        self.leader_id = -1
+        self.isr: InSyncReplicas | None = None  # while leading a replicated partition
+        self._data_waiters: list[asyncio.Future[None]] = []
+        self.follower_rule_mismatches = 0
+
+    @property
+    def durable_end(self) -> int:
+        """Committed end (the name from before replication)."""
+        return self.high_watermark
 
     @classmethod
     def recover(cls, data_dir: Path, topic: str, partition: int, *, mode: str,
                 segment_bytes_max: int, batches_kept: int, pids_max: int, flusher: Flusher,
                 clock_ms: Callable[[], int], snapshot: PartitionImage | None = None,
-                ) -> tuple[Partition, OpenReport, int]:
+                checkpoint_hw: int | None = None) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
-        ``covered_to``. Returns (partition, log report, batches replayed)."""
+        ``covered_to`` or was cut since the snapshot. ``checkpoint_hw`` (replicated
+        partitions only; None otherwise) caps what counts as durable. Returns (partition,
+        log report, batches replayed)."""
         now = clock_ms()
         state = ProducerStateTable(mode=mode, batches_kept=batches_kept, pids_max=pids_max)
+        directory = data_dir / dir_name(topic, partition)
+        directory.mkdir(parents=True, exist_ok=True)
+        epochs = EpochHistory.load(directory)
+        if snapshot is not None and snapshot.truncations != epochs.truncations:
+            log.warning("%s-%d: the log was cut back since the snapshot; rebuilding producer "
+                        "state from offset 0", topic, partition)
+            snapshot = None
         from_offset = covered_to = 0
         if snapshot is not None:
             from_offset, covered_to = snapshot.replay_from, snapshot.covered_to
@@ -72,7 +114,6 @@ class Partition:
             replayed += 1
             replay_batch(state, h, now)
 
-        directory = data_dir / dir_name(topic, partition)
         plog, report = PartitionLog.open(directory, segment_bytes_max,
                                          verify_from_offset=from_offset, on_batch=replay,
                                          replay_from_offset=from_offset)
@@ -84,7 +125,16 @@ class Partition:
             replayed = 0
             for h in plog.iter_headers(0):
                 replay(h)
-        return cls(topic, partition, plog, state, flusher, clock_ms), report, replayed
+        epochs.settle(plog.next_offset)
+        if checkpoint_hw is not None:
+            checkpoint_hw = min(max(checkpoint_hw, 0), plog.next_offset)
+            # Batches above the last known high watermark may not be on the in-sync
+            # replicas: in flight again, never DUPLICATE, until the high watermark passes.
+            for h in plog.iter_headers(checkpoint_hw):
+                if not h.is_control and h.base_offset + h.count > checkpoint_hw:
+                    state.mark_pending(h.pid, h.base_sequence, h.last_sequence, h.last_offset)
+        return cls(topic, partition, plog, state, flusher, clock_ms, epochs=epochs,
+                   high_watermark=checkpoint_hw), report, replayed
 
     # -- appends ---------------------------------------------------------------------------
     def append(self, batch: memoryview, h: BatchHeader,
@@ -102,6 +152,7 @@ class Partition:
         self.state.apply_append(h.pid, h.generation, h.base_sequence, h.count, base,
                                 self.clock_ms())
         self.batches_appended += 1
+        self._wake_data_waiters()
         last = base + h.count - 1
         return d, self._when_durable(last + 1, lambda: on_durable(base, last))
 
@@ -124,6 +175,7 @@ class Partition:
             fence_offset = self.log.append(buf, 1)
             self.state.apply_fence(pid, generation, now)
             self.batches_appended += 1
+            self._wake_data_waiters()
         else:
             self.state.touch(pid, now)
 
@@ -134,41 +186,72 @@ class Partition:
         return outcome, self._when_durable(self.log.next_offset, result)
 
     def _when_durable(self, end_offset: int, make: Callable[[], Any]) -> asyncio.Future[Any]:
+        """A future resolved with ``make()`` once the high watermark reaches
+        ``end_offset``: once the batch is fsynced here and held by the in-sync replicas."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if end_offset <= self.durable_end:
+        if end_offset <= self.high_watermark:
             fut.set_result(make())
         else:
             self._waiters.append((end_offset, fut, make))
-            self.flusher.note_write(self)
+            if end_offset > self.flushed_end:
+                self.flusher.note_write(self)
         return fut
 
     def wait_durable(self, end_offset: int) -> asyncio.Future[Any]:
         return self._when_durable(end_offset, lambda: None)
+
+    def wait_flushed(self, end_offset: int) -> asyncio.Future[Any]:
+        """Resolved once everything below ``end_offset`` is fsynced on this server."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if end_offset <= self.flushed_end:
+            fut.set_result(None)
+        else:
+            self._flush_waiters.append((end_offset, fut, lambda: None))
+            self.flusher.note_write(self)
+        return fut
 
     # -- durability (called by the flusher) ------------------------------------------------
     def prepare_flush(self) -> tuple[int, list[int]]:
         return self.log.next_offset, self.log.take_dirty()
 
     def mark_durable(self, end_offset: int) -> None:
-        if end_offset <= self.durable_end:
+        if end_offset <= self.flushed_end:
             return
-        self.durable_end = end_offset
-        self.state.mark_durable(end_offset)
-        w = self._waiters
-        while w and w[0][0] <= end_offset:
-            _, fut, make = w.popleft()
-            if not fut.done():
-                fut.set_result(make())
+        self.flushed_end = end_offset
+        _resolve(self._flush_waiters, end_offset)
+        self.advance_high_watermark()
 
-    def fail_waiters(self, why: str) -> None:
-        while self._waiters:
-            _, fut, _ = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(ServerUnavailable(why))
+    def advance_high_watermark(self) -> None:
+        """Raise the high watermark as far as the replicas allow (leader, or one replica)."""
+        if not self.replicated:
+            self.set_high_watermark(self.flushed_end)
+        elif self.role == "leader" and self.isr is not None:
+            self.set_high_watermark(self.isr.high_watermark(self.flushed_end))
+
+    def set_high_watermark(self, hw: int) -> None:
+        """Committed up to ``hw`` (never lowered here): durable highwaters, acks, and the
+        followers waiting to learn it."""
+        hw = min(hw, self.log.next_offset)
+        if hw <= self.high_watermark:
+            return
+        self.high_watermark = hw
+        self.state.mark_durable(hw)
+        _resolve(self._waiters, hw)
+        if self.replicated:
+            self._wake_data_waiters()
+
+    def fail_waiters(self, why: str, exc_type: type[PidleaseError] = ServerUnavailable) -> None:
+        for q in (self._waiters, self._flush_waiters):
+            while q:
+                _, fut, _ = q.popleft()
+                if not fut.done():
+                    fut.set_exception(exc_type(why))
+        self._wake_data_waiters()
 
     # -- reads -----------------------------------------------------------------------------
     def fetch(self, offset: int, max_bytes: int) -> list[bytes]:
-        return self.log.read(offset, max_bytes, self.durable_end)
+        """For readers: committed batches only."""
+        return self.log.read(offset, max_bytes, self.high_watermark)
 
     def producer_state(self, pid: int) -> tuple[bool, int, int, int]:
         """(found, generation, durable_highwater, last_use_ms); refreshes last use."""
@@ -196,16 +279,158 @@ class Partition:
         finally:
             if gc_was_on:
                 gc.enable()
-        return PartitionImage(replay_from, self.log.next_offset, rows)
+        return PartitionImage(replay_from, self.log.next_offset, rows, self.epochs.truncations)
+
+    # -- replication: roles ---------------------------------------------------------------
+    def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
+        """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write."""
+        if self.epochs.assign(epoch, self.log.next_offset):
+            self.epochs.save()
+        self.role = "leader"
+        self.leader_epoch = epoch
+        self.leader_id = me
+        self.isr = InSyncReplicas(me, replicas, isr, self.clock_ms())
+        self.advance_high_watermark()
+
+    def become_follower(self, leader: int, epoch: int, address: str) -> None:
+        was_leader = self.role == "leader"
+        self.role = "follower"
+        self.leader_epoch = epoch
+        self.leader_id = leader
+        self.leader_address = address
+        self.isr = None
+        if was_leader:
+            # Acks still waiting can no longer be given here; the producers resend to the
+            # new leader, which answers DUPLICATE or appends.
+            self.fail_waiters(f"no longer the leader of {self.topic}-{self.partition}", NotLeader)
+
+    # -- replication: the leader's side ----------------------------------------------------
+    def record_replica_fetch(self, replica: int, offset: int) -> None:
+        assert self.isr is not None
+        self.isr.record_fetch(replica, offset, self.log.next_offset, self.clock_ms())
+        self.advance_high_watermark()
+
+    def wait_for_data(self) -> asyncio.Future[None]:
+        """Resolved at the next append, high watermark change or role change (a follower's
+        fetch waits here when it has everything)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._data_waiters.append(fut)
+        return fut
+
+    def _wake_data_waiters(self) -> None:
+        if self._data_waiters:
+            waiters, self._data_waiters = self._data_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def replica_read(self, offset: int, max_bytes: int) -> list[bytes]:
+        """For followers: everything written, durable here or not (they fsync it
+        themselves; what counts as acked is decided by the high watermark)."""
+        return self.log.read(offset, max_bytes, self.log.next_offset)
+
+    # -- replication: the follower's side --------------------------------------------------
+    def append_fetched(self, data: memoryview, epochs: list[tuple[int, int]]) -> int:
+        """Append the batches a leader sent (already in its log, offsets set) and replay
+        them into the producer state, as recovery would. ``epochs`` are the leader's
+        (epoch, start) entries for them. Returns the number of batches appended."""
+        start = self.log.next_offset
+        batches = []
+        end = start
+        for h, pos in iter_batches(data):  # checks every checksum
+            if h.base_offset + h.count <= end:
+                continue  # already here (a fetch starts at the batch holding the offset)
+            if h.base_offset != end:
+                raise CorruptRecord(f"fetched batch at offset {h.base_offset}, expected {end}")
+            batches.append((h, pos))
+            end = h.base_offset + h.count
+        if not batches:
+            return 0
+        changed = False
+        for epoch, first in epochs:
+            latest = self.epochs.latest_epoch
+            if (latest is None or epoch > latest) and max(first, start) < end:
+                if first < start:
+                    raise CorruptRecord(f"leader says epoch {epoch} starts at {first}, inside "
+                                        f"this replica's log (ends {start}); reconcile again")
+                changed |= self.epochs.assign(epoch, first)
+        if changed:
+            self.epochs.save()  # before the batches: a crash in between only refetches
+        now = self.clock_ms()
+        state = self.state
+        for h, pos in batches:
+            self.log.append(data[pos:pos + h.size], h.count)
+            if h.is_control:
+                state.apply_fence(h.pid, h.generation, now)
+                continue
+            if state.tracks(h.pid):
+                d = state.check_append(h.pid, h.generation, h.base_sequence, h.count)
+                if d.outcome is not Outcome.APPEND:
+                    # The leader's log is the truth; a mismatch means the tables drifted
+                    # (expiry at other times, an evicted PID). Counted and shown.
+                    self.follower_rule_mismatches += 1
+            state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
+        self.batches_appended += len(batches)
+        return len(batches)
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop the log from the batch holding ``offset`` on (a suffix that diverges from
+        the leader's), then rebuild the producer state. The caller has waited until the
+        log is flushed, so no fsync of it is running. Returns the new log end."""
+        if offset >= self.log.next_offset:
+            return self.log.next_offset
+        if offset < self.high_watermark:
+            log.error("%s-%d: cutting the log to %d, below the high watermark %d",
+                      self.topic, self.partition, offset, self.high_watermark)
+        # Count the cut first: a crash right after must not trust older snapshot rows.
+        self.epochs.truncations += 1
+        self.epochs.truncate_to(offset)
+        self.epochs.save()
+        end = self.log.truncate_to(offset)
+        self.epochs.truncate_to(end)
+        self.flushed_end = min(self.flushed_end, end)
+        self.high_watermark = min(self.high_watermark, end)
+        self.rebuild_state()
+        return end
+
+    def rebuild_state(self) -> None:
+        """Producer state from the whole log; batches above the high watermark pending."""
+        now = self.clock_ms()
+        state = self.state
+        state.clear()
+        hw = self.high_watermark
+        for h in self.log.iter_headers(0):
+            if h.is_control:
+                state.apply_fence(h.pid, h.generation, now)
+            else:
+                state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset,
+                                   now, durable=h.base_offset + h.count <= hw)
 
     def metadata(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "role": self.role,
-                "log_start_offset": 0, "log_end_offset": self.log.next_offset,
-                "high_watermark": self.durable_end, "tracked_pids": len(self.state)}
+        out: dict[str, Any] = {
+            "topic": self.topic, "partition": self.partition, "role": self.role,
+            "log_start_offset": 0, "log_end_offset": self.log.next_offset,
+            "high_watermark": self.high_watermark, "tracked_pids": len(self.state)}
+        if self.replicated:
+            out.update(leader_epoch=self.leader_epoch, leader=self.leader_id,
+                       flushed_end=self.flushed_end, epochs=self.epochs.entries[-5:],
+                       truncations=self.epochs.truncations,
+                       follower_rule_mismatches=self.follower_rule_mismatches)
+            if self.isr is not None:
+                out.update(isr=sorted(self.isr.isr),
+                           followers=self.isr.lag_report(self.clock_ms()))
+        return out
 
     def close(self) -> None:
         self.fail_waiters("server shutting down")
         self.log.close()
+
+
+def _resolve(waiters: deque[Waiter], end_offset: int) -> None:
+    while waiters and waiters[0][0] <= end_offset:
+        _, fut, make = waiters.popleft()
+        if not fut.done():
+            fut.set_result(make())
 
 
 def replay_batch(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None:

@@ -221,6 +221,20 @@ class ProducerStateTable:
         for pid in done:
             del self._pending_pids[pid]
 
+    def mark_pending(self, pid: int, base_seq: int, last_seq: int, last_offset: int) -> None:
+        """A batch already applied is not durable after all (a replicated partition's
+        batch above the high watermark, found at recovery): its sequences are in flight
+        again. Call in log order; the first call for a PID lowers its durable highwater
+        to just below that batch."""
+        e = self.entries.get(pid)
+        if e is None or not self.tracks(pid):
+            return
+        if e.pending is None:
+            e.pending = []
+            self._pending_pids[pid] = None
+            e.durable_highwater = min(e.durable_highwater, base_seq - 1)
+        e.pending.append((last_offset, last_seq))
+
     # -- last use and expiry ---------------------------------------------------------------
     def touch(self, pid: int, now_ms: int) -> ProducerEntry | None:
         e = self.entries.get(pid)
