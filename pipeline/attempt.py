@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -122,7 +123,14 @@ class Attempt:
         The SDK's ``AsyncProducer`` runs on this thread's own event loop: about three times
         the throughput of the blocking ``Producer``, which hands every record to another
         thread under a lock."""
-        return asyncio.run(self._run(rows, hooks or {}))
+        it = iter(rows)
+        first = next(it, None)
+        if first is None:
+            # An empty partition (common in micro-batches) leases nothing: a lease would be
+            # a takeover, with a fence record in every partition, for no row.
+            t = self.task
+            return PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
+        return asyncio.run(self._run(itertools.chain([first], it), hooks or {}))
 
     async def _run(self, rows: Iterable[tuple[bytes | None, bytes]],
                    hooks: Mapping[int, Callable[[], None]]) -> PartitionCommit:

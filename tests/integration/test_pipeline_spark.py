@@ -136,6 +136,12 @@ def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_pa
     # Spark partitions 0 and 2 share topic partition 0 as two PIDs, in sequence order each.
     p0 = [r for r in rows if r.partition == 0]
     assert len({r.pid for r in p0}) == 2
+    # Empty Spark partitions lease nothing (a lease would be a takeover with fences).
+    _writer(df.where("value IS NULL"), url, "pairs", "empty-job", tmp_path / "e.json").save()
+    [empty] = job_report.load(tmp_path / "e.json")
+    assert empty["rows"] == 0 and empty["tasks"] >= 1
+    assert all(p["pid"] == -1 for p in empty["partitions"])
+    assert _log_end_offsets(url, "pairs") == [2000, 1000]
 
 
 def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
