@@ -5,59 +5,120 @@ pause a producer sees when its partition's only replica is killed and restarted.
 
 Each figure is measured independently; one that fails is reported as failed with its
 reason, and the others still run. The older scripts do the work where they already can
-(``bench_append.py`` for the wire overhead, ``bench_lease.py``, ``bench_recovery.py``).
+(``bench_lease.py``, ``bench_recovery.py``).
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import socket
 import statistics
 import struct
-import subprocess
-import sys
+import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.peers import pidlease_sdk
+from bench.procstats import ProcWatch
 from bench.runner import run_producers
 from bench.workload import summarize
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _guard(name: str, fn: Callable[[], Any]) -> Any:
     print(f"== pidlease alone: {name}", flush=True)
     try:
         result = fn()
-    except Exception as exc:  # one figure failing must not lose the others
+    except Exception as exc:  # noqa: BLE001 - one figure failing must not lose the others
         print(f"   failed: {exc!r}", flush=True)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     print(f"   {result}", flush=True)
     return result
 
 
-# -- dedup overhead through the SDK --------------------------------------------------------
-def sdk_dedup(system: pidlease_sdk.System, producers: int, records: int, rounds: int = 2
-              ) -> dict[str, Any]:
-    """Strict and off topics on the same server, alternated (strict, off, off, strict ...)
-    so drift in the machine's load falls on both alike; medians."""
-    rates: dict[str, list[float]] = {"strict": [], "off": []}
+# -- dedup overhead: strict vs off on the same server ---------------------------------------
+def _alternate(rounds: int, one: Callable[[str], tuple[float, float]]) -> dict[str, Any]:
+    """Run ``one(mode)`` -> (records/s, server CPU us per record) for strict and off,
+    alternating which goes first each round so drift in the machine's load falls on both
+    alike. The overhead is read from server CPU per record (what dedup costs the server);
+    throughput on a shared machine swings by more than the effect being measured."""
+    got: dict[str, list[tuple[float, float]]] = {"strict": [], "off": []}
     for r in range(rounds):
         for mode in (("strict", "off") if r % 2 == 0 else ("off", "strict")):
-            cfg = system.prepare(100, dedup=mode)
-            res = summarize(run_producers(system.producer, cfg, producers=producers,
-                                          phase="produce", value_bytes=100, records=records))
-            if res.errors or res.acked != res.records:
-                raise RuntimeError(f"{mode}: {res.errors} errors, {res.acked} of {res.records} "
-                                   f"acked: {res.error_sample}")
-            rates[mode].append(res.records_per_s)
-    s, o = statistics.median(rates["strict"]), statistics.median(rates["off"])
-    return {"strict_records_per_s": s, "off_records_per_s": o, "strict_over_off": s / o,
-            "rounds": rounds}
+            got[mode].append(one(mode))
+    med = {m: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+           for m, v in got.items()}
+    return {"strict_records_per_s": med["strict"][0], "off_records_per_s": med["off"][0],
+            "strict_over_off": med["strict"][0] / med["off"][0],
+            "strict_cpu_us_per_record": med["strict"][1], "off_cpu_us_per_record": med["off"][1],
+            "cpu_overhead_pct": (med["strict"][1] / med["off"][1] - 1) * 100, "rounds": rounds}
+
+
+def sdk_dedup(system: pidlease_sdk.System, producers: int, records: int, rounds: int = 4
+              ) -> dict[str, Any]:
+    """Producers through the SDK into a strict and an off topic of the same server."""
+    def one(mode: str) -> tuple[float, float]:
+        cfg = system.prepare(100, dedup=mode)
+        watch = ProcWatch(system.server_pids())
+        watch.start()
+        res = summarize(run_producers(system.producer, cfg, producers=producers,
+                                      phase="produce", value_bytes=100, records=records))
+        cpu = watch.stop().cpu_s
+        if res.errors or res.acked != res.records:
+            raise RuntimeError(f"{mode}: {res.errors} errors, {res.acked} of {res.records} "
+                               f"acked: {res.error_sample}")
+        return res.records_per_s, cpu / res.records * 1e6
+    return _alternate(rounds, one)
+
+
+def wire_dedup(system: pidlease_sdk.System, records: int, rounds: int = 6) -> dict[str, Any]:
+    """One pipelining client on the wire (100 B records in batches of 1,000, the SDK's
+    batches without the SDK) into a strict and an off topic of the same server: the
+    server's own cost of the append rules. (``bench_append.py`` measures the same on its
+    own cluster, by throughput only.)"""
+    assert system.cluster is not None
+    address = system.cluster.servers[0].address
+    batches = max(1, records // 1000)
+    pid = [900_100_000]
+
+    def one(mode: str) -> tuple[float, float]:
+        cfg = system.prepare(100, dedup=mode)
+        wire_pass(address, cfg["topic"], 0, 0, 1, 1)   # warm-up: the server learns the topic
+        pid[0] += 1
+        watch = ProcWatch(system.server_pids())
+        watch.start()
+        secs, codes = wire_pass(address, cfg["topic"], pid[0], 1, batches, 1000)
+        cpu = watch.stop().cpu_s
+        if codes != Counter({0: batches}):
+            raise RuntimeError(f"{mode}: answers by code {dict(codes)}")
+        return batches * 1000 / secs, cpu / (batches * 1000) * 1e6
+    return _alternate(rounds, one)
+
+
+def dedup_rules_cost(batches: int = 200_000, pids: int = 2) -> dict[str, Any]:
+    """What the append rules themselves cost per batch, measured in-process with no I/O:
+    ``check_append`` + ``apply_append`` for every batch and ``mark_durable`` every 8
+    batches (a group commit), as the partition does for a strict topic. This is the work
+    dedup adds; the end-to-end CPU ratios above carry more noise than this effect."""
+    from partition_server.producer_state import ProducerStateTable
+
+    t = ProducerStateTable(mode="strict", batches_kept=5, pids_max=1_000_000)
+    seqs = [0] * pids
+    offset = 0
+    t0 = time.process_time()
+    for i in range(batches):
+        pid = 1 + i % pids
+        t.check_append(pid, 1, seqs[pid - 1], 1000)
+        t.apply_append(pid, 1, seqs[pid - 1], 1000, offset, 1_700_000_000_000)
+        seqs[pid - 1] += 1000
+        offset += 1000
+        if i % 8 == 7:
+            t.mark_durable(offset)
+    us = (time.process_time() - t0) / batches * 1e6
+    return {"us_per_batch": us, "us_per_record_at_1000": us / 1000, "batches": batches}
 
 
 # -- the wire: first pass and the DUPLICATE path ------------------------------------------
@@ -148,7 +209,7 @@ def restart_pause(system: pidlease_sdk.System, records: int, kill_after_s: float
             results = [f.result() for f in futs]
             state["acked"] = sum(not r.duplicate for r in results)
             state["duplicates"] = sum(r.duplicate for r in results)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
             state["error"] = repr(exc)
 
     t = threading.Thread(target=producer, daemon=True)
@@ -164,7 +225,7 @@ def restart_pause(system: pidlease_sdk.System, records: int, kill_after_s: float
     if "error" in state:
         raise RuntimeError(state["error"])
     times = sorted(acks)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     audit = verify_topic(cfg["url"], cfg["topic"])
     return {"pause_s": max(gaps) if gaps else float("nan"), "restart_s": restart_s,
             "acked": state["acked"], "duplicates": state["duplicates"], "errors": 0,
@@ -172,17 +233,6 @@ def restart_pause(system: pidlease_sdk.System, records: int, kill_after_s: float
 
 
 # -- the older scripts ---------------------------------------------------------------------
-def wire_dedup(batches: int) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_append.py"),
-                           "--batches", str(batches), "--rounds", "3"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-300:] or proc.stdout[-300:])
-    d = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"strict_records_per_s": d["strict_records_per_s"],
-            "off_records_per_s": d["off_records_per_s"], "strict_over_off": d["strict_over_off"]}
-
-
 def leases(count: int) -> list[dict[str, Any]]:
     """Throughput with 64 connections per coordinator (bench_lease.py's default: its
     latencies include queueing behind 63 others), and latency with one connection (one
@@ -222,18 +272,25 @@ def run(workdir: Path, *, producers: int, records: int, quick: bool = False) -> 
     system = pidlease_sdk.System(workdir / "alone")
     system.start()
     try:
+        # Enough records per round that the server's CPU per record is read to about 1 %.
         out["dedup_sdk"] = _guard("dedup strict vs off, SDK",
-                                  lambda: sdk_dedup(system, producers, records))
+                                  lambda: sdk_dedup(system, producers, max(records, 250_000)))
+        out["dedup_wire"] = _guard("dedup strict vs off, wire",
+                                   lambda: wire_dedup(system, 1_000_000))
+        out["dedup_rules"] = _guard("the append rules' own cost", dedup_rules_cost)
         out["wire_duplicates"] = _guard("DUPLICATE path on the wire",
                                         lambda: wire_duplicates(system, max(records, 100_000)))
         out["restart_pause"] = _guard("restart pause", lambda: restart_pause(system, 400_000))
     finally:
         system.stop()
-    out["dedup_wire"] = _guard("dedup strict vs off, wire (bench_append.py)",
-                               lambda: wire_dedup(200 if quick else 600))
     out["lease"] = _guard("lease_pid, 1 and 2 coordinators (bench_lease.py)",
                           lambda: leases(2000 if quick else 5000))
-    out["replay"] = _guard("replay rate (bench_recovery.py)", lambda: replay(quick))
+    # replay_rate() leaves its log in a mkdtemp() directory: make that one ours.
+    tempfile.tempdir = str(workdir)
+    try:
+        out["replay"] = _guard("replay rate (bench_recovery.py)", lambda: replay(quick))
+    finally:
+        tempfile.tempdir = None
     out["memory"] = _guard("memory per tracked PID (bench_recovery.py)", lambda: memory(quick))
     for key in ("lease", "replay", "memory"):
         if isinstance(out[key], dict):   # failed: keep the reason, tables expect lists

@@ -1,7 +1,7 @@
 """Profile the hot path: one producer's ``send()`` loop (the SDK, both of its threads)
 and the partition server's produce path, at the same time, with py-spy.
 
-    /work/venv/bin/python -m bench.profile_hot_path [--records 300000] [--value-bytes 100]
+    /work/venv/bin/python -m bench.profile_hot_path [--records 300000] [--value-bytes 100] [--wire]
 
 Starts a local cluster (ZooKeeper, coordinator, one partition server), runs one producer
 process under ``py-spy record`` and attaches a second py-spy to the partition server, then
@@ -73,6 +73,9 @@ def main() -> int:
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--pyinstrument", action="store_true")
+    ap.add_argument("--wire", action="store_true",
+                    help="drive the server with a raw pipelining client instead of the SDK "
+                         "(profiles the server's produce path at its own limit)")
     ap.add_argument("--keep", help="directory for the raw profiles (default: a temporary one)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -96,12 +99,24 @@ def main() -> int:
                                 "-o", str(work / "server.raw"), "--pid", str(server_pid)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attaches
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        if args.wire:
+            from bench.pidlease_alone import wire_pass
+            address = cluster.servers[0].address
+            wire_pass(address, "profile", 0, 0, 1, 1)  # the server learns the topic
+            batches = max(1, args.records // 1000)
+            secs, codes = wire_pass(address, "profile", 900_000_001, 1, batches, 1000)
+            rate = f"{batches * 1000 / secs:,.0f} records/s on the wire ({secs:.2f} s), answers {dict(codes)}"
+            out = subprocess.CompletedProcess([], 0, rate, "")
+        else:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT,
+                                 check=False)
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
     rate = [ln for ln in out.stdout.splitlines() if "records/s" in ln]
     print(rate[0] if rate else out.stdout[-2000:] + out.stderr[-2000:])
-    if args.pyinstrument:
+    if args.wire:
+        pass
+    elif args.pyinstrument:
         print((work / "producer.txt").read_text())
     else:
         print("== producer (both threads)\n" + summarize(work / "producer.raw", args.top))

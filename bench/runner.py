@@ -26,7 +26,7 @@ def _child(target: str, cfg: dict[str, Any], index: int, phase: str, value_bytes
         fn = getattr(importlib.import_module(mod_name), fn_name)
         outcome: Outcome = fn(cfg, index, phase, value_bytes, records, lambda: barrier.wait(600))
         out.put(("ok", index, outcome.to_dict()))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the parent must hear of any failure
         try:
             barrier.abort()
         finally:

@@ -19,17 +19,19 @@ from typing import Any, Literal
 import anyio.to_thread
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.allocator import PidAllocator
-from coordinator.dashboard import render_dashboard
+from coordinator.dashboard import CSP, HORIZON_MS_DEFAULT, Dashboard
+from coordinator.events import EventLog, ObservedLeaseService
+from coordinator.fleet import Fleet
 from coordinator.guard import Guard
 from coordinator.housekeeper import Housekeeper
 from coordinator.leaders import LeaderClient
 from coordinator.metrics import Metrics
 from coordinator.schemas import LeaseBatchBody, LeaseBody, TopicBody
-from coordinator.service import LeaseService, wall_clock_ms
+from coordinator.service import wall_clock_ms
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from coordinator.topics import Topics
@@ -51,8 +53,15 @@ class Coordinator:
                                       attempts_max=settings.cas_attempts_max)
         self.leaders = LeaderClient(timeout_ms=settings.leader_request_timeout_ms,
                                     connections_max=settings.leader_connections_max)
-        self.service = LeaseService(settings, self.store, self.allocator, self.leaders,
-                                    self.metrics, clock_ms=clock_ms)
+        self.events = EventLog(settings.coordinator_id, clock_ms=clock_ms)
+        self.service = ObservedLeaseService(settings, self.store, self.allocator, self.leaders,
+                                            self.metrics, clock_ms=clock_ms, events=self.events)
+        self.fleet = Fleet(self.store, self.leaders, self.events,
+                           timeout_ms=settings.leader_request_timeout_ms)
+        self.dashboard = Dashboard(lambda: self.service.list_pids(None, settings.pids_list_max),
+                                   self.fleet, self.events, clock_ms=clock_ms,
+                                   coordinator_id=settings.coordinator_id,
+                                   expiring_window_ms=settings.lease_expiring_window_ms)
         self.topics = Topics(self.store, self.leaders, clock_ms)
         info = {"id": settings.coordinator_id, "host": settings.http_host,
                 "port": settings.http_port, "started_ms": clock_ms()}
@@ -68,6 +77,13 @@ class Coordinator:
         g["pidlease_leader_calls_total"] = lambda: self.leaders.calls
         g["pidlease_leader_call_failures_total"] = lambda: self.leaders.failures
         g["pidlease_pids_swept_total"] = lambda: self.housekeeper.swept
+        g["pidlease_server_scrape_failures_total"] = lambda: self.fleet.scrape_failures
+        g["pidlease_events_recorded_total"] = lambda: self.events.added
+        # From the dashboard's newest snapshot (at most one ZooKeeper scan a second): a
+        # scrape never starts a scan of every PID itself.
+        self.metrics.labelled["pidlease_pids"] = (
+            "Retained PIDs by lease state, as of the dashboard's newest snapshot.", "state",
+            lambda: self.dashboard.last_counts())
 
     def start(self) -> None:
         self.store.start()
@@ -75,6 +91,7 @@ class Coordinator:
 
     def stop(self) -> None:
         self.housekeeper.stop()
+        self.fleet.close()
         self.service.close()
         self.leaders.close()
         self.store.stop()
@@ -209,10 +226,20 @@ def create_app(settings: CoordinatorSettings | None = None, *,
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/dashboard", response_class=HTMLResponse)
+    @app.get("/dashboard", response_class=HTMLResponse, summary="The operators' PID-expiry page")
     def dashboard() -> HTMLResponse:
-        pids = coord.service.list_pids(None, settings.pids_list_max)
-        return HTMLResponse(render_dashboard(pids, coord.service.clock_ms(), settings.coordinator_id))
+        return HTMLResponse(coord.dashboard.page(), headers={"Content-Security-Policy": CSP})
+
+    @app.get("/dashboard/data", summary="What the dashboard page polls (counts, PIDs, servers, events)")
+    def dashboard_data(horizon_ms: int = Query(HORIZON_MS_DEFAULT, ge=1)) -> JSONResponse:
+        return JSONResponse(coord.dashboard.data(horizon_ms), headers={"Cache-Control": "no-store"})
+
+    @app.get("/dashboard/static/{name}", include_in_schema=False)
+    def dashboard_asset(name: str) -> Response:
+        asset = coord.dashboard.static.get(name)
+        if asset is None:
+            raise StarletteHTTPException(404)
+        return Response(asset[0], media_type=asset[1], headers={"Cache-Control": "no-cache"})
 
     def on_unexpected(exc: BaseException) -> tuple[int, dict[str, Any]]:
         if isinstance(exc, PidleaseError):

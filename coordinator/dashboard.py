@@ -1,42 +1,223 @@
-"""``GET /dashboard``: the ops page of PID expiry, one self-refreshing HTML table, soonest
-expiry first. Rendered on the server with every value escaped; no scripts."""
+"""``GET /dashboard``: the operators' page of PID expiry, and ``GET /dashboard/data``, the
+JSON it polls.
+
+The page is rendered on the server first (every value escaped), so it is useful without
+JavaScript and a reload always shows the truth; ``static/dashboard.js`` then polls
+``/dashboard/data`` every second and updates the table, the counts, the expiry timeline,
+the servers and the events in place, and ticks "expires in" and the state between polls
+with the same rule as ``leases.lease_state``. Assets come from ``coordinator/static``,
+served by the coordinator itself; the Content-Security-Policy allows nothing else.
+
+One ZooKeeper scan of the PIDs and one METADATA round to the servers serve every viewer
+for ``REFRESH_MS``: a wall of open dashboards costs the same as one.
+"""
 
 from __future__ import annotations
 
 import html
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-_STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}
-td,th{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:left}
-.active{color:#16723a}.expiring{color:#a06000;font-weight:bold}.lapsed{color:#a01010}"""
+from coordinator.events import EventLog
+from coordinator.fleet import Fleet
+
+log = logging.getLogger("coordinator.dashboard")
+
+REFRESH_MS = 1000            # how stale a shared snapshot may be
+ROWS_MAX = 2000              # PID rows sent to a browser (counts and timeline cover all)
+EVENTS_SHOWN = 50
+TIMELINE_BUCKETS = 30
+HORIZON_MS_DEFAULT = 300_000
+HORIZON_MS_MIN, HORIZON_MS_MAX = 10_000, 7 * 86_400_000
+STATES = ("active", "expiring", "lapsed")
+
+STATIC_DIR = Path(__file__).with_name("static")
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+                ".svg": "image/svg+xml"}
+# No CDN, no inline code: the page may load only what this coordinator serves.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+       "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def load_static(directory: Path = STATIC_DIR) -> dict[str, tuple[bytes, str]]:
+    """The page's assets, read once at start: name -> (bytes, content type). A fixed
+    set, so no request path ever reaches the file system. Missing assets (a package
+    built without its data files) cost the page its live updates, never the lease
+    service: the first paint still works, and the log says what is wrong."""
+    try:
+        files = sorted(directory.iterdir())
+    except OSError as exc:
+        log.error("dashboard assets missing (%s): /dashboard will not update itself", exc)
+        return {}
+    return {p.name: (p.read_bytes(), STATIC_TYPES[p.suffix])
+            for p in files if p.suffix in STATIC_TYPES}
+
+
+def timeline(pids: list[dict[str, Any]], horizon_ms: int, buckets: int = TIMELINE_BUCKETS
+             ) -> dict[str, Any]:
+    """Upcoming expiries over the next ``horizon_ms`` in equal buckets (by time left at
+    the snapshot), plus how many expire later and how many have lapsed."""
+    size = max(1, horizon_ms // buckets)
+    counts = [0] * buckets
+    later = lapsed = 0
+    for p in pids:
+        left = p["expires_in_ms"]
+        if left <= 0:
+            lapsed += 1
+        elif left >= size * buckets:
+            later += 1
+        else:
+            counts[left // size] += 1
+    return {"horizon_ms": size * buckets, "bucket_ms": size, "counts": counts,
+            "later": later, "lapsed": lapsed}
+
+
+def order_rows(pids: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """What an operator must see first when there are too many: leases still running,
+    soonest expiry first, then the most recently lapsed."""
+    running = sorted((p for p in pids if p["expires_in_ms"] > 0), key=lambda p: p["expires_in_ms"])
+    lapsed = sorted((p for p in pids if p["expires_in_ms"] <= 0), key=lambda p: -p["expires_in_ms"])
+    return (running + lapsed)[:limit]
+
+
+class Dashboard:
+    def __init__(self, list_pids: Callable[[], list[dict[str, Any]]], fleet: Fleet,
+                 events: EventLog, *, clock_ms: Callable[[], int], coordinator_id: str,
+                 expiring_window_ms: int, refresh_ms: int = REFRESH_MS) -> None:
+        self._list_pids = list_pids
+        self.fleet = fleet
+        self.events = events
+        self.clock_ms = clock_ms
+        self.coordinator_id = coordinator_id
+        self.expiring_window_ms = expiring_window_ms
+        self.refresh_ms = refresh_ms
+        self._lock = threading.Lock()
+        self._pids: tuple[float, int, list[dict[str, Any]]] | None = None  # (taken, now_ms, views)
+        self._servers: tuple[float, list[dict[str, Any]]] | None = None
+        self.static = load_static()
+
+    # -- shared snapshots ------------------------------------------------------------------
+    def pids(self) -> tuple[int, list[dict[str, Any]]]:
+        """(snapshot time, PID views), at most ``refresh_ms`` old. The lock makes
+        concurrent viewers wait for one scan instead of each starting their own."""
+        with self._lock:
+            got = self._pids
+            if got is None or time.monotonic() - got[0] > self.refresh_ms / 1000:
+                now = self.clock_ms()
+                got = (time.monotonic(), now, self._list_pids())
+                self._pids = got
+            return got[1], got[2]
+
+    def last_counts(self) -> dict[str, float] | None:
+        """Counts per state of the newest snapshot, without scanning (for /metrics)."""
+        got = self._pids
+        if got is None:
+            return None
+        return {s: sum(1 for p in got[2] if p["state"] == s) for s in STATES}
+
+    def servers(self) -> list[dict[str, Any]]:
+        with self._lock:
+            got = self._servers
+            if got is None or time.monotonic() - got[0] > self.refresh_ms / 1000:
+                got = (time.monotonic(), self.fleet.survey())
+                self._servers = got
+            return got[1]
+
+    # -- the JSON the page polls -----------------------------------------------------------
+    def data(self, horizon_ms: int = HORIZON_MS_DEFAULT) -> dict[str, Any]:
+        horizon_ms = min(max(horizon_ms, HORIZON_MS_MIN), HORIZON_MS_MAX)
+        now, pids = self.pids()
+        servers = self.servers()
+        rows = order_rows(pids, ROWS_MAX)
+        return {"error": "NONE", "coordinator_id": self.coordinator_id, "now_ms": now,
+                "served_ms": self.clock_ms(),
+                "refresh_ms": self.refresh_ms, "expiring_window_ms": self.expiring_window_ms,
+                "total": len(pids), "truncated": len(rows) < len(pids),
+                "counts": {s: sum(1 for p in pids if p["state"] == s) for s in STATES},
+                "pids": rows, "timeline": timeline(pids, horizon_ms), "servers": servers,
+                "events": self.events.recent(EVENTS_SHOWN)}
+
+    # -- the page --------------------------------------------------------------------------
+    def page(self) -> str:
+        now, pids = self.pids()
+        rows = order_rows(pids, ROWS_MAX)
+        counts = {s: sum(1 for p in pids if p["state"] == s) for s in STATES}
+        return render_page(rows, counts, now, self.coordinator_id, len(pids))
 
 
 def _dur(ms: int) -> str:
     sign = "-" if ms < 0 else ""
-    s = abs(ms) // 1000
+    ms = abs(ms)
+    if ms < 10_000:
+        return f"{sign}{ms / 1000:.1f}s"
+    s = ms // 1000
     if s < 120:
         return f"{sign}{s}s"
     if s < 7200:
         return f"{sign}{s // 60}m"
-    return f"{sign}{s // 3600}h"
+    if s < 172_800:
+        return f"{sign}{s // 3600}h"
+    return f"{sign}{s // 86_400}d"
 
 
-def render_dashboard(pids: list[dict[str, Any]], now_ms: int, coordinator_id: str) -> str:
+def _row(p: dict[str, Any], now_ms: int) -> str:
     e = html.escape
-    counts = {k: sum(1 for p in pids if p["state"] == k) for k in ("active", "expiring", "lapsed")}
-    rows = []
-    for p in sorted(pids, key=lambda v: v["expires_in_ms"]):
-        parts = ", ".join(f"{x['topic']}/{x['partition']}@{x['highwater']}" for x in p["partitions"])
-        rows.append(
-            f"<tr><td>{p['pid']}</td><td>{e(p['producer_name'] or '')}</td>"
-            f"<td>{p['generation']}</td><td class=\"{e(p['state'])}\">{e(p['state'])}</td>"
-            f"<td>{_dur(p['expires_in_ms'])}</td><td>{_dur(now_ms - p['last_use_ms'])} ago</td>"
-            f"<td>{e(parts)}</td></tr>")
-    summary = " · ".join(f"{k}: {v}" for k, v in counts.items())
-    return (f"<!doctype html><html><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"refresh\" content=\"5\"><title>pidlease PIDs</title>"
-            f"<style>{_STYLE}</style></head><body><h1>PID leases</h1>"
-            f"<p>coordinator {e(coordinator_id)} · {len(pids)} PIDs · {summary}</p>"
-            f"<table><tr><th>pid</th><th>producer</th><th>generation</th><th>state</th>"
-            f"<th>expires in</th><th>last use</th><th>partitions (highwater)</th></tr>"
-            f"{''.join(rows)}</table></body></html>")
+    parts = " ".join(f"{x['topic']}/{x['partition']}@{x['highwater']}" for x in p["partitions"])
+    # Cells are found by data-col; the state cell's class is the state alone, so a page
+    # grep for class="lapsed" finds exactly the lapsed rows.
+    return (f'<tr data-pid="{p["pid"]}"><td data-col="name">{e(p["producer_name"] or "")}</td>'
+            f'<td data-col="pid">{p["pid"]}</td><td data-col="gen">{p["generation"]}</td>'
+            f'<td data-col="parts">{e(parts)}</td>'
+            f'<td data-col="lastuse">{_dur(now_ms - p["last_use_ms"])} ago</td>'
+            f'<td data-col="expires">{_dur(p["expires_in_ms"])}</td>'
+            f'<td data-col="state" class="{e(p["state"])}">{e(p["state"])}</td></tr>')
+
+
+def render_page(rows: list[dict[str, Any]], counts: dict[str, int], now_ms: int,
+                coordinator_id: str, total: int) -> str:
+    e = html.escape
+    cards = "".join(f'<div class="card {s}"><span class="n" id="count-{s}">{counts[s]}</span>'
+                    f'<span class="label">{s}</span></div>' for s in STATES)
+    body = "".join(_row(p, now_ms) for p in rows)
+    head = "".join(f'<th data-sort="{k}" tabindex="0">{label}</th>' for k, label in (
+        ("producer_name", "producer"), ("pid", "pid"), ("generation", "generation"),
+        ("partitions", "partitions (highwater)"), ("last_use_ms", "last use"),
+        ("expires_at_ms", "lease expires in"), ("state", "state")))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>pidlease: PID expiry</title>
+<link rel="icon" href="/dashboard/static/favicon.svg" type="image/svg+xml">
+<link rel="stylesheet" href="/dashboard/static/dashboard.css">
+<script src="/dashboard/static/dashboard.js" defer></script>
+</head><body>
+<header><h1>PID leases</h1>
+<p class="meta">coordinator <b>{e(coordinator_id)}</b> · <span id="total">{total}</span> PIDs ·
+updated <span id="updated">at load</span> <span id="status" class="ok"></span></p></header>
+<section class="cards" id="counts">{cards}</section>
+<section class="panel"><h2>Upcoming expiries</h2>
+<label>horizon <select id="horizon"><option value="60000">1 minute</option>
+<option value="300000" selected>5 minutes</option><option value="900000">15 minutes</option>
+<option value="3600000">1 hour</option><option value="86400000">1 day</option></select></label>
+<svg id="timeline" viewBox="0 0 600 120" role="img" aria-label="expiries over time"></svg>
+<p id="timeline-note" class="note"></p></section>
+<section class="panel"><h2>Producers</h2>
+<div class="filters"><input id="filter" type="search" placeholder="filter: name, pid, topic">
+<label><input type="checkbox" class="state-filter" value="active" checked> active</label>
+<label><input type="checkbox" class="state-filter" value="expiring" checked> expiring</label>
+<label><input type="checkbox" class="state-filter" value="lapsed" checked> lapsed</label>
+<span id="shown" class="note"></span></div>
+<table id="pids"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>
+<section class="panel"><h2>Partition servers</h2>
+<table id="servers"><thead><tr><th>server</th><th>address</th><th>partitions</th>
+<th>tracked PIDs</th><th>PID state memory</th><th>resident memory</th><th>snapshot age</th>
+<th>fenced appends</th><th>duplicates</th><th>out of order</th></tr></thead><tbody></tbody></table>
+</section>
+<section class="panel"><h2>Recent fenced and duplicate events</h2>
+<ol id="events" class="events"></ol></section>
+<noscript><p>Without JavaScript this page does not update itself; reload it.</p></noscript>
+</body></html>"""

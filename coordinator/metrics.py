@@ -2,14 +2,19 @@
 
 Written by hand (a few counters do not justify a dependency); thread-safe because request
 handlers run on many threads. ZooKeeper request counts are read from the store at render
-time so there is one source of truth for them.
+time so there is one source of truth for them. Labelled gauges (PIDs per lease state) are
+callbacks too; one that has nothing to say yet (None) or fails is left out of the scrape
+rather than failing it, so ``/metrics`` answers even while ZooKeeper is down.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 from collections.abc import Callable
+
+log = logging.getLogger("coordinator.metrics")
 
 # Seconds; a lease is one or two ZooKeeper round trips plus maybe a leader call.
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -26,6 +31,8 @@ class Metrics:
         self._latency_sum_s = 0.0
         self._latency_count = 0
         self.gauges: dict[str, Callable[[], float]] = {}
+        # name -> (help, label name, callback returning {label value: number} or None)
+        self.labelled: dict[str, tuple[str, str, Callable[[], dict[str, float] | None]]] = {}
 
     def lease_done(self, kind: str, latency_s: float) -> None:
         with self._lock:
@@ -82,4 +89,15 @@ class Metrics:
         for name, fn in sorted(self.gauges.items()):
             kind = "counter" if name.endswith("_total") else "gauge"
             lines += [f"# TYPE {name} {kind}", f"{name} {fn()}"]
+        for name, (help_text, label, values_fn) in sorted(self.labelled.items()):
+            try:
+                values = values_fn()
+            except Exception:
+                log.exception("gauge %s failed", name)
+                continue
+            if values is None:
+                continue
+            kind = "counter" if name.endswith("_total") else "gauge"
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            lines += [f'{name}{{{label}="{key}"}} {v}' for key, v in sorted(values.items())]
         return "\n".join(lines) + "\n"

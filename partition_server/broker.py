@@ -1,6 +1,7 @@
 """The partitions of this server as a whole: recovery at startup (newest valid snapshot +
-log replay), which partitions it hosts and leads (from the registry's Assignment),
-periodic snapshots of durable state, and PID expiry."""
+log replay), which partitions it hosts and leads (from the registry's Assignment; roles of
+replicated partitions are decided by ``replication.ReplicaManager``), periodic snapshots
+of durable state, and PID expiry."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any
 
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, parse_dir_name, wall_clock_ms
-from partition_server.registry import Assignment
+from partition_server.registry import Assignment, Registry
+from partition_server.replication import ReplicaManager, is_replicated
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
 from pidlease.cluster import DEDUP_MODES
@@ -26,7 +28,7 @@ Key = tuple[str, int]
 
 
 class Broker:
-    def __init__(self, settings: ServerSettings, *,
+    def __init__(self, settings: ServerSettings, registry: Registry, *,
                  clock_ms: Callable[[], int] = wall_clock_ms) -> None:
         self.s = settings
         self.clock_ms = clock_ms
@@ -42,6 +44,9 @@ class Broker:
         self._snapshot_lock = asyncio.Lock()
         self.recovery: dict[str, Any] = {}
         self.snapshots_taken = 0
+        self.replicas = ReplicaManager(settings, registry, self.partitions, self.data_dir,
+                                       clock_ms=clock_ms, note_append=self.note_append)
+        self._checkpoint_hws: dict[Key, int] = {}
 
     # -- recovery --------------------------------------------------------------------------
     def _mode(self, topic: str, a: Assignment | None = None) -> str:
@@ -54,12 +59,17 @@ class Broker:
 
     def _open(self, key: Key, snapshot: PartitionImage | None,
               a: Assignment | None = None) -> tuple[Partition, Any, int]:
-        return Partition.recover(
+        replicated = is_replicated((a or self.assignment).partitions.get(key))
+        part, report, n = Partition.recover(
             self.data_dir, key[0], key[1], mode=self._mode(key[0], a),
             segment_bytes_max=self.s.segment_bytes_max,
             batches_kept=self.s.duplicate_batches_kept,
             pids_max=self.s.tracked_pids_max_per_partition, flusher=self.flusher,
-            clock_ms=self.clock_ms, snapshot=snapshot)
+            clock_ms=self.clock_ms, snapshot=snapshot,
+            checkpoint_hw=self._checkpoint_hws.get(key, 0) if replicated else None)
+        if replicated:
+            part.role = "follower"  # until the replica manager decides
+        return part, report, n
 
     def recover(self, a: Assignment) -> dict[str, Any]:
         """Open every partition found on disk (blocking; before serving)."""
@@ -71,6 +81,8 @@ class Broker:
             gc.enable()
 
     def _recover(self, a: Assignment, t0: float) -> dict[str, Any]:
+        self._checkpoint_hws = self.replicas.checkpoint.read()
+        self.replicas.note_startup(a)
         loaded = self.snapshots.load_newest()
         snap_parts = loaded[0].partitions if loaded else {}
         t_snap = time.perf_counter() - t0
@@ -120,16 +132,19 @@ class Broker:
                 self.partitions[key] = part
                 log.info("hosting new partition %s-%d", *key)
             part.hosted = True
+            mode = self._mode(key[0], a)
+            if mode != part.state.mode:
+                log.warning("topic %s dedup mode %s -> %s", key[0], part.state.mode, mode)
+                part.state.mode = mode
+            if is_replicated(ps):
+                self.replicas.apply(key, part, ps, a)
+                continue
             role = "leader" if ps.leader == me else "follower"
             if role != part.role:
                 log.info("partition %s-%d: %s -> %s", key[0], key[1], part.role, role)
             part.role = role
             leader = a.servers.get(ps.leader)
             part.leader_address = leader.address if leader is not None else ""
-            mode = self._mode(key[0], a)
-            if mode != part.state.mode:
-                log.warning("topic %s dedup mode %s -> %s", key[0], part.state.mode, mode)
-                part.state.mode = mode
         for key, part in self.partitions.items():
             if key not in hosted:
                 part.hosted = False
@@ -148,8 +163,8 @@ class Broker:
         return None, leader.address if leader is not None else ""
 
     # -- snapshots -------------------------------------------------------------------------
-    def note_append(self) -> None:
-        self._batches_since_snapshot += 1
+    def note_append(self, batches: int = 1) -> None:
+        self._batches_since_snapshot += batches
         if self._batches_since_snapshot >= self.s.snapshot_interval_batches:
             self._start_snapshot()
 
@@ -169,7 +184,7 @@ class Broker:
             for key, part in list(self.partitions.items()):
                 img = await part.capture()
                 snap.partitions[key] = img
-                waits.append(part.wait_durable(img.covered_to))
+                waits.append(part.wait_flushed(img.covered_to))
             self.flusher.flush_soon()
             await asyncio.gather(*waits)
             t_capture = time.perf_counter() - t0
@@ -210,9 +225,10 @@ class Broker:
         parts = [p.metadata() for _, p in sorted(self.partitions.items())]
         return {"server_id": server_id, "address": address, "partitions": parts,
                 "tracked_pids_total": sum(x["tracked_pids"] for x in parts),
-                "recovery": self.recovery}
+                "recovery": self.recovery, "replica_fetchers": self.replicas.describe()}
 
     async def close(self) -> None:
+        await self.replicas.close()
         try:
             await asyncio.wait_for(self.flusher.wait_idle(), 10)
             if self.partitions:

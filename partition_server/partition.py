@@ -29,8 +29,8 @@ from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
 from partition_server.snapshot import PartitionImage
-from pidlease.errors import CorruptRecord, NotLeader, PidleaseError, ServerUnavailable
-from pidlease.protocol import BatchHeader, encode_control_batch, iter_batches, set_base_offset
+from pidlease.errors import NotLeader, PidleaseError, ServerUnavailable
+from pidlease.protocol import BatchHeader, encode_control_batch, set_base_offset
 
 log = logging.getLogger("partition_server.partition")
 
@@ -76,7 +76,7 @@ class Partition:
         self.leader_epoch = -1       # the epoch this replica leads or follows
         self.leader_id = -1
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
-        self._data_waiters: list[asyncio.Future[None]] = []
+        self._data_waiter: asyncio.Future[None] | None = None
         self.follower_rule_mismatches = 0
 
     @property
@@ -240,8 +240,9 @@ class Partition:
         if self.replicated:
             self._wake_data_waiters()
 
-    def fail_waiters(self, why: str, exc_type: type[PidleaseError] = ServerUnavailable) -> None:
-        for q in (self._waiters, self._flush_waiters):
+    def fail_waiters(self, why: str, exc_type: type[PidleaseError] = ServerUnavailable, *,
+                     acks_only: bool = False) -> None:
+        for q in (self._waiters,) if acks_only else (self._waiters, self._flush_waiters):
             while q:
                 _, fut, _ = q.popleft()
                 if not fut.done():
@@ -302,7 +303,8 @@ class Partition:
         if was_leader:
             # Acks still waiting can no longer be given here; the producers resend to the
             # new leader, which answers DUPLICATE or appends.
-            self.fail_waiters(f"no longer the leader of {self.topic}-{self.partition}", NotLeader)
+            self.fail_waiters(f"no longer the leader of {self.topic}-{self.partition}", NotLeader,
+                              acks_only=True)
 
     # -- replication: the leader's side ----------------------------------------------------
     def record_replica_fetch(self, replica: int, offset: int) -> None:
@@ -312,17 +314,17 @@ class Partition:
 
     def wait_for_data(self) -> asyncio.Future[None]:
         """Resolved at the next append, high watermark change or role change (a follower's
-        fetch waits here when it has everything)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._data_waiters.append(fut)
+        fetch waits here when it has everything). One future shared by every waiter, so
+        fetches that time out leave nothing behind."""
+        fut = self._data_waiter
+        if fut is None or fut.done():
+            fut = self._data_waiter = asyncio.get_running_loop().create_future()
         return fut
 
     def _wake_data_waiters(self) -> None:
-        if self._data_waiters:
-            waiters, self._data_waiters = self._data_waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+        fut, self._data_waiter = self._data_waiter, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def replica_read(self, offset: int, max_bytes: int) -> list[bytes]:
         """For followers: everything written, durable here or not (they fsync it
@@ -330,49 +332,6 @@ class Partition:
         return self.log.read(offset, max_bytes, self.log.next_offset)
 
     # -- replication: the follower's side --------------------------------------------------
-    def append_fetched(self, data: memoryview, epochs: list[tuple[int, int]]) -> int:
-        """Append the batches a leader sent (already in its log, offsets set) and replay
-        them into the producer state, as recovery would. ``epochs`` are the leader's
-        (epoch, start) entries for them. Returns the number of batches appended."""
-        start = self.log.next_offset
-        batches = []
-        end = start
-        for h, pos in iter_batches(data):  # checks every checksum
-            if h.base_offset + h.count <= end:
-                continue  # already here (a fetch starts at the batch holding the offset)
-            if h.base_offset != end:
-                raise CorruptRecord(f"fetched batch at offset {h.base_offset}, expected {end}")
-            batches.append((h, pos))
-            end = h.base_offset + h.count
-        if not batches:
-            return 0
-        changed = False
-        for epoch, first in epochs:
-            latest = self.epochs.latest_epoch
-            if (latest is None or epoch > latest) and max(first, start) < end:
-                if first < start:
-                    raise CorruptRecord(f"leader says epoch {epoch} starts at {first}, inside "
-                                        f"this replica's log (ends {start}); reconcile again")
-                changed |= self.epochs.assign(epoch, first)
-        if changed:
-            self.epochs.save()  # before the batches: a crash in between only refetches
-        now = self.clock_ms()
-        state = self.state
-        for h, pos in batches:
-            self.log.append(data[pos:pos + h.size], h.count)
-            if h.is_control:
-                state.apply_fence(h.pid, h.generation, now)
-                continue
-            if state.tracks(h.pid):
-                d = state.check_append(h.pid, h.generation, h.base_sequence, h.count)
-                if d.outcome is not Outcome.APPEND:
-                    # The leader's log is the truth; a mismatch means the tables drifted
-                    # (expiry at other times, an evicted PID). Counted and shown.
-                    self.follower_rule_mismatches += 1
-            state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
-        self.batches_appended += len(batches)
-        return len(batches)
-
     def truncate_to(self, offset: int) -> int:
         """Drop the log from the batch holding ``offset`` on (a suffix that diverges from
         the leader's), then rebuild the producer state. The caller has waited until the

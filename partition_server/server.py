@@ -54,6 +54,10 @@ def error_response(api_key: int, corr: int, code: int, detail: str, leader: str 
         return P.producer_state_response(corr, code, detail)
     if api_key == P.METADATA:
         return P.metadata_response(corr, code, detail)
+    if api_key == P.REPLICA_FETCH:
+        return P.replica_fetch_response(corr, code, detail)
+    if api_key == P.EPOCH_END:
+        return P.epoch_end_response(corr, code, detail)
     return P.response(corr, code, detail, b"")
 
 
@@ -75,8 +79,9 @@ class PartitionServer:
                  clock_ms: Callable[[], int] = wall_clock_ms) -> None:
         self.s = settings
         self.clock_ms = clock_ms
-        self.broker = Broker(settings, clock_ms=clock_ms)
-        self.registry = Registry(settings.zk, settings.server_id)
+        self.registry = Registry(settings.zk, settings.server_id,
+                                 timeout_s=settings.zk_session_timeout_ms / 1000)
+        self.broker = Broker(settings, self.registry, clock_ms=clock_ms)
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._maint: asyncio.Task[None] | None = None
@@ -100,6 +105,7 @@ class PartitionServer:
         await self.registry.register(self.s.host, self.port)
         await self.registry.refresh()  # arms the watches, now that we are listed
         await self._server.start_serving()
+        self.broker.replicas.start()
         self._maint = loop.create_task(self.broker.maintain())
         log.info("partition server %d serving on %s (data %s, fsync=%s)", self.s.server_id,
                  self.address, self.s.data_dir, self.s.fsync)
@@ -225,6 +231,10 @@ class PartitionServer:
                 return self._fetch(req, part)
             if api == P.FENCE:
                 return self._fence(req, part)
+            if api == P.REPLICA_FETCH:
+                return asyncio.ensure_future(self.broker.replicas.replica_fetch(req, part))
+            if api == P.EPOCH_END:
+                return self.broker.replicas.epoch_end(req, part)
             return self._producer_state(req, part)
         except PidleaseError as exc:
             if len(body) < 5:
@@ -270,7 +280,7 @@ class PartitionServer:
             raise InvalidRequest(f"fetch offset must be >= 0, got {req.offset}")
         max_bytes = min(max(req.max_bytes, 1), self.s.fetch_bytes_max)
         chunks = part.fetch(req.offset, max_bytes)
-        return P.fetch_response(req.correlation_id, 0, high_watermark=part.durable_end,
+        return P.fetch_response(req.correlation_id, 0, high_watermark=part.high_watermark,
                                 log_start_offset=0, data=chunks)
 
     def _fence(self, req: P.Request, part: Partition) -> Reply:

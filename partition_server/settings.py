@@ -37,6 +37,14 @@ class ServerSettings(BaseSettings):
     fetch_bytes_max: int = Field(default=4 * MiB, ge=1024)
     tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1)
     inflight_requests_max_per_connection: int = Field(default=1000, ge=1)
+    # -- replication (docs/replication.md) --
+    zk_session_timeout_ms: int = Field(default=10_000, ge=1_000, le=120_000)
+    replica_lag_time_max_ms: int = Field(default=10_000, ge=100)
+    replica_fetch_wait_max_ms: int = Field(default=500, ge=1, le=60_000)
+    replica_fetch_timeout_ms: int = Field(default=10_000, ge=100)
+    replica_fetch_backoff_ms: int = Field(default=100, ge=1, le=60_000)
+    hw_checkpoint_interval_ms: int = Field(default=1000, ge=10)
+    replica_routes: str = ""  # "<server id>=<host:port>,...": fetch from that server via there
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -47,7 +55,12 @@ class ServerSettings(BaseSettings):
                 "PIDLEASE_ALLOW_SHORT_PID_EXPIRE=1 only for tests")
         if self.batch_bytes_max > self.frame_bytes_max:
             raise ValueError("batch_bytes_max must not exceed frame_bytes_max")
+        parse_routes(self.replica_routes)
         return self
+
+    @property
+    def routes(self) -> dict[int, str]:
+        return parse_routes(self.replica_routes)
 
     @property
     def address(self) -> str:
@@ -56,3 +69,15 @@ class ServerSettings(BaseSettings):
     @property
     def secret_bytes(self) -> bytes:
         return self.lease_secret.encode()
+
+
+def parse_routes(spec: str) -> dict[int, str]:
+    """``"1=127.0.0.1:9001,3=127.0.0.1:9003"``: fetch from server 1 via 127.0.0.1:9001 (a
+    fault-injection proxy in tests; another network path in a deployment)."""
+    out: dict[int, str] = {}
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        sid, _, addr = part.partition("=")
+        if not sid.strip().isdigit() or ":" not in addr:
+            raise ValueError(f"bad replica route {part!r}; expected <server id>=<host:port>")
+        out[int(sid)] = addr.strip()
+    return out

@@ -152,6 +152,21 @@ def create_topic(zk_hosts: str, name: str, partitions: int = 1, *, dedup: str = 
         zk.close()
 
 
+def log_batches(data_dir: Path, topic: str, partition: int) -> list[bytes]:
+    """Every stored batch of a partition, read straight from its segment files (to compare
+    replicas batch for batch). Read while the server is quiet or stopped."""
+    out: list[bytes] = []
+    for seg in sorted((data_dir / dir_name(topic, partition)).glob("*.log")):
+        data = seg.read_bytes()
+        end = 0
+        for h, pos in P.iter_batches(data):
+            out.append(data[pos:pos + h.size])
+            end = pos + h.size
+        if end != len(data):
+            raise AssertionError(f"{seg}: {len(data) - end} bytes after the last whole batch")
+    return out
+
+
 def active_segment(data_dir: Path, topic: str, partition: int) -> Path:
     segs = sorted((data_dir / dir_name(topic, partition)).glob("*.log"))
     return segs[-1]

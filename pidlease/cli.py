@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,20 +218,29 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_pids(args: argparse.Namespace) -> int:
+    """The terminal's PID-expiry table: what /dashboard shows, soonest expiry first."""
     with _client(args) as c:
-        pids = c.pids(limit=args.limit)
+        params: dict[str, Any] = {"limit": args.limit}
+        if args.state:
+            params["state"] = args.state
+        pids = list(c.call("GET", "/v1/pids", params=params).get("pids", []))
     if args.expiring_within is not None:
-        pids = [p for p in pids if p.get("expires_in_ms", 0) <= args.expiring_within]
+        # Still running and out within DURATION: lapsed leases are not "expiring" any more.
+        pids = [p for p in pids if 0 < p.get("expires_in_ms", 0) <= args.expiring_within]
     pids.sort(key=lambda p: p.get("expires_in_ms", 0))
     if args.json:
         print(json.dumps(pids))
         return 0
+    now_ms = int(time.time() * 1000)
     rows = [[p["pid"], p.get("producer_name") or "-", p.get("generation"), p.get("state"),
              _human_ms(int(p.get("expires_in_ms", 0))),
+             _human_ms(max(0, now_ms - int(p.get("last_use_ms", now_ms)))) + " ago",
              ",".join(f"{q['topic']}/{q['partition']}@{q.get('highwater', -1)}" for q in p.get("partitions", []))
              or "-"] for p in pids]
-    print(_table(rows, ["PID", "NAME", "GENERATION", "STATE", "EXPIRES_IN", "PARTITIONS(topic/p@highwater)"]))
-    print(f"{len(rows)} PIDs")
+    print(_table(rows, ["PID", "NAME", "GENERATION", "STATE", "EXPIRES_IN", "LAST_USE",
+                        "PARTITIONS(topic/p@highwater)"]))
+    counts = {s: sum(1 for p in pids if p.get("state") == s) for s in ("active", "expiring", "lapsed")}
+    print(f"{len(rows)} PIDs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 0
 
 
@@ -345,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog="example: pidlease pids --expiring-within 5m")
     coord(pi)
     pi.add_argument("--expiring-within", type=parse_duration_ms, metavar="DURATION",
-                    help="only leases expiring within e.g. 30s, 5m, 1h")
+                    help="only running leases that expire within e.g. 30s, 5m, 1h")
+    pi.add_argument("--state", choices=("active", "expiring", "lapsed"), help="only this state")
     pi.add_argument("--limit", type=int, default=1000)
     pi.add_argument("--json", action="store_true")
     pi.set_defaults(func=cmd_pids)

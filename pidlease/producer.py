@@ -33,7 +33,7 @@ from pidlease.leader_pool import LeaderPool
 from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
-from pidlease.record_future import fail_all, future_class
+from pidlease.record_future import BatchAck, RecordFuture, fail_all, future_class, settle_unseen
 from pidlease.record_run import RecordRun
 from pidlease.sender import (
     DeliveryTimeout,
@@ -207,6 +207,9 @@ class AsyncProducer:
         self._senders = [PartitionSender(self, p, next_sequence=leases[p].sequence_number)
                          for p in range(self.partitions)]
         self._last_given = [leases[p].sequence_number - 1 for p in range(self.partitions)]
+        # What a replayed (already durable) explicit sequence id resolves to: record i of
+        # this "batch" is sequence i, duplicate, offset unknown (-1).
+        self._replayed_ack = [BatchAck(self.topic, p, -1, 0, True) for p in range(self.partitions)]
         for s in self._senders:
             s.start()
         self._lease.start()
@@ -310,10 +313,8 @@ class AsyncProducer:
             # The common case (bytes, no key, no partition, the producer's own numbering)
             # in a few checks: this runs once per record.
             self._explicit = False
-            if self.partitions == 1:
-                return 0, _REC_HEAD_NO_KEY(-1, len(value)) + value, -1
-            assert self._partitioner is not None
-            return self._partitioner.partition(None), _REC_HEAD_NO_KEY(-1, len(value)) + value, -1
+            p = 0 if self.partitions == 1 else self.next_partition()
+            return p, _REC_HEAD_NO_KEY(-1, len(value)) + value, -1
         self.check_open()
         value_b = _as_bytes(value, "value")
         key_b = None if key is None else _as_bytes(key, "key")
@@ -342,7 +343,10 @@ class AsyncProducer:
             if seq <= last:
                 if seq <= self._senders[p].last_acked:
                     self._explicit = True
-                    settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
+                    if isinstance(fut, RecordFuture):  # a replay: cheap, it is per record
+                        settle_unseen(fut, self._replayed_ack[p], seq)
+                    else:
+                        settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
                     return None
                 raise errors.InvalidRequest(f"sequence_id {seq} was already given to a record of "
                                             f"partition {p} that is not acknowledged yet")
@@ -352,6 +356,11 @@ class AsyncProducer:
             self._last_given[p] = seq
         self._explicit = explicit
         return p, _encode_record(key_b, value_b), seq
+
+    def next_partition(self) -> int:
+        """Round robin, for a record with neither key nor partition (under self.lock)."""
+        assert self._partitioner is not None
+        return self._partitioner.partition(None)
 
     def enqueue(self, partition: int, encoded: bytes, seq: int, fut: Any) -> None:
         """Hand an admitted record to its partition (loop thread)."""
@@ -512,30 +521,48 @@ class Producer:
         eng = self._engine
         fut: concurrent.futures.Future[RecordMetadata] = self._future_class()
         schedule = 0
+        # This runs once per record: the common case (bytes, no key, no partition, the
+        # producer's own numbering, an open run with room) is written out inline, with no
+        # further calls; everything else goes through admit() and RecordRun.add.
         with eng.lock:
             while self._unresolved >= self._buffer_max:
                 eng.check_open()  # a producer that failed while we waited must not block us
                 self._space.wait(0.2)
-            got = eng.admit(value, key, partition, sequence_id, fut)
-            if got is None:
-                return fut
-            # Append to the partition's open run here, on the caller's thread: the loop
-            # thread then only moves whole runs (no per-record work there).
-            p, encoded, seq = got
+            if (eng._open and type(value) is bytes and key is None and partition is None
+                    and sequence_id is None and eng._explicit is False
+                    and len(value) <= eng._value_bytes_max):
+                p = 0 if eng.partitions == 1 else eng.next_partition()
+                encoded = _REC_HEAD_NO_KEY(-1, len(value)) + value
+                seq = -1
+            else:
+                got = eng.admit(value, key, partition, sequence_id, fut)
+                if got is None:
+                    return fut
+                p, encoded, seq = got
             self._unresolved += 1
             runs = self._inbox.get(p)
-            if runs is None or not runs[-1].add(encoded, fut, seq):
-                run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max)
-                run.add(encoded, fut, seq)
-                if runs is None:
-                    self._inbox[p] = [run]
-                else:
-                    runs.append(run)   # the previous run is full: drain it now
-                state = self._drain_state
-                if state == 0:
-                    self._drain_state = schedule = 2 if runs is not None or not self._linger_s else 1
-                elif state == 1 and runs is not None:
-                    self._drain_state = schedule = 2
+            if runs is not None:
+                run = runs[-1]
+                size = run.size + len(encoded)
+                if seq < 0 and size <= self._bytes_max and len(run.futures) < self._records_max:
+                    run.encoded.append(encoded)   # RecordRun.add, inline
+                    run.futures.append(fut)
+                    run.size = size
+                    return fut
+                if run.add(encoded, fut, seq):
+                    return fut
+            # A new run: the first since the last drain, or the previous one is full.
+            run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max)
+            run.add(encoded, fut, seq)
+            if runs is None:
+                self._inbox[p] = [run]
+            else:
+                runs.append(run)   # the previous run is full: drain it now
+            state = self._drain_state
+            if state == 0:
+                self._drain_state = schedule = 2 if runs is not None or not self._linger_s else 1
+            elif state == 1 and runs is not None:
+                self._drain_state = schedule = 2
         if schedule:
             self._loop.call_soon_threadsafe(self._arm_drain if schedule == 1 else self._drain)
         return fut

@@ -61,10 +61,8 @@ class RecordFuture(Future):  # type: ignore[type-arg]
 
     _condition: threading.Condition
     _state = PENDING
-    _result: Any = None
+    _result: Any = None      # RecordMetadata, or (BatchAck, index) until first asked for
     _exception: BaseException | None = None
-    _ack: BatchAck | None = None
-    _index = 0
 
     def __init__(self) -> None:
         # Deliberately not calling Future.__init__: it would build a Condition per record.
@@ -86,10 +84,11 @@ class RecordFuture(Future):  # type: ignore[type-arg]
             raise CancelledError()
         if self._exception is not None:
             raise self._exception
-        if self._result is None and self._ack is not None:
-            self._result = self._ack.metadata(self._index)
-            self._ack = None
-        return self._result
+        r = self._result
+        if type(r) is tuple:
+            ack, i = r
+            r = self._result = ack.metadata(i)
+        return r
 
     def result(self, timeout: float | None = None) -> Any:
         with self._condition:
@@ -121,11 +120,16 @@ def resolve_batch(condition: threading.Condition, futures: Sequence[RecordFuture
     with_callbacks = []
     with condition:
         for i, f in enumerate(futures):
+            d = f.__dict__   # not f._waiters: that would make the lists
+            if not d:
+                # Untouched since it was made (the usual case): pending, nobody waits,
+                # no callbacks. Two stores, nothing else, for each record of the batch.
+                d["_result"] = (ack, i)
+                d["_state"] = FINISHED
+                continue
             if f._state in _OPEN:
-                f._ack = ack
-                f._index = i
+                f._result = (ack, i)
                 f._state = FINISHED
-                d = f.__dict__   # not f._waiters: that would make the lists
                 if "_waiters" in d:
                     for w in d["_waiters"]:
                         w.add_result(f)
@@ -134,6 +138,14 @@ def resolve_batch(condition: threading.Condition, futures: Sequence[RecordFuture
         condition.notify_all()
     for f in with_callbacks:
         f._invoke_callbacks()
+
+
+def settle_unseen(future: RecordFuture, ack: BatchAck, i: int) -> None:
+    """Resolve a future that has not been handed to anyone yet (no waiter, no callback
+    can exist), without taking the Condition: as record ``i`` of ``ack``."""
+    d = future.__dict__
+    d["_result"] = (ack, i)
+    d["_state"] = FINISHED
 
 
 def fail_all(condition: threading.Condition, futures: Iterable[RecordFuture],

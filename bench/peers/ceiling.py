@@ -21,8 +21,9 @@ import struct
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.peers.process import ServerProcess, free_port
 from bench.workload import Outcome, clock, payload, records_per_batch

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.peers.process import ServerProcess, free_port
 from bench.workload import LATENCY_EVERY, Outcome, clock, payload
@@ -90,6 +91,11 @@ async def _create_stream(cfg: dict[str, Any]) -> None:
         await nc.close()
 
 
+def _stamp(lat: list[float], t: float) -> Callable[[Any], None]:
+    """A done-callback adding the latency since ``t`` to ``lat``."""
+    return lambda _f: lat.append(clock() - t)
+
+
 async def _produce(cfg: dict[str, Any], index: int, value_bytes: int, records: int,
                    ready: Callable[[], Any]) -> Outcome:
     import nats
@@ -108,7 +114,7 @@ async def _produce(cfg: dict[str, Any], index: int, value_bytes: int, records: i
         t = clock() if j % LATENCY_EVERY == 0 else 0.0
         fut = await js.publish_async(subject, value, headers={"Nats-Msg-Id": f"{index}-{j}"})
         if t:
-            fut.add_done_callback(lambda _f, t=t: lat.append(clock() - t))
+            fut.add_done_callback(_stamp(lat, t))
         futs.append(fut)
     await js.publish_async_completed()
     out.finished = clock()

@@ -16,8 +16,9 @@ are off the data path (they serve one lease per producer here).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.workload import LATENCY_EVERY, Outcome, clock, payload
 from pidlease.devcluster import LocalCluster

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.peers.process import ServerProcess, free_port
 from bench.workload import LATENCY_EVERY, Outcome, clock, payload

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +41,12 @@ def tear_tail(seg: Path, pid: int, generation: int) -> int:
     return len(partial)
 
 
+def unanswered_batches(p: Producer) -> int:
+    """Batches written to the server whose answer has not arrived (SDK internals)."""
+    return sum(1 for s in p._engine._senders for b in s.in_flight
+               if b.response is not None and not b.response.done())
+
+
 def wait_for(pred, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not pred():
@@ -61,6 +68,12 @@ def test_sigkill_during_pipelined_produce(make_cluster, tmp_path: Path, torn: bo
             futures.append(p.send(b"value-%d" % i, key=b"key-%d" % (i % 101)))
             if i == 40_000:
                 wait_for(lambda: futures[10_000].done())  # the pipeline is running
+                # Freeze the server so the batches sent from now on are certainly in
+                # flight, unanswered, when it dies (a fast producer may otherwise have had
+                # every answer already, and a kill between batches tests no resend).
+                cluster.signal_service(svc, signal.SIGSTOP)
+            if i == 41_000:
+                wait_for(lambda: unanswered_batches(p) > 0)
                 unresolved = sum(not f.done() for f in futures)
                 cluster.kill(svc)  # SIGKILL, waited for
                 if torn:

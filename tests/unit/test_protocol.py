@@ -120,3 +120,54 @@ def test_validate_batch_raises_only_corrupt_record(body):
         p.validate_batch(body, max_bytes=1 << 20)
     except CorruptRecord:
         pass
+
+
+def test_apis_before_replication_are_byte_for_byte_unchanged():
+    # The digest of these frames as the protocol encoded them before REPLICA_FETCH and
+    # EPOCH_END existed (commit 416a769): adding APIs must not move a byte of the old ones.
+    import hashlib
+    b = p.encode_batch([(b"k", b"v")], pid=3, generation=2, base_sequence=0, timestamp_ms=5)
+    frames = [p.produce_request(11, "orders", 2, "tok", b), p.fetch_request(11, "orders", 2, 99, 4096),
+              p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True),
+              p.producer_state_request(11, "orders", 2, 3), p.metadata_request(11),
+              p.produce_response(11, 0, base_offset=5, last_offset=9, leader="h:1"),
+              p.fetch_response(11, 21, "x", high_watermark=7, data=[b], leader="h:1"),
+              p.fence_response(11, 0, existed=True, durable_highwater=41, fence_offset=50),
+              p.producer_state_response(11, 0, found=True, generation=8, durable_highwater=41,
+                                        last_use_ms=9)]
+    digest = hashlib.sha256(b"".join(frames)).hexdigest()
+    assert digest == "4d61450e5a3e80737149168e7e08d79cd061b3f25bbbdc9a351c760b02b92d84"
+
+
+def test_replication_requests_and_responses_round_trip():
+    batch = p.encode_batch([(None, b"v")], pid=3, generation=2, base_sequence=0, timestamp_ms=0)
+    raw = p.replica_fetch_request(12, "orders", 4, replica_id=3, leader_epoch=7, offset=1234,
+                                  max_bytes=1 << 20, max_wait_ms=500)
+    req = p.decode_request(raw[4:])
+    assert (req.api_key, req.correlation_id, req.topic, req.partition) == (p.REPLICA_FETCH, 12, "orders", 4)
+    assert (req.replica_id, req.leader_epoch, req.offset, req.max_bytes, req.max_wait_ms) == \
+        (3, 7, 1234, 1 << 20, 500)
+    resp = p.decode_response(p.REPLICA_FETCH, p.replica_fetch_response(
+        12, 0, high_watermark=1200, leader_epoch=7, epochs=[(5, 900), (7, 1210)],
+        data=[batch, batch])[4:])
+    assert (resp.high_watermark, resp.leader_epoch, resp.epochs) == (1200, 7, [(5, 900), (7, 1210)])
+    assert bytes(resp.data) == batch + batch
+    err = p.decode_response(p.REPLICA_FETCH, p.replica_fetch_response(12, 21, "not me")[4:])
+    assert (err.error_code, err.detail, err.epochs, len(err.data)) == (21, "not me", [], 0)
+
+    raw = p.epoch_end_request(13, "orders", 4, replica_id=2, leader_epoch=7, epoch=5)
+    req = p.decode_request(raw[4:])
+    assert (req.api_key, req.replica_id, req.leader_epoch, req.epoch) == (p.EPOCH_END, 2, 7, 5)
+    resp = p.decode_response(p.EPOCH_END, p.epoch_end_response(13, 0, epoch=5, end_offset=1210)[4:])
+    assert (resp.epoch, resp.end_offset) == (5, 1210)
+    with pytest.raises(CorruptRecord):
+        p.decode_request(raw[4:-1])
+
+
+@given(st.sampled_from([p.REPLICA_FETCH, p.EPOCH_END]), st.binary(max_size=120))
+@settings(max_examples=300)
+def test_replication_answers_decode_or_raise_corrupt_record(api, body):
+    try:
+        p.decode_response(api, body)
+    except CorruptRecord:
+        pass

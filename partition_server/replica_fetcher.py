@@ -1,0 +1,233 @@
+"""A follower's fetch loop for one partition: connect to the leader, find where this log
+diverges from the leader's and cut it there (EPOCH_END rounds, ``epochs.truncation_step``),
+then fetch forever: append what the leader sends, fsync it, and only then fetch again, so
+the offset each fetch carries is what this replica holds durably (the leader counts it
+towards the high watermark).
+
+One connection per followed partition: the protocol answers in request order per
+connection, so a fetch parked at the leader would hold back every other partition's.
+Any error (connection lost or refused, a timeout, NOT_LEADER, a malformed answer) ends
+the session: the fetcher backs off, asks the registry to re-read ZooKeeper (the leader
+may have changed) and starts over with the reconciliation, so a session never resumes on
+assumptions made against another leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from partition_server.epochs import truncation_step
+from partition_server.partition import Partition
+from partition_server.producer_state import Outcome
+from pidlease import errors
+from pidlease import protocol as P
+from pidlease.errors import CorruptRecord
+from pidlease.protocol import iter_batches
+
+log = logging.getLogger("partition_server.replica_fetcher")
+
+_U32 = struct.Struct(">I")
+
+
+class FetchSessionError(Exception):
+    """The session with the leader is over; start again."""
+
+
+class _Wire:
+    """One request at a time over an asyncio stream."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 frame_bytes_max: int) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.frame_bytes_max = frame_bytes_max
+        self.corr = 0
+
+    async def call(self, api: int, build: Callable[[int], bytes], timeout_s: float) -> P.Response:
+        self.corr = (self.corr + 1) & 0xFFFFFFFF
+        corr = self.corr
+        self.writer.write(build(corr))
+
+        async def read() -> bytes:
+            await self.writer.drain()
+            (n,) = _U32.unpack(await self.reader.readexactly(4))
+            if n > self.frame_bytes_max:
+                raise FetchSessionError(f"answer of {n} bytes is over the frame limit")
+            return await self.reader.readexactly(n)
+
+        body = await asyncio.wait_for(read(), timeout_s)
+        resp = P.decode_response(api, body)
+        if resp.correlation_id != corr:
+            raise FetchSessionError(f"answer for request {resp.correlation_id}, expected {corr}")
+        return resp
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, int]]) -> int:
+    """Append the batches a leader sent (already in its log, offsets set) and replay
+    them into the producer state, as recovery would. ``epochs`` are the leader's
+    (epoch, start) entries for them. Returns the number of batches appended."""
+    start = part.log.next_offset
+    batches = []
+    end = start
+    for h, pos in iter_batches(data):  # checks every checksum
+        if h.base_offset + h.count <= end:
+            continue  # already here (a fetch starts at the batch holding the offset)
+        if h.base_offset != end:
+            raise CorruptRecord(f"fetched batch at offset {h.base_offset}, expected {end}")
+        batches.append((h, pos))
+        end = h.base_offset + h.count
+    if not batches:
+        return 0
+    changed = False
+    for epoch, first in epochs:
+        latest = part.epochs.latest_epoch
+        if (latest is None or epoch > latest) and max(first, start) < end:
+            if first < start:
+                raise CorruptRecord(f"leader says epoch {epoch} starts at {first}, inside "
+                                    f"this replica's log (ends {start}); reconcile again")
+            changed |= part.epochs.assign(epoch, first)
+    if changed:
+        part.epochs.save()  # before the batches: a crash in between only refetches
+    now = part.clock_ms()
+    state = part.state
+    for h, pos in batches:
+        part.log.append(bytes(data[pos:pos + h.size]), h.count)
+        if h.is_control:
+            state.apply_fence(h.pid, h.generation, now)
+            continue
+        if state.tracks(h.pid):
+            d = state.check_append(h.pid, h.generation, h.base_sequence, h.count)
+            if d.outcome is not Outcome.APPEND:
+                # The leader's log is the truth; a mismatch means the tables drifted
+                # (expiry at other times, an evicted PID). Counted and shown.
+                part.follower_rule_mismatches += 1
+        state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
+    part.batches_appended += len(batches)
+    return len(batches)
+
+
+class ReplicaFetcher:
+    """Follows ``leader`` at ``epoch`` for ``part`` until cancelled."""
+
+    def __init__(self, part: Partition, *, me: int, leader: int, epoch: int, address: str,
+                 settings: Any, on_trouble: Callable[[], Any],
+                 on_append: Callable[[int], Any] = lambda n: None) -> None:
+        self.part = part
+        self.me = me
+        self.leader = leader
+        self.epoch = epoch
+        self.address = address
+        self.s = settings
+        self.on_trouble = on_trouble  # asks for a ZooKeeper re-read
+        self.on_append = on_append    # batches appended (counts towards snapshots)
+        self.task: asyncio.Task[None] | None = None
+        self.sessions = 0
+        self.last_error = ""
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        base_s = self.s.replica_fetch_backoff_ms / 1000
+        backoff_s = base_s
+        name = f"{self.part.topic}-{self.part.partition}"
+        while True:
+            wire: _Wire | None = None
+            try:
+                wire = await self._connect()
+                self.sessions += 1
+                await self._reconcile(wire)
+                await self._fetch_forever(wire)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, FetchSessionError,
+                    errors.PidleaseError) as exc:
+                msg = f"{type(exc).__name__}: {exc}"
+                if msg != self.last_error:
+                    log.warning("%s: fetching from leader %d (%s) epoch %d failed: %s", name,
+                                self.leader, self.address, self.epoch, msg)
+                self.last_error = msg
+            except Exception:
+                log.exception("%s: replica fetcher failed", name)
+            finally:
+                if wire is not None:
+                    wire.close()
+            self.on_trouble()
+            # A session that got going starts the backoff over; repeated failures (the
+            # leader is gone, the link is cut) back off up to 10x, not hammering anyone.
+            backoff_s = base_s if not self.last_error else min(backoff_s * 2, base_s * 10)
+            await asyncio.sleep(backoff_s)
+
+    async def _connect(self) -> _Wire:
+        host, _, port = self.address.rpartition(":")
+        timeout_s = self.s.replica_fetch_timeout_ms / 1000
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+        return _Wire(reader, writer, self.s.frame_bytes_max)
+
+    async def _reconcile(self, wire: _Wire) -> None:
+        """Cut off whatever this log holds that the leader's does not (bounded rounds)."""
+        part = self.part
+        await part.wait_flushed(part.log.next_offset)  # no fsync of the log may be running
+        timeout_s = self.s.replica_fetch_timeout_ms / 1000
+        for _ in range(len(part.epochs.entries) + 2):
+            asked = part.epochs.latest_epoch
+            if asked is None:
+                return
+            t, p = part.topic, part.partition
+            resp = await wire.call(P.EPOCH_END, partial(
+                P.epoch_end_request, topic=t, partition=p, replica_id=self.me,
+                leader_epoch=self.epoch, epoch=asked), timeout_s)
+            if resp.error_code != errors.NONE:
+                raise errors.error_for_code(resp.error_code, resp.detail)
+            cut, final = truncation_step(part.epochs, part.log.next_offset, asked, resp.epoch,
+                                         resp.end_offset)
+            if cut < part.log.next_offset:
+                before = part.log.next_offset
+                end = part.truncate_to(cut)
+                log.warning("%s-%d: log diverged from leader %d after offset %d: cut %d..%d "
+                            "(leader's epoch %d ends at %d)", t, p, self.leader, end, end,
+                            before, resp.epoch, resp.end_offset)
+            if final:
+                return
+        raise FetchSessionError("epoch reconciliation did not settle")
+
+    async def _fetch_forever(self, wire: _Wire) -> None:
+        part, s = self.part, self.s
+        t, p = part.topic, part.partition
+        timeout_s = (s.replica_fetch_wait_max_ms + s.replica_fetch_timeout_ms) / 1000
+        # The whole answer is read as one frame: leave room for its head.
+        max_bytes = max(min(s.fetch_bytes_max, s.frame_bytes_max - 65536), 1)
+        while True:
+            offset = part.log.next_offset
+            resp = await wire.call(P.REPLICA_FETCH, partial(
+                P.replica_fetch_request, topic=t, partition=p, replica_id=self.me,
+                leader_epoch=self.epoch, offset=offset, max_bytes=max_bytes,
+                max_wait_ms=s.replica_fetch_wait_max_ms), timeout_s)
+            if resp.error_code != errors.NONE:
+                raise errors.error_for_code(resp.error_code, resp.detail)
+            if resp.leader_epoch != self.epoch:
+                raise FetchSessionError(f"leader answered for epoch {resp.leader_epoch}")
+            assert resp.data is not None
+            if len(resp.data):
+                n = append_fetched(part, resp.data, resp.epochs or [])
+                self.on_append(n)
+                # Fsynced before the next fetch reports this end to the leader.
+                await part.wait_flushed(part.log.next_offset)
+            part.set_high_watermark(min(resp.high_watermark, part.flushed_end))
+            self.last_error = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {"leader": self.leader, "epoch": self.epoch, "address": self.address,
+                "sessions": self.sessions, "last_error": self.last_error}

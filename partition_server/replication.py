@@ -1,0 +1,277 @@
+"""Replication of this server's replicated partitions (replication factor > 1): which role
+each replica takes, the leader's answers to its followers, the in-sync set, and the high
+watermark checkpoint. Partitions with one replica never come here; they work as before.
+
+Roles follow ZooKeeper (``PartitionState`` at ``/topics/<t>/partitions/<p>``), re-read on
+every watch and once a second (``reconcile_all``), so a step that failed is retried:
+
+- ZooKeeper names this server leader at an epoch it may lead: lead it. It may not lead an
+  epoch it was named for before this process started (``inherited``): then it steps in
+  (``leadership.step_in``: hand over to a live in-sync replica, or take a new epoch).
+- Another server leads and is live: follow it (``ReplicaFetcher``).
+- The leader's ``/servers/<id>`` is gone: stop fetching and, when in sync, try to win the
+  election (``leadership.elect``); every in-sync survivor tries, the znode version picks one.
+
+As leader it answers REPLICA_FETCH (a fetch that has everything waits up to
+``replica_fetch_wait_max_ms`` for an append or a new high watermark) and EPOCH_END, moves a
+follower out of the in-sync set after ``replica_lag_time_max_ms`` without catching up and
+back in once its log end reaches the high watermark (``isr.py`` decides, ``leadership``
+writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from partition_server import leadership
+from partition_server.checkpoint import HighWatermarkCheckpoint
+from partition_server.partition import Partition
+from partition_server.registry import Assignment, Registry
+from partition_server.replica_fetcher import ReplicaFetcher
+from pidlease import errors
+from pidlease import protocol as P
+from pidlease.cluster import PartitionState
+
+log = logging.getLogger("partition_server.replication")
+
+Key = tuple[str, int]
+
+
+def is_replicated(ps: PartitionState | None) -> bool:
+    return ps is not None and len(ps.replicas) > 1
+
+
+class ReplicaManager:
+    def __init__(self, settings: Any, registry: Registry, partitions: dict[Key, Partition],
+                 data_dir: Path, *, clock_ms: Callable[[], int],
+                 note_append: Callable[[int], Any] = lambda n: None) -> None:
+        self.s = settings
+        self.me = settings.server_id
+        self.registry = registry
+        self.partitions = partitions
+        self.clock_ms = clock_ms
+        self.note_append = note_append
+        self.checkpoint = HighWatermarkCheckpoint(data_dir)
+        self.routes = settings.routes
+        self.inherited: dict[Key, int] = {}
+        self.fetchers: dict[Key, ReplicaFetcher] = {}
+        self._busy: set[Key] = set()
+        self._hw_sent: dict[tuple[Key, int], int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.started = False
+
+    # -- startup -----------------------------------------------------------------------------
+    def note_startup(self, a: Assignment) -> None:
+        """Before serving: the epochs ZooKeeper names this server leader of were won by an
+        earlier process; this one must not simply carry on with them."""
+        for key, ps in a.partitions.items():
+            if is_replicated(ps) and ps.leader == self.me:
+                self.inherited[key] = ps.leader_epoch
+
+    def start(self) -> None:
+        self.started = True
+        self.reconcile_all()
+        self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def close(self) -> None:
+        self.started = False
+        if self._task is not None:
+            self._task.cancel()
+        for f in self.fetchers.values():
+            f.stop()
+        self.fetchers.clear()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint)
+        except OSError as exc:
+            log.warning("final high watermark checkpoint failed: %s", exc)
+
+    # -- roles -------------------------------------------------------------------------------
+    def reconcile_all(self) -> None:
+        a = self.registry.assignment
+        for key, ps in a.partitions.items():
+            part = self.partitions.get(key)
+            if part is not None and part.hosted and is_replicated(ps) and self.me in ps.replicas:
+                self.apply(key, part, ps, a)
+        for key in [k for k in self.fetchers if k not in a.partitions
+                    or not self.partitions[k].hosted]:
+            self.fetchers.pop(key).stop()
+
+    def apply(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
+        """Take the role ZooKeeper's state calls for (see the module docstring)."""
+        if not self.started or ps.leader_epoch < part.leader_epoch:
+            return  # not serving yet, or a read older than what this replica already saw
+        me = self.me
+        if ps.leader == me:
+            if part.role == "leader" and part.leader_epoch == ps.leader_epoch:
+                # Nobody else writes the znode during our epoch, so our own writes keep the
+                # in-sync view exact; a read that raced one of them must not undo it.
+                return
+            self._stop_fetcher(key)
+            if self.inherited.get(key) == ps.leader_epoch or me not in ps.isr:
+                part.become_follower(-1, ps.leader_epoch, "")
+                self._zk(key, leadership.step_in, ps.leader_epoch)
+                return
+            log.info("%s-%d: leading epoch %d (in-sync %s, log end %d, high watermark %d)",
+                     key[0], key[1], ps.leader_epoch, ps.isr, part.log.next_offset,
+                     part.high_watermark)
+            part.become_leader(me, ps.leader_epoch, ps.replicas, ps.isr)
+            return
+        leader = a.servers.get(ps.leader)
+        if leader is None:
+            self._stop_fetcher(key)
+            if part.role == "leader" or part.leader_epoch != ps.leader_epoch:
+                part.become_follower(ps.leader, ps.leader_epoch, "")
+            if me in ps.isr:
+                self._zk(key, leadership.elect)
+            return
+        address = self.routes.get(ps.leader, leader.address)
+        f = self.fetchers.get(key)
+        if f is not None and (f.leader, f.epoch, f.address) == (ps.leader, ps.leader_epoch, address):
+            return
+        self._stop_fetcher(key)
+        if part.role == "leader":
+            log.warning("%s-%d: deposed at epoch %d; server %d leads epoch %d", key[0], key[1],
+                        part.leader_epoch, ps.leader, ps.leader_epoch)
+        part.become_follower(ps.leader, ps.leader_epoch, leader.address)
+        f = ReplicaFetcher(part, me=me, leader=ps.leader, epoch=ps.leader_epoch, address=address,
+                           settings=self.s, on_trouble=self.registry.refresh,
+                           on_append=self.note_append)
+        self.fetchers[key] = f
+        f.start()
+
+    def _stop_fetcher(self, key: Key) -> None:
+        f = self.fetchers.pop(key, None)
+        if f is not None:
+            f.stop()
+
+    def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any) -> None:
+        """Run one leadership write for ``key`` (at most one at a time), then re-read."""
+        if key in self._busy or self.registry.zk is None:
+            return
+        self._busy.add(key)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, op, self.registry.zk, key[0], key[1], self.me, *args)
+
+        def done(f: asyncio.Future[PartitionState | None]) -> None:
+            self._busy.discard(key)
+            if f.cancelled():
+                return
+            if f.exception() is not None:
+                log.warning("%s-%d: %s failed: %s", key[0], key[1], op.__name__, f.exception())
+            elif (new := f.result()) is not None:
+                part = self.partitions.get(key)
+                if op is leadership.set_isr and part is not None and part.isr is not None \
+                        and new.leader_epoch == part.leader_epoch:
+                    part.isr.set_isr(new.isr)
+                    part.advance_high_watermark()
+            else:
+                part = self.partitions.get(key)
+                if part is not None and part.isr is not None:
+                    part.isr.pending_add.clear()
+                    part.isr.pending_remove.clear()
+            self.registry.refresh()
+
+        fut.add_done_callback(done)
+
+    def _change_isr(self, key: Key, part: Partition, add: list[int], remove: list[int]) -> None:
+        isr = part.isr
+        if isr is None or key in self._busy:
+            return
+        if add:
+            isr.pending_add |= set(add)  # counted towards the high watermark from now on
+            log.info("%s-%d: follower(s) %s caught up to %d; back in sync", key[0], key[1], add,
+                     part.high_watermark)
+        if remove:
+            isr.pending_remove |= set(remove)
+            log.warning("%s-%d: follower(s) %s not caught up for %d ms; out of sync", key[0],
+                        key[1], remove, self.s.replica_lag_time_max_ms)
+        new = sorted((isr.isr | set(add)) - set(remove))
+        self._zk(key, leadership.set_isr, part.leader_epoch, new)
+
+    # -- the leader's side of the protocol ---------------------------------------------------
+    async def replica_fetch(self, req: P.Request, part: Partition) -> bytes:
+        corr, rid = req.correlation_id, req.replica_id
+        key = (part.topic, part.partition)
+        bad = self._check_follower(req, part)
+        if bad is not None:
+            return P.replica_fetch_response(corr, bad[0], bad[1])
+        if not 0 <= req.offset <= part.log.next_offset:
+            return P.replica_fetch_response(corr, errors.InvalidRequest.code, (
+                f"offset {req.offset} is outside this leader's log (ends {part.log.next_offset}); "
+                "reconcile with EPOCH_END first"))
+        assert part.isr is not None
+        part.record_replica_fetch(rid, req.offset)
+        joiners = part.isr.joiners(part.high_watermark)
+        if joiners:
+            self._change_isr(key, part, joiners, [])
+        if req.offset >= part.log.next_offset and part.high_watermark <= self._hw_sent.get((key, rid), -1):
+            wait_s = min(req.max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
+            try:
+                await asyncio.wait_for(asyncio.shield(part.wait_for_data()), wait_s)
+            except TimeoutError:
+                pass
+            bad = self._check_follower(req, part)
+            if bad is not None:
+                return P.replica_fetch_response(corr, bad[0], bad[1])
+        max_bytes = min(max(req.max_bytes, 1), self.s.fetch_bytes_max)
+        data = part.replica_read(req.offset, max_bytes)
+        hw = part.high_watermark
+        self._hw_sent[(key, rid)] = hw
+        return P.replica_fetch_response(corr, 0, high_watermark=hw, leader_epoch=part.leader_epoch,
+                                        epochs=part.epochs.entries_from(req.offset), data=data)
+
+    def epoch_end(self, req: P.Request, part: Partition) -> bytes:
+        bad = self._check_follower(req, part)
+        if bad is not None:
+            return P.epoch_end_response(req.correlation_id, bad[0], bad[1])
+        epoch, end = part.epochs.end_offset_for(req.epoch, part.log.next_offset)
+        return P.epoch_end_response(req.correlation_id, 0, epoch=epoch, end_offset=end)
+
+    def _check_follower(self, req: P.Request, part: Partition) -> tuple[int, str] | None:
+        if part.role != "leader" or part.isr is None:
+            return errors.NotLeader.code, f"server {self.me} does not lead this partition now"
+        if req.leader_epoch != part.leader_epoch:
+            if req.leader_epoch > part.leader_epoch:
+                self.registry.refresh()  # the follower knows of a newer epoch: are we deposed?
+            return errors.NotLeader.code, (f"this leader is at epoch {part.leader_epoch}, the "
+                                           f"follower at {req.leader_epoch}")
+        if req.replica_id not in part.isr.followers:
+            return errors.InvalidRequest.code, f"server {req.replica_id} is not a replica here"
+        return None
+
+    # -- background --------------------------------------------------------------------------
+    async def _maintain(self) -> None:
+        tick_s = min(self.s.replica_lag_time_max_ms / 4, 1000) / 1000
+        last_checkpoint = time.monotonic()
+        last_reconcile = time.monotonic()
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(tick_s)
+            now = self.clock_ms()
+            try:
+                for key, part in list(self.partitions.items()):
+                    if part.role == "leader" and part.isr is not None:
+                        out = part.isr.laggards(now, self.s.replica_lag_time_max_ms)
+                        if out:
+                            self._change_isr(key, part, [], out)
+                if time.monotonic() - last_reconcile >= 1.0:
+                    last_reconcile = time.monotonic()
+                    self.reconcile_all()
+                if time.monotonic() - last_checkpoint >= self.s.hw_checkpoint_interval_ms / 1000:
+                    last_checkpoint = time.monotonic()
+                    await loop.run_in_executor(None, self._write_checkpoint)
+            except Exception:  # keep maintaining; the next tick retries
+                log.exception("replication maintenance failed")
+
+    def _write_checkpoint(self) -> None:
+        values = {k: p.high_watermark for k, p in list(self.partitions.items()) if p.replicated}
+        if values:
+            self.checkpoint.write(values)
+
+    def describe(self) -> dict[str, Any]:
+        return {f"{k[0]}-{k[1]}": f.describe() for k, f in sorted(self.fetchers.items())}

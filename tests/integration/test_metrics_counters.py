@@ -1,0 +1,134 @@
+"""After a run against a real cluster, what /metrics says equals what the test did: it
+appends N batches, forces K retries of acked batches (each answered DUPLICATE), sends M
+batches with a sequence gap, takes the PID over and sends F appends as the zombie with the
+old generation, and makes S stale lease requests. The counts are drawn at random per run,
+so a hard-coded figure anywhere would not pass twice. The dashboard's JSON and event feed
+must tell the same story, and a replicated topic shows its followers' lag."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.request
+from typing import Any
+
+from partition_server.metrics import parse_text, sample
+from partition_server.testing import WireClient, batch
+from pidlease import errors
+from pidlease.devcluster import LocalCluster, http_json
+
+WAIT_S = 60
+
+
+def scrape(url: str) -> dict[Any, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["content-type"].startswith("text/plain")
+        return parse_text(resp.read().decode())
+
+
+def lease(cluster: LocalCluster, expect: int = 200, **body: Any) -> dict[str, Any]:
+    status, got = http_json("POST", cluster.coordinator_url + "/v1/lease_pid",
+                            {"topic": "m", "partition": 0, "pid": -1, **body})
+    assert status == expect, got
+    return got
+
+
+def wait_for(what: str, check: Any) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
+    rng = random.Random()
+    n, k, m, f, s = (rng.randint(3, 9), rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 6),
+                     rng.randint(1, 3))
+    k = min(k, 5)  # DUPLICATE (not SEQUENCE_UNKNOWN) needs acked batches; all are acked here
+    print(f"appends {n}, forced retries {k}, gaps {m}, zombie appends {f}, stale leases {s}")
+    cluster: LocalCluster = make_cluster(servers=1)
+    cluster.create_topic("m", 1)
+    svc = cluster.servers[0]
+    before = scrape(svc.metrics_url)
+    assert sample(before, "pidlease_server_fenced_appends_total") == 0
+
+    first = lease(cluster, producer_name="counted", expire_ms=600_000)
+    pid, gen, tok = first["pid"], first["generation"], first["lease_token"]
+    sent = [batch(pid, gen, 2 * i, [b"a%d" % i, b"b%d" % i]) for i in range(n)]
+    with WireClient(svc.address) as c:
+        acks = [c.produce("m", 0, b, tok) for b in sent]
+        assert [a.error_code for a in acks] == [0] * n
+        for b in rng.sample(sent, k):                      # forced retries of acked batches
+            assert c.produce("m", 0, b, tok).error_code == errors.DUPLICATE
+        for j in range(m):                                 # a gap: expected 2n
+            r = c.produce("m", 0, batch(pid, gen, 2 * n + 5 + j, [b"gap"]), tok)
+            assert r.error_code == errors.OutOfOrderSequence.code
+        for _ in range(s):                                 # stale renewals, refused by the coordinator
+            lease(cluster, expect=409, pid=pid, generation=gen - 1)
+        taken = lease(cluster, producer_name="counted", expire_ms=600_000)
+        assert taken["kind"] == "takeover" and taken["generation"] == gen + 1
+        for _ in range(f):                                 # the zombie keeps writing
+            r = c.produce("m", 0, batch(pid, gen, 2 * n, [b"zombie"]), tok)
+            assert r.error_code == errors.ProducerFenced.code
+
+    got = scrape(svc.metrics_url)
+    assert sample(got, "pidlease_server_appended_batches_total") == n
+    assert sample(got, "pidlease_server_appended_records_total") == 2 * n
+    assert sample(got, "pidlease_server_duplicates_total") == k
+    assert sample(got, "pidlease_server_out_of_order_total") == m
+    assert sample(got, "pidlease_server_fenced_appends_total") == f
+    assert sample(got, "pidlease_server_fences_total") == 1
+    assert sample(got, "pidlease_server_append_latency_seconds_count") == n
+    assert sample(got, "pidlease_server_append_latency_seconds_bucket", le="+Inf") == n
+    assert sample(got, "pidlease_server_tracked_pids") == 1
+    assert sample(got, "pidlease_server_tracked_pids_by_partition", topic="m", partition="0") == 1
+    assert sample(got, "pidlease_server_partitions", role="leader") == 1
+    assert sample(got, "pidlease_server_producer_state_bytes") > 0
+
+    coord = scrape(cluster.coordinator_url)
+    assert sample(coord, "pidlease_leases_total", kind="new") == 1
+    assert sample(coord, "pidlease_leases_total", kind="takeover") == 1
+    assert sample(coord, "pidlease_takeovers_total") == 1
+    assert sample(coord, "pidlease_fences_sent_total") == 1
+    assert sample(coord, "pidlease_errors_total", code="FENCED") == s
+    assert sample(coord, "pidlease_pid_blocks_fetched_total") == 1
+
+    # The dashboard tells the same story: per-server figures and one event per refusal.
+    status, data = http_json("GET", cluster.coordinator_url + "/dashboard/data")
+    assert status == 200
+    (server,) = data["servers"]
+    assert (server["fenced_appends"], server["duplicates"], server["out_of_order"]) == (f, k, m)
+    assert server["tracked_pids"] == 1 and server["reachable"]
+    kinds = [e["kind"] for e in data["events"] if e.get("pid") == pid]
+    assert kinds.count("fenced_append") == f and kinds.count("duplicate") == k
+    assert kinds.count("takeover") == 1 and kinds.count("fenced_lease") == s
+    assert kinds.count("fence") == 1
+    coord = scrape(cluster.coordinator_url)
+    assert sample(coord, "pidlease_pids", state="active") == 1
+
+
+def test_replicated_topic_reports_follower_lag(make_cluster: Any) -> None:
+    cluster: LocalCluster = make_cluster(servers=3)
+    cluster.create_topic("r", 1, replication_factor=3)
+    _, desc = http_json("GET", cluster.coordinator_url + "/v1/topics/r")
+    leader_id = desc["partition_states"][0]["leader"]
+    leader = cluster.server(leader_id)
+    followers = sorted(set(desc["partition_states"][0]["replicas"]) - {leader_id})
+
+    def caught_up() -> bool:
+        got = scrape(leader.metrics_url)
+        try:
+            lags = [sample(got, "pidlease_server_replica_lag_offsets", topic="r", partition="0",
+                           replica=str(r)) for r in followers]
+        except KeyError:
+            return False
+        return lags == [0, 0] and sample(got, "pidlease_server_under_replicated_partitions") == 0
+
+    wait_for("both followers caught up", caught_up)
+    for r in followers:
+        got = scrape(cluster.server(r).metrics_url)
+        assert sample(got, "pidlease_server_partitions", role="follower") == 1

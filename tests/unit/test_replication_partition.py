@@ -1,0 +1,164 @@
+"""A replicated partition without servers: acks wait for the in-sync followers, recovery
+does not call batches above the checkpointed high watermark durable, a follower's cut
+rebuilds the producer state, and snapshot rows from before a cut are never trusted."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from partition_server.flusher import Flusher
+from partition_server.log import PartitionLog
+from partition_server.partition import Partition
+from partition_server.producer_state import Outcome
+from partition_server.replica_fetcher import append_fetched
+from pidlease import protocol as P
+from pidlease.errors import CorruptRecord, NotLeader
+
+
+def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
+    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid, generation=gen,
+                          base_sequence=seq, timestamp_ms=1)
+
+
+def stored(batches: list[bytes], start: int = 0) -> bytes:
+    """``batches`` with offsets filled in from ``start``, as a leader's log holds them."""
+    out = bytearray()
+    off = start
+    for raw in batches:
+        buf = bytearray(raw)
+        P.set_base_offset(buf, off)
+        off += P.decode_batch_header(bytes(buf)).count
+        out += buf
+    return bytes(out)
+
+
+def write_log(data_dir: Path, batches: list[bytes]) -> None:
+    lg, _ = PartitionLog.open(data_dir / "t-0", 1 << 20)
+    for raw in batches:
+        buf = bytearray(raw)
+        P.set_base_offset(buf, lg.next_offset)
+        lg.append(buf, P.decode_batch_header(bytes(buf)).count)
+    lg.close()
+
+
+def open_part(data_dir: Path, hw: int | None = 0, snapshot=None) -> Partition:  # type: ignore[no-untyped-def]
+    part, _, _ = Partition.recover(
+        data_dir, "t", 0, mode="strict", segment_bytes_max=4096, batches_kept=5, pids_max=100,
+        flusher=Flusher(mode="batch", interval_ms=0), clock_ms=lambda: 5, snapshot=snapshot,
+        checkpoint_hw=hw)
+    return part
+
+
+async def close(part: Partition) -> None:
+    await part.flusher.wait_idle()  # no fsync of its files may be running when they close
+    part.close()
+
+
+def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
+    return part.state.check_append(pid, 0, seq, n).outcome
+
+
+def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path)
+        part.become_leader(1, 1, [1, 2, 3], [1, 2, 3])
+        raw = bytearray(b(7, 0, 3))
+        h = P.validate_batch(bytes(raw))
+        _, fut = part.append(memoryview(raw), h, lambda base, last: (base, last))
+        assert fut is not None
+        await part.wait_flushed(3)
+        await asyncio.sleep(0.01)
+        assert not fut.done() and part.high_watermark == 0
+        assert outcome(part, 7, 0, 3) is Outcome.SEQUENCE_UNKNOWN  # not committed yet
+        part.record_replica_fetch(2, 3)
+        assert not fut.done()                    # 3 has not fetched
+        part.record_replica_fetch(3, 3)
+        assert fut.done() and fut.result() == (0, 2) and part.high_watermark == 3
+        assert outcome(part, 7, 0, 3) is Outcome.DUPLICATE
+        # a follower's fetch of everything waits for the next append
+        waiter = part.wait_for_data()
+        assert not waiter.done()
+        raw2 = bytearray(b(7, 3))
+        _, fut2 = part.append(memoryview(raw2), P.validate_batch(bytes(raw2)), lambda *_: None)
+        assert fut2 is not None
+        assert waiter.done()
+        # deposed before the followers had it: the ack fails as retriable NOT_LEADER
+        part.become_follower(2, 2, "127.0.0.1:1")
+        with pytest.raises(NotLeader):
+            await fut2
+        await close(part)
+
+    asyncio.run(go())
+
+
+def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(tmp_path: Path) -> None:
+    write_log(tmp_path, [b(1, 0, 2), b(1, 2, 2), b(2, 0)])   # offsets 0-1, 2-3, 4
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=2)
+        assert part.high_watermark == 2 and part.log.next_offset == 5
+        assert outcome(part, 1, 0, 2) is Outcome.DUPLICATE
+        assert outcome(part, 1, 2, 2) is Outcome.SEQUENCE_UNKNOWN
+        assert outcome(part, 2, 0, 1) is Outcome.SEQUENCE_UNKNOWN
+        assert outcome(part, 1, 4, 1) is Outcome.APPEND
+        part.set_high_watermark(5)
+        assert outcome(part, 1, 2, 2) is Outcome.DUPLICATE
+        assert outcome(part, 2, 0, 1) is Outcome.DUPLICATE
+        await close(part)
+        # with one replica nothing changes: the whole recovered log is durable
+        solo = open_part(tmp_path, hw=None)
+        assert solo.high_watermark == 5 and outcome(solo, 1, 2, 2) is Outcome.DUPLICATE
+        await close(solo)
+
+    asyncio.run(go())
+
+
+def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path)
+        part.become_follower(1, 3, "127.0.0.1:1")
+        n = append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2)])), [(0, 0), (3, 2)])
+        assert n == 2 and part.log.next_offset == 3
+        assert part.epochs.entries == [(0, 0), (3, 2)]
+        assert part.state.get(1).highwater == 2  # type: ignore[union-attr]
+        # the same fetch again changes nothing (a fetch starts at the batch holding the offset)
+        assert append_fetched(part, memoryview(stored([b(1, 2)], 2)), [(3, 2)]) == 0
+        with pytest.raises(CorruptRecord):
+            append_fetched(part, memoryview(stored([b(1, 5)], 5)), [(3, 2)])
+        await part.wait_flushed(3)
+        part.set_high_watermark(3)
+        assert outcome(part, 1, 2, 1) is Outcome.DUPLICATE
+        await close(part)
+
+    asyncio.run(go())
+
+
+def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path)
+        part.become_follower(1, 1, "127.0.0.1:1")
+        append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
+        await part.wait_flushed(part.log.next_offset)
+        part.set_high_watermark(2)
+        image = await part.capture()          # rows say pid 1 is at sequence 5
+        assert image.covered_to == 6 and image.truncations == 0
+        end = part.truncate_to(3)             # inside the second batch: it goes whole
+        assert end == 2 and part.log.next_offset == 2 and part.epochs.truncations == 1
+        assert part.state.get(1).highwater == 1  # type: ignore[union-attr]
+        assert outcome(part, 1, 2, 2) is Outcome.APPEND
+        # the new leader's epoch 2 writes other records there, past the old covered_to
+        append_fetched(part, memoryview(stored([b(1, 2, 1), b(9, 0, 5)], 2)), [(1, 0), (2, 2)])
+        await part.wait_flushed(part.log.next_offset)
+        assert part.log.next_offset == 8 and part.epochs.entries == [(1, 0), (2, 2)]
+        await close(part)
+        again = open_part(tmp_path, hw=2, snapshot=image)
+        e1 = again.state.get(1)
+        assert e1 is not None and e1.highwater == 2       # not the snapshot's 5
+        assert again.state.get(9) is not None
+        assert again.epochs.truncations == 1
+        await close(again)
+
+    asyncio.run(go())
