@@ -111,7 +111,7 @@ def goals(rows: list[Row], alone: dict[str, Any]) -> list[str]:
             return
         ok = value >= need if higher else value <= need
         by = value / need if higher else need / value if value else float("inf")
-        verdict = "met" if ok else f"missed: {by:.2f} of the target"
+        verdict = "met" if ok else f"missed: reached {by:.2f} of the target"
         out.append(f"| {goal} | {target} | {fmt.format(value)} | {verdict} |")
 
     pl, ce = _find(rows, "pidlease-r1-strict", 100), _find(rows, "ceiling", 100)

@@ -27,10 +27,12 @@ class ServerSettings(BaseSettings):
     segment_bytes_max: int = Field(default=64 * MiB, ge=4096)
     snapshot_interval_batches: int = Field(default=10_000, ge=1)
     snapshot_interval_ms: int = Field(default=30_000, ge=10)
-    snapshots_kept: int = Field(default=2, ge=1)
+    snapshots_kept: int = Field(default=2, ge=1, description=(
+        "snapshot files kept (recovery falls back to an older one when the newest is damaged)"))
     duplicate_batches_kept: int = Field(default=5, ge=1, le=1000)
     pid_expire_ms: int = Field(default=604_800_000, ge=1)
-    allow_short_pid_expire: bool = False
+    allow_short_pid_expire: bool = Field(default=False, description=(
+        "allow pid_expire_ms below the coordinator's longest lease (tests only)"))
     pid_expire_check_ms: int = Field(default=1000, ge=10)
     batch_bytes_max: int = Field(default=1 * MiB, ge=64)
     frame_bytes_max: int = Field(default=16 * MiB, ge=1024)
@@ -38,13 +40,23 @@ class ServerSettings(BaseSettings):
     tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1)
     inflight_requests_max_per_connection: int = Field(default=1000, ge=1)
     # -- replication (docs/replication.md) --
-    zk_session_timeout_ms: int = Field(default=10_000, ge=1_000, le=120_000)
-    replica_lag_time_max_ms: int = Field(default=10_000, ge=100)
-    replica_fetch_wait_max_ms: int = Field(default=500, ge=1, le=60_000)
-    replica_fetch_timeout_ms: int = Field(default=10_000, ge=100)
-    replica_fetch_backoff_ms: int = Field(default=100, ge=1, le=60_000)
-    hw_checkpoint_interval_ms: int = Field(default=1000, ge=10)
-    replica_routes: str = ""  # "<server id>=<host:port>,...": fetch from that server via there
+    zk_session_timeout_ms: int = Field(default=10_000, ge=1_000, le=120_000, description=(
+        "ZooKeeper session timeout: how long a dead server keeps /servers/<id>, so most of "
+        "a failover's pause"))
+    replica_lag_time_max_ms: int = Field(default=10_000, ge=100, description=(
+        "a follower not caught up with the leader for this long leaves the in-sync set"))
+    replica_fetch_wait_max_ms: int = Field(default=500, ge=1, le=60_000, description=(
+        "how long the leader holds a follower's fetch that has everything"))
+    replica_fetch_timeout_ms: int = Field(default=10_000, ge=100, description=(
+        "a follower's fetch (beyond the wait) or EPOCH_END unanswered this long ends its "
+        "session with the leader"))
+    replica_fetch_backoff_ms: int = Field(default=100, ge=1, le=60_000, description=(
+        "first pause before a follower's new fetch session (doubles up to 10x)"))
+    hw_checkpoint_interval_ms: int = Field(default=1000, ge=10, description=(
+        "how often replicated partitions' high watermarks are checkpointed to disk"))
+    replica_routes: str = Field(default="", description=(
+        "<server id>=<host:port>,...: fetch from that server via this address (a fault proxy "
+        "in tests)"))
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ def zookeeper() -> Iterator[ZooKeeperCluster]:
     zk = ZooKeeperCluster(base, 1).start()
     yield zk
     zk.stop()
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

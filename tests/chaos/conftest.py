@@ -1,5 +1,9 @@
 """Options of the chaos suite: ``--chaos-long`` (or ``PIDLEASE_CHAOS_LONG=1``) for longer
-runs with more seeds; ``--chaos-seed N`` (or ``PIDLEASE_CHAOS_SEED=N``) replays one seed."""
+runs with more seeds; ``--chaos-seed N`` (or ``PIDLEASE_CHAOS_SEED=N``) replays one seed.
+
+pytest reads options only from conftests next to the paths on its command line, so the
+flags need ``tests/chaos`` (or a file in it) named there; the environment variables work
+from anywhere."""
 
 from __future__ import annotations
 
@@ -18,12 +22,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture
 def chaos_long(request: pytest.FixtureRequest) -> bool:
-    return bool(request.config.getoption("--chaos-long") or os.environ.get("PIDLEASE_CHAOS_LONG"))
+    return bool(request.config.getoption("--chaos-long", default=False) or os.environ.get("PIDLEASE_CHAOS_LONG"))
 
 
 @pytest.fixture
 def chaos_seed(request: pytest.FixtureRequest) -> int | None:
-    seed = request.config.getoption("--chaos-seed")
+    seed = request.config.getoption("--chaos-seed", default=None)
     if seed is None and os.environ.get("PIDLEASE_CHAOS_SEED"):
         seed = int(os.environ["PIDLEASE_CHAOS_SEED"])
     return seed
