@@ -6,8 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 
+# --bench also installs the peers the benchmarks compare against (NATS, Redis) and their clients.
+bench=0; [ "${1:-}" = "--bench" ] && bench=1
+
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+if [ $bench = 1 ]; then
+  command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)
+  command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+fi
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -21,5 +28,6 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 echo "== installing pidlease into .venv"
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test,spark]' </dev/null
+extras=test,spark; [ $bench = 1 ] && extras=test,spark,bench
+.venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]" </dev/null
 echo "== ready: .venv/bin/pidlease --help"
