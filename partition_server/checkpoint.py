@@ -18,9 +18,10 @@ File ``<data_dir>/high-watermarks``, text, replaced atomically::
 from __future__ import annotations
 
 import logging
-import os
 import zlib
 from pathlib import Path
+
+from partition_server.atomic_file import write_atomically
 
 log = logging.getLogger("partition_server.checkpoint")
 
@@ -65,21 +66,6 @@ class HighWatermarkCheckpoint:
             return False
         body = "".join(f"{t} {p} {hw}\n" for (t, p), hw in sorted(values.items()))
         data = f"{_HEADER} {zlib.crc32(body.encode()):08x}\n{body}".encode()
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            written = 0
-            while written < len(data):
-                written += os.write(fd, view[written:])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.path, data)
         self.last_written = dict(values)
         return True

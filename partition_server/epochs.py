@@ -27,10 +27,11 @@ fsync dir)::
 from __future__ import annotations
 
 import logging
-import os
 import zlib
 from bisect import bisect_right
 from pathlib import Path
+
+from partition_server.atomic_file import write_atomically
 
 log = logging.getLogger("partition_server.epochs")
 
@@ -155,19 +156,7 @@ class EpochHistory:
         body = f"truncations {self.truncations}\n" + "".join(
             f"{e} {s}\n" for e, s in self.entries)
         data = f"{_HEADER} {zlib.crc32(body.encode()):08x}\n{body}".encode()
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(self.path, data)
 
     def __repr__(self) -> str:
         return f"EpochHistory({self.entries}, truncations={self.truncations})"

@@ -27,7 +27,6 @@ older one is tried; the last ``kept`` files are kept.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import sys
 import zlib
@@ -35,6 +34,7 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from partition_server.atomic_file import write_atomically
 from partition_server.producer_state import Row
 
 log = logging.getLogger("partition_server.snapshot")
@@ -164,23 +164,8 @@ class SnapshotStore:
         existing = self.files()
         seq = int(existing[0].name[:-len(SUFFIX)]) + 1 if existing else 1
         path = self.dir / f"{seq:020d}{SUFFIX}"
-        tmp = path.with_suffix(".tmp")
         data = encode(snap)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            written = 0
-            while written < len(data):
-                written += os.write(fd, view[written:])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(path, data)
         for old in self.files()[self.kept:]:
             old.unlink(missing_ok=True)
         return path, len(data)
