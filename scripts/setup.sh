@@ -16,6 +16,9 @@ if [ $bench = 1 ]; then
   command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 fi
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+# The dashboard's browser test drives Debian's Chromium; CI validates docker-compose.yml.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "== installing Debian packages: ${need_apt[*]}"
