@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
@@ -201,6 +202,7 @@ class PartitionLog:
                 os.ftruncate(active.fd, pos)
             except OSError:
                 log.exception("%s: could not cut back a failed write", self.dir.name)
+            _report_write_failure(self.dir.name, exc)
             raise ServerUnavailable(f"write failed: {exc}") from exc
         active.offsets.append(base)
         active.positions.append(pos)
@@ -339,3 +341,17 @@ class PartitionLog:
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
             self._dir_fd = -1
+
+
+_last_write_failure_log_s = 0.0
+
+
+def _report_write_failure(where: str, exc: OSError) -> None:
+    """Say so when appends fail (a full disk, most often), at most every 10 s: the
+    producer only sees a retriable SERVER_UNAVAILABLE, the operator needs the log line."""
+    global _last_write_failure_log_s
+    now = time.monotonic()
+    if now - _last_write_failure_log_s >= 10.0:
+        _last_write_failure_log_s = now
+        log.error("%s: append failed (%s); appends are refused with SERVER_UNAVAILABLE "
+                  "and producers retry until the write succeeds (free disk space)", where, exc)

@@ -19,13 +19,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checker import ZOMBIE_MARK, Acked, CheckReport, Fence, check, read_topic
+from schedule import Fault, make_schedule
+
 from pidlease import errors
 from pidlease import protocol as P
 from pidlease.devcluster import LocalCluster, Service, http_json
 from pidlease.faultproxy import FaultProxy
 from pidlease.producer import Producer
-from tests.chaos.checker import ZOMBIE_MARK, Acked, CheckReport, Fence, check, read_topic
-from tests.chaos.schedule import Fault, make_schedule
 
 TOPIC = "chaos"
 SESSION_TIMEOUT_MS = 2_000

@@ -9,8 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-
-from tests.chaos.runner import RunResult, run_seed
+from runner import RunResult, run_seed
 
 SHORT = {"seeds": 3, "duration_s": 20.0, "zk3_seeds": 1}
 LONG = {"seeds": 10, "duration_s": 60.0, "zk3_seeds": 3}

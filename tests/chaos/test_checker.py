@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.chaos.checker import ZOMBIE_MARK, Acked, Fence, check
+from checker import ZOMBIE_MARK, Acked, Fence, check
 
 
 @dataclass

@@ -18,12 +18,12 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from checker import Acked, check, read_topic
+from runner import PRODUCER_KW, SERVER_ENV, SESSION_TIMEOUT_MS
 
 from pidlease import errors
 from pidlease.devcluster import LocalCluster, http_json
 from pidlease.producer import Producer
-from tests.chaos.checker import Acked, check, read_topic
-from tests.chaos.runner import PRODUCER_KW, SERVER_ENV, SESSION_TIMEOUT_MS
 
 WAIT_S = 120.0
 
