@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 
 from partition_server.broker import Broker
+from partition_server.metrics import ServerMetrics, watch_broker
+from partition_server.metrics_listener import MetricsListener
 from partition_server.partition import Partition, wall_clock_ms
 from partition_server.producer_state import FenceOutcome, Outcome
 from partition_server.registry import Registry
@@ -82,6 +85,9 @@ class PartitionServer:
         self.registry = Registry(settings.zk, settings.server_id,
                                  timeout_s=settings.zk_session_timeout_ms / 1000)
         self.broker = Broker(settings, self.registry, clock_ms=clock_ms)
+        self.metrics = ServerMetrics(settings.server_id, clock_ms=clock_ms)
+        watch_broker(self.metrics, self.broker)
+        self.metrics_listener: MetricsListener | None = None
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._maint: asyncio.Task[None] | None = None
@@ -102,6 +108,12 @@ class PartitionServer:
                                                   start_serving=False)
         self.port = self._server.sockets[0].getsockname()[1]
         self.address = f"{self.s.host}:{self.port}"
+        if self.s.metrics_port:
+            # Before registering: a metrics port in use stops the start, not a live server.
+            self.metrics_listener = MetricsListener(self.metrics.render,
+                                                    self.s.metrics_host or self.s.host,
+                                                    self.s.metrics_port)
+            await self.metrics_listener.start()
         await self.registry.register(self.s.host, self.port)
         await self.registry.refresh()  # arms the watches, now that we are listed
         await self._server.start_serving()
@@ -116,6 +128,8 @@ class PartitionServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
+        if self.metrics_listener is not None:
+            await self.metrics_listener.stop()
         if self._maint is not None:
             self._maint.cancel()
         await self.broker.close()
@@ -212,8 +226,9 @@ class PartitionServer:
                 return error_response(api, corr, errors.ServerUnavailable.code,
                                       "server is shutting down; retry")
             if req.api_key == P.METADATA:
-                return P.metadata_response(corr, 0, info=self.broker.metadata(
-                    self.s.server_id, self.address))
+                info = self.broker.metadata(self.s.server_id, self.address)
+                info["ops"] = self.metrics.summary()  # the coordinator's dashboard reads it
+                return P.metadata_response(corr, 0, info=info)
             part, leader = self.broker.route(req.topic, req.partition)
             if part is None:
                 if leader is None and not refreshed:
@@ -251,6 +266,7 @@ class PartitionServer:
         return reply if isinstance(reply, bytes) else await reply
 
     def _produce(self, req: P.Request, part: Partition) -> Reply:
+        started_s = time.perf_counter()
         corr = req.correlation_id
         batch = req.batch
         assert batch is not None
@@ -268,7 +284,10 @@ class PartitionServer:
             corr, 0, base_offset=base, last_offset=last))
         if fut is not None:
             self.broker.note_append()
+            self.metrics.appended(h.count, started_s, fut)
             return fut
+        self.metrics.refused(d.outcome.value, req.topic, req.partition, h.pid, h.generation,
+                             h.base_sequence, h.count)
         if d.outcome is Outcome.DUPLICATE:
             return P.produce_response(corr, errors.DUPLICATE, d.detail,
                                       base_offset=d.base_offset, last_offset=d.last_offset)
@@ -307,6 +326,7 @@ class PartitionServer:
                                     durable_highwater=e.durable_highwater if e else -1)
         if outcome is FenceOutcome.APPEND:
             self.broker.note_append()
+            self.metrics.fenced(part.topic, part.partition, req.pid, req.generation)
             log.info("fence %s-%d pid %d generation %d", part.topic, part.partition, req.pid,
                      req.generation)
         return fut

@@ -39,6 +39,11 @@ class ServerSettings(BaseSettings):
     fetch_bytes_max: int = Field(default=4 * MiB, ge=1024)
     tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1)
     inflight_requests_max_per_connection: int = Field(default=1000, ge=1)
+    # -- metrics (docs/operations.md) --
+    metrics_host: str = Field(default="", description=(
+        "address of the HTTP listener for GET /metrics; empty: the same as `host`"))
+    metrics_port: int = Field(default=0, ge=0, le=65535, description=(
+        "port of that listener (Prometheus text); 0: no listener"))
     # -- replication (docs/replication.md) --
     zk_session_timeout_ms: int = Field(default=10_000, ge=1_000, le=120_000, description=(
         "ZooKeeper session timeout: how long a dead server keeps /servers/<id>, so most of "

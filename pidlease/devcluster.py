@@ -34,6 +34,11 @@ class Service:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = 0  # partition servers: their GET /metrics listener
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     @property
     def address(self) -> str:
@@ -146,7 +151,7 @@ class LocalCluster:
         sdir = self.data_dir / f"server-{ident}"
         sdir.mkdir(parents=True, exist_ok=True)
         svc = Service("partition_server", ident, port, {}, sdir / "server.log",
-                      extra_env=dict(extra_env or {}))
+                      extra_env=dict(extra_env or {}), metrics_port=free_port())
         self.servers.append(svc)
         if start:
             self.start_service(svc, timeout_s)
@@ -171,6 +176,7 @@ class LocalCluster:
         else:
             env.update({"PIDLEASE_SERVER_ID": str(svc.ident), "PIDLEASE_HOST": "127.0.0.1",
                         "PIDLEASE_PORT": str(svc.port),
+                        "PIDLEASE_METRICS_PORT": str(svc.metrics_port),
                         "PIDLEASE_DATA_DIR": str(self.data_dir / f"server-{svc.ident}" / "data")})
         env.update(svc.extra_env)
         return env

@@ -195,7 +195,7 @@
     switch (e.kind) {
       case "takeover":
         return `${who} taken over: generation ${e.fenced_generation} fenced, now ${e.generation} ` +
-          `(${e.partitions_fenced} partitions fenced)`;
+          `(${e.partitions_fenced} partition${e.partitions_fenced === 1 ? "" : "s"} fenced)`;
       case "fenced_lease":
         return `${who}: lease with stale generation ${e.generation} refused FENCED`;
       case "fenced_append":

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from partition_server.testing import WireClient, batch
+from partition_server.testing import WireClient, batch, token
 from pidlease import errors
 from pidlease.devcluster import LocalCluster, http_json
 
@@ -158,10 +158,12 @@ def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
     page.wait_for_selector(f'#pids tbody tr[data-pid="{pid}"] td[data-col="state"].active')
     assert row.locator('td[data-col="gen"]').inner_text() == str(taken["generation"])
 
-    # The zombie (old generation, its still-valid token) tries to append: the partition
+    # A zombie of the old generation tries to append. Its lease lapsed above, so it holds
+    # a token signed as a renewal just before the takeover would have been: the partition
     # server refuses it FENCED, and the page lists it with the server as source.
+    zombie_token = token(cluster.secret, pid, short["generation"])
     with WireClient(cluster.servers[0].address) as c:
-        r = c.produce("orders", 0, batch(pid, short["generation"], 0, [b"late"]), short["lease_token"])
+        r = c.produce("orders", 0, batch(pid, short["generation"], 0, [b"late"]), zombie_token)
     assert r.error_code == errors.ProducerFenced.code
     zombie = page.locator(f'#events li[data-kind="fenced_append"][data-pid="{pid}"]')
     zombie.wait_for()
