@@ -14,6 +14,9 @@ code (the binary protocol's 16-bit error field), an HTTP status and a ``retriabl
     ├── TopicExists             TOPIC_EXISTS              fatal
     ├── CorruptRecord           CORRUPT_RECORD            fatal (bad checksum or frame)
     ├── RecordTooLarge          RECORD_TOO_LARGE          fatal
+    ├── Forbidden               FORBIDDEN                 fatal (API token lacks the scope)
+    ├── PidLimitExceeded        PID_LIMIT_EXCEEDED        fatal (PIDs per principal)
+    ├── TooManyPids             TOO_MANY_PIDS             retriable (tracked PIDs per partition)
     ├── SequenceUnknown         SEQUENCE_UNKNOWN          retriable
     ├── NotLeader               NOT_LEADER                retriable
     ├── CoordinatorUnavailable  COORDINATOR_UNAVAILABLE   retriable
@@ -87,6 +90,27 @@ class RecordTooLarge(PidleaseError):
     name, code, http_status = "RECORD_TOO_LARGE", 11, 413
 
 
+class Forbidden(PidleaseError):
+    """The API token is valid but its scope does not allow this call (e.g. a producer token
+    creating a topic)."""
+
+    name, code, http_status = "FORBIDDEN", 12, 403
+
+
+class PidLimitExceeded(PidleaseError):
+    """A principal already holds its limit of PIDs; reuse producer names (takeover) instead of
+    leasing new PIDs, or wait for old ones to pass retention."""
+
+    name, code, http_status = "PID_LIMIT_EXCEEDED", 13, 429
+
+
+class TooManyPids(PidleaseError):
+    """A partition already tracks its limit of PIDs and none is idle enough to evict; a new
+    PID is refused rather than forgetting the state of a live one (KIP-936)."""
+
+    name, code, http_status, retriable = "TOO_MANY_PIDS", 24, 429, True
+
+
 class SequenceUnknown(PidleaseError):
     name, code, http_status, retriable = "SEQUENCE_UNKNOWN", 20, 409, True
 
@@ -116,6 +140,9 @@ _ALL: tuple[type[PidleaseError], ...] = (
     TopicExists,
     CorruptRecord,
     RecordTooLarge,
+    Forbidden,
+    PidLimitExceeded,
+    TooManyPids,
     SequenceUnknown,
     NotLeader,
     CoordinatorUnavailable,
