@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.allocator import PidAllocator
+from coordinator.auth import ANONYMOUS, Principal
 from coordinator.dashboard import CSP, HORIZON_MS_DEFAULT, Dashboard
 from coordinator.events import EventLog, ObservedLeaseService
 from coordinator.fleet import Fleet
@@ -35,7 +36,7 @@ from coordinator.service import wall_clock_ms
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from coordinator.topics import Topics
-from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
 from pidlease.protocol import MAX_PID
 
 log = logging.getLogger("coordinator.app")
@@ -155,17 +156,30 @@ def create_app(settings: CoordinatorSettings | None = None, *,
         detail = what.get(exc.status_code, str(exc.detail))
         return error_response(InvalidRequest(detail), exc.status_code)
 
+    open_api = not settings.principals()
+
+    def principal_of(request: Request) -> Principal:
+        # Set by the guard on every guarded route; anonymous (admin) when no API token is
+        # configured. Never admin by default when tokens are configured.
+        principal = getattr(request.state, "principal", None)
+        if principal is None:
+            if open_api:
+                return ANONYMOUS
+            raise Unauthorized("this call carried no API token")
+        return principal  # type: ignore[no-any-return]
+
     # -- leases ----------------------------------------------------------------------------
     @app.post("/v1/lease_pid", summary="Lease, renew or take over a PID for one partition")
-    def lease_pid(body: LeaseBody) -> dict[str, Any]:
-        return coord.service.lease(body.to_request()).to_json()
+    def lease_pid(body: LeaseBody, request: Request) -> dict[str, Any]:
+        return coord.service.lease(body.to_request(), principal_of(request)).to_json()
 
     @app.post("/v1/lease_pid/batch", summary="Several lease_pid requests, answered in order")
-    def lease_pid_batch(body: LeaseBatchBody) -> dict[str, Any]:
+    def lease_pid_batch(body: LeaseBatchBody, request: Request) -> dict[str, Any]:
         if len(body.requests) > settings.batch_requests_max:
             raise InvalidRequest(f"a batch holds at most {settings.batch_requests_max} requests, "
                                  f"got {len(body.requests)}")
-        responses = coord.service.lease_batch([r.to_request() for r in body.requests])
+        responses = coord.service.lease_batch([r.to_request() for r in body.requests],
+                                              principal_of(request))
         for r in responses:
             if r["error"] != "NONE":
                 metrics.error(r["error"])
@@ -199,8 +213,8 @@ def create_app(settings: CoordinatorSettings | None = None, *,
         return {"error": "NONE", "count": len(pids), "pids": pids}
 
     @app.get("/v1/pids/{pid}")
-    def describe_pid(pid: int = Path(ge=1, le=MAX_PID)) -> dict[str, Any]:
-        return {"error": "NONE", **coord.service.describe_pid(pid)}
+    def describe_pid(request: Request, pid: int = Path(ge=1, le=MAX_PID)) -> dict[str, Any]:
+        return {"error": "NONE", **coord.service.describe_pid(pid, principal_of(request))}
 
     @app.get("/v1/servers")
     def servers() -> dict[str, Any]:
@@ -253,7 +267,8 @@ def create_app(settings: CoordinatorSettings | None = None, *,
     def on_reject(err: PidleaseError) -> None:
         metrics.error(err.name)
 
-    app.add_middleware(Guard, bytes_max=settings.request_bytes_max, api_token=settings.api_token,
+    app.add_middleware(Guard, bytes_max=settings.request_bytes_max,
+                       principals=settings.principals(),
                        on_unexpected=on_unexpected, on_reject=on_reject)
     return app
 

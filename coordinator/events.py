@@ -20,6 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from coordinator.auth import ANONYMOUS, Principal
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.service import LeaseResult, LeaseService, wall_clock_ms
 from pidlease.errors import ProducerFenced
@@ -89,9 +90,10 @@ class ObservedLeaseService(LeaseService):
         super().__init__(*args, **kw)
         self.events = events
 
-    def lease(self, req: LeaseRequest) -> LeaseResult:
+    def lease(self, req: LeaseRequest, principal: Principal = ANONYMOUS) -> LeaseResult:
         try:
-            result = super().lease(req)
+            result = (super().lease(req) if principal is ANONYMOUS
+                      else super().lease(req, principal))
         except ProducerFenced as exc:
             self.events.add("fenced_lease", pid=req.pid, producer_name=req.producer_name,
                             generation=req.generation, topic=req.topic, partition=req.partition,

@@ -14,13 +14,53 @@ from __future__ import annotations
 
 import copy
 import enum
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
+from coordinator.auth import ANONYMOUS_NAME
 from pidlease.cluster import PidRecord, tp_key
 from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
 from pidlease.protocol import MAX_GENERATION
 
 NEW_PID = -1
+
+
+@dataclass
+class OwnedPidRecord(PidRecord):
+    """A PID record with the principal that first leased it (``owner``). The key is
+    written to ZooKeeper only for owners other than ``anonymous`` (the API without
+    tokens), so records of an open cluster keep the plain ``PidRecord`` form."""
+
+    owner: str = ANONYMOUS_NAME
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        if d["owner"] == ANONYMOUS_NAME:
+            del d["owner"]
+        return json.dumps(d, separators=(",", ":")).encode()
+
+
+_RECORD_FIELDS = frozenset(f.name for f in fields(PidRecord))
+
+
+def record_from_bytes(raw: bytes) -> PidRecord:
+    d: dict[str, Any] = json.loads(raw)
+    owner = d.pop("owner", None)
+    d = {k: v for k, v in d.items() if k in _RECORD_FIELDS}  # keys of a newer version
+    if owner is None or owner == ANONYMOUS_NAME:
+        return PidRecord(**d)
+    return OwnedPidRecord(owner=str(owner), **d)
+
+
+def owner_of(record: PidRecord) -> str:
+    """The principal that first leased the PID (``anonymous`` for records made without
+    API tokens, or before owners were recorded)."""
+    return getattr(record, "owner", None) or ANONYMOUS_NAME
+
+
+def _record(owner: str, **kw: Any) -> PidRecord:
+    return PidRecord(**kw) if owner == ANONYMOUS_NAME else OwnedPidRecord(owner=owner, **kw)
 
 
 class LeaseState(enum.Enum):
@@ -117,20 +157,20 @@ def _with_partition(partitions: dict[str, dict[str, object]], tp: str) -> dict[s
 
 
 def new_record(req: LeaseRequest, pid: int, generation: int, now_ms: int,
-               limits: ExpiryLimits) -> PidRecord:
+               limits: ExpiryLimits, owner: str = ANONYMOUS_NAME) -> PidRecord:
     expire_ms = limits.clamp(req.expire_ms)
-    return PidRecord(pid=pid, generation=generation, producer_name=req.producer_name,
-                     expire_ms=expire_ms, expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
-                     created_ms=now_ms, partitions={req.tp: {"seen": False}})
+    return _record(owner, pid=pid, generation=generation, producer_name=req.producer_name,
+                   expire_ms=expire_ms, expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
+                   created_ms=now_ms, partitions={req.tp: {"seen": False}})
 
 
 def renewed(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
     expire_ms = limits.clamp(req.expire_ms)
-    return PidRecord(pid=record.pid, generation=record.generation,
-                     producer_name=record.producer_name, expire_ms=expire_ms,
-                     expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
-                     created_ms=record.created_ms,
-                     partitions=_with_partition(record.partitions, req.tp))
+    return _record(owner_of(record), pid=record.pid, generation=record.generation,
+                   producer_name=record.producer_name, expire_ms=expire_ms,
+                   expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
+                   created_ms=record.created_ms,
+                   partitions=_with_partition(record.partitions, req.tp))
 
 
 def taken_over(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:

@@ -19,6 +19,7 @@ from typing import Any
 
 from coordinator import leases
 from coordinator.allocator import PidAllocator
+from coordinator.auth import ANONYMOUS, Principal
 from coordinator.leaders import LeaderClient
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.metrics import Metrics
@@ -28,7 +29,9 @@ from pidlease import errors
 from pidlease.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
 from pidlease.errors import (
     CoordinatorUnavailable,
+    Forbidden,
     PidleaseError,
+    PidLimitExceeded,
     ProducerFenced,
     UnknownPid,
     UnknownTopicOrPartition,
@@ -89,10 +92,11 @@ class LeaseService:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- entry points ----------------------------------------------------------------------
-    def lease(self, req: LeaseRequest) -> LeaseResult:
+    def lease(self, req: LeaseRequest, principal: Principal = ANONYMOUS) -> LeaseResult:
         started = time.perf_counter()
         try:
-            result = self._lease(req)
+            # (the one-argument call keeps ``_lease`` replaceable by a plain function in tests)
+            result = self._lease(req) if principal is ANONYMOUS else self._lease(req, principal)
         except PidleaseError:
             # The error itself is counted where it is answered (app.py), once.
             self.metrics.lease_failed(time.perf_counter() - started)
@@ -100,12 +104,13 @@ class LeaseService:
         self.metrics.lease_done(result.kind.value, time.perf_counter() - started)
         return result
 
-    def lease_batch(self, reqs: list[LeaseRequest]) -> list[dict[str, Any]]:
+    def lease_batch(self, reqs: list[LeaseRequest], principal: Principal = ANONYMOUS
+                    ) -> list[dict[str, Any]]:
         """In request order, so a batch may rely on an earlier item's effect."""
         out: list[dict[str, Any]] = []
         for req in reqs:
             try:
-                out.append(self.lease(req).to_json())
+                out.append(self.lease(req, principal).to_json())
             except PidleaseError as exc:
                 out.append(exc.to_json())
             except Exception as exc:
@@ -124,57 +129,95 @@ class LeaseService:
         return spec
 
     # -- the three kinds -------------------------------------------------------------------
-    def _lease(self, req: LeaseRequest) -> LeaseResult:
+    def _lease(self, req: LeaseRequest, principal: Principal = ANONYMOUS) -> LeaseResult:
         spec = self.topic(req.topic)
         if req.partition >= spec.partitions:
             raise UnknownTopicOrPartition(
                 f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, not {req.partition}")
         if req.pid != leases.NEW_PID:
-            return self._change(req, req.pid, None)
+            return self._change(req, req.pid, None, principal)
         if req.producer_name is None:
             leases.classify(req, None, self.clock_ms(), self.limits)  # rejects a stray generation
-            result = self._new(req, None)
+            result = self._new(req, None, None, principal)
             assert result is not None
             return result
-        return self._by_name(req, req.producer_name)
+        return self._by_name(req, req.producer_name, principal)
 
-    def _by_name(self, req: LeaseRequest, name: str) -> LeaseResult:
+    def _by_name(self, req: LeaseRequest, name: str, principal: Principal) -> LeaseResult:
         for _ in range(self.settings.cas_attempts_max):
             bound = self.store.get_name(name)
             if bound is None:
-                result = self._new(req, name, name_version=None)
+                result = self._new(req, name, None, principal)
             else:
                 pid, name_version = bound
                 got = self.store.get_pid(pid)
                 record = got[0] if got else None
                 kind = leases.classify(req, record, self.clock_ms(), self.limits)
                 if kind is LeaseKind.NEW:
-                    result = self._new(req, name, name_version=name_version)
+                    result = self._new(req, name, name_version, principal)
                 else:
                     by_pid = LeaseRequest(req.topic, req.partition, pid, req.expire_ms, None, name)
                     try:
-                        return self._change(by_pid, pid, got)
+                        return self._change(by_pid, pid, got, principal)
                     except UnknownPid:
                         continue  # swept meanwhile: the name is free to rebind
             if result is not None:
                 return result
         raise CoordinatorUnavailable(f"producer_name {name!r} is contended; retry")
 
-    def _new(self, req: LeaseRequest, name: str | None, name_version: int | None = None
-             ) -> LeaseResult | None:
+    def _new(self, req: LeaseRequest, name: str | None, name_version: int | None = None,
+             principal: Principal = ANONYMOUS) -> LeaseResult | None:
         """A fresh PID from the block with a random generation; sequence 0 without asking
         any server (nobody can have written with a PID that did not exist). None when the
         name was bound by someone else meanwhile (the caller re-reads it)."""
+        if self.settings.pids_max_per_principal > 0:
+            return self._new_counted(req, name, name_version, principal)
         pid = self.allocator.next_pid()
         generation = self._rng.randrange(GENERATION_START_MAX)
-        record = leases.new_record(req, pid, generation, self.clock_ms(), self.limits)
+        record = leases.new_record(req, pid, generation, self.clock_ms(), self.limits,
+                                   owner=principal.name)
         if name is None:
             self.store.create_pid(record)
         elif not self.store.create_named_pid(record, name, name_version):
             return None
         return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
 
-    def _change(self, req: LeaseRequest, pid: int, got: tuple[PidRecord, int] | None) -> LeaseResult:
+    def _new_counted(self, req: LeaseRequest, name: str | None, name_version: int | None,
+                     principal: Principal) -> LeaseResult | None:
+        """``_new`` under ``pids_max_per_principal``: the record and the owner's count + 1
+        are one ZooKeeper transaction, with a compare-and-set on the count, so concurrent
+        coordinators never pass the limit and a crash leaves no count without its PID."""
+        limit = self.settings.pids_max_per_principal
+        record: PidRecord | None = None
+        for attempt in range(self.settings.cas_attempts_max):
+            counted = self.store.get_principal_count(principal.name)
+            if counted is None:  # first counted PID: start from the PIDs it already owns
+                count, version = self.store.count_owned_pids(principal.name), None
+            else:
+                count, version = counted
+            if count >= limit:
+                raise PidLimitExceeded(
+                    f"principal {principal.name!r} holds {count} PIDs and the limit "
+                    f"(pids_max_per_principal) is {limit}: reuse producer names (a lease with a "
+                    "known producer_name takes its PID over and does not count), or wait until "
+                    "old PIDs are pid_retention_ms past their lease and swept",
+                    principal=principal.name, count=count, limit=limit)
+            if record is None:
+                pid = self.allocator.next_pid()
+                record = leases.new_record(req, pid, self._rng.randrange(GENERATION_START_MAX),
+                                           self.clock_ms(), self.limits, owner=principal.name)
+            outcome = self.store.create_pid_counted(record, name, name_version, principal.name,
+                                                    count + 1, version)
+            if outcome == "ok":
+                return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
+            if outcome == "name":
+                return None
+            time.sleep(self._rng.uniform(0, min(0.05, 0.001 * (attempt + 1))))
+        raise CoordinatorUnavailable(f"the PID count of principal {principal.name!r} is "
+                                     "contended; retry")
+
+    def _change(self, req: LeaseRequest, pid: int, got: tuple[PidRecord, int] | None,
+                principal: Principal = ANONYMOUS) -> LeaseResult:
         """Renew or take over ``pid``: compare-and-set loop on its record."""
         state: Response | None = None
         for attempt in range(self.settings.cas_attempts_max):
@@ -182,6 +225,8 @@ class LeaseService:
                 got = self.store.get_pid(pid)
             record, version = got if got else (None, -1)
             now = self.clock_ms()
+            if record is not None and leases.retained(record, now, self.limits.retention_ms):
+                self._check_owner(record, principal)
             kind = leases.classify(req, record, now, self.limits)
             assert record is not None
             updated = leases.apply(kind, record, req, now, self.limits)
@@ -202,6 +247,14 @@ class LeaseService:
             # Back off a little under contention so the winner's write is not starved.
             time.sleep(self._rng.uniform(0, min(0.05, 0.001 * (attempt + 1))))
         raise CoordinatorUnavailable(f"pid {pid} is contended; retry")
+
+    @staticmethod
+    def _check_owner(record: PidRecord, principal: Principal) -> None:
+        owner = leases.owner_of(record)
+        if not principal.is_admin and owner != principal.name:
+            raise Forbidden(f"pid {record.pid} belongs to principal {owner!r}, not "
+                            f"{principal.name!r}; a producer principal may use only the PIDs it "
+                            "leased (an admin may take any over)", principal=principal.name)
 
     # -- takeover fencing ------------------------------------------------------------------
     def _fence_all(self, req: LeaseRequest, record: PidRecord) -> LeaseResult:
@@ -323,7 +376,7 @@ class LeaseService:
                     entry["highwater"] = live[tp]
             parts.append(entry)
         return {"producer_name": record.producer_name, "pid": record.pid,
-                "generation": record.generation, "expire_ms": record.expire_ms,
+                "owner": leases.owner_of(record), "generation": record.generation, "expire_ms": record.expire_ms,
                 "expires_at_ms": record.expires_at_ms,
                 "expires_in_ms": record.expires_at_ms - now_ms, "last_use_ms": record.last_use_ms,
                 "created_ms": record.created_ms,
@@ -345,12 +398,13 @@ class LeaseService:
                         return out
         return out
 
-    def describe_pid(self, pid: int) -> dict[str, Any]:
+    def describe_pid(self, pid: int, principal: Principal = ANONYMOUS) -> dict[str, Any]:
         got = self.store.get_pid(pid)
         now = self.clock_ms()
         if got is None or not leases.retained(got[0], now, self.limits.retention_ms):
             raise UnknownPid(f"pid {pid} was never leased or its state has expired")
         record = got[0]
+        self._check_owner(record, principal)
         live: dict[str, int | None] = {}
         try:
             addresses = self._leader_addresses(sorted(record.partitions))

@@ -12,21 +12,32 @@ import socket
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from coordinator.auth import Principal, build_principals
+
 
 def default_coordinator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class CoordinatorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore")
+    # hide_input_in_errors: a bad setting's message must not print the tokens and secrets
+    # read with it.
+    model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore",
+                                      hide_input_in_errors=True)
 
     zk: str = "127.0.0.1:2181/pidlease"
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8470, ge=0, le=65535)
     coordinator_id: str = ""
     lease_secret: str = "pidlease-dev-secret"
-    # When set, every /v1 call needs "Authorization: Bearer <api_token>" (401 otherwise).
+    # When set, every /v1 call needs "Authorization: Bearer <api_token>" (401 otherwise);
+    # it is the admin principal named "admin" (coordinator/auth.py).
     api_token: str = ""
+    # Named principals "name:scope:token,..." (scope admin|producer), and a file of them.
+    api_tokens: str = ""
+    api_tokens_file: str = ""
+    # New PIDs one principal may hold (0 = no limit); counted in ZooKeeper per principal.
+    pids_max_per_principal: int = Field(default=0, ge=0)
 
     pid_block_size: int = Field(default=100, ge=1, le=1_000_000)
     lease_expire_ms_default: int = Field(default=60_000, ge=1)
@@ -48,13 +59,29 @@ class CoordinatorSettings(BaseSettings):
     worker_threads: int = Field(default=256, ge=1, le=4096)
     cas_attempts_max: int = Field(default=10_000, ge=1)
 
+    # TLS (docs/operations.md): HTTPS with both files; then partition servers are called over TLS.
+    tls_certfile: str = Field(default="", description=(
+        "PEM certificate (chain) to serve HTTPS with; with `tls_keyfile`. Both empty: HTTP. "
+        "A TLS coordinator calls the partition servers (FENCE, PRODUCER_STATE) over TLS too"))
+    tls_keyfile: str = Field(default="", description="PEM private key of `tls_certfile`")
+    tls_ca_file: str = Field(default="", description=(
+        "CA bundle trusted when calling partition servers over TLS; empty: the system store"))
+
     @model_validator(mode="after")
     def _check(self) -> CoordinatorSettings:
         if not self.coordinator_id:
             self.coordinator_id = default_coordinator_id()
         if not (self.lease_expire_ms_min <= self.lease_expire_ms_default <= self.lease_expire_ms_max):
             raise ValueError("need lease_expire_ms_min <= lease_expire_ms_default <= lease_expire_ms_max")
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ValueError("HTTPS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
+                             "PIDLEASE_TLS_KEYFILE), or neither for HTTP")
+        self.principals()  # a malformed api_tokens / api_tokens_file entry stops the start
         return self
+
+    def principals(self) -> list[Principal]:
+        """The configured API principals (empty: the API is open)."""
+        return build_principals(self.api_token, self.api_tokens, self.api_tokens_file)
 
     @property
     def secret_bytes(self) -> bytes:

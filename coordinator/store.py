@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -28,6 +29,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 
+from coordinator.leases import owner_of, record_from_bytes
 from pidlease import cluster
 from pidlease.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, TopicExists
@@ -40,6 +42,15 @@ TX_BYTES_BUDGET = 512 * 1024
 ZNODE_BYTES_MAX = 1_000_000
 _OP_OVERHEAD_BYTES = 64
 TOPIC_CREATE_STALE_MS = 60_000
+
+# Per-principal count of the PID records it owns (ASCII int), kept while a PID limit is
+# set: changed only in the same transaction as the PID record it counts.
+PRINCIPALS = "/principals"
+COUNTER_CAS_ATTEMPTS = 50
+
+
+def principal_path(name: str) -> str:
+    return f"{PRINCIPALS}/{quote(name, safe='')}"
 
 
 def _checked(data: bytes, what: str) -> bytes:
@@ -117,7 +128,7 @@ class Store:
             finally:
                 boot.stop()
                 boot.close()
-        for root in cluster.ALL_ROOTS:
+        for root in (*cluster.ALL_ROOTS, PRINCIPALS):
             self._wait(self.zk.ensure_path_async(root), write=True)
         self.layout_ready = True
 
@@ -206,7 +217,7 @@ class Store:
         got = self._get(cluster.pid_path(pid))
         if got is None:
             return None
-        return PidRecord.from_bytes(got[0]), got[1].version
+        return record_from_bytes(got[0]), got[1].version
 
     def get_name(self, name: str) -> tuple[int, int] | None:
         """(pid, znode version) bound to ``name``."""
@@ -241,6 +252,54 @@ class Store:
             return False
         raise CoordinatorUnavailable(f"ZooKeeper transaction failed: {failures!r}")
 
+    # -- per-principal PID counts -----------------------------------------------------------
+    def get_principal_count(self, principal: str) -> tuple[int, int] | None:
+        """(PIDs counted for ``principal``, znode version), None when never counted."""
+        got = self._get(principal_path(principal))
+        if got is None:
+            return None
+        return int(got[0] or b"0"), got[1].version
+
+    def count_owned_pids(self, principal: str) -> int:
+        """Scan every PID record: how many ``principal`` owns (to start its count)."""
+        ids = self.list_pid_ids()
+        n = 0
+        for start in range(0, len(ids), 1000):
+            n += sum(1 for rec, _ in self.get_pids(ids[start:start + 1000])
+                     if owner_of(rec) == principal)
+        return n
+
+    def create_pid_counted(self, record: PidRecord, name: str | None, name_version: int | None,
+                           principal: str, count: int, count_version: int | None) -> str:
+        """Create a PID record (with its name binding when ``name``) and set the owner's
+        count to ``count`` by compare-and-set on ``count_version`` (None: create the
+        counter), all in one transaction. Returns ``ok``, ``name`` (the name was bound by
+        someone else meanwhile) or ``counter`` (the count changed meanwhile: re-read)."""
+        data = _checked(record.to_bytes(), f"the record of pid {record.pid}")
+        cpath = principal_path(principal)
+
+        def build(tx: Any) -> None:
+            tx.create(cluster.pid_path(record.pid), data)
+            if name is not None:
+                if name_version is None:
+                    tx.create(cluster.name_path(name), str(record.pid).encode())
+                else:
+                    tx.set_data(cluster.name_path(name), str(record.pid).encode(), name_version)
+            if count_version is None:
+                tx.create(cpath, str(count).encode())
+            else:
+                tx.set_data(cpath, str(count).encode(), count_version)
+
+        results = self._commit(build)
+        if not any(isinstance(r, Exception) for r in results):
+            return "ok"
+        conflict = (NodeExistsError, BadVersionError, NoNodeError)
+        if name is not None and isinstance(results[1], conflict):
+            return "name"
+        if isinstance(results[-1], conflict):
+            return "counter"
+        raise CoordinatorUnavailable(f"ZooKeeper transaction failed: {results!r}")
+
     def cas_pid(self, record: PidRecord, version: int) -> bool:
         """Replace a PID record if nobody changed it since ``version`` was read."""
         self._check()
@@ -256,7 +315,7 @@ class Store:
 
     def get_pids(self, pids: list[int]) -> list[tuple[PidRecord, int]]:
         got = self._get_many([cluster.pid_path(p) for p in pids])
-        return [(PidRecord.from_bytes(g[0]), g[1].version) for g in got if g is not None]
+        return [(record_from_bytes(g[0]), g[1].version) for g in got if g is not None]
 
     def delete_pid(self, record: PidRecord, version: int) -> bool:
         """Delete an expired PID and, if its name still points at it, the name binding,
@@ -266,14 +325,25 @@ class Store:
             bound = self.get_name(record.producer_name)
             if bound is not None and bound[0] == record.pid:
                 name_version = bound[1]
+        cpath = principal_path(owner_of(record))
+        for _ in range(COUNTER_CAS_ATTEMPTS):
+            # The owner's count (when one is kept) goes down in the same transaction.
+            counted = self.get_principal_count(owner_of(record))
 
-        def build(tx: Any) -> None:
-            tx.delete(cluster.pid_path(record.pid), version)
-            if name_version is not None:
-                tx.delete(cluster.name_path(record.producer_name or ""), name_version)
+            def build(tx: Any, counted: tuple[int, int] | None = counted) -> None:
+                tx.delete(cluster.pid_path(record.pid), version)
+                if name_version is not None:
+                    tx.delete(cluster.name_path(record.producer_name or ""), name_version)
+                if counted is not None:
+                    tx.set_data(cpath, str(max(0, counted[0] - 1)).encode(), counted[1])
 
-        results = self._commit(build)
-        return not any(isinstance(r, Exception) for r in results)
+            results = self._commit(build)
+            if not any(isinstance(r, Exception) for r in results):
+                return True
+            if counted is None or not isinstance(results[-1], (BadVersionError, NoNodeError)):
+                return False
+            # only the count changed meanwhile: read it again
+        return False
 
     # -- topics, partitions, servers -------------------------------------------------------
     def get_topic(self, name: str) -> TopicSpec | None:

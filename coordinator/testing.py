@@ -29,8 +29,10 @@ class HttpConnection:
     """One keep-alive connection to ``base_url``; ``request`` reconnects when needed and
     raises ``ConnectionError`` (or ``OSError``/``asyncio.TimeoutError``) when it cannot."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0,
+                 headers: dict[str, str] | None = None) -> None:
         u = urlsplit(base_url)
+        self.extra_headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.host = u.hostname or "127.0.0.1"
         self.port = u.port or 80
         self.timeout_s = timeout_s
@@ -64,7 +66,8 @@ class HttpConnection:
         assert self._r is not None and self._w is not None
         raw = b"" if body is None else json.dumps(body).encode()
         head = (f"{method} {path} HTTP/1.1\r\nhost: {self.host}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(raw)}\r\n\r\n")
+                f"content-type: application/json\r\ncontent-length: {len(raw)}\r\n"
+                f"{self.extra_headers}\r\n")
         self._w.write(head.encode() + raw)
         await self._w.drain()
         status_line_and_headers = await self._r.readuntil(b"\r\n\r\n")
@@ -88,17 +91,18 @@ class HttpConnection:
 async def run_many(base_url: str, bodies: list[dict[str, Any]], *, connections: int,
                    path: str = "/v1/lease_pid", attempts_max: int = 100,
                    retry_statuses: tuple[int, ...] = (503,), timeout_s: float = 30.0,
-                   on_reply: Any = None) -> list[Reply]:
+                   on_reply: Any = None, headers: dict[str, str] | None = None) -> list[Reply]:
     """POST every body with ``connections`` concurrent keep-alive connections; a lost
     connection or a retriable status is retried with a short backoff, at most
-    ``attempts_max`` times per body. Returns the final reply of each body, in order."""
+    ``attempts_max`` times per body. Returns the final reply of each body, in order.
+    ``headers`` go on every request (e.g. ``{"authorization": "Bearer <token>"}``)."""
     replies: list[Reply | None] = [None] * len(bodies)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(bodies)):
         queue.put_nowait(i)
 
     async def worker() -> None:
-        conn = HttpConnection(base_url, timeout_s=timeout_s)
+        conn = HttpConnection(base_url, timeout_s=timeout_s, headers=headers)
         try:
             while True:
                 try:

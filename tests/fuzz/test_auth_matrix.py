@@ -1,5 +1,7 @@
-"""The security matrix as built, on real processes: the coordinator's optional bearer
-token (none / wrong / right, on every kind of route), its request size limit, and the
+"""The security matrix as built, on real processes: the coordinator's legacy single bearer
+token (``PIDLEASE_API_TOKEN``, the admin principal "admin"; none / wrong / right, on every
+kind of route; named principals and scopes are in
+tests/integration/test_coordinator_scopes.py), its request size limit, and the
 lease tokens a partition server requires for idempotent appends and fences (missing,
 malformed, forged, expired, another PID's, another generation's). Every refused append
 must leave the log unchanged. The observed matrix is printed for docs/reliability.md."""
@@ -23,7 +25,9 @@ ROUTES = [("GET", "/v1/topics", None), ("POST", "/v1/topics", {"name": "t2", "pa
           ("POST", "/v1/lease_pid", {"topic": "orders", "partition": 0, "pid": -1}),
           ("POST", "/v1/lease_pid/batch", {"requests": [{"topic": "orders", "partition": 0, "pid": -1}]}), ("GET", "/v1/pids", None),
           ("GET", "/healthz", None), ("GET", "/metrics", None), ("GET", "/openapi.json", None),
-          ("GET", "/dashboard", None)]
+          ("GET", "/dashboard", None), ("GET", "/dashboard/data", None)]
+# needs the token: /v1 and the dashboard (page and data); open: health, metrics, schema
+GUARDED = ("/v1/", "/dashboard")
 
 
 def call(url: str, method: str, path: str, body: dict | None, auth: str | None) -> int:
@@ -56,9 +60,11 @@ def test_api_token_matrix(make_cluster) -> None:  # type: ignore[no-untyped-def]
                [("none", None), ("wrong", "Bearer nope"), ("right", f"Bearer {API_TOKEN}")]}
         rows.append(f"| {method} {path} | {got['none']} | {got['wrong']} | {got['right']} |")
         assert all(s < 500 for s in got.values()), (path, got)
-        if path.startswith("/v1/"):
+        if path.startswith(GUARDED):
             assert got["none"] == 401 and got["wrong"] == 401, (path, got)
             assert got["right"] in (200, 409), (path, got)
+        else:
+            assert set(got.values()) == {200}, (path, got)
     print("AUTH MATRIX (API token configured)\n| route | no token | wrong token | right token |\n"
           + "\n".join(rows))
     with pytest.raises(errors.Unauthorized):
