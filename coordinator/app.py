@@ -26,6 +26,7 @@ from coordinator.allocator import PidAllocator
 from coordinator.auth import ANONYMOUS, Principal
 from coordinator.dashboard import CSP, HORIZON_MS_DEFAULT, Dashboard
 from coordinator.events import EventLog, ObservedLeaseService
+from coordinator.fastlease import FastLease
 from coordinator.fleet import Fleet
 from coordinator.guard import Guard
 from coordinator.housekeeper import Housekeeper
@@ -73,6 +74,10 @@ class Coordinator:
         g["pidlease_pid_block_conflicts_total"] = lambda: self.allocator.cas_conflicts
         g["pidlease_zk_write_requests_total"] = lambda: self.store.write_requests
         g["pidlease_zk_read_requests_total"] = lambda: self.store.read_requests
+        g["pidlease_zk_write_batches_total"] = lambda: self.store.writes.batches
+        g["pidlease_zk_batched_writes_total"] = lambda: self.store.writes.batched_writes
+        g["pidlease_pid_record_cache_hits_total"] = lambda: self.service.records.hits
+        g["pidlease_pid_record_cache_misses_total"] = lambda: self.service.records.misses
         g["pidlease_zk_connected"] = lambda: int(self.store.connected)
         g["pidlease_zk_session_losses_total"] = lambda: self.store.session_losses
         g["pidlease_leader_calls_total"] = lambda: self.leaders.calls
@@ -267,6 +272,9 @@ def create_app(settings: CoordinatorSettings | None = None, *,
     def on_reject(err: PidleaseError) -> None:
         metrics.error(err.name)
 
+    # Inside the guard (added first = nearer the app): the short path for POST /v1/lease_pid.
+    app.add_middleware(FastLease, lease=lambda req, who: coord.service.lease(req, who),
+                       on_error=on_reject, threads=settings.worker_threads)
     app.add_middleware(Guard, bytes_max=settings.request_bytes_max,
                        principals=settings.principals(),
                        on_unexpected=on_unexpected, on_reject=on_reject)

@@ -21,6 +21,7 @@ from coordinator import leases
 from coordinator.allocator import PidAllocator
 from coordinator.auth import ANONYMOUS, Principal
 from coordinator.leaders import LeaderClient
+from coordinator.lease_cache import AddressCache, RecordCache
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.metrics import Metrics
 from coordinator.settings import CoordinatorSettings
@@ -85,6 +86,8 @@ class LeaseService:
             expiring_window_ms=settings.lease_expiring_window_ms)
         # Topics are never deleted, so a spec once read stays true.
         self._topics: dict[str, TopicSpec] = {}
+        self.records = RecordCache(settings.pid_record_cache_max)
+        self.addresses = AddressCache(settings.leader_address_cache_ms)
         self._pool = ThreadPoolExecutor(max_workers=settings.fence_parallelism_max,
                                         thread_name_prefix="leader-call")
 
@@ -180,6 +183,7 @@ class LeaseService:
             self.store.create_pid(record)
         elif not self.store.create_named_pid(record, name, name_version):
             return None
+        self.records.put(record, 0)
         return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
 
     def _new_counted(self, req: LeaseRequest, name: str | None, name_version: int | None,
@@ -209,6 +213,7 @@ class LeaseService:
             outcome = self.store.create_pid_counted(record, name, name_version, principal.name,
                                                     count + 1, version)
             if outcome == "ok":
+                self.records.put(record, 0)
                 return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
             if outcome == "name":
                 return None
@@ -218,18 +223,34 @@ class LeaseService:
 
     def _change(self, req: LeaseRequest, pid: int, got: tuple[PidRecord, int] | None,
                 principal: Principal = ANONYMOUS) -> LeaseResult:
-        """Renew or take over ``pid``: compare-and-set loop on its record."""
+        """Renew or take over ``pid``: compare-and-set loop on its record. The first try may
+        use the record this coordinator cached (lease_cache.py); anything it decides is
+        either confirmed by the compare-and-set or decided again on a fresh read."""
         state: Response | None = None
+        cache_allowed = got is None
         for attempt in range(self.settings.cas_attempts_max):
+            from_cache = False
+            if got is None and cache_allowed:
+                cache_allowed = False
+                got = self.records.get(pid)
+                from_cache = got is not None
             if got is None:
                 got = self.store.get_pid(pid)
+                if got is None:
+                    self.records.drop(pid)
             record, version = got if got else (None, -1)
             now = self.clock_ms()
-            if record is not None and leases.retained(record, now, self.limits.retention_ms):
-                self._check_owner(record, principal)
-            kind = leases.classify(req, record, now, self.limits)
-            assert record is not None
-            updated = leases.apply(kind, record, req, now, self.limits)
+            try:
+                if record is not None and leases.retained(record, now, self.limits.retention_ms):
+                    self._check_owner(record, principal)
+                kind = leases.classify(req, record, now, self.limits)
+                assert record is not None
+                updated = leases.apply(kind, record, req, now, self.limits)
+            except PidleaseError:
+                if from_cache:
+                    got = None
+                    continue
+                raise
             if kind is LeaseKind.RENEW:
                 # Read-only leader call, done once and reused if the write must be retried.
                 if state is None:
@@ -239,11 +260,15 @@ class LeaseService:
                 if state.found and state.durable_highwater >= 0:
                     updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
                 if self.store.cas_pid(updated, version):
+                    self.records.put(updated, version + 1)
                     return LeaseResult(kind, updated, seq, self._token(updated))
             else:
                 if self.store.cas_pid(updated, version):
+                    self.records.put(updated, version + 1)
                     return self._fence_all(req, updated)
             got = None
+            if from_cache:
+                continue  # the cached record was stale: read it fresh, no back-off
             # Back off a little under contention so the winner's write is not starved.
             time.sleep(self._rng.uniform(0, min(0.05, 0.001 * (attempt + 1))))
         raise CoordinatorUnavailable(f"pid {pid} is contended; retry")
@@ -320,6 +345,7 @@ class LeaseService:
                 if tp in updated.partitions:
                     updated = leases.mark_seen(updated, tp, hw)
             if updated == current or self.store.cas_pid(updated, version):
+                self.records.drop(record.pid)
                 if current.generation == record.generation:
                     target = updated
                 break
@@ -347,7 +373,17 @@ class LeaseService:
 
     def _producer_state(self, topic: str, partition: int, pid: int) -> Response:
         tp = tp_key(topic, partition)
+        address = self.addresses.get(tp)
+        if address is not None:
+            try:
+                resp = self.leaders.producer_state(address, topic, partition, pid)
+                if resp.error_code == errors.NONE:
+                    return resp
+            except PidleaseError:
+                pass
+            self.addresses.drop(tp)  # stale (leader moved or down): ask ZooKeeper again
         address = self._leader_addresses([tp])[tp]
+        self.addresses.put(tp, address)
         resp = self.leaders.producer_state(address, topic, partition, pid)
         if resp.error_code != errors.NONE:
             # The topic exists in ZooKeeper, so NOT_LEADER or an unknown partition on the
@@ -429,5 +465,6 @@ class LeaseService:
             for record, version in self.store.get_pids(ids[start:start + 1000]):
                 expired = not leases.retained(record, now, self.limits.retention_ms)
                 if expired and self.store.delete_pid(record, version):
+                    self.records.drop(record.pid)
                     deleted += 1
         return deleted

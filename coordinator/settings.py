@@ -58,6 +58,14 @@ class CoordinatorSettings(BaseSettings):
     pids_list_max: int = Field(default=100_000, ge=1)
     worker_threads: int = Field(default=256, ge=1, le=4096)
     cas_attempts_max: int = Field(default=10_000, ge=1)
+    pid_record_cache_max: int = Field(default=100_000, ge=0, description=(
+        "PID records this coordinator remembers (record + znode version) so a renewal needs no "
+        "ZooKeeper read; every change is still a compare-and-set, so a stale entry only costs "
+        "a re-read. 0 turns the cache off"))
+    leader_address_cache_ms: int = Field(default=1_000, ge=0, description=(
+        "how long a partition's leader address is reused for renewals' PRODUCER_STATE calls "
+        "before ZooKeeper is asked again; a wrong entry is dropped at the first NOT_LEADER or "
+        "connection error. 0 turns it off"))
 
     # TLS (docs/operations.md): HTTPS with both files; then partition servers are called over TLS.
     tls_certfile: str = Field(default="", description=(

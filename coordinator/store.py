@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 from urllib.parse import quote
 
@@ -30,6 +31,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 
 from coordinator.leases import owner_of, record_from_bytes
+from coordinator.zk_batch import WriteBatcher
 from pidlease import cluster
 from pidlease.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, TopicExists
@@ -91,6 +93,8 @@ class Store:
         self._count_lock = threading.Lock()
         self.write_requests = 0
         self.read_requests = 0
+        # New PID records and their compare-and-sets go out group-committed (zk_batch.py).
+        self.writes = WriteBatcher(self.zk, lambda ar: self._wait(ar, write=True))
 
     # -- connection ------------------------------------------------------------------------
     def start(self) -> None:
@@ -99,6 +103,7 @@ class Store:
         self.zk.start_async()
 
     def stop(self) -> None:
+        self.writes.stop()
         try:
             self.zk.stop()
         finally:
@@ -229,7 +234,15 @@ class Store:
     def create_pid(self, record: PidRecord) -> None:
         self._check()
         data = _checked(record.to_bytes(), f"the record of pid {record.pid}")
-        self._wait(self.zk.create_async(cluster.pid_path(record.pid), data), write=True)
+        self._batched(cluster.pid_path(record.pid), data, None)
+
+    def _batched(self, path: str, data: bytes, version: int | None) -> None:
+        fut = self.writes.submit(path, data, version)
+        try:
+            fut.result(timeout=self._timeout_s * 2)
+        except FutureTimeout as exc:
+            raise CoordinatorUnavailable(
+                f"ZooKeeper did not answer within {self._timeout_s * 2000:.0f} ms") from exc
 
     def create_named_pid(self, record: PidRecord, name: str, name_version: int | None) -> bool:
         """Write a new PID record and bind ``name`` to it in one transaction: create the
@@ -305,7 +318,7 @@ class Store:
         self._check()
         try:
             data = _checked(record.to_bytes(), f"the record of pid {record.pid}")
-            self._wait(self.zk.set_async(cluster.pid_path(record.pid), data, version), write=True)
+            self._batched(cluster.pid_path(record.pid), data, version)
         except (BadVersionError, NoNodeError):
             return False
         return True
