@@ -11,7 +11,7 @@ spread evenly over the coordinators through ``--connections`` keep-alive connect
 coordinator. Prints leases/s, client-side p50/p99 latency, and ZooKeeper write requests
 per lease counted by the coordinators themselves (``pidlease_zk_write_requests_total``).
 
-    python bench/bench_lease.py [--leases 5000] [--connections 64] [--block-size 100]
+    python bench/bench_lease.py [--leases 5000] [--connections 1,64] [--block-size 100]
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import tempfile
 import time
 import urllib.request
 from typing import Any
+
+import psutil
 
 from coordinator.testing import Reply, run_many
 from pidlease.devcluster import LocalCluster
@@ -46,21 +48,39 @@ async def _spread(urls: list[str], bodies: list[dict[str, Any]], connections: in
     return [r for part in results for r in part]
 
 
+def _cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def measure(cluster: LocalCluster, kind: str, bodies: list[dict[str, Any]], connections: int
             ) -> dict[str, Any]:
     urls = [c.url for c in cluster.coordinators]
+    coord_pids = [c.proc.pid for c in cluster.coordinators if c.proc is not None]
+    zk_pids = [n.proc.pid for n in (cluster.zk.nodes if cluster.zk else []) if n.proc is not None]
     writes_before = sum(zk_writes(u) for u in urls)
+    coord_cpu, zk_cpu = _cpu_s(coord_pids), _cpu_s(zk_pids)
     started = time.perf_counter()
     replies = asyncio.run(_spread(urls, bodies, connections))
     elapsed = time.perf_counter() - started
+    coord_cpu, zk_cpu = _cpu_s(coord_pids) - coord_cpu, _cpu_s(zk_pids) - zk_cpu
     writes = sum(zk_writes(u) for u in urls) - writes_before
     bad = [r for r in replies if r.status != 200]
     if bad:
         raise SystemExit(f"{len(bad)} {kind} leases failed, e.g. {bad[0].status} {bad[0].body}")
     lat = [r.latency_s for r in replies]
-    return {"kind": kind, "coordinators": len(urls), "leases": len(replies),
+    return {"kind": kind, "coordinators": len(urls), "connections": connections,
+            "leases": len(replies),
             "leases_per_s": len(replies) / elapsed, "p50_ms": percentile(lat, 0.5) * 1000,
             "p99_ms": percentile(lat, 0.99) * 1000, "zk_writes_per_lease": writes / len(replies),
+            "coordinator_cpu_us_per_lease": coord_cpu / len(replies) * 1e6,
+            "zookeeper_cpu_us_per_lease": zk_cpu / len(replies) * 1e6,
             "replies": replies}
 
 
@@ -89,19 +109,26 @@ def run_setup(coordinators: int, leases: int, connections: int, block_size: int)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--leases", type=int, default=5000)
-    ap.add_argument("--connections", type=int, default=64, help="per coordinator")
+    ap.add_argument("--connections", default="1,64",
+                    help="comma-separated connections per coordinator, one set of rows each "
+                         "(1 = one request at a time: the latency a producer sees)")
     ap.add_argument("--block-size", type=int, default=100)
     args = ap.parse_args()
     rows = []
-    for n in (1, 2):
-        rows += run_setup(n, args.leases, args.connections, args.block_size)
-    print(f"\nlease benchmark: {args.leases} leases per row, {args.connections} connections per "
-          f"coordinator, PID block {args.block_size}, 1 partition server, ZooKeeper standalone\n")
-    print("| kind | coordinators | leases/s | p50 ms | p99 ms | ZooKeeper writes/lease |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    for connections in (int(c) for c in args.connections.split(",")):
+        leases_n = args.leases if connections > 1 else max(200, args.leases // 5)
+        for n in (1, 2):
+            rows += run_setup(n, leases_n, connections, args.block_size)
+    print(f"\nlease benchmark: {args.leases} leases per row ({max(200, args.leases // 5)} with one "
+          f"connection), PID block {args.block_size}, 1 partition server, ZooKeeper standalone; "
+          "CPU from the processes' own counters\n")
+    print("| kind | coordinators | connections | leases/s | p50 ms | p99 ms | ZooKeeper write "
+          "requests/lease | coordinator CPU us/lease | ZooKeeper CPU us/lease |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['kind']} | {r['coordinators']} | {r['leases_per_s']:.0f} | {r['p50_ms']:.1f} "
-              f"| {r['p99_ms']:.1f} | {r['zk_writes_per_lease']:.3f} |")
+        print(f"| {r['kind']} | {r['coordinators']} | {r['connections']} | {r['leases_per_s']:.0f} "
+              f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['zk_writes_per_lease']:.3f} "
+              f"| {r['coordinator_cpu_us_per_lease']:.0f} | {r['zookeeper_cpu_us_per_lease']:.0f} |")
 
 
 if __name__ == "__main__":
