@@ -7,20 +7,41 @@ import logging
 import sys
 
 import uvicorn
+from pydantic import ValidationError
 
 from coordinator.app import create_app
 from coordinator.settings import CoordinatorSettings
+from pidlease.tls import peer_ssl_context, server_ssl_context
+
+log = logging.getLogger("coordinator")
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = CoordinatorSettings()
+    try:
+        settings = CoordinatorSettings()
+    except ValidationError as exc:
+        print(f"coordinator: bad settings: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {settings.coordinator_id} %(name)s %(levelname)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+    tls: dict[str, str] = {}
+    peer = None
+    if settings.tls_certfile:
+        # Load both now: a bad file stops the start with its name, not a traceback.
+        try:
+            server_ssl_context(settings.tls_certfile, settings.tls_keyfile)
+            peer = peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
+        except ValueError as exc:
+            log.error("bad TLS settings: %s", exc)
+            return 2
+        tls = {"ssl_certfile": settings.tls_certfile, "ssl_keyfile": settings.tls_keyfile}
     app = create_app(settings)
+    # A TLS coordinator calls the partition servers over TLS too (pidlease/tls.py).
+    app.state.coordinator.leaders.ssl_context = peer
     # Thousands of clients may connect at once; the default backlog of 2048 is too small.
     uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning",
-                access_log=False, backlog=8192, timeout_keep_alive=30, loop="auto")
+                access_log=False, backlog=8192, timeout_keep_alive=30, loop="auto", **tls)  # type: ignore[arg-type]
     return 0
 
 

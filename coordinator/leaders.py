@@ -6,12 +6,17 @@ Blocking sockets, because the coordinator's request handlers run on threads (kaz
 thread-based). A small pool keeps up to ``connections_max`` idle connections per leader;
 each call has one deadline for connect, send and receive. Every failure to reach a leader
 becomes ``CoordinatorUnavailable`` (retriable 503), never a hang.
+
+With ``ssl_context`` set (a coordinator serving HTTPS: ``pidlease/tls.py``, every
+connection to a partition server is TLS, the server's certificate checked against the
+coordinator's ``tls_ca_file`` and the address it is reached at.
 """
 
 from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -43,7 +48,9 @@ class _Deadline:
 
 class LeaderClient:
     def __init__(self, *, timeout_ms: int = 5_000, connections_max: int = 8,
-                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> None:
+                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context
         self._timeout_s = timeout_ms / 1000
         self._connections_max = connections_max
         self._frame_bytes_max = frame_bytes_max
@@ -105,6 +112,13 @@ class LeaderClient:
                 if sock is None:
                     sock = socket.create_connection((host, port), timeout=deadline.left())
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if self.ssl_context is not None:
+                        raw, sock = sock, None
+                        try:
+                            sock = self.ssl_context.wrap_socket(raw, server_hostname=host)
+                        finally:
+                            if sock is None:
+                                raw.close()
                 corr = next(self._corr) & 0xFFFFFFFF
                 sock.settimeout(deadline.left())
                 sock.sendall(build(corr))
@@ -119,6 +133,12 @@ class LeaderClient:
                     continue
                 self.failures += 1
                 raise CoordinatorUnavailable(f"partition leader {address} unreachable ({name}): {exc}") from exc
+            except ssl.SSLError as exc:
+                if sock is not None:
+                    sock.close()
+                self.failures += 1
+                raise CoordinatorUnavailable(f"TLS with partition leader {address} failed ({name}): "
+                                             f"{exc}") from exc
             except (OSError, TimeoutError) as exc:
                 if sock is not None:
                     sock.close()

@@ -68,6 +68,9 @@ class Registry:
         return self.assignment
 
     async def register(self, host: str, port: int) -> None:
+        """Create ``/servers/<id>`` with the address clients use: the server passes its
+        advertised host and port (``advertised_host``/``advertised_port``, default where it
+        listens)."""
         self._loop = asyncio.get_running_loop()
         self.info = ServerInfo(self.server_id, host, port, started_ms=int(time.time() * 1000))
         await self._loop.run_in_executor(None, self._create_znode)

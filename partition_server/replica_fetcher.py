@@ -10,15 +10,20 @@ Any error (connection lost or refused, a timeout, NOT_LEADER, a malformed answer
 the session: the fetcher backs off, asks the registry to re-read ZooKeeper (the leader
 may have changed) and starts over with the reconciliation, so a session never resumes on
 assumptions made against another leader.
+
+A server with TLS on (``tls_certfile``) fetches over TLS, trusting ``tls_ca_file`` (the
+system store when empty) and checking that the leader's certificate names the host it is
+reached at (``pidlease/tls.py``: a TLS cluster is TLS everywhere).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from partition_server.epochs import truncation_step
@@ -28,10 +33,16 @@ from pidlease import errors
 from pidlease import protocol as P
 from pidlease.errors import CorruptRecord
 from pidlease.protocol import iter_batches
+from pidlease.tls import HANDSHAKE_TIMEOUT_S, peer_ssl_context
 
 log = logging.getLogger("partition_server.replica_fetcher")
 
 _U32 = struct.Struct(">I")
+
+
+@lru_cache(maxsize=4)
+def _peer_context(certfile: str, ca_file: str) -> ssl.SSLContext | None:
+    return peer_ssl_context(certfile, ca_file)  # one per process: contexts are reusable
 
 
 class FetchSessionError(Exception):
@@ -173,7 +184,11 @@ class ReplicaFetcher:
     async def _connect(self) -> _Wire:
         host, _, port = self.address.rpartition(":")
         timeout_s = self.s.replica_fetch_timeout_ms / 1000
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout_s)
+        ctx = _peer_context(getattr(self.s, "tls_certfile", ""), getattr(self.s, "tls_ca_file", ""))
+        tls = {} if ctx is None else {"ssl": ctx, "server_hostname": host,
+                                      "ssl_handshake_timeout": min(timeout_s, HANDSHAKE_TIMEOUT_S)}
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), **tls),
+                                                timeout_s)
         return _Wire(reader, writer, self.s.frame_bytes_max)
 
     async def _reconcile(self, wire: _Wire) -> None:

@@ -5,14 +5,24 @@ Bad input never reaches a log: a frame whose length is over ``frame_bytes_max`` 
 RECORD_TOO_LARGE answer and the connection is closed (we will not read that much); any
 other malformed frame gets an error response (with its correlation id when readable) and
 the connection keeps serving, since the framing itself is intact.
+
+TLS (``tls_certfile``/``tls_keyfile``, ``pidlease/tls.py``): every accepted socket gets an
+``asyncio.sslproto.SSLProtocol`` around the usual stream protocol (what ``ssl=`` on a server
+does, made explicit to see the handshake's outcome), with a handshake timeout. The stream
+handler starts only once the handshake is done; a plaintext client, a certificate the
+peer refuses, or garbage costs one log line and a closed socket, never a task. The server registers ``advertised_host:advertised_port``
+(default: where it listens) so clients may reach it through a proxy or NAT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import ssl
 import struct
 import time
+from asyncio import sslproto
 from collections import deque
 from collections.abc import Callable
 
@@ -26,6 +36,7 @@ from partition_server.settings import ServerSettings
 from pidlease import errors
 from pidlease import protocol as P
 from pidlease.errors import CorruptRecord, InvalidRequest, PidleaseError, RecordTooLarge
+from pidlease.tls import HANDSHAKE_TIMEOUT_S, server_ssl_context
 from pidlease.token import verify_token
 
 log = logging.getLogger("partition_server.server")
@@ -94,6 +105,9 @@ class PartitionServer:
         self.address = settings.address
         self.port = settings.port
         self._stopping = False
+        self._ssl: ssl.SSLContext | None = (
+            server_ssl_context(settings.tls_certfile, settings.tls_keyfile) if settings.tls else None)
+        self.tls_handshake_failures = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -104,22 +118,29 @@ class PartitionServer:
         self.registry.on_change = self.broker.apply_assignment
         # Bind first (port 0 picks one), listen only once registered: whoever can connect
         # can also find us in ZooKeeper.
-        self._server = await asyncio.start_server(self._handle, self.s.host, self.s.port,
-                                                  start_serving=False)
+        if self._ssl is not None:
+            self._server = await loop.create_server(self._tls_protocol, self.s.host,
+                                                    self.s.port, start_serving=False)
+        else:
+            self._server = await asyncio.start_server(self._handle, self.s.host, self.s.port,
+                                                      start_serving=False)
         self.port = self._server.sockets[0].getsockname()[1]
-        self.address = f"{self.s.host}:{self.port}"
+        adv_host = self.s.advertised_host or self.s.host
+        adv_port = self.s.advertised_port or self.port
+        self.address = f"{adv_host}:{adv_port}"  # what ZooKeeper, METADATA and clients see
         if self.s.metrics_port:
             # Before registering: a metrics port in use stops the start, not a live server.
             self.metrics_listener = MetricsListener(self.metrics.render,
                                                     self.s.metrics_host or self.s.host,
                                                     self.s.metrics_port)
             await self.metrics_listener.start()
-        await self.registry.register(self.s.host, self.port)
+        await self.registry.register(adv_host, adv_port)
         await self.registry.refresh()  # arms the watches, now that we are listed
         await self._server.start_serving()
         self.broker.replicas.start()
         self._maint = loop.create_task(self.broker.maintain())
-        log.info("partition server %d serving on %s (data %s, fsync=%s)", self.s.server_id,
+        log.info("partition server %d serving on %s:%d%s (advertised %s, data %s, fsync=%s)",
+                 self.s.server_id, self.s.host, self.port, " with TLS" if self._ssl else "",
                  self.address, self.s.data_dir, self.s.fsync)
 
     async def stop(self) -> None:
@@ -147,6 +168,8 @@ class PartitionServer:
             await self._read_loop(conn, reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except ssl.SSLError as exc:  # a TLS peer sent a bad record after the handshake
+            log.warning("closing a TLS connection: %s", exc)
         except Exception:
             log.exception("connection failed")
         finally:
@@ -161,6 +184,31 @@ class PartitionServer:
                     await writer.wait_closed()
                 except (ConnectionError, OSError):
                     pass
+
+    def _tls_protocol(self) -> asyncio.BaseProtocol:
+        """The protocol of one accepted TLS socket: TLS around a stream protocol."""
+        assert self._ssl is not None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=2**16)
+        app = asyncio.StreamReaderProtocol(reader, self._handle)
+        waiter: asyncio.Future[None] = loop.create_future()
+        proto = sslproto.SSLProtocol(loop, app, self._ssl, waiter, server_side=True,
+                                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)  # type: ignore[arg-type]
+        waiter.add_done_callback(functools.partial(self._handshake_done, proto))
+        return proto
+
+    def _handshake_done(self, proto: sslproto.SSLProtocol, waiter: asyncio.Future[None]) -> None:
+        exc = None if waiter.cancelled() else waiter.exception()
+        if exc is None:
+            return
+        self.tls_handshake_failures += 1
+        transport = getattr(proto, "_transport", None)
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client"
+        log.warning("TLS handshake with %s failed (%s: %s); closing the connection", where,
+                    type(exc).__name__, str(exc) or "connection closed by the peer")
+        if transport is not None:
+            transport.abort()
 
     async def _read_loop(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         frame_max = self.s.frame_bytes_max

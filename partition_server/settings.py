@@ -37,7 +37,13 @@ class ServerSettings(BaseSettings):
     batch_bytes_max: int = Field(default=1 * MiB, ge=64)
     frame_bytes_max: int = Field(default=16 * MiB, ge=1024)
     fetch_bytes_max: int = Field(default=4 * MiB, ge=1024)
-    tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1)
+    tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1, description=(
+        "most PIDs one partition tracks; a new PID beyond it evicts one idle for "
+        "pid_evict_idle_min_ms, or is refused TOO_MANY_PIDS (docs/reliability.md)"))
+    pid_evict_idle_min_ms: int = Field(default=LEASE_MAX_MS, ge=0, description=(
+        "a PID must be unused this long before it may be evicted to make room for a new one "
+        "(strict topics; monotonic evict only after pid_expire_ms); default the coordinator's "
+        "longest lease, so no PID with a valid lease is evicted"))
     inflight_requests_max_per_connection: int = Field(default=1000, ge=1)
     # -- metrics (docs/operations.md) --
     metrics_host: str = Field(default="", description=(
@@ -62,6 +68,19 @@ class ServerSettings(BaseSettings):
     replica_routes: str = Field(default="", description=(
         "<server id>=<host:port>,...: fetch from that server via this address (a fault proxy "
         "in tests)"))
+    # -- address and TLS (docs/operations.md) --
+    advertised_host: str = Field(default="", description=(
+        "host registered in ZooKeeper, where clients, coordinators and followers connect; "
+        "empty: `host`"))
+    advertised_port: int = Field(default=0, ge=0, le=65535, description=(
+        "port registered in ZooKeeper; 0: the port this server listens on"))
+    tls_certfile: str = Field(default="", description=(
+        "PEM certificate (chain) to serve TLS with; with `tls_keyfile`. Both empty: plaintext. "
+        "A TLS server also speaks TLS to the other servers it fetches from"))
+    tls_keyfile: str = Field(default="", description="PEM private key of `tls_certfile`")
+    tls_ca_file: str = Field(default="", description=(
+        "CA bundle trusted when connecting to other partition servers over TLS (replica "
+        "fetching); empty: the system trust store"))
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -73,7 +92,18 @@ class ServerSettings(BaseSettings):
         if self.batch_bytes_max > self.frame_bytes_max:
             raise ValueError("batch_bytes_max must not exceed frame_bytes_max")
         parse_routes(self.replica_routes)
+        if bool(self.tls_certfile) != bool(self.tls_keyfile):
+            raise ValueError("TLS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
+                             "PIDLEASE_TLS_KEYFILE), or neither for plaintext")
+        if self.tls:
+            from pidlease.tls import peer_ssl_context, server_ssl_context
+            server_ssl_context(self.tls_certfile, self.tls_keyfile)  # unreadable: clear error now
+            peer_ssl_context(self.tls_certfile, self.tls_ca_file)
         return self
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_certfile)
 
     @property
     def routes(self) -> dict[int, str]:

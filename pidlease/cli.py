@@ -65,7 +65,8 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 
 def _client(args: argparse.Namespace) -> Any:
     from pidlease.lease_client import LeaseClient
-    return LeaseClient(args.coordinator)
+    return LeaseClient(args.coordinator, tls_ca_file=getattr(args, "tls_ca_file", None),
+                       api_token=getattr(args, "api_token", None))
 
 
 # -- cluster ---------------------------------------------------------------------------------
@@ -156,7 +157,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     futures: list[Any] = []
     bad_line = False
     with Producer(args.coordinator, topic=args.topic, producer_name=args.producer_name,
-                  linger_ms=args.linger_ms, max_in_flight=args.max_in_flight) as p:
+                  linger_ms=args.linger_ms, max_in_flight=args.max_in_flight,
+                  tls_ca_file=args.tls_ca_file, api_token=args.api_token) as p:
         for line in stdin:
             line = line.rstrip(b"\r\n") if not args.keep_newlines else line
             key = None
@@ -201,7 +203,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     n = 0
     with Reader(args.coordinator, args.topic, args.partition, args.from_offset,
-                stop_at_end=not args.follow, include_control=args.include_control) as rd:
+                stop_at_end=not args.follow, include_control=args.include_control,
+                tls_ca_file=args.tls_ca_file, api_token=args.api_token) as rd:
         for rec in rd:
             if args.max is not None and n >= args.max:
                 break
@@ -245,10 +248,13 @@ def cmd_pids(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from pidlease.tls import TLS_CA_FILE_ENV
     from pidlease.verify import load_acked, verify_topic
 
     acked = load_acked(args.acked) if args.acked else None
-    report = verify_topic(args.coordinator, args.topic, acked=acked)
+    if args.tls_ca_file:  # verify_topic's readers take the CA from the environment
+        os.environ[TLS_CA_FILE_ENV] = args.tls_ca_file
+    report = verify_topic(args.coordinator, args.topic, acked=acked, api_token=args.api_token)
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -275,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--coordinator", metavar="URL",
                        default=os.environ.get(ENV_COORDINATOR, DEFAULT_COORDINATOR),
                        help="coordinator URL (env PIDLEASE_COORDINATOR, default %(default)s)")
+        p.add_argument("--api-token", metavar="TOKEN", default=os.environ.get("PIDLEASE_API_TOKEN"),
+                       help="the coordinator's API token (env PIDLEASE_API_TOKEN)")
+        p.add_argument("--tls-ca-file", metavar="PEM", default=os.environ.get("PIDLEASE_TLS_CA_FILE") or None,
+                       help="CA bundle to trust: TLS to the partition servers, and for an https:// "
+                            "coordinator (env PIDLEASE_TLS_CA_FILE; default plaintext / system store)")
 
     def zk(p: argparse.ArgumentParser, help_text: str) -> None:
         p.add_argument("--zk", metavar="HOSTS", default=os.environ.get(ENV_ZK), help=help_text)
@@ -385,7 +396,10 @@ _HINTS: dict[type, str] = {
                                     "`pidlease topic create NAME --partitions N`",
     errors.TopicExists: "see it with `pidlease topic describe NAME`",
     errors.ProducerFenced: "another producer took this producer name over; the newest one wins",
-    errors.Unauthorized: "set PIDLEASE_API_TOKEN to the coordinator's API token",
+    errors.Unauthorized: "set PIDLEASE_API_TOKEN (or --api-token) to the coordinator's API token",
+    errors.Forbidden: "this token's principal lacks the scope or does not own the PID; see the detail",
+    errors.PidLimitExceeded: "reuse a producer name (--producer-name takes its PID over) instead "
+                             "of leasing new PIDs, or ask an operator to raise pids_max_per_principal",
 }
 
 

@@ -11,6 +11,10 @@ resends.
 
 ``BlockingConnection`` is the reader's: one request at a time on a plain socket, so an
 iterator needs no event loop.
+
+Both take ``ssl_context`` (``pidlease.tls.client_ssl_context``) to speak TLS; a server
+certificate the context does not trust fails the connect with ``Unauthorized`` (not
+retriable), any other handshake failure with ``ServerUnavailable``.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import ssl
 import struct
 from typing import Any, Self
 
 from pidlease import protocol
 from pidlease.errors import CorruptRecord, ServerUnavailable
+from pidlease.tls import HANDSHAKE_TIMEOUT_S, connect_error
 
 _U32 = struct.Struct(">I")
 CONNECT_TIMEOUT_MS_DEFAULT = 5_000
@@ -84,16 +90,20 @@ class Connection:
 
     @classmethod
     async def open(cls, address: str, *, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
-                   frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> Connection:
+                   frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+                   ssl_context: ssl.SSLContext | None = None) -> Connection:
         host, port = split_address(address)
         conn = cls(address, frame_bytes_max=frame_bytes_max)
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if ssl_context is not None:
+            tls = {"ssl": ssl_context, "server_hostname": host,
+                   "ssl_handshake_timeout": min(HANDSHAKE_TIMEOUT_S, connect_timeout_ms / 1000)}
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(conn), host, port),
+            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(conn), host, port, **tls),
                                    connect_timeout_ms / 1000)
         except (TimeoutError, OSError) as exc:
-            raise ServerUnavailable(f"cannot connect to partition server {address}: "
-                                    f"{exc or 'timed out'}") from exc
+            raise connect_error(address, exc) from exc
         # (asyncio sets TCP_NODELAY on its TCP transports itself.)
         if conn.closed:
             raise ServerUnavailable(conn._closed_reason or f"connection to {address} lost at once")
@@ -142,7 +152,7 @@ class Connection:
 
     async def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.close()
+            _shut(self._transport)
         self._die("connection closed by the client")
         await asyncio.sleep(0)  # let the transport's connection_lost run before the loop may close
 
@@ -176,7 +186,7 @@ class Connection:
         if self._closed_reason is None:
             self._closed_reason = reason
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.close()
+            _shut(self._transport)
         waiting, self._waiting = self._waiting, {}
         for _api, fut, timer in waiting.values():
             if timer is not None:
@@ -185,18 +195,37 @@ class Connection:
                 fut.set_exception(ServerUnavailable(self._closed_reason))
 
 
+def _shut(transport: asyncio.Transport) -> None:
+    # A TLS close waits for the peer's close_notify (up to 30 s), which may outlive the
+    # event loop and leak the socket; framing already tells a whole answer from a cut one,
+    # so a TLS connection is simply aborted.
+    if transport.get_extra_info("ssl_object") is not None:
+        transport.abort()
+    else:
+        transport.close()
+
+
 class BlockingConnection:
     """One request at a time to a partition server on a blocking socket."""
 
     def __init__(self, address: str, *, timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> None:
+                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.address = address
         self.frame_bytes_max = frame_bytes_max
         host, port = split_address(address)
+        self._sock: socket.socket | None = None
         try:
-            self._sock: socket.socket | None = socket.create_connection((host, port), timeout=timeout_ms / 1000)
+            sock = socket.create_connection((host, port), timeout=timeout_ms / 1000)
         except OSError as exc:
-            raise ServerUnavailable(f"cannot connect to partition server {address}: {exc}") from exc
+            raise connect_error(address, exc) from exc
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            except OSError as exc:  # ssl.SSLError is an OSError
+                sock.close()
+                raise connect_error(address, exc) from exc
+        self._sock = sock
         self._corr = itertools.count(1)
 
     def request(self, api_key: int, build: Any) -> protocol.Response:

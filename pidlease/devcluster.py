@@ -6,13 +6,20 @@ why it is public, like ``trio.testing``). Every service is started with ``sys.ex
 -m coordinator`` / ``-m partition_server`` and configured through ``PIDLEASE_*``
 environment variables, exactly as an operator would run them. Fault helpers
 (``kill_server``, ``restart_server``, ``stop_server``) send real signals.
+
+``LocalCluster(..., tls=True)`` makes a CA and a certificate for 127.0.0.1 with the
+``openssl`` command line (``make_certs``) under ``<data_dir>/tls`` and turns TLS on for every
+coordinator (HTTPS) and partition server; ``cluster.ca_file`` is what clients trust
+(``Producer(..., tls_ca_file=cluster.ca_file)``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -35,6 +42,7 @@ class Service:
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0  # partition servers: their GET /metrics listener
+    tls: bool = False       # serves TLS (HTTPS for a coordinator)
 
     @property
     def metrics_url(self) -> str:
@@ -46,14 +54,15 @@ class Service:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path) -> None:
+def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path,
+              ssl_context: ssl.SSLContext | None = None) -> None:
     import socket
 
     deadline = time.monotonic() + timeout_s
@@ -61,7 +70,9 @@ def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout_s: float, what: 
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail(log)}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                if ssl_context is not None:  # a full handshake: no failed one in the logs
+                    ssl_context.wrap_socket(sock, server_hostname="127.0.0.1").close()
                 return
         except OSError:
             time.sleep(0.05)
@@ -74,13 +85,50 @@ def tail(path: Path, lines: int = 80) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0) -> tuple[int, dict]:
-    """A tiny JSON HTTP call with no dependencies: (status, body)."""
+def make_certs(out_dir: str | Path, *, hosts: tuple[str, ...] = ("127.0.0.1",),
+               days: int = 30) -> dict[str, Path]:
+    """A throwaway CA and a server certificate it signs (subjectAltName: every IP or DNS
+    name in ``hosts``), made with the ``openssl`` command line. Returns the paths of
+    ``ca`` (the bundle clients trust), ``cert`` and ``key`` (the servers')."""
+    openssl = shutil.which("openssl") or "/usr/bin/openssl"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"ca": out / "ca.pem", "ca_key": out / "ca.key", "cert": out / "server.pem",
+             "key": out / "server.key", "csr": out / "server.csr", "ext": out / "server.ext"}
+    san = ",".join(f"IP:{h}" if h.replace(".", "").isdigit() or ":" in h else f"DNS:{h}"
+                   for h in hosts)
+    paths["ext"].write_text(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
+                            "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+
+    def run(*args: str) -> None:
+        r = subprocess.run([openssl, *args], check=False, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"openssl {' '.join(args[:2])} failed: {r.stderr.strip()}")
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(paths["ca_key"]),
+        "-out", str(paths["ca"]), "-days", str(days), "-subj", "/CN=pidlease test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(paths["key"]), "-out", str(paths["csr"]),
+        "-subj", f"/CN={hosts[0]}")
+    run("x509", "-req", "-in", str(paths["csr"]), "-CA", str(paths["ca"]), "-CAkey", str(paths["ca_key"]),
+        "-CAcreateserial", "-out", str(paths["cert"]), "-days", str(days), "-extfile", str(paths["ext"]))
+    for k in ("ca_key", "key"):
+        paths[k].chmod(0o600)
+    return {k: paths[k] for k in ("ca", "cert", "key")}
+
+
+def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0, *,
+              ca_file: str | Path | None = None) -> tuple[int, dict]:
+    """A tiny JSON HTTP call with no dependencies: (status, body). An ``https://`` URL is
+    verified against ``ca_file`` (else ``PIDLEASE_TLS_CA_FILE``, else the system store)."""
+    from pidlease.tls import client_ssl_context
+
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"content-type": "application/json"})
+    ctx = client_ssl_context(str(ca_file) if ca_file else None) if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         raw = exc.read()
@@ -99,7 +147,7 @@ class LocalCluster:
                  zk_nodes: int = 1, zk_hosts: str | None = None, chroot: str = "/pidlease",
                  secret: str = DEV_SECRET, env: dict[str, str] | None = None,
                  coordinator_ports: list[int] | None = None,
-                 server_ports: list[int] | None = None) -> None:
+                 server_ports: list[int] | None = None, tls: bool = False) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.zk: ZooKeeperCluster | None = None
@@ -114,6 +162,19 @@ class LocalCluster:
         self._n_servers = servers
         self._coord_ports = coordinator_ports
         self._server_ports = server_ports
+        self.tls = tls
+        self.certs: dict[str, Path] = {}
+        if tls:
+            self.certs = make_certs(self.data_dir / "tls")
+
+    @property
+    def ca_file(self) -> str | None:
+        """The CA bundle clients of a ``tls=True`` cluster trust (None without TLS)."""
+        return str(self.certs["ca"]) if self.certs else None
+
+    def client_ssl_context(self) -> ssl.SSLContext | None:
+        from pidlease.tls import client_ssl_context
+        return client_ssl_context(self.ca_file, use_env=False) if self.tls else None
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -131,6 +192,10 @@ class LocalCluster:
         env = dict(os.environ)
         env.update({"PIDLEASE_ZK": self.zk_hosts, "PIDLEASE_LEASE_SECRET": self.secret,
                     "PYTHONUNBUFFERED": "1"})
+        if self.certs:
+            env.update({"PIDLEASE_TLS_CERTFILE": str(self.certs["cert"]),
+                        "PIDLEASE_TLS_KEYFILE": str(self.certs["key"]),
+                        "PIDLEASE_TLS_CA_FILE": str(self.certs["ca"])})
         env.update(self.base_env)
         return env
 
@@ -151,7 +216,7 @@ class LocalCluster:
         sdir = self.data_dir / f"server-{ident}"
         sdir.mkdir(parents=True, exist_ok=True)
         svc = Service("partition_server", ident, port, {}, sdir / "server.log",
-                      extra_env=dict(extra_env or {}), metrics_port=free_port())
+                      extra_env=dict(extra_env or {}), metrics_port=free_port(), tls=self.tls)
         self.servers.append(svc)
         if start:
             self.start_service(svc, timeout_s)
@@ -163,7 +228,7 @@ class LocalCluster:
         cdir = self.data_dir / f"coordinator-{ident}"
         cdir.mkdir(parents=True, exist_ok=True)
         svc = Service("coordinator", ident, port, {}, cdir / "coordinator.log",
-                      extra_env=dict(extra_env or {}))
+                      extra_env=dict(extra_env or {}), tls=self.tls)
         self.coordinators.append(svc)
         self.start_service(svc, timeout_s)
         return svc
@@ -191,7 +256,8 @@ class LocalCluster:
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         log.close()
-        _wait_tcp(svc.port, svc.proc, timeout_s, f"{svc.kind} {svc.ident}", svc.log_path)
+        _wait_tcp(svc.port, svc.proc, timeout_s, f"{svc.kind} {svc.ident}", svc.log_path,
+                  self.client_ssl_context())
         if svc.kind == "coordinator":
             self._wait_healthy(svc, timeout_s)
 
@@ -200,7 +266,7 @@ class LocalCluster:
         last: object = None
         while time.monotonic() < deadline:
             try:
-                status, body = http_json("GET", svc.url + "/healthz", timeout_s=2)
+                status, body = http_json("GET", svc.url + "/healthz", timeout_s=2, ca_file=self.ca_file)
                 if status == 200:
                     return
                 last = body
@@ -258,7 +324,8 @@ class LocalCluster:
                      dedup: str = "strict") -> dict:
         status, body = http_json("POST", self.coordinator_url + "/v1/topics",
                                  {"name": name, "partitions": partitions,
-                                  "replication_factor": replication_factor, "dedup": dedup})
+                                  "replication_factor": replication_factor, "dedup": dedup},
+                                 ca_file=self.ca_file)
         if status != 200:
             raise RuntimeError(f"create topic {name}: {status} {body}")
         return body

@@ -9,6 +9,7 @@ connection is replaced by the next ``connection_for`` (one connect at a time per
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 
 from pidlease import errors
@@ -18,8 +19,10 @@ from pidlease.lease_client import AsyncLeaseClient, TopicInfo
 
 class LeaderPool:
     def __init__(self, client: AsyncLeaseClient, topic: str, *, connect_timeout_ms: int,
-                 refresh_min_ms: float, clock_ms: Callable[[], float]) -> None:
+                 refresh_min_ms: float, clock_ms: Callable[[], float],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.client = client
+        self.ssl_context = ssl_context  # TLS to the partition servers when set
         self.topic = topic
         self.connect_timeout_ms = connect_timeout_ms
         self.refresh_min_ms = refresh_min_ms
@@ -67,7 +70,8 @@ class LeaderPool:
         pending = asyncio.get_running_loop().create_future()
         self._connecting[addr] = pending
         try:
-            conn = await Connection.open(addr, connect_timeout_ms=self.connect_timeout_ms)
+            conn = await Connection.open(addr, connect_timeout_ms=self.connect_timeout_ms,
+                                         ssl_context=self.ssl_context)
             self.conns[addr] = conn
             pending.set_result(conn)
             return conn

@@ -6,18 +6,31 @@ httpx style. The coordinator's ``"error"`` names become ``pidlease.errors`` exce
 here, and so do httpx's transport failures (as ``CoordinatorUnavailable``): nothing from
 httpx leaks past this module. Tests pass an ``httpx.MockTransport`` as ``transport``.
 When the coordinator requires an API token, pass ``api_token`` or set
-``PIDLEASE_API_TOKEN``; it is sent as ``Authorization: Bearer <token>``.
+``PIDLEASE_API_TOKEN``; it is sent as ``Authorization: Bearer <token>``. A token whose
+principal lacks the scope, or a PID owned by another principal, raises ``Forbidden``
+(403); a principal at its PID limit raises ``PidLimitExceeded`` (429). Neither is
+retriable, so the producer fails with them instead of retrying.
+An ``https://`` coordinator is verified against ``tls_ca_file`` (else ``PIDLEASE_TLS_CA_FILE``,
+else the system trust store); a certificate it does not trust is ``Unauthorized``.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 import httpx
 
-from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, error_for_name
+from pidlease.errors import (
+    CoordinatorUnavailable,
+    InvalidRequest,
+    PidleaseError,
+    Unauthorized,
+    error_for_name,
+)
+from pidlease.tls import client_ssl_context, find_cert_error
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
 API_TOKEN_ENV = "PIDLEASE_API_TOKEN"
@@ -147,7 +160,18 @@ def _headers(api_token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
-def _transport_error(base_url: str, exc: Exception) -> CoordinatorUnavailable:
+def _verify(base_url: str, tls_ca_file: str | None, tls: bool) -> ssl.SSLContext | bool:
+    # httpx's verify: our context for https (CA file, or env), else its own default.
+    if not base_url.lower().startswith("https://"):
+        return True
+    return client_ssl_context(tls_ca_file, tls) or True
+
+
+def _transport_error(base_url: str, exc: Exception) -> PidleaseError:
+    cert = find_cert_error(exc)
+    if cert is not None:  # retrying cannot help: not retriable
+        return Unauthorized(f"TLS certificate verification of the coordinator at {base_url} failed: "
+                            f"{cert.verify_message or cert} (is tls_ca_file the CA that signed it?)")
     return CoordinatorUnavailable(f"cannot reach the coordinator at {base_url}: "
                                   f"{type(exc).__name__}: {exc}; is it running?")
 
@@ -157,10 +181,12 @@ class AsyncLeaseClient:
 
     def __init__(self, base_url: str = DEFAULT_COORDINATOR, *,
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-                 transport: httpx.AsyncBaseTransport | None = None, api_token: str | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, api_token: str | None = None,
+                 tls_ca_file: str | None = None, tls: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_ms / 1000,
-                                       transport=transport, headers=_headers(api_token))
+                                       transport=transport, headers=_headers(api_token),
+                                       verify=_verify(self.base_url, tls_ca_file, tls))
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
@@ -191,10 +217,12 @@ class LeaseClient:
 
     def __init__(self, base_url: str = DEFAULT_COORDINATOR, *,
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-                 transport: httpx.BaseTransport | None = None, api_token: str | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, api_token: str | None = None,
+                 tls_ca_file: str | None = None, tls: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, timeout=request_timeout_ms / 1000,
-                                  transport=transport, headers=_headers(api_token))
+                                  transport=transport, headers=_headers(api_token),
+                                  verify=_verify(self.base_url, tls_ca_file, tls))
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None,
              params: dict[str, Any] | None = None) -> dict[str, Any]:

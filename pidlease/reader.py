@@ -12,7 +12,8 @@ watermark seen by the last fetch; without it the reader polls for new records.
 
 It is blocking (one plain socket, no event loop). Sockets are opened per iteration and
 closed when it ends (or when an abandoned iterator is garbage-collected); ``close()`` or a
-``with`` block closes them at once.
+``with`` block closes them at once. ``tls_ca_file=`` (or ``tls=True`` for the system trust
+store) reads from TLS partition servers (``pidlease/tls.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import httpx
 from pidlease import errors, protocol
 from pidlease.connection import BlockingConnection
 from pidlease.lease_client import LeaseClient
+from pidlease.tls import client_ssl_context
 
 FETCH_BYTES_DEFAULT = 1024 * 1024
 
@@ -36,6 +38,7 @@ class Reader:
                  fetch_bytes_max: int = FETCH_BYTES_DEFAULT, poll_interval_ms: float = 200,
                  retry_timeout_ms: float = 30_000, request_timeout_ms: int = 30_000,
                  http_transport: httpx.BaseTransport | None = None, api_token: str | None = None,
+                 tls_ca_file: str | None = None, tls: bool = False,
                  sleep: Callable[[float], None] = time.sleep,
                  clock_ms: Callable[[], float] | None = None) -> None:
         if not isinstance(partition, int) or partition < 0:
@@ -60,6 +63,8 @@ class Reader:
         self._coordinator_url = coordinator_url
         self._http_transport = http_transport
         self._api_token = api_token
+        self._tls_ca_file, self._tls = tls_ca_file, tls
+        self._ssl = client_ssl_context(tls_ca_file, tls)
         self._client: LeaseClient | None = None  # opened per iteration, closed when it ends
         self._conn: BlockingConnection | None = None
         self._leader: str | None = None
@@ -131,7 +136,8 @@ class Reader:
         if self._leader is None:
             if self._client is None:
                 self._client = LeaseClient(self._coordinator_url, request_timeout_ms=self._request_timeout_ms,
-                                           transport=self._http_transport, api_token=self._api_token)
+                                           transport=self._http_transport, api_token=self._api_token,
+                                           tls_ca_file=self._tls_ca_file, tls=self._tls)
             info = self._client.topic(self.topic)
             if not 0 <= self.partition < info.partitions:
                 raise errors.InvalidRequest(f"topic {self.topic!r} has partitions 0..{info.partitions - 1}, "
@@ -139,7 +145,8 @@ class Reader:
             self._leader = info.leader_address(self.partition)
             if not self._leader:
                 raise errors.ServerUnavailable(f"partition {self.partition} of {self.topic!r} has no live leader")
-        self._conn = BlockingConnection(self._leader, timeout_ms=self._request_timeout_ms)
+        self._conn = BlockingConnection(self._leader, timeout_ms=self._request_timeout_ms,
+                                        ssl_context=self._ssl)
         return self._conn
 
     def _drop_conn(self) -> None:
