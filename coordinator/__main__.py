@@ -26,19 +26,17 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s {settings.coordinator_id} %(name)s %(levelname)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     tls: dict[str, str] = {}
-    peer = None
     if settings.tls_certfile:
         # Load both now: a bad file stops the start with its name, not a traceback.
         try:
             server_ssl_context(settings.tls_certfile, settings.tls_keyfile)
-            peer = peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
+            peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
         except ValueError as exc:
             log.error("bad TLS settings: %s", exc)
             return 2
         tls = {"ssl_certfile": settings.tls_certfile, "ssl_keyfile": settings.tls_keyfile}
+    # The Coordinator builds its TLS client context for the partition servers itself.
     app = create_app(settings)
-    # A TLS coordinator calls the partition servers over TLS too (pidlease/tls.py).
-    app.state.coordinator.leaders.ssl_context = peer
     # Thousands of clients may connect at once; the default backlog of 2048 is too small.
     uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning",
                 access_log=False, backlog=8192, timeout_keep_alive=30, loop="auto", **tls)  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from coordinator.store import Store
 from coordinator.topics import Topics
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
 from pidlease.protocol import MAX_PID
+from pidlease.tls import peer_ssl_context
 
 log = logging.getLogger("coordinator.app")
 
@@ -53,8 +54,12 @@ class Coordinator:
                            session_timeout_ms=settings.zk_session_timeout_ms)
         self.allocator = PidAllocator(self.store, settings.pid_block_size,
                                       attempts_max=settings.cas_attempts_max)
+        # A TLS coordinator calls the partition servers over TLS too (pidlease/tls.py).
+        peer_tls = (peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
+                    if settings.tls_certfile else None)
         self.leaders = LeaderClient(timeout_ms=settings.leader_request_timeout_ms,
-                                    connections_max=settings.leader_connections_max)
+                                    connections_max=settings.leader_connections_max,
+                                    ssl_context=peer_tls)
         self.events = EventLog(settings.coordinator_id, clock_ms=clock_ms)
         self.service = ObservedLeaseService(settings, self.store, self.allocator, self.leaders,
                                             self.metrics, clock_ms=clock_ms, events=self.events)
