@@ -210,6 +210,20 @@ def snapshot_cost(n: int) -> dict[str, float]:
             "file_mb": round(len(raw) / 1e6, 1), "load_s": round(load_s, 3)}
 
 
+def memory_table(skip_1m: bool) -> dict[str, int]:
+    print("3. memory per tracked PID (tracemalloc)")
+    mem = {}
+    for n in (100_000, 1_000_000):
+        if n == 1_000_000 and skip_1m:
+            continue
+        for k in (1, 5):
+            per = memory_per_pid(n, k)
+            mem[f"{n}_pids_{k}_batches"] = round(per)
+            print(f"  {n:>9,} pids, {k} batch(es) kept each: {per:,.0f} bytes/pid "
+                  f"({per * n / 1e6:,.0f} MB)")
+    return mem
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay-batches", type=int, default=200_000)
@@ -219,8 +233,14 @@ def main() -> int:
     ap.add_argument("--intervals", default="2000,20000,100000,10000000")
     ap.add_argument("--skip-servers", action="store_true")
     ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="run only part 3 (memory per tracked PID)")
     args = ap.parse_args()
     results: dict[str, object] = {}
+    if args.memory_only:
+        results["memory_bytes_per_pid"] = memory_table(args.skip_1m)
+        print(json.dumps(results))
+        return 0
 
     print("1. replay rate (no snapshot, every batch validated and replayed)")
     rr = replay_rate(args.replay_batches, args.replay_records, 10_000)
@@ -234,17 +254,7 @@ def main() -> int:
         results["recovery_vs_interval"] = recovery_vs_interval(
             [int(x) for x in args.intervals.split(",")], args.server_batches, args.server_pids, 10)
 
-    print("3. memory per tracked PID (tracemalloc)")
-    mem = {}
-    for n in (100_000, 1_000_000):
-        if n == 1_000_000 and args.skip_1m:
-            continue
-        for k in (1, 5):
-            per = memory_per_pid(n, k)
-            mem[f"{n}_pids_{k}_batches"] = round(per)
-            print(f"  {n:>9,} pids, {k} batch(es) kept each: {per:,.0f} bytes/pid "
-                  f"({per * n / 1e6:,.0f} MB)")
-    results["memory_bytes_per_pid"] = mem
+    results["memory_bytes_per_pid"] = memory_table(args.skip_1m)
 
     print("4. snapshot cost (capture in 20k-PID chunks, encode, load at recovery)")
     sc = []

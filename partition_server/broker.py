@@ -64,7 +64,9 @@ class Broker:
             self.data_dir, key[0], key[1], mode=self._mode(key[0], a),
             segment_bytes_max=self.s.segment_bytes_max,
             batches_kept=self.s.duplicate_batches_kept,
-            pids_max=self.s.tracked_pids_max_per_partition, flusher=self.flusher,
+            pids_max=self.s.tracked_pids_max_per_partition,
+            evict_idle_min_ms=self.s.pid_evict_idle_min_ms, expire_ms=self.s.pid_expire_ms,
+            flusher=self.flusher,
             clock_ms=self.clock_ms, snapshot=snapshot,
             checkpoint_hw=self._checkpoint_hws.get(key, 0) if replicated else None)
         if replicated:

@@ -218,10 +218,14 @@ class ServerMetrics:
         return out
 
 
-def estimate_state_bytes(entries: Mapping[int, Any], sample_max: int = 64) -> int:
-    """Estimated bytes held by a producer-state table: the mapping itself plus, per PID,
-    its key, its entry object and the objects the entry points to, from a sample of up to
-    ``sample_max`` entries (measuring a million every scrape would stall the loop)."""
+def estimate_state_bytes(table: Any, sample_max: int = 64) -> int:
+    """Estimated bytes held by a producer-state table: its columns exactly, its PID dict and
+    side structures from a sample of up to ``sample_max`` entries (measuring a million every
+    scrape would stall the loop). A plain mapping of PID -> object (older tables, stand-ins)
+    is estimated from a sample of its entries."""
+    if hasattr(table, "memory_bytes"):
+        return int(table.memory_bytes(sample_max))
+    entries: Mapping[int, Any] = table
     n = len(entries)
     total = sys.getsizeof(entries)
     if n == 0:
@@ -239,10 +243,7 @@ def estimate_state_bytes(entries: Mapping[int, Any], sample_max: int = 64) -> in
             per += sys.getsizeof(value)
             if isinstance(value, list):
                 per += sum(sys.getsizeof(x) for x in value)
-    # An OrderedDict keeps a linked-list node per key beyond the dict slot, which
-    # getsizeof of the mapping does not count (CPython: about 56 bytes).
-    node = 56 if type(entries).__name__ == "OrderedDict" else 0
-    return total + n * (per // sampled + node)
+    return total + n * (per // sampled)
 
 
 def watch_broker(m: ServerMetrics, broker: Any) -> None:
@@ -257,7 +258,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         ps = list(broker.partitions.values())
         # Sampling is bounded across the server, not per partition: ~4k entries a scrape.
         per = max(2, min(64, 4096 // max(1, len(ps))))
-        return sum(estimate_state_bytes(p.state.entries, per) for p in ps)
+        return sum(estimate_state_bytes(p.state, per) for p in ps)
 
     def by_role() -> dict[LabelValues, float]:
         out: dict[LabelValues, float] = {("leader",): 0, ("follower",): 0}
@@ -305,8 +306,16 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
     g("pidlease_server_pids_expired_total", "PIDs dropped after pid_expire_ms unused.",
       lambda: sum(p.state.expired_total for p in broker.partitions.values()), kind="counter")
     g("pidlease_server_pids_evicted_total",
-      "PIDs dropped because a partition hit tracked_pids_max_per_partition.",
+      "PIDs dropped to make room for a new one because a partition hit "
+      "tracked_pids_max_per_partition (only PIDs idle for pid_evict_idle_min_ms; monotonic "
+      "topics: only expired ones).",
       lambda: sum(p.state.evicted_total for p in broker.partitions.values()), kind="counter")
+    g("pidlease_server_pid_limit_refusals_total",
+      "First appends of new PIDs refused TOO_MANY_PIDS: the partition tracked "
+      "tracked_pids_max_per_partition PIDs and none could be evicted (too many distinct "
+      "producers; see docs/reliability.md, Tracked-PID limit).",
+      lambda: sum(getattr(p.state, "refused_total", 0) for p in broker.partitions.values()),
+      kind="counter")
     g("pidlease_server_replica_lag_offsets",
       "Per follower of a partition this server leads: offsets behind the leader's log end "
       "(-1 before its first fetch).", lambda: lag("offsets"),

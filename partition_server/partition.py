@@ -29,7 +29,7 @@ from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
 from partition_server.snapshot import PartitionImage
-from pidlease.errors import NotLeader, PidleaseError, ServerUnavailable
+from pidlease.errors import NotLeader, PidleaseError, ServerUnavailable, TooManyPids
 from pidlease.protocol import BatchHeader, encode_control_batch, set_base_offset
 
 log = logging.getLogger("partition_server.partition")
@@ -88,14 +88,20 @@ class Partition:
     def recover(cls, data_dir: Path, topic: str, partition: int, *, mode: str,
                 segment_bytes_max: int, batches_kept: int, pids_max: int, flusher: Flusher,
                 clock_ms: Callable[[], int], snapshot: PartitionImage | None = None,
-                checkpoint_hw: int | None = None) -> tuple[Partition, OpenReport, int]:
+                checkpoint_hw: int | None = None, evict_idle_min_ms: int | None = None,
+                expire_ms: int | None = None) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
         ``covered_to`` or was cut since the snapshot. ``checkpoint_hw`` (replicated
         partitions only; None otherwise) caps what counts as durable. Returns (partition,
-        log report, batches replayed)."""
+        log report, batches replayed). ``evict_idle_min_ms`` and ``expire_ms`` are the
+        tracked-PID limit's rules (producer_state.py; None: the table's defaults)."""
         now = clock_ms()
-        state = ProducerStateTable(mode=mode, batches_kept=batches_kept, pids_max=pids_max)
+        limits: dict[str, Any] = {"expire_ms": expire_ms}
+        if evict_idle_min_ms is not None:
+            limits["evict_idle_min_ms"] = evict_idle_min_ms
+        state = ProducerStateTable(mode=mode, batches_kept=batches_kept, pids_max=pids_max,
+                                   **limits)
         directory = data_dir / dir_name(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
         epochs = EpochHistory.load(directory)
@@ -140,17 +146,26 @@ class Partition:
     def append(self, batch: memoryview, h: BatchHeader,
                on_durable: Callable[[int, int], Any]) -> tuple[Decision, asyncio.Future[Any] | None]:
         """Check a validated batch and write it when the rules allow. Returns the decision
-        and, on APPEND, a future resolved with ``on_durable(base, last)`` once fsynced."""
-        d = self.state.check_append(h.pid, h.generation, h.base_sequence, h.count)
+        and, on APPEND, a future resolved with ``on_durable(base, last)`` once fsynced.
+        Raises TooManyPids for a new PID the tracked-PID limit has no room for (only here,
+        the leader's decision: followers and replay apply what the log holds)."""
+        now = self.clock_ms()
+        d = self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, now)
         if d.outcome is not Outcome.APPEND:
             if d.outcome is Outcome.DUPLICATE or d.outcome is Outcome.SEQUENCE_UNKNOWN:
-                self.state.touch(h.pid, self.clock_ms())
+                self.state.refresh(h.pid, now)
+            elif d.outcome is Outcome.TOO_MANY_PIDS:
+                n = self.state.refused_total
+                if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ... refusal: no log flood
+                    log.warning("%s-%d: new pid %d refused, tracked-PID limit %d reached "
+                                "(%d refusals so far)", self.topic, self.partition, h.pid,
+                                self.state.pids_max, n)
+                raise TooManyPids(f"partition {self.topic}-{self.partition}: {d.detail}")
             return d, None
         buf = bytearray(batch)
         set_base_offset(buf, self.log.next_offset)
         base = self.log.append(buf, h.count)
-        self.state.apply_append(h.pid, h.generation, h.base_sequence, h.count, base,
-                                self.clock_ms())
+        self.state.apply_append(h.pid, h.generation, h.base_sequence, h.count, base, now)
         self.batches_appended += 1
         self._wake_data_waiters()
         last = base + h.count - 1

@@ -3,23 +3,52 @@ rules"). Pure: no I/O and no clock of its own; callers pass ``now_ms`` and offse
 
 Per PID we keep the generation, the highwater H (last sequence appended), the durable
 highwater (last sequence fsynced), the last K batches (for DUPLICATE answers with the
-offsets they were first written at) and the last-use time. The table is an OrderedDict in
-last-use order, so PID expiry pops from the front (the seed's "expired from one end").
+offsets they were first written at) and the last-use time, in last-use (LRU) order, so PID
+expiry pops from the front (the seed's "expired from one end").
 
 Checking and applying are split: the partition checks a batch, writes it to its log only on
 APPEND, then applies it here with the offset it got. Replaying the log after a restart goes
 through the same ``apply_*`` methods, so a recovered table is the table before the crash.
+
+Storage (1M PIDs per partition must fit in about 200 bytes each, issue 7): no object per
+PID. A ``dict`` maps a PID to a slot; per slot, ``array`` columns hold the pid, generation,
+highwater, last use, the LRU list's links and the newest batch (its base offset, and its
+length: its last sequence is the highwater). Older batches of a PID (up to K-1) live in a
+shared pool of rings, allocated only when a PID has a second batch, as (length, offset
+distance to the next newer batch) pairs of u32: in strict mode a PID's batches are
+contiguous in sequence, so that is all it takes. A PID whose batches do not fit that form
+(a hole in its sequence ids, which monotonic topics allow, or a distance over 2**32) keeps
+its batches as flat (base_seq, last_seq, base_offset) triples in an ``array('q')`` of its
+own. The durable highwater equals the highwater except for PIDs in ``_dhw`` (batches in
+flight), and the in-flight batches sit in ``_pending``: both hold only PIDs being written.
+
+Tracked-PID limit (issue 6, KIP-936): a partition tracks at most ``pids_max`` PIDs. Room
+for a new PID is made by evicting the least recently used PID with nothing in flight, but
+only one idle for at least ``evict_idle_min_ms`` (strict) or already past ``expire_ms``
+(monotonic: an evicted PID's old sequence ids would be accepted again, a duplicate). When
+nothing may go, the leader's check refuses the new PID with TOO_MANY_PIDS (``check_append``
+with ``now_ms``); applying what a log holds (replay, followers) never refuses: the table
+then holds more than the limit until PIDs become evictable.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
 from array import array
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 
 DEDUP_MODES = ("strict", "monotonic", "off")
+# The default of pid_evict_idle_min_ms: the coordinator's longest lease (24 h,
+# settings.LEASE_MAX_MS), so no PID that may still hold a valid lease is evicted.
+EVICT_IDLE_MIN_MS_DEFAULT = 86_400_000
+
+_U32 = 0xFFFF_FFFF
+_NIL = -1        # end of the LRU list
+_NO_RING = -1    # the PID has at most one batch, kept in the newest-batch columns
+_WIDE = -2       # the PID's batches are in ``_wide`` (flat triples)
 
 
 class Outcome(enum.Enum):
@@ -29,6 +58,7 @@ class Outcome(enum.Enum):
     UNKNOWN_PID = "UNKNOWN_PID"
     SEQUENCE_UNKNOWN = "SEQUENCE_UNKNOWN"
     OUT_OF_ORDER = "OUT_OF_ORDER_SEQUENCE"
+    TOO_MANY_PIDS = "TOO_MANY_PIDS"
 
 
 class FenceOutcome(enum.Enum):
@@ -48,7 +78,8 @@ class Decision:
 
 
 class ProducerEntry:
-    """One PID's state in one partition. Slots keep the per-PID memory small (1M PIDs)."""
+    """A copy of one PID's state in one partition (what ``get`` and ``touch`` return);
+    changing it changes nothing in the table."""
 
     __slots__ = (
         "batches",
@@ -65,7 +96,7 @@ class ProducerEntry:
         self.highwater = highwater
         self.durable_highwater = durable_highwater
         # (base_seq, last_seq, base_offset) of the last K data batches, oldest first, as
-        # flat triples in an int64 array: no int objects, ~5x less memory than tuples.
+        # flat triples.
         self.batches = array("q")
         self.last_use_ms = last_use_ms
         # (last_offset, last_seq) of appended batches not yet fsynced, oldest first.
@@ -78,50 +109,101 @@ Row = tuple[int, int, int, int, "array[int]"]
 
 
 class ProducerStateTable:
-    """Producer state of one partition. ``mode`` is the topic's dedup mode."""
+    """Producer state of one partition. ``mode`` is the topic's dedup mode; ``pids_max``
+    the tracked-PID limit, ``evict_idle_min_ms`` how long a PID must be idle before it may
+    be evicted to make room, ``expire_ms`` the PID expiry (monotonic topics evict only
+    expired PIDs; None: never)."""
 
     def __init__(self, *, mode: str = "strict", batches_kept: int = 5,
-                 pids_max: int = 1_000_000) -> None:
+                 pids_max: int = 1_000_000, evict_idle_min_ms: int = EVICT_IDLE_MIN_MS_DEFAULT,
+                 expire_ms: int | None = None) -> None:
         if mode not in DEDUP_MODES:
             raise ValueError(f"dedup mode must be one of {DEDUP_MODES}, not {mode!r}")
+        if batches_kept < 1:
+            raise ValueError("batches_kept must be at least 1")
         self.mode = mode
         self.batches_kept = batches_kept
         self.pids_max = pids_max
-        self.entries: OrderedDict[int, ProducerEntry] = OrderedDict()
-        self._pending_pids: dict[int, None] = {}
+        self.evict_idle_min_ms = evict_idle_min_ms
+        self.expire_ms = expire_ms
         self.expired_total = 0
         self.evicted_total = 0
+        self.refused_total = 0      # new PIDs refused TOO_MANY_PIDS
+        self._ring_words = 2 * (batches_kept - 1)
+        self._ring_zero = array("I", bytes(4 * self._ring_words))
+        self._init_storage()
+
+    def _init_storage(self) -> None:
+        self._slot: dict[int, int] = {}
+        self._free: list[int] = []
+        self._pid = array("q")
+        self._gen = array("I")
+        self._hw = array("q")
+        self._lu = array("q")
+        self._prev = array("i")
+        self._next = array("i")
+        self._nb_off = array("q")    # base offset of the newest batch; -1: no batch yet
+        self._nb_span = array("I")   # its last_seq - base_seq (its last_seq is the highwater)
+        self._ring = array("i")      # ring of older batches, _NO_RING or _WIDE
+        self._head = _NIL            # least recently used
+        self._tail = _NIL            # most recently used
+        self._rings = array("I")     # pool: per ring, K-1 (span, offset distance) pairs
+        self._ring_free: list[int] = []
+        self._wide: dict[int, array[int]] = {}      # slot -> flat triples
+        self._dhw: dict[int, int] = {}              # pid -> durable highwater, when != H
+        self._pending: dict[int, list[tuple[int, int]]] = {}  # pid -> (last_offset, last_seq)
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._slot)
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self._slot
 
     def get(self, pid: int) -> ProducerEntry | None:
-        return self.entries.get(pid)
+        s = self._slot.get(pid)
+        return None if s is None else self._entry(pid, s)
 
     def tracks(self, pid: int) -> bool:
         """Whether appends of ``pid`` are checked (and so tracked) here."""
         return pid != 0 and self.mode != "off"
 
+    def _entry(self, pid: int, s: int) -> ProducerEntry:
+        hw = self._hw[s]
+        e = ProducerEntry(self._gen[s], hw, self._dhw.get(pid, hw), self._lu[s])
+        e.batches = self._flat(s)
+        pend = self._pending.get(pid)
+        e.pending = list(pend) if pend is not None else None
+        return e
+
     # -- append rules ----------------------------------------------------------------------
-    def check_append(self, pid: int, generation: int, base_seq: int, count: int) -> Decision:
+    def check_append(self, pid: int, generation: int, base_seq: int, count: int,
+                     now_ms: int | None = None) -> Decision:
+        """The decision for a batch. ``now_ms`` is given only by a leader deciding a new
+        append: then a new PID is refused TOO_MANY_PIDS when the table is full and no PID
+        may be evicted (counted in ``refused_total``). Without it the limit is not checked."""
         if not self.tracks(pid):
             return _APPEND
         last_seq = base_seq + count - 1
-        e = self.entries.get(pid)
-        if e is None:
+        s = self._slot.get(pid)
+        if s is None:
             if self.mode == "monotonic" or base_seq == 0:
+                if (now_ms is not None and len(self._slot) >= self.pids_max
+                        and self._evictable(now_ms) is None):
+                    self.refused_total += 1
+                    return Decision(Outcome.TOO_MANY_PIDS, detail=self.limit_detail())
                 return _APPEND
             return Decision(Outcome.UNKNOWN_PID, detail=(
                 f"pid {pid} has no state in this partition and its batch starts at sequence "
                 f"{base_seq}, not 0: the state expired or the PID was never leased here"))
-        if generation < e.generation:
+        g = self._gen[s]
+        if generation < g:
             return Decision(Outcome.FENCED, detail=(
-                f"generation {generation} of pid {pid} is older than the current {e.generation}"))
-        h = e.highwater
+                f"generation {generation} of pid {pid} is older than the current {g}"))
+        h = self._hw[s]
         if base_seq == h + 1 or (self.mode == "monotonic" and base_seq > h):
             return _APPEND
-        if last_seq <= e.durable_highwater:
-            b = e.batches
+        if last_seq <= self._dhw.get(pid, h):
+            b = self._flat(s)
             for i in range(0, len(b), 3):
                 if b[i] == base_seq and b[i + 1] == last_seq:
                     return Decision(Outcome.DUPLICATE, base_offset=b[i + 2],
@@ -135,15 +217,35 @@ class ProducerStateTable:
         return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
             f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"))
 
+    def limit_detail(self) -> str:
+        """Why a new PID was refused and what to do (the partition prefixes its name)."""
+        if self.mode == "monotonic":
+            rule = ("none is past its expiry (pid_expire_ms"
+                    + (f"={self.expire_ms} ms" if self.expire_ms is not None else "")
+                    + "; monotonic topics evict only expired PIDs, or old sequence ids of an "
+                    "evicted PID would be accepted again)")
+        else:
+            rule = (f"none has been idle for pid_evict_idle_min_ms={self.evict_idle_min_ms} ms "
+                    "with nothing in flight")
+        return (f"this partition already tracks {len(self._slot)} producer ids, its limit "
+                f"tracked_pids_max_per_partition={self.pids_max}, and {rule}; a new producer "
+                "id is refused rather than forgetting a live one's state. Retry later, or use "
+                "fewer distinct PIDs (reuse producer names so a restarted producer takes its "
+                "PID over instead of leasing a new one), raise "
+                "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION, or lower "
+                + ("PIDLEASE_PID_EXPIRE_MS" if self.mode == "monotonic"
+                   else "PIDLEASE_PID_EVICT_IDLE_MIN_MS"))
+
     def check_fence(self, pid: int, generation: int, create_if_absent: bool) -> FenceOutcome:
         if not self.tracks(pid):
             return FenceOutcome.ABSENT  # dedup off: no generations to fence
-        e = self.entries.get(pid)
-        if e is None:
+        s = self._slot.get(pid)
+        if s is None:
             return FenceOutcome.APPEND if create_if_absent else FenceOutcome.ABSENT
-        if generation < e.generation:
+        g = self._gen[s]
+        if generation < g:
             return FenceOutcome.FENCED
-        if generation == e.generation:
+        if generation == g:
             return FenceOutcome.SAME
         return FenceOutcome.APPEND
 
@@ -153,148 +255,466 @@ class ProducerStateTable:
         if not self.tracks(pid):
             return
         last_seq = base_seq + count - 1
-        e = self._entry_for_write(pid, generation, now_ms)
-        b = e.batches
-        if b and base_offset <= b[-1]:
-            # Already applied: replay over a snapshot whose rows were captured while
-            # appends went on starts at the capture's first offset. Makes replay idempotent.
-            return
-        e.generation = max(e.generation, generation)
-        e.highwater = last_seq
-        b.append(base_seq)
-        b.append(last_seq)
-        b.append(base_offset)
-        if len(b) > 3 * self.batches_kept:
-            del b[:3]
-        if durable:
-            e.durable_highwater = last_seq
+        s = self._slot.get(pid)
+        if s is None:
+            s = self._create(pid, generation, now_ms)
         else:
-            if e.pending is None:
-                e.pending = []
-                self._pending_pids[pid] = None
-            e.pending.append((base_offset + count - 1, last_seq))
+            self._touch(s, now_ms)
+            ring = self._ring[s]
+            if ring == _WIDE:
+                w = self._wide[s]
+                newest = w[-1] if w else -1
+            else:
+                newest = self._nb_off[s]
+            if newest >= 0 and base_offset <= newest:
+                # Already applied: replay over a snapshot whose rows were captured while
+                # appends went on starts at the capture's first offset. Makes replay
+                # idempotent.
+                return
+        if generation > self._gen[s]:  # noqa: PLR1730 (max() is slower on the hot path)
+            self._gen[s] = generation
+        old_hw = self._hw[s]
+        self._push(s, base_seq, last_seq, base_offset, old_hw)
+        self._hw[s] = last_seq
+        if durable:
+            if self._dhw:
+                self._dhw.pop(pid, None)
+        else:
+            if pid not in self._dhw:
+                self._dhw[pid] = old_hw
+            pend = self._pending.get(pid)
+            if pend is None:
+                self._pending[pid] = [(base_offset + count - 1, last_seq)]
+            else:
+                pend.append((base_offset + count - 1, last_seq))
 
     def apply_fence(self, pid: int, generation: int, now_ms: int) -> None:
         if self.mode == "off" or pid == 0:
             return
-        e = self._entry_for_write(pid, generation, now_ms)
-        e.generation = max(e.generation, generation)
+        s = self._slot.get(pid)
+        if s is None:
+            self._create(pid, generation, now_ms)
+            return
+        self._touch(s, now_ms)
+        if generation > self._gen[s]:  # noqa: PLR1730 (max() is slower on the hot path)
+            self._gen[s] = generation
 
-    def _entry_for_write(self, pid: int, generation: int, now_ms: int) -> ProducerEntry:
-        e = self.entries.get(pid)
-        if e is None:
-            if len(self.entries) >= self.pids_max:
-                self._evict_one()
-            e = ProducerEntry(generation, -1, -1, now_ms)
-            self.entries[pid] = e
+    def _create(self, pid: int, generation: int, now_ms: int) -> int:
+        if len(self._slot) >= self.pids_max:
+            self._make_room(now_ms)
+        if self._free:
+            s = self._free.pop()
+            self._pid[s] = pid
+            self._gen[s] = generation
+            self._hw[s] = -1
+            self._lu[s] = now_ms
+            self._nb_off[s] = -1
+            self._nb_span[s] = 0
+            self._ring[s] = _NO_RING
         else:
-            self._touch(pid, e, now_ms)
-        return e
+            s = len(self._pid)
+            self._pid.append(pid)
+            self._gen.append(generation)
+            self._hw.append(-1)
+            self._lu.append(now_ms)
+            self._prev.append(_NIL)
+            self._next.append(_NIL)
+            self._nb_off.append(-1)
+            self._nb_span.append(0)
+            self._ring.append(_NO_RING)
+        self._slot[pid] = s
+        self._link_tail(s)
+        return s
 
-    def _evict_one(self) -> None:
-        # The bound on tracked PIDs: drop the least recently used idle PID. Its producer
-        # then gets UNKNOWN_PID (strict), never a silent duplicate.
-        for pid, e in self.entries.items():
-            if e.pending is None:
-                del self.entries[pid]
-                self.evicted_total += 1
+    # -- the tracked-PID limit -------------------------------------------------------------
+    def _evictable(self, now_ms: int) -> int | None:
+        """The slot of the PID eviction would take now, or None: the least recently used
+        one with nothing in flight, if it has been idle long enough."""
+        s = self._head
+        pending = self._pending
+        pid_col = self._pid
+        while s != _NIL and pid_col[s] in pending:
+            s = self._next[s]
+        if s == _NIL:
+            return None
+        idle = now_ms - self._lu[s]
+        if self.mode == "monotonic":
+            return s if self.expire_ms is not None and idle >= self.expire_ms else None
+        return s if idle >= self.evict_idle_min_ms else None
+
+    def _make_room(self, now_ms: int) -> None:
+        # Evict down to below the limit as far as the rule allows; when it does not allow
+        # enough, the table grows past the limit (replay and followers never refuse; the
+        # leader checked with ``check_append`` first).
+        while len(self._slot) >= self.pids_max:
+            s = self._evictable(now_ms)
+            if s is None:
                 return
+            self._remove(s)
+            self.evicted_total += 1
 
+    # -- durability ------------------------------------------------------------------------
     def mark_durable(self, end_offset: int) -> None:
         """Every offset below ``end_offset`` is fsynced: raise durable highwaters."""
+        if not self._pending:
+            return
         done = []
-        for pid in self._pending_pids:
-            e = self.entries.get(pid)
-            if e is None or e.pending is None:
-                done.append(pid)
-                continue
-            pend = e.pending
+        for pid, pend in self._pending.items():
             i = 0
-            while i < len(pend) and pend[i][0] < end_offset:
-                e.durable_highwater = pend[i][1]
+            n = len(pend)
+            while i < n and pend[i][0] < end_offset:
                 i += 1
-            if i == len(pend):
-                e.pending = None
+            if not i:
+                continue
+            self._set_dhw(pid, pend[i - 1][1])
+            if i == n:
                 done.append(pid)
-            elif i:
+            else:
                 del pend[:i]
         for pid in done:
-            del self._pending_pids[pid]
+            del self._pending[pid]
+
+    def _set_dhw(self, pid: int, dhw: int) -> None:
+        s = self._slot.get(pid)
+        if s is None:
+            return
+        if dhw == self._hw[s]:
+            self._dhw.pop(pid, None)
+        else:
+            self._dhw[pid] = dhw
 
     def mark_pending(self, pid: int, base_seq: int, last_seq: int, last_offset: int) -> None:
         """A batch already applied is not durable after all (a replicated partition's
         batch above the high watermark, found at recovery): its sequences are in flight
         again. Call in log order; the first call for a PID lowers its durable highwater
         to just below that batch."""
-        e = self.entries.get(pid)
-        if e is None or not self.tracks(pid):
+        s = self._slot.get(pid)
+        if s is None or not self.tracks(pid):
             return
-        if e.pending is None:
-            e.pending = []
-            self._pending_pids[pid] = None
-            e.durable_highwater = min(e.durable_highwater, base_seq - 1)
-        e.pending.append((last_offset, last_seq))
+        pend = self._pending.get(pid)
+        if pend is None:
+            pend = self._pending[pid] = []
+            self._set_dhw(pid, min(self._dhw.get(pid, self._hw[s]), base_seq - 1))
+        pend.append((last_offset, last_seq))
 
     # -- last use and expiry ---------------------------------------------------------------
     def touch(self, pid: int, now_ms: int) -> ProducerEntry | None:
-        e = self.entries.get(pid)
-        if e is not None:
-            self._touch(pid, e, now_ms)
-        return e
+        s = self._slot.get(pid)
+        if s is None:
+            return None
+        self._touch(s, now_ms)
+        return self._entry(pid, s)
 
-    def _touch(self, pid: int, e: ProducerEntry, now_ms: int) -> None:
-        e.last_use_ms = max(e.last_use_ms, now_ms)
-        self.entries.move_to_end(pid)
+    def refresh(self, pid: int, now_ms: int) -> bool:
+        """``touch`` without building the entry (the DUPLICATE path): whether it is tracked."""
+        s = self._slot.get(pid)
+        if s is None:
+            return False
+        self._touch(s, now_ms)
+        return True
+
+    def _touch(self, s: int, now_ms: int) -> None:
+        if now_ms > self._lu[s]:  # noqa: PLR1730
+            self._lu[s] = now_ms
+        if s != self._tail:
+            self._unlink(s)
+            self._link_tail(s)
+
+    def _link_tail(self, s: int) -> None:
+        t = self._tail
+        self._prev[s] = t
+        self._next[s] = _NIL
+        if t == _NIL:
+            self._head = s
+        else:
+            self._next[t] = s
+        self._tail = s
+
+    def _unlink(self, s: int) -> None:
+        p, n = self._prev[s], self._next[s]
+        if p == _NIL:
+            self._head = n
+        else:
+            self._next[p] = n
+        if n == _NIL:
+            self._tail = p
+        else:
+            self._prev[n] = p
+
+    def _remove(self, s: int) -> None:
+        pid = self._pid[s]
+        self._unlink(s)
+        del self._slot[pid]
+        ring = self._ring[s]
+        if ring >= 0:
+            w = self._ring_words
+            self._rings[ring * w:ring * w + w] = self._ring_zero
+            self._ring_free.append(ring)
+        elif ring == _WIDE:
+            del self._wide[s]
+        self._ring[s] = _NO_RING
+        self._pid[s] = 0
+        self._dhw.pop(pid, None)
+        self._pending.pop(pid, None)
+        self._free.append(s)
 
     def expire(self, now_ms: int, expire_ms: int, limit: int = 100_000) -> int:
         """Drop PIDs unused for ``expire_ms``; at most ``limit`` per call (bounded pauses)."""
         dropped = 0
-        while self.entries and dropped < limit:
-            pid, e = next(iter(self.entries.items()))
-            if e.last_use_ms + expire_ms > now_ms:
+        lu = self._lu
+        while self._head != _NIL and dropped < limit:
+            s = self._head
+            if lu[s] + expire_ms > now_ms:
                 break
-            if e.pending is not None:  # in flight: it was just used, keep it
-                self._touch(pid, e, now_ms)
+            if self._pid[s] in self._pending:  # in flight: it was just used, keep it
+                self._touch(s, now_ms)
                 continue
-            del self.entries[pid]
+            self._remove(s)
             dropped += 1
         self.expired_total += dropped
         return dropped
 
+    # -- batches ---------------------------------------------------------------------------
+    def _push(self, s: int, base_seq: int, last_seq: int, base_offset: int, old_hw: int) -> None:
+        """Add a batch as the newest of slot ``s`` (whose newest so far ends at ``old_hw``)."""
+        ring = self._ring[s]
+        span = last_seq - base_seq
+        if ring == _WIDE:
+            w = self._wide[s]
+            w.extend((base_seq, last_seq, base_offset))
+            if len(w) > 3 * self.batches_kept:
+                del w[:3]
+            return
+        off0 = self._nb_off[s]
+        if off0 < 0 or self._ring_words == 0:
+            if 0 <= span <= _U32:
+                self._nb_off[s] = base_offset
+                self._nb_span[s] = span
+                return
+        else:
+            doff = base_offset - off0
+            if base_seq == old_hw + 1 and 0 < doff <= _U32 and 0 <= span <= _U32:
+                words = self._ring_words
+                rings = self._rings
+                if ring < 0:
+                    if self._ring_free:
+                        ring = self._ring_free.pop()
+                    else:
+                        ring = len(rings) // words
+                        rings.extend(self._ring_zero)
+                    self._ring[s] = ring
+                p = ring * words
+                if words > 2:
+                    rings[p + 2:p + words] = rings[p:p + words - 2]
+                rings[p] = self._nb_span[s]
+                rings[p + 1] = doff
+                self._nb_off[s] = base_offset
+                self._nb_span[s] = span
+                return
+        # Not in the compact form: this PID keeps flat triples from now on.
+        flat = self._flat(s)
+        flat.extend((base_seq, last_seq, base_offset))
+        if len(flat) > 3 * self.batches_kept:
+            del flat[:len(flat) - 3 * self.batches_kept]
+        self._set_wide(s, flat)
+
+    def _set_wide(self, s: int, flat: array[int]) -> None:
+        ring = self._ring[s]
+        if ring >= 0:
+            w = self._ring_words
+            self._rings[ring * w:ring * w + w] = self._ring_zero
+            self._ring_free.append(ring)
+        self._ring[s] = _WIDE
+        self._wide[s] = flat
+        self._nb_off[s] = -1
+        self._nb_span[s] = 0
+
+    def _flat(self, s: int) -> array[int]:
+        """Slot ``s``'s kept batches as flat (base_seq, last_seq, base_offset) triples,
+        oldest first."""
+        ring = self._ring[s]
+        if ring == _WIDE:
+            return array("q", self._wide[s])
+        off = self._nb_off[s]
+        if off < 0:
+            return array("q")
+        last = self._hw[s]
+        base = last - self._nb_span[s]
+        if ring == _NO_RING:
+            return array("q", (base, last, off))
+        out = [(base, last, off)]
+        if ring >= 0:
+            rings = self._rings
+            p = ring * self._ring_words
+            for i in range(p, p + self._ring_words, 2):
+                doff = rings[i + 1]
+                if doff == 0:
+                    break
+                last = base - 1
+                base = last - rings[i]
+                off -= doff
+                out.append((base, last, off))
+        flat = array("q")
+        for t in reversed(out):
+            flat.extend(t)
+        return flat
+
+    def _set_batches(self, s: int, flat: array[int]) -> None:
+        """Load slot ``s``'s batches (flat triples, oldest first, at most K) in the compact
+        form when they fit it, else as flat triples."""
+        n = len(flat) // 3
+        if n == 0:
+            return
+        hw = self._hw[s]
+        compact = flat[-2] == hw and (n == 1 or self._ring_words > 0)
+        if compact:
+            for i in range(n):
+                b, last, off = flat[3 * i], flat[3 * i + 1], flat[3 * i + 2]
+                if not 0 <= last - b <= _U32:
+                    compact = False
+                    break
+                if i and (b != flat[3 * i - 2] + 1 or not 0 < off - flat[3 * i - 1] <= _U32):
+                    compact = False
+                    break
+        if not compact:
+            self._set_wide(s, array("q", flat))
+            return
+        self._nb_off[s] = flat[-1]
+        self._nb_span[s] = flat[-2] - flat[-3]
+        if n == 1:
+            return
+        words = self._ring_words
+        if self._ring_free:
+            ring = self._ring_free.pop()
+        else:
+            ring = len(self._rings) // words
+            self._rings.extend(self._ring_zero)
+        self._ring[s] = ring
+        p = ring * words
+        # Newest-but-one first: its span and the offset distance to the batch after it.
+        for j, i in enumerate(range(n - 2, -1, -1)):
+            self._rings[p + 2 * j] = flat[3 * i + 1] - flat[3 * i]
+            self._rings[p + 2 * j + 1] = flat[3 * i + 5] - flat[3 * i + 2]
+
     # -- snapshots -------------------------------------------------------------------------
     def pids(self) -> list[int]:
-        return list(self.entries)
+        """Tracked PIDs, least recently used first."""
+        out = []
+        s = self._head
+        nxt = self._next
+        pid_col = self._pid
+        while s != _NIL:
+            out.append(pid_col[s])
+            s = nxt[s]
+        return out
 
     def export_rows(self, pids: Iterable[int] | None = None) -> list[Row]:
         """Rows of ``pids`` (all when None) that are still tracked, for a snapshot of the
         log prefix the caller will fsync before writing it: highwaters count as durable."""
         if pids is None:
-            return [(pid, e.generation, e.highwater, e.last_use_ms, array("q", e.batches))
-                    for pid, e in self.entries.items()]
-        get = self.entries.get
+            pids = self.pids()
+        get = self._slot.get
+        gen, hws, lu, ring, nb_off, nb_span = (self._gen, self._hw, self._lu, self._ring,
+                                               self._nb_off, self._nb_span)
         out = []
         for pid in pids:
-            e = get(pid)
-            if e is not None:
-                out.append((pid, e.generation, e.highwater, e.last_use_ms, array("q", e.batches)))
+            s = get(pid)
+            if s is None:
+                continue
+            hw = hws[s]
+            off = nb_off[s]
+            if ring[s] == _NO_RING and off >= 0:  # one batch: the common case, inline
+                flat = array("q", (hw - nb_span[s], hw, off))
+            else:
+                flat = self._flat(s)
+            out.append((pid, gen[s], hw, lu[s], flat))
         return out
 
     def load_rows(self, rows: Iterable[Row]) -> None:
         """Replace the state with ``rows``, ordered by last use (expiry pops the front)."""
-        self.entries.clear()
-        self._pending_pids.clear()
+        self.clear()
         keep = 3 * self.batches_kept
-        for pid, gen, hw, last_use_ms, flat in sorted(rows, key=lambda r: r[3]):
-            e = ProducerEntry(gen, hw, hw, last_use_ms)
-            e.batches = array("q", flat[-keep:]) if len(flat) > keep else array("q", flat)
-            self.entries[pid] = e
+        ordered = sorted(rows, key=itemgetter(3))
+        n = len(ordered)
+        pids = [r[0] for r in ordered]
+        self._slot = dict(zip(pids, range(n)))
+        if len(self._slot) == n:
+            # Recovery of a million PIDs: build the columns in bulk, slots in last-use order.
+            self._pid = array("q", pids)
+            self._gen = array("I", [r[1] for r in ordered])
+            self._hw = array("q", [r[2] for r in ordered])
+            self._lu = array("q", [r[3] for r in ordered])
+            self._prev = array("i", range(-1, n - 1))
+            self._next = array("i", range(1, n + 1))
+            if n:
+                self._next[n - 1] = _NIL
+                self._head, self._tail = 0, n - 1
+            self._nb_off = array("q", bytes(8 * n))
+            self._nb_span = array("I", bytes(4 * n))
+            self._ring = array("i", [_NO_RING]) * n
+            nb_off, nb_span = self._nb_off, self._nb_span
+            for s, r in enumerate(ordered):
+                flat = r[4]
+                if len(flat) == 3 and flat[1] == r[2] and 0 <= flat[1] - flat[0] <= _U32:
+                    nb_off[s] = flat[2]
+                    nb_span[s] = flat[1] - flat[0]
+                else:
+                    nb_off[s] = -1
+                    if flat:
+                        self._set_batches(s, array("q", flat[-keep:]) if len(flat) > keep
+                                          else flat)
+            return
+        self.clear()
+        for pid, gen, hw, last_use_ms, flat in ordered:
+            dup = self._slot.get(pid)
+            if dup is not None:  # a PID twice: the later row wins
+                self._remove(dup)
+            s = self._create_loaded(pid, gen, hw, last_use_ms)
+            self._set_batches(s, array("q", flat[-keep:]) if len(flat) > keep else flat)
+
+    def _create_loaded(self, pid: int, gen: int, hw: int, last_use_ms: int) -> int:
+        limit, self.pids_max = self.pids_max, sys.maxsize  # a snapshot is never cut
+        try:
+            s = self._create(pid, gen, last_use_ms)
+        finally:
+            self.pids_max = limit
+        self._hw[s] = hw
+        return s
 
     def clear(self) -> None:
-        self.entries.clear()
-        self._pending_pids.clear()
+        self._init_storage()
 
     def items(self) -> Iterator[tuple[int, ProducerEntry]]:
-        return iter(self.entries.items())
+        """(pid, a copy of its entry), least recently used first."""
+        for pid in self.pids():
+            yield pid, self._entry(pid, self._slot[pid])
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory_bytes(self, sample_max: int = 64) -> int:
+        """Estimated bytes held: the columns and the ring pool (exact), the PID dict with its
+        int keys and slot values, and the side structures (sampled, bounded cost)."""
+        total = sys.getsizeof(self._slot) + 64 * len(self._slot)
+        for col in (self._pid, self._gen, self._hw, self._lu, self._prev, self._next,
+                    self._nb_off, self._nb_span, self._ring, self._rings):
+            total += sys.getsizeof(col)
+        total += sys.getsizeof(self._free) + 32 * len(self._free)
+        total += sys.getsizeof(self._ring_free) + 32 * len(self._ring_free)
+        for side in (self._wide, self._dhw, self._pending):
+            total += sys.getsizeof(side)
+            n = len(side)
+            if not n:
+                continue
+            per = 0
+            sampled = 0
+            for v in side.values():
+                if sampled >= sample_max:
+                    break
+                sampled += 1
+                per += 32 + sys.getsizeof(v)
+                if isinstance(v, list):
+                    per += sum(sys.getsizeof(x) + 64 for x in v)
+            total += n * per // sampled
+        return total
 
 
 _APPEND = Decision(Outcome.APPEND)

@@ -133,10 +133,10 @@ def test_state_memory_estimate_is_close_to_what_tracemalloc_measures() -> None:
         measured = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    estimate = M.estimate_state_bytes(table.entries)
+    estimate = M.estimate_state_bytes(table)
     assert len(table) == 20_000
     assert 0.6 * measured <= estimate <= 1.6 * measured, (estimate, measured)
-    assert M.estimate_state_bytes(ProducerStateTable().entries) < 1000
+    assert M.estimate_state_bytes(ProducerStateTable()) < 2000  # empty columns and dicts
 
 
 def test_resident_memory_is_read() -> None:
@@ -206,6 +206,8 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
                     ("b", 0): part("b", 0, "leader", 0)},
         clock_ms=lambda: 6_000, _last_snapshot_ms=1_500, snapshots_taken=4)
     broker.partitions[("a", 1)].state.expired_total = 7
+    broker.partitions[("a", 0)].state.refused_total = 3
+    broker.partitions[("b", 0)].state.evicted_total = 2
     m = M.ServerMetrics(1)
     M.watch_broker(m, broker)
     s = scrape(m)
@@ -215,6 +217,8 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
     assert M.sample(s, "pidlease_server_snapshot_age_seconds") == 4.5
     assert M.sample(s, "pidlease_server_snapshots_total") == 4
     assert M.sample(s, "pidlease_server_pids_expired_total") == 7
+    assert M.sample(s, "pidlease_server_pids_evicted_total") == 2
+    assert M.sample(s, "pidlease_server_pid_limit_refusals_total") == 3
     assert M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="2") == 10
     assert M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="3") == -1
     assert M.sample(s, "pidlease_server_replica_lag_seconds", topic="a", partition="0", replica="3") == 5

@@ -1,0 +1,34 @@
+"""The SDK treats TOO_MANY_PIDS (a partition at its tracked-PID limit, issue 6) as
+retriable: it backs off and resends, with nothing lost or duplicated (pidlease/sender.py
+retries every error whose class says ``retriable``)."""
+
+from __future__ import annotations
+
+import pytest
+from sdk_fakes import FakeCoordinator, FakePartitionServer
+
+from pidlease import errors
+from pidlease.producer import Producer
+
+TOPICS = {"one": (1, "strict")}
+
+
+@pytest.fixture
+def fake():  # type: ignore[no-untyped-def]
+    srv = FakePartitionServer(TOPICS).start()
+    yield srv, FakeCoordinator(srv, TOPICS)
+    srv.stop()
+
+
+def test_too_many_pids_is_retried_with_backoff(fake) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    assert errors.TooManyPids.retriable and errors.TooManyPids.code == 24
+    with Producer("http://fake", topic="one", http_transport=coord.transport(),  # type: ignore[arg-type]
+                  batch_records_max=20) as p:
+        srv.fail_next.extend([errors.TooManyPids.code] * 3)
+        futs = [p.send(b"r%d" % i) for i in range(100)]
+        p.flush()
+        metas = [f.result(5) for f in futs]
+        assert p.stats["retries"] >= 3
+    assert [r.value for r in srv.records("one", 0)] == [b"r%d" % i for i in range(100)]
+    assert [m.sequence_id for m in metas] == list(range(100))
