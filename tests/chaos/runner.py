@@ -3,10 +3,12 @@ schedule (tests/chaos/schedule.py) injects faults, then the checker (checker.py)
 every partition and compares it with what the producers were told.
 
 The producers reach the coordinator through a ``pidlease.faultproxy.FaultProxy`` so the
-lease API can be blackholed and delayed; their partition-server connections are cut with
-the SDK's ``drop_connections()`` and by SIGSTOP/SIGKILL of the servers (the partition
-servers advertise the address they bind, so a proxy cannot be put in that path without
-a server-side "advertised address" setting).
+lease API can be blackholed and delayed. Every partition server has a proxy of its own in
+front of it: it listens on one port and registers the proxy's as its advertised address
+(``PIDLEASE_ADVERTISED_PORT``), so producers, readers, the coordinator's FENCE calls and
+the other server's replica fetches all go through it, and the produce path can be cut,
+blackholed and delayed too. The SDK's ``drop_connections()`` and SIGSTOP/SIGKILL of the
+servers cut it from the other side.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pidlease import protocol as P
 from pidlease.devcluster import LocalCluster, Service, http_json
 from pidlease.faultproxy import FaultProxy
 from pidlease.producer import Producer
+from pidlease.zkserver import free_port
 
 TOPIC = "chaos"
 SESSION_TIMEOUT_MS = 2_000
@@ -104,7 +107,7 @@ class Worker:
 
 class ChaosRun:
     def __init__(self, cluster: LocalCluster, seed: int, duration_s: float, *, producers: int = 2,
-                 partitions: int = 4) -> None:
+                 partitions: int = 4, server_proxies: list[FaultProxy] | None = None) -> None:
         self.cluster = cluster
         self.seed = seed
         self.duration_s = duration_s
@@ -116,6 +119,7 @@ class ChaosRun:
                                     required=REQUIRED_FAULTS)
         self.result = RunResult(seed, self.faults)
         self.proxy = FaultProxy(cluster.coordinators[0].address)
+        self.server_proxies = server_proxies or []
         self.n_producers = producers
         self.fences: list[Fence] = []
         self.zombie_futures: list[Future] = []
@@ -214,6 +218,19 @@ class ChaosRun:
             self.proxy.set_delay(0.2)
             time.sleep(f.duration_s)
             self.proxy.set_delay(0.0)
+        elif f.kind in ("cut_server", "blackhole_server", "delay_server"):
+            if not self.server_proxies:
+                raise ValueError(f"{f.kind} needs proxies in front of the servers")
+            proxy = self.server_proxies[f.target % len(self.server_proxies)]
+            if f.kind == "cut_server":
+                proxy.drop_all()
+            elif f.kind == "blackhole_server":
+                proxy.blackhole(f.duration_s)
+                time.sleep(f.duration_s)
+            else:
+                proxy.set_delay(0.2)
+                time.sleep(f.duration_s)
+                proxy.set_delay(0.0)
         elif f.kind == "zombie_takeover":
             self.takeover(workers[f.target])
         elif f.kind == "kill_zk_node":
@@ -285,9 +302,16 @@ def run_seed(data_dir: Path, seed: int, duration_s: float, *, zk_hosts: str | No
     logs on failure)."""
     cluster = LocalCluster(data_dir, servers=0, zk_hosts=zk_hosts, zk_nodes=zk_nodes)
     cluster.start()
+    proxies: list[FaultProxy] = []
     try:
         for i in range(servers):
-            cluster.add_server(i + 1, extra_env=SERVER_ENV)
-        return ChaosRun(cluster, seed, duration_s).run(), cluster
+            listen_port = free_port()
+            proxy = FaultProxy(f"127.0.0.1:{listen_port}").start()
+            proxies.append(proxy)
+            cluster.add_server(i + 1, listen_port,
+                               extra_env={**SERVER_ENV, "PIDLEASE_ADVERTISED_PORT": str(proxy.port)})
+        return ChaosRun(cluster, seed, duration_s, server_proxies=proxies).run(), cluster
     finally:
         cluster.stop()
+        for proxy in proxies:
+            proxy.close()

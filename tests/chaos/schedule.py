@@ -23,6 +23,9 @@ FAULT_KINDS: dict[str, tuple[int, float, float]] = {
     "drop_connections": (3, 0.0, 0.0),        # every producer socket aborted at once
     "blackhole_coordinator": (2, 0.5, 3.0),   # the loopback proxy forwards nothing
     "delay_coordinator": (1, 1.0, 3.0),       # the proxy holds every chunk 200 ms
+    "cut_server": (2, 0.0, 0.0),              # the server's proxy aborts every connection
+    "blackhole_server": (2, 0.5, 3.0),        # the server's proxy forwards nothing
+    "delay_server": (1, 1.0, 3.0),            # the server's proxy holds every chunk 200 ms
     "zombie_takeover": (2, 0.0, 0.0),         # take a producer's name over; the old one must be refused
     "kill_zk_node": (2, 1.0, 4.0),            # only with a 3-node ensemble
 }
