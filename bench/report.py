@@ -231,8 +231,10 @@ def render(rows: list[Row], skipped: dict[str, str], alone: dict[str, Any],
         "every one acknowledged; then the same records again, which must all be recognised as "
         "duplicates. Ack latency: from handing a record to the client library to seeing its "
         "acknowledgement (every 64th record). Server CPU and peak RSS: the server process(es) "
-        "during pass 1 (pidlease: the partition server)."), "",
-        ("Durability differs: pidlease acks after fsync (group commit); NATS JetStream acks "
+        "during pass 1 (pidlease: the partition server; R=3: the three partition servers "
+        "together)."), "",
+        ("Durability differs: pidlease acks after fsync (group commit; R=3: after every "
+        "in-sync replica has fetched and fsynced the batch); NATS JetStream acks "
         "before its file store is fsynced; Redis acks before the append-only file's "
         "once-a-second fsync; the ceiling never fsyncs."),
     ]

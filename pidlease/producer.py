@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import random
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +33,14 @@ from pidlease.leader_pool import LeaderPool
 from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
-from pidlease.record_future import BatchAck, RecordFuture, fail_all, future_class, settle_unseen
+from pidlease.record_future import (
+    BatchAck,
+    RecordFuture,
+    fail_run,
+    future_class,
+    settle_unseen,
+    settled_run,
+)
 from pidlease.record_run import RecordRun
 from pidlease.sender import (
     DeliveryTimeout,
@@ -42,6 +49,7 @@ from pidlease.sender import (
     RecordMetadata,
     settle,
 )
+from pidlease.tls import client_ssl_context
 
 __all__ = [
     "AsyncProducer",
@@ -54,8 +62,6 @@ __all__ = [
 
 log = logging.getLogger("pidlease.producer")
 _RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
-_encode_record = protocol.encode_record
-_REC_HEAD_NO_KEY = struct.Struct(">iI").pack   # protocol.encode_record for a record with no key
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,6 +106,20 @@ def _as_bytes(x: Any, what: str) -> bytes:
     raise errors.InvalidRequest(f"{what} must be bytes or str, not {type(x).__name__}")
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """The event loop of the blocking Producer's thread: uvloop's when it is installed
+    (less CPU per wake-up and per socket operation), else asyncio's. PIDLEASE_UVLOOP=0
+    forces asyncio's."""
+    if os.environ.get("PIDLEASE_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def _fresh(exc: errors.PidleaseError) -> errors.PidleaseError:
     """A new instance of a stored fatal error, so raising it again keeps tracebacks short."""
     new = type(exc)(exc.detail, **exc.extra)
@@ -117,7 +137,7 @@ class AsyncProducer:
     def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
                  expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
                  delivery_timeout_ms: int | None = None, *, http_transport: httpx.AsyncBaseTransport | None = None,
-                 api_token: str | None = None,
+                 api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
                  clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
                  rng: random.Random | None = None, **settings: Any) -> None:
         if not topic:
@@ -141,10 +161,13 @@ class AsyncProducer:
         self.stats = {"batches_resent": 0, "retries": 0}
         self.lock = threading.Lock()  # guards admit(): Producer.send runs it on callers' threads
         self.release_hook: Callable[[int], None] | None = None
+        self.fail_hook: Callable[[errors.PidleaseError], None] | None = None
         # Set by Producer: its futures are RecordFutures sharing this Condition.
         self.future_condition: threading.Condition | None = None
         self._http_transport = http_transport
         self._api_token = api_token
+        self._tls_ca_file, self._tls = tls_ca_file, tls  # pidlease/tls.py
+        self._ssl = client_ssl_context(tls_ca_file, tls)
         self._client: AsyncLeaseClient | None = None
         self._lease: LeaseKeeper | None = None
         self._pool: LeaderPool | None = None
@@ -184,14 +207,16 @@ class AsyncProducer:
             return self
         cfg = self.config
         client = self._client = AsyncLeaseClient(self.coordinator_url, request_timeout_ms=cfg.request_timeout_ms,
-                                                  transport=self._http_transport, api_token=self._api_token)
+                                                  transport=self._http_transport, api_token=self._api_token,
+                                                  tls_ca_file=self._tls_ca_file, tls=self._tls)
         try:
             self._lease = LeaseKeeper(client, self.topic, producer_name=self.producer_name,
                                       expire_ms=self.expire_ms, clock_ms=self.clock_ms, rng=self.rng,
                                       backoff_ms=cfg.retry_backoff_ms, backoff_max_ms=cfg.retry_backoff_max_ms,
                                       on_fatal=self.fail, on_renewed=self._wake_senders)
             self._pool = LeaderPool(client, self.topic, connect_timeout_ms=min(cfg.request_timeout_ms, 10_000),
-                                    refresh_min_ms=cfg.metadata_refresh_min_ms, clock_ms=self.clock_ms)
+                                    refresh_min_ms=cfg.metadata_refresh_min_ms, clock_ms=self.clock_ms,
+                                    ssl_context=self._ssl)
             deadline = self.clock_ms() + cfg.start_timeout_ms
             info: TopicInfo = await retrying(lambda: client.topic(self.topic), deadline_ms=deadline,
                                              backoff=self._lease.backoff(), clock_ms=self.clock_ms)
@@ -210,6 +235,7 @@ class AsyncProducer:
         # What a replayed (already durable) explicit sequence id resolves to: record i of
         # this "batch" is sequence i, duplicate, offset unknown (-1).
         self._replayed_ack = [BatchAck(self.topic, p, -1, 0, True) for p in range(self.partitions)]
+        self._replayed = [settled_run(ack) for ack in self._replayed_ack]
         for s in self._senders:
             s.start()
         self._lease.start()
@@ -267,8 +293,8 @@ class AsyncProducer:
         with self.lock:
             got = self.admit(value, key, partition, sequence_id, fut)
         if got is not None:
-            p, encoded, seq = got
-            self.enqueue(p, encoded, seq, fut)
+            p, key_b, value_b, seq = got
+            self.enqueue(p, key_b, value_b, seq, fut)
         return fut
 
     async def send_and_wait(self, value: bytes | str, key: bytes | str | None = None,
@@ -303,9 +329,9 @@ class AsyncProducer:
                                         f"of topic {self.topic!r}")
 
     def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
-              fut: Any) -> tuple[int, bytes, int] | None:
-        """Validate one record and place it: (partition, encoded record, explicit sequence
-        id or -1); None when it was resolved at once (an explicit sequence id already
+              fut: Any) -> tuple[int, bytes | None, bytes, int] | None:
+        """Validate one record and place it: (partition, key, value, explicit sequence id
+        or -1); None when it was resolved at once (an explicit sequence id already
         durable: a duplicate). Raises on bad input, changing nothing."""
         if (self._open and type(value) is bytes and key is None and partition is None
                 and sequence_id is None and self._explicit is not True
@@ -314,7 +340,7 @@ class AsyncProducer:
             # in a few checks: this runs once per record.
             self._explicit = False
             p = 0 if self.partitions == 1 else self.next_partition()
-            return p, _REC_HEAD_NO_KEY(-1, len(value)) + value, -1
+            return p, None, value, -1
         self.check_open()
         value_b = _as_bytes(value, "value")
         key_b = None if key is None else _as_bytes(key, "key")
@@ -344,7 +370,7 @@ class AsyncProducer:
                 if seq <= self._senders[p].last_acked:
                     self._explicit = True
                     if isinstance(fut, RecordFuture):  # a replay: cheap, it is per record
-                        settle_unseen(fut, self._replayed_ack[p], seq)
+                        settle_unseen(fut, self._replayed[p], seq)
                     else:
                         settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
                     return None
@@ -355,38 +381,43 @@ class AsyncProducer:
                                             f"sequence_id {last + 1} next, not {seq}")
             self._last_given[p] = seq
         self._explicit = explicit
-        return p, _encode_record(key_b, value_b), seq
+        return p, key_b, value_b, seq
 
     def next_partition(self) -> int:
         """Round robin, for a record with neither key nor partition (under self.lock)."""
         assert self._partitioner is not None
         return self._partitioner.partition(None)
 
-    def enqueue(self, partition: int, encoded: bytes, seq: int, fut: Any) -> None:
+    def enqueue(self, partition: int, key: bytes | None, value: bytes, seq: int, fut: Any) -> None:
         """Hand an admitted record to its partition (loop thread)."""
         self._buffered += 1
         if self.fatal is not None or self._closed:
             settle(fut, exc=_fresh(self.fatal) if self.fatal else ProducerClosed("closed"))
             self.records_resolved(1)
             return
-        self._senders[partition].enqueue(encoded, seq, fut)
+        self._senders[partition].enqueue(key, value, seq, fut)
 
     def enqueue_runs(self, partition: int, runs: list[RecordRun]) -> None:
         """Hand runs of admitted records built on a caller's thread to their partition
         (loop thread; see ``Producer.send``)."""
-        n = sum(r.count for r in runs)
+        n = sum(len(r.values) for r in runs)
         self._buffered += n
         if self.fatal is not None or self._closed:
             exc = _fresh(self.fatal) if self.fatal else ProducerClosed("closed")
             for r in runs:
-                if self.future_condition is not None:
-                    fail_all(self.future_condition, r.futures, exc)
-                else:
-                    for fut in r.futures:
-                        settle(fut, exc=exc)
+                self.fail_run(r, exc)
             self.records_resolved(n)
             return
         self._senders[partition].enqueue_runs(runs)
+
+    def fail_run(self, run: RecordRun, exc: BaseException) -> None:
+        """Fail the records of ``run`` that are still open."""
+        if run.futures is None:
+            assert self.future_condition is not None
+            fail_run(self.future_condition, run, exc)
+        else:
+            for fut in run.futures:
+                settle(fut, exc=exc)
 
     def records_resolved(self, n: int) -> None:
         self._buffered = max(0, self._buffered - n)
@@ -404,6 +435,8 @@ class AsyncProducer:
         log.error("producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail)
         for s in self._senders:
             s.fail_all(exc)
+        if self.fail_hook is not None:
+            self.fail_hook(exc)
         if self._space is not None:
             self._space.set()
         if self._lease is not None:
@@ -439,30 +472,39 @@ class Producer:
                  delivery_timeout_ms: int | None = None, **kwargs: Any) -> None:
         self._engine = AsyncProducer(coordinator_url, topic, producer_name, expire_ms, max_in_flight,
                                      linger_ms, delivery_timeout_ms, **kwargs)
-        # Records admitted on callers' threads are appended to runs here (one list per
-        # partition, admission order) until the loop thread drains them into the senders.
-        # Waking the loop costs a syscall and a GIL hand-off, so it is woken once per
-        # batch, not per record: the first run arms a drain after linger_ms (the sender
-        # would wait that long anyway), and a run filling up makes it drain at once.
-        # _drain_state 0: none scheduled, 1: delayed, 2: immediate.
-        self._inbox: dict[int, list[RecordRun]] = {}
-        self._drain_state = 0
-        self._drain_timer: asyncio.TimerHandle | None = None
+        # Records admitted on callers' threads are appended to their partition's open run
+        # (``_open_runs``), which stays on this side until it is full (then the next send
+        # hands it over), its first record has lingered linger_ms (the partition's sender
+        # takes it: ``take_open``), or a flush/close takes it. Handed-over runs wait in
+        # ``_handoff`` for the loop thread. Waking the loop costs a syscall and a GIL
+        # hand-off, so it is woken once per batch, not per record: when a run is handed
+        # over or a partition gets a new open run (its sender arms the linger timer).
+        # All of it is guarded by the engine's lock.
+        self._open_runs: list[RecordRun | None] = []
+        self._handoff: list[tuple[int, RecordRun]] = []
+        self._touched: set[int] = set()
+        self._wakeup_scheduled = False
+        self._fast = False       # send's inline path applies: open, own numbering, not closing
+        self._closing = False
+        self._lock = self._engine.lock
         cfg = self._engine.config
         self._records_max = cfg.batch_records_max
         self._bytes_max = cfg.batch_bytes_max
         self._buffer_max = cfg.buffer_records_max
-        self._linger_s = cfg.linger_ms / 1000
         self._closed = False
-        # Records admitted and not yet resolved, counted under the engine's lock (a plain
-        # lock is several times cheaper per send than a threading.Semaphore); senders wait
-        # on the condition only when the bound is reached.
-        self._unresolved = 0
+        # buffer_records_max, counted under the engine's lock per run, not per record:
+        # _committed records were handed to the loop and are unresolved; each open run
+        # reserves room for `cap` records (_reserved: their sum), which send() fills without
+        # counting. _committed + _reserved <= buffer_records_max; senders wait on _space
+        # only when it is all taken.
+        self._committed = 0
+        self._reserved = 0
         self._space = threading.Condition(self._engine.lock)
         self._engine.release_hook = self._release
+        self._engine.fail_hook = self._on_fail
         self._engine.future_condition = cond = threading.Condition()
         self._future_class = future_class(cond)
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
         self._thread.start()
         try:
@@ -470,6 +512,14 @@ class Producer:
         except BaseException:
             self._stop_loop()
             raise
+        eng = self._engine
+        assert eng._partitioner is not None
+        self._partitioner: Partitioner = eng._partitioner
+        self._single = eng.partitions == 1
+        with self._lock:
+            self._open_runs = [None] * eng.partitions
+        for s in eng._senders:
+            s.source = self
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -518,82 +568,169 @@ class Producer:
 
     def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
              sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
+        fut = self._future_class()
+        lock = self._lock
+        lock.acquire()
+        try:
+            # This runs once per record: the common case (bytes, no key, no partition, the
+            # producer's own numbering, a value as long as the first of the partition's
+            # open run, room left in that run) is written out inline: place the future on
+            # the run, append the value. The run's `cap` covers both the batch limits and
+            # buffer_records_max. Everything else goes through _send_slow (once per batch
+            # in the common case).
+            if (self._fast and key is None and partition is None and sequence_id is None
+                    and type(value) is bytes):
+                if self._single:
+                    p = 0
+                else:   # round robin, the Partitioner's own counter (under the lock)
+                    part = self._partitioner
+                    p = part._next
+                    part._next = p + 1 if p + 1 < part.partitions else 0
+                run = self._open_runs[p]
+                if run is not None:
+                    values = run.values
+                    i = len(values)
+                    if i < run.cap and len(value) == run.vlen:
+                        fut._run = run
+                        fut._i = i
+                        values.append(value)
+                        return fut
+                return self._send_slow(fut, value, None, p, None)
+            return self._send_slow(fut, value, key, partition, sequence_id)
+        finally:
+            lock.release()
+
+    def _send_slow(self, fut: RecordFuture, value: Any, key: Any, partition: int | None,
+                   sequence_id: int | None) -> RecordFuture:
+        """send() for everything but the inline case (under the engine's lock): waits for
+        buffer space, validates (admit), places the record (a new run when the open one
+        cannot take it), and sets the run's room for the inline case."""
         eng = self._engine
-        fut: concurrent.futures.Future[RecordMetadata] = self._future_class()
-        schedule = 0
-        # This runs once per record: the common case (bytes, no key, no partition, the
-        # producer's own numbering, an open run with room) is written out inline, with no
-        # further calls; everything else goes through admit() and RecordRun.add.
-        with eng.lock:
-            while self._unresolved >= self._buffer_max:
-                eng.check_open()  # a producer that failed while we waited must not block us
-                self._space.wait(0.2)
-            if (eng._open and type(value) is bytes and key is None and partition is None
-                    and sequence_id is None and eng._explicit is False
-                    and len(value) <= eng._value_bytes_max):
-                p = 0 if eng.partitions == 1 else eng.next_partition()
-                encoded = _REC_HEAD_NO_KEY(-1, len(value)) + value
-                seq = -1
-            else:
-                got = eng.admit(value, key, partition, sequence_id, fut)
-                if got is None:
-                    return fut
-                p, encoded, seq = got
-            self._unresolved += 1
-            runs = self._inbox.get(p)
-            if runs is not None:
-                run = runs[-1]
-                size = run.size + len(encoded)
-                if seq < 0 and size <= self._bytes_max and len(run.futures) < self._records_max:
-                    run.encoded.append(encoded)   # RecordRun.add, inline
-                    run.futures.append(fut)
-                    run.size = size
-                    return fut
-                if run.add(encoded, fut, seq):
-                    return fut
-            # A new run: the first since the last drain, or the previous one is full.
-            run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max)
-            run.add(encoded, fut, seq)
-            if runs is None:
-                self._inbox[p] = [run]
-            else:
-                runs.append(run)   # the previous run is full: drain it now
-            state = self._drain_state
-            if state == 0:
-                self._drain_state = schedule = 2 if runs is not None or not self._linger_s else 1
-            elif state == 1 and runs is not None:
-                self._drain_state = schedule = 2
-        if schedule:
-            self._loop.call_soon_threadsafe(self._arm_drain if schedule == 1 else self._drain)
+        while self._committed + self._reserved >= self._buffer_max:
+            runs = self._open_runs
+            run = runs[partition] if type(partition) is int and 0 <= partition < len(runs) else None
+            if run is not None and len(run.values) < run.cap:
+                break   # the record's partition has room reserved already
+            eng.check_open()  # a producer that failed while we waited must not block us
+            if self._closing:
+                raise ProducerClosed("the producer is closed")
+            self._space.wait(0.2)
+        if self._closing:
+            raise ProducerClosed("the producer is closed")
+        got = eng.admit(value, key, partition, sequence_id, fut)
+        if got is None:
+            return fut   # an explicit sequence id already durable: resolved as a duplicate
+        p, key_b, value_b, seq = got
+        run = self._open_runs[p]
+        if run is None or not run.add(key_b, value_b, fut, seq):
+            if run is not None:
+                self._close_run(p, run)   # full (or a hole in explicit ids)
+                self._handoff.append((p, run))
+            run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max, linked=True)
+            run.add(key_b, value_b, fut, seq)
+            self._open_runs[p] = run
+            self._touched.add(p)
+            if not self._wakeup_scheduled:
+                self._wakeup_scheduled = True
+                self._loop.call_soon_threadsafe(self._wakeup)
+        # Room for the inline case: up to the batch limits for records of run.vlen bytes,
+        # within what is free of buffer_records_max (at least the records it holds).
+        n = len(run.values)
+        fits = min(self._records_max, n + (self._bytes_max - run.total()) // (run.vlen + 8))
+        free = self._buffer_max - self._committed - self._reserved
+        cap = max(n, min(fits, run.cap + free))
+        self._reserved += cap - run.cap
+        run.cap = cap
+        self._fast = eng._open and eng._explicit is False
         return fut
 
+    def _close_run(self, p: int, run: RecordRun) -> None:
+        """``run`` leaves the open slot of partition ``p`` (under the lock): its records
+        count as committed, its unused reservation is free again."""
+        self._committed += len(run.values)
+        self._reserved -= run.cap
+        run.cap = 0
+        if self._open_runs[p] is run:
+            self._open_runs[p] = None
+        self._space.notify_all()
+
+    @property
+    def _unresolved(self) -> int:
+        """Records admitted and not resolved yet (under the lock for an exact figure)."""
+        return self._committed + sum(len(r.values) for r in self._open_runs if r is not None)
+
+    # -- the loop thread's side of the open runs ---------------------------------------
+    def open_run(self, partition: int) -> RecordRun | None:
+        """The partition's open run, if it has records (read without the lock: a sender
+        only looks at its first_ms and size, and takes it with take_open)."""
+        if not self._open_runs:
+            return None
+        return self._open_runs[partition]
+
+    def take_open(self, partition: int) -> None:
+        """Hand the partition's open run to its sender (after any handed-over runs, so
+        admission order is kept): its linger time is up."""
+        with self._lock:
+            handoff, self._handoff = self._handoff, []
+            run = self._open_runs[partition]
+            if run is not None:
+                self._close_run(partition, run)
+                handoff.append((partition, run))
+        self._deliver(handoff)
+
+    def _take_all(self, *, closing: bool = False) -> list[tuple[int, RecordRun]]:
+        with self._lock:
+            taken, self._handoff = self._handoff, []
+            for p, run in enumerate(self._open_runs):
+                if run is not None:
+                    self._close_run(p, run)
+                    taken.append((p, run))
+            if closing:
+                self._closing = True
+                self._fast = False
+        return taken
+
+    def _deliver(self, taken: list[tuple[int, RecordRun]]) -> None:
+        for p, run in taken:
+            self._engine.enqueue_runs(p, [run])
+
+    def _wakeup(self) -> None:
+        with self._lock:
+            self._wakeup_scheduled = False
+            handoff, self._handoff = self._handoff, []
+            touched, self._touched = self._touched, set()
+        self._deliver(handoff)
+        senders = self._engine._senders
+        for p in touched:   # a new open run: its sender arms the linger timer
+            senders[p].wake()
+
+    def _on_fail(self, exc: errors.PidleaseError) -> None:
+        """The engine failed (loop thread): fail the records still on this side too."""
+        with self._lock:
+            self._fast = False
+            taken, self._handoff = self._handoff, []
+            for p, run in enumerate(self._open_runs):
+                if run is not None:
+                    self._close_run(p, run)
+                    taken.append((p, run))
+        n = 0
+        for _p, run in taken:
+            self._engine.fail_run(run, _fresh(exc))
+            n += len(run.values)
+        if n:
+            self._release(n)
+
     def _release(self, n: int) -> None:
-        with self._engine.lock:
-            self._unresolved -= n
-            if self._unresolved < self._engine.config.buffer_records_max:
-                self._space.notify_all()
-
-    def _arm_drain(self) -> None:
-        if self._drain_timer is not None:
-            self._drain_timer.cancel()
-        self._drain_timer = self._loop.call_later(self._linger_s, self._drain)
-
-    def _drain(self) -> None:
-        with self._engine.lock:
-            inbox, self._inbox = self._inbox, {}
-            self._drain_state = 0
-        if self._drain_timer is not None:
-            self._drain_timer.cancel()
-            self._drain_timer = None
-        for p, runs in inbox.items():
-            self._engine.enqueue_runs(p, runs)
+        with self._lock:
+            self._committed -= n
+            self._space.notify_all()
 
     async def _flush(self) -> None:
-        self._drain()
+        self._deliver(self._take_all())
         await self._engine.flush()
 
     async def _close(self, timeout_ms: float | None) -> None:
-        self._drain()
+        self._deliver(self._take_all(closing=True))
         await self._engine.close(timeout_ms)
 
     async def _drop(self) -> None:

@@ -69,6 +69,7 @@ _RESP_HEAD = struct.Struct(">IH")
 BATCH_HEADER = struct.Struct(">qIIBQIqIq")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 49
 _REC_HEAD = struct.Struct(">iI")
+REC_HEAD = _REC_HEAD                       # key_len (-1: no key), value_len
 _BATCH_LEAD = struct.Struct(">qII")       # base_offset, batch_len, crc
 _BATCH_TAIL = struct.Struct(">BQIqIq")    # flags .. timestamp_ms (the CRC covers these)
 _CRC_START = 16
@@ -150,6 +151,19 @@ def batch_from_records(body: bytes, count: int, *, pid: int, generation: int,
     sent and only this header when the batch closes."""
     tail = _BATCH_TAIL.pack(flags, pid, generation, base_sequence, count, timestamp_ms) + body
     return _BATCH_LEAD.pack(0, len(tail) + 4, zlib.crc32(tail)) + tail
+
+
+def batch_from_parts(parts: Sequence[bytes], count: int, *, pid: int, generation: int,
+                     base_sequence: int, timestamp_ms: int, flags: int = 0) -> bytes:
+    """``batch_from_records(b"".join(parts), ...)``, the same bytes, without building the
+    body on its own first: the CRC runs over the parts in turn and the batch is one join."""
+    tail_head = _BATCH_TAIL.pack(flags, pid, generation, base_sequence, count, timestamp_ms)
+    crc = zlib.crc32(tail_head)
+    size = len(tail_head) + 4
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+        size += len(part)
+    return b"".join([_BATCH_LEAD.pack(0, size, crc), tail_head, *parts])
 
 
 def encode_batch(

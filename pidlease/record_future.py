@@ -1,37 +1,43 @@
 """``RecordFuture``: the ``concurrent.futures.Future`` that ``Producer.send`` returns, made
-cheap enough to create one per record.
+cheap enough to create one per record, and resolved a batch at a time with no work per
+record.
 
 A plain ``concurrent.futures.Future`` builds a ``threading.Condition`` (and its lock) in
 ``__init__`` and takes it again in ``set_result``: profiling showed those two at more than
 half of the producer's CPU per record. Kafka's Java producer answers the same problem with
-one latch per batch behind light per-record futures; here all the futures of one producer
-share one Condition, a batch is resolved under one acquisition of it with one
-``notify_all``, and the ``RecordMetadata`` of a record is only built when someone asks
-for it (``result()``), from the batch's answer.
+one latch per batch behind light per-record futures (``FutureRecordMetadata`` points at
+its batch's ``ProduceRequestResult``). This module does the same:
 
-Creating one costs about as much as creating an empty object: the Condition is a class
-attribute of a subclass made per producer (``future_class``), the fields start as class
-attributes (``_state`` PENDING, no result), and the two lists the base class keeps
-(``_waiters`` for ``concurrent.futures.wait``, ``_done_callbacks``) are made on first use.
+- A ``RecordFuture`` holds only where its record is: ``_run`` (the ``RunState`` of its
+  batch, in practice the ``RecordRun`` the record was appended to) and ``_i`` (the
+  record's index in it). Its state is read from the run: resolving a batch is one store
+  on the run (``resolve_run`` / ``fail_run``), whatever the number of records.
+- All the futures of one producer share one Condition (a class attribute of a subclass
+  made per producer, ``future_class``); a batch is resolved under one acquisition of it
+  with one ``notify_all``.
+- The ``RecordMetadata`` of a record is built only when someone asks for it
+  (``result()``), from the batch's answer, and kept.
+- The two lists the base class keeps (``_waiters`` for ``concurrent.futures.wait``,
+  ``_done_callbacks``) are made on first use, and a future that gets one is noted on its
+  run (``watched``), so resolution visits only those.
 
-Sharing a Condition means a waiter can be woken by another future's resolution, so
+Sharing a Condition means a waiter can be woken by another batch's resolution, so
 ``result``/``exception`` re-check their own state in a loop (``Condition.wait_for``) where
 the base class waits once. Everything else (``done``, ``cancel``, ``add_done_callback``,
 ``concurrent.futures.wait``/``as_completed``, ``asyncio.wrap_future``) is the base
-class's own code working on the same fields, which this module sets exactly as
-``Future.set_result``/``set_exception`` do.
+class's own code working on ``_state`` (a property here: the future's own state when it was
+cancelled or set by hand, else its run's).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import Any
 
 _SETTLED = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
-_OPEN = (PENDING, RUNNING)
 
 
 class BatchAck:
@@ -55,24 +61,64 @@ class BatchAck:
                               self.duplicate)
 
 
-class RecordFuture(Future):  # type: ignore[type-arg]
-    """The future of one record's ``RecordMetadata``; see the module docstring. Use the
-    class ``future_class(condition)`` returns: it carries the shared Condition."""
+class RunState:
+    """The shared outcome of a batch's records: PENDING, then FINISHED with ``outcome`` a
+    ``BatchAck`` or an exception. ``watched``: futures of the run with waiters or callbacks."""
 
-    _condition: threading.Condition
-    _state = PENDING
-    _result: Any = None      # RecordMetadata, or (BatchAck, index) until first asked for
-    _exception: BaseException | None = None
+    __slots__ = ("outcome", "state", "watched")
 
     def __init__(self) -> None:
-        # Deliberately not calling Future.__init__: it would build a Condition per record.
-        pass
+        self.state = PENDING
+        self.outcome: Any = None
+        self.watched: list[RecordFuture] | None = None
+
+
+def settled_run(outcome: Any) -> RunState:
+    """A run that is already resolved (``outcome``: a BatchAck or an exception)."""
+    run = RunState()
+    run.outcome = outcome
+    run.state = FINISHED
+    return run
+
+
+class RecordFuture(Future):  # type: ignore[type-arg]
+    """The future of one record's ``RecordMetadata``; see the module docstring. Use the
+    class ``future_class(condition)`` returns: it carries the shared Condition. Whoever
+    makes one places it at once (``_run``, ``_i``)."""
+
+    _condition: threading.Condition
+    _run: RunState
+    _i: int = 0
+    _own: str | None = None          # the state set on this future itself (cancel, set_result)
+    _result: Any = None              # RecordMetadata once built (or set by hand)
+    _exception: BaseException | None = None
+
+    # Deliberately not Future.__init__ (it builds a Condition per record): creating one
+    # costs what an empty object costs.
+    __init__ = object.__init__
+
+    @property  # type: ignore[override]
+    def _state(self) -> str:
+        own = self._own
+        return own if own in _SETTLED else self._run.state
+
+    @_state.setter
+    def _state(self, value: str) -> None:
+        self._own = value
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes never set: the base class's lists, made on first use.
+        # Only reached for attributes never set: the base class's lists, made on first
+        # use (under the shared Condition, as the base class uses them), and the future is
+        # noted on its run so that resolving the run reaches its waiters and callbacks.
         if name == "_waiters" or name == "_done_callbacks":
             made: list[Any] = []
             object.__setattr__(self, name, made)
+            run = self._run
+            if run.state == PENDING:   # a resolved run never looks at them again
+                if run.watched is None:
+                    run.watched = [self]
+                else:
+                    run.watched.append(self)
             return made
         raise AttributeError(name)
 
@@ -82,27 +128,40 @@ class RecordFuture(Future):  # type: ignore[type-arg]
     def _outcome(self) -> Any:
         if self._state != FINISHED:
             raise CancelledError()
-        if self._exception is not None:
-            raise self._exception
         r = self._result
-        if type(r) is tuple:
-            ack, i = r
-            r = self._result = ack.metadata(i)
+        if r is not None:
+            return r
+        if self._own == FINISHED:   # set by hand with set_result / set_exception
+            if self._exception is not None:
+                raise self._exception
+            return r
+        out = self._run.outcome
+        if isinstance(out, BaseException):
+            raise out
+        r = self._result = out.metadata(self._i)
         return r
 
     def result(self, timeout: float | None = None) -> Any:
+        if self._own is None and self._run.state == FINISHED:  # no lock needed: final
+            return self._outcome()
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
                 raise TimeoutError()
             return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._own is None and self._run.state == FINISHED:
+            out = self._run.outcome
+            return out if isinstance(out, BaseException) else None
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
                 raise TimeoutError()
             if self._state != FINISHED:
                 raise CancelledError()
-            return self._exception
+            if self._own == FINISHED:
+                return self._exception
+            out = self._run.outcome
+            return out if isinstance(out, BaseException) else None
 
     def __repr__(self) -> str:
         return f"<RecordFuture at {id(self):#x} state={self._state.lower()}>"
@@ -110,28 +169,26 @@ class RecordFuture(Future):  # type: ignore[type-arg]
 
 def future_class(condition: threading.Condition) -> type[RecordFuture]:
     """A RecordFuture class whose instances share ``condition`` (one per producer)."""
-    return type("RecordFuture", (RecordFuture,), {"_condition": condition, "__slots__": ()})
+    return type("RecordFuture", (RecordFuture,), {"_condition": condition})
 
 
-def resolve_batch(condition: threading.Condition, futures: Sequence[RecordFuture],
-                  ack: BatchAck) -> None:
-    """Resolve the futures of one batch (record ``i`` is ``futures[i]``) under one
-    acquisition of the shared Condition; futures the user cancelled stay cancelled."""
+def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> None:
+    failed = isinstance(outcome, BaseException)
     with_callbacks = []
     with condition:
-        for i, f in enumerate(futures):
-            d = f.__dict__   # not f._waiters: that would make the lists
-            if not d:
-                # Untouched since it was made (the usual case): pending, nobody waits,
-                # no callbacks. Two stores, nothing else, for each record of the batch.
-                d["_result"] = (ack, i)
-                d["_state"] = FINISHED
-                continue
-            if f._state in _OPEN:
-                f._result = (ack, i)
-                f._state = FINISHED
-                if "_waiters" in d:
-                    for w in d["_waiters"]:
+        if run.state != PENDING:
+            return   # resolved already: it keeps its outcome
+        run.outcome = outcome
+        run.state = FINISHED
+        if run.watched:
+            for f in dict.fromkeys(run.watched):
+                if f._own in _SETTLED:
+                    continue   # cancelled (or set) by the user: stays so
+                d = f.__dict__
+                for w in d.get("_waiters", ()):
+                    if failed:
+                        w.add_exception(f)
+                    else:
                         w.add_result(f)
                 if d.get("_done_callbacks"):
                     with_callbacks.append(f)
@@ -140,29 +197,25 @@ def resolve_batch(condition: threading.Condition, futures: Sequence[RecordFuture
         f._invoke_callbacks()
 
 
-def settle_unseen(future: RecordFuture, ack: BatchAck, i: int) -> None:
-    """Resolve a future that has not been handed to anyone yet (no waiter, no callback
-    can exist), without taking the Condition: as record ``i`` of ``ack``."""
-    d = future.__dict__
-    d["_result"] = (ack, i)
-    d["_state"] = FINISHED
+def resolve_run(condition: threading.Condition, run: RunState, ack: BatchAck) -> None:
+    """Resolve every future of ``run`` (record ``i`` gets ``ack.metadata(i)``) at once;
+    futures the user cancelled stay cancelled. A run already resolved is left alone."""
+    _settle_run(condition, run, ack)
 
 
-def fail_all(condition: threading.Condition, futures: Iterable[RecordFuture],
-             exc: BaseException) -> None:
-    """Fail every still-open future with ``exc``."""
-    with_callbacks = []
-    with condition:
-        for f in futures:
-            if f._state in _OPEN:
-                f._exception = exc
-                f._state = FINISHED
-                d = f.__dict__
-                if "_waiters" in d:
-                    for w in d["_waiters"]:
-                        w.add_exception(f)
-                if d.get("_done_callbacks"):
-                    with_callbacks.append(f)
-        condition.notify_all()
-    for f in with_callbacks:
-        f._invoke_callbacks()
+def fail_run(condition: threading.Condition, run: RunState, exc: BaseException) -> None:
+    """Fail every still-open future of ``run`` with ``exc``."""
+    _settle_run(condition, run, exc)
+
+
+def settle_unseen(future: RecordFuture, run: RunState, i: int) -> None:
+    """Place a future that has not been handed to anyone yet on an already resolved run
+    (``settled_run``) as its record ``i``: no lock needed."""
+    future._run = run
+    future._i = i
+
+
+def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: BaseException) -> None:
+    """Fail every run of ``runs`` that is still open."""
+    for run in runs:
+        _settle_run(condition, run, exc)

@@ -1,74 +1,136 @@
-"""``RecordRun``: records of one partition, admitted one after the other, already encoded,
-that fit in one batch.
+"""``RecordRun``: records of one partition, admitted one after the other, that fit in one
+batch; and, once it is sent, the shared outcome of those records.
 
 This is how a record travels from ``send`` to the wire without per-record work on the
-producer's event loop: ``send`` encodes the record (``protocol.encode_record``) and appends
-it to the partition's open run (a new run starts when the open one is full by
-``batch_records_max`` / ``batch_bytes_max``, or, with explicit sequence ids, when the id
-does not follow the previous one); the loop moves whole runs into the partition's sender,
-which turns the head run into a batch with one join and one header. Like Kafka's
-``RecordAccumulator``, the batch boundaries are decided when records are appended.
+producer's event loop: ``send`` appends the record's value (a keyed record: key and value,
+its key length noted) to the partition's open run; a new run starts when the open one is
+full by ``batch_records_max`` / ``batch_bytes_max`` or, with explicit sequence ids, when
+the id does not follow the previous one. The loop thread moves whole runs into the
+partition's sender, which turns the head run into a batch with one join, one CRC and one
+header (``batch``). Like Kafka's ``RecordAccumulator``, batch boundaries are decided when
+records are appended, and a run is exactly one batch.
 
-A run keeps only what a batch needs: the encoded records, their futures, the admission
-time of its first record (linger and delivery timeout count from it) and, in explicit
-mode, its first and last sequence ids.
+The run is also the ``RunState`` of its records' futures: the blocking ``Producer``'s
+``RecordFuture``s point at it (``record_future.py``), so resolving the batch is one store
+on the run. The ``AsyncProducer``'s asyncio futures are kept in ``futures`` and resolved
+one by one.
+
+A run keeps only what a batch needs: the payloads, which of them carry a key, the
+admission time of its first record (linger and delivery timeout count from it) and, in
+explicit mode, its first and last sequence ids.
 """
 
 from __future__ import annotations
 
+import itertools
+from functools import partial
 from typing import Any
 
+from pidlease import protocol
 from pidlease.protocol import BATCH_HEADER_SIZE
+from pidlease.record_future import RunState
+
+_REC_HEAD = protocol.REC_HEAD
+_head_no_key = partial(_REC_HEAD.pack, -1)
+RECORD_OVERHEAD = 8   # key_len + value_len of each record
 
 
-class RecordRun:
-    __slots__ = ("bytes_max", "encoded", "first_ms", "first_seq", "futures", "last_seq",
-                 "records_max", "size")
+class RecordRun(RunState):
+    __slots__ = ("bytes_max", "cap", "closed", "counted", "first_ms", "first_seq", "futures",
+                 "keyed", "last_seq", "records_max", "size", "values", "vlen")
 
-    def __init__(self, first_ms: float, first_seq: int, records_max: int, bytes_max: int) -> None:
-        self.encoded: list[bytes] = []
-        self.futures: list[Any] = []
-        self.size = BATCH_HEADER_SIZE   # bytes of the batch this run would make
+    def __init__(self, first_ms: float, first_seq: int, records_max: int, bytes_max: int,
+                 *, linked: bool = False) -> None:
+        super().__init__()
+        self.values: list[bytes] = []   # per record: its value, or key + value when keyed
+        self.keyed: dict[int, int] | None = None   # record index -> key length
+        # The asyncio futures of the records (AsyncProducer); None when the records'
+        # RecordFutures point at this run instead (``linked``: the blocking Producer).
+        self.futures: list[Any] | None = None if linked else []
+        self.size = BATCH_HEADER_SIZE   # bytes of the batch made of the first `counted` records
+        self.counted = 0
+        # The blocking Producer's send appends records with no key whose value is `vlen`
+        # bytes long (the first record's) itself, while fewer than `cap` records are in the
+        # run (cap: what it reserved of buffer_records_max, within the batch limits), and
+        # leaves size/counted alone: each such record adds vlen + 8 bytes (see total()).
+        self.vlen = -1
+        self.cap = 0
         self.first_ms = first_ms
         self.first_seq = first_seq      # -1: the producer numbers records itself
         self.last_seq = first_seq - 1
         self.records_max = records_max
         self.bytes_max = bytes_max
+        self.closed = False             # handed over whole: it is one batch, nothing joins it
 
     @property
     def count(self) -> int:
-        return len(self.futures)
+        return len(self.values)
 
-    def add(self, encoded: bytes, future: Any, seq: int) -> bool:
+    def add(self, key: bytes | None, value: bytes, future: Any, seq: int) -> bool:
         """Append one record (``seq`` -1 unless the caller numbers records) when it fits:
         the run is not full and, in explicit mode, ``seq`` follows the last id. False
         when it does not (the caller starts a new run); an empty run takes any record
         (the producer refuses records larger than a batch before they get here)."""
-        futures = self.futures
-        size = self.size + len(encoded)
-        if futures and (len(futures) >= self.records_max or size > self.bytes_max
-                        or (seq >= 0 and seq != self.last_seq + 1)):
+        values = self.values
+        n = len(values)
+        size = self.total() + len(value) + RECORD_OVERHEAD + (0 if key is None else len(key))
+        if n and (n >= self.records_max or size > self.bytes_max
+                  or (seq >= 0 and seq != self.last_seq + 1)):
             return False
-        self.encoded.append(encoded)
-        futures.append(future)
+        if not n:
+            self.vlen = len(value)
+        if key is not None:
+            if self.keyed is None:
+                self.keyed = {}
+            self.keyed[n] = len(key)
+            value = key + value
+        if self.futures is None:
+            future._run = self
+            future._i = n
+        else:
+            self.futures.append(future)
+        values.append(value)
         self.size = size
+        self.counted = n + 1
         if seq >= 0:
             self.last_seq = seq
         return True
 
-    def can_absorb(self, other: RecordRun) -> bool:
-        """Whether ``other`` (the run after this one) fits in this run's batch."""
-        return (len(self.futures) + len(other.futures) <= self.records_max
-                and self.size + other.size - BATCH_HEADER_SIZE <= self.bytes_max
-                and (other.first_seq < 0 or other.first_seq == self.last_seq + 1))
+    def total(self) -> int:
+        """Bytes of the batch this run would make (the records appended by send itself
+        included)."""
+        return self.size + (len(self.values) - self.counted) * (self.vlen + RECORD_OVERHEAD)
 
-    def absorb(self, other: RecordRun) -> None:
-        self.encoded += other.encoded
-        self.futures += other.futures
-        self.size += other.size - BATCH_HEADER_SIZE
-        if other.first_seq >= 0:
-            self.last_seq = other.last_seq
-
-    def full(self, smallest_record: int) -> bool:
+    def full(self, smallest_record: int = RECORD_OVERHEAD) -> bool:
         """No further record can join (by count, or by bytes for the smallest record)."""
-        return len(self.futures) >= self.records_max or self.size + smallest_record > self.bytes_max
+        return len(self.values) >= self.records_max or self.total() + smallest_record > self.bytes_max
+
+    def body_parts(self) -> list[bytes]:
+        """The records encoded as the batch format has them, as buffers to concatenate."""
+        values = self.values
+        keyed = self.keyed
+        self.size = self.total()
+        self.counted = len(values)
+        if not keyed:
+            n0 = len(values[0])
+            if (self.size - BATCH_HEADER_SIZE == len(values) * (n0 + RECORD_OVERHEAD)
+                    and min(map(len, values)) == n0):
+                # Every value has the same length (the usual case): one record head,
+                # repeated by the join itself.
+                head = _head_no_key(n0)
+                return [head, head.join(values)]
+            return [b"".join(itertools.chain.from_iterable(
+                zip(map(_head_no_key, map(len, values)), values)))]
+        parts = []
+        pack = _REC_HEAD.pack
+        for i, v in enumerate(values):
+            k = keyed.get(i)
+            parts.append(pack(-1, len(v)) if k is None else pack(k, len(v) - k))
+            parts.append(v)
+        return parts
+
+    def batch(self, *, pid: int, generation: int, base_sequence: int, timestamp_ms: int) -> bytes:
+        """The batch of this run, ready to send (``protocol.batch_from_records`` bytes)."""
+        return protocol.batch_from_parts(self.body_parts(), len(self.values), pid=pid,
+                                         generation=generation, base_sequence=base_sequence,
+                                         timestamp_ms=timestamp_ms)

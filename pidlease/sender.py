@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pidlease import errors, protocol
-from pidlease.record_future import BatchAck, fail_all, resolve_batch
+from pidlease.record_future import BatchAck, fail_run, resolve_run
 from pidlease.record_run import RecordRun
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ class ProducerClosed(errors.PidleaseError):
 
 @dataclass(slots=True, eq=False)
 class InFlightBatch:
-    futures: list[Any]        # one per record, in sequence order
+    run: RecordRun            # its records (and their futures), in sequence order
+    count: int
     base_sequence: int
     batch: bytes
     first_ms: float           # admission time of its first record
@@ -87,12 +88,8 @@ class InFlightBatch:
     duplicate: bool = False
 
     @property
-    def count(self) -> int:
-        return len(self.futures)
-
-    @property
     def last_sequence(self) -> int:
-        return self.base_sequence + len(self.futures) - 1
+        return self.base_sequence + self.count - 1
 
 
 def settle(fut: Any, result: Any = None, exc: BaseException | None = None) -> None:
@@ -156,14 +153,17 @@ class PartitionSender:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._records_max = cfg.batch_records_max
         self._bytes_max = cfg.batch_bytes_max
+        # The blocking Producer keeps each partition's open run on the callers' side and
+        # hands over only closed runs; it is this sender's ``source`` (open_run, take_open).
+        self.source: Any = None
 
     # -- called by the producer (loop thread) -------------------------------------------
-    def enqueue(self, encoded: bytes, seq: int, future: Any) -> None:
-        """One admitted record (``protocol.encode_record``; ``seq`` -1 unless explicit)."""
+    def enqueue(self, key: bytes | None, value: bytes, seq: int, future: Any) -> None:
+        """One admitted record (``seq`` -1 unless explicit), from ``AsyncProducer.send``."""
         pending = self.pending
-        if not pending or not pending[-1].add(encoded, future, seq):
+        if not pending or pending[-1].closed or not pending[-1].add(key, value, future, seq):
             run = RecordRun(self.owner.clock_ms(), seq, self._records_max, self._bytes_max)
-            run.add(encoded, future, seq)
+            run.add(key, value, future, seq)
             pending.append(run)
             # Waking the task per record would cost more than the batching saves: only a
             # new run (to arm the linger timer, or because the previous one is full) does.
@@ -172,16 +172,14 @@ class PartitionSender:
         self.enqueued += 1
 
     def enqueue_runs(self, runs: list[RecordRun]) -> None:
-        """Runs built on a caller's thread (``Producer.send``), in admission order."""
+        """Closed runs built on a caller's thread (``Producer.send``), in admission order:
+        each is one batch, sendable at once."""
         pending = self.pending
         n = 0
         for run in runs:
-            n += run.count
-            last = pending[-1] if pending else None
-            if last is not None and last.can_absorb(run):
-                last.absorb(run)
-            else:
-                pending.append(run)
+            n += len(run.values)
+            run.closed = True
+            pending.append(run)
         self.pending_records += n
         self.enqueued += n
         self._wake.set()
@@ -204,19 +202,26 @@ class PartitionSender:
 
     def fail_all(self, exc: BaseException) -> None:
         n = 0
-        cond = self.owner.future_condition
-        for futures in [b.futures for b in self.in_flight] + [r.futures for r in self.pending]:
-            if cond is not None:
-                fail_all(cond, futures, exc)
-            else:
-                for fut in futures:
-                    settle(fut, exc=exc)
-            n += len(futures)
+        for b in self.in_flight:
+            self._fail_run(b.run, exc)
+            n += b.count
+        for run in self.pending:
+            self._fail_run(run, exc)
+            n += len(run.values)
         self.in_flight.clear()
         self.pending.clear()
         self.pending_records = 0
         self._count_resolved(n)
         self._wake.set()
+
+    def _fail_run(self, run: RecordRun, exc: BaseException) -> None:
+        if run.futures is None:
+            cond = self.owner.future_condition
+            assert cond is not None
+            fail_run(cond, run, exc)
+        else:
+            for fut in run.futures:
+                settle(fut, exc=exc)
 
     # -- the task ------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -265,8 +270,13 @@ class PartitionSender:
         deadlines: list[float] = []
         if self._retry_at is not None:
             deadlines.append(self._retry_at)
-        elif self.pending and len(self.in_flight) < cfg.max_in_flight:
-            deadlines.append(self.pending[0].first_ms + cfg.linger_ms)
+        elif len(self.in_flight) < cfg.max_in_flight:
+            if self.pending:
+                deadlines.append(self.pending[0].first_ms + cfg.linger_ms)
+            elif self.source is not None:
+                run = self.source.open_run(self.partition)
+                if run is not None:
+                    deadlines.append(run.first_ms + cfg.linger_ms)
         oldest = self._oldest_ms()
         if cfg.delivery_timeout_ms is not None and oldest is not None:
             deadlines.append(oldest + cfg.delivery_timeout_ms)
@@ -279,6 +289,10 @@ class PartitionSender:
             return self.in_flight[0].first_ms
         if self.pending:
             return self.pending[0].first_ms
+        if self.source is not None:
+            run = self.source.open_run(self.partition)
+            if run is not None:
+                return run.first_ms
         return None
 
     def _check_delivery_timeout(self, now: float) -> bool:
@@ -341,10 +355,12 @@ class PartitionSender:
         while self.in_flight and self.in_flight[0].done:
             b = self.in_flight.popleft()
             base_off, dup, seq0 = b.base_offset, b.duplicate, b.base_sequence
-            if cond is not None:  # the blocking Producer's RecordFutures: one lock per batch
-                resolve_batch(cond, b.futures, BatchAck(topic, p, base_off, seq0, dup))
+            run = b.run
+            if run.futures is None:  # the blocking Producer's RecordFutures: one store per batch
+                assert cond is not None
+                resolve_run(cond, run, BatchAck(topic, p, base_off, seq0, dup))
             else:
-                for i, fut in enumerate(b.futures):
+                for i, fut in enumerate(run.futures):
                     off = base_off + i if base_off >= 0 else -1
                     settle(fut, RecordMetadata(topic, p, off, seq0 + i, dup))
             self.last_acked = max(self.last_acked, b.last_sequence)
@@ -368,10 +384,15 @@ class PartitionSender:
     # -- sending -------------------------------------------------------------------------
     def _can_send_new(self, now: float) -> bool:
         cfg = self.owner.config
-        if not self.pending or len(self.in_flight) >= cfg.max_in_flight or not self.owner.token_ok(now):
+        if len(self.in_flight) >= cfg.max_in_flight or not self.owner.token_ok(now):
             return False
+        if not self.pending:
+            # The blocking Producer's open run: taken when its first record has lingered
+            # long enough (or it is full; a flush or close hands it over itself).
+            run = self.source.open_run(self.partition) if self.source is not None else None
+            return run is not None and (now - run.first_ms >= cfg.linger_ms or run.full())
         head = self.pending[0]
-        return (len(self.pending) > 1     # a run is closed when the next one starts
+        return (head.closed or len(self.pending) > 1     # a run is closed when the next one starts
                 or head.full(_SMALLEST_RECORD)
                 or now - head.first_ms >= cfg.linger_ms
                 or self.closing
@@ -383,7 +404,11 @@ class PartitionSender:
         except errors.PidleaseError as exc:
             self._schedule_retry(exc, self.owner.clock_ms())
             return
-        if self.owner.fatal is not None or not self.pending or self._retry_at is not None:
+        if self.owner.fatal is not None or self._retry_at is not None:
+            return
+        if not self.pending and self.source is not None:
+            self.source.take_open(self.partition)
+        if not self.pending:
             return
         b = self._build_batch()
         self.in_flight.append(b)
@@ -391,7 +416,8 @@ class PartitionSender:
 
     def _build_batch(self) -> InFlightBatch:
         run = self.pending.popleft()
-        n = run.count
+        run.closed = True
+        n = len(run.values)
         self.pending_records -= n
         if run.first_seq >= 0:
             base = run.first_seq
@@ -400,10 +426,13 @@ class PartitionSender:
             base = self.next_sequence
             self.next_sequence += n
         owner = self.owner
-        batch = protocol.batch_from_records(b"".join(run.encoded), n, pid=owner.pid,
-                                            generation=owner.generation, base_sequence=base,
-                                            timestamp_ms=int(owner.wall_ms()))
-        return InFlightBatch(run.futures, base, batch, run.first_ms)
+        batch = run.batch(pid=owner.pid, generation=owner.generation, base_sequence=base,
+                          timestamp_ms=int(owner.wall_ms()))
+        # The batch is frozen from here on (a resend is the same bytes): the payloads are
+        # not needed any more, and the records' futures keep the run alive.
+        run.values = []
+        run.keyed = None
+        return InFlightBatch(run, n, base, batch, run.first_ms)
 
     def _transmit(self, b: InFlightBatch, conn: Any) -> None:
         owner = self.owner

@@ -71,7 +71,8 @@ def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, recor
     out = Outcome(index, records)
     lat = out.latencies_s
     resend = phase == "resend"
-    with Producer(cfg["url"], topic=cfg["topic"], producer_name=f"{cfg['topic']}-{index}") as p:
+    with Producer(cfg["url"], topic=cfg["topic"], producer_name=f"{cfg['topic']}-{index}",
+                  **cfg.get("settings", {})) as p:
         send = p.send
         futs = []
         ready()

@@ -321,3 +321,45 @@ def test_buffer_bound_blocks_send_until_acks_free_space(fake) -> None:  # type: 
         assert all(f.result(5) for f in futs)
         assert p._engine._buffered == 0 and p._unresolved == 0
     assert len(srv.records("one", 0)) == 5000
+
+
+def test_buffer_bound_with_several_partitions_and_threads(fake) -> None:  # type: ignore[no-untyped-def]
+    """Callers on several threads, round robin over 3 partitions, a buffer smaller than
+    the open runs could take: every record acked once, the bound held, nothing left over."""
+    import threading
+
+    srv, coord = fake
+    seen_max = []
+    with make(coord, topic="t", buffer_records_max=300, batch_records_max=100) as p:
+        futs: list[list] = [[] for _ in range(4)]
+
+        def worker(k: int) -> None:
+            for i in range(1500):
+                futs[k].append(p.send(b"w%d-%d" % (k, i) if i % 7 else b"x" * (i % 13)))
+                if i % 100 == 0:
+                    with p._lock:
+                        seen_max.append(p._committed + p._reserved)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        p.flush()
+        metas = [f.result(5) for fs in futs for f in fs]
+        assert p._unresolved == 0 and p._reserved == 0 and p._committed == 0
+    assert max(seen_max) <= 300
+    assert sum(len(srv.records("t", i)) for i in range(3)) == 6000
+    assert_exactly_once(srv, "t", 3, metas)
+    assert sorted((m.partition, m.sequence_id) for m in metas) == sorted(
+        (q, s) for q in range(3) for s in range(Counter(m.partition for m in metas)[q]))
+
+
+def test_records_linger_without_flush_and_keep_admission_order(fake) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    with make(coord, topic="one", linger_ms=20, batch_records_max=10) as p:
+        futs = [p.send(b"r%d" % i) for i in range(25)]   # 2 full runs and an open one
+        assert [f.result(5).sequence_id for f in futs] == list(range(25))   # no flush
+        late = p.send(b"late", key=b"k")
+        assert late.result(5).sequence_id == 25
+    assert [r.value for r in srv.records("one", 0)] == [b"r%d" % i for i in range(25)] + [b"late"]
