@@ -402,6 +402,9 @@ class PartitionSender:
         try:
             conn = await self.owner.connection_for(self.partition)
         except errors.PidleaseError as exc:
+            if not _retriable(exc):  # e.g. a server certificate the CA does not vouch for
+                self.owner.fail(exc)
+                return
             self._schedule_retry(exc, self.owner.clock_ms())
             return
         if self.owner.fatal is not None or self._retry_at is not None:
@@ -454,6 +457,9 @@ class PartitionSender:
             conn = await owner.connection_for(self.partition)
         except errors.PidleaseError as exc:
             self._retry_at = None
+            if not _retriable(exc):
+                owner.fail(exc)
+                return
             self._schedule_retry(exc, owner.clock_ms())
             return
         if owner.fatal is not None or not owner.token_ok(owner.clock_ms()):

@@ -363,3 +363,29 @@ def test_records_linger_without_flush_and_keep_admission_order(fake) -> None:  #
         late = p.send(b"late", key=b"k")
         assert late.result(5).sequence_id == 25
     assert [r.value for r in srv.records("one", 0)] == [b"r%d" % i for i in range(25)] + [b"late"]
+
+
+def test_untrusted_server_certificate_fails_at_once_not_retried(fake) -> None:  # type: ignore[no-untyped-def]
+    """A connect that fails as Unauthorized (pidlease/tls.py: a server certificate the CA
+    does not vouch for) is not retried until the delivery timeout: the records and the
+    producer fail with it at once."""
+    _, coord = fake
+    p = make(coord, topic="one", delivery_timeout_ms=15_000)  # bounded even if it were retried
+    calls = []
+
+    async def untrusted(partition: int) -> object:
+        calls.append(partition)
+        raise errors.Unauthorized("TLS: certificate verification failed")
+
+    try:
+        p._engine.connection_for = untrusted  # type: ignore[method-assign]
+        started = time.monotonic()
+        fut = p.send(b"x")
+        with pytest.raises(errors.Unauthorized):
+            fut.result(10)
+        assert time.monotonic() - started < 5
+        assert len(calls) == 1
+        with pytest.raises(errors.Unauthorized):
+            p.send(b"later")
+    finally:
+        p.close(timeout_ms=2_000)
