@@ -1,6 +1,7 @@
 """The coordinator's background duties, on one thread: create the ZooKeeper layout once it
 is reachable, keep this coordinator's ephemeral ``/coordinators/<id>`` registered (again
-after a lost session), and sweep PIDs past retention every ``pid_sweep_interval_ms``.
+after a lost session), and sweep PIDs past retention every ``pid_sweep_interval_ms`` (only
+on the first live coordinator by id).
 
 It wakes on every ZooKeeper state change (kazoo's listener only sets an event: blocking
 calls are not allowed on kazoo's own thread) and at least once a second.
@@ -9,6 +10,7 @@ calls are not allowed on kazoo's own thread) and at least once a second.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +34,10 @@ class Housekeeper:
         self._sweep_interval_s = sweep_interval_ms / 1000
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="housekeeper", daemon=True)
-        self._next_sweep = time.monotonic() + min(self._sweep_interval_s, 5.0)
+        # Not right at start (a sweep reads every PID record: it would land on the load a
+        # fresh coordinator is started for), and not in step with the other coordinators.
+        self._next_sweep = time.monotonic() + self._sweep_interval_s * random.uniform(0.5, 1.0)
+        self.sweeps_skipped = 0
         self.registrations = 0
         self.swept = 0
 
@@ -56,6 +61,16 @@ class Housekeeper:
                     log.exception("housekeeping failed unexpectedly, will retry")
             self.store.state_changed.wait(POLL_S)
 
+    def _is_sweeper(self) -> bool:
+        """One coordinator sweeps: the first live one by id. A sweep reads every PID record,
+        so N coordinators sweeping would cost N times that for nothing. Two that both think
+        they are first (a registration changing) only sweep twice: deletes are versioned."""
+        try:
+            live = self.store.coordinators()
+        except PidleaseError:
+            return True
+        return not live or live[0] == self.coordinator_id
+
     def tick(self) -> None:
         if not self.store.layout_ready:
             self.store.ensure_layout()
@@ -66,6 +81,9 @@ class Housekeeper:
                      self.registrations)
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self._sweep_interval_s
+            if not self._is_sweeper():
+                self.sweeps_skipped += 1
+                return
             n = self._sweep()
             self.swept += n
             if n:

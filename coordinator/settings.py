@@ -45,7 +45,9 @@ class CoordinatorSettings(BaseSettings):
     lease_expire_ms_max: int = Field(default=86_400_000, ge=1)
     pid_retention_ms: int = Field(default=604_800_000, ge=0)
     lease_expiring_window_ms: int = Field(default=30_000, ge=0)
-    pid_sweep_interval_ms: int = Field(default=60_000, ge=10)
+    pid_sweep_interval_ms: int = Field(default=600_000, ge=10, description=(
+        "how often PIDs past retention are deleted, by the first live coordinator only; a sweep "
+        "reads every PID record, so keep it long next to pid_retention_ms"))
 
     zk_request_timeout_ms: int = Field(default=5_000, ge=10)
     zk_session_timeout_ms: int = Field(default=10_000, ge=1_000)
