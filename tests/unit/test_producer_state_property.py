@@ -49,7 +49,6 @@ class Reference:
         return self.log[-1].offset + self.log[-1].count if self.log else 0
 
     def decide(self, pid: int, gen: int, base: int, count: int) -> Decision:
-        last = base + count - 1
         mine = [b for b in self.log if b.pid == pid]
         if not mine:
             if self.mode == "monotonic" or base == 0:
@@ -57,9 +56,17 @@ class Reference:
             return Decision(Outcome.UNKNOWN_PID)
         if gen < max(b.gen for b in mine):
             return Decision(Outcome.FENCED)
+        dur = [b for b in self.log[:self.durable] if b.pid == pid]
+        return self._by_sequence(mine, dur, base, count)
+
+    def _by_sequence(self, mine: list[Stored], durable: list[Stored], base: int,
+                     count: int) -> Decision:
+        """The sequence rows of the table for a known PID whose generation is current:
+        ``mine`` its batches in the log, ``durable`` those in the durable prefix."""
+        last = base + count - 1
         data = [b for b in mine if b.base >= 0]
         h = data[-1].last if data else -1
-        dur = [b for b in self.log[:self.durable] if b.pid == pid and b.base >= 0]
+        dur = [b for b in durable if b.base >= 0]
         dh = dur[-1].last if dur else -1
         if base == h + 1 or (self.mode == "monotonic" and base > h):
             return Decision(Outcome.APPEND)
@@ -260,22 +267,7 @@ class LimitedReference(Reference):
         mine = self._mine(pid)
         if gen < max(b.gen for b in mine):
             return Decision(Outcome.FENCED)
-        last = base + count - 1
-        data = [b for b in mine if b.base >= 0]
-        h = data[-1].last if data else -1
-        dur = [b for b in self._mine(pid, self.durable) if b.base >= 0]
-        dh = dur[-1].last if dur else -1
-        if base == h + 1 or (self.mode == "monotonic" and base > h):
-            return Decision(Outcome.APPEND)
-        if last <= dh:
-            for b in data[-K:]:
-                if (b.base, b.last) == (base, last):
-                    return Decision(Outcome.DUPLICATE, base_offset=b.offset,
-                                    last_offset=b.offset + count - 1)
-            return Decision(Outcome.DUPLICATE)
-        if last <= h:
-            return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=h + 1)
-        return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1)
+        return self._by_sequence(mine, self._mine(pid, self.durable), base, count)
 
     def fence_at(self, pid: int, gen: int, create: bool) -> FenceOutcome:
         if pid not in self.life:
