@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from typing import Any
 
 import httpx
 import pytest
+from coordinator_fakes import FakeStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -146,52 +146,13 @@ def test_owner_is_kept_in_the_record_only_when_not_anonymous() -> None:
 
 
 # -- the PID count, as a property --------------------------------------------------------------
-class TxStore:
-    """Just enough of coordinator.store.Store for new leases and the sweeper, with the
-    counted create and the counted delete as atomic transactions on versions."""
+class TxStore(FakeStore):
+    """coordinator_fakes.FakeStore with the counted create and the counted delete as atomic
+    transactions on versions, and a topic "t" of one partition."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.nodes: dict[str, tuple[bytes, int]] = {
-            cluster.topic_path("t"): (TopicSpec("t", 1).to_bytes(), 0)}
-
-    def _get(self, path: str) -> tuple[bytes, int] | None:
-        with self.lock:
-            return self.nodes.get(path)
-
-    def read_counter(self) -> tuple[int | None, int]:
-        got = self._get(cluster.PID_BLOCK)
-        return (None, -1) if got is None else (int(got[0]), got[1])
-
-    def create_counter(self, value: int) -> bool:
-        with self.lock:
-            return self.nodes.setdefault(cluster.PID_BLOCK, (str(value).encode(), 0))[0] == str(value).encode()
-
-    def cas_counter(self, value: int, version: int) -> bool:
-        with self.lock:
-            if self.nodes[cluster.PID_BLOCK][1] != version:
-                return False
-            self.nodes[cluster.PID_BLOCK] = (str(value).encode(), version + 1)
-            return True
-
-    def get_topic(self, name: str) -> TopicSpec | None:
-        got = self._get(cluster.topic_path(name))
-        return None if got is None else TopicSpec.from_bytes(got[0])
-
-    def get_name(self, name: str) -> tuple[int, int] | None:
-        got = self._get(cluster.name_path(name))
-        return None if got is None else (int(got[0]), got[1])
-
-    def get_pid(self, pid: int) -> tuple[PidRecord, int] | None:
-        got = self._get(cluster.pid_path(pid))
-        return None if got is None else (record_from_bytes(got[0]), got[1])
-
-    def list_pid_ids(self) -> list[int]:
-        with self.lock:
-            return sorted(int(p.rsplit("/", 1)[1]) for p in self.nodes if p.startswith("/pids/"))
-
-    def get_pids(self, pids: list[int]) -> list[tuple[PidRecord, int]]:
-        return [g for g in (self.get_pid(p) for p in pids) if g is not None]
+        super().__init__()
+        self.nodes[cluster.topic_path("t")] = (TopicSpec("t", 1).to_bytes(), 0)
 
     def get_principal_count(self, principal: str) -> tuple[int, int] | None:
         got = self._get(principal_path(principal))
@@ -220,15 +181,9 @@ class TxStore:
             return "ok"
 
     def delete_pid(self, record: PidRecord, version: int) -> bool:
-        with self.lock:
-            path = cluster.pid_path(record.pid)
-            if self.nodes.get(path, (b"", -1))[1] != version:
+        with self.lock:  # re-entrant: the delete and the count change are one step
+            if not super().delete_pid(record, version):
                 return False
-            del self.nodes[path]
-            if record.producer_name:
-                npath = cluster.name_path(record.producer_name)
-                if self.nodes.get(npath, (b"",))[0] == str(record.pid).encode():
-                    del self.nodes[npath]
             cpath = principal_path(owner_of(record))
             if cpath in self.nodes:
                 n, v = self.nodes[cpath]
