@@ -48,7 +48,8 @@ def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
     rng = random.Random()
     n, k, m, f, s = (rng.randint(3, 9), rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 6),
                      rng.randint(1, 3))
-    k = min(k, 5)  # DUPLICATE (not SEQUENCE_UNKNOWN) needs acked batches; all are acked here
+    # Forced retries resend k distinct acked batches (answered DUPLICATE): at most n of them.
+    k = min(k, n)
     print(f"appends {n}, forced retries {k}, gaps {m}, zombie appends {f}, stale leases {s}")
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("m", 1)
