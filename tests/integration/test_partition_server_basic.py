@@ -100,7 +100,8 @@ def test_fsync_per_batch_mode_with_segment_rolls(make_cluster, zk_hosts) -> None
         for i in range(60):
             c.produce_send("fb", 0, batch(12, 0, i * 2, [b"%04d" % i * 50, b"y"]), tok)
         rs = [c.recv() for _ in range(60)]
-        assert [r.error_code for r in rs] == [0] * 60
+        assert [r.error_code for r in rs] == [0] * 60, \
+            [(i, r.error_code, r.detail) for i, r in enumerate(rs) if r.error_code]
         assert [r.base_offset for r in rs] == list(range(0, 120, 2))
         md = c.metadata()["partitions"][0]
         assert md["high_watermark"] == md["log_end_offset"] == 120
