@@ -148,7 +148,10 @@ class Partition:
         """Check a validated batch and write it when the rules allow. Returns the decision
         and, on APPEND, a future resolved with ``on_durable(base, last)`` once fsynced.
         Raises TooManyPids for a new PID the tracked-PID limit has no room for (only here,
-        the leader's decision: followers and replay apply what the log holds)."""
+        the leader's decision: followers and replay apply what the log holds), and
+        ServerUnavailable when the log write fails (full disk). Either refusal is noted in
+        the producer state: on a monotonic topic the PID's later batches are refused until
+        this one is resent (CONTRACT: "a refusal leaves no hole")."""
         now = self.clock_ms()
         d = self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, now)
         if d.outcome is not Outcome.APPEND:
@@ -160,11 +163,16 @@ class Partition:
                     log.warning("%s-%d: new pid %d refused, tracked-PID limit %d reached "
                                 "(%d refusals so far)", self.topic, self.partition, h.pid,
                                 self.state.pids_max, n)
+                self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
                 raise TooManyPids(f"partition {self.topic}-{self.partition}: {d.detail}")
             return d, None
         buf = bytearray(batch)
         set_base_offset(buf, self.log.next_offset)
-        base = self.log.append(buf, h.count)
+        try:
+            base = self.log.append(buf, h.count)
+        except ServerUnavailable:
+            self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
+            raise
         self.state.apply_append(h.pid, h.generation, h.base_sequence, h.count, base, now)
         self.batches_appended += 1
         self._wake_data_waiters()

@@ -10,6 +10,35 @@ Checking and applying are split: the partition checks a batch, writes it to its 
 APPEND, then applies it here with the offset it got. Replaying the log after a restart goes
 through the same ``apply_*`` methods, so a recovered table is the table before the crash.
 
+Monotonic topics: a refusal leaves no hole (CONTRACT "Append rules"). Holes between batches
+are allowed there, so "at or below the highwater" does not prove a batch was written: if
+batch N is refused for a reason the rules did not decide (full disk, TOO_MANY_PIDS; the
+partition reports it with ``note_refused``) while N+1, already in flight, is appended, the
+resend of N would look like an old batch. So:
+
+- a refused batch blocks its PID from its base sequence (the lowest refused base is kept):
+  a later batch whose base is above it is refused SEQUENCE_UNKNOWN (retriable, expected
+  sequence = the blocked base) until a batch from at or below the blocked base is appended
+  (the resend; any append of the PID clears the block) or a takeover (``apply_fence`` with
+  a newer generation: the new holder resumes after the highwater) abandons the range;
+- DUPLICATE is answered only for a range the partition wrote: a kept batch (an exact
+  match, with its offsets), or a range every sequence of which is held by a kept batch
+  or older than every kept batch, the latter only on a PID none of whose refused ranges
+  was abandoned by a takeover (offset -1). Any other batch wholly at or below the durable
+  highwater was never written and never can be: OUT_OF_ORDER_SEQUENCE, expected highwater
+  + 1 (above the durable highwater it is SEQUENCE_UNKNOWN first, as on strict topics).
+
+Strict topics need neither: they accept only H+1, so a batch after a refused one is refused
+(OUT_OF_ORDER_SEQUENCE, retried by the SDK as a consequence), and every sequence at or below
+H was written, whatever the batch boundaries of a resend: whole batch at or below the
+durable highwater is DUPLICATE (offsets when it matches a kept batch exactly, else -1).
+
+Blocks and the abandoned mark live in two side structures that are empty in the common case
+(so the hot path pays one truth test of an empty dict) and are not in snapshots: a restart
+opens new connections, and the SDK resends its earliest unresolved batch first on a new
+connection, so a block has nothing left to stop; the abandoned mark is lost too (see
+``_abandoned``).
+
 Storage (1M PIDs per partition must fit in about 200 bytes each, issue 7): no object per
 PID. A ``dict`` maps a PID to a slot; per slot, ``array`` columns hold the pid, generation,
 highwater, last use, the LRU list's links and the newest batch (its base offset, and its
@@ -44,6 +73,10 @@ DEDUP_MODES = ("strict", "monotonic", "off")
 # The default of pid_evict_idle_min_ms: the coordinator's longest lease (24 h,
 # settings.LEASE_MAX_MS), so no PID that may still hold a valid lease is evicted.
 EVICT_IDLE_MIN_MS_DEFAULT = 86_400_000
+
+# Blocks kept for PIDs the partition does not track (new PIDs refused TOO_MANY_PIDS on a
+# monotonic topic); see ``ProducerStateTable.note_refused`` for why dropping beyond it is safe.
+BLOCKED_UNTRACKED_MAX = 10_000
 
 _U32 = 0xFFFF_FFFF
 _NIL = -1        # end of the LRU list
@@ -129,6 +162,7 @@ class ProducerStateTable:
         self.expired_total = 0
         self.evicted_total = 0
         self.refused_total = 0      # new PIDs refused TOO_MANY_PIDS
+        self.blocks_dropped_total = 0  # untracked PIDs' blocks over BLOCKED_UNTRACKED_MAX
         self._ring_words = 2 * (batches_kept - 1)
         self._ring_zero = array("I", bytes(4 * self._ring_words))
         self._init_storage()
@@ -152,6 +186,18 @@ class ProducerStateTable:
         self._wide: dict[int, array[int]] = {}      # slot -> flat triples
         self._dhw: dict[int, int] = {}              # pid -> durable highwater, when != H
         self._pending: dict[int, list[tuple[int, int]]] = {}  # pid -> (last_offset, last_seq)
+        # Monotonic only. pid -> lowest base sequence refused with a retriable error
+        # (``note_refused``), for tracked PIDs and for new ones refused TOO_MANY_PIDS; in
+        # refusal order, oldest first (the untracked entries' bound drops from the front).
+        self._blocked: dict[int, int] = {}
+        self._blocked_untracked = 0
+        # Monotonic only. Tracked PIDs a takeover cleared a block of: a refused range was
+        # given up, so "older than every kept batch" no longer proves "written". About 60
+        # bytes per PID in it (a set slot and an int), only for PIDs that had a refusal
+        # abandoned by a takeover; dropped with the PID; not in snapshots (after a restart
+        # such a PID's old ranges are DUPLICATE again: only a producer sending below its
+        # own earlier batches could meet that, which the SDK never does).
+        self._abandoned: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -185,6 +231,10 @@ class ProducerStateTable:
             return _APPEND
         last_seq = base_seq + count - 1
         s = self._slot.get(pid)
+        if self._blocked and pid in self._blocked:
+            d = self._check_blocked(pid, s, generation, base_seq, last_seq)
+            if d is not None:
+                return d
         if s is None:
             if self.mode == "monotonic" or base_seq == 0:
                 if (now_ms is not None and len(self._slot) >= self.pids_max
@@ -202,6 +252,8 @@ class ProducerStateTable:
         h = self._hw[s]
         if base_seq == h + 1 or (self.mode == "monotonic" and base_seq > h):
             return _APPEND
+        if self.mode == "monotonic" and last_seq <= h:
+            return self._check_monotonic_old(pid, s, base_seq, last_seq, h)
         if last_seq <= self._dhw.get(pid, h):
             b = self._flat(s)
             for i in range(0, len(b), 3):
@@ -216,6 +268,91 @@ class ProducerStateTable:
                 f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"))
         return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
             f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"))
+
+    def _check_blocked(self, pid: int, s: int | None, generation: int, base_seq: int,
+                       last_seq: int) -> Decision | None:
+        """The refusal of a batch after a refused one of the same PID (monotonic), or None
+        when the other rules decide (a fenced batch, the resend itself, an old batch)."""
+        blocked = self._blocked[pid]
+        if base_seq <= blocked:
+            return None
+        if s is not None and (generation < self._gen[s] or base_seq <= self._hw[s]):
+            return None
+        return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=blocked, detail=(
+            f"an earlier batch of pid {pid} (from sequence {blocked}) was refused; resend it "
+            f"first (this batch has sequences {base_seq}..{last_seq})"))
+
+    def _check_monotonic_old(self, pid: int, s: int, base_seq: int, last_seq: int,
+                             h: int) -> Decision:
+        """A monotonic batch wholly at or below the highwater ``h``: SEQUENCE_UNKNOWN while
+        any of it is in flight (as on strict topics); then DUPLICATE only for a range the
+        partition wrote (CONTRACT "a refusal leaves no hole"), else OUT_OF_ORDER."""
+        if last_seq > self._dhw.get(pid, h):
+            return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=h + 1, detail=(
+                f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"))
+        b = self._flat(s)
+        for i in range(0, len(b), 3):
+            if b[i] == base_seq and b[i + 1] == last_seq:
+                return Decision(Outcome.DUPLICATE, base_offset=b[i + 2],
+                                last_offset=b[i + 2] + last_seq - base_seq,
+                                detail="batch was already written")
+        # Below the oldest kept batch every sequence counts as written unless a takeover
+        # gave a refused range up: a refusal blocks the PID until its resend is written.
+        if _covered(b, base_seq, last_seq, pid not in self._abandoned):
+            return Decision(Outcome.DUPLICATE, detail="batch was already written (offsets no "
+                            "longer known, or it was written split otherwise)")
+        return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
+            f"sequences {base_seq}..{last_seq} of pid {pid} are at or below its highwater "
+            f"{h} but were never written here (they fall in a hole between written batches, "
+            "or a takeover gave them up); they can never be appended"))
+
+    def note_refused(self, pid: int, generation: int, base_seq: int, count: int) -> None:
+        """The leader refused this batch with a retriable error the rules did not decide
+        (full disk, TOO_MANY_PIDS, ...) after ``check_append`` allowed it. Monotonic topics
+        block the PID from ``base_seq`` (see the module docstring); strict topics need no
+        block (they accept only H+1); ``off`` and pid 0: nothing.
+
+        Bound: blocks of tracked PIDs go with the PID; blocks of PIDs not tracked (a new
+        PID refused TOO_MANY_PIDS) are at most ``BLOCKED_UNTRACKED_MAX``, the least recently
+        refused dropped first (counted in ``blocks_dropped_total``). That is safe because
+        such a block matters only until the producer resends the refused batch, which an
+        SDK does first, right after the answers of the batches it had in flight (at most
+        ``max_in_flight``, already on the wire behind the refused one) and one backoff;
+        every refused resend moves the PID to the young end again. A drop needs that many
+        other new PIDs refused within that window, and even then the PID's next batch is
+        refused TOO_MANY_PIDS for as long as the partition stays full."""
+        if self.mode != "monotonic" or pid == 0:
+            return
+        del generation, count  # the block is per PID, from the refused base on
+        blocked = self._blocked
+        old = blocked.pop(pid, None)
+        blocked[pid] = base_seq if old is None or base_seq < old else old
+        if old is None and pid not in self._slot:
+            self._blocked_untracked += 1
+            if self._blocked_untracked > BLOCKED_UNTRACKED_MAX:
+                self._drop_oldest_untracked_block()
+
+    def _drop_oldest_untracked_block(self) -> None:
+        for p in self._blocked:
+            if p not in self._slot:
+                del self._blocked[p]
+                self._blocked_untracked -= 1
+                self.blocks_dropped_total += 1
+                return
+
+    def _unblock(self, pid: int) -> bool:
+        """Clear ``pid``'s block (before it is created, or while tracked); whether it had
+        one."""
+        if pid not in self._blocked:
+            return False
+        del self._blocked[pid]
+        if pid not in self._slot:
+            self._blocked_untracked -= 1
+        return True
+
+    def blocked_from(self, pid: int) -> int | None:
+        """The base sequence ``pid`` is blocked from (monotonic), or None."""
+        return self._blocked.get(pid)
 
     def limit_detail(self) -> str:
         """Why a new PID was refused and what to do (the partition prefixes its name)."""
@@ -255,6 +392,10 @@ class ProducerStateTable:
         if not self.tracks(pid):
             return
         last_seq = base_seq + count - 1
+        if self._blocked:
+            # On the leader only the resend (from at or below the blocked base) passes the
+            # check; on a follower or in replay the log is the truth.
+            self._unblock(pid)
         s = self._slot.get(pid)
         if s is None:
             s = self._create(pid, generation, now_ms)
@@ -293,11 +434,19 @@ class ProducerStateTable:
             return
         s = self._slot.get(pid)
         if s is None:
+            # A block of an untracked PID is given up too: the new holder starts afresh.
+            abandoned = self._unblock(pid) if self._blocked else False
             self._create(pid, generation, now_ms)
+            if abandoned:
+                self._abandoned.add(pid)
             return
         self._touch(s, now_ms)
-        if generation > self._gen[s]:  # noqa: PLR1730 (max() is slower on the hot path)
+        if generation > self._gen[s]:
             self._gen[s] = generation
+            # A takeover gives up the refused range: the new holder resumes after the
+            # highwater, so nothing of it will be resent; never DUPLICATE it by age.
+            if self._blocked and self._unblock(pid):
+                self._abandoned.add(pid)
 
     def _create(self, pid: int, generation: int, now_ms: int) -> int:
         if len(self._slot) >= self.pids_max:
@@ -456,6 +605,10 @@ class ProducerStateTable:
         self._pid[s] = 0
         self._dhw.pop(pid, None)
         self._pending.pop(pid, None)
+        if self._blocked:
+            self._blocked.pop(pid, None)
+        if self._abandoned:
+            self._abandoned.discard(pid)
         self._free.append(s)
 
     def expire(self, now_ms: int, expire_ms: int, limit: int = 100_000) -> int:
@@ -718,6 +871,27 @@ class ProducerStateTable:
 
 
 _APPEND = Decision(Outcome.APPEND)
+
+
+def _covered(flat: array[int], base_seq: int, last_seq: int, older_written: bool) -> bool:
+    """Whether every sequence of ``base_seq..last_seq`` was written: held by the kept
+    batches (flat triples, in sequence order), or, when ``older_written``, older than all
+    of them."""
+    if not flat:
+        return older_written
+    nxt = base_seq
+    if older_written and nxt < flat[0]:
+        nxt = flat[0]
+        if nxt > last_seq:
+            return True
+    for i in range(0, len(flat), 3):
+        if flat[i] > nxt:
+            return False
+        if flat[i + 1] >= nxt:
+            nxt = flat[i + 1] + 1
+            if nxt > last_seq:
+                return True
+    return False
 
 
 def batch_triples(flat: array[int]) -> list[tuple[int, int, int]]:

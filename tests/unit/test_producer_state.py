@@ -80,7 +80,10 @@ def test_monotonic_accepts_any_higher_sequence() -> None:
     append(t, 1, 0, 10, 1, 0)
     append(t, 1, 0, 50, 3, 1)
     assert t.check_append(1, 0, 53, 1).outcome is Outcome.APPEND
-    assert t.check_append(1, 0, 30, 1).outcome is Outcome.DUPLICATE
+    d = t.check_append(1, 0, 5, 1)  # older than every kept batch: written before them
+    assert (d.outcome, d.base_offset) == (Outcome.DUPLICATE, -1)
+    d = t.check_append(1, 0, 30, 1)  # between two kept batches: never written
+    assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 53)
     d = t.check_append(1, 0, 52, 3)  # straddles H
     assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 53)
 
@@ -196,3 +199,118 @@ def test_group_commit_boundary_between_two_pending_batches() -> None:
     assert t.get(1).durable_highwater == 1  # type: ignore[union-attr]
     assert t.check_append(1, 0, 0, 2).outcome is Outcome.DUPLICATE
     assert t.check_append(1, 0, 2, 2).outcome is Outcome.SEQUENCE_UNKNOWN
+
+
+# -- monotonic: a refusal leaves no hole (CONTRACT "Append rules") ---------------------------
+def test_monotonic_refusal_blocks_later_batches_until_the_resend() -> None:
+    t = table("monotonic")
+    append(t, 1, 0, 0, 10, 0)
+    assert t.check_append(1, 0, 10, 5).outcome is Outcome.APPEND
+    t.note_refused(1, 0, 10, 5)  # e.g. the disk was full
+    for base, count in ((15, 5), (40, 1), (11, 2)):  # already in flight behind it
+        d = t.check_append(1, 0, base, count)
+        assert (d.outcome, d.expected_sequence) == (Outcome.SEQUENCE_UNKNOWN, 10)
+        assert "from sequence 10" in d.detail
+    t.note_refused(1, 0, 20, 1)  # a later refusal keeps the lowest blocked base
+    assert t.blocked_from(1) == 10
+    # what the rules decide before the block still does
+    assert t.check_append(1, 0, 0, 10).outcome is Outcome.DUPLICATE
+    assert t.check_append(1, 0, 9, 3).outcome is Outcome.OUT_OF_ORDER
+    # the resend (or any batch from at or below the blocked base) appends and unblocks
+    append(t, 1, 0, 10, 5, 10)
+    assert t.blocked_from(1) is None
+    append(t, 1, 0, 15, 5, 15)
+    d = t.check_append(1, 0, 10, 5)
+    assert (d.outcome, d.base_offset, d.last_offset) == (Outcome.DUPLICATE, 10, 14)
+
+
+def test_monotonic_refusal_of_a_new_pid_blocks_it_too() -> None:
+    t = table("monotonic")
+    t.note_refused(7, 3, 100, 4)  # TOO_MANY_PIDS for a PID with no state yet
+    d = t.check_append(7, 3, 104, 4)  # room appeared meanwhile: still not before 100
+    assert (d.outcome, d.expected_sequence) == (Outcome.SEQUENCE_UNKNOWN, 100)
+    append(t, 7, 3, 100, 4, 0)
+    assert t.blocked_from(7) is None
+    append(t, 7, 3, 104, 4, 4)
+
+
+def test_takeover_clears_the_block_and_old_ranges_are_no_longer_duplicate() -> None:
+    t = table("monotonic", k=2)
+    append(t, 1, 0, 0, 10, 0)
+    t.note_refused(1, 0, 10, 5)
+    t.apply_fence(1, 0, 0)  # the same generation (a no-op fence) gives nothing up
+    assert t.blocked_from(1) == 10
+    t.apply_fence(1, 1, 0)  # takeover: the new holder resumes after the highwater (9)
+    assert t.blocked_from(1) is None
+    for i in range(3):
+        append(t, 1, 1, 50 + 10 * i, 10, 10 + 10 * i)
+    # [0..9] and [10..14] are now both older than every kept batch ([60..69], [70..79]);
+    # [10..14] was refused and given up, so age proves nothing any more
+    d = t.check_append(1, 1, 10, 5)
+    assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 80)
+    d = t.check_append(1, 1, 60, 10)  # a kept batch still is
+    assert (d.outcome, d.base_offset) == (Outcome.DUPLICATE, 20)
+
+
+def test_monotonic_range_never_written_is_not_duplicate() -> None:
+    t = table("monotonic")
+    append(t, 1, 0, 0, 10, 0)
+    append(t, 1, 0, 20, 10, 10)
+    d = t.check_append(1, 0, 10, 6)  # at or below the durable highwater, but a hole
+    assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 30)
+    d = t.check_append(1, 0, 5, 3)  # inside a written batch: a different split of it
+    assert (d.outcome, d.base_offset) == (Outcome.DUPLICATE, -1)
+    d = t.check_append(1, 0, 5, 10)  # from a written batch into the hole after it
+    assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 30)
+    d = t.check_append(1, 0, 20, 10)
+    assert (d.outcome, d.base_offset, d.last_offset) == (Outcome.DUPLICATE, 10, 19)
+    append(t, 1, 0, 40, 5, 20, durable=False)
+    d = t.check_append(1, 0, 40, 5)  # kept but not yet durable
+    assert d.outcome is Outcome.SEQUENCE_UNKNOWN
+    d = t.check_append(1, 0, 32, 3)  # in flight as far as the rows say: decided once durable
+    assert d.outcome is Outcome.SEQUENCE_UNKNOWN
+    t.mark_durable(25)
+    assert t.check_append(1, 0, 32, 3).outcome is Outcome.OUT_OF_ORDER
+
+
+def test_note_refused_is_harmless_on_strict_and_off_topics() -> None:
+    for mode in ("strict", "off"):
+        t = table(mode)
+        append(t, 1, 0, 0, 5, 0)
+        t.note_refused(1, 0, 5, 5)
+        t.note_refused(2, 0, 0, 1)
+        assert t.blocked_from(1) is None and t.blocked_from(2) is None
+    t = table("monotonic")
+    t.note_refused(0, 0, 5, 5)  # pid 0 is never checked
+    assert t.blocked_from(0) is None
+    # strict: the batch after a refused one is out of order anyway
+    s = table("strict")
+    append(s, 1, 0, 0, 5, 0)
+    d = s.check_append(1, 0, 10, 5)
+    assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 5)
+
+
+def test_blocks_of_untracked_pids_are_bounded() -> None:
+    from partition_server import producer_state
+
+    t = table("monotonic")
+    n = producer_state.BLOCKED_UNTRACKED_MAX
+    for pid in range(1, n + 3):
+        t.note_refused(pid, 0, 5, 1)
+    assert t.blocked_from(1) is None and t.blocked_from(2) is None
+    assert t.blocked_from(3) == 5 and t.blocked_from(n + 2) == 5
+    assert t.blocks_dropped_total == 2
+    t.note_refused(3, 0, 4, 1)  # refused again: the youngest now, lowest base kept
+    append(t, 4, 0, 5, 1, 0)  # created: its block is gone, and it no longer counts
+    for pid in range(n + 3, n + 5):
+        t.note_refused(pid, 0, 5, 1)
+    assert t.blocked_from(3) == 4 and t.blocks_dropped_total == 3
+
+
+def test_removing_a_pid_drops_its_block() -> None:
+    t = table("monotonic")
+    append(t, 1, 0, 0, 1, 0, now_ms=0)
+    t.note_refused(1, 0, 1, 1)
+    assert t.expire(now_ms=100, expire_ms=10) == 1
+    assert t.blocked_from(1) is None
+    append(t, 1, 0, 5, 1, 1, now_ms=200)  # an expired PID starts afresh (the expiry rule)
