@@ -23,20 +23,21 @@ resend of N would look like an old batch. So:
   a newer generation: the new holder resumes after the highwater) abandons the range;
 - DUPLICATE is answered only for a range the partition wrote: a kept batch (an exact
   match, with its offsets), or a range every sequence of which is held by a kept batch
-  or older than every kept batch, the latter only on a PID none of whose refused ranges
-  was abandoned by a takeover (offset -1). Any other batch wholly at or below the durable
-  highwater was never written and never can be: OUT_OF_ORDER_SEQUENCE, expected highwater
-  + 1 (above the durable highwater it is SEQUENCE_UNKNOWN first, as on strict topics).
+  or older than every kept batch, the latter only outside the ranges takeovers gave up
+  (from a blocked base to where the new holder resumed; offset -1). Any other batch
+  wholly at or below the durable highwater was never written and never can be:
+  OUT_OF_ORDER_SEQUENCE, expected highwater + 1 (above the durable highwater it is
+  SEQUENCE_UNKNOWN first, as on strict topics).
 
 Strict topics need neither: they accept only H+1, so a batch after a refused one is refused
 (OUT_OF_ORDER_SEQUENCE, retried by the SDK as a consequence), and every sequence at or below
 H was written, whatever the batch boundaries of a resend: whole batch at or below the
 durable highwater is DUPLICATE (offsets when it matches a kept batch exactly, else -1).
 
-Blocks and the abandoned mark live in two side structures that are empty in the common case
-(so the hot path pays one truth test of an empty dict) and are not in snapshots: a restart
-opens new connections, and the SDK resends its earliest unresolved batch first on a new
-connection, so a block has nothing left to stop; the abandoned mark is lost too (see
+Blocks and the ranges takeovers gave up live in two side dicts that are empty in the common
+case (so the hot path pays one truth test of an empty dict) and are not in snapshots: a
+restart opens new connections, and the SDK resends its earliest unresolved batch first on a
+new connection, so a block has nothing left to stop; the given-up ranges are lost too (see
 ``_abandoned``).
 
 Storage (1M PIDs per partition must fit in about 200 bytes each, issue 7): no object per
@@ -77,6 +78,8 @@ EVICT_IDLE_MIN_MS_DEFAULT = 86_400_000
 # Blocks kept for PIDs the partition does not track (new PIDs refused TOO_MANY_PIDS on a
 # monotonic topic); see ``ProducerStateTable.note_refused`` for why dropping beyond it is safe.
 BLOCKED_UNTRACKED_MAX = 10_000
+# Ranges given up by takeovers kept per PID (``ProducerStateTable._abandoned``).
+_HOLES_MAX = 4
 
 _U32 = 0xFFFF_FFFF
 _NIL = -1        # end of the LRU list
@@ -191,13 +194,19 @@ class ProducerStateTable:
         # refusal order, oldest first (the untracked entries' bound drops from the front).
         self._blocked: dict[int, int] = {}
         self._blocked_untracked = 0
-        # Monotonic only. Tracked PIDs a takeover cleared a block of: a refused range was
-        # given up, so "older than every kept batch" no longer proves "written". About 60
-        # bytes per PID in it (a set slot and an int), only for PIDs that had a refusal
-        # abandoned by a takeover; dropped with the PID; not in snapshots (after a restart
-        # such a PID's old ranges are DUPLICATE again: only a producer sending below its
-        # own earlier batches could meet that, which the SDK never does).
-        self._abandoned: set[int] = set()
+        # Monotonic only. pid -> the ranges a takeover gave up, as flat [lo, hi) pairs
+        # (hi -1: up to the new holder's first append, not made yet): a block was
+        # cleared by a takeover, so nothing from the blocked base to where the new holder
+        # resumed was ever written, and "older than every kept batch" proves nothing
+        # there. Ranges outside them still count as written when older than every kept
+        # batch, so a source that replays everything after a takeover still gets
+        # DUPLICATE. At most ``_HOLES_MAX`` ranges per PID (the oldest two merge: more
+        # OUT_OF_ORDER, never a false DUPLICATE). Cost: a dict entry and a small list,
+        # about 150 bytes, only for PIDs that had a refusal given up by a takeover;
+        # dropped with the PID; not in snapshots (after a restart such a range is
+        # DUPLICATE again: only a producer sending below where it resumed could meet it,
+        # and the SDK never does).
+        self._abandoned: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -296,9 +305,13 @@ class ProducerStateTable:
                 return Decision(Outcome.DUPLICATE, base_offset=b[i + 2],
                                 last_offset=b[i + 2] + last_seq - base_seq,
                                 detail="batch was already written")
-        # Below the oldest kept batch every sequence counts as written unless a takeover
-        # gave a refused range up: a refusal blocks the PID until its resend is written.
-        if _covered(b, base_seq, last_seq, pid not in self._abandoned):
+        # Below the oldest kept batch every sequence counts as written (a refusal blocks
+        # the PID until its resend is written) except in a range a takeover gave up.
+        older_written = True
+        if self._abandoned and pid in self._abandoned and (not b or base_seq < b[0]):
+            older_written = not _meets(self._abandoned[pid], base_seq,
+                                       min(last_seq, b[0] - 1) if b else last_seq)
+        if _covered(b, base_seq, last_seq, older_written):
             return Decision(Outcome.DUPLICATE, detail="batch was already written (offsets no "
                             "longer known, or it was written split otherwise)")
         return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
@@ -412,6 +425,8 @@ class ProducerStateTable:
                 # appends went on starts at the capture's first offset. Makes replay
                 # idempotent.
                 return
+        if self._abandoned and pid in self._abandoned:
+            self._close_hole(pid, base_seq)
         if generation > self._gen[s]:  # noqa: PLR1730 (max() is slower on the hot path)
             self._gen[s] = generation
         old_hw = self._hw[s]
@@ -435,18 +450,43 @@ class ProducerStateTable:
         s = self._slot.get(pid)
         if s is None:
             # A block of an untracked PID is given up too: the new holder starts afresh.
-            abandoned = self._unblock(pid) if self._blocked else False
+            blocked = self._blocked.get(pid) if self._blocked else None
+            if blocked is not None:
+                self._unblock(pid)
             self._create(pid, generation, now_ms)
-            if abandoned:
-                self._abandoned.add(pid)
+            if blocked is not None:
+                self._open_hole(pid, blocked)
             return
         self._touch(s, now_ms)
         if generation > self._gen[s]:
             self._gen[s] = generation
             # A takeover gives up the refused range: the new holder resumes after the
             # highwater, so nothing of it will be resent; never DUPLICATE it by age.
-            if self._blocked and self._unblock(pid):
-                self._abandoned.add(pid)
+            blocked = self._blocked.get(pid) if self._blocked else None
+            if blocked is not None:
+                self._unblock(pid)
+                self._open_hole(pid, blocked)
+
+    def _open_hole(self, pid: int, lo: int) -> None:
+        holes = self._abandoned.setdefault(pid, [])
+        if holes and holes[-1] == -1:  # the last takeover's holder wrote nothing yet
+            holes[-2] = min(holes[-2], lo)
+            return
+        holes.extend((lo, -1))
+        if len(holes) > 2 * _HOLES_MAX:
+            del holes[1:3]  # merge the oldest two: [lo0, hi1)
+
+    def _close_hole(self, pid: int, base_seq: int) -> None:
+        """The first append after a takeover ends the range it gave up."""
+        holes = self._abandoned[pid]
+        if holes[-1] != -1:
+            return
+        if base_seq > holes[-2]:
+            holes[-1] = base_seq
+        else:  # the new holder went back to or below the refused base: nothing given up
+            del holes[-2:]
+            if not holes:
+                del self._abandoned[pid]
 
     def _create(self, pid: int, generation: int, now_ms: int) -> int:
         if len(self._slot) >= self.pids_max:
@@ -608,7 +648,7 @@ class ProducerStateTable:
         if self._blocked:
             self._blocked.pop(pid, None)
         if self._abandoned:
-            self._abandoned.discard(pid)
+            self._abandoned.pop(pid, None)
         self._free.append(s)
 
     def expire(self, now_ms: int, expire_ms: int, limit: int = 100_000) -> int:
@@ -871,6 +911,16 @@ class ProducerStateTable:
 
 
 _APPEND = Decision(Outcome.APPEND)
+
+
+def _meets(holes: list[int], lo: int, hi: int) -> bool:
+    """Whether ``lo..hi`` (inclusive) meets one of the [lo, hi) ranges in ``holes``
+    (flat pairs; hi -1: no end)."""
+    for i in range(0, len(holes), 2):
+        h_lo, h_hi = holes[i], holes[i + 1]
+        if hi >= h_lo and (h_hi == -1 or lo < h_hi):
+            return True
+    return False
 
 
 def _covered(flat: array[int], base_seq: int, last_seq: int, older_written: bool) -> bool:

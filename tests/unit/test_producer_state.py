@@ -234,7 +234,7 @@ def test_monotonic_refusal_of_a_new_pid_blocks_it_too() -> None:
     append(t, 7, 3, 104, 4, 4)
 
 
-def test_takeover_clears_the_block_and_old_ranges_are_no_longer_duplicate() -> None:
+def test_takeover_clears_the_block_and_the_given_up_range_is_never_duplicate() -> None:
     t = table("monotonic", k=2)
     append(t, 1, 0, 0, 10, 0)
     t.note_refused(1, 0, 10, 5)
@@ -242,14 +242,43 @@ def test_takeover_clears_the_block_and_old_ranges_are_no_longer_duplicate() -> N
     assert t.blocked_from(1) == 10
     t.apply_fence(1, 1, 0)  # takeover: the new holder resumes after the highwater (9)
     assert t.blocked_from(1) is None
-    for i in range(3):
+    for i in range(3):  # ... at 50: 10..49 were given up, never written
         append(t, 1, 1, 50 + 10 * i, 10, 10 + 10 * i)
-    # [0..9] and [10..14] are now both older than every kept batch ([60..69], [70..79]);
-    # [10..14] was refused and given up, so age proves nothing any more
+    # [0..9] and [10..14] are both older than every kept batch ([60..69], [70..79]), but
+    # only [0..9] was written
     d = t.check_append(1, 1, 10, 5)
     assert (d.outcome, d.expected_sequence) == (Outcome.OUT_OF_ORDER, 80)
-    d = t.check_append(1, 1, 60, 10)  # a kept batch still is
+    assert t.check_append(1, 1, 5, 10).outcome is Outcome.OUT_OF_ORDER  # reaches into it
+    d = t.check_append(1, 1, 0, 10)  # a source replaying everything after the takeover
+    assert (d.outcome, d.base_offset) == (Outcome.DUPLICATE, -1)
+    assert t.check_append(1, 1, 50, 10).outcome is Outcome.DUPLICATE  # the new holder's
+    d = t.check_append(1, 1, 60, 10)  # a kept batch
     assert (d.outcome, d.base_offset) == (Outcome.DUPLICATE, 20)
+
+
+def test_a_new_holder_resuming_at_the_refused_base_gives_nothing_up() -> None:
+    t = table("monotonic", k=1)
+    append(t, 1, 0, 0, 10, 0)
+    t.note_refused(1, 0, 10, 5)
+    t.apply_fence(1, 1, 0)
+    append(t, 1, 1, 10, 5, 10)  # resent by the new holder after all
+    append(t, 1, 1, 20, 5, 15)
+    assert t.check_append(1, 1, 10, 5).outcome is Outcome.DUPLICATE
+
+
+def test_ranges_given_up_are_bounded_per_pid() -> None:
+    t = table("monotonic", k=1)
+    append(t, 1, 0, 0, 1, 0)
+    for g in range(1, 8):  # seven takeovers, each after a refusal at 100 g
+        t.note_refused(1, g - 1, 100 * g, 1)
+        t.apply_fence(1, g, 0)
+        append(t, 1, g, 100 * g + 50, 1, g)
+    append(t, 1, 7, 10_000, 1, 8)
+    # the oldest ranges were merged: more refused, never one more DUPLICATE
+    for g in range(1, 8):
+        assert t.check_append(1, 7, 100 * g, 1).outcome is Outcome.OUT_OF_ORDER
+    assert t.check_append(1, 7, 0, 1).outcome is Outcome.DUPLICATE
+    assert t.check_append(1, 7, 750, 1).outcome is Outcome.DUPLICATE
 
 
 def test_monotonic_range_never_written_is_not_duplicate() -> None:
