@@ -35,6 +35,9 @@ class _Partition:
     batches: list = field(default_factory=list)  # stored batch bytes with base_offset set
     next_offset: int = 0
     pids: dict = field(default_factory=dict)
+    # monotonic: pid -> lowest base sequence refused by an injected retriable error (the
+    # contract's "a refusal leaves no hole")
+    blocked: dict = field(default_factory=dict)
 
 
 class FakePartitionServer:
@@ -42,6 +45,8 @@ class FakePartitionServer:
         self.lock = threading.Lock()
         self.parts = {(t, p): _Partition(dedup) for t, (n, dedup) in topics.items() for p in range(n)}
         self.fail_next: deque[int] = deque()   # error codes to answer produce requests with
+        self.fail_at: dict[int, int] = {}       # produce request number (from 1) -> error code
+        self.answers: list[tuple[int, int]] = []  # (base sequence, error code) per produce
         self.drop_after_append = 0              # append, then cut the connection, this many times
         self.silent = False                     # read requests, never answer
         self.produce_requests = 0
@@ -110,6 +115,7 @@ class FakePartitionServer:
             part = self.parts[(topic, partition)]
             st = part.pids.setdefault(pid, _PidState(generation))
             st.generation = generation
+            part.blocked.pop(pid, None)  # a takeover gives the refused range up
 
     def records(self, topic: str, partition: int) -> list[P.Record]:
         with self.lock:
@@ -148,15 +154,31 @@ class FakePartitionServer:
             return P.response(req.correlation_id, errors.InvalidRequest.code, "unsupported", b"")
 
     def _produce(self, req: P.Request) -> bytes | None:
+        out = self._produce_answer(req)
+        if out and req.batch is not None and len(req.batch) >= P.BATCH_HEADER_SIZE:
+            code = P.decode_response(P.PRODUCE, out[4:]).error_code  # out[:4]: the frame length
+            self.answers.append((P.decode_batch_header(req.batch).base_sequence, code))
+        return out
+
+    def _produce_answer(self, req: P.Request) -> bytes | None:
         self.produce_requests += 1
         self.tokens_seen.append(req.token)
         corr = req.correlation_id
         if self.silent:
             return b""
-        if self.fail_next:
-            code = self.fail_next.popleft()
-            return P.produce_response(corr, code, "injected")
         part = self.parts.get((req.topic, req.partition))
+        inject = self.fail_at.pop(self.produce_requests, None)
+        if inject is None and self.fail_next:
+            inject = self.fail_next.popleft()
+        if inject is not None:
+            if part is not None and part.dedup == "monotonic" and req.batch is not None:
+                h = P.validate_batch(req.batch)
+                st = part.pids.get(h.pid)
+                # a refusal of a batch the rules would have appended blocks the PID
+                if st is None or (h.generation >= st.generation and h.base_sequence > st.highwater):
+                    old = part.blocked.get(h.pid)
+                    part.blocked[h.pid] = h.base_sequence if old is None else min(old, h.base_sequence)
+            return P.produce_response(corr, inject, "injected")
         if part is None:
             return P.produce_response(corr, errors.UnknownTopicOrPartition.code, "no such partition")
         assert req.batch is not None
@@ -168,13 +190,21 @@ class FakePartitionServer:
                 return P.produce_response(corr, errors.ProducerFenced.code, "fenced")
             if st is None and part.dedup == "strict" and first > 0:
                 return P.produce_response(corr, errors.UnknownPid.code, "unknown pid")
+            blocked = part.blocked.get(h.pid)
+            hw = st.highwater if st is not None else -1
+            if blocked is not None and first > blocked and first > hw:
+                return P.produce_response(corr, errors.SequenceUnknown.code, "earlier batch refused",
+                                          expected_sequence=blocked)
             if st is not None and last <= st.highwater:
                 for f, l, off in st.recent:
                     if f == first and l == last:
                         return P.produce_response(corr, errors.DUPLICATE, "dup", base_offset=off,
                                                   last_offset=off + h.count - 1)
+                if part.dedup == "monotonic" and st.recent and last >= st.recent[0][0]:
+                    # monotonic: at or below H is not proof of a write (holes)
+                    return P.produce_response(corr, errors.OutOfOrderSequence.code, "never written",
+                                              expected_sequence=hw + 1)
                 return P.produce_response(corr, errors.DUPLICATE, "dup")
-            hw = st.highwater if st is not None else -1
             ok = first > hw if part.dedup == "monotonic" else first == hw + 1
             if st is not None and not ok:
                 return P.produce_response(corr, errors.OutOfOrderSequence.code, "ooo",
@@ -185,6 +215,7 @@ class FakePartitionServer:
         part.batches.append(bytes(stored))
         part.next_offset += h.count
         if h.pid != 0:
+            part.blocked.pop(h.pid, None)
             st = part.pids.setdefault(h.pid, _PidState(h.generation))
             st.generation = max(st.generation, h.generation)
             st.highwater = last
