@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,15 @@ def is_replicated(ps: PartitionState | None) -> bool:
 class ReplicaManager:
     def __init__(self, settings: Any, registry: Registry, partitions: dict[Key, Partition],
                  data_dir: Path, *, clock_ms: Callable[[], int],
-                 note_append: Callable[[int], Any] = lambda n: None) -> None:
+                 note_append: Callable[[int], Any] = lambda n: None,
+                 zk_executor: Executor | None = None) -> None:
         self.s = settings
         self.me = settings.server_id
         self.registry = registry
         self.partitions = partitions
         self.clock_ms = clock_ms
         self.note_append = note_append
+        self.zk_executor = zk_executor  # runs the blocking ZooKeeper writes (None: the loop's)
         self.checkpoint = HighWatermarkCheckpoint(data_dir)
         self.routes = settings.routes
         self.inherited: dict[Key, int] = {}
@@ -155,7 +158,7 @@ class ReplicaManager:
             return
         self._busy.add(key)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, op, self.registry.zk, key[0], key[1], self.me, *args)
+        fut = loop.run_in_executor(self.zk_executor, op, self.registry.zk, key[0], key[1], self.me, *args)
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
@@ -254,11 +257,7 @@ class ReplicaManager:
             await asyncio.sleep(tick_s)
             now = self.clock_ms()
             try:
-                for key, part in list(self.partitions.items()):
-                    if part.role == "leader" and part.isr is not None:
-                        out = part.isr.laggards(now, self.s.replica_lag_time_max_ms)
-                        if out:
-                            self._change_isr(key, part, [], out)
+                self.check_isr(now)
                 if time.monotonic() - last_reconcile >= 1.0:
                     last_reconcile = time.monotonic()
                     self.reconcile_all()
@@ -267,6 +266,15 @@ class ReplicaManager:
                     await loop.run_in_executor(None, self._write_checkpoint)
             except Exception:  # keep maintaining; the next tick retries
                 log.exception("replication maintenance failed")
+
+    def check_isr(self, now_ms: int) -> None:
+        """One maintenance pass (each tick): in-sync followers not caught up for
+        ``replica_lag_time_max_ms`` leave the set."""
+        for key, part in list(self.partitions.items()):
+            if part.role == "leader" and part.isr is not None:
+                out = part.isr.laggards(now_ms, self.s.replica_lag_time_max_ms)
+                if out:
+                    self._change_isr(key, part, [], out)
 
     def _write_checkpoint(self) -> None:
         values = {k: p.high_watermark for k, p in list(self.partitions.items()) if p.replicated}
