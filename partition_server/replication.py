@@ -152,49 +152,55 @@ class ReplicaManager:
         if f is not None:
             f.stop()
 
-    def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any) -> None:
-        """Run one leadership write for ``key`` (at most one at a time), then re-read."""
+    def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any,
+            after: Callable[[PartitionState | None, bool], None] | None = None) -> bool:
+        """Run one leadership write for ``key`` (at most one at a time), then re-read.
+        ``after(state, ok)`` gets the write's outcome (``ok`` False: it raised or was
+        cancelled, so it may or may not have landed). False when nothing was started."""
         if key in self._busy or self.registry.zk is None:
-            return
+            return False
         self._busy.add(key)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self.zk_executor, op, self.registry.zk, key[0], key[1], self.me, *args)
+        fut = loop.run_in_executor(self.zk_executor, op, self.registry.zk, key[0], key[1], self.me,
+                                   *args)
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
-            if f.cancelled():
-                return
-            if f.exception() is not None:
+            ok = not f.cancelled() and f.exception() is None
+            if not f.cancelled() and f.exception() is not None:
                 log.warning("%s-%d: %s failed: %s", key[0], key[1], op.__name__, f.exception())
-            elif (new := f.result()) is not None:
-                part = self.partitions.get(key)
-                if op is leadership.set_isr and part is not None and part.isr is not None \
-                        and new.leader_epoch == part.leader_epoch:
-                    part.isr.set_isr(new.isr)
-                    part.advance_high_watermark()
-            else:
-                part = self.partitions.get(key)
-                if part is not None and part.isr is not None:
-                    part.isr.pending_add.clear()
-                    part.isr.pending_remove.clear()
-            self.registry.refresh()
+            if after is not None:
+                after(f.result() if ok else None, ok)
+            if not f.cancelled():
+                self.registry.refresh()
 
         fut.add_done_callback(done)
+        return True
 
     def _change_isr(self, key: Key, part: Partition, add: list[int], remove: list[int]) -> None:
         isr = part.isr
-        if isr is None or key in self._busy:
+        if isr is None or key in self._busy or self.registry.zk is None:
             return
         if add:
-            isr.pending_add |= set(add)  # counted towards the high watermark from now on
             log.info("%s-%d: follower(s) %s caught up to %d; back in sync", key[0], key[1], add,
                      part.high_watermark)
         if remove:
-            isr.pending_remove |= set(remove)
             log.warning("%s-%d: follower(s) %s not caught up for %d ms; out of sync", key[0],
                         key[1], remove, self.s.replica_lag_time_max_ms)
-        new = sorted((isr.isr | set(add)) - set(remove))
-        self._zk(key, leadership.set_isr, part.leader_epoch, new)
+        new = isr.begin_change(add, remove)  # additions count towards the HW from now on
+
+        def after(state: PartitionState | None, ok: bool) -> None:
+            if part.isr is not isr:
+                return  # another leadership since; it keeps its own view
+            if ok and state is not None:
+                isr.set_isr(state.isr)
+                part.advance_high_watermark()
+            else:
+                # Not written, or maybe written (a lost connection): the next check retries,
+                # and nobody ZooKeeper may now name in sync stops counting meanwhile.
+                isr.change_failed()
+
+        self._zk(key, leadership.set_isr, part.leader_epoch, new, after=after)
 
     # -- the leader's side of the protocol ---------------------------------------------------
     async def replica_fetch(self, req: P.Request, part: Partition) -> bytes:
