@@ -290,7 +290,11 @@ class Partition:
     async def capture(self, chunk_pids: int = 20_000) -> PartitionImage:
         """Producer state for a snapshot, exported ``chunk_pids`` at a time with the loop
         free in between (see snapshot.py for why replay over it is exact). The caller
-        fsyncs up to ``covered_to`` before writing it: a snapshot holds only durable state."""
+        fsyncs up to ``covered_to`` before writing it: a snapshot holds only durable state.
+        The image carries the truncation count from before the first row: rows read
+        across a cut then disagree with the count on disk, and recovery never trusts them
+        (a count read at the end would vouch for rows from before the cut)."""
+        truncations = self.epochs.truncations
         replay_from = self.log.next_offset
         pids = self.state.pids()
         rows = []
@@ -306,7 +310,7 @@ class Partition:
         finally:
             if gc_was_on:
                 gc.enable()
-        return PartitionImage(replay_from, self.log.next_offset, rows, self.epochs.truncations)
+        return PartitionImage(replay_from, self.log.next_offset, rows, truncations)
 
     # -- replication: roles ---------------------------------------------------------------
     def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
