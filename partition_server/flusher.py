@@ -99,7 +99,8 @@ class Flusher:
         fut = loop.run_in_executor(self._executor, _fsync_all, fds)
         fut.add_done_callback(lambda f: self._done(f, jobs))
 
-    def _done(self, fut: asyncio.Future[float], jobs: list[tuple[Flushable, FlushMark, list[int]]]) -> None:
+    def _done(self, fut: asyncio.Future[float],
+              jobs: list[tuple[Flushable, FlushMark, list[int]]]) -> None:
         self._running = False
         exc = fut.exception()
         if exc is not None:

@@ -153,12 +153,12 @@ class ReplicaManager:
             f.stop()
 
     def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any,
-            after: Callable[[PartitionState | None, bool], None] | None = None) -> bool:
+            after: Callable[[PartitionState | None], None] | None = None) -> None:
         """Run one leadership write for ``key`` (at most one at a time), then re-read.
-        ``after(state, ok)`` gets the write's outcome (``ok`` False: it raised or was
-        cancelled, so it may or may not have landed). False when nothing was started."""
+        ``after`` gets the state written, or None when it was not, or may not have been
+        (it raised: a lost connection can land a write after all)."""
         if key in self._busy or self.registry.zk is None:
-            return False
+            return
         self._busy.add(key)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self.zk_executor, op, self.registry.zk, key[0], key[1], self.me,
@@ -166,16 +166,15 @@ class ReplicaManager:
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
-            ok = not f.cancelled() and f.exception() is None
+            failed = f.cancelled() or f.exception() is not None
             if not f.cancelled() and f.exception() is not None:
                 log.warning("%s-%d: %s failed: %s", key[0], key[1], op.__name__, f.exception())
             if after is not None:
-                after(f.result() if ok else None, ok)
+                after(None if failed else f.result())
             if not f.cancelled():
                 self.registry.refresh()
 
         fut.add_done_callback(done)
-        return True
 
     def _change_isr(self, key: Key, part: Partition, add: list[int], remove: list[int]) -> None:
         isr = part.isr
@@ -189,15 +188,15 @@ class ReplicaManager:
                         key[1], remove, self.s.replica_lag_time_max_ms)
         new = isr.begin_change(add, remove)  # additions count towards the HW from now on
 
-        def after(state: PartitionState | None, ok: bool) -> None:
+        def after(state: PartitionState | None) -> None:
             if part.isr is not isr:
                 return  # another leadership since; it keeps its own view
-            if ok and state is not None:
+            if state is not None:
                 isr.set_isr(state.isr)
                 part.advance_high_watermark()
             else:
-                # Not written, or maybe written (a lost connection): the next check retries,
-                # and nobody ZooKeeper may now name in sync stops counting meanwhile.
+                # Not written, or maybe written: the next check retries, and nobody
+                # ZooKeeper may now name in sync stops counting meanwhile.
                 isr.change_failed()
 
         self._zk(key, leadership.set_isr, part.leader_epoch, new, after=after)

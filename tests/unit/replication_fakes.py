@@ -89,7 +89,8 @@ class FakeZk:
     ``fail_sets`` writes raise ConnectionLoss first; ``land_failed`` says whether such a
     write was applied anyway (a lost connection leaves it unknown to the writer)."""
 
-    def __init__(self, ps: PartitionState, *, fail_sets: int = 0, land_failed: bool = False) -> None:
+    def __init__(self, ps: PartitionState, *, fail_sets: int = 0,
+                 land_failed: bool = False) -> None:
         self.raw = ps.to_bytes()
         self.version = 0
         self.fail_sets = fail_sets

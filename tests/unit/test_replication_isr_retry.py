@@ -33,7 +33,8 @@ class Clock:
         return self.now_ms
 
 
-def setup(tmp_path: Path, clock: Clock, isr: list[int], zk: FakeZk) -> tuple[Partition, ReplicaManager]:
+def setup(tmp_path: Path, clock: Clock, isr: list[int],
+          zk: FakeZk) -> tuple[Partition, ReplicaManager]:
     part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0, executor=InlineExecutor()),
                      clock_ms=clock)
     part.hosted = True
