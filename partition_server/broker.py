@@ -183,12 +183,22 @@ class Broker:
             self._last_snapshot_ms = self.clock_ms()
             snap = Snapshot(self._last_snapshot_ms)
             waits = []
+            captured = []
             for key, part in list(self.partitions.items()):
                 img = await part.capture()
                 snap.partitions[key] = img
+                captured.append((key, part, img))
                 waits.append(part.wait_flushed(img.covered_to))
             self.flusher.flush_soon()
-            await asyncio.gather(*waits)
+            done = await asyncio.gather(*waits, return_exceptions=True)
+            for (key, part, img), res in zip(captured, done, strict=True):
+                if part.epochs.truncations != img.truncations:
+                    # Cut since its capture began: recovery would not trust these rows, and
+                    # the offsets waited for may be gone (the wait fails then). Left out,
+                    # the partition is rebuilt from its log.
+                    del snap.partitions[key]
+                elif isinstance(res, BaseException):
+                    raise res
             t_capture = time.perf_counter() - t0
             loop = asyncio.get_running_loop()
             path, nbytes = await loop.run_in_executor(None, self.snapshots.write, snap)

@@ -1,6 +1,11 @@
 """Group commit: one flusher per server fsyncs, in an executor, every file written since
 the last flush, then marks the partitions durable up to what was written before the flush
-began, which resolves their waiting acks in log order.
+began, which resolves their waiting acks in log order. One flush runs at a time.
+
+What a flush covers is decided by the partition when it begins (``prepare_flush`` returns
+a mark) and applied when it ends (``flush_done(mark)``): the partition may have changed
+in between (a follower's log cut back and regrown), and only it knows whether the mark
+still describes its log.
 
 ``fsync="interval"`` waits ``fsync_interval_ms`` after the first write so a flush covers
 many batches; ``fsync="batch"`` starts a flush as soon as one is not already running (so a
@@ -21,9 +26,14 @@ from typing import Protocol
 log = logging.getLogger("partition_server.flusher")
 
 
+# What a flush covers, taken when it begins: (the log's generation, its end offset). The
+# generation changes whenever the log is cut back.
+FlushMark = tuple[int, int]
+
+
 class Flushable(Protocol):
-    def prepare_flush(self) -> tuple[int, list[int]]: ...
-    def mark_durable(self, end_offset: int) -> None: ...
+    def prepare_flush(self) -> tuple[FlushMark, list[int]]: ...  # (mark, fds to fsync)
+    def flush_done(self, mark: FlushMark) -> None: ...
 
 
 def _fsync_all(fds: list[int]) -> float:
@@ -89,7 +99,8 @@ class Flusher:
         fut = loop.run_in_executor(self._executor, _fsync_all, fds)
         fut.add_done_callback(lambda f: self._done(f, jobs))
 
-    def _done(self, fut: asyncio.Future[float], jobs: list[tuple[Flushable, int, list[int]]]) -> None:
+    def _done(self, fut: asyncio.Future[float],
+              jobs: list[tuple[Flushable, FlushMark, list[int]]]) -> None:
         self._running = False
         exc = fut.exception()
         if exc is not None:
@@ -97,8 +108,8 @@ class Flusher:
             return
         self.flushes += 1
         self.fsync_seconds += fut.result()
-        for part, end_offset, _ in jobs:
-            part.mark_durable(end_offset)
+        for part, mark, _ in jobs:
+            part.flush_done(mark)
         if self._dirty:
             loop = asyncio.get_running_loop()
             # Writes arrived during the fsync and already waited that long: go now.

@@ -13,6 +13,10 @@ Rules (Kafka's, simplified to one fetch per partition):
   follower counts towards the high watermark from the moment the leader decides to add it,
   before the ZooKeeper write lands (``pending_add``), so nothing is acked that it lacks
   while ZooKeeper may already name it in sync.
+- A failed write changes nothing it may have changed (a lost connection can land it
+  after all): removals are forgotten and found again by the next check, additions keep
+  counting and are asked again (``change_failed``). Only a write ZooKeeper confirmed
+  (``set_isr``) lets a follower stop counting.
 - Lagging: a follower is caught up when a fetch reaches the leader's log end as it was at
   that fetch, or at its previous fetch (a follower that keeps pace with a busy leader is
   never exactly at the end). One not caught up for ``lag_ms`` leaves the set.
@@ -38,8 +42,9 @@ class InSyncReplicas:
         self.leader = leader
         self.replicas = list(replicas)
         self.isr: set[int] = set(isr) | {leader}
-        self.pending_add: set[int] = set()
-        self.pending_remove: set[int] = set()
+        self.pending_add: set[int] = set()     # counted; ZooKeeper has not confirmed them
+        self.pending_remove: set[int] = set()  # a write removing them is in flight
+        self.retry_add: set[int] = set()       # pending additions whose write failed
         # A follower gets a full lag period from the start of this leadership to show up.
         self.followers = {r: FollowerProgress(last_caught_up_ms=now_ms)
                           for r in replicas if r != leader}
@@ -71,21 +76,42 @@ class InSyncReplicas:
         return hw
 
     def laggards(self, now_ms: int, lag_ms: int) -> list[int]:
-        """In-sync followers not caught up for ``lag_ms``: to be removed."""
-        return sorted(r for r in self.isr - self.pending_remove
+        """Counted followers not caught up for ``lag_ms``: to be removed. A pending
+        addition counts too: one whose write failed and that then died must not hold the
+        high watermark back for ever."""
+        return sorted(r for r in self.counted() - self.pending_remove
                       if r != self.leader and r in self.followers
                       and now_ms - self.followers[r].last_caught_up_ms > lag_ms)
 
     def joiners(self, high_watermark: int) -> list[int]:
-        """Followers outside the set whose log end has reached the high watermark."""
+        """Followers outside the set whose log end has reached the high watermark (again,
+        when the write adding them failed)."""
         return sorted(r for r, p in self.followers.items()
-                      if r not in self.isr and r not in self.pending_add
+                      if r not in self.isr and (r not in self.pending_add or r in self.retry_add)
                       and p.end_offset >= 0 and p.end_offset >= high_watermark)
 
+    def begin_change(self, add: list[int], remove: list[int]) -> list[int]:
+        """The leader decided to write a new set: returns it. ``add`` counts towards the
+        high watermark from now on, before ZooKeeper may name it in sync."""
+        self.pending_add |= set(add)
+        self.retry_add -= set(add)
+        self.pending_remove |= set(remove)
+        return sorted((self.isr | set(add)) - set(remove))
+
+    def change_failed(self) -> None:
+        """The write failed, or its outcome is unknown. Removals are dropped so the next
+        check finds those laggards again (they still count meanwhile: safe whatever
+        ZooKeeper holds). Additions keep counting, since ZooKeeper may name them in sync
+        now, and become joiners again so the write is retried."""
+        self.pending_remove.clear()
+        self.retry_add |= self.pending_add
+
     def set_isr(self, isr: list[int]) -> None:
-        """ZooKeeper now says ``isr`` (after our write, or read back)."""
+        """ZooKeeper now says ``isr``, after our write (one at a time): a follower being
+        removed that it does not name stops counting, even one still pending addition."""
         self.isr = set(isr) | {self.leader}
-        self.pending_add -= self.isr
+        self.pending_add -= self.isr | self.pending_remove
+        self.retry_add &= self.pending_add
         self.pending_remove &= self.isr
 
     def lag_report(self, now_ms: int) -> dict[int, dict[str, int]]:

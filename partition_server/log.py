@@ -83,6 +83,7 @@ class PartitionLog:
         self._segment_bases: list[int] = []
         self.next_offset = 0
         self._dirty_fds: dict[int, None] = {}
+        self._retired_fds: list[int] = []  # of cut segments; closed at the next take_dirty
         self._dir_dirty = False
         self._dir_fd = -1
 
@@ -214,13 +215,15 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> int:
         """Cut the log back so it ends at the start of the batch holding ``offset`` (a
         follower dropping a suffix that diverges from its leader's). Returns the new end.
-        The caller makes sure no fsync of this log is running (its fds may be closed)."""
+        A flush may be running: the fds of dropped segments stay open until the next
+        ``take_dirty`` (closing one under a running fsync would fail it, and a failed fsync
+        stops the server; a reused number would fsync some other file)."""
         if offset >= self.next_offset:
             return self.next_offset
         si, bi = self._locate(max(offset, 0))
         for seg in self.segments[si + 1:]:
             self._dirty_fds.pop(seg.fd, None)
-            os.close(seg.fd)
+            self._retired_fds.append(seg.fd)
             seg.path.unlink()
         del self.segments[si + 1:]
         del self._segment_bases[si + 1:]
@@ -245,7 +248,12 @@ class PartitionLog:
         return seg
 
     def take_dirty(self) -> list[int]:
-        """Fds to fsync for everything written so far (directory included after a roll)."""
+        """Fds to fsync for everything written so far (directory included after a roll).
+        The flusher runs one flush at a time, so the fds handed out before are no longer
+        in use: cut segments' fds are closed here."""
+        for fd in self._retired_fds:
+            os.close(fd)
+        self._retired_fds.clear()
         fds = list(self._dirty_fds)
         self._dirty_fds.clear()
         if self._dir_dirty:
@@ -332,12 +340,13 @@ class PartitionLog:
         return sum(s.size for s in self.segments)
 
     def close(self) -> None:
-        for s in self.segments:
+        for fd in [s.fd for s in self.segments] + self._retired_fds:
             try:
-                os.close(s.fd)
+                os.close(fd)
             except OSError:
                 pass
         self.segments.clear()
+        self._retired_fds.clear()
         if self._dir_fd >= 0:
             os.close(self._dir_fd)
             self._dir_fd = -1

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from partition_server.epochs import EpochHistory
-from partition_server.flusher import Flusher
+from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
@@ -234,8 +234,19 @@ class Partition:
         return fut
 
     # -- durability (called by the flusher) ------------------------------------------------
-    def prepare_flush(self) -> tuple[int, list[int]]:
-        return self.log.next_offset, self.log.take_dirty()
+    def prepare_flush(self) -> tuple[FlushMark, list[int]]:
+        # The truncation count is the log's generation: a flush's end means nothing for a
+        # log cut back since it began (flush_done).
+        return (self.epochs.truncations, self.log.next_offset), self.log.take_dirty()
+
+    def flush_done(self, mark: FlushMark) -> None:
+        generation, end_offset = mark
+        if generation != self.epochs.truncations:
+            # The fsync covered the log as it was before a cut; the batches now above the
+            # cut may have been written after it took its fds. truncate_to already set
+            # what is durable and asked for a flush of the log as it is now.
+            return
+        self.mark_durable(end_offset)
 
     def mark_durable(self, end_offset: int) -> None:
         if end_offset <= self.flushed_end:
@@ -287,7 +298,11 @@ class Partition:
     async def capture(self, chunk_pids: int = 20_000) -> PartitionImage:
         """Producer state for a snapshot, exported ``chunk_pids`` at a time with the loop
         free in between (see snapshot.py for why replay over it is exact). The caller
-        fsyncs up to ``covered_to`` before writing it: a snapshot holds only durable state."""
+        fsyncs up to ``covered_to`` before writing it: a snapshot holds only durable state.
+        The image carries the truncation count from before the first row: rows read
+        across a cut then disagree with the count on disk, and recovery never trusts them
+        (a count read at the end would vouch for rows from before the cut)."""
+        truncations = self.epochs.truncations
         replay_from = self.log.next_offset
         pids = self.state.pids()
         rows = []
@@ -303,7 +318,7 @@ class Partition:
         finally:
             if gc_was_on:
                 gc.enable()
-        return PartitionImage(replay_from, self.log.next_offset, rows, self.epochs.truncations)
+        return PartitionImage(replay_from, self.log.next_offset, rows, truncations)
 
     # -- replication: roles ---------------------------------------------------------------
     def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
@@ -357,8 +372,9 @@ class Partition:
     # -- replication: the follower's side --------------------------------------------------
     def truncate_to(self, offset: int) -> int:
         """Drop the log from the batch holding ``offset`` on (a suffix that diverges from
-        the leader's), then rebuild the producer state. The caller has waited until the
-        log is flushed, so no fsync of it is running. Returns the new log end."""
+        the leader's), then rebuild the producer state. Returns the new log end. Safe with
+        a flush running: its completion no longer counts (``flush_done``), and whoever
+        waits for an offset above the new end is told it is gone."""
         if offset >= self.log.next_offset:
             return self.log.next_offset
         if offset < self.high_watermark:
@@ -372,6 +388,12 @@ class Partition:
         self.epochs.truncate_to(end)
         self.flushed_end = min(self.flushed_end, end)
         self.high_watermark = min(self.high_watermark, end)
+        # Offsets above the cut will hold other batches, if any: a wait for one must not
+        # be answered by their flush (a snapshot captured up to there would be written).
+        _fail_above(self._flush_waiters, end, ServerUnavailable(
+            f"{self.topic}-{self.partition}: the log was cut back to {end}"))
+        if self._flush_waiters:
+            self.flusher.note_write(self)  # the flush they counted on may be stale now
         self.rebuild_state()
         return end
 
@@ -413,6 +435,15 @@ def _resolve(waiters: deque[Waiter], end_offset: int) -> None:
         _, fut, make = waiters.popleft()
         if not fut.done():
             fut.set_result(make())
+
+
+def _fail_above(waiters: deque[Waiter], end_offset: int, exc: Exception) -> None:
+    keep = [w for w in waiters if w[0] <= end_offset]
+    for w_end, fut, _ in waiters:
+        if w_end > end_offset and not fut.done():
+            fut.set_exception(exc)
+    waiters.clear()
+    waiters.extend(keep)
 
 
 def replay_batch(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None:

@@ -194,7 +194,9 @@ class ReplicaFetcher:
     async def _reconcile(self, wire: _Wire) -> None:
         """Cut off whatever this log holds that the leader's does not (bounded rounds)."""
         part = self.part
-        await part.wait_flushed(part.log.next_offset)  # no fsync of the log may be running
+        # Everything here fsynced before the cut: what remains of it is then durable, so
+        # the first fetch can report the new end (truncate_to is safe without this).
+        await part.wait_flushed(part.log.next_offset)
         timeout_s = self.s.replica_fetch_timeout_ms / 1000
         for _ in range(len(part.epochs.entries) + 2):
             asked = part.epochs.latest_epoch
@@ -226,6 +228,10 @@ class ReplicaFetcher:
         max_bytes = max(min(s.fetch_bytes_max, s.frame_bytes_max - 65536), 1)
         while True:
             offset = part.log.next_offset
+            # The leader counts this offset as held durably here (towards its high
+            # watermark): never send one not fsynced, whatever path led here (a no-op
+            # when the previous round or the reconciliation already waited).
+            await part.wait_flushed(offset)
             resp = await wire.call(P.REPLICA_FETCH, partial(
                 P.replica_fetch_request, topic=t, partition=p, replica_id=self.me,
                 leader_epoch=self.epoch, offset=offset, max_bytes=max_bytes,

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,15 @@ def is_replicated(ps: PartitionState | None) -> bool:
 class ReplicaManager:
     def __init__(self, settings: Any, registry: Registry, partitions: dict[Key, Partition],
                  data_dir: Path, *, clock_ms: Callable[[], int],
-                 note_append: Callable[[int], Any] = lambda n: None) -> None:
+                 note_append: Callable[[int], Any] = lambda n: None,
+                 zk_executor: Executor | None = None) -> None:
         self.s = settings
         self.me = settings.server_id
         self.registry = registry
         self.partitions = partitions
         self.clock_ms = clock_ms
         self.note_append = note_append
+        self.zk_executor = zk_executor  # runs the blocking ZooKeeper writes (None: the loop's)
         self.checkpoint = HighWatermarkCheckpoint(data_dir)
         self.routes = settings.routes
         self.inherited: dict[Key, int] = {}
@@ -149,49 +152,54 @@ class ReplicaManager:
         if f is not None:
             f.stop()
 
-    def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any) -> None:
-        """Run one leadership write for ``key`` (at most one at a time), then re-read."""
+    def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any,
+            after: Callable[[PartitionState | None], None] | None = None) -> None:
+        """Run one leadership write for ``key`` (at most one at a time), then re-read.
+        ``after`` gets the state written, or None when it was not, or may not have been
+        (it raised: a lost connection can land a write after all)."""
         if key in self._busy or self.registry.zk is None:
             return
         self._busy.add(key)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, op, self.registry.zk, key[0], key[1], self.me, *args)
+        fut = loop.run_in_executor(self.zk_executor, op, self.registry.zk, key[0], key[1], self.me,
+                                   *args)
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
-            if f.cancelled():
-                return
-            if f.exception() is not None:
+            failed = f.cancelled() or f.exception() is not None
+            if not f.cancelled() and f.exception() is not None:
                 log.warning("%s-%d: %s failed: %s", key[0], key[1], op.__name__, f.exception())
-            elif (new := f.result()) is not None:
-                part = self.partitions.get(key)
-                if op is leadership.set_isr and part is not None and part.isr is not None \
-                        and new.leader_epoch == part.leader_epoch:
-                    part.isr.set_isr(new.isr)
-                    part.advance_high_watermark()
-            else:
-                part = self.partitions.get(key)
-                if part is not None and part.isr is not None:
-                    part.isr.pending_add.clear()
-                    part.isr.pending_remove.clear()
-            self.registry.refresh()
+            if after is not None:
+                after(None if failed else f.result())
+            if not f.cancelled():
+                self.registry.refresh()
 
         fut.add_done_callback(done)
 
     def _change_isr(self, key: Key, part: Partition, add: list[int], remove: list[int]) -> None:
         isr = part.isr
-        if isr is None or key in self._busy:
+        if isr is None or key in self._busy or self.registry.zk is None:
             return
         if add:
-            isr.pending_add |= set(add)  # counted towards the high watermark from now on
             log.info("%s-%d: follower(s) %s caught up to %d; back in sync", key[0], key[1], add,
                      part.high_watermark)
         if remove:
-            isr.pending_remove |= set(remove)
             log.warning("%s-%d: follower(s) %s not caught up for %d ms; out of sync", key[0],
                         key[1], remove, self.s.replica_lag_time_max_ms)
-        new = sorted((isr.isr | set(add)) - set(remove))
-        self._zk(key, leadership.set_isr, part.leader_epoch, new)
+        new = isr.begin_change(add, remove)  # additions count towards the HW from now on
+
+        def after(state: PartitionState | None) -> None:
+            if part.isr is not isr:
+                return  # another leadership since; it keeps its own view
+            if state is not None:
+                isr.set_isr(state.isr)
+                part.advance_high_watermark()
+            else:
+                # Not written, or maybe written: the next check retries, and nobody
+                # ZooKeeper may now name in sync stops counting meanwhile.
+                isr.change_failed()
+
+        self._zk(key, leadership.set_isr, part.leader_epoch, new, after=after)
 
     # -- the leader's side of the protocol ---------------------------------------------------
     async def replica_fetch(self, req: P.Request, part: Partition) -> bytes:
@@ -254,11 +262,7 @@ class ReplicaManager:
             await asyncio.sleep(tick_s)
             now = self.clock_ms()
             try:
-                for key, part in list(self.partitions.items()):
-                    if part.role == "leader" and part.isr is not None:
-                        out = part.isr.laggards(now, self.s.replica_lag_time_max_ms)
-                        if out:
-                            self._change_isr(key, part, [], out)
+                self.check_isr(now)
                 if time.monotonic() - last_reconcile >= 1.0:
                     last_reconcile = time.monotonic()
                     self.reconcile_all()
@@ -267,6 +271,15 @@ class ReplicaManager:
                     await loop.run_in_executor(None, self._write_checkpoint)
             except Exception:  # keep maintaining; the next tick retries
                 log.exception("replication maintenance failed")
+
+    def check_isr(self, now_ms: int) -> None:
+        """One maintenance pass (each tick): in-sync followers not caught up for
+        ``replica_lag_time_max_ms`` leave the set."""
+        for key, part in list(self.partitions.items()):
+            if part.role == "leader" and part.isr is not None:
+                out = part.isr.laggards(now_ms, self.s.replica_lag_time_max_ms)
+                if out:
+                    self._change_isr(key, part, [], out)
 
     def _write_checkpoint(self) -> None:
         values = {k: p.high_watermark for k, p in list(self.partitions.items()) if p.replicated}

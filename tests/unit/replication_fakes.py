@@ -1,0 +1,125 @@
+"""Test tools for replicated partitions without servers: an executor whose calls run only
+when the test says so (a flush "completes" exactly where the test wants it), a fake
+ZooKeeper holding one partition state whose writes can fail, and the batch builders the
+replication tests share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, ConnectionLoss  # type: ignore[import-untyped]
+
+from partition_server.flusher import Flusher
+from partition_server.partition import Partition
+from pidlease import protocol as P
+from pidlease.cluster import PartitionState
+
+
+def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
+    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid, generation=gen,
+                          base_sequence=seq, timestamp_ms=1)
+
+
+def stored(batches: list[bytes], start: int = 0) -> memoryview:
+    """``batches`` with offsets filled in from ``start``, as a leader's log holds them."""
+    out = bytearray()
+    off = start
+    for raw in batches:
+        buf = bytearray(raw)
+        P.set_base_offset(buf, off)
+        off += P.decode_batch_header(bytes(buf)).count
+        out += buf
+    return memoryview(bytes(out))
+
+
+class HeldExecutor(Executor):
+    """Holds every submitted call until :meth:`run_next`: the test decides when an fsync
+    happens and completes relative to appends and cuts. ``ran`` keeps the arguments of the
+    calls that ran, in order (for a flush: the list of fds it fsynced)."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self.ran: list[tuple[Any, ...]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self.held.append((fut, fn, args))
+        return fut
+
+    def run_next(self) -> None:
+        fut, fn, args = self.held.pop(0)
+        self.ran.append(args)
+        try:
+            fut.set_result(fn(*args))
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting side, as a pool would
+            fut.set_exception(exc)
+
+
+class InlineExecutor(Executor):
+    """Runs each call at once on the caller's thread (its result still reaches the loop
+    through a callback, as from a pool)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting side
+            fut.set_exception(exc)
+        return fut
+
+
+async def settle(rounds: int = 10) -> None:
+    """Let callbacks scheduled by finished executor calls run (a few loop iterations)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+@dataclass
+class _Stat:
+    version: int
+
+
+class FakeZk:
+    """One partition's state znode, kazoo-shaped (``get``, ``set`` with a version).
+    ``fail_sets`` writes raise ConnectionLoss first; ``land_failed`` says whether such a
+    write was applied anyway (a lost connection leaves it unknown to the writer)."""
+
+    def __init__(self, ps: PartitionState, *, fail_sets: int = 0,
+                 land_failed: bool = False) -> None:
+        self.raw = ps.to_bytes()
+        self.version = 0
+        self.fail_sets = fail_sets
+        self.land_failed = land_failed
+        self.sets = 0
+
+    @property
+    def state(self) -> PartitionState:
+        return PartitionState.from_bytes(self.raw)
+
+    def get(self, path: str) -> tuple[bytes, _Stat]:
+        return self.raw, _Stat(self.version)
+
+    def set(self, path: str, data: bytes, version: int = -1) -> None:
+        self.sets += 1
+        if version != self.version:
+            raise BadVersionError()
+        if self.fail_sets:
+            self.fail_sets -= 1
+            if self.land_failed:
+                self.raw, self.version = data, self.version + 1
+            raise ConnectionLoss()
+        self.raw, self.version = data, self.version + 1
+
+
+def open_part(data_dir: Path, flusher: Flusher, *, hw: int | None = 0,
+              segment_bytes_max: int = 1 << 20, snapshot: Any = None,
+              clock_ms: Callable[[], int] = lambda: 5) -> Partition:
+    part, _, _ = Partition.recover(
+        data_dir, "t", 0, mode="strict", segment_bytes_max=segment_bytes_max, batches_kept=5,
+        pids_max=100, flusher=flusher, clock_ms=clock_ms, snapshot=snapshot, checkpoint_hw=hw)
+    return part
