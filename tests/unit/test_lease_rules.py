@@ -82,7 +82,8 @@ def test_takeover_raises_generation_and_adds_partition() -> None:
     assert out.generation == 11
     assert out.expire_ms == 100  # clamped up to the minimum
     assert out.expires_at_ms == 5_100
-    assert out.partitions == {"t/0": {"seen": True, "highwater": 4}, "t/3": {"seen": False}}
+    assert out.partitions == {"t/0": {"seen": True, "highwater": 4},
+                              "t/3": {"seen": False, "added_ms": 5_000}}
     assert r.partitions == {"t/0": {"seen": True, "highwater": 4}}, "input record untouched"
 
 
