@@ -113,6 +113,34 @@ def test_next_sequence_rules() -> None:
         leases.next_sequence(7, "t/0", seen=True, found=False, durable_highwater=-1)
 
 
+def test_unseen_partition_that_may_have_lost_the_state_is_unknown_pid() -> None:
+    # Issue 12, finding 6: the partition dropped a PID used at 5_000; this PID's lease of it
+    # began at 4_000 (by the server's clock), so the dropped state may have been its own.
+    with pytest.raises(UnknownPid):
+        leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                             dropped_last_use_max_ms=5_000, leased_since_ms=4_000)
+    with pytest.raises(UnknownPid):
+        leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                             dropped_last_use_max_ms=5_000, leased_since_ms=5_000)
+    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                                dropped_last_use_max_ms=5_000, leased_since_ms=5_001) == 0
+    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                                dropped_last_use_max_ms=5_000, leased_since_ms=0) == 0
+    assert leases.next_sequence(7, "t/0", seen=False, found=True, durable_highwater=3,
+                                dropped_last_use_max_ms=5_000, leased_since_ms=4_000) == 4
+
+
+def test_leased_since_comes_from_added_ms_or_the_pid_creation() -> None:
+    r = rec(partitions={"t/0": {"seen": False, "added_ms": 90_000}, "t/1": {"seen": False}})
+    assert leases.leased_since(r, "t/0", 60_000) == 30_000
+    assert leases.leased_since(r, "t/1", 60_000) == max(1, r.created_ms - 60_000)
+    assert leases.leased_since(r, "t/2", 60_000) == 0, "joins the lease now"
+    assert leases.leased_since(None, "t/0", 60_000) == 0
+    assert leases.leased_since(r, "t/0", 10**9) == 1, "never 0 (= unknown) for a known one"
+    assert leases.renewed(r, req(partition=2), 7_000, LIMITS).partitions["t/2"] == {
+        "seen": False, "added_ms": 7_000}
+
+
 @pytest.mark.parametrize(("left_ms", "expire_ms", "window_ms", "state"), [
     (1_000, 1_000, 30_000, LeaseState.ACTIVE),
     (501, 1_000, 30_000, LeaseState.ACTIVE),
