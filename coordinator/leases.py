@@ -152,7 +152,8 @@ def classify(req: LeaseRequest, record: PidRecord | None, now_ms: int,
 
 def _with_partition(partitions: dict[str, dict[str, object]], tp: str,
                     now_ms: int) -> dict[str, dict[str, object]]:
-    # ``added_ms``: when the partition joined the lease (see ``leased_since``).
+    # ``added_ms``: when the partition joined the lease, or last reported that it holds
+    # no state of the PID and lost none (``mark_nothing_lost``; see ``leased_since``).
     out = copy.deepcopy(partitions)
     out.setdefault(tp, {"seen": False, "added_ms": now_ms})
     return out
@@ -230,6 +231,21 @@ def next_sequence(pid: int, tp: str, seen: bool, found: bool, durable_highwater:
                          "used since this PID's lease of it began, so its state may have been "
                          "among them; lease a new PID and resume from your own checkpoint")
     return 0
+
+
+def mark_nothing_lost(record: PidRecord, tp: str, checked_ms: int) -> PidRecord:
+    """The leader of unseen partition ``tp`` answered, asked at ``checked_ms``, that it holds
+    no state for the PID and dropped none it might have had (``next_sequence`` returned 0):
+    from then on ``added_ms`` counts from ``checked_ms``. So a producer that renews a
+    partition it never writes to is judged only by what the partition dropped since its
+    last renewal, not since its lease began days ago (which would fail it with UNKNOWN_PID
+    once any PID used around then expired there)."""
+    entry = record.partitions.get(tp)
+    if entry is None or entry.get("seen") or entry.get("added_ms", -1) >= checked_ms:
+        return record
+    out = copy.deepcopy(record)
+    out.partitions[tp]["added_ms"] = checked_ms
+    return out
 
 
 def mark_seen(record: PidRecord, tp: str, highwater: int) -> PidRecord:

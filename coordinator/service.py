@@ -236,6 +236,7 @@ class LeaseService:
         use the record this coordinator cached (lease_cache.py); anything it decides is
         either confirmed by the compare-and-set or decided again on a fresh read."""
         state: Response | None = None
+        checked_ms = 0  # when ``state`` was asked for
         cache_allowed = got is None
         for attempt in range(self.settings.cas_attempts_max):
             from_cache = False
@@ -263,6 +264,7 @@ class LeaseService:
             if kind is LeaseKind.RENEW:
                 # Read-only leader call, done once and reused if the write must be retried.
                 if state is None:
+                    checked_ms = self.clock_ms()
                     state = self._producer_state(req.topic, req.partition, pid)
                 seq = leases.next_sequence(
                     pid, req.tp, _seen(updated, req.tp), state.found, state.durable_highwater,
@@ -271,6 +273,8 @@ class LeaseService:
                                                         self.settings.clock_skew_max_ms))
                 if state.found and state.durable_highwater >= 0:
                     updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
+                elif not state.found:
+                    updated = leases.mark_nothing_lost(updated, req.tp, checked_ms)
                 if self.store.cas_pid(updated, version):
                     self.records.put(updated, version + 1)
                     return LeaseResult(kind, updated, seq, self._token(updated))

@@ -182,6 +182,27 @@ def test_renewal_of_an_unseen_partition_that_dropped_the_pid_is_unknown_pid(env:
         lease(svc, pid=pid, generation=gen, partition=1)
 
 
+def test_renewing_a_partition_never_written_moves_its_lease_start(env: Any) -> None:
+    # The SDK leases every partition of the topic and renews them all, written or not. Each
+    # "no state, nothing lost" answer restarts the count, so an idle partition is judged
+    # by what it dropped since the last renewal, not since the lease began.
+    svc, store, leaders, clock = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    clock.now += 500
+    checked = clock.now
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 0
+    assert store.get_pid(pid)[0].partitions["t/0"] == {"seen": False, "added_ms": checked}
+    # A PID used after this one's lease began but before the last renewal is dropped.
+    leaders.dropped[("t", 0)] = r.record.created_ms - 60_000 + 100
+    clock.now += 500
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 0
+    leaders.dropped[("t", 0)] = clock.now - 60_000  # used since the renewal: it may be ours
+    clock.now += 500
+    with pytest.raises(UnknownPid):
+        lease(svc, pid=pid, generation=gen)
+
+
 def test_unseen_partition_where_only_older_pids_were_dropped_answers_zero(env: Any) -> None:
     svc, _store, leaders, clock = env
     leaders.dropped[("t", 0)] = clock.now - 61_000  # dropped before this PID's lease began

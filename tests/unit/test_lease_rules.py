@@ -141,6 +141,17 @@ def test_leased_since_comes_from_added_ms_or_the_pid_creation() -> None:
         "seen": False, "added_ms": 7_000}
 
 
+def test_mark_nothing_lost_moves_added_ms_of_an_unseen_partition_only_forward() -> None:
+    r = rec(partitions={"t/0": {"seen": False, "added_ms": 1_000},
+                        "t/1": {"seen": True, "highwater": 4}})
+    out = leases.mark_nothing_lost(r, "t/0", 9_000)
+    assert out.partitions["t/0"] == {"seen": False, "added_ms": 9_000}
+    assert r.partitions["t/0"]["added_ms"] == 1_000, "input record untouched"
+    assert leases.mark_nothing_lost(out, "t/0", 5_000) is out, "never backwards"
+    assert leases.mark_nothing_lost(r, "t/1", 9_000) is r, "a seen partition keeps its form"
+    assert leases.mark_nothing_lost(r, "t/7", 9_000) is r
+
+
 @pytest.mark.parametrize(("left_ms", "expire_ms", "window_ms", "state"), [
     (1_000, 1_000, 30_000, LeaseState.ACTIVE),
     (501, 1_000, 30_000, LeaseState.ACTIVE),
