@@ -134,18 +134,22 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
     """Issue 12, finding 6: the PID wrote and died before its first renewal, so no leader
     ever reported state for it (the partition is not "seen"); once the server expired it, a
     takeover must not create a fresh entry and answer sequence 0 (a replayable source would
-    write its records again). A PID leased and never written is still taken over at 0."""
+    write its records again), and neither may a renewal. A PID leased and never written is
+    still taken over at 0."""
     cluster: LocalCluster = make_cluster(servers=1, env={
         "PIDLEASE_PID_EXPIRE_MS": "1500", "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
         "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
-    cluster.create_topic("orders", 2)
+    cluster.create_topic("orders", 3)
     # expire_ms below the server's pid_expire_ms: the server keeps state at least that long.
     status, a = lease(cluster, producer_name="replayer", expire_ms=1000)
     assert status == 200 and a["sequence_number"] == 0
+    status, r = lease(cluster, partition=2, expire_ms=1000)
+    assert status == 200 and r["sequence_number"] == 0
     w = WireClient(cluster.servers[0].address)
     try:
         assert produce(w, a, 0, 0, n=3).error_code == errors.NONE
-        # ... and the producer dies here, before its first renewal.
+        assert produce(w, r, 2, 0, n=4).error_code == errors.NONE
+        # ... and both producers die here, before their first renewal.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             parts = w.metadata()["partitions"]
@@ -153,13 +157,16 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
                 break
             time.sleep(0.2)
         else:
-            raise AssertionError("the partition server never expired the PID's state")
+            raise AssertionError("the partition server never expired the PIDs' state")
     finally:
         w.sock.close()
     status, body = lease(cluster, producer_name="replayer")
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
     assert "may have been" in body["detail"]
     status, body = lease(cluster, pid=a["pid"])  # by pid: the same answer, never 0
+    assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
+    # The renewal path (lapsed, still retained): PRODUCER_STATE finds nothing either.
+    status, body = lease(cluster, pid=r["pid"], generation=r["generation"], partition=2)
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
 
     # Positive case: leased, never written, taken over soon after: sequence 0 as before.
