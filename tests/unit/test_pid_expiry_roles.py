@@ -18,6 +18,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from partition_server.broker import Broker
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition
@@ -234,3 +237,54 @@ def test_capture_records_the_horizon(tmp_path: Path) -> None:
         assert img.dropped_last_use_max_ms == 123 and img.rows == []
         part.close()
     asyncio.run(go())
+
+
+# -- the rules as properties ----------------------------------------------------------------
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 12), st.integers(0, 40)),
+    st.tuples(st.just("expire"), st.just(0), st.integers(0, 40)),
+    st.tuples(st.just("lead"), st.just(0), st.integers(0, 40)),
+    st.tuples(st.just("follow"), st.just(0), st.just(0)),
+), max_size=60)
+
+
+@given(_OPS, st.integers(1, 6), st.sampled_from(["strict", "monotonic"]))
+@settings(max_examples=300, deadline=None)
+def test_only_a_leader_drops_and_the_horizon_is_the_newest_dropped_last_use(
+        ops: list[tuple[str, int, int]], pids_max: int, mode: str) -> None:
+    """A reference model written from the rules, not the table: a PID's last use is the
+    latest time it was applied (or the time its replica became leader); a follower never
+    loses a PID; the horizon is the largest last use any lost PID had when it went."""
+    t = ProducerStateTable(mode=mode, pids_max=pids_max, evict_idle_min_ms=30, expire_ms=50)
+    now = 0
+    last_use: dict[int, int] = {}
+    seq: dict[int, int] = {}
+    horizon = 0
+    for op, pid, dt in ops:
+        now += dt
+        before = set(last_use)
+        if op == "append":
+            s = seq.get(pid, -1) + 1
+            t.apply_append(pid, 0, s, 1, now, now, durable=True)
+            seq[pid] = s
+            last_use[pid] = max(last_use.get(pid, now), now)
+        elif op == "expire":
+            t.expire(now, 50)
+        elif op == "lead" and not t.drops_allowed:
+            t.drops_allowed = True
+            t.raise_last_use(now)
+            last_use = {p: max(lu, now) for p, lu in last_use.items()}
+        elif op == "follow":
+            t.drops_allowed = False
+        gone = before - set(t.pids()) - ({pid} if op == "append" else set())
+        if not t.drops_allowed:
+            assert not gone, "a follower dropped producer state"
+        for p in gone:
+            horizon = max(horizon, last_use.pop(p))
+            seq.pop(p)
+        assert set(t.pids()) == set(last_use)
+        assert t.dropped_last_use_max_ms == horizon
+        for p, lu in last_use.items():
+            assert t.get(p).last_use_ms == lu  # type: ignore[union-attr]
+        if t.drops_allowed and op == "expire":
+            assert all(lu + 50 > now for lu in last_use.values()), "expiry missed one"
