@@ -175,7 +175,8 @@ class LeaseService:
 
     def _still_retained(self, pid: int) -> bool:
         got = self.store.get_pid(pid)
-        return got is not None and leases.retained(got[0], self.clock_ms(), self.limits.retention_ms)
+        now = self.clock_ms()
+        return got is not None and leases.retained(got[0], now, self.limits.retention_ms)
 
     def _new(self, req: LeaseRequest, name: str | None, name_version: int | None = None,
              principal: Principal = ANONYMOUS) -> LeaseResult | None:

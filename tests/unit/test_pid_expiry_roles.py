@@ -13,7 +13,9 @@ entry only for a PID leased there after it.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
+import zlib
 from array import array
 from pathlib import Path
 from typing import Any
@@ -172,7 +174,7 @@ def test_drops_raise_the_horizon_and_a_rebuild_keeps_it() -> None:
     assert len(t) == 2 and t.dropped_last_use_max_ms == 0
     assert t.expire(1_000 + EXPIRE_MS, EXPIRE_MS) == 1
     assert t.dropped_last_use_max_ms == 1_000
-    t.apply_append(3, 0, 0, 1, 2, 1_200, durable=True)   # room for 3: PID 2 (idle 150 ms) is evicted
+    t.apply_append(3, 0, 0, 1, 2, 1_200, durable=True)  # room for 3: 2 (idle 150 ms) goes
     assert 2 not in t and t.dropped_last_use_max_ms == 1_050
     t.clear()                                # a rebuild from the log: drops stay dropped
     assert t.dropped_last_use_max_ms == 1_050
@@ -212,8 +214,6 @@ def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
     body = bytearray(raw[20:])
     head = 8 + 4 + 2 + 1 + 4 + 8 + 8 + 8  # created, count, topic, partition .. truncations
     del body[head:head + 8]
-    import struct
-    import zlib
     old = MAGIC_V3 + struct.pack(">IQ", zlib.crc32(body), len(body)) + bytes(body)
     assert decode(old).partitions[("t", 0)].dropped_last_use_max_ms == 77_000
     # Recovery takes it from the snapshot, even when the rows are not trusted (a cut).
