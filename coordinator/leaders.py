@@ -67,11 +67,12 @@ class LeaderClient:
                           lambda c: protocol.producer_state_request(c, topic, partition, pid))
 
     def fence(self, address: str, topic: str, partition: int, pid: int, generation: int,
-              token: str, *, create_if_absent: bool) -> protocol.Response:
+              token: str, *, create_if_absent: bool, leased_since_ms: int = 0) -> protocol.Response:
         # Safe to resend: fencing the same generation twice leaves the same state.
         return self._call(address, protocol.FENCE,
                           lambda c: protocol.fence_request(c, topic, partition, pid, generation, token,
-                                                           create_if_absent=create_if_absent))
+                                                           create_if_absent=create_if_absent,
+                                                           leased_since_ms=leased_since_ms))
 
     def metadata(self, address: str) -> protocol.Response:
         return self._call(address, protocol.METADATA, protocol.metadata_request)

@@ -150,9 +150,12 @@ def classify(req: LeaseRequest, record: PidRecord | None, now_ms: int,
     return LeaseKind.RENEW
 
 
-def _with_partition(partitions: dict[str, dict[str, object]], tp: str) -> dict[str, dict[str, object]]:
+def _with_partition(partitions: dict[str, dict[str, object]], tp: str,
+                    now_ms: int) -> dict[str, dict[str, object]]:
+    # ``added_ms``: when the partition joined the lease, or last reported that it holds
+    # no state of the PID and lost none (``mark_nothing_lost``; see ``leased_since``).
     out = copy.deepcopy(partitions)
-    out.setdefault(tp, {"seen": False})
+    out.setdefault(tp, {"seen": False, "added_ms": now_ms})
     return out
 
 
@@ -161,7 +164,7 @@ def new_record(req: LeaseRequest, pid: int, generation: int, now_ms: int,
     expire_ms = limits.clamp(req.expire_ms)
     return _record(owner, pid=pid, generation=generation, producer_name=req.producer_name,
                    expire_ms=expire_ms, expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
-                   created_ms=now_ms, partitions={req.tp: {"seen": False}})
+                   created_ms=now_ms, partitions={req.tp: {"seen": False, "added_ms": now_ms}})
 
 
 def renewed(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
@@ -170,7 +173,7 @@ def renewed(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLim
                    producer_name=record.producer_name, expire_ms=expire_ms,
                    expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
                    created_ms=record.created_ms,
-                   partitions=_with_partition(record.partitions, req.tp))
+                   partitions=_with_partition(record.partitions, req.tp, now_ms))
 
 
 def taken_over(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
@@ -191,17 +194,58 @@ def apply(kind: LeaseKind, record: PidRecord, req: LeaseRequest, now_ms: int,
     raise ValueError("NEW has no previous record; use new_record")
 
 
-def next_sequence(pid: int, tp: str, seen: bool, found: bool, durable_highwater: int) -> int:
+def leased_since(record: PidRecord | None, tp: str, clock_skew_max_ms: int) -> int:
+    """No later than when partition ``tp`` joined ``record``'s lease, by a partition
+    server's clock that may lag ours by up to ``clock_skew_max_ms``; 0 when ``tp`` is not in
+    the lease (joining now: nothing of this PID can have been dropped there). Records from
+    before ``added_ms`` use the PID's creation time, the earliest the partition can have
+    joined."""
+    if record is None or tp not in record.partitions:
+        return 0
+    added = record.partitions[tp].get("added_ms", record.created_ms)
+    return max(1, int(added) - clock_skew_max_ms)
+
+
+def may_have_lost_state(dropped_last_use_max_ms: int, leased_since_ms: int) -> bool:
+    """Whether a partition with no state for a PID may have dropped it: it dropped some PID
+    last used at or after the PID's lease of it began (0: not known, judged as before).
+    The server applies the same test before creating an entry on a takeover's FENCE."""
+    return leased_since_ms > 0 and dropped_last_use_max_ms >= leased_since_ms
+
+
+def next_sequence(pid: int, tp: str, seen: bool, found: bool, durable_highwater: int, *,
+                  dropped_last_use_max_ms: int = 0, leased_since_ms: int = 0) -> int:
     """The sequence a producer must send next to a partition, from its leader's answer.
 
     "No state" on a partition where a leader once reported state means the server expired
-    it: answering 0 would make a replayable source resend what is already in the log."""
+    it: answering 0 would make a replayable source resend what is already in the log. The
+    same holds where no leader reported state yet (the PID wrote and died before its first
+    renewal) if the partition dropped a PID used since this one's lease of it began."""
     if found:
         return durable_highwater + 1
     if seen:
         raise UnknownPid(f"partition {tp} no longer holds state for pid {pid} (expired on the "
                          "server); lease a new PID and resume from your own checkpoint")
+    if may_have_lost_state(dropped_last_use_max_ms, leased_since_ms):
+        raise UnknownPid(f"partition {tp} holds no state for pid {pid} and has expired PIDs "
+                         "used since this PID's lease of it began, so its state may have been "
+                         "among them; lease a new PID and resume from your own checkpoint")
     return 0
+
+
+def mark_nothing_lost(record: PidRecord, tp: str, checked_ms: int) -> PidRecord:
+    """The leader of unseen partition ``tp`` answered, asked at ``checked_ms``, that it holds
+    no state for the PID and dropped none it might have had (``next_sequence`` returned 0):
+    from then on ``added_ms`` counts from ``checked_ms``. So a producer that renews a
+    partition it never writes to is judged only by what the partition dropped since its
+    last renewal, not since its lease began days ago (which would fail it with UNKNOWN_PID
+    once any PID used around then expired there)."""
+    entry = record.partitions.get(tp)
+    if entry is None or entry.get("seen") or entry.get("added_ms", -1) >= checked_ms:
+        return record
+    out = copy.deepcopy(record)
+    out.partitions[tp]["added_ms"] = checked_ms
+    return out
 
 
 def mark_seen(record: PidRecord, tp: str, highwater: int) -> PidRecord:

@@ -163,10 +163,20 @@ class LeaseService:
                     try:
                         return self._change(by_pid, pid, got, principal)
                     except UnknownPid:
-                        continue  # swept meanwhile: the name is free to rebind
+                        # Swept meanwhile: the name is free to rebind. Any other UNKNOWN_PID
+                        # (a partition lost the PID's state) is the answer; retrying would
+                        # only raise the generation again and again.
+                        if self._still_retained(pid):
+                            raise
+                        continue
             if result is not None:
                 return result
         raise CoordinatorUnavailable(f"producer_name {name!r} is contended; retry")
+
+    def _still_retained(self, pid: int) -> bool:
+        got = self.store.get_pid(pid)
+        now = self.clock_ms()
+        return got is not None and leases.retained(got[0], now, self.limits.retention_ms)
 
     def _new(self, req: LeaseRequest, name: str | None, name_version: int | None = None,
              principal: Principal = ANONYMOUS) -> LeaseResult | None:
@@ -227,6 +237,7 @@ class LeaseService:
         use the record this coordinator cached (lease_cache.py); anything it decides is
         either confirmed by the compare-and-set or decided again on a fresh read."""
         state: Response | None = None
+        checked_ms = 0  # when ``state`` was asked for
         cache_allowed = got is None
         for attempt in range(self.settings.cas_attempts_max):
             from_cache = False
@@ -254,18 +265,24 @@ class LeaseService:
             if kind is LeaseKind.RENEW:
                 # Read-only leader call, done once and reused if the write must be retried.
                 if state is None:
+                    checked_ms = self.clock_ms()
                     state = self._producer_state(req.topic, req.partition, pid)
-                seq = leases.next_sequence(pid, req.tp, _seen(updated, req.tp), state.found,
-                                           state.durable_highwater)
+                seq = leases.next_sequence(
+                    pid, req.tp, _seen(updated, req.tp), state.found, state.durable_highwater,
+                    dropped_last_use_max_ms=state.dropped_last_use_max_ms,
+                    leased_since_ms=leases.leased_since(record, req.tp,
+                                                        self.settings.clock_skew_max_ms))
                 if state.found and state.durable_highwater >= 0:
                     updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
+                elif not state.found:
+                    updated = leases.mark_nothing_lost(updated, req.tp, checked_ms)
                 if self.store.cas_pid(updated, version):
                     self.records.put(updated, version + 1)
                     return LeaseResult(kind, updated, seq, self._token(updated))
             else:
                 if self.store.cas_pid(updated, version):
                     self.records.put(updated, version + 1)
-                    return self._fence_all(req, updated)
+                    return self._fence_all(req, updated, record)
             got = None
             if from_cache:
                 continue  # the cached record was stale: read it fresh, no back-off
@@ -282,16 +299,19 @@ class LeaseService:
                             "leased (an admin may take any over)", principal=principal.name)
 
     # -- takeover fencing ------------------------------------------------------------------
-    def _fence_all(self, req: LeaseRequest, record: PidRecord) -> LeaseResult:
+    def _fence_all(self, req: LeaseRequest, record: PidRecord, prior: PidRecord) -> LeaseResult:
+        """Fence every partition of ``record`` (just written; ``prior`` is the record it
+        replaced, which says since when each partition was leased)."""
         token = self._token(record)
         tps = sorted(record.partitions)
         addresses = self._leader_addresses(tps)
+        since = {tp: leases.leased_since(prior, tp, self.settings.clock_skew_max_ms) for tp in tps}
         futures: dict[str, Future[Response]] = {}
         for tp in tps:
             topic, p = split_tp_key(tp)
             futures[tp] = self._pool.submit(
                 self.leaders.fence, addresses[tp], topic, p, record.pid, record.generation, token,
-                create_if_absent=not _seen(record, tp))
+                create_if_absent=not _seen(record, tp), leased_since_ms=since[tp])
         self.metrics.fences(len(futures))
         answers: dict[str, Response] = {}
         failure: PidleaseError | None = None
@@ -323,9 +343,15 @@ class LeaseService:
                 f"leader of {tp} refused FENCE: {errors.error_for_code(resp.error_code).name} "
                 f"{resp.detail}")
         mine = answers.get(req.tp)
-        found = mine is not None and mine.error_code == errors.NONE and mine.existed
-        seq = leases.next_sequence(record.pid, req.tp, _seen(record, req.tp), found,
-                                   mine.durable_highwater if mine is not None else -1)
+        ok = mine is not None and mine.error_code == errors.NONE
+        if ok and mine is not None and not mine.existed and mine.fence_offset >= 0:
+            seq = 0  # the server created a fresh entry: it judged nothing of this PID dropped
+        else:
+            seq = leases.next_sequence(
+                record.pid, req.tp, _seen(record, req.tp), ok and mine is not None and mine.existed,
+                mine.durable_highwater if mine is not None else -1,
+                dropped_last_use_max_ms=mine.dropped_last_use_max_ms if mine is not None else 0,
+                leased_since_ms=since[req.tp])
         if highwaters:
             record = self._remember_highwaters(record, highwaters)
         return LeaseResult(LeaseKind.TAKEOVER, record, seq, self._token(record))

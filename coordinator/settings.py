@@ -45,6 +45,11 @@ class CoordinatorSettings(BaseSettings):
     lease_expire_ms_max: int = Field(default=86_400_000, ge=1)
     pid_retention_ms: int = Field(default=604_800_000, ge=0)
     lease_expiring_window_ms: int = Field(default=30_000, ge=0)
+    clock_skew_max_ms: int = Field(default=60_000, ge=0, description=(
+        "how far a partition server's clock may lag this coordinator's. A takeover or renewal "
+        "that finds no state on a partition where none was reported yet answers UNKNOWN_PID, "
+        "not sequence 0, when that partition expired a PID last used after (the partition "
+        "joined the lease - this); keep it well below the servers' pid_expire_ms"))
     pid_sweep_interval_ms: int = Field(default=600_000, ge=10, description=(
         "how often PIDs past retention are deleted, by the first live coordinator only; a sweep "
         "reads every PID record, so keep it long next to pid_retention_ms"))

@@ -223,8 +223,14 @@ class Broker:
                 self.expire_pids(now)
 
     def expire_pids(self, now_ms: int) -> int:
+        """Expire PIDs unused for pid_expire_ms in the partitions this server leads. A
+        follower never expires: renewals touch only the leader's state, so a follower's
+        last-use times say nothing of a live but idle producer (become_leader restarts the
+        clock of every PID instead)."""
         dropped = 0
         for key, part in self.partitions.items():
+            if part.role != "leader":
+                continue
             n = part.state.expire(now_ms, self.s.pid_expire_ms)
             if n:
                 log.info("partition %s-%d: expired %d pids unused for %d ms", key[0], key[1], n,

@@ -105,6 +105,9 @@ class Partition:
         directory = data_dir / dir_name(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
         epochs = EpochHistory.load(directory)
+        if snapshot is not None:
+            # Valid even when the rows are not trusted below: what was dropped stays dropped.
+            state.note_dropped(snapshot.dropped_last_use_max_ms)
         if snapshot is not None and snapshot.truncations != epochs.truncations:
             log.warning("%s-%d: the log was cut back since the snapshot; rebuilding producer "
                         "state from offset 0", topic, partition)
@@ -180,13 +183,20 @@ class Partition:
         return d, self._when_durable(last + 1, lambda: on_durable(base, last))
 
     def fence(self, pid: int, generation: int, create_if_absent: bool,
-              on_durable: Callable[[bool, int, int], Any]) -> tuple[FenceOutcome, asyncio.Future[Any]]:
+              on_durable: Callable[[bool, int, int], Any], *,
+              leased_since_ms: int = 0) -> tuple[FenceOutcome, asyncio.Future[Any]]:
         """Apply FENCE. The future resolves with ``on_durable(existed, durable_highwater,
         fence_offset)`` once the fence (or, when nothing is written, everything appended so
-        far) is durable, so the durable highwater it reports is final."""
+        far) is durable, so the durable highwater it reports is final. A PID with no state
+        here gets a fresh entry only when nothing dropped here could have been its state
+        (``ProducerStateTable.may_create`` with ``leased_since_ms``); otherwise the answer is
+        ABSENT (existed false, nothing written) and the coordinator answers UNKNOWN_PID."""
         now = self.clock_ms()
         outcome = self.state.check_fence(pid, generation, create_if_absent)
         existed = self.state.get(pid) is not None
+        if (outcome is FenceOutcome.APPEND and not existed
+                and not self.state.may_create(leased_since_ms)):
+            outcome = FenceOutcome.ABSENT
         if outcome is FenceOutcome.FENCED:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             fut.set_result(None)
@@ -318,13 +328,31 @@ class Partition:
         finally:
             if gc_was_on:
                 gc.enable()
-        return PartitionImage(replay_from, self.log.next_offset, rows, truncations)
+        # Read after the rows: a PID dropped before its row was exported is covered here.
+        return PartitionImage(replay_from, self.log.next_offset, rows, truncations,
+                              self.state.dropped_last_use_max_ms)
 
     # -- replication: roles ---------------------------------------------------------------
+    @property
+    def role(self) -> str:
+        """"leader", "follower" or "none" (not hosted here)."""
+        return self._role
+
+    @role.setter
+    def role(self, role: str) -> None:
+        # Producer state is dropped (expiry, eviction) only where the partition leads.
+        self._role = role
+        self.state.drops_allowed = role == "leader"
+
     def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
-        """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write."""
+        """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write. As a
+        follower this replica saw no renewals (they touch the leader's state only), so
+        every PID it holds starts a full expiry period now: a live producer renews within
+        it, a dead one expires one period later than it would have."""
         if self.epochs.assign(epoch, self.log.next_offset):
             self.epochs.save()
+        if self.role != "leader":
+            self.state.raise_last_use(self.clock_ms())
         self.role = "leader"
         self.leader_epoch = epoch
         self.leader_id = me

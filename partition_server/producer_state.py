@@ -59,11 +59,25 @@ only one idle for at least ``evict_idle_min_ms`` (strict) or already past ``expi
 nothing may go, the leader's check refuses the new PID with TOO_MANY_PIDS (``check_append``
 with ``now_ms``); applying what a log holds (replay, followers) never refuses: the table
 then holds more than the limit until PIDs become evictable.
+
+Dropping state (expiry, eviction) is the leader's alone (``drops_allowed``, kept by the
+partition from its role): a follower's last-use times come only from replicated appends,
+never from the renewals the leader sees, so a follower dropping on its own clock could
+forget a live producer before it takes over (issue 12, finding 7). A follower applies what
+the log holds and may exceed the limit; on becoming leader, ``raise_last_use`` gives every
+PID a full expiry period from then.
+
+What was dropped leaves a trace: ``dropped_last_use_max_ms``, the largest last use of any
+PID this partition ever expired or evicted (kept in snapshots). A PID whose lease of this
+partition began after it cannot have had its state dropped here, so a takeover may create
+a fresh entry (sequence 0) for it (``may_create``); otherwise "no state" may mean "state
+lost", and sequence 0 would replay what is already in the log (finding 6).
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
@@ -159,7 +173,7 @@ class ProducerStateTable:
         "evicted_total", "refused_total", "blocks_dropped_total", "_ring_words", "_ring_zero",
         "_slot", "_free", "_pid", "_gen", "_hw", "_lu", "_prev", "_next", "_nb_off", "_nb_span",
         "_ring", "_head", "_tail", "_rings", "_ring_free", "_wide", "_dhw", "_pending",
-        "_blocked", "_blocked_untracked", "_abandoned",
+        "_blocked", "_blocked_untracked", "_abandoned", "dropped_last_use_max_ms", "drops_allowed",
     )
 
     def __init__(self, *, mode: str = "strict", batches_kept: int = 5,
@@ -178,6 +192,9 @@ class ProducerStateTable:
         self.evicted_total = 0
         self.refused_total = 0      # new PIDs refused TOO_MANY_PIDS
         self.blocks_dropped_total = 0  # untracked PIDs' blocks over BLOCKED_UNTRACKED_MAX
+        # Survive ``clear`` (a rebuild from the log): what was dropped stays dropped.
+        self.dropped_last_use_max_ms = 0
+        self.drops_allowed = True   # the partition leads (see the module docstring)
         self._ring_words = 2 * (batches_kept - 1)
         self._ring_zero = array("I", bytes(4 * self._ring_words))
         self._init_storage()
@@ -546,12 +563,14 @@ class ProducerStateTable:
     def _make_room(self, now_ms: int) -> None:
         # Evict down to below the limit as far as the rule allows; when it does not allow
         # enough, the table grows past the limit (replay and followers never refuse; the
-        # leader checked with ``check_append`` first).
+        # leader checked with ``check_append`` first). Followers never evict.
+        if not self.drops_allowed:
+            return
         while len(self._slot) >= self.pids_max:
             s = self._evictable(now_ms)
             if s is None:
                 return
-            self._remove(s)
+            self._drop(s)
             self.evicted_total += 1
 
     # -- durability ------------------------------------------------------------------------
@@ -663,9 +682,45 @@ class ProducerStateTable:
             self._abandoned.pop(pid, None)
         self._free.append(s)
 
+    def _drop(self, s: int) -> None:
+        """Forget slot ``s`` for good (expiry, eviction), remembering how recent it was."""
+        lu = self._lu[s]
+        if lu > self.dropped_last_use_max_ms:  # noqa: PLR1730
+            self.dropped_last_use_max_ms = lu
+        self._remove(s)
+
+    def note_dropped(self, last_use_ms: int) -> None:
+        """Raise ``dropped_last_use_max_ms`` to at least ``last_use_ms`` (a snapshot's value)."""
+        if last_use_ms > self.dropped_last_use_max_ms:  # noqa: PLR1730
+            self.dropped_last_use_max_ms = last_use_ms
+
+    def may_create(self, leased_since_ms: int) -> bool:
+        """Whether a PID with no entry here, leased on this partition since
+        ``leased_since_ms``, certainly never had state dropped here, so that creating a fresh
+        entry for it (its next sequence 0) loses nothing. 0: the caller does not know (an
+        older coordinator), and the entry is created as before."""
+        return leased_since_ms <= 0 or self.dropped_last_use_max_ms < leased_since_ms
+
+    def raise_last_use(self, now_ms: int) -> None:
+        """Every PID's last use to at least ``now_ms`` (a replica becoming leader: it never
+        saw the renewals, so every PID starts a full expiry period). O(n) in C: one column
+        fill; the LRU order holds, as max(x, now) keeps the order of x."""
+        lu = self._lu
+        n = len(lu)
+        if not n:
+            return
+        if max(lu) <= now_ms:
+            self._lu = array("q", (now_ms,)) * n
+            return
+        # Some last use lies ahead of now (the clock went back): keep those.
+        self._lu = array("q", map(max, lu, itertools.repeat(now_ms, n)))
+
     def expire(self, now_ms: int, expire_ms: int, limit: int = 100_000) -> int:
-        """Drop PIDs unused for ``expire_ms``; at most ``limit`` per call (bounded pauses)."""
+        """Drop PIDs unused for ``expire_ms``; at most ``limit`` per call (bounded pauses).
+        Only where the partition leads (``drops_allowed``)."""
         dropped = 0
+        if not self.drops_allowed:
+            return 0
         lu = self._lu
         while self._head != _NIL and dropped < limit:
             s = self._head
@@ -674,7 +729,7 @@ class ProducerStateTable:
             if self._pid[s] in self._pending:  # in flight: it was just used, keep it
                 self._touch(s, now_ms)
                 continue
-            self._remove(s)
+            self._drop(s)
             dropped += 1
         self.expired_total += dropped
         return dropped

@@ -360,12 +360,16 @@ class PartitionServer:
             raise InvalidRequest(f"unknown fence flags {req.flags:#x}")
         verify_token(self.s.secret_bytes, req.token, req.pid, req.generation, self.clock_ms())
         create = bool(req.flags & P.FENCE_CREATE_IF_ABSENT)
+        # Read where the fence is decided (no await before it): the coordinator judges a
+        # not-created answer by the same value the decision used.
+        dropped = part.state.dropped_last_use_max_ms
 
         def ok(existed: bool, durable_hw: int, fence_offset: int) -> bytes:
             return P.fence_response(corr, 0, existed=existed, durable_highwater=durable_hw,
-                                    fence_offset=fence_offset)
+                                    fence_offset=fence_offset, dropped_last_use_max_ms=dropped)
 
-        outcome, fut = part.fence(req.pid, req.generation, create, ok)
+        outcome, fut = part.fence(req.pid, req.generation, create, ok,
+                                  leased_since_ms=req.leased_since_ms)
         if outcome is FenceOutcome.FENCED:
             e = part.state.get(req.pid)
             return P.fence_response(corr, errors.ProducerFenced.code,
@@ -381,6 +385,7 @@ class PartitionServer:
 
     def _producer_state(self, req: P.Request, part: Partition) -> Reply:
         found, gen, dhw, last_use = part.producer_state(req.pid)
-        return P.producer_state_response(req.correlation_id, 0, found=found, generation=gen,
-                                         durable_highwater=dhw, last_use_ms=last_use)
+        return P.producer_state_response(
+            req.correlation_id, 0, found=found, generation=gen, durable_highwater=dhw,
+            last_use_ms=last_use, dropped_last_use_max_ms=part.state.dropped_last_use_max_ms)
 

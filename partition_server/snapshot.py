@@ -15,16 +15,24 @@ snapshot was taken.
 
 File layout (big-endian), written atomically (tmp file, fsync, rename, fsync dir):
 
-    magic "PLSNAP03" | u32 crc32(body) | u64 len(body) | body
+    magic "PLSNAP04" | u32 crc32(body) | u64 len(body) | body
     body = i64 created_ms, u32 partitions, then per partition:
         u16+utf8 topic, u32 partition, i64 replay_from, i64 covered_to,
-        i64 truncations (PLSNAP02 files lack it: read as 0), u32 rows,
+        i64 truncations (PLSNAP02 files lack it: read as 0),
+        i64 dropped_last_use_max_ms (PLSNAP03 and 02 files lack it: read as created_ms), u32 rows,
         u32 batch_words, rows x (u64 pid, u32 generation, i64 highwater, i64 last_use_ms,
         u8 batches), batch_words x i64 (the rows' batches as flat (base_seq, last_seq,
         base_offset) triples, in row order)
 
 A file whose magic, length or checksum is wrong is skipped (and logged), and the next
 older one is tried; the last ``kept`` files are kept.
+
+``dropped_last_use_max_ms`` (producer_state.py: the newest last use of any PID the
+partition expired or evicted) needs no other home than the snapshot: it is read after the
+rows are captured, so it covers every PID missing from them, and a PID dropped after the
+capture is in the rows or in the log replayed over them, so recovery from this file (or
+an older one, or none) holds its state again. Files from before the field read it as
+their ``created_ms``, which no PID dropped before the capture can have been used after.
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ from partition_server.producer_state import Row
 
 log = logging.getLogger("partition_server.snapshot")
 
-MAGIC = b"PLSNAP03"
+MAGIC = b"PLSNAP04"
+MAGIC_V3 = b"PLSNAP03"  # before the dropped-PID horizon
 MAGIC_V2 = b"PLSNAP02"  # before replication: no truncation count
 _HEAD = struct.Struct(">IQ")
 _BODY_HEAD = struct.Struct(">qI")
-_PART = struct.Struct(">IqqqII")
+_PART = struct.Struct(">IqqqqII")
+_PART_V3 = struct.Struct(">IqqqII")
 _PART_V2 = struct.Struct(">IqqII")
 _ROW = struct.Struct(">QIqqB")
 _U16 = struct.Struct(">H")
@@ -64,6 +74,7 @@ class PartitionImage:
     covered_to: int
     rows: list[Row] = field(default_factory=list)
     truncations: int = 0  # the partition's truncation count at capture (epochs.py)
+    dropped_last_use_max_ms: int = 0  # newest last use of a PID dropped before capture
 
 
 @dataclass
@@ -88,7 +99,9 @@ def encode(snap: Snapshot) -> bytes:
         for r in img.rows:
             flat.extend(r[4])
         out.append(_U16.pack(len(t)) + t + _PART.pack(partition, img.replay_from, img.covered_to,
-                                                      img.truncations, len(img.rows), len(flat)))
+                                                      img.truncations,
+                                                      img.dropped_last_use_max_ms,
+                                                      len(img.rows), len(flat)))
         out.append(b"".join([row_pack(pid, gen, hw, lu, len(b) // 3)
                              for pid, gen, hw, lu, b in img.rows]))
         out.append(_be(flat))
@@ -97,9 +110,10 @@ def encode(snap: Snapshot) -> bytes:
 
 
 def decode(raw: bytes) -> Snapshot:
-    if len(raw) < len(MAGIC) + _HEAD.size or raw[:len(MAGIC)] not in (MAGIC, MAGIC_V2):
+    if len(raw) < len(MAGIC) + _HEAD.size or raw[:len(MAGIC)] not in (MAGIC, MAGIC_V3, MAGIC_V2):
         raise CorruptSnapshot("not a snapshot file (bad magic)")
     v2 = raw[:len(MAGIC)] == MAGIC_V2
+    v3 = raw[:len(MAGIC)] == MAGIC_V3
     crc, n = _HEAD.unpack_from(raw, len(MAGIC))
     body = memoryview(raw)[len(MAGIC) + _HEAD.size:]
     if len(body) != n:
@@ -118,9 +132,15 @@ def decode(raw: bytes) -> Snapshot:
             if v2:
                 partition, replay_from, covered_to, nrows, nwords = _PART_V2.unpack_from(body, pos)
                 truncations = 0
+                dropped = created_ms
                 pos += _PART_V2.size
-            else:
+            elif v3:
                 (partition, replay_from, covered_to, truncations, nrows,
+                 nwords) = _PART_V3.unpack_from(body, pos)
+                dropped = created_ms
+                pos += _PART_V3.size
+            else:
+                (partition, replay_from, covered_to, truncations, dropped, nrows,
                  nwords) = _PART.unpack_from(body, pos)
                 pos += _PART.size
             end_rows = pos + nrows * _ROW.size
@@ -140,7 +160,7 @@ def decode(raw: bytes) -> Snapshot:
             if w != nwords:
                 raise CorruptSnapshot(f"rows name {w} batch words, the file has {nwords}")
             snap.partitions[(topic, partition)] = PartitionImage(replay_from, covered_to, rows,
-                                                                 truncations)
+                                                                 truncations, dropped)
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptSnapshot(f"malformed body: {exc}") from exc
     if pos != len(body):

@@ -79,6 +79,9 @@ _FETCH_REQ = struct.Struct(">qI")          # offset, max_bytes
 _FETCH_RESP = struct.Struct(">qq")         # high_watermark, log_start_offset (then bytes)
 _FENCE_REQ = struct.Struct(">QIB")         # pid, generation, flags
 _FENCE_RESP = struct.Struct(">Bqq")        # existed, durable_highwater, fence_offset
+# Optional trailing i64s (issue 12, finding 6): a FENCE request's leased_since_ms, and the
+# dropped_last_use_max_ms of FENCE and PRODUCER_STATE answers. Absent reads as 0: unknown.
+_I64 = struct.Struct(">q")
 _STATE_REQ = struct.Struct(">Q")           # pid
 _STATE_RESP = struct.Struct(">BIqq")       # found, generation, durable_highwater, last_use_ms
 _PARTITION = struct.Struct(">I")
@@ -383,10 +386,14 @@ def fetch_request(correlation_id: int, topic: str, partition: int, offset: int, 
 
 
 def fence_request(correlation_id: int, topic: str, partition: int, pid: int, generation: int,
-                  token: str, *, create_if_absent: bool) -> bytes:
+                  token: str, *, create_if_absent: bool, leased_since_ms: int = 0) -> bytes:
+    """``leased_since_ms``: no earlier than when the partition joined the PID's lease (by
+    the server's clock); the server creates a fresh entry only if it dropped no PID used
+    since. 0 = unknown (then the field is left out, as older coordinators send it)."""
     flags = FENCE_CREATE_IF_ABSENT if create_if_absent else 0
     return request(FENCE, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
-                   + _FENCE_REQ.pack(pid, generation, flags) + pack_str(token))
+                   + _FENCE_REQ.pack(pid, generation, flags) + pack_str(token)
+                   + _optional_i64(leased_since_ms))
 
 
 def producer_state_request(correlation_id: int, topic: str, partition: int, pid: int) -> bytes:
@@ -432,6 +439,7 @@ class Request:
     leader_epoch: int = -1
     max_wait_ms: int = 0
     epoch: int = -1
+    leased_since_ms: int = 0
 
 
 def decode_request(body: bytes | memoryview) -> Request:
@@ -454,6 +462,8 @@ def decode_request(body: bytes | memoryview) -> Request:
     elif api_key == FENCE:
         req.pid, req.generation, req.flags = c.take(_FENCE_REQ)
         req.token = c.str()
+        if c.pos < len(body):
+            (req.leased_since_ms,) = c.take(_I64)
     elif api_key == PRODUCER_STATE:
         (req.pid,) = c.take(_STATE_REQ)
     elif api_key == REPLICA_FETCH:
@@ -488,15 +498,25 @@ def fetch_response(corr: int, code: int, detail: str = "", *, high_watermark: in
 
 
 def fence_response(corr: int, code: int, detail: str = "", *, existed: bool = False,
-                   durable_highwater: int = -1, fence_offset: int = -1) -> bytes:
-    return response(corr, code, detail, _FENCE_RESP.pack(int(existed), durable_highwater, fence_offset))
+                   durable_highwater: int = -1, fence_offset: int = -1,
+                   dropped_last_use_max_ms: int = 0) -> bytes:
+    return response(corr, code, detail, _FENCE_RESP.pack(int(existed), durable_highwater, fence_offset)
+                    + _optional_i64(dropped_last_use_max_ms))
 
 
 def producer_state_response(corr: int, code: int, detail: str = "", *, found: bool = False,
                             generation: int = 0, durable_highwater: int = -1,
-                            last_use_ms: int = 0) -> bytes:
+                            last_use_ms: int = 0, dropped_last_use_max_ms: int = 0) -> bytes:
+    """``dropped_last_use_max_ms``: the newest last use of any PID the partition ever
+    expired or evicted (with ``found`` false, whether "no state" may mean "state lost")."""
     return response(corr, code, detail,
-                    _STATE_RESP.pack(int(found), generation, durable_highwater, last_use_ms))
+                    _STATE_RESP.pack(int(found), generation, durable_highwater, last_use_ms)
+                    + _optional_i64(dropped_last_use_max_ms))
+
+
+def _optional_i64(value: int) -> bytes:
+    # Left out when 0 (its meaning when absent): frames stay as older versions sent them.
+    return _I64.pack(value) if value else b""
 
 
 def metadata_response(corr: int, code: int, detail: str = "", *, info: dict[str, Any] | None = None) -> bytes:
@@ -541,6 +561,7 @@ class Response:
     durable_highwater: int = -1
     fence_offset: int = -1
     last_use_ms: int = 0
+    dropped_last_use_max_ms: int = 0
     info: dict[str, Any] | None = None
     leader_epoch: int = -1
     epochs: list[tuple[int, int]] | None = None
@@ -566,9 +587,13 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
     elif api_key == FENCE:
         existed, r.durable_highwater, r.fence_offset = c.take(_FENCE_RESP)
         r.existed = bool(existed)
+        if c.pos < len(body):  # an older server leaves it out
+            (r.dropped_last_use_max_ms,) = c.take(_I64)
     elif api_key == PRODUCER_STATE:
         found, r.generation, r.durable_highwater, r.last_use_ms = c.take(_STATE_RESP)
         r.found = bool(found)
+        if c.pos < len(body):
+            (r.dropped_last_use_max_ms,) = c.take(_I64)
     elif api_key == METADATA:
         (n,) = c.take(_U32)
         raw = bytes(c.rest())

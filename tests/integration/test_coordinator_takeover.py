@@ -127,3 +127,64 @@ def test_partition_that_forgot_the_pid_answers_unknown_pid_not_zero(make_cluster
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
     status, body = lease(cluster, pid=a["pid"])  # a takeover must not restart at 0 either
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
+
+
+def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
+        make_cluster: Any) -> None:
+    """Issue 12, finding 6: the PID wrote and died before its first renewal, so no leader
+    ever reported state for it (the partition is not "seen"); once the server expired it, a
+    takeover must not create a fresh entry and answer sequence 0 (a replayable source would
+    write its records again), and neither may a renewal. A PID leased and never written is
+    still taken over at 0."""
+    cluster: LocalCluster = make_cluster(servers=1, env={
+        "PIDLEASE_PID_EXPIRE_MS": "1500", "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
+        "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
+    cluster.create_topic("orders", 3)
+    # expire_ms below the server's pid_expire_ms: the server keeps state at least that long.
+    status, a = lease(cluster, producer_name="replayer", expire_ms=1000)
+    assert status == 200 and a["sequence_number"] == 0
+    status, r = lease(cluster, partition=2, expire_ms=1000)
+    assert status == 200 and r["sequence_number"] == 0
+    w = WireClient(cluster.servers[0].address)
+    try:
+        assert produce(w, a, 0, 0, n=3).error_code == errors.NONE
+        assert produce(w, r, 2, 0, n=4).error_code == errors.NONE
+        # ... and both producers die here, before their first renewal.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            parts = w.metadata()["partitions"]
+            if sum(p["tracked_pids"] for p in parts) == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the partition server never expired the PIDs' state")
+    finally:
+        w.sock.close()
+    status, body = lease(cluster, producer_name="replayer")
+    assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
+    assert "may have been" in body["detail"]
+    status, body = lease(cluster, pid=a["pid"])  # by pid: the same answer, never 0
+    assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
+    # The renewal path (lapsed, still retained): PRODUCER_STATE finds nothing either.
+    status, body = lease(cluster, pid=r["pid"], generation=r["generation"], partition=2)
+    assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
+
+    # Positive case: leased, never written, taken over soon after: sequence 0 as before.
+    status, b = lease(cluster, producer_name="fresh", partition=1, expire_ms=1000)
+    assert status == 200
+    status, t = lease(cluster, producer_name="fresh", partition=1)
+    assert status == 200, t
+    assert (t["kind"], t["pid"], t["sequence_number"]) == ("takeover", b["pid"], 0)
+    w = WireClient(cluster.servers[0].address)
+    try:
+        assert produce(w, t, 1, 0, n=2).error_code == errors.NONE
+        assert produce(w, b, 1, 2).error_code == errors.ProducerFenced.code  # the zombie
+    finally:
+        w.sock.close()
+    # A dedup=off topic tracks nothing, so its FENCE never creates an entry either: that
+    # alone must not read as "state lost".
+    cluster.create_topic("loose", 1, dedup="off")
+    status, c = lease(cluster, topic="loose", producer_name="loose-writer", expire_ms=1000)
+    assert status == 200
+    status, t = lease(cluster, topic="loose", producer_name="loose-writer")
+    assert (status, t["kind"], t["sequence_number"]) == (200, "takeover", 0), t

@@ -31,8 +31,18 @@ class FakeLeaders:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.state: dict[tuple[str, int, int], tuple[int, int]] = {}  # -> (generation, durable hw)
+        # (topic, partition) -> newest last use of a PID the partition expired (a server's
+        # dropped_last_use_max_ms); ``expire`` drops a PID's state and raises it.
+        self.dropped: dict[tuple[str, int], int] = {}
         self.calls: list[tuple[Any, ...]] = []
+        self.leased_since: list[int] = []  # of each FENCE, in call order
         self.down: set[str] = set()
+
+    def expire(self, topic: str, partition: int, pid: int, last_use_ms: int) -> None:
+        with self.lock:
+            del self.state[(topic, partition, pid)]
+            self.dropped[(topic, partition)] = max(self.dropped.get((topic, partition), 0),
+                                                   last_use_ms)
 
     def producer_state(self, address: str, topic: str, partition: int, pid: int) -> Response:
         with self.lock:
@@ -40,25 +50,34 @@ class FakeLeaders:
             if address in self.down:
                 raise CoordinatorUnavailable(f"{address} unreachable")
             st = self.state.get((topic, partition, pid))
+            dropped = self.dropped.get((topic, partition), 0)
         if st is None:
-            return Response(1, 0, "", found=False)
-        return Response(1, 0, "", found=True, generation=st[0], durable_highwater=st[1])
+            return Response(1, 0, "", found=False, dropped_last_use_max_ms=dropped)
+        return Response(1, 0, "", found=True, generation=st[0], durable_highwater=st[1],
+                        dropped_last_use_max_ms=dropped)
 
     def fence(self, address: str, topic: str, partition: int, pid: int, generation: int,
-              token: str, *, create_if_absent: bool) -> Response:
+              token: str, *, create_if_absent: bool, leased_since_ms: int = 0) -> Response:
         with self.lock:
             self.calls.append(("fence", address, topic, partition, pid, generation, create_if_absent))
+            self.leased_since.append(leased_since_ms)
             if address in self.down:
                 raise CoordinatorUnavailable(f"{address} unreachable")
             key = (topic, partition, pid)
             st = self.state.get(key)
+            dropped = self.dropped.get((topic, partition), 0)
             if st is not None and generation < st[0]:
                 return Response(1, ProducerFenced.code, "older generation")
-            if st is None and not create_if_absent:
-                return Response(1, 0, "", existed=False, durable_highwater=-1)
+            # The server's rule (partition.py fence): no fresh entry where a PID used since
+            # this one's lease began was dropped.
+            if st is None and (not create_if_absent or
+                               not (leased_since_ms <= 0 or dropped < leased_since_ms)):
+                return Response(1, 0, "", existed=False, durable_highwater=-1,
+                                dropped_last_use_max_ms=dropped)
             self.state[key] = (generation, st[1] if st else -1)
             return Response(1, 0, "", existed=st is not None,
-                            durable_highwater=st[1] if st else -1)
+                            durable_highwater=st[1] if st else -1,
+                            fence_offset=100, dropped_last_use_max_ms=dropped)
 
 
 class Clock:
@@ -131,6 +150,82 @@ def test_expired_state_on_a_seen_partition_is_unknown_pid_not_zero(env: Any) -> 
     with pytest.raises(UnknownPid):
         lease(svc, pid=r.record.pid, generation=r.record.generation)
     assert store.get_pid(r.record.pid) == before, "a refused lease changes nothing"
+
+
+# Finding 6 (issue 12): a PID that wrote to a partition and died before its first renewal
+# never had it marked seen; if the server then expired the PID, "no state" there must not
+# restart the partition at sequence 0. The env's clock skew allowance is the default 60 s.
+def test_takeover_of_an_unseen_partition_that_dropped_the_pid_is_unknown_pid(env: Any) -> None:
+    svc, store, leaders, clock = env
+    r = lease(svc, producer_name="job")
+    pid = r.record.pid
+    leaders.state[("t", 0, pid)] = (r.record.generation, 7)  # wrote 0..7, never renewed
+    clock.now += 5_000  # within pid_retention_ms: the name still holds the PID
+    leaders.expire("t", 0, pid, last_use_ms=r.record.created_ms + 10)
+    before = len(leaders.state)
+    with pytest.raises(UnknownPid, match="may have been"):
+        lease(svc, producer_name="job")
+    assert len(leaders.state) == before, "no fresh entry was created on the partition"
+    assert leaders.leased_since[-1] == r.record.created_ms - 60_000
+
+
+def test_renewal_of_an_unseen_partition_that_dropped_the_pid_is_unknown_pid(env: Any) -> None:
+    svc, _store, leaders, clock = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    again = lease(svc, pid=pid, generation=gen, partition=1)
+    assert again.sequence_number == 0  # joins the lease now: nothing of it was dropped there
+    leaders.state[("t", 1, pid)] = (gen, 3)
+    clock.now += 5_000
+    leaders.expire("t", 1, pid, last_use_ms=clock.now - 4_000)
+    with pytest.raises(UnknownPid):
+        lease(svc, pid=pid, generation=gen, partition=1)
+
+
+def test_renewing_a_partition_never_written_moves_its_lease_start(env: Any) -> None:
+    # The SDK leases every partition of the topic and renews them all, written or not. Each
+    # "no state, nothing lost" answer restarts the count, so an idle partition is judged
+    # by what it dropped since the last renewal, not since the lease began.
+    svc, store, leaders, clock = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    clock.now += 500
+    checked = clock.now
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 0
+    assert store.get_pid(pid)[0].partitions["t/0"] == {"seen": False, "added_ms": checked}
+    # A PID used after this one's lease began but before the last renewal is dropped.
+    leaders.dropped[("t", 0)] = r.record.created_ms - 60_000 + 100
+    clock.now += 500
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 0
+    leaders.dropped[("t", 0)] = clock.now - 60_000  # used since the renewal: it may be ours
+    clock.now += 500
+    with pytest.raises(UnknownPid):
+        lease(svc, pid=pid, generation=gen)
+
+
+def test_unseen_partition_where_only_older_pids_were_dropped_answers_zero(env: Any) -> None:
+    svc, _store, leaders, clock = env
+    leaders.dropped[("t", 0)] = clock.now - 61_000  # dropped before this PID's lease began
+    r = lease(svc, producer_name="idle")
+    clock.now += 500
+    t = lease(svc, producer_name="idle")
+    assert (t.kind, t.sequence_number) == (LeaseKind.TAKEOVER, 0)
+    assert leaders.state[("t", 0, r.record.pid)][0] == t.record.generation, "entry created"
+    again = lease(svc, pid=r.record.pid, generation=t.record.generation)
+    assert (again.kind, again.sequence_number) == (LeaseKind.RENEW, 0)
+
+
+def test_record_without_added_ms_counts_from_the_pid_creation(env: Any) -> None:
+    svc, store, leaders, clock = env
+    r = lease(svc, producer_name="old")
+    rec, version = store.get_pid(r.record.pid)
+    del rec.partitions["t/0"]["added_ms"]  # as written before the field existed
+    assert store.cas_pid(rec, version)
+    svc.records.drop(r.record.pid)
+    clock.now += 10_000
+    t = lease(svc, producer_name="old")
+    assert t.sequence_number == 0
+    assert leaders.leased_since[-1] == r.record.created_ms - 60_000
 
 
 def test_takeover_fences_every_partition_before_answering(env: Any) -> None:

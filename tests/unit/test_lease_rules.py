@@ -82,7 +82,8 @@ def test_takeover_raises_generation_and_adds_partition() -> None:
     assert out.generation == 11
     assert out.expire_ms == 100  # clamped up to the minimum
     assert out.expires_at_ms == 5_100
-    assert out.partitions == {"t/0": {"seen": True, "highwater": 4}, "t/3": {"seen": False}}
+    assert out.partitions == {"t/0": {"seen": True, "highwater": 4},
+                              "t/3": {"seen": False, "added_ms": 5_000}}
     assert r.partitions == {"t/0": {"seen": True, "highwater": 4}}, "input record untouched"
 
 
@@ -110,6 +111,45 @@ def test_next_sequence_rules() -> None:
     assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1) == 0
     with pytest.raises(UnknownPid):
         leases.next_sequence(7, "t/0", seen=True, found=False, durable_highwater=-1)
+
+
+def test_unseen_partition_that_may_have_lost_the_state_is_unknown_pid() -> None:
+    # Issue 12, finding 6: the partition dropped a PID used at 5_000; this PID's lease of it
+    # began at 4_000 (by the server's clock), so the dropped state may have been its own.
+    with pytest.raises(UnknownPid):
+        leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                             dropped_last_use_max_ms=5_000, leased_since_ms=4_000)
+    with pytest.raises(UnknownPid):
+        leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                             dropped_last_use_max_ms=5_000, leased_since_ms=5_000)
+    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                                dropped_last_use_max_ms=5_000, leased_since_ms=5_001) == 0
+    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
+                                dropped_last_use_max_ms=5_000, leased_since_ms=0) == 0
+    assert leases.next_sequence(7, "t/0", seen=False, found=True, durable_highwater=3,
+                                dropped_last_use_max_ms=5_000, leased_since_ms=4_000) == 4
+
+
+def test_leased_since_comes_from_added_ms_or_the_pid_creation() -> None:
+    r = rec(partitions={"t/0": {"seen": False, "added_ms": 90_000}, "t/1": {"seen": False}})
+    assert leases.leased_since(r, "t/0", 60_000) == 30_000
+    assert leases.leased_since(r, "t/1", 60_000) == max(1, r.created_ms - 60_000)
+    assert leases.leased_since(r, "t/2", 60_000) == 0, "joins the lease now"
+    assert leases.leased_since(None, "t/0", 60_000) == 0
+    assert leases.leased_since(r, "t/0", 10**9) == 1, "never 0 (= unknown) for a known one"
+    assert leases.renewed(r, req(partition=2), 7_000, LIMITS).partitions["t/2"] == {
+        "seen": False, "added_ms": 7_000}
+
+
+def test_mark_nothing_lost_moves_added_ms_of_an_unseen_partition_only_forward() -> None:
+    r = rec(partitions={"t/0": {"seen": False, "added_ms": 1_000},
+                        "t/1": {"seen": True, "highwater": 4}})
+    out = leases.mark_nothing_lost(r, "t/0", 9_000)
+    assert out.partitions["t/0"] == {"seen": False, "added_ms": 9_000}
+    assert r.partitions["t/0"]["added_ms"] == 1_000, "input record untouched"
+    assert leases.mark_nothing_lost(out, "t/0", 5_000) is out, "never backwards"
+    assert leases.mark_nothing_lost(r, "t/1", 9_000) is r, "a seen partition keeps its form"
+    assert leases.mark_nothing_lost(r, "t/7", 9_000) is r
 
 
 @pytest.mark.parametrize(("left_ms", "expire_ms", "window_ms", "state"), [

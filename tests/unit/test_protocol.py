@@ -104,6 +104,24 @@ def test_request_response_round_trip(api):
         assert resp.info == {"server_id": 1}
 
 
+def test_fence_and_producer_state_optional_trailing_fields():
+    # leased_since_ms and dropped_last_use_max_ms (issue 12, finding 6): read when present,
+    # 0 when absent (an older peer), and left out when 0 (frames as older versions sent).
+    old = p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True)
+    new = p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True,
+                          leased_since_ms=1_700_000_000_000)
+    assert new[4:].startswith(old[4:]) and len(new) == len(old) + 8
+    assert p.decode_request(old[4:]).leased_since_ms == 0
+    assert p.decode_request(new[4:]).leased_since_ms == 1_700_000_000_000
+    with pytest.raises(p.CorruptRecord):
+        p.decode_request(new[4:-1])  # a torn field is malformed, not "absent"
+    for api, build in ((p.FENCE, p.fence_response), (p.PRODUCER_STATE, p.producer_state_response)):
+        plain = build(11, 0)
+        assert p.decode_response(api, plain[4:]).dropped_last_use_max_ms == 0
+        resp = p.decode_response(api, build(11, 0, dropped_last_use_max_ms=123_456)[4:])
+        assert resp.dropped_last_use_max_ms == 123_456
+
+
 @given(st.binary(max_size=200))
 @settings(max_examples=500)
 def test_decode_request_raises_only_corrupt_record(body):
