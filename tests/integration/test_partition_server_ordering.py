@@ -1,0 +1,109 @@
+"""The pipelining guarantee over a real socket (docs/protocol.md): one connection's requests
+are applied and answered in the order they were sent, even while the server is learning
+about a topic created a moment ago; and the connection refusal guard.
+
+The race this closes: the first PRODUCE for a fresh topic used to be parked in a task until
+ZooKeeper was re-read, while frames behind it on the same connection that arrived after
+the assignment did were appended at once, ahead of it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from partition_server.testing import WireClient, batch, create_topic, token
+from pidlease import errors
+from pidlease import protocol as P
+from pidlease.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
+from pidlease.devcluster import DEV_SECRET
+
+BATCHES = 150
+PID, GEN = 41, 2
+# Frames spaced so that they straddle the server's ZooKeeper reads (a few ms each): some
+# arrive before the new partition is known, some while, some after.
+GAP_S = 0.0005
+
+
+def _create_now(zk: KazooClient, name: str, dedup: str, partitions: int = 1) -> None:
+    """Create a topic the way the coordinator does, with a client already connected, so
+    the caller's first frame follows the last znode within a millisecond."""
+    zk.create(topic_path(name), TopicSpec(name, partitions, 1, dedup,
+                                          int(time.time() * 1000)).to_bytes())
+    for p in range(partitions):
+        zk.create(partition_path(name, p), PartitionState([1], 1, 0, [1]).to_bytes(),
+                  makepath=True)
+
+
+def _blast(c: WireClient, topic: str, tok: str) -> list[P.Response]:
+    """BATCHES two-record batches of one producer, pipelined, then every answer."""
+    for i in range(BATCHES):
+        c.produce_send(topic, 0, batch(PID, GEN, i * 2, [b"%d" % (i * 2), b"%d" % (i * 2 + 1)]),
+                       tok)
+        time.sleep(GAP_S)
+    return [c.recv() for _ in range(BATCHES)]
+
+
+@pytest.mark.parametrize("dedup", ["strict", "monotonic", "off"])
+def test_fresh_topic_pipelined_batches_apply_in_order(make_cluster, zk_hosts, dedup) -> None:
+    cluster = make_cluster(servers=1, coordinators=0, env={"PIDLEASE_FSYNC_INTERVAL_MS": "1"})
+    svc = cluster.servers[0]
+    tok = token(DEV_SECRET, PID, GEN)
+    zk = connect_zk(zk_hosts)
+    try:
+        # Several fresh topics, one after another, to give the race several chances.
+        for round_ in range(4):
+            topic = f"fresh-{dedup}-{round_}"
+            with WireClient(svc.address) as c:
+                _create_now(zk, topic, dedup)
+                rs = _blast(c, topic, tok)
+                refused = [(i, r.error_code, r.detail) for i, r in enumerate(rs) if r.error_code]
+                assert not refused, refused
+                # Appended in the order sent: offsets rise with the sequence numbers.
+                assert [r.base_offset for r in rs] == list(range(0, 2 * BATCHES, 2))
+                recs = c.read_all(topic, 0)
+            data = [r for r in recs if not r.is_control]
+            assert [r.value for r in data] == [b"%d" % s for s in range(2 * BATCHES)]
+            if dedup != "off":
+                assert [r.sequence_id for r in data] == list(range(2 * BATCHES))
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_refused_batch_holds_back_the_later_ones_until_resent(make_cluster, zk_hosts) -> None:
+    """Batch 0 refused UNKNOWN_TOPIC_OR_PARTITION (no such topic yet); the topic appears;
+    batch 1, pipelined behind on the same connection, is refused too (never appended on
+    this monotonic topic); the in-order resend of 0 then 1 is appended."""
+    cluster = make_cluster(servers=1, coordinators=0, env={"PIDLEASE_FSYNC_INTERVAL_MS": "1"})
+    svc = cluster.servers[0]
+    tok = token(DEV_SECRET, PID, GEN)
+    b0 = batch(PID, GEN, 0, [b"a", b"b"])
+    b1 = batch(PID, GEN, 2, [b"c"])
+    with WireClient(svc.address) as c:
+        r = c.produce("later", 0, b0, tok)
+        assert r.error_code == errors.UnknownTopicOrPartition.code
+        create_topic(zk_hosts, "later", dedup="monotonic")
+        with WireClient(svc.address) as other:  # a fresh connection has no guard: wait
+            deadline = time.monotonic() + 30  # until the server knows the topic
+            while other.fetch("later", 0, 0).error_code and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert other.fetch("later", 0, 0).error_code == 0
+        r = c.produce("later", 0, b1, tok)
+        assert r.error_code == errors.UnknownTopicOrPartition.code
+        assert "resend from sequence 0" in r.detail
+        assert errors.error_for_code(r.error_code).retriable or \
+            r.error_code == errors.UnknownTopicOrPartition.code  # what the SDK retries
+        assert c.read_all("later", 0) == []  # batch 1 never reached the log
+        # Another producer on the same connection is not held back.
+        tok9 = token(DEV_SECRET, 9, 0)
+        assert c.produce("later", 0, batch(9, 0, 5, [b"x"]), tok9).error_code == 0
+        # The in-order resend: 0 clears the guard, 1 follows.
+        r0 = c.produce("later", 0, b0, tok)
+        r1 = c.produce("later", 0, b1, tok)
+        assert (r0.error_code, r1.error_code) == (0, 0)
+        recs = [r for r in c.read_all("later", 0) if r.pid == PID]
+        assert [r.sequence_id for r in recs] == [0, 1, 2]
+        assert [r.value for r in recs] == [b"a", b"b", b"c"]
