@@ -86,11 +86,7 @@ def test_refused_batch_holds_back_the_later_ones_until_resent(make_cluster, zk_h
         r = c.produce("later", 0, b0, tok)
         assert r.error_code == errors.UnknownTopicOrPartition.code
         create_topic(zk_hosts, "later", dedup="monotonic")
-        with WireClient(svc.address) as other:  # a fresh connection has no guard: wait
-            deadline = time.monotonic() + 30  # until the server knows the topic
-            while other.fetch("later", 0, 0).error_code and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert other.fetch("later", 0, 0).error_code == 0
+        _wait_known(svc.address, "later")  # the assignment arrives (by watch or re-read)
         r = c.produce("later", 0, b1, tok)
         assert r.error_code == errors.UnknownTopicOrPartition.code
         assert "resend from sequence 0" in r.detail
@@ -107,3 +103,46 @@ def test_refused_batch_holds_back_the_later_ones_until_resent(make_cluster, zk_h
         recs = [r for r in c.read_all("later", 0) if r.pid == PID]
         assert [r.sequence_id for r in recs] == [0, 1, 2]
         assert [r.value for r in recs] == [b"a", b"b", b"c"]
+
+
+def _wait_known(address: str, topic: str) -> None:
+    with WireClient(address) as other:  # a fresh connection has no guard
+        deadline = time.monotonic() + 30
+        while other.fetch(topic, 0, 0).error_code and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert other.fetch(topic, 0, 0).error_code == 0
+
+
+@pytest.mark.parametrize("dedup", ["strict", "monotonic"])
+def test_guard_lets_go_once_the_refused_range_is_written_elsewhere(make_cluster, zk_hosts,
+                                                                   dedup) -> None:
+    """The producer resent the refused batch on another connection (another leader in a
+    real cluster): the first connection must not hold its later batches back forever."""
+    cluster = make_cluster(servers=1, coordinators=0, env={"PIDLEASE_FSYNC_INTERVAL_MS": "1"})
+    svc = cluster.servers[0]
+    tok = token(DEV_SECRET, PID, GEN)
+    b0 = batch(PID, GEN, 0, [b"a", b"b"])
+    with WireClient(svc.address) as c:
+        assert c.produce("elsewhere", 0, b0, tok).error_code == \
+            errors.UnknownTopicOrPartition.code
+        create_topic(zk_hosts, "elsewhere", dedup=dedup)
+        _wait_known(svc.address, "elsewhere")
+        with WireClient(svc.address) as d:
+            assert d.produce("elsewhere", 0, b0, tok).error_code == 0
+        r = c.produce("elsewhere", 0, batch(PID, GEN, 2, [b"c"]), tok)
+        assert r.error_code == 0, r.detail
+        assert [x.sequence_id for x in c.read_all("elsewhere", 0)] == [0, 1, 2]
+
+
+def test_guard_never_holds_a_topic_without_dedup(make_cluster, zk_hosts) -> None:
+    """dedup=off keeps no producer state and promises no order across retries: nothing
+    could ever show the held range written, so the guard must not hold its batches."""
+    cluster = make_cluster(servers=1, coordinators=0, env={"PIDLEASE_FSYNC_INTERVAL_MS": "1"})
+    svc = cluster.servers[0]
+    tok = token(DEV_SECRET, PID, GEN)
+    with WireClient(svc.address) as c:
+        assert c.produce("nodedup", 0, batch(PID, GEN, 0, [b"a"]), tok).error_code == \
+            errors.UnknownTopicOrPartition.code
+        create_topic(zk_hosts, "nodedup", dedup="off")
+        _wait_known(svc.address, "nodedup")
+        assert c.produce("nodedup", 0, batch(PID, GEN, 1, [b"b"]), tok).error_code == 0
