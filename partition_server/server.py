@@ -88,7 +88,7 @@ class _Conn:
     """Per-connection pipeline: replies in request order, bounded in number, and the
     refusal guard of the connection's producers."""
 
-    __slots__ = ("dead", "eof", "guard", "pending", "space", "wake")
+    __slots__ = ("dead", "eof", "guard", "missing", "pending", "space", "wake")
 
     def __init__(self) -> None:
         self.pending: deque[tuple[int, int, Reply]] = deque()
@@ -97,6 +97,9 @@ class _Conn:
         self.eof = False
         self.dead = False
         self.guard = RefusalGuard()
+        # (topic, partition) -> when a re-read of ZooKeeper for this connection did not
+        # find it: requests for it soon after are answered without another re-read.
+        self.missing: dict[tuple[str, int], float] = {}
 
 
 class _Batch(NamedTuple):
@@ -264,9 +267,14 @@ class PartitionServer:
                 # dispatch again before reading the next frame, so nothing this connection
                 # sent later is applied first (the pipelining guarantee). Other
                 # connections are not held up: each has its own read loop.
-                await self._refresh_assignment()
+                key = _partition_of(body)
+                reread = not _recently_missing(conn.missing, key, time.monotonic())
+                if reread:
+                    await self._refresh_assignment()
                 reply = self.dispatch(body, conn.guard, refreshed=True)
                 assert reply is not None
+                if reread and self.broker.route(*key) == (None, None):
+                    _note_missing(conn.missing, key, time.monotonic())
             elif api == P.REPLICA_FETCH:
                 # Let the fetch's task take its first step (check the follower, record its
                 # position) before the next frame: only a long-poll's wait and its read of
@@ -501,3 +509,28 @@ def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:
     # A newer generation there: the partition fences this batch, an answer the producer
     # must hear rather than a retry forever.
     return e is not None and (e.generation > r.generation or e.highwater >= r.last_sequence)
+
+
+# A connection pipelining requests for a partition that does not exist would otherwise
+# pay one whole ZooKeeper read per request, one after another.
+MISSING_MEMO_S = 1.0
+MISSING_MEMO_KEYS_MAX = 64
+
+
+def _partition_of(body: bytes) -> tuple[str, int]:
+    req = P.decode_request(body)  # it routed once already, so it decodes
+    return req.topic, req.partition
+
+
+def _recently_missing(missing: dict[tuple[str, int], float], key: tuple[str, int],
+                      now_s: float) -> bool:
+    at = missing.get(key)
+    return at is not None and now_s - at < MISSING_MEMO_S
+
+
+def _note_missing(missing: dict[tuple[str, int], float], key: tuple[str, int],
+                  now_s: float) -> None:
+    missing.pop(key, None)
+    if len(missing) >= MISSING_MEMO_KEYS_MAX:
+        del missing[next(iter(missing))]  # the oldest
+    missing[key] = now_s

@@ -146,3 +146,17 @@ def test_guard_never_holds_a_topic_without_dedup(make_cluster, zk_hosts) -> None
         create_topic(zk_hosts, "nodedup", dedup="off")
         _wait_known(svc.address, "nodedup")
         assert c.produce("nodedup", 0, batch(PID, GEN, 1, [b"b"]), tok).error_code == 0
+
+
+def test_many_requests_for_a_missing_partition_are_answered_in_order(make_cluster) -> None:
+    """One connection, 300 pipelined PRODUCEs for a topic that does not exist: each is
+    answered UNKNOWN_TOPIC_OR_PARTITION, in order (the server re-reads ZooKeeper for the
+    first and notes the partition missing for a moment, rather than one read each)."""
+    cluster = make_cluster(servers=1, coordinators=0)
+    svc = cluster.servers[0]
+    with WireClient(svc.address) as c:
+        for i in range(300):
+            c.produce_send("ghost", 0, batch(0, 0, 0, [b"%d" % i]))
+        rs = [c.recv() for _ in range(300)]
+        assert {r.error_code for r in rs} == {errors.UnknownTopicOrPartition.code}
+        assert [r.correlation_id for r in rs] == list(range(1, 301))

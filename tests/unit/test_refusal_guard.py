@@ -58,15 +58,3 @@ def test_bounded_then_overflowed() -> None:
     g.note(("a", 0, 3), 0, 0, 0, NL)
     assert g.overflowed and len(g) == 2
 
-
-def test_the_sdk_retries_every_code_the_guard_answers() -> None:
-    """A held-back batch is answered with the code of the refusal that holds it: the SDK
-    must retry it (and so resend in order), never fail the producer."""
-    from partition_server.server import _GUARDED_CODES
-    from pidlease.sender import _retriable
-
-    assert errors.UnknownTopicOrPartition.code in _GUARDED_CODES
-    assert {errors.NotLeader.code, errors.ServerUnavailable.code, errors.TooManyPids.code,
-            errors.SequenceUnknown.code} <= _GUARDED_CODES
-    for code in _GUARDED_CODES:
-        assert _retriable(errors.error_for_code(code, "held back")), code
