@@ -499,8 +499,9 @@ class PartitionServer:
 
 
 def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:
-    """Whether the partition holds the producer past the refused base already (the range
-    was written by another way, e.g. through another leader since): nothing to wait for.
+    """Whether the partition's highwater for the producer covers the refused batch already
+    (the range was written another way, e.g. through another leader since): nothing to
+    wait for.
     A topic without dedup keeps no state and promises no order across retries, so a held
     key never waits on it (it could wait forever for a resend that went elsewhere)."""
     if not part.state.tracks(pid):
