@@ -25,12 +25,14 @@ import time
 from asyncio import sslproto
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from partition_server.broker import Broker
 from partition_server.metrics import ServerMetrics, watch_broker
 from partition_server.metrics_listener import MetricsListener
 from partition_server.partition import Partition, wall_clock_ms
 from partition_server.producer_state import FenceOutcome, Outcome
+from partition_server.refusal_guard import Key, Refusal, RefusalGuard
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease import errors
@@ -43,6 +45,13 @@ log = logging.getLogger("partition_server.server")
 
 _U32 = struct.Struct(">I")
 _HEAD = struct.Struct(">BI")
+_FRAMED_CODE = struct.Struct(">H")  # a framed response's error code, after length and corr
+_FRAMED_CODE_AT = 8
+# Refusals the connection guard remembers: the SDK resends after each of them (it retries
+# UNKNOWN_TOPIC_OR_PARTITION too, as a topic may be a moment old or a server restarting).
+_GUARDED_CODES = frozenset(
+    [cls.code for cls in errors.ERRORS_BY_CODE.values() if cls.retriable]
+    + [errors.UnknownTopicOrPartition.code])
 
 _OUTCOME_CODES = {
     Outcome.FENCED: errors.ProducerFenced.code,
@@ -76,9 +85,10 @@ def error_response(api_key: int, corr: int, code: int, detail: str, leader: str 
 
 
 class _Conn:
-    """Per-connection pipeline: replies in request order, bounded in number."""
+    """Per-connection pipeline: replies in request order, bounded in number, and the
+    refusal guard of the connection's producers."""
 
-    __slots__ = ("dead", "eof", "pending", "space", "wake")
+    __slots__ = ("dead", "eof", "guard", "missing", "pending", "space", "wake")
 
     def __init__(self) -> None:
         self.pending: deque[tuple[int, int, Reply]] = deque()
@@ -86,6 +96,32 @@ class _Conn:
         self.space = asyncio.Event()
         self.eof = False
         self.dead = False
+        self.guard = RefusalGuard()
+        # (topic, partition) -> when a re-read of ZooKeeper for this connection did not
+        # find it: requests for it soon after are answered without another re-read.
+        self.missing: dict[tuple[str, int], float] = {}
+
+
+class _Batch(NamedTuple):
+    """What the refusal guard needs of a PRODUCE, read before routing."""
+
+    key: Key
+    generation: int
+    base_sequence: int
+    last_sequence: int
+
+
+def _batch_key(req: P.Request) -> _Batch | None:
+    """The guard's view of a PRODUCE with a pid, read from the batch header without
+    validating the batch; None when there is none (pid 0, a short or control batch)."""
+    b = req.batch
+    if b is None or len(b) < P.BATCH_HEADER_SIZE:
+        return None
+    h = P.decode_batch_header(b)
+    if h.pid <= 0 or h.is_control:
+        return None
+    return _Batch((req.topic, req.partition, h.pid), h.generation, h.base_sequence,
+                  h.last_sequence)
 
 
 class PartitionServer:
@@ -225,7 +261,30 @@ class PartitionServer:
                 return
             body = await reader.readexactly(n)
             api, corr = _HEAD.unpack_from(body) if n >= 5 else (0, 0)
-            self._push(conn, api, corr, self.dispatch(body))
+            reply = self.dispatch(body, conn.guard)
+            if reply is None:
+                # A partition unknown here, maybe created a moment ago: read ZooKeeper and
+                # dispatch again before reading the next frame, so nothing this connection
+                # sent later is applied first (the pipelining guarantee). Other
+                # connections are not held up: each has its own read loop.
+                key = _partition_of(body)
+                reread = not _recently_missing(conn.missing, key, time.monotonic())
+                if reread:
+                    await self._refresh_assignment()
+                reply = self.dispatch(body, conn.guard, refreshed=True)
+                assert reply is not None
+                if reread and self.broker.route(*key) == (None, None):
+                    _note_missing(conn.missing, key, time.monotonic())
+            elif api == P.REPLICA_FETCH:
+                # Let the fetch's task take its first step (check the follower, record its
+                # position) before the next frame: only a long-poll's wait and its read of
+                # the log come later, and those answer with the state at answer time.
+                await asyncio.sleep(0)
+            self._push(conn, api, corr, reply)
+            if conn.guard.overflowed:
+                log.warning("closing a connection that holds back batches of %d producers",
+                            len(conn.guard))
+                return
             while len(conn.pending) >= inflight_max and not conn.dead:
                 conn.space.clear()
                 await conn.space.wait()
@@ -265,8 +324,68 @@ class PartitionServer:
             writer.close()
 
     # -- dispatch --------------------------------------------------------------------------
-    def dispatch(self, body: bytes, *, refreshed: bool = False) -> Reply:
-        """The reply to one request body: bytes now, or a future of bytes."""
+    def dispatch(self, body: bytes, guard: RefusalGuard | None = None, *,
+                 refreshed: bool = False) -> Reply | None:
+        """The reply to one request body: bytes now, or a future of bytes, the request
+        applied either way. None (only before ``refreshed``) when it names a partition
+        unknown here: the caller re-reads ZooKeeper and calls again with ``refreshed``
+        before it dispatches anything later. ``guard``: the connection's refusal guard,
+        consulted and fed for PRODUCE requests."""
+        if guard is not None and len(body) >= 5 and body[0] == P.PRODUCE:
+            return self._dispatch_produce(body, guard, refreshed)
+        return self._dispatch(body, refreshed)
+
+    def _dispatch_produce(self, body: bytes, guard: RefusalGuard, refreshed: bool) -> Reply | None:
+        held = None
+        if guard:  # only while some producer of this connection is held back
+            held = self._held_back(body, guard)
+            if isinstance(held, bytes):
+                return held
+        reply = self._dispatch(body, refreshed)
+        if isinstance(reply, bytes):
+            (code,) = _FRAMED_CODE.unpack_from(reply, _FRAMED_CODE_AT)
+            if code in _GUARDED_CODES:
+                b = held if held is not None else self._peek_key(body)
+                if b is not None:
+                    guard.note(b.key, b.generation, b.base_sequence, b.last_sequence, code)
+        return reply
+
+    def _peek_key(self, body: bytes) -> _Batch | None:
+        try:
+            return _batch_key(P.decode_request(body))
+        except PidleaseError:
+            return None  # malformed: it is answered (and refused for good) by _dispatch
+
+    def _held_back(self, body: bytes, guard: RefusalGuard) -> bytes | _Batch | None:
+        """The guard's refusal of this PRODUCE, or its key (it may be dispatched), or None
+        (no key: pid 0 or malformed)."""
+        b = self._peek_key(body)
+        if b is None:
+            return None
+        topic, partition, pid = b.key
+        r = guard.blocking(b.key, b.generation, b.base_sequence)
+        if r is None:
+            return b
+        part, _ = self.broker.route(topic, partition)
+        if part is not None and _refused_range_written(part, pid, r):
+            guard.clear(b.key)
+            return b
+        corr = _HEAD.unpack_from(body)[1]
+        return error_response(P.PRODUCE, corr, r.code, (
+            f"an earlier batch of producer {pid} on this connection (sequence {r.base_sequence}) "
+            f"was refused ({errors.error_for_code(r.code).name}); resend from sequence "
+            f"{r.base_sequence}"))
+
+    async def _refresh_assignment(self) -> None:
+        # Bounded: with ZooKeeper unreachable the request is answered from the view we
+        # have (UNKNOWN_TOPIC_OR_PARTITION, retriable) rather than holding the connection.
+        try:
+            await asyncio.wait_for(self.registry.refresh(), self.s.zk_session_timeout_ms / 1000)
+        except TimeoutError:
+            log.warning("re-reading ZooKeeper took over %d ms; answering from the last view",
+                        self.s.zk_session_timeout_ms)
+
+    def _dispatch(self, body: bytes, refreshed: bool) -> Reply | None:
         api, corr = _HEAD.unpack_from(body) if len(body) >= 5 else (0, 0)
         try:
             req = P.decode_request(body)
@@ -280,7 +399,7 @@ class PartitionServer:
             part, leader = self.broker.route(req.topic, req.partition)
             if part is None:
                 if leader is None and not refreshed:
-                    return asyncio.ensure_future(self._after_refresh(body))
+                    return None
                 if leader is None:
                     return error_response(api, corr, errors.UnknownTopicOrPartition.code,
                                           f"no partition {req.topic}/{req.partition}")
@@ -306,12 +425,6 @@ class PartitionServer:
         except Exception as exc:
             log.exception("request %d (api %d) failed", corr, api)
             return error_response(api, corr, errors.PidleaseError.code, f"internal error: {exc}")
-
-    async def _after_refresh(self, body: bytes) -> bytes:
-        # The topic may have been created a moment ago: read ZooKeeper once, then answer.
-        await self.registry.refresh()
-        reply = self.dispatch(body, refreshed=True)
-        return reply if isinstance(reply, bytes) else await reply
 
     def _produce(self, req: P.Request, part: Partition) -> Reply:
         started_s = time.perf_counter()
@@ -389,3 +502,41 @@ class PartitionServer:
             req.correlation_id, 0, found=found, generation=gen, durable_highwater=dhw,
             last_use_ms=last_use, dropped_last_use_max_ms=part.state.dropped_last_use_max_ms)
 
+
+def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:
+    """Whether the partition's highwater for the producer covers the refused batch already
+    (the range was written another way, e.g. through another leader since): nothing to
+    wait for.
+    A topic without dedup keeps no state and promises no order across retries, so a held
+    key never waits on it (it could wait forever for a resend that went elsewhere)."""
+    if not part.state.tracks(pid):
+        return True
+    e = part.state.get(pid)
+    # A newer generation there: the partition fences this batch, an answer the producer
+    # must hear rather than a retry forever.
+    return e is not None and (e.generation > r.generation or e.highwater >= r.last_sequence)
+
+
+# A connection pipelining requests for a partition that does not exist would otherwise
+# pay one whole ZooKeeper read per request, one after another.
+MISSING_MEMO_S = 1.0
+MISSING_MEMO_KEYS_MAX = 64
+
+
+def _partition_of(body: bytes) -> tuple[str, int]:
+    req = P.decode_request(body)  # it routed once already, so it decodes
+    return req.topic, req.partition
+
+
+def _recently_missing(missing: dict[tuple[str, int], float], key: tuple[str, int],
+                      now_s: float) -> bool:
+    at = missing.get(key)
+    return at is not None and now_s - at < MISSING_MEMO_S
+
+
+def _note_missing(missing: dict[tuple[str, int], float], key: tuple[str, int],
+                  now_s: float) -> None:
+    missing.pop(key, None)
+    if len(missing) >= MISSING_MEMO_KEYS_MAX:
+        del missing[next(iter(missing))]  # the oldest
+    missing[key] = now_s

@@ -1,0 +1,60 @@
+"""The connection refusal guard's rules (partition_server/refusal_guard.py), without a server."""
+
+from __future__ import annotations
+
+from partition_server.refusal_guard import RefusalGuard
+from pidlease import errors
+
+K = ("t", 0, 7)
+NL = errors.NotLeader.code
+
+
+def test_later_batches_wait_for_the_resend_of_the_refused_one() -> None:
+    g = RefusalGuard()
+    assert not g and g.blocking(K, 1, 10) is None
+    g.note(K, 1, 10, 14, NL)
+    r = g.blocking(K, 1, 15)
+    assert r is not None and (r.base_sequence, r.last_sequence, r.code) == (10, 14, NL)
+    assert g.blocking(K, 1, 15) is not None  # still held: refusing does not clear
+    assert g.blocking(("t", 1, 7), 1, 15) is None  # another partition
+    assert g.blocking(("t", 0, 8), 1, 15) is None  # another producer
+    assert g.blocking(K, 1, 10) is None  # the resend clears it ...
+    assert not g and g.blocking(K, 1, 15) is None  # ... and what follows passes
+
+
+def test_a_resend_from_below_the_refused_base_clears_too() -> None:
+    g = RefusalGuard()
+    g.note(K, 1, 10, 14, NL)
+    assert g.blocking(K, 1, 5) is None and not g
+
+
+def test_the_lowest_refused_base_is_kept() -> None:
+    g = RefusalGuard()
+    g.note(K, 1, 10, 14, NL)
+    g.note(K, 1, 15, 19, errors.ServerUnavailable.code)  # a later refusal keeps base 10
+    r = g.get(K)
+    assert r is not None and (r.base_sequence, r.code) == (10, NL)
+    g.note(K, 1, 5, 9, errors.TooManyPids.code)  # a lower one replaces it
+    r = g.get(K)
+    assert r is not None and (r.base_sequence, r.code) == (5, errors.TooManyPids.code)
+
+
+def test_generations() -> None:
+    g = RefusalGuard()
+    g.note(K, 3, 10, 14, NL)
+    assert g.blocking(K, 2, 20) is None and g  # an older one passes (fenced), entry stays
+    g.note(K, 2, 1, 1, NL)  # nor does an older generation's refusal replace it
+    assert g.get(K) is not None and g.get(K).generation == 3  # type: ignore[union-attr]
+    assert g.blocking(K, 4, 20) is None and not g  # a takeover clears it
+
+
+def test_bounded_then_overflowed() -> None:
+    g = RefusalGuard(keys_max=2)
+    g.note(("a", 0, 1), 0, 0, 0, NL)
+    g.note(("a", 0, 2), 0, 0, 0, NL)
+    assert not g.overflowed
+    g.note(("a", 0, 1), 0, 0, 0, NL)  # an existing key: no growth
+    assert not g.overflowed
+    g.note(("a", 0, 3), 0, 0, 0, NL)
+    assert g.overflowed and len(g) == 2
+
