@@ -14,7 +14,10 @@ sends interleave, on strict, monotonic (explicit sequence ids with holes) and of
 After every step it asserts: the table's answer is one the contract allows, the table's
 highwaters and generation are the model's, and the contract's guarantees on the log hold
 (no acknowledged record missing, none written twice, each PID's sequences in increasing
-order, strict with no gaps). A failure prints the whole operation trace.
+order, strict with no gaps); where the contract's text leaves a choice, the model allows
+each reading and says so. ``test_no_acknowledged_record_is_missing`` checks the log
+guarantees alone, whatever the answers. A failure prints the whole operation trace and a
+``run(...)`` call that replays it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from append_rules_model import AppendRulesModel, Answer, Expectation, Stored, only
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
@@ -38,7 +42,8 @@ from pidlease.protocol import FLAG_CONTROL, BatchHeader
 
 Op = tuple[Any, ...]  # one step: its kind first, then its arguments
 
-# K=3 rather than the default 5: the same rows, reached with shorter operation lists.
+# K=3 rather than the default 5: the same rows, reached with shorter operation lists (the
+# model takes K as a parameter; runs with K=5 pass alike).
 K = 3
 PIDS = (11, 12)
 FIRST_GEN = 3
@@ -174,6 +179,13 @@ class Harness:
     # -- operations ------------------------------------------------------------------------
     def send(self, pid: int, gen: int, base: int, count: int, batch: Batch | None,
              refuse: bool, why: str) -> None:
+        """Check a batch and act on the answer as the partition does. ``batch`` is the
+        producer's own batch, whose OK or DUPLICATE acknowledges its records; None for a
+        range it never sent as a batch (a hole, a part, a straddle, a zombie): the contract
+        answers those too (even DUPLICATE -1 for a never-sent range older than every kept
+        batch), but no acknowledgement of a producer's record rides on them. ``refuse``: a
+        batch the rules let through is refused with a retriable error instead (full disk,
+        NOT_LEADER...)."""
         exp = self.model.decide(pid, gen, base, count)
         got = self.table.check_append(pid, gen, base, count)
         line = f"send pid {pid} gen {gen} seq {base}..{base + count - 1} ({why}): {fmt(got)}"
@@ -381,8 +393,9 @@ def test_off_follows_the_contract(ops: list[Op]) -> None:
 
 # The contract's last word, checked alone: whatever the rows' fine print, no acknowledged
 # record is missing from the log and none is in it twice.
-@settings(max_examples=200, deadline=None, phases=PHASES)
-@given(st.sampled_from(["strict", "monotonic"]), op_lists(op, 60))
+@settings(max_examples=600, deadline=None, phases=PHASES)
+@pytest.mark.parametrize("mode", ["strict", "monotonic"])
+@given(ops=op_lists(op, 60))
 def test_no_acknowledged_record_is_missing(mode: str, ops: list[Op]) -> None:
     run(mode, ops, compare=False)
 
@@ -421,15 +434,17 @@ class LimitedReference:
     def decide_at(self, pid: int, gen: int, base: int, count: int, now: int) -> Expectation:
         exp = self.model.decide(pid, gen, base, count)
         new = pid not in self.model.lives
-        if not (new and exp.allows(Decision(Outcome.APPEND))):
-            return exp
-        if len(self.lru) < LIMIT or self.evictable(now) is not None:
+        # a new PID's batch the rules let through (APPEND), or refuse while an earlier
+        # refusal of it is held (SEQUENCE_UNKNOWN)
+        admissible = any(a.outcome in (Outcome.APPEND, Outcome.SEQUENCE_UNKNOWN)
+                         for a in exp.answers)
+        if not (new and admissible) or len(self.lru) < LIMIT or self.evictable(now) is not None:
             return exp
         tmp = Answer(Outcome.TOO_MANY_PIDS)
-        if len(exp.answers) == 1:
+        if exp.answers == (Answer(Outcome.APPEND),):
             return only("new PID, no room in the tracked-PID limit -> TOO_MANY_PIDS", tmp)
         # a refusal held for the PID may answer first: both are retriable refusals
-        return Expectation(f"{exp.row}; no room -> TOO_MANY_PIDS",
+        return Expectation(f"{exp.row}; or no room -> TOO_MANY_PIDS",
                            (*[a for a in exp.answers if a.outcome is not Outcome.APPEND], tmp))
 
     def touch(self, pid: int, now: int) -> None:
