@@ -147,6 +147,8 @@ class PartitionSender:
         self._retry_at: float | None = None
         self._stale_metadata = False
         self._last_error: errors.PidleaseError | None = None
+        # The connection the unresolved batches went out on (see _send_new).
+        self._conn: Any = None
         cfg = owner.config
         self._backoff = Backoff(base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms,
                                 rng=owner.rng)
@@ -409,6 +411,14 @@ class PartitionSender:
             return
         if self.owner.fatal is not None or self._retry_at is not None:
             return
+        if self.in_flight and conn is not self._conn:
+            # The leader map moved under us (any sender's refresh moves every partition's
+            # leader) while batches are unanswered on the old connection. Sending the next
+            # one on the new connection could get it written before an earlier one that
+            # then fails: on a monotonic topic that one's resend is answered DUPLICATE,
+            # never written. Wait for every answer, then resend in order (_resend).
+            self._retry_at = self.owner.clock_ms()
+            return
         if not self.pending and self.source is not None:
             self.source.take_open(self.partition)
         if not self.pending:
@@ -442,6 +452,7 @@ class PartitionSender:
         corr = conn.next_correlation_id()
         data = protocol.produce_request(corr, owner.topic, self.partition, owner.token, b.batch)
         b.attempts += 1
+        self._conn = conn
         b.response = conn.send(protocol.PRODUCE, corr, data, timeout_ms=owner.config.request_timeout_ms)
         b.response.add_done_callback(self._on_answer)
 

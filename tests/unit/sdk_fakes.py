@@ -96,6 +96,10 @@ class FakePartitionServer:
             assert self._thread is not None
             self._thread.join(10)
 
+    def connections(self) -> int:
+        """Client connections open now."""
+        return len(self._writers)
+
     def drop_all(self) -> None:
         """Cut every client connection from the server side."""
         def cut() -> None:
