@@ -242,7 +242,9 @@ class PartitionSender:
                     break
                 if self._retry_at is not None:
                     if any(b.response is not None for b in self.in_flight):
-                        await self._wait(self._deadline_s(now))   # answers still coming
+                        # Answers still coming: each wakes the task (_on_answer); the
+                        # backoff's deadline, already past or not, is no reason to.
+                        await self._wait(self._delivery_deadline_s(now))
                     elif now < self._retry_at or not owner.token_ok(now):
                         await self._wait(self._deadline_s(now))
                     else:
@@ -285,6 +287,13 @@ class PartitionSender:
         if not deadlines:
             return None
         return max(0.0, (min(deadlines) - now) / 1000)
+
+    def _delivery_deadline_s(self, now: float) -> float | None:
+        limit = self.owner.config.delivery_timeout_ms
+        oldest = self._oldest_ms()
+        if limit is None or oldest is None:
+            return None
+        return max(0.0, (oldest + limit - now) / 1000)
 
     def _oldest_ms(self) -> float | None:
         if self.in_flight:
