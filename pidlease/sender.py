@@ -147,6 +147,8 @@ class PartitionSender:
         self._retry_at: float | None = None
         self._stale_metadata = False
         self._last_error: errors.PidleaseError | None = None
+        # The connection the unresolved batches went out on (see _send_new).
+        self._conn: Any = None
         cfg = owner.config
         self._backoff = Backoff(base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms,
                                 rng=owner.rng)
@@ -240,7 +242,9 @@ class PartitionSender:
                     break
                 if self._retry_at is not None:
                     if any(b.response is not None for b in self.in_flight):
-                        await self._wait(self._deadline_s(now))   # answers still coming
+                        # Answers still coming: each wakes the task (_on_answer); the
+                        # backoff's deadline, already past or not, is no reason to.
+                        await self._wait(self._delivery_deadline_s(now))
                     elif now < self._retry_at or not owner.token_ok(now):
                         await self._wait(self._deadline_s(now))
                     else:
@@ -283,6 +287,13 @@ class PartitionSender:
         if not deadlines:
             return None
         return max(0.0, (min(deadlines) - now) / 1000)
+
+    def _delivery_deadline_s(self, now: float) -> float | None:
+        limit = self.owner.config.delivery_timeout_ms
+        oldest = self._oldest_ms()
+        if limit is None or oldest is None:
+            return None
+        return max(0.0, (oldest + limit - now) / 1000)
 
     def _oldest_ms(self) -> float | None:
         if self.in_flight:
@@ -409,6 +420,14 @@ class PartitionSender:
             return
         if self.owner.fatal is not None or self._retry_at is not None:
             return
+        if self.in_flight and conn is not self._conn:
+            # The leader map moved under us (any sender's refresh moves every partition's
+            # leader) while batches are unanswered on the old connection. Sending the next
+            # one on the new connection could get it written before an earlier one that
+            # then fails: on a monotonic topic that one's resend is answered DUPLICATE,
+            # never written. Wait for every answer, then resend in order (_resend).
+            self._retry_at = self.owner.clock_ms()
+            return
         if not self.pending and self.source is not None:
             self.source.take_open(self.partition)
         if not self.pending:
@@ -442,6 +461,7 @@ class PartitionSender:
         corr = conn.next_correlation_id()
         data = protocol.produce_request(corr, owner.topic, self.partition, owner.token, b.batch)
         b.attempts += 1
+        self._conn = conn
         b.response = conn.send(protocol.PRODUCE, corr, data, timeout_ms=owner.config.request_timeout_ms)
         b.response.add_done_callback(self._on_answer)
 

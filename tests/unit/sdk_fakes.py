@@ -49,6 +49,7 @@ class FakePartitionServer:
         self.answers: list[tuple[int, int]] = []  # (base sequence, error code) per produce
         self.drop_after_append = 0              # append, then cut the connection, this many times
         self.silent = False                     # read requests, never answer
+        self.silent_from = 0                    # from this produce request number on: silent
         self.produce_requests = 0
         self.tokens_seen: list[str] = []
         self.address = ""
@@ -95,6 +96,10 @@ class FakePartitionServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
             assert self._thread is not None
             self._thread.join(10)
+
+    def connections(self) -> int:
+        """Client connections open now."""
+        return len(self._writers)
 
     def drop_all(self) -> None:
         """Cut every client connection from the server side."""
@@ -164,7 +169,7 @@ class FakePartitionServer:
         self.produce_requests += 1
         self.tokens_seen.append(req.token)
         corr = req.correlation_id
-        if self.silent:
+        if self.silent or 0 < self.silent_from <= self.produce_requests:
             return b""
         part = self.parts.get((req.topic, req.partition))
         inject = self.fail_at.pop(self.produce_requests, None)

@@ -1,0 +1,64 @@
+"""A sender waiting for answers before a resend sleeps until one arrives (review of issue
+12's fixes): it used to wake at once, again and again, once the backoff had passed, so a
+batch refused while later ones waited long for theirs (a slow fsync, a paused leader, the
+new wait for an old leader's answers after a leader change) kept the producer's event
+loop busy for as long as they waited."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from sdk_fakes import FakeCoordinator, FakePartitionServer
+
+from pidlease import errors
+from pidlease import sender as sender_module
+from pidlease.producer import AsyncProducer
+
+TOPICS = {"mono": (1, "monotonic")}
+
+
+async def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def test_waiting_for_answers_before_a_resend_does_not_spin(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    turns = [0]
+    collect = sender_module.PartitionSender._collect
+
+    def counted(self, now: float) -> None:  # type: ignore[no-untyped-def]
+        turns[0] += 1
+        collect(self, now)
+
+    monkeypatch.setattr(sender_module.PartitionSender, "_collect", counted)
+    srv = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(srv, TOPICS)
+    srv.fail_at = {1: errors.ServerUnavailable.code}  # the first batch is refused at once
+    srv.silent_from = 2                               # the next ones wait for their answers
+
+    async def main() -> list:
+        async with AsyncProducer("http://fake", "mono", http_transport=coord.transport(),  # type: ignore[arg-type]
+                                 linger_ms=0, max_in_flight=5, batch_records_max=1,
+                                 retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
+            futs = [await p.send(b"r%d" % i) for i in range(5)]
+            await _until(lambda: srv.produce_requests >= 5)
+            before = turns[0]
+            await asyncio.sleep(0.2)  # nothing happens meanwhile: the sender should sleep
+            idle_turns = turns[0] - before
+            srv.silent_from = 0
+            srv.drop_all()  # the held answers are lost; everything is resent in order
+            await p.flush()
+            return [idle_turns] + [await f for f in futs]
+
+    try:
+        idle_turns, *metas = asyncio.run(main())
+    finally:
+        srv.stop()
+    # Nothing arrives in that window, so the sender has nothing to do: a few turns at most.
+    assert idle_turns <= 5, f"the sender ran {idle_turns} times while nothing happened"
+    assert [r.value for r in srv.records("mono", 0)] == [b"r%d" % i for i in range(5)]
+    assert [m.offset for m in metas] == list(range(5))
