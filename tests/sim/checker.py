@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from pidlease import protocol as P
+from pidlease.cluster import PartitionState, partition_path
 
 if TYPE_CHECKING:
     from tests.sim.world import World
@@ -27,16 +28,49 @@ def check(w: World) -> None:
     by_part: dict[tuple[str, int], list] = defaultdict(list)
     for lin in w.lineages:
         by_part[(lin.topic, lin.partition)].append(lin)
-    for s in w.servers.values():
-        assert s.server is not None
-        parts = s.server.broker.partitions
-        for key, lins in sorted(by_part.items()):
-            part = parts.get(key)
-            if part is None:
-                if any(lin.acked for lin in lins):
-                    w.violation(f"{key[0]}-{key[1]}: acked records but no partition after recovery")
-                continue
-            _check_partition(w, key, part, lins)
+    for key, lins in sorted(by_part.items()):
+        z = w.zk.nodes.get(partition_path(*key))
+        if z is None:
+            if any(lin.acked for lin in lins):
+                w.violation(f"{key[0]}-{key[1]}: acked records but the topic does not exist")
+            continue
+        ps = PartitionState.from_bytes(z.data)
+        srv = w.servers[ps.leader].server
+        part = srv.broker.partitions.get(key) if srv is not None else None
+        if part is None:
+            if any(lin.acked for lin in lins):
+                w.violation(f"{key[0]}-{key[1]}: acked records but no partition on its leader "
+                            f"{ps.leader} after recovery")
+            continue
+        _check_partition(w, key, part, lins)
+        if len(ps.replicas) > 1:
+            _check_replicas(w, key, ps.replicas)
+
+
+def _batches_below(part, end: int) -> list[bytes]:
+    out = []
+    for chunk in part.log.read(0, 1 << 40, end):
+        for h, pos in P.iter_batches(chunk):
+            if h.base_offset + h.count <= end:
+                out.append(bytes(chunk[pos:pos + h.size]))
+    return out
+
+
+def _check_replicas(w: World, key: tuple[str, int], replicas: list[int]) -> None:
+    """Any two replicas hold the same batches below the lower of their high watermarks."""
+    parts = []
+    for sid in replicas:
+        srv = w.servers[sid].server
+        part = srv.broker.partitions.get(key) if srv is not None else None
+        if part is not None:
+            parts.append((sid, part))
+    for i, (sa, a) in enumerate(parts):
+        for sb, b in parts[i + 1:]:
+            end = min(a.high_watermark, b.high_watermark)
+            w.checks += 1
+            if _batches_below(a, end) != _batches_below(b, end):
+                w.violation(f"{key[0]}-{key[1]}: servers {sa} and {sb} differ below the high "
+                            f"watermark {end}")
 
 
 def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:

@@ -129,6 +129,7 @@ class Producer:
         self.fenced = False
         self.superseded = False   # a newer holder exists: stop building new batches
         self.next_ready = 0.0     # when the next batch's records are there
+        self.reconnect = False
 
     # -- plumbing ----------------------------------------------------------------------------
     def _trace(self, what: str) -> None:
@@ -191,6 +192,8 @@ class Producer:
                             f"{r.durable_highwater}")
                 return True
             if r.error_code in RETRIABLE:
+                if r.error_code == errors.NotLeader.code:
+                    self._drop_conn()
                 await asyncio.sleep(backoff * (0.5 + self.rng.random()))
                 backoff = min(backoff * 2, 0.05)
                 continue
@@ -273,6 +276,9 @@ class Producer:
                 if not self.superseded:
                     lin.finished = True
                 return
+            if self.reconnect:
+                self.reconnect = False
+                self._drop_conn()
             if trouble:
                 await asyncio.sleep(backoff * (0.5 + self.rng.random()))
                 backoff = min(backoff * 2, 0.05)
@@ -306,6 +312,8 @@ class Producer:
             return "ok"
         self._trace(f"{seqs} {code_name(code)} ({r.detail})")
         if code in RETRIABLE:
+            if code == errors.NotLeader.code:
+                self.reconnect = True  # the leader moved: find it again (ZooKeeper)
             return "retry"
         earliest = next((x for x in self.window if not x.done), None)
         if code in CONSEQUENCE and earliest is not b:

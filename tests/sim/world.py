@@ -170,6 +170,7 @@ class World:
         self.lineages: list[Lineage] = []
         self.topics: dict[str, TopicSpec] = {}
         self.server_opts: dict[str, Any] = {}
+        self.n_servers = 1
         self.fsync_slow_p = 0.0
         self.checks = 0
         self.fault_counts: dict[str, int] = {}
@@ -279,15 +280,26 @@ class World:
             inflight_requests_max_per_connection=rng.choice([2, 5, 1000]),
             pid_expire_check_ms=1000,
         )
+        self.n_servers = 3 if rng.random() < 0.4 else 1
+        if self.n_servers > 1:
+            self.server_opts.update(
+                replica_lag_time_max_ms=rng.choice([100, 300, 1000]),
+                replica_fetch_wait_max_ms=rng.choice([5, 20, 100]),
+                replica_fetch_timeout_ms=rng.choice([100, 300]),
+                replica_fetch_backoff_ms=rng.choice([2, 10, 30]),
+                hw_checkpoint_interval_ms=rng.choice([10, 50, 200]),
+            )
         plan["server"] = dict(self.server_opts)
+        plan["servers"] = self.n_servers
         n_topics = rng.randint(1, 3)
         late = rng.random() < 0.6
         for i in range(n_topics + (1 if late else 0)):
             mode = rng.choice(["strict", "strict", "monotonic", "monotonic", "off"])
-            spec = TopicSpec(f"t{i}", rng.choice([1, 1, 2]), 1, mode)
+            rf = rng.choice([1, 2, 3, 3]) if self.n_servers > 1 else 1
+            spec = TopicSpec(f"t{i}", rng.choice([1, 1, 2]), rf, mode)
             created = 0.0 if i < n_topics else rng.uniform(0.005, 0.15)
             self.topics[spec.name] = spec
-            plan.setdefault("topics", []).append(f"{spec.name}:{mode}x{spec.partitions}"
+            plan.setdefault("topics", []).append(f"{spec.name}:{mode}x{spec.partitions}R{rf}"
                                                   f"@{created * 1000:.0f}ms")
             if created == 0.0:
                 self._create_topic(spec)
@@ -332,8 +344,10 @@ class World:
         z = self.zk
         z.create(topic_path(spec.name), spec.to_bytes(), makepath=True)
         for p in range(spec.partitions):
+            replicas = self.rng.sample(range(1, self.n_servers + 1), spec.replication_factor)
             z.create(partition_path(spec.name, p),
-                     PartitionState(replicas=[1], leader=1, isr=[1]).to_bytes(), makepath=True)
+                     PartitionState(replicas=replicas, leader=replicas[0],
+                                    isr=list(replicas)).to_bytes(), makepath=True)
         self.trace("zk", f"topic {spec.name} created ({spec.dedup}, {spec.partitions} partitions)")
 
     def _plan_faults(self) -> None:
@@ -343,7 +357,7 @@ class World:
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
             t = rng.uniform(0.005, horizon)
             plan.setdefault("crashes", []).append(round(t * 1000))
-            self.world_later(t, self._crash, 1)
+            self.world_later(t, self._crash, rng.randint(1, self.n_servers))
         if rng.random() < 0.35:
             f = self.faults
             f.enospc_from = rng.uniform(0, horizon)
@@ -373,7 +387,7 @@ class World:
         if rng.random() < 0.15:
             t = rng.uniform(0, horizon)
             plan["zk_expiry"] = round(t * 1000)
-            self.world_later(t, self._expire, 1)
+            self.world_later(t, self._expire, rng.randint(1, self.n_servers))
 
     # -- faults ------------------------------------------------------------------------------
     def _crash(self, sid: int) -> None:
@@ -406,7 +420,7 @@ class World:
         for root in ALL_ROOTS:
             self.zk.create(root, b"", makepath=True)
         self.plan()
-        for sid in (1,):
+        for sid in range(1, self.n_servers + 1):
             self.servers[sid] = ServerNode(self, sid)
             self.servers[sid].start()
         while self.loop.time() < DEADLINE_S:
@@ -435,8 +449,28 @@ class World:
         else:
             self.violation("a server did not come back after the final restart")
             return
+        for _ in range(1000):  # replicated partitions: a leader, caught up
+            if self._settled():
+                break
+            await asyncio.sleep(0.005)
+        else:
+            self.trace("world", "not settled after the final restart; checking anyway")
         from tests.sim.checker import check
         check(self)
+
+    def _settled(self) -> bool:
+        for name, spec in self.topics.items():
+            for p in range(spec.partitions):
+                z = self.zk.nodes.get(partition_path(name, p))
+                if z is None:
+                    continue
+                ps = PartitionState.from_bytes(z.data)
+                srv = self.servers[ps.leader].server if ps.leader in self.servers else None
+                part = srv.broker.partitions.get((name, p)) if srv is not None else None
+                if part is None or part.role != "leader" or \
+                        part.high_watermark < part.log.next_offset:
+                    return False
+        return True
 
 
 lin_current: dict[int, Producer] = {}
