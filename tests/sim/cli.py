@@ -29,6 +29,27 @@ def describe_failure(r: Result) -> str:
     return "\n".join(lines)
 
 
+KINDS = (  # (kind, words that identify it in a failure message), first match wins
+    ("harness", ("harness error", "unhandled error", "stalled")),
+    ("order", ("applied out of order", "answers in order")),
+    ("durability", ("above what is fsynced",)),
+    ("lost-ack", ("is not in the log", "acked records but")),
+    ("duplicate", ("in the log ",)),
+    ("fenced-write", ("after the fence",)),
+    ("sequence", ("not in sequence order", "a gap on a strict topic", "stored with sequence")),
+    ("replicas", ("differ below the high watermark",)),
+    ("producer-failed", ("failed: ",)),
+    ("stuck", ("stuck", "did not come back")),
+)
+
+
+def kind_of(failure: str) -> str:
+    for kind, words in KINDS:
+        if any(w in failure for w in words):
+            return kind
+    return "other"
+
+
 class Totals:
     def __init__(self) -> None:
         self.runs = 0
@@ -36,6 +57,7 @@ class Totals:
         self.faults = 0
         self.checks = 0
         self.acked = 0
+        self.kinds: dict[str, list[int]] = {}
         self.t0 = time.perf_counter()
 
     def add(self, r: Result) -> None:
@@ -45,6 +67,8 @@ class Totals:
         self.acked += r.acked
         if not r.ok:
             self.failed.append(r.seed)
+            for k in sorted({kind_of(f) for f in r.failures}):
+                self.kinds.setdefault(k, []).append(r.seed)
 
     def line(self) -> str:
         secs = time.perf_counter() - self.t0
@@ -74,6 +98,10 @@ def run_many(seeds: int, start: int, minutes: float | None, stop_on_failure: boo
     print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
     if tot.failed:
         print("failing seeds: " + " ".join(map(str, tot.failed)), file=out)  # type: ignore[call-overload]
+        for k, seeds in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
+            print(f"  {k}: {len(seeds)} seeds, first {seeds[0]} (seeds run to find it: "
+                  f"{seeds[0] - start + 1}); e.g. {' '.join(map(str, seeds[:10]))}",
+                  file=out)  # type: ignore[call-overload]
     return tot
 
 

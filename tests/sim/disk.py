@@ -98,6 +98,13 @@ class DiskShim:
         s, d = _os.path.abspath(_os.fspath(src)), _os.path.abspath(_os.fspath(dst))
         self.synced[d] = self.synced.pop(s, 0)
 
+    def close_all(self) -> None:
+        for fd in list(self.fd_path):
+            try:
+                self.close(fd)
+            except OSError:
+                pass
+
     def _exit(self, code: int) -> None:  # the flusher's default error handler: never here
         raise AssertionError(f"os._exit({code}) reached the simulation")
 

@@ -171,6 +171,9 @@ class World:
         self.topics: dict[str, TopicSpec] = {}
         self.server_opts: dict[str, Any] = {}
         self.n_servers = 1
+        self.capture_chunk_pids = self.rng.choice([1, 2, 20_000])
+        self.result.plan["capture_chunk_pids"] = self.capture_chunk_pids
+        self.final = False  # the end: no more faults
         self.fsync_slow_p = 0.0
         self.checks = 0
         self.fault_counts: dict[str, int] = {}
@@ -244,6 +247,17 @@ class World:
             orig_set_hw(part, hw)
             world.check_durable(part, f"set_high_watermark({hw})")
 
+        # Snapshots export producer state in chunks with the loop free in between; the
+        # chunk is 20 000 PIDs in production, so with the sim's handful of PIDs capture
+        # would never yield. A seed-chosen small chunk gives the interleavings a server
+        # with many PIDs has.
+        orig_capture = Partition.capture
+        chunk = self.capture_chunk_pids
+
+        def capture(part: Partition, chunk_pids: int = chunk) -> Any:
+            return orig_capture(part, chunk_pids)
+
+        put(Partition, "capture", capture)
         put(Partition, "mark_durable", mark_durable)
         put(Partition, "set_high_watermark", set_high_watermark)
         put(asyncio, "open_connection", self.net.open_connection)
@@ -391,24 +405,32 @@ class World:
 
     # -- faults ------------------------------------------------------------------------------
     def _crash(self, sid: int) -> None:
+        if self.final:
+            return
         s = self.servers[sid]
         if s.node is not None and s.node.alive:
             self.count("crash")
             s.crash("SIGKILL")
 
     def _cut(self) -> None:
+        if self.final:
+            return
         before = self.net.cuts
         self.net.cut_random()
         if self.net.cuts > before:
             self.count("cut")
 
     def _zk_faults(self, write_p: float, read_p: float) -> None:
+        if self.final and (write_p or read_p):
+            return
         self.zk.write_fail_p, self.zk.read_fail_p = write_p, read_p
         self.trace("fault", f"zookeeper write failure p={write_p}, read failure p={read_p}")
         if write_p or read_p:
             self.count("zk_failures")
 
     def _expire(self, sid: int) -> None:
+        if self.final:
+            return
         s = self.servers[sid]
         if s.up and s.zkc is not None:
             self.count("zk_expiry")
@@ -436,6 +458,7 @@ class World:
             if lin.failed:
                 self.violation(f"producer {lin.name} ({lin.mode}) failed: {lin.failed}")
         # Quiet, then one last SIGKILL and recovery from the files: what is left is checked.
+        self.final = True
         self._zk_faults(0.0, 0.0)
         self.faults.enospc_until = self.faults.eio_write_p = self.faults.fsync_fail_p = 0.0
         for s in self.servers.values():
@@ -523,6 +546,7 @@ def _run(seed: int, verbose: bool) -> Result:
                 w.trace_lines.append(traceback.format_exc())
     finally:
         _close_loop(w.loop)
+        w.disk.close_all()  # the last incarnations' files: no process exit closes them here
         lin_current.clear()
         gc.unfreeze()
         shutil.rmtree(w.tmp, ignore_errors=True)
