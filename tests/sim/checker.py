@@ -74,7 +74,7 @@ def _check_replicas(w: World, key: tuple[str, int], replicas: list[int]) -> None
 
 
 def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
-    name = f"{key[0]}-{key[1]}"
+    name = f"{key[0]}-{key[1]} ({lins[0].mode}, R{w.topics[key[0]].replication_factor})"
     seen: dict[bytes, int] = defaultdict(int)
     by_pid: dict[int, list[tuple[int, int, int, bool]]] = defaultdict(list)  # (gen, base, count, ctl)
     for chunk in part.log.read(0, 1 << 40, part.log.next_offset):
