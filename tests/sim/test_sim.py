@@ -19,8 +19,8 @@ from tests.sim.disk import DiskFaults, DiskShim
 from tests.sim.loop import Node
 from tests.sim.world import run_seed
 
-SHORT_SEEDS = 1500
-SHORT_SECONDS = 150.0
+SHORT_SEEDS = 2000
+SHORT_SECONDS = 120.0
 LONG_SEEDS = 200_000
 LONG_SECONDS = 3600.0
 

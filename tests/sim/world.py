@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,7 +210,9 @@ class World:
     def _executor_delay(self, func: Callable[..., Any]) -> float:
         d = self.rng.random() * 0.0005
         name = getattr(func, "__name__", "")
-        if name == "_fsync_all" and self.rng.random() < self.fsync_slow_p:
+        if name in ("_read_all", "read_now"):
+            d += self.rng.uniform(0.0005, 0.005)  # reading the whole tree: several round trips
+        elif name == "_fsync_all" and self.rng.random() < self.fsync_slow_p:
             d += self.rng.uniform(0.005, 0.05)
         elif self.rng.random() < 0.05:
             d += self.rng.random() * 0.01
@@ -301,7 +304,7 @@ class World:
             inflight_requests_max_per_connection=rng.choice([2, 5, 1000]),
             pid_expire_check_ms=1000,
         )
-        self.n_servers = 3 if rng.random() < 0.4 else 1
+        self.n_servers = 3 if rng.random() < 0.5 else 1
         if self.n_servers > 1:
             self.server_opts.update(
                 replica_lag_time_max_ms=rng.choice([100, 300, 1000]),
@@ -375,7 +378,8 @@ class World:
         rng = self.rng
         horizon = 0.4
         plan = self.result.plan
-        for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+        crashes = [0, 0, 1, 1, 2, 3] if self.n_servers == 1 else [0, 1, 2, 3, 4]
+        for _ in range(rng.choice(crashes)):
             t = rng.uniform(0.005, horizon)
             plan.setdefault("crashes", []).append(round(t * 1000))
             self.world_later(t, self._crash, rng.randint(1, self.n_servers))
@@ -553,8 +557,12 @@ def run_seed(seed: int, *, verbose: bool = False) -> Result:
     hook = sys.unraisablehook
     sys.unraisablehook = lambda _u: None
     try:
-        r = _run(seed, verbose)
-        gc.collect()
+        with warnings.catch_warnings():
+            # A killed node's coroutines that never started (a wait_for's inner one).
+            warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                                    category=RuntimeWarning)
+            r = _run(seed, verbose)
+            gc.collect()
     finally:
         sys.unraisablehook = hook
     return r
