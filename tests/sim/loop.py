@@ -70,6 +70,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self._clock_resolution = 1e-7
         self.executor_delay = executor_delay
         self.steps = 0
+        self.max_steps = 5_000_000  # a bound on every run, whatever the seed does
         # Every task ever created, kept until the run ends: a killed node's tasks stay
         # pending forever and must not be collected (and closed, running their finally
         # blocks) in the middle of the run.
@@ -99,6 +100,8 @@ class SimLoop(asyncio.BaseEventLoop):
     # -- selector hooks (nothing to select) ----------------------------------------------
     def _process_events(self, event_list: list[Any]) -> None:
         self.steps += 1
+        if self.steps > self.max_steps:
+            raise Idle(f"runaway: over {self.max_steps} loop iterations")
 
     def _write_to_self(self) -> None:
         pass

@@ -287,6 +287,8 @@ class Producer:
 
     def _send(self, conn: Connection, b: Batch) -> int:
         corr = self._next_corr()
+        if self.w.verbose:
+            self._trace(f"send [{b.base}..{b.base + b.count - 1}] as request {corr}")
         conn.writer.write(P.produce_request(corr, self.lin.topic, self.lin.partition,
                                             self.token, b.data))
         return corr
