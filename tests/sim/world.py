@@ -335,7 +335,7 @@ class World:
             else:
                 self.world_later(created, self._create_topic, spec)
             for p in range(spec.partitions):
-                for _ in range(rng.choice([1, 1, 2, 3])):
+                for _ in range(rng.choice([1, 1, 2, 3, 6])):
                     start = created + rng.uniform(-0.02, 0.01) if created else rng.uniform(0, 0.02)
                     self._plan_lineage(spec, p, max(start, 0.0))
         self._plan_faults()
@@ -344,7 +344,10 @@ class World:
         rng = self.rng
         lin = Lineage(name=f"L{len(self.lineages)}", topic=spec.name, partition=partition,
                       mode=spec.dedup, pid=1000 + len(self.lineages),
-                      generation=rng.randint(1, 50), batches_total=rng.randint(5, 40),
+                      generation=rng.randint(1, 50),
+                      # some PIDs write a batch or three and go idle: more PIDs per
+                      # partition, longer snapshot captures
+                      batches_total=rng.choice([rng.randint(1, 3), rng.randint(5, 40)]),
                       max_in_flight=rng.choice([1, 2, 3, 5, 5]), records_max=rng.choice([1, 3, 5]),
                       holes=rng.random() < 0.5, gap_s=rng.choice([0.0, 0.0005, 0.002]))
         self.lineages.append(lin)
