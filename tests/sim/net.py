@@ -29,14 +29,18 @@ class _Transport:
 
 
 class SimWriter:
-    def __init__(self, conn: Conn, side: int) -> None:
+    def __init__(self, conn: Conn, side: int, owner: Node | None) -> None:
         self.conn = conn
         self.side = side
+        self.owner = owner  # a killed owner sends nothing more, whatever runs its code
         self.transport = _Transport()
         self._closed = False
 
+    def _dead(self) -> bool:
+        return self.owner is not None and not self.owner.alive
+
     def write(self, data: bytes) -> None:
-        if not self._closed and not self.conn.cut:
+        if not self._closed and not self.conn.cut and not self._dead():
             self.conn.send(self.side, bytes(data))
 
     async def drain(self) -> None:
@@ -47,7 +51,7 @@ class SimWriter:
         return self._closed or self.conn.cut
 
     def close(self) -> None:
-        if not self._closed:
+        if not self._closed and not self._dead():
             self._closed = True
             self.conn.send(self.side, None)  # EOF after what is on the wire
 
@@ -60,7 +64,7 @@ class SimWriter:
 
 class Conn:
     def __init__(self, net: SimNetwork, cid: int, client: str, server: str,
-                 server_node: Node) -> None:
+                 server_node: Node, client_node: Node | None) -> None:
         self.net = net
         self.cid = cid
         self.client = client
@@ -68,7 +72,7 @@ class Conn:
         self.server_node = server_node
         self.cut = False
         self.readers = (asyncio.StreamReader(limit=2**20), asyncio.StreamReader(limit=2**20))
-        self.writers = (SimWriter(self, 0), SimWriter(self, 1))
+        self.writers = (SimWriter(self, 0, client_node), SimWriter(self, 1, server_node))
         self._last = [0.0, 0.0]
 
     def send(self, side: int, data: bytes | None) -> None:
@@ -131,7 +135,7 @@ class SimNetwork:
             raise ConnectionRefusedError(f"nothing listens on {address} (sim)")
         node, handler = got
         self._next_id += 1
-        conn = Conn(self, self._next_id, client, address, node)
+        conn = Conn(self, self._next_id, client, address, node, NODE.get())
         self.conns.append(conn)
         ctx = contextvars.copy_context()
         ctx.run(NODE.set, node)

@@ -32,6 +32,8 @@ import partition_server.broker
 import partition_server.flusher
 import partition_server.log
 import partition_server.partition
+import partition_server.registry
+import partition_server.replication
 from partition_server.partition import Partition
 from partition_server.server import PartitionServer
 from partition_server.settings import ServerSettings
@@ -248,6 +250,14 @@ class World:
         # Recovery runs a full gc pass and freezes the heap (a production speed-up for
         # millions of long-lived objects); here it would only cost ~5 ms per boot.
         put(partition_server.broker, "gc", _NoGcPasses())
+        put(partition_server.partition, "gc", _NoGcPasses())
+        # Clocks the server code reads directly: virtual too (replication's checkpoint and
+        # reconcile timers, the rate limit of a log line, a start time in ZooKeeper).
+        vtime = _VirtualTime(self)
+        for mod in (partition_server.log, partition_server.replication,
+                    partition_server.registry):
+            put(mod, "time", vtime)
+        put(partition_server.log, "_last_write_failure_log_s", -1e9)
         orig_mark, orig_set_hw = Partition.mark_durable, Partition.set_high_watermark
 
         def mark_durable(part: Partition, end_offset: int) -> None:
@@ -533,7 +543,9 @@ class _SlowYields:
 
 
 class _NoGcPasses:
-    """``gc`` for broker.py: disable/enable as usual, no collect or freeze."""
+    """``gc`` for broker.py and partition.py: the run keeps the collector off (its timing
+    would make runs differ: a killed node's coroutines run finally blocks when collected),
+    so no collect, freeze, enable or disable from the server code."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(gc, name)
@@ -543,6 +555,31 @@ class _NoGcPasses:
 
     def freeze(self) -> None:
         pass
+
+    def enable(self) -> None:
+        pass
+
+    def disable(self) -> None:
+        pass
+
+    def isenabled(self) -> bool:
+        return False
+
+
+class _VirtualTime:
+    """``time`` with the simulation's clock (perf_counter stays real: durations in logs)."""
+
+    def __init__(self, world: World) -> None:
+        self._w = world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return self._w.loop.time()
+
+    def time(self) -> float:
+        return self._w.clock_ms() / 1000
 
 
 class _TraceHandler(logging.Handler):
@@ -583,8 +620,14 @@ def run_seed(seed: int, *, verbose: bool = False) -> Result:
             # A killed node's coroutines that never started (a wait_for's inner one).
             warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
                                     category=RuntimeWarning)
-            r = _run(seed, verbose)
-            gc.collect()
+            was_enabled = gc.isenabled()
+            gc.disable()  # collections at allocation-dependent moments: not in a run
+            try:
+                r = _run(seed, verbose)
+            finally:
+                gc.collect()
+                if was_enabled:
+                    gc.enable()
     finally:
         sys.unraisablehook = hook
     return r
