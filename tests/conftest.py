@@ -19,6 +19,14 @@ from pidlease.zkserver import ZooKeeperCluster
 _chroots = itertools.count(1)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here, not in tests/sim/conftest.py: pytest reads options only from conftests next to
+    # the paths on its command line, and the flag should work with `pytest tests`.
+    parser.getgroup("sim").addoption(
+        "--sim-long", action="store_true", default=False,
+        help="run the deterministic simulation's long form (tests/sim; PIDLEASE_SIM_LONG=1)")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     rep = yield

@@ -1,0 +1,3 @@
+from tests.sim.cli import main
+
+raise SystemExit(main())

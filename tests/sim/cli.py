@@ -1,0 +1,133 @@
+"""``python -m tests.sim``: run many seeds, or replay one.
+
+    python -m tests.sim run --seeds 2000 [--start N] [--minutes M] [--stop-on-failure]
+    python -m tests.sim replay 12345 [-v]
+
+``run`` prints, at the end and every ~10 s: seeds run, seeds per minute, faults and
+invariant checks per run, and every failing seed with the command that replays it.
+``replay`` runs one seed again (the same seed gives the same run) and prints its plan,
+its failures and, with -v, the trace of events (server log lines included)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tests.sim.world import Result, run_seed
+
+
+def replay_command(seed: int) -> str:
+    return f"python -m tests.sim replay {seed} -v"
+
+
+def describe_failure(r: Result) -> str:
+    lines = [f"seed {r.seed} FAILED ({len(r.failures)} problem(s)); replay: {replay_command(r.seed)}"]
+    lines += [f"  - {f}" for f in r.failures[:8]]
+    if len(r.failures) > 8:
+        lines.append(f"  ... and {len(r.failures) - 8} more")
+    return "\n".join(lines)
+
+
+KINDS = (  # (kind, words that identify it in a failure message), first match wins
+    ("harness", ("harness error", "unhandled error", "stalled")),
+    ("order", ("applied out of order", "answers in order")),
+    ("durability", ("above what is fsynced",)),
+    ("lost-ack", ("is not in the log", "acked records but")),
+    ("duplicate", ("in the log ",)),
+    ("fenced-write", ("after the fence",)),
+    ("sequence", ("not in sequence order", "a gap on a strict topic", "stored with sequence")),
+    ("replicas", ("differ below the high watermark",)),
+    ("producer-failed", ("failed: ",)),
+    ("stuck", ("stuck", "did not come back")),
+)
+
+
+def kind_of(failure: str) -> str:
+    for kind, words in KINDS:
+        if any(w in failure for w in words):
+            return kind
+    return "other"
+
+
+class Totals:
+    def __init__(self) -> None:
+        self.runs = 0
+        self.failed: list[int] = []
+        self.faults = 0
+        self.checks = 0
+        self.acked = 0
+        self.kinds: dict[str, list[int]] = {}
+        self.t0 = time.perf_counter()
+
+    def add(self, r: Result) -> None:
+        self.runs += 1
+        self.faults += sum(r.faults.values())
+        self.checks += r.checks
+        self.acked += r.acked
+        if not r.ok:
+            self.failed.append(r.seed)
+            for k in sorted({kind_of(f) for f in r.failures}):
+                self.kinds.setdefault(k, []).append(r.seed)
+
+    def line(self) -> str:
+        secs = time.perf_counter() - self.t0
+        n = max(self.runs, 1)
+        return (f"{self.runs} seeds in {secs:.1f}s ({self.runs / max(secs, 1e-9) * 60:.0f} seeds/min), "
+                f"{self.faults / n:.1f} faults/run, {self.checks / n:.0f} invariant checks/run, "
+                f"{self.acked / n:.0f} acked records/run, {len(self.failed)} failed")
+
+
+def run_many(seeds: int, start: int, minutes: float | None, stop_on_failure: bool,
+             out: object = sys.stdout) -> Totals:
+    tot = Totals()
+    deadline = None if minutes is None else time.perf_counter() + minutes * 60
+    last_report = time.perf_counter()
+    for seed in range(start, start + seeds):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        r = run_seed(seed)
+        tot.add(r)
+        if not r.ok:
+            print(describe_failure(r), file=out, flush=True)  # type: ignore[call-overload]
+            if stop_on_failure:
+                break
+        if time.perf_counter() - last_report > 10:
+            last_report = time.perf_counter()
+            print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
+    print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
+    if tot.failed:
+        print("failing seeds: " + " ".join(map(str, tot.failed)), file=out)  # type: ignore[call-overload]
+        for k, seeds in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
+            print(f"  {k}: {len(seeds)} seeds, first {seeds[0]} (seeds run to find it: "
+                  f"{seeds[0] - start + 1}); e.g. {' '.join(map(str, seeds[:10]))}",
+                  file=out)  # type: ignore[call-overload]
+    return tot
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run many seeds")
+    run.add_argument("--seeds", type=int, default=1000)
+    run.add_argument("--start", type=int, default=0)
+    run.add_argument("--minutes", type=float, default=None)
+    run.add_argument("--stop-on-failure", action="store_true")
+    rep = sub.add_parser("replay", help="run one seed again")
+    rep.add_argument("seed", type=int)
+    rep.add_argument("-v", "--verbose", action="store_true", help="print the trace of events")
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        tot = run_many(args.seeds, args.start, args.minutes, args.stop_on_failure)
+        return 1 if tot.failed else 0
+    r = run_seed(args.seed, verbose=args.verbose)
+    print(f"seed {r.seed}: plan {r.plan}")
+    if args.verbose:
+        print("\n".join(r.trace))
+    print(f"seed {r.seed}: {'ok' if r.ok else 'FAILED'}; faults {r.faults}, {r.checks} invariant "
+          f"checks, {r.batches} batches, {r.acked} acked records, {r.virtual_s:.3f}s virtual, "
+          f"{r.wall_s:.3f}s wall")
+    if not r.ok:
+        print(describe_failure(r))
+    return 0 if r.ok else 1

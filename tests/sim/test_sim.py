@@ -1,0 +1,83 @@
+"""The deterministic simulation in CI (short form) and by flag (long form).
+
+Short form: seeds 0.. until ``SHORT_SEEDS`` ran or ``SHORT_SECONDS`` passed, whichever
+comes first (both bound it; a slower machine runs fewer seeds, never longer). Long form
+(``--sim-long`` or ``PIDLEASE_SIM_LONG=1``): more seeds, from ``PIDLEASE_SIM_START``
+(default: after the short form's). Every failing seed is listed with the command that
+replays it."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+
+import pytest
+
+from tests.sim.cli import replay_command, run_many
+from tests.sim.disk import DiskFaults, DiskShim
+from tests.sim.loop import Node
+from tests.sim.world import run_seed
+
+SHORT_SEEDS = 2000
+SHORT_SECONDS = 120.0
+LONG_SEEDS = 200_000
+LONG_SECONDS = 3600.0
+
+
+@pytest.fixture
+def sim_long(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--sim-long", default=False)
+                or os.environ.get("PIDLEASE_SIM_LONG"))
+
+
+def test_a_seed_replays_exactly() -> None:
+    """Same seed, same run: the trace of events (server log lines included) is identical."""
+    for seed in (3, 4):
+        a, b = run_seed(seed, verbose=True), run_seed(seed, verbose=True)
+        assert a.trace == b.trace
+        assert len(a.trace) > 50
+        assert a.checks == b.checks and a.faults == b.faults
+
+
+def test_crash_keeps_what_was_fsynced_and_maybe_a_torn_tail(tmp_path: object) -> None:
+    rng = random.Random(7)
+    seen = set()
+    for _ in range(30):
+        d = os.path.join(str(tmp_path), f"d{len(seen)}-{rng.random()}")
+        os.makedirs(d)
+        disk = DiskShim(rng, lambda: 0.0, DiskFaults(), lambda *_: None)
+        node = Node("n")
+        fd = disk.open(os.path.join(d, "0.log"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        disk.write(fd, b"a" * 100)
+        disk.fsync(fd)
+        disk.write(fd, b"b" * 100)
+        disk.fd_node[fd] = node
+        disk.crash(node, d)
+        size = os.path.getsize(os.path.join(d, "0.log"))
+        assert 100 <= size <= 200
+        seen.add(size)
+    assert 100 in seen and 200 in seen and len(seen) > 3  # cut, kept, torn
+
+
+def _run(seeds: int, start: int, seconds: float) -> None:
+    out = io.StringIO()
+    tot = run_many(seeds, start, seconds / 60, stop_on_failure=False, out=out)
+    print(out.getvalue())
+    assert tot.runs > 0
+    assert not tot.failed, (
+        f"{len(tot.failed)} of {tot.runs} seeds failed; replay one with "
+        f"`{replay_command(tot.failed[0])}`\n{out.getvalue()[-6000:]}")
+
+
+def test_simulation_short_form(sim_long: bool) -> None:
+    if sim_long:
+        pytest.skip("the long form runs instead")
+    _run(SHORT_SEEDS, 0, SHORT_SECONDS)
+
+
+def test_simulation_long_form(sim_long: bool) -> None:
+    if not sim_long:
+        pytest.skip("long form: --sim-long or PIDLEASE_SIM_LONG=1")
+    start = int(os.environ.get("PIDLEASE_SIM_START", SHORT_SEEDS))
+    _run(LONG_SEEDS, start, LONG_SECONDS)

@@ -1,0 +1,674 @@
+"""One simulated run: the world a seed builds, the faults it schedules, and the checks.
+
+``run_seed(seed)`` builds everything from ``random.Random(seed)``: topics (strict,
+monotonic, off; some created while producers already send), server settings, producers
+(lineages, takeovers), and a fault plan (crashes with torn tails, ENOSPC and EIO on
+write, failing and slow fsyncs, connection cuts and delays, ZooKeeper failed writes and
+session expiry). It runs the real server code on the simulated loop until every producer
+is done (or the virtual deadline passes), crashes the servers one last time, recovers
+them from their files, and checks the result (checker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import gc
+import logging
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import partition_server.atomic_file
+import partition_server.broker
+import partition_server.flusher
+import partition_server.log
+import partition_server.partition
+import partition_server.registry
+import partition_server.replication
+from partition_server.partition import Partition
+from partition_server.server import PartitionServer
+from partition_server.settings import ServerSettings
+from pidlease.cluster import (
+    ALL_ROOTS,
+    PartitionState,
+    ServerInfo,
+    TopicSpec,
+    partition_path,
+    server_path,
+    topic_path,
+)
+from tests.sim.disk import DiskFaults, DiskShim
+from tests.sim.loop import NODE, Idle, Node, SimLoop
+from tests.sim.net import SimNetwork
+from tests.sim.producer import Lineage, Producer
+from tests.sim.zk import FakeZk, FakeZkClient
+
+SECRET = "sim-secret"
+EPOCH_MS = 1_700_000_000_000
+DEADLINE_S = 60.0           # virtual; a run not done by then is stuck (a liveness failure)
+_TMP_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+@dataclass
+class Result:
+    seed: int
+    failures: list[str] = field(default_factory=list)
+    faults: dict[str, int] = field(default_factory=dict)
+    checks: int = 0
+    acked: int = 0
+    batches: int = 0
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+    trace: list[str] = field(default_factory=list)
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class ServerNode:
+    """One partition server id and its successive incarnations (processes)."""
+
+    def __init__(self, world: World, sid: int) -> None:
+        self.w = world
+        self.sid = sid
+        self.host = f"sim-{sid}"
+        self.port = 9000 + sid
+        self.address = f"{self.host}:{self.port}"
+        self.data_dir = os.path.join(world.tmp, f"server-{sid}")
+        self.node: Node | None = None
+        self.server: PartitionServer | None = None
+        self.zkc: FakeZkClient | None = None
+        self.incarnation = 0
+        self.up = False
+        self.crashes = 0
+        self._settings: ServerSettings | None = None
+
+    def settings(self) -> ServerSettings:
+        if self._settings is None:  # pydantic-settings reads the environment: once
+            self._settings = ServerSettings(zk="sim", lease_secret=SECRET, server_id=self.sid,
+                                            host=self.host, port=self.port,
+                                            data_dir=self.data_dir, **self.w.server_opts)
+        return self._settings
+
+    def start(self) -> None:
+        self.incarnation += 1
+        node = self.node = Node(f"s{self.sid}#{self.incarnation}")
+        ctx = contextvars.copy_context()
+        ctx.run(NODE.set, node)
+        asyncio.get_running_loop().create_task(self._boot(node), context=ctx)
+
+    async def _boot(self, node: Node) -> None:
+        w = self.w
+        loop = asyncio.get_running_loop()
+        try:
+            srv = PartitionServer(self.settings(), clock_ms=w.clock_ms)
+            self.server = srv
+            zkc = self.zkc = FakeZkClient(w.zk, node.name)
+            srv.registry.zk = zkc
+            zkc.add_listener(srv.registry._on_state)
+            srv.broker.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
+            a = await loop.run_in_executor(None, srv.registry.read_now)
+            srv.broker.recover(a)
+            rec = srv.broker.recovery
+            w.trace("server", f"{node.name} recovered: snapshot {rec['snapshot']}, "
+                    f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
+                    f"{rec['truncations']} truncations")
+            srv.registry.on_change = srv.broker.apply_assignment
+            srv.address = self.address
+            await srv.registry.register(self.host, self.port)
+            await srv.registry.refresh()
+            w.net.listen(self.address, node, srv._handle)
+            srv.broker.replicas.start()
+            srv._maint = loop.create_task(srv.broker.maintain())
+            self.up = True
+            w.trace("server", f"{node.name} serving")
+        except Exception as exc:  # noqa: BLE001 - a failed start is a crash; restart it
+            w.trace("server", f"{node.name} failed to start: {type(exc).__name__}: {exc}")
+            self.crash("failed start", restart=True)
+
+    def crash(self, why: str, *, restart: bool = True) -> None:
+        """SIGKILL: nothing of the process runs again; files keep what was fsynced plus a
+        random part of the rest."""
+        node = self.node
+        if node is None or not node.alive:
+            return
+        node.alive = False
+        self.up = False
+        self.crashes += 1
+        w = self.w
+        w.net.unlisten(self.address)
+        w.net.cut_node(node)
+        notes = w.disk.crash(node, self.data_dir)
+        w.trace("server", f"{node.name} CRASH ({why}); torn: {'; '.join(notes) or 'nothing'}")
+        if self.zkc is not None:
+            session = self.zkc.session
+            w.world_later(w.rng.uniform(0.01, 0.2), w.zk.expire, session)
+        if restart:
+            w.world_later(w.rng.uniform(0.002, 0.08), self.start)
+
+
+class World:
+    def __init__(self, seed: int, *, verbose: bool = False) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.verbose = verbose
+        self.secret = SECRET.encode()
+        self.result = Result(seed)
+        self.trace_lines: list[str] = []
+        self.loop = SimLoop(self._executor_delay)
+        self.loop.set_exception_handler(self._loop_exception)
+        self.world_ctx = contextvars.copy_context()
+        self.tmp = tempfile.mkdtemp(prefix=f"pidlease-sim-{seed}-", dir=_TMP_ROOT)
+        self.faults = DiskFaults()
+        self.disk = DiskShim(self.rng, self.loop.time, self.faults, self.trace)
+        self.net = SimNetwork(self.rng, self.trace, self.world_ctx)
+        self.zk = FakeZk(self.rng, self.trace)
+        self.servers: dict[int, ServerNode] = {}
+        self.lineages: list[Lineage] = []
+        self.topics: dict[str, TopicSpec] = {}
+        self.server_opts: dict[str, Any] = {}
+        self.n_servers = 1
+        self.capture_chunk_pids = self.rng.choice([1, 2, 20_000])
+        self.result.plan["capture_chunk_pids"] = self.capture_chunk_pids
+        self.final = False  # the end: no more faults
+        self.fsync_slow_p = 0.0
+        self.checks = 0
+        self.fault_counts: dict[str, int] = {}
+
+    # -- small services ----------------------------------------------------------------------
+    def clock_ms(self) -> int:
+        return EPOCH_MS + int(self.loop.time() * 1000)
+
+    def trace(self, kind: str, msg: str) -> None:
+        self.trace_lines.append(f"{self.loop.time() * 1000:10.3f}ms {kind:6} {msg}")
+
+    def violation(self, msg: str) -> None:
+        self.trace("FAIL", msg)
+        self.result.failures.append(msg)
+
+    def _loop_exception(self, _loop: Any, context: dict[str, Any]) -> None:
+        msg = context.get("message", "")
+        if "never retrieved" in msg:
+            return  # a reset reader nobody read again; not a fault
+        exc = context.get("exception")
+        self.violation(f"unhandled error in a callback: {msg}: {type(exc).__name__}: {exc}")
+
+    def count(self, fault: str) -> None:
+        self.fault_counts[fault] = self.fault_counts.get(fault, 0) + 1
+
+    def world_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        self.loop.call_later(delay, fn, *args, context=self.world_ctx)
+
+    def _executor_delay(self, func: Callable[..., Any]) -> float:
+        d = self.rng.random() * 0.0005
+        name = getattr(func, "__name__", "")
+        if name in ("_read_all", "read_now"):
+            d += self.rng.uniform(0.0005, 0.005)  # reading the whole tree: several round trips
+        elif name == "_fsync_all" and self.rng.random() < self.fsync_slow_p:
+            d += self.rng.uniform(0.005, 0.05)
+        elif self.rng.random() < 0.05:
+            d += self.rng.random() * 0.01
+        return d
+
+    def leader_address(self, topic: str, partition: int) -> str:
+        z = self.zk.nodes.get(partition_path(topic, partition))
+        sid = PartitionState.from_bytes(z.data).leader if z is not None else 1
+        return self.servers[sid].address if sid in self.servers else "sim-1:9001"
+
+    # -- invariants checked while running -----------------------------------------------------
+    def check_durable(self, part: Partition, what: str) -> None:
+        self.checks += 1
+        on_disk = self.disk.durable_end(part.log)
+        if part.flushed_end > on_disk or part.high_watermark > on_disk:
+            self.violation(f"{part.topic}-{part.partition}: {what} leaves flushed_end "
+                           f"{part.flushed_end} / high watermark {part.high_watermark} above "
+                           f"what is fsynced ({on_disk})")
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        world = self
+        saved: list[tuple[Any, str, Any]] = []
+
+        def put(obj: Any, name: str, value: Any) -> None:
+            saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, value)
+
+        for mod in (partition_server.log, partition_server.flusher,
+                    partition_server.atomic_file, partition_server.broker):
+            put(mod, "os", self.disk)
+        # Recovery runs a full gc pass and freezes the heap (a production speed-up for
+        # millions of long-lived objects); here it would only cost ~5 ms per boot.
+        put(partition_server.broker, "gc", _NoGcPasses())
+        put(partition_server.partition, "gc", _NoGcPasses())
+        # Clocks the server code reads directly: virtual too (replication's checkpoint and
+        # reconcile timers, the rate limit of a log line, a start time in ZooKeeper).
+        vtime = _VirtualTime(self)
+        for mod in (partition_server.log, partition_server.replication,
+                    partition_server.registry):
+            put(mod, "time", vtime)
+        put(partition_server.log, "_last_write_failure_log_s", -1e9)
+        orig_mark, orig_set_hw = Partition.mark_durable, Partition.set_high_watermark
+
+        def mark_durable(part: Partition, end_offset: int) -> None:
+            orig_mark(part, end_offset)
+            world.check_durable(part, f"mark_durable({end_offset})")
+
+        def set_high_watermark(part: Partition, hw: int) -> None:
+            orig_set_hw(part, hw)
+            world.check_durable(part, f"set_high_watermark({hw})")
+
+        # Snapshots export producer state in chunks with the loop free in between; the
+        # chunk is 20 000 PIDs in production, so with the sim's handful of PIDs capture
+        # would never yield. A seed-chosen small chunk gives the interleavings a server
+        # with many PIDs has.
+        orig_capture = Partition.capture
+        chunk = self.capture_chunk_pids
+
+        def capture(part: Partition, chunk_pids: int = chunk) -> Any:
+            return orig_capture(part, chunk_pids)
+
+        put(Partition, "capture", capture)
+        # Exporting a chunk of rows takes CPU time in production (ms for 20 000 PIDs), and
+        # other callbacks run in between; in virtual time it would take none. A yield in
+        # partition.py (capture's) lasts a seed-chosen few ms of virtual time instead.
+        put(partition_server.partition, "asyncio", _SlowYields(self.rng))
+        put(Partition, "mark_durable", mark_durable)
+        put(Partition, "set_high_watermark", set_high_watermark)
+        put(asyncio, "open_connection", self.net.open_connection)
+        handler = _TraceHandler(self) if self.verbose else None
+        plog = logging.getLogger("partition_server")
+        old_level, old_prop = plog.level, plog.propagate
+        if handler is not None:
+            plog.addHandler(handler)
+            plog.setLevel(logging.INFO)
+        else:
+            plog.setLevel(logging.CRITICAL + 1)
+        plog.propagate = False
+        try:
+            yield
+        finally:
+            for obj, name, value in reversed(saved):
+                setattr(obj, name, value)
+            if handler is not None:
+                plog.removeHandler(handler)
+            plog.setLevel(old_level)
+            plog.propagate = old_prop
+
+    # -- the plan ------------------------------------------------------------------------------
+    def plan(self) -> None:
+        rng = self.rng
+        plan = self.result.plan
+        self.server_opts = dict(
+            fsync=rng.choice(["batch", "interval"]),
+            fsync_interval_ms=rng.choice([0, 1, 2, 5]),
+            segment_bytes_max=rng.choice([4096, 8192, 1 << 20]),
+            snapshot_interval_batches=rng.choice([3, 10, 40, 10_000]),
+            snapshot_interval_ms=rng.choice([10, 50, 200, 30_000]),
+            snapshots_kept=rng.choice([1, 2]),
+            inflight_requests_max_per_connection=rng.choice([2, 5, 1000]),
+            pid_expire_check_ms=1000,
+        )
+        self.n_servers = 3 if rng.random() < 0.5 else 1
+        if self.n_servers > 1:
+            self.server_opts.update(
+                replica_lag_time_max_ms=rng.choice([100, 300, 1000]),
+                replica_fetch_wait_max_ms=rng.choice([5, 20, 100]),
+                replica_fetch_timeout_ms=rng.choice([100, 300]),
+                replica_fetch_backoff_ms=rng.choice([2, 10, 30]),
+                hw_checkpoint_interval_ms=rng.choice([10, 50, 200]),
+            )
+        plan["server"] = dict(self.server_opts)
+        plan["servers"] = self.n_servers
+        n_topics = rng.randint(1, 3)
+        late = rng.random() < 0.6
+        for i in range(n_topics + (1 if late else 0)):
+            mode = rng.choice(["strict", "strict", "monotonic", "monotonic", "off"])
+            rf = rng.choice([1, 2, 3, 3]) if self.n_servers > 1 else 1
+            spec = TopicSpec(f"t{i}", rng.choice([1, 1, 2]), rf, mode)
+            created = 0.0 if i < n_topics else rng.uniform(0.005, 0.15)
+            self.topics[spec.name] = spec
+            plan.setdefault("topics", []).append(f"{spec.name}:{mode}x{spec.partitions}R{rf}"
+                                                  f"@{created * 1000:.0f}ms")
+            if created == 0.0:
+                self._create_topic(spec)
+            else:
+                self.world_later(created, self._create_topic, spec)
+            for p in range(spec.partitions):
+                for _ in range(rng.choice([1, 1, 2, 3, 6])):
+                    start = created + rng.uniform(-0.02, 0.01) if created else rng.uniform(0, 0.02)
+                    self._plan_lineage(spec, p, max(start, 0.0))
+        self._plan_faults()
+
+    def _plan_lineage(self, spec: TopicSpec, partition: int, start: float) -> None:
+        rng = self.rng
+        lin = Lineage(name=f"L{len(self.lineages)}", topic=spec.name, partition=partition,
+                      mode=spec.dedup, pid=1000 + len(self.lineages),
+                      generation=rng.randint(1, 50),
+                      # some PIDs write a batch or three and go idle: more PIDs per
+                      # partition, longer snapshot captures
+                      batches_total=rng.choice([rng.randint(1, 3), rng.randint(5, 40)]),
+                      max_in_flight=rng.choice([1, 2, 3, 5, 5]), records_max=rng.choice([1, 3, 5]),
+                      holes=rng.random() < 0.5, gap_s=rng.choice([0.0, 0.0005, 0.002]))
+        self.lineages.append(lin)
+        self.world_later(start, self._start_producer, lin, False)
+        if rng.random() < 0.2:
+            self.world_later(start + rng.uniform(0.005, 0.3), self._takeover, lin)
+
+    def _start_producer(self, lin: Lineage, takeover: bool) -> Producer:
+        p = Producer(self, lin, takeover=takeover)
+        lin_current[id(lin)] = p
+        self.loop.create_task(p.run(), context=self.world_ctx)
+        return p
+
+    def _takeover(self, lin: Lineage) -> None:
+        if lin.finished or lin.failed:
+            return
+        old = lin_current.get(id(lin))
+        lin.generation += 1
+        self.count("takeover")
+        self.trace("fault", f"takeover of {lin.name}: generation {lin.generation}")
+        if old is not None:
+            old.superseded = True
+        self._start_producer(lin, True)
+
+    def _create_topic(self, spec: TopicSpec) -> None:
+        z = self.zk
+        z.create(topic_path(spec.name), spec.to_bytes(), makepath=True)
+        for p in range(spec.partitions):
+            replicas = self.rng.sample(range(1, self.n_servers + 1), spec.replication_factor)
+            z.create(partition_path(spec.name, p),
+                     PartitionState(replicas=replicas, leader=replicas[0],
+                                    isr=list(replicas)).to_bytes(), makepath=True)
+        self.trace("zk", f"topic {spec.name} created ({spec.dedup}, {spec.partitions} partitions)")
+
+    def _plan_faults(self) -> None:
+        rng = self.rng
+        horizon = 0.4
+        plan = self.result.plan
+        crashes = [0, 0, 1, 1, 2, 3] if self.n_servers == 1 else [0, 1, 2, 3, 4]
+        for _ in range(rng.choice(crashes)):
+            t = rng.uniform(0.005, horizon)
+            plan.setdefault("crashes", []).append(round(t * 1000))
+            self.world_later(t, self._crash, rng.randint(1, self.n_servers))
+        if rng.random() < 0.35:
+            f = self.faults
+            f.enospc_from = rng.uniform(0, horizon)
+            f.enospc_until = f.enospc_from + rng.uniform(0.005, 0.15)
+            f.enospc_p = rng.choice([0.3, 0.7, 1.0])
+            plan["enospc"] = (round(f.enospc_from * 1000), round(f.enospc_until * 1000),
+                              f.enospc_p)
+        if rng.random() < 0.15:
+            self.faults.eio_write_p = rng.choice([0.005, 0.02])
+            plan["eio_write_p"] = self.faults.eio_write_p
+        if rng.random() < 0.1:
+            self.faults.fsync_fail_p = rng.choice([0.005, 0.02])
+            plan["fsync_fail_p"] = self.faults.fsync_fail_p
+        if rng.random() < 0.3:
+            self.fsync_slow_p = rng.choice([0.1, 0.5])
+            plan["fsync_slow_p"] = self.fsync_slow_p
+        self.net.delay_max = rng.choice([0.0002, 0.001, 0.003])
+        for _ in range(rng.choice([0, 0, 1, 3, 6])):
+            t = rng.uniform(0, horizon)
+            plan.setdefault("cuts", []).append(round(t * 1000))
+            self.world_later(t, self._cut)
+        if rng.random() < 0.2:
+            t0 = rng.uniform(0, horizon)
+            plan["zk_write_fail"] = round(t0 * 1000)
+            self.world_later(t0, self._zk_faults, rng.choice([0.2, 0.6]), rng.choice([0.0, 0.3]))
+            self.world_later(t0 + rng.uniform(0.01, 0.1), self._zk_faults, 0.0, 0.0)
+        if rng.random() < 0.15:
+            t = rng.uniform(0, horizon)
+            plan["zk_expiry"] = round(t * 1000)
+            self.world_later(t, self._expire, rng.randint(1, self.n_servers))
+
+    # -- faults ------------------------------------------------------------------------------
+    def _crash(self, sid: int) -> None:
+        if self.final:
+            return
+        s = self.servers[sid]
+        if s.node is not None and s.node.alive:
+            self.count("crash")
+            s.crash("SIGKILL")
+
+    def _cut(self) -> None:
+        if self.final:
+            return
+        before = self.net.cuts
+        self.net.cut_random()
+        if self.net.cuts > before:
+            self.count("cut")
+
+    def _zk_faults(self, write_p: float, read_p: float) -> None:
+        if self.final and (write_p or read_p):
+            return
+        self.zk.write_fail_p, self.zk.read_fail_p = write_p, read_p
+        self.trace("fault", f"zookeeper write failure p={write_p}, read failure p={read_p}")
+        if write_p or read_p:
+            self.count("zk_failures")
+
+    def _expire(self, sid: int) -> None:
+        if self.final:
+            return
+        s = self.servers[sid]
+        if s.up and s.zkc is not None:
+            self.count("zk_expiry")
+            self.trace("fault", f"zookeeper session of {s.node.name if s.node else sid} expires")
+            s.zkc.expire_session()
+
+    # -- the run -------------------------------------------------------------------------------
+    async def main(self) -> None:
+        for root in ALL_ROOTS:
+            self.zk.create(root, b"", makepath=True)
+        self.plan()
+        for sid in range(1, self.n_servers + 1):
+            self.servers[sid] = ServerNode(self, sid)
+            self.servers[sid].start()
+        while self.loop.time() < DEADLINE_S:
+            await asyncio.sleep(0.01)
+            if all(lin.finished or lin.failed for lin in self.lineages):
+                break
+        else:
+            stuck = [f"{lin.name}({lin.topic}-{lin.partition}, sent {lin.sent})"
+                     for lin in self.lineages if not (lin.finished or lin.failed)]
+            self.violation(f"stuck: producers not done after {DEADLINE_S:.0f}s of virtual "
+                           f"time: {', '.join(stuck)}")
+        for lin in self.lineages:
+            if lin.failed:
+                self.violation(f"producer {lin.name} ({lin.mode}) failed: {lin.failed}")
+        # Quiet, then one last SIGKILL and recovery from the files: what is left is checked.
+        self.final = True
+        self._zk_faults(0.0, 0.0)
+        self.faults.enospc_until = self.faults.eio_write_p = self.faults.fsync_fail_p = 0.0
+        for s in self.servers.values():
+            s.crash("final", restart=False)
+        for s in self.servers.values():
+            s.start()
+        for _ in range(2000):
+            if all(s.up for s in self.servers.values()):
+                break
+            await asyncio.sleep(0.005)
+        else:
+            self.violation("a server did not come back after the final restart")
+            return
+        for _ in range(1000):  # replicated partitions: a leader, caught up
+            if self._settled():
+                break
+            await asyncio.sleep(0.005)
+        else:
+            self.trace("world", "not settled after the final restart; checking anyway")
+        from tests.sim.checker import check
+        check(self)
+
+    def _settled(self) -> bool:
+        for name, spec in self.topics.items():
+            for p in range(spec.partitions):
+                z = self.zk.nodes.get(partition_path(name, p))
+                if z is None:
+                    continue
+                ps = PartitionState.from_bytes(z.data)
+                srv = self.servers[ps.leader].server if ps.leader in self.servers else None
+                part = srv.broker.partitions.get((name, p)) if srv is not None else None
+                if part is None or part.role != "leader" or \
+                        part.high_watermark < part.log.next_offset:
+                    return False
+        return True
+
+
+lin_current: dict[int, Producer] = {}
+
+
+class _SlowYields:
+    """``asyncio`` for partition.py: ``sleep(0)`` (a yield between chunks of work) lasts
+    the time the chunk took."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    def sleep(self, delay: float, result: Any = None) -> Any:
+        return asyncio.sleep(delay or self._rng.uniform(0.0, 0.005), result)
+
+
+class _NoGcPasses:
+    """``gc`` for broker.py and partition.py: the run keeps the collector off (its timing
+    would make runs differ: a killed node's coroutines run finally blocks when collected),
+    so no collect, freeze, enable or disable from the server code."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(gc, name)
+
+    def collect(self, *_: Any) -> int:
+        return 0
+
+    def freeze(self) -> None:
+        pass
+
+    def enable(self) -> None:
+        pass
+
+    def disable(self) -> None:
+        pass
+
+    def isenabled(self) -> bool:
+        return False
+
+
+class _VirtualTime:
+    """``time`` with the simulation's clock (perf_counter stays real: durations in logs)."""
+
+    def __init__(self, world: World) -> None:
+        self._w = world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return self._w.loop.time()
+
+    def time(self) -> float:
+        return self._w.clock_ms() / 1000
+
+
+class _TraceHandler(logging.Handler):
+    def __init__(self, world: World) -> None:
+        super().__init__(logging.INFO)
+        self.world = world
+
+    def emit(self, record: logging.LogRecord) -> None:
+        node = NODE.get()
+        # Wall-clock durations differ between runs of one seed; nothing else does.
+        msg = _WALL_TIME.sub("#s", record.getMessage())
+        self.world.trace("log", f"[{node.name if node else '-'}] {record.levelname} "
+                         f"{record.name}: {msg}")
+
+
+_WALL_TIME = re.compile(r"\b\d+\.\d+s\b")
+
+
+_frozen = False
+
+
+def run_seed(seed: int, *, verbose: bool = False) -> Result:
+    """Run one seed; the result says what failed (empty: all checks held)."""
+    # The run's objects hold cycles (tasks, futures, streams); collect them at the end,
+    # quietly (closing a killed node's coroutines runs finally blocks that cannot await
+    # any more), so no later gc pass finds them in the middle of the next run.
+    global _frozen
+    if not _frozen:
+        # Modules and everything imported so far live as long as the process: keep them
+        # out of the per-run collection below (10 ms a run otherwise).
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _u: None
+    try:
+        with warnings.catch_warnings():
+            # A killed node's coroutines that never started (a wait_for's inner one).
+            warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                                    category=RuntimeWarning)
+            was_enabled = gc.isenabled()
+            gc.disable()  # collections at allocation-dependent moments: not in a run
+            try:
+                r = _run(seed, verbose)
+            finally:
+                gc.collect()
+                if was_enabled:
+                    gc.enable()
+    finally:
+        sys.unraisablehook = hook
+    return r
+
+
+def _run(seed: int, verbose: bool) -> Result:
+    t0 = time.perf_counter()
+    w = World(seed, verbose=verbose)
+    r = w.result
+    try:
+        with w.patched():
+            try:
+                w.loop.run_until_complete(w.main())
+            except Idle as exc:
+                w.violation(f"simulation stalled: {exc}")
+            except Exception as exc:  # noqa: BLE001 - report the seed, not a traceback only
+                import traceback
+                w.violation(f"harness error: {type(exc).__name__}: {exc}")
+                w.trace_lines.append(traceback.format_exc())
+    finally:
+        _close_loop(w.loop)
+        w.disk.close_all()  # the last incarnations' files: no process exit closes them here
+        lin_current.clear()
+        shutil.rmtree(w.tmp, ignore_errors=True)
+    r.checks = w.checks
+    r.faults = dict(w.fault_counts)
+    r.faults["disk"] = w.disk.injected
+    r.acked = sum(len(lin.acked) for lin in w.lineages)
+    r.batches = sum(lin.sent for lin in w.lineages)
+    r.virtual_s = w.loop.time()
+    r.wall_s = time.perf_counter() - t0
+    r.trace = w.trace_lines
+    return r
+
+
+def _close_loop(loop: SimLoop) -> None:
+    # Tasks of killed nodes stay pending forever; drop them without warnings (closing
+    # their coroutines runs finally blocks that cannot await any more: ignore that too).
+    for t in asyncio.all_tasks(loop):
+        t._log_destroy_pending = False  # type: ignore[attr-defined]
+    loop._ready.clear()  # type: ignore[attr-defined]
+    loop._scheduled.clear()  # type: ignore[attr-defined]
+    loop.close()
+    loop.tasks.clear()
