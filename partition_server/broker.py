@@ -139,7 +139,7 @@ class Broker:
                 log.warning("topic %s dedup mode %s -> %s", key[0], part.state.mode, mode)
                 part.state.mode = mode
             if is_replicated(ps):
-                self.replicas.apply(key, part, ps, a)
+                self.replicas.apply_guarded(key, part, ps, a)
                 continue
             role = "leader" if ps.leader == me else "follower"
             if role != part.role:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import logging
 import zlib
 from bisect import bisect_right
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from partition_server.atomic_file import write_atomically
@@ -83,7 +85,22 @@ class EpochHistory:
         i = max(bisect_right(starts, offset) - 1, 0)
         return self.entries[i:]
 
-    # -- changes (the caller saves) --------------------------------------------------------
+    # -- changes (the caller saves, through :meth:`change`) ---------------------------------
+    @contextmanager
+    def change(self) -> Iterator[None]:
+        """Changes made in the block are saved at its end, when there are any. If the block
+        or the save raises (a full disk), the history in memory is put back as it was: an
+        entry kept in memory but not in the file would make the retry see nothing new and
+        never save it, and after a restart the file would lack that epoch."""
+        entries, truncations = list(self.entries), self.truncations
+        try:
+            yield
+            if (self.entries, self.truncations) != (entries, truncations):
+                self.save()
+        except BaseException:
+            self.entries, self.truncations = entries, truncations
+            raise
+
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that ``epoch`` writes from ``start_offset`` on. True when that is new.
         Refuses to go backwards: epochs and start offsets only grow."""

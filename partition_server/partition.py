@@ -348,9 +348,11 @@ class Partition:
         """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write. As a
         follower this replica saw no renewals (they touch the leader's state only), so
         every PID it holds starts a full expiry period now: a live producer renews within
-        it, a dead one expires one period later than it would have."""
-        if self.epochs.assign(epoch, self.log.next_offset):
-            self.epochs.save()
+        it, a dead one expires one period later than it would have. Raises OSError when the
+        epoch cannot be saved (a full disk): nothing changes, the role is not taken, and the
+        next reconcile retries."""
+        with self.epochs.change():
+            self.epochs.assign(epoch, self.log.next_offset)
         if self.role != "leader":
             self.state.raise_last_use(self.clock_ms())
         self.role = "leader"
@@ -408,10 +410,12 @@ class Partition:
         if offset < self.high_watermark:
             log.error("%s-%d: cutting the log to %d, below the high watermark %d",
                       self.topic, self.partition, offset, self.high_watermark)
-        # Count the cut first: a crash right after must not trust older snapshot rows.
-        self.epochs.truncations += 1
-        self.epochs.truncate_to(offset)
-        self.epochs.save()
+        # Count the cut first: a crash right after must not trust older snapshot rows. A
+        # failed save (full disk) leaves the history and the log as they were: the next
+        # session retries.
+        with self.epochs.change():
+            self.epochs.truncations += 1
+            self.epochs.truncate_to(offset)
         end = self.log.truncate_to(offset)
         self.epochs.truncate_to(end)
         self.flushed_end = min(self.flushed_end, end)

@@ -160,7 +160,12 @@ class Registry:
             else:
                 self.assignment = a
                 if self.on_change is not None:
-                    self.on_change(a)
+                    try:
+                        self.on_change(a)
+                    except Exception:  # noqa: BLE001 - this task must outlive a bad apply
+                        # Raising here would leave the waiters below unanswered and the
+                        # refreshes asked for meanwhile unread.
+                        log.exception("applying the assignment read from ZooKeeper failed")
             for w in waiters:
                 if not w.done():
                     w.set_result(a)

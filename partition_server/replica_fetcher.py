@@ -97,16 +97,16 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
         end = h.base_offset + h.count
     if not batches:
         return 0
-    changed = False
-    for epoch, first in epochs:
-        latest = part.epochs.latest_epoch
-        if (latest is None or epoch > latest) and max(first, start) < end:
-            if first < start:
-                raise CorruptRecord(f"leader says epoch {epoch} starts at {first}, inside "
-                                    f"this replica's log (ends {start}); reconcile again")
-            changed |= part.epochs.assign(epoch, first)
-    if changed:
-        part.epochs.save()  # before the batches: a crash in between only refetches
+    # Saved before the batches: a crash in between only refetches. A failed save (or a
+    # refused entry) leaves nothing in memory, so the refetch assigns and saves it again.
+    with part.epochs.change():
+        for epoch, first in epochs:
+            latest = part.epochs.latest_epoch
+            if (latest is None or epoch > latest) and max(first, start) < end:
+                if first < start:
+                    raise CorruptRecord(f"leader says epoch {epoch} starts at {first}, inside "
+                                        f"this replica's log (ends {start}); reconcile again")
+                part.epochs.assign(epoch, first)
     now = part.clock_ms()
     state = part.state
     for h, pos in batches:

@@ -99,10 +99,20 @@ class ReplicaManager:
         for key, ps in a.partitions.items():
             part = self.partitions.get(key)
             if part is not None and part.hosted and is_replicated(ps) and self.me in ps.replicas:
-                self.apply(key, part, ps, a)
+                self.apply_guarded(key, part, ps, a)
         for key in [k for k in self.fetchers if k not in a.partitions
                     or not self.partitions[k].hosted]:
             self.fetchers.pop(key).stop()
+
+    def apply_guarded(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
+        """:meth:`apply`, with its failure kept to this partition: it runs inside the
+        registry's change handler and the once-a-second reconcile, which must go on to the
+        other partitions (and to later assignments). The reconcile retries this one."""
+        try:
+            self.apply(key, part, ps, a)
+        except Exception as exc:  # noqa: BLE001 - e.g. the epoch file on a full disk
+            log.error("%s-%d: applying its state at epoch %d failed (%s: %s); retrying at the "
+                      "next reconcile", key[0], key[1], ps.leader_epoch, type(exc).__name__, exc)
 
     def apply(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
         """Take the role ZooKeeper's state calls for (see the module docstring)."""
