@@ -65,6 +65,11 @@ class Flusher:
         self.flushes = 0
         self.fsync_seconds = 0.0
 
+    def fatal(self, exc: BaseException) -> None:
+        """The policy for a failed fsync, for whoever else fsyncs or cuts a log (a
+        follower's truncation): the error handler, which in production never returns."""
+        self._on_error(exc)
+
     def note_write(self, part: Flushable) -> None:
         self._dirty[part] = None
         self._idle.clear()

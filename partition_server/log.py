@@ -239,6 +239,13 @@ class PartitionLog:
         log.warning("%s: truncated the log to offset %d (asked for %d)", self.dir.name, cut, offset)
         return cut
 
+    def cut_point(self, offset: int) -> int:
+        """Where :meth:`truncate_to` with ``offset`` makes the log end (nothing changes)."""
+        if offset >= self.next_offset:
+            return self.next_offset
+        si, bi = self._locate(max(offset, 0))
+        return self.segments[si].offsets[bi]
+
     def _new_segment(self, base_offset: int) -> Segment:
         path = self.dir / segment_name(base_offset)
         seg = Segment(base_offset, path, _open_fd(path), 0)

@@ -410,16 +410,26 @@ class Partition:
         if offset < self.high_watermark:
             log.error("%s-%d: cutting the log to %d, below the high watermark %d",
                       self.topic, self.partition, offset, self.high_watermark)
+        # Lowered before anything below can fail: whatever path leaves this method, neither
+        # end may stay above the log's end (batches fetched later would count as fsynced).
+        end = self.log.cut_point(offset)
+        self.flushed_end = min(self.flushed_end, end)
+        self.high_watermark = min(self.high_watermark, end)
         # Count the cut first: a crash right after must not trust older snapshot rows. A
-        # failed save (full disk) leaves the history and the log as they were: the next
-        # session retries.
+        # failed save (full disk) leaves the history and the log as they were (only the
+        # ends above are lowered; a flush raises them again): the next session retries.
         with self.epochs.change():
             self.epochs.truncations += 1
             self.epochs.truncate_to(offset)
-        end = self.log.truncate_to(offset)
+        try:
+            end = self.log.truncate_to(offset)
+        except OSError as exc:
+            # A failed ftruncate or fsync leaves the file in a state nobody knows (and a
+            # later fsync may "succeed" over dropped pages): the policy of a failed fsync,
+            # crash and recover from what is on disk. Never carry on with this log.
+            self.flusher.fatal(exc)
+            raise
         self.epochs.truncate_to(end)
-        self.flushed_end = min(self.flushed_end, end)
-        self.high_watermark = min(self.high_watermark, end)
         # Offsets above the cut will hold other batches, if any: a wait for one must not
         # be answered by their flush (a snapshot captured up to there would be written).
         _fail_above(self._flush_waiters, end, ServerUnavailable(
