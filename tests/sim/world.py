@@ -34,6 +34,7 @@ import partition_server.log
 import partition_server.partition
 import partition_server.registry
 import partition_server.replication
+import partition_server.server
 from partition_server.partition import Partition
 from partition_server.server import PartitionServer
 from partition_server.settings import ServerSettings
@@ -252,10 +253,12 @@ class World:
         put(partition_server.broker, "gc", _NoGcPasses())
         put(partition_server.partition, "gc", _NoGcPasses())
         # Clocks the server code reads directly: virtual too (replication's checkpoint and
-        # reconcile timers, the rate limit of a log line, a start time in ZooKeeper).
+        # reconcile timers, the rate limit of a log line, a start time in ZooKeeper, how
+        # long a connection remembers a partition a re-read did not find: on the wall
+        # clock a whole run lasts under a second, so no request re-read ZooKeeper again).
         vtime = _VirtualTime(self)
         for mod in (partition_server.log, partition_server.replication,
-                    partition_server.registry):
+                    partition_server.registry, partition_server.server):
             put(mod, "time", vtime)
         put(partition_server.log, "_last_write_failure_log_s", -1e9)
         orig_mark, orig_set_hw = Partition.mark_durable, Partition.set_high_watermark
