@@ -28,7 +28,11 @@ Key = tuple[str, int, int]  # (topic, partition, pid)
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """The lowest refused batch of one producer on one partition, on one connection."""
+    """The refused range of one producer on one partition, on one connection: from the
+    lowest refused base to the highest last sequence refused since (at dispatch or held
+    back here). The producer resends from its base; a later batch may pass without that
+    resend only once the partition holds up to its last (``server._refused_range_written``):
+    one held-back batch the partition lacks would otherwise become a hole no resend fills."""
 
     generation: int
     base_sequence: int
@@ -79,13 +83,20 @@ class RefusalGuard:
 
     def note(self, key: Key, generation: int, base_sequence: int, last_sequence: int,
              code: int) -> None:
-        """Record a retriable refusal answered at dispatch. The lowest refused base of the
-        newest generation is kept: everything above it waits for its resend."""
+        """Record a retriable refusal (answered at dispatch, or a batch this guard held
+        back). The lowest refused base of the newest generation is kept: everything above
+        it waits for its resend; the range grows to the highest refused last sequence."""
         r = self._held.get(key)
         if r is not None:
-            if generation < r.generation or (generation == r.generation
-                                             and base_sequence >= r.base_sequence):
+            if generation < r.generation:
                 return
+            if generation == r.generation:
+                last = max(last_sequence, r.last_sequence)
+                if base_sequence >= r.base_sequence:
+                    if last > r.last_sequence:
+                        self._held[key] = Refusal(r.generation, r.base_sequence, last, r.code)
+                    return
+                last_sequence = last
         elif len(self._held) >= self.keys_max:
             self.overflowed = True
             return

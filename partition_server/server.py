@@ -370,6 +370,8 @@ class PartitionServer:
         if part is not None and _refused_range_written(part, pid, r):
             guard.clear(b.key)
             return b
+        # Held back, so refused too: the range the producer must resend now ends here.
+        guard.note(b.key, b.generation, b.base_sequence, b.last_sequence, r.code)
         corr = _HEAD.unpack_from(body)[1]
         return error_response(P.PRODUCE, corr, r.code, (
             f"an earlier batch of producer {pid} on this connection (sequence {r.base_sequence}) "
@@ -504,9 +506,10 @@ class PartitionServer:
 
 
 def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:
-    """Whether the partition's highwater for the producer covers the refused batch already
-    (the range was written another way, e.g. through another leader since): nothing to
-    wait for.
+    """Whether the partition's highwater for the producer covers the refused range already
+    (written another way, e.g. through another leader since): nothing to wait for. The
+    whole range, not its first batch: a leader may hold the first refused batch and not a
+    later one the guard held back (a new leader with a prefix of the old one's log).
     A topic without dedup keeps no state and promises no order across retries, so a held
     key never waits on it (it could wait forever for a resend that went elsewhere)."""
     if not part.state.tracks(pid):
