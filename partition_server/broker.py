@@ -130,7 +130,13 @@ class Broker:
             hosted.add(key)
             part = self.partitions.get(key)
             if part is None:
-                part, _, _ = self._open(key, None, a)
+                try:
+                    part, _, _ = self._open(key, None, a)
+                except OSError as exc:
+                    # A full disk, say: the other partitions still get their assignment,
+                    # and the next re-read of ZooKeeper tries this one again.
+                    log.error("could not open new partition %s-%d: %s", key[0], key[1], exc)
+                    continue
                 self.partitions[key] = part
                 log.info("hosting new partition %s-%d", *key)
             part.hosted = True

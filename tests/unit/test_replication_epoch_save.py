@@ -167,3 +167,30 @@ def test_the_registry_keeps_applying_after_a_change_handler_fails(tmp_path: Path
         assert len(seen) == 2 and registry.assignment is second and first is not second
 
     asyncio.run(go())
+
+
+def test_a_new_partition_that_cannot_be_opened_does_not_stop_the_others(tmp_path: Path) -> None:
+    async def go() -> None:
+        s = ServerSettings(data_dir=str(tmp_path / "server"), server_id=1)
+        broker = Broker(s, Registry("unused:2181", 1))
+        opened = broker._open
+
+        def open_or_fail(key: tuple[str, int], *args: Any) -> Any:
+            if key == ("t", 0):
+                raise OSError(errno.ENOSPC, "No space left on device (test)")
+            return opened(key, *args)
+
+        broker._open = open_or_fail  # type: ignore[method-assign]
+        a = Assignment(topics={"t": TopicSpec("t", 2)})
+        for p in (0, 1):
+            a.partitions[("t", p)] = PartitionState(leader=1, replicas=[1])
+        broker.apply_assignment(a)
+        assert ("t", 0) not in broker.partitions
+        assert broker.partitions[("t", 1)].role == "leader"
+        broker._open = opened  # type: ignore[method-assign]
+        broker.apply_assignment(a)  # the next re-read
+        assert broker.partitions[("t", 0)].role == "leader"
+        for part in broker.partitions.values():
+            part.close()
+
+    asyncio.run(go())
