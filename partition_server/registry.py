@@ -32,6 +32,8 @@ from pidlease.cluster import (
 
 log = logging.getLogger("partition_server.registry")
 
+READ_RETRY_S = 1.0  # after a failed read of the cluster state
+
 
 @dataclass
 class Assignment:
@@ -55,6 +57,7 @@ class Registry:
         self._task: asyncio.Task[None] | None = None
         self._session_lost = False
         self._closed = False
+        self._retry: asyncio.TimerHandle | None = None  # a re-read after a failed one
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> None:
@@ -155,8 +158,14 @@ class Registry:
             try:
                 a = await loop.run_in_executor(None, self._read_all)
             except Exception as exc:  # noqa: BLE001 - ZooKeeper down: keep the old view
-                log.warning("reading ZooKeeper failed (%s); keeping the last view", exc)
+                log.warning("reading ZooKeeper failed (%s: %s); keeping the last view, "
+                            "reading again in %.1f s", type(exc).__name__, exc, READ_RETRY_S)
                 a = self.assignment
+                # A failed read may have left the one-shot watches unarmed: nothing would
+                # tell us of a topic created meanwhile (followers get no request that
+                # would make them look). Read again later; one retry pending at most.
+                if self._retry is None:
+                    self._retry = loop.call_later(READ_RETRY_S, self._read_again)
             else:
                 self.assignment = a
                 if self.on_change is not None:
@@ -169,6 +178,11 @@ class Registry:
             for w in waiters:
                 if not w.done():
                     w.set_result(a)
+
+    def _read_again(self) -> None:
+        self._retry = None
+        if not self._closed:
+            self.refresh()
 
     def _read_all(self) -> Assignment:
         zk, w = self.zk, self._watch
