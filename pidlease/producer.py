@@ -42,13 +42,8 @@ from pidlease.record_future import (
     settled_run,
 )
 from pidlease.record_run import RecordRun
-from pidlease.sender import (
-    DeliveryTimeout,
-    PartitionSender,
-    ProducerClosed,
-    RecordMetadata,
-    settle,
-)
+from pidlease.errors import ConfigError, DeliveryTimeout, ProducerClosed
+from pidlease.sender import PartitionSender, RecordMetadata, settle
 from pidlease.tls import client_ssl_context
 
 __all__ = [
