@@ -30,7 +30,7 @@ import httpx
 from pidlease import errors, protocol
 from pidlease.connection import Connection
 from pidlease.leader_pool import LeaderPool
-from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
+from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo, coordinator_base_url
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
 from pidlease.record_future import (
@@ -76,7 +76,7 @@ class ProducerConfig:
     def check(self) -> None:
         def need(ok: bool, what: str) -> None:
             if not ok:
-                raise errors.InvalidRequest(f"producer setting {what}")
+                raise errors.ConfigError(f"producer setting {what}")
         need(1 <= self.max_in_flight <= 100, f"max_in_flight={self.max_in_flight} must be 1..100")
         need(0 <= self.linger_ms <= 60_000, f"linger_ms={self.linger_ms} must be 0..60000")
         need(self.delivery_timeout_ms is None or self.delivery_timeout_ms > 0,
@@ -98,7 +98,7 @@ def _as_bytes(x: Any, what: str) -> bytes:
         return bytes(x)
     if isinstance(x, str):
         return x.encode()
-    raise errors.InvalidRequest(f"{what} must be bytes or str, not {type(x).__name__}")
+    raise errors.ConfigError(f"{what} must be bytes or str, not {type(x).__name__}")
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -136,14 +136,14 @@ class AsyncProducer:
                  clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
                  rng: random.Random | None = None, **settings: Any) -> None:
         if not topic:
-            raise errors.InvalidRequest("a producer needs a topic")
+            raise errors.ConfigError("a producer needs a topic")
         try:
             self.config = ProducerConfig(max_in_flight=max_in_flight, linger_ms=linger_ms,
                                          delivery_timeout_ms=delivery_timeout_ms, **settings)
         except TypeError as exc:
-            raise errors.InvalidRequest(f"unknown producer setting: {exc}") from exc
+            raise errors.ConfigError(f"unknown producer setting: {exc}") from exc
         self.config.check()
-        self.coordinator_url = coordinator_url
+        self.coordinator_url = coordinator_base_url(coordinator_url)
         self.topic = topic
         self.producer_name = producer_name
         self.expire_ms = expire_ms
@@ -320,7 +320,7 @@ class AsyncProducer:
     def _check_partition(self, partition: Any) -> None:
         if not isinstance(partition, int) or isinstance(partition, bool) or \
                 not 0 <= partition < self.partitions:
-            raise errors.InvalidRequest(f"partition {partition!r} is not in 0..{self.partitions - 1} "
+            raise errors.ConfigError(f"partition {partition!r} is not in 0..{self.partitions - 1} "
                                         f"of topic {self.topic!r}")
 
     def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
@@ -345,7 +345,7 @@ class AsyncProducer:
                                         f"{self.config.batch_bytes_max}")
         explicit = sequence_id is not None
         if self._explicit is not None and self._explicit != explicit:
-            raise errors.InvalidRequest(
+            raise errors.ConfigError(
                 "this producer numbers records itself; do not pass sequence_id" if not self._explicit else
                 "this producer uses explicit sequence ids: every send must give sequence_id")
         if partition is not None:
@@ -358,7 +358,7 @@ class AsyncProducer:
         if explicit:
             if not isinstance(sequence_id, int) or isinstance(sequence_id, bool) or \
                     not 0 <= sequence_id <= protocol.MAX_SEQUENCE:
-                raise errors.InvalidRequest(f"sequence_id {sequence_id!r} must be an int in 0..2**63-1")
+                raise errors.ConfigError(f"sequence_id {sequence_id!r} must be an int in 0..2**63-1")
             seq = sequence_id
             last = self._last_given[p]
             if seq <= last:
@@ -369,10 +369,10 @@ class AsyncProducer:
                     else:
                         settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
                     return None
-                raise errors.InvalidRequest(f"sequence_id {seq} was already given to a record of "
+                raise errors.ConfigError(f"sequence_id {seq} was already given to a record of "
                                             f"partition {p} that is not acknowledged yet")
             if self.dedup == "strict" and seq != last + 1:
-                raise errors.InvalidRequest(f"topic {self.topic!r} is strict: partition {p} needs "
+                raise errors.ConfigError(f"topic {self.topic!r} is strict: partition {p} needs "
                                             f"sequence_id {last + 1} next, not {seq}")
             self._last_given[p] = seq
         self._explicit = explicit
