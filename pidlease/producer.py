@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Self
 
 import httpx
@@ -61,6 +61,9 @@ _RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProducerConfig:
+    """The producer's tuning settings; ``AsyncProducer``/``Producer`` take each as a keyword
+    of the same name and default. A value out of range raises ``ConfigError``."""
+
     max_in_flight: int = 5
     linger_ms: float = 5
     delivery_timeout_ms: int | None = None
@@ -77,6 +80,10 @@ class ProducerConfig:
         def need(ok: bool, what: str) -> None:
             if not ok:
                 raise errors.ConfigError(f"producer setting {what}")
+        for f in fields(self):  # a str from a config file would fail below as a TypeError
+            v = getattr(self, f.name)
+            need((isinstance(v, (int, float)) and not isinstance(v, bool))
+                 or (v is None and f.name == "delivery_timeout_ms"), f"{f.name}={v!r} must be a number")
         need(1 <= self.max_in_flight <= 100, f"max_in_flight={self.max_in_flight} must be 1..100")
         need(0 <= self.linger_ms <= 60_000, f"linger_ms={self.linger_ms} must be 0..60000")
         need(self.delivery_timeout_ms is None or self.delivery_timeout_ms > 0,
@@ -89,6 +96,9 @@ class ProducerConfig:
         need(self.request_timeout_ms > 0, "request_timeout_ms must be positive")
         need(0 < self.retry_backoff_ms <= self.retry_backoff_max_ms,
              "retry_backoff_ms must be positive and at most retry_backoff_max_ms")
+
+
+_DEFAULTS = ProducerConfig()  # the keyword defaults of AsyncProducer and Producer
 
 
 def _as_bytes(x: Any, what: str) -> bytes:
@@ -129,19 +139,30 @@ class AsyncProducer:
     or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
     returns an asyncio future of its ``RecordMetadata``."""
 
-    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
-                 expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
-                 delivery_timeout_ms: int | None = None, *, http_transport: httpx.AsyncBaseTransport | None = None,
+    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", *,
+                 producer_name: str | None = None, expire_ms: int | None = None,
+                 max_in_flight: int = _DEFAULTS.max_in_flight, linger_ms: float = _DEFAULTS.linger_ms,
+                 delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
+                 batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
+                 batch_records_max: int = _DEFAULTS.batch_records_max,
+                 buffer_records_max: int = _DEFAULTS.buffer_records_max,
+                 request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
+                 retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
+                 retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
+                 start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
+                 metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
+                 http_transport: httpx.AsyncBaseTransport | None = None,
                  api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
                  clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
-                 rng: random.Random | None = None, **settings: Any) -> None:
+                 rng: random.Random | None = None) -> None:
         if not topic:
             raise errors.ConfigError("a producer needs a topic")
-        try:
-            self.config = ProducerConfig(max_in_flight=max_in_flight, linger_ms=linger_ms,
-                                         delivery_timeout_ms=delivery_timeout_ms, **settings)
-        except TypeError as exc:
-            raise errors.ConfigError(f"unknown producer setting: {exc}") from exc
+        self.config = ProducerConfig(
+            max_in_flight=max_in_flight, linger_ms=linger_ms, delivery_timeout_ms=delivery_timeout_ms,
+            batch_bytes_max=batch_bytes_max, batch_records_max=batch_records_max,
+            buffer_records_max=buffer_records_max, request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            start_timeout_ms=start_timeout_ms, metadata_refresh_min_ms=metadata_refresh_min_ms)
         self.config.check()
         self.coordinator_url = coordinator_base_url(coordinator_url)
         self.topic = topic
@@ -462,11 +483,33 @@ class Producer:
     ``send`` returns a ``concurrent.futures.Future`` of ``RecordMetadata``; it blocks only
     while ``buffer_records_max`` records are unresolved. Construction leases the PID."""
 
-    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
-                 expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
-                 delivery_timeout_ms: int | None = None, **kwargs: Any) -> None:
-        self._engine = AsyncProducer(coordinator_url, topic, producer_name, expire_ms, max_in_flight,
-                                     linger_ms, delivery_timeout_ms, **kwargs)
+    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", *,
+                 producer_name: str | None = None, expire_ms: int | None = None,
+                 max_in_flight: int = _DEFAULTS.max_in_flight, linger_ms: float = _DEFAULTS.linger_ms,
+                 delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
+                 batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
+                 batch_records_max: int = _DEFAULTS.batch_records_max,
+                 buffer_records_max: int = _DEFAULTS.buffer_records_max,
+                 request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
+                 retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
+                 retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
+                 start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
+                 metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
+                 http_transport: httpx.AsyncBaseTransport | None = None,
+                 api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
+                 clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
+                 rng: random.Random | None = None) -> None:
+        # The same keywords as AsyncProducer (tests/unit/test_producer_settings.py checks
+        # the two signatures agree), passed by name so none can land in the wrong slot.
+        self._engine = AsyncProducer(
+            coordinator_url, topic, producer_name=producer_name, expire_ms=expire_ms,
+            max_in_flight=max_in_flight, linger_ms=linger_ms, delivery_timeout_ms=delivery_timeout_ms,
+            batch_bytes_max=batch_bytes_max, batch_records_max=batch_records_max,
+            buffer_records_max=buffer_records_max, request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            start_timeout_ms=start_timeout_ms, metadata_refresh_min_ms=metadata_refresh_min_ms,
+            http_transport=http_transport, api_token=api_token, tls_ca_file=tls_ca_file, tls=tls,
+            clock_ms=clock_ms, wall_ms=wall_ms, rng=rng)
         # Records admitted on callers' threads are appended to their partition's open run
         # (``_open_runs``), which stays on this side until it is full (then the next send
         # hands it over), its first record has lingered linger_ms (the partition's sender
