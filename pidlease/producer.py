@@ -29,8 +29,14 @@ import httpx
 
 from pidlease import errors, protocol
 from pidlease.connection import Connection
+from pidlease.errors import DeliveryTimeout, ProducerClosed
 from pidlease.leader_pool import LeaderPool
-from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo, coordinator_base_url
+from pidlease.lease_client import (
+    DEFAULT_COORDINATOR,
+    AsyncLeaseClient,
+    TopicInfo,
+    coordinator_base_url,
+)
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
 from pidlease.record_future import (
@@ -42,7 +48,6 @@ from pidlease.record_future import (
     settled_run,
 )
 from pidlease.record_run import RecordRun
-from pidlease.errors import ConfigError, DeliveryTimeout, ProducerClosed
 from pidlease.sender import PartitionSender, RecordMetadata, settle
 from pidlease.tls import client_ssl_context
 

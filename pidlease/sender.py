@@ -36,9 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pidlease import errors, protocol
-# Defined here before they joined the error tree; imported from here still works.
-from pidlease.errors import DeliveryTimeout as DeliveryTimeout
-from pidlease.errors import ProducerClosed as ProducerClosed
+from pidlease.errors import DeliveryTimeout, ProducerClosed  # noqa: F401  (defined here once; old imports work)
 from pidlease.record_future import BatchAck, fail_run, resolve_run
 from pidlease.record_run import RecordRun
 

@@ -11,7 +11,7 @@ from pidlease import errors
 from pidlease.producer import AsyncProducer, Producer, ProducerConfig
 
 
-def _params(cls: type) -> dict[str, inspect.Parameter]:
+def _params(cls: type[AsyncProducer] | type[Producer]) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(cls.__init__).parameters)
 
 
