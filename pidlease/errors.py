@@ -2,46 +2,110 @@
 
 Every error that crosses a wire has a name (the HTTP API's ``"error"`` field), a numeric
 code (the binary protocol's 16-bit error field), an HTTP status and a ``retriable`` flag.
-``ERRORS_BY_CODE`` and ``ERRORS_BY_NAME`` are the one lookup both sides use.
+Each class registers itself where it is defined (``PidleaseError.__init_subclass__``), so
+``ERRORS_BY_CODE`` and ``ERRORS_BY_NAME``, the one lookup both sides use, cannot miss a
+class; a second class with the same code or name fails at import.
 
-    PidleaseError
-    ├── ProducerFenced          FENCED                    fatal
-    ├── UnknownPid              UNKNOWN_PID               fatal
-    ├── OutOfOrderSequence      OUT_OF_ORDER_SEQUENCE     fatal
-    ├── Unauthorized            UNAUTHORIZED              fatal
-    ├── InvalidRequest          INVALID_REQUEST           fatal
-    ├── UnknownTopicOrPartition UNKNOWN_TOPIC_OR_PARTITION fatal
-    ├── TopicExists             TOPIC_EXISTS              fatal
-    ├── CorruptRecord           CORRUPT_RECORD            fatal (bad checksum or frame)
-    ├── RecordTooLarge          RECORD_TOO_LARGE          fatal
-    ├── Forbidden               FORBIDDEN                 fatal (API token lacks the scope)
-    ├── PidLimitExceeded        PID_LIMIT_EXCEEDED        fatal (PIDs per principal)
-    ├── TooManyPids             TOO_MANY_PIDS             retriable (tracked PIDs per partition)
-    ├── SequenceUnknown         SEQUENCE_UNKNOWN          retriable
-    ├── NotLeader               NOT_LEADER                retriable
-    ├── CoordinatorUnavailable  COORDINATOR_UNAVAILABLE   retriable
-    └── ServerUnavailable       SERVER_UNAVAILABLE        retriable (connection lost, disk full)
+Client-side errors (marked ``wire = False``: no code of their own, never sent by a server)
+have a name but no code; they are in ``CLIENT_ERRORS_BY_NAME``, not in the wire lookups.
+``invalid_metadata`` marks the errors after which the producer looks the topic up again
+(the leader moved, the partition or the server is gone).
+
+    PidleaseError                 UNKNOWN_ERROR               1 fatal
+    ├── ProducerFenced            FENCED                      3 fatal
+    ├── UnknownPid                UNKNOWN_PID                 4 fatal
+    ├── OutOfOrderSequence        OUT_OF_ORDER_SEQUENCE       5 fatal
+    ├── Unauthorized              UNAUTHORIZED                6 fatal
+    ├── InvalidRequest            INVALID_REQUEST             7 fatal (a server refused the request)
+    ├── UnknownTopicOrPartition   UNKNOWN_TOPIC_OR_PARTITION  8 fatal, invalid_metadata
+    ├── TopicExists               TOPIC_EXISTS                9 fatal
+    ├── CorruptRecord             CORRUPT_RECORD             10 fatal (bad checksum or frame)
+    ├── RecordTooLarge            RECORD_TOO_LARGE           11 fatal
+    ├── Forbidden                 FORBIDDEN                  12 fatal (API token lacks the scope)
+    ├── PidLimitExceeded          PID_LIMIT_EXCEEDED         13 fatal (PIDs per principal)
+    ├── SequenceUnknown           SEQUENCE_UNKNOWN           20 retriable
+    ├── NotLeader                 NOT_LEADER                 21 retriable, invalid_metadata
+    ├── CoordinatorUnavailable    COORDINATOR_UNAVAILABLE    22 retriable
+    ├── ServerUnavailable         SERVER_UNAVAILABLE         23 retriable, invalid_metadata
+    │                                                           (connection lost, disk full)
+    ├── TooManyPids               TOO_MANY_PIDS              24 retriable (PIDs per partition)
+    │   client-side (wire = False, no code):
+    ├── ConfigError(ValueError)   CONFIG_ERROR                  a local mistake by the caller
+    ├── DeliveryTimeout           DELIVERY_TIMEOUT              delivery_timeout_ms passed
+    └── ProducerClosed            PRODUCER_CLOSED               closed, or failed earlier
+
+``ConfigError`` is raised before anything is sent: a bad producer setting, URL or TLS
+option, a partition number or sequence id the topic cannot take, a value of the wrong
+type, a malformed input file. It is both a ``PidleaseError`` (one ``except`` for the SDK)
+and a ``ValueError`` (what Python code expects for a bad argument). It is not an
+``InvalidRequest``: that one means a server answered INVALID_REQUEST.
 
 DUPLICATE is not an error: the server answers it with code 2 and the SDK turns it into a
 successful ``RecordMetadata(duplicate=True)``.
+
+To add a wire error: subclass ``PidleaseError`` with a new ``name``, ``code`` and
+``http_status`` (and ``retriable``/``invalid_metadata`` when they apply), and add its row
+to the tree above and to docs/sdk.md; the registry and tests/unit/test_errors.py do the rest.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 # Wire codes that are not errors.
 NONE = 0
 DUPLICATE = 2
 
+ERRORS_BY_CODE: dict[int, type[PidleaseError]] = {}
+ERRORS_BY_NAME: dict[str, type[PidleaseError]] = {}
+CLIENT_ERRORS_BY_NAME: dict[str, type[PidleaseError]] = {}
+_RESERVED_CODES = frozenset({NONE, DUPLICATE})
+
+
+def _register(cls: type[PidleaseError]) -> None:
+    """Enter ``cls`` in the lookups; a duplicate code or name is a programming error,
+    raised at import so it cannot ship."""
+    name = cls.__dict__.get("name")
+    if name is None:
+        if "code" in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__} has a code but no name of its own")
+        return  # a subclass that keeps its parent's identity (e.g. a test's): not registered
+    if name in ERRORS_BY_NAME or name in CLIENT_ERRORS_BY_NAME:
+        other = ERRORS_BY_NAME.get(name) or CLIENT_ERRORS_BY_NAME[name]
+        raise TypeError(f"error name {name!r} of {cls.__qualname__} is taken by {other.__qualname__}")
+    if not cls.wire:
+        if "code" in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__} is client-side (wire = False) but has a code")
+        CLIENT_ERRORS_BY_NAME[name] = cls
+        return
+    if "code" not in cls.__dict__:
+        raise TypeError(f"wire error {cls.__qualname__} needs a code of its own (or wire = False)")
+    code = cls.code
+    if code in _RESERVED_CODES or not 0 < code < 2**15:
+        raise TypeError(f"error code {code} of {cls.__qualname__} is reserved or out of range")
+    if code in ERRORS_BY_CODE:
+        raise TypeError(f"error code {code} of {cls.__qualname__} is taken by "
+                        f"{ERRORS_BY_CODE[code].__qualname__}")
+    ERRORS_BY_CODE[code] = cls
+    ERRORS_BY_NAME[name] = cls
+
 
 class PidleaseError(Exception):
-    """Root of every pidlease error. ``retriable`` says whether a retry may succeed."""
+    """Root of every pidlease error. ``retriable`` says whether a retry may succeed;
+    ``invalid_metadata`` whether the topic's leaders should be looked up again first."""
 
     name: ClassVar[str] = "UNKNOWN_ERROR"
     code: ClassVar[int] = 1
     http_status: ClassVar[int] = 500
     retriable: ClassVar[bool] = False
+    invalid_metadata: ClassVar[bool] = False
+    wire: ClassVar[bool] = True  # False: raised by the SDK only, never sent (no code)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A class that does not say otherwise inherits its parent's wire-ness, so a
+        # client-side error's subclass stays client-side.
+        _register(cls)
 
     def __init__(self, detail: str = "", **extra: object) -> None:
         super().__init__(detail or self.name)
@@ -50,6 +114,9 @@ class PidleaseError(Exception):
 
     def to_json(self) -> dict[str, object]:
         return {"error": self.name, "detail": self.detail, **self.extra}
+
+
+_register(PidleaseError)
 
 
 class ProducerFenced(PidleaseError):
@@ -71,11 +138,15 @@ class Unauthorized(PidleaseError):
 
 
 class InvalidRequest(PidleaseError):
+    """A server refused the request as malformed or not allowed. Mistakes the SDK can see
+    before sending raise ``ConfigError`` instead."""
+
     name, code, http_status = "INVALID_REQUEST", 7, 400
 
 
 class UnknownTopicOrPartition(PidleaseError):
     name, code, http_status = "UNKNOWN_TOPIC_OR_PARTITION", 8, 404
+    invalid_metadata = True
 
 
 class TopicExists(PidleaseError):
@@ -104,13 +175,6 @@ class PidLimitExceeded(PidleaseError):
     name, code, http_status = "PID_LIMIT_EXCEEDED", 13, 429
 
 
-class TooManyPids(PidleaseError):
-    """A partition already tracks its limit of PIDs and none is idle enough to evict; a new
-    PID is refused rather than forgetting the state of a live one (KIP-936)."""
-
-    name, code, http_status, retriable = "TOO_MANY_PIDS", 24, 429, True
-
-
 class SequenceUnknown(PidleaseError):
     name, code, http_status, retriable = "SEQUENCE_UNKNOWN", 20, 409, True
 
@@ -119,6 +183,7 @@ class NotLeader(PidleaseError):
     """Carries ``leader`` ("host:port") in ``extra`` when the server knows it."""
 
     name, code, http_status, retriable = "NOT_LEADER", 21, 421, True
+    invalid_metadata = True
 
 
 class CoordinatorUnavailable(PidleaseError):
@@ -127,29 +192,38 @@ class CoordinatorUnavailable(PidleaseError):
 
 class ServerUnavailable(PidleaseError):
     name, code, http_status, retriable = "SERVER_UNAVAILABLE", 23, 503, True
+    invalid_metadata = True
 
 
-_ALL: tuple[type[PidleaseError], ...] = (
-    PidleaseError,
-    ProducerFenced,
-    UnknownPid,
-    OutOfOrderSequence,
-    Unauthorized,
-    InvalidRequest,
-    UnknownTopicOrPartition,
-    TopicExists,
-    CorruptRecord,
-    RecordTooLarge,
-    Forbidden,
-    PidLimitExceeded,
-    TooManyPids,
-    SequenceUnknown,
-    NotLeader,
-    CoordinatorUnavailable,
-    ServerUnavailable,
-)
-ERRORS_BY_CODE: dict[int, type[PidleaseError]] = {cls.code: cls for cls in _ALL}
-ERRORS_BY_NAME: dict[str, type[PidleaseError]] = {cls.name: cls for cls in _ALL}
+class TooManyPids(PidleaseError):
+    """A partition already tracks its limit of PIDs and none is idle enough to evict; a new
+    PID is refused rather than forgetting the state of a live one (KIP-936)."""
+
+    name, code, http_status, retriable = "TOO_MANY_PIDS", 24, 429, True
+
+
+# -- client-side errors: raised by the SDK, never sent by a server -------------------------
+
+class ConfigError(PidleaseError, ValueError):
+    """A local mistake by the caller, found before anything is sent: a bad setting, URL or
+    TLS option, a partition or sequence id the topic cannot take, a value of the wrong
+    type, a malformed input file. A ``ValueError`` too, as Python code expects."""
+
+    name, wire = "CONFIG_ERROR", False
+
+
+class DeliveryTimeout(PidleaseError):
+    """``delivery_timeout_ms`` passed before a record was acknowledged. The outcome of its
+    batch is unknown, so the producer cannot continue its sequence: it is closed. A new
+    producer with the same ``producer_name`` resumes from the durable sequence."""
+
+    name, wire = "DELIVERY_TIMEOUT", False
+
+
+class ProducerClosed(PidleaseError):
+    """The producer was closed, or failed earlier (the cause is chained)."""
+
+    name, wire = "PRODUCER_CLOSED", False
 
 
 def error_for_code(code: int, detail: str = "", **extra: object) -> PidleaseError:

@@ -24,6 +24,7 @@ from typing import Any, Self
 import httpx
 
 from pidlease.errors import (
+    ConfigError,
     CoordinatorUnavailable,
     InvalidRequest,
     PidleaseError,
@@ -160,6 +161,22 @@ def _headers(api_token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
+def coordinator_base_url(url: object) -> str:
+    """``url`` checked and without its trailing slash. A URL httpx cannot send to is a
+    mistake in the caller's settings: it raises ``ConfigError`` here rather than
+    ``CoordinatorUnavailable`` (retried until a start timeout) at the first request."""
+    if not isinstance(url, str):
+        raise ConfigError(f"coordinator URL must be a str, not {type(url).__name__}")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigError(f"coordinator URL {url!r} is malformed: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"coordinator URL {url!r} needs http:// or https:// and a host, "
+                          f"e.g. {DEFAULT_COORDINATOR}")
+    return url.rstrip("/")
+
+
 def _verify(base_url: str, tls_ca_file: str | None, tls: bool) -> ssl.SSLContext | bool:
     # httpx's verify: our context for https (CA file, or env), else its own default.
     if not base_url.lower().startswith("https://"):
@@ -183,7 +200,7 @@ class AsyncLeaseClient:
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
                  transport: httpx.AsyncBaseTransport | None = None, api_token: str | None = None,
                  tls_ca_file: str | None = None, tls: bool = False) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = coordinator_base_url(base_url)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_ms / 1000,
                                        transport=transport, headers=_headers(api_token),
                                        verify=_verify(self.base_url, tls_ca_file, tls))
@@ -219,7 +236,7 @@ class LeaseClient:
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
                  transport: httpx.BaseTransport | None = None, api_token: str | None = None,
                  tls_ca_file: str | None = None, tls: bool = False) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = coordinator_base_url(base_url)
         self._http = httpx.Client(base_url=self.base_url, timeout=request_timeout_ms / 1000,
                                   transport=transport, headers=_headers(api_token),
                                   verify=_verify(self.base_url, tls_ca_file, tls))

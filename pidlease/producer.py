@@ -22,15 +22,21 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Self
 
 import httpx
 
 from pidlease import errors, protocol
 from pidlease.connection import Connection
+from pidlease.errors import DeliveryTimeout, ProducerClosed
 from pidlease.leader_pool import LeaderPool
-from pidlease.lease_client import DEFAULT_COORDINATOR, AsyncLeaseClient, TopicInfo
+from pidlease.lease_client import (
+    DEFAULT_COORDINATOR,
+    AsyncLeaseClient,
+    TopicInfo,
+    coordinator_base_url,
+)
 from pidlease.lease_keeper import LeaseKeeper, retrying
 from pidlease.partitioner import Partitioner
 from pidlease.record_future import (
@@ -42,13 +48,7 @@ from pidlease.record_future import (
     settled_run,
 )
 from pidlease.record_run import RecordRun
-from pidlease.sender import (
-    DeliveryTimeout,
-    PartitionSender,
-    ProducerClosed,
-    RecordMetadata,
-    settle,
-)
+from pidlease.sender import PartitionSender, RecordMetadata, settle
 from pidlease.tls import client_ssl_context
 
 __all__ = [
@@ -66,6 +66,9 @@ _RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProducerConfig:
+    """The producer's tuning settings; ``AsyncProducer``/``Producer`` take each as a keyword
+    of the same name and default. A value out of range raises ``ConfigError``."""
+
     max_in_flight: int = 5
     linger_ms: float = 5
     delivery_timeout_ms: int | None = None
@@ -81,7 +84,11 @@ class ProducerConfig:
     def check(self) -> None:
         def need(ok: bool, what: str) -> None:
             if not ok:
-                raise errors.InvalidRequest(f"producer setting {what}")
+                raise errors.ConfigError(f"producer setting {what}")
+        for f in fields(self):  # a str from a config file would fail below as a TypeError
+            v = getattr(self, f.name)
+            need((isinstance(v, (int, float)) and not isinstance(v, bool))
+                 or (v is None and f.name == "delivery_timeout_ms"), f"{f.name}={v!r} must be a number")
         need(1 <= self.max_in_flight <= 100, f"max_in_flight={self.max_in_flight} must be 1..100")
         need(0 <= self.linger_ms <= 60_000, f"linger_ms={self.linger_ms} must be 0..60000")
         need(self.delivery_timeout_ms is None or self.delivery_timeout_ms > 0,
@@ -96,6 +103,9 @@ class ProducerConfig:
              "retry_backoff_ms must be positive and at most retry_backoff_max_ms")
 
 
+_DEFAULTS = ProducerConfig()  # the keyword defaults of AsyncProducer and Producer
+
+
 def _as_bytes(x: Any, what: str) -> bytes:
     if isinstance(x, bytes):
         return x
@@ -103,7 +113,7 @@ def _as_bytes(x: Any, what: str) -> bytes:
         return bytes(x)
     if isinstance(x, str):
         return x.encode()
-    raise errors.InvalidRequest(f"{what} must be bytes or str, not {type(x).__name__}")
+    raise errors.ConfigError(f"{what} must be bytes or str, not {type(x).__name__}")
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -134,21 +144,32 @@ class AsyncProducer:
     or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
     returns an asyncio future of its ``RecordMetadata``."""
 
-    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
-                 expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
-                 delivery_timeout_ms: int | None = None, *, http_transport: httpx.AsyncBaseTransport | None = None,
+    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", *,
+                 producer_name: str | None = None, expire_ms: int | None = None,
+                 max_in_flight: int = _DEFAULTS.max_in_flight, linger_ms: float = _DEFAULTS.linger_ms,
+                 delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
+                 batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
+                 batch_records_max: int = _DEFAULTS.batch_records_max,
+                 buffer_records_max: int = _DEFAULTS.buffer_records_max,
+                 request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
+                 retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
+                 retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
+                 start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
+                 metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
+                 http_transport: httpx.AsyncBaseTransport | None = None,
                  api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
                  clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
-                 rng: random.Random | None = None, **settings: Any) -> None:
+                 rng: random.Random | None = None) -> None:
         if not topic:
-            raise errors.InvalidRequest("a producer needs a topic")
-        try:
-            self.config = ProducerConfig(max_in_flight=max_in_flight, linger_ms=linger_ms,
-                                         delivery_timeout_ms=delivery_timeout_ms, **settings)
-        except TypeError as exc:
-            raise errors.InvalidRequest(f"unknown producer setting: {exc}") from exc
+            raise errors.ConfigError("a producer needs a topic")
+        self.config = ProducerConfig(
+            max_in_flight=max_in_flight, linger_ms=linger_ms, delivery_timeout_ms=delivery_timeout_ms,
+            batch_bytes_max=batch_bytes_max, batch_records_max=batch_records_max,
+            buffer_records_max=buffer_records_max, request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            start_timeout_ms=start_timeout_ms, metadata_refresh_min_ms=metadata_refresh_min_ms)
         self.config.check()
-        self.coordinator_url = coordinator_url
+        self.coordinator_url = coordinator_base_url(coordinator_url)
         self.topic = topic
         self.producer_name = producer_name
         self.expire_ms = expire_ms
@@ -325,7 +346,7 @@ class AsyncProducer:
     def _check_partition(self, partition: Any) -> None:
         if not isinstance(partition, int) or isinstance(partition, bool) or \
                 not 0 <= partition < self.partitions:
-            raise errors.InvalidRequest(f"partition {partition!r} is not in 0..{self.partitions - 1} "
+            raise errors.ConfigError(f"partition {partition!r} is not in 0..{self.partitions - 1} "
                                         f"of topic {self.topic!r}")
 
     def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
@@ -350,7 +371,7 @@ class AsyncProducer:
                                         f"{self.config.batch_bytes_max}")
         explicit = sequence_id is not None
         if self._explicit is not None and self._explicit != explicit:
-            raise errors.InvalidRequest(
+            raise errors.ConfigError(
                 "this producer numbers records itself; do not pass sequence_id" if not self._explicit else
                 "this producer uses explicit sequence ids: every send must give sequence_id")
         if partition is not None:
@@ -363,7 +384,7 @@ class AsyncProducer:
         if explicit:
             if not isinstance(sequence_id, int) or isinstance(sequence_id, bool) or \
                     not 0 <= sequence_id <= protocol.MAX_SEQUENCE:
-                raise errors.InvalidRequest(f"sequence_id {sequence_id!r} must be an int in 0..2**63-1")
+                raise errors.ConfigError(f"sequence_id {sequence_id!r} must be an int in 0..2**63-1")
             seq = sequence_id
             last = self._last_given[p]
             if seq <= last:
@@ -374,10 +395,10 @@ class AsyncProducer:
                     else:
                         settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
                     return None
-                raise errors.InvalidRequest(f"sequence_id {seq} was already given to a record of "
+                raise errors.ConfigError(f"sequence_id {seq} was already given to a record of "
                                             f"partition {p} that is not acknowledged yet")
             if self.dedup == "strict" and seq != last + 1:
-                raise errors.InvalidRequest(f"topic {self.topic!r} is strict: partition {p} needs "
+                raise errors.ConfigError(f"topic {self.topic!r} is strict: partition {p} needs "
                                             f"sequence_id {last + 1} next, not {seq}")
             self._last_given[p] = seq
         self._explicit = explicit
@@ -467,11 +488,33 @@ class Producer:
     ``send`` returns a ``concurrent.futures.Future`` of ``RecordMetadata``; it blocks only
     while ``buffer_records_max`` records are unresolved. Construction leases the PID."""
 
-    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", producer_name: str | None = None,
-                 expire_ms: int | None = None, max_in_flight: int = 5, linger_ms: float = 5,
-                 delivery_timeout_ms: int | None = None, **kwargs: Any) -> None:
-        self._engine = AsyncProducer(coordinator_url, topic, producer_name, expire_ms, max_in_flight,
-                                     linger_ms, delivery_timeout_ms, **kwargs)
+    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", *,
+                 producer_name: str | None = None, expire_ms: int | None = None,
+                 max_in_flight: int = _DEFAULTS.max_in_flight, linger_ms: float = _DEFAULTS.linger_ms,
+                 delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
+                 batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
+                 batch_records_max: int = _DEFAULTS.batch_records_max,
+                 buffer_records_max: int = _DEFAULTS.buffer_records_max,
+                 request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
+                 retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
+                 retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
+                 start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
+                 metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
+                 http_transport: httpx.AsyncBaseTransport | None = None,
+                 api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
+                 clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
+                 rng: random.Random | None = None) -> None:
+        # The same keywords as AsyncProducer (tests/unit/test_producer_settings.py checks
+        # the two signatures agree), passed by name so none can land in the wrong slot.
+        self._engine = AsyncProducer(
+            coordinator_url, topic, producer_name=producer_name, expire_ms=expire_ms,
+            max_in_flight=max_in_flight, linger_ms=linger_ms, delivery_timeout_ms=delivery_timeout_ms,
+            batch_bytes_max=batch_bytes_max, batch_records_max=batch_records_max,
+            buffer_records_max=buffer_records_max, request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            start_timeout_ms=start_timeout_ms, metadata_refresh_min_ms=metadata_refresh_min_ms,
+            http_transport=http_transport, api_token=api_token, tls_ca_file=tls_ca_file, tls=tls,
+            clock_ms=clock_ms, wall_ms=wall_ms, rng=rng)
         # Records admitted on callers' threads are appended to their partition's open run
         # (``_open_runs``), which stays on this side until it is full (then the next send
         # hands it over), its first record has lingered linger_ms (the partition's sender

@@ -26,7 +26,7 @@ import httpx
 
 from pidlease import errors, protocol
 from pidlease.connection import BlockingConnection
-from pidlease.lease_client import LeaseClient
+from pidlease.lease_client import LeaseClient, coordinator_base_url
 from pidlease.tls import client_ssl_context
 
 FETCH_BYTES_DEFAULT = 1024 * 1024
@@ -42,11 +42,11 @@ class Reader:
                  sleep: Callable[[float], None] = time.sleep,
                  clock_ms: Callable[[], float] | None = None) -> None:
         if not isinstance(partition, int) or partition < 0:
-            raise errors.InvalidRequest(f"partition must be a non-negative int, not {partition!r}")
+            raise errors.ConfigError(f"partition must be a non-negative int, not {partition!r}")
         if not isinstance(start_offset, int) or start_offset < 0:
-            raise errors.InvalidRequest(f"start_offset must be a non-negative int, not {start_offset!r}")
+            raise errors.ConfigError(f"start_offset must be a non-negative int, not {start_offset!r}")
         if not 1024 <= fetch_bytes_max <= protocol.FRAME_BYTES_MAX_DEFAULT // 2:
-            raise errors.InvalidRequest("fetch_bytes_max must be 1024..8 MiB")
+            raise errors.ConfigError("fetch_bytes_max must be 1024..8 MiB")
         self.topic = topic
         self.partition = partition
         self.position = start_offset
@@ -60,7 +60,7 @@ class Reader:
         self._request_timeout_ms = request_timeout_ms
         self._sleep = sleep
         self._clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
-        self._coordinator_url = coordinator_url
+        self._coordinator_url = coordinator_base_url(coordinator_url)
         self._http_transport = http_transport
         self._api_token = api_token
         self._tls_ca_file, self._tls = tls_ca_file, tls
@@ -140,7 +140,7 @@ class Reader:
                                            tls_ca_file=self._tls_ca_file, tls=self._tls)
             info = self._client.topic(self.topic)
             if not 0 <= self.partition < info.partitions:
-                raise errors.InvalidRequest(f"topic {self.topic!r} has partitions 0..{info.partitions - 1}, "
+                raise errors.ConfigError(f"topic {self.topic!r} has partitions 0..{info.partitions - 1}, "
                                             f"not {self.partition}")
             self._leader = info.leader_address(self.partition)
             if not self._leader:

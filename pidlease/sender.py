@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pidlease import errors, protocol
+from pidlease.errors import DeliveryTimeout, ProducerClosed  # noqa: F401  (defined here once; old imports work)
 from pidlease.record_future import BatchAck, fail_run, resolve_run
 from pidlease.record_run import RecordRun
 
@@ -58,20 +59,6 @@ class RecordMetadata:
     offset: int
     sequence_id: int
     duplicate: bool = False
-
-
-class DeliveryTimeout(errors.PidleaseError):
-    """``delivery_timeout_ms`` passed before a record was acknowledged. The outcome of its
-    batch is unknown, so the producer cannot continue its sequence: it is closed. A new
-    producer with the same ``producer_name`` resumes from the durable sequence."""
-
-    name = "DELIVERY_TIMEOUT"
-
-
-class ProducerClosed(errors.PidleaseError):
-    """The producer was closed, or failed earlier (the cause is chained)."""
-
-    name = "PRODUCER_CLOSED"
 
 
 @dataclass(slots=True, eq=False)
@@ -353,7 +340,7 @@ class PartitionSender:
 
     def _schedule_retry(self, exc: errors.PidleaseError, now: float) -> None:
         self._last_error = exc
-        if isinstance(exc, (errors.NotLeader, errors.ServerUnavailable, errors.UnknownTopicOrPartition)):
+        if exc.invalid_metadata:  # the leader moved or is gone: look the topic up again
             self._stale_metadata = True
         if self._retry_at is None:
             self._retry_at = now + self._backoff.next_ms()

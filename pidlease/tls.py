@@ -32,7 +32,7 @@ def _load_verify(ctx: ssl.SSLContext, ca_file: str) -> None:
     try:
         ctx.load_verify_locations(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise errors.InvalidRequest(f"cannot load the TLS CA bundle {ca_file!r}: {exc}") from exc
+        raise errors.ConfigError(f"cannot load the TLS CA bundle {ca_file!r}: {exc}") from exc
 
 
 def client_ssl_context(tls_ca_file: str | None = None, tls: bool = False, *,
@@ -41,9 +41,9 @@ def client_ssl_context(tls_ca_file: str | None = None, tls: bool = False, *,
     ``tls_ca_file``: trust this CA bundle; ``tls=True`` alone: the system trust store;
     neither: ``PIDLEASE_TLS_CA_FILE`` when set (``use_env``), else plaintext."""
     if tls_ca_file is not None and not isinstance(tls_ca_file, (str, os.PathLike)):
-        raise errors.InvalidRequest(f"tls_ca_file must be a path, not {type(tls_ca_file).__name__}")
+        raise errors.ConfigError(f"tls_ca_file must be a path, not {type(tls_ca_file).__name__}")
     if not isinstance(tls, bool):
-        raise errors.InvalidRequest(f"tls must be True or False, not {tls!r}")
+        raise errors.ConfigError(f"tls must be True or False, not {tls!r}")
     ca = os.fspath(tls_ca_file) if tls_ca_file else None
     if ca is None and not tls and use_env:
         ca = os.environ.get(TLS_CA_FILE_ENV) or None

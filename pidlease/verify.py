@@ -179,7 +179,7 @@ def load_acked(path: str | Path) -> list[tuple[int, int, int]]:
                 row = json.loads(line)
                 out.append((int(row["partition"]), int(row["pid"]), int(row["sequence_id"])))
             except (ValueError, KeyError, TypeError) as exc:
-                raise errors.InvalidRequest(
+                raise errors.ConfigError(
                     f"{path} line {n}: expected {{\"partition\", \"pid\", \"sequence_id\"}}: {exc}") from exc
     return out
 
@@ -201,7 +201,7 @@ def audit(topic: str, partitions: int, dedup: str, read: Callable[[int], Iterato
                                f"{r.starts[0]} and {r.ends[-1]}")
     for partition, pid, seq in acked or ():
         if not 0 <= partition < partitions:
-            raise errors.InvalidRequest(f"acked record names partition {partition}; "
+            raise errors.ConfigError(f"acked record names partition {partition}; "
                                         f"topic {topic!r} has 0..{partitions - 1}")
         pa = report.partitions[partition]
         pa.acked += 1

@@ -215,13 +215,13 @@ def test_reader_follows_a_lost_connection(fake) -> None:  # type: ignore[no-unty
 
 
 def test_reader_bad_arguments() -> None:
-    with pytest.raises(errors.InvalidRequest):
+    with pytest.raises(errors.ConfigError):
         Reader("http://c", "t", partition=-1)
-    with pytest.raises(errors.InvalidRequest):
+    with pytest.raises(errors.ConfigError):
         Reader("http://c", "t", start_offset=-5)
 
 
 def test_reader_partition_out_of_range(fake) -> None:  # type: ignore[no-untyped-def]
     _srv, coord = fake
-    with pytest.raises(errors.InvalidRequest, match="partitions 0..1"):
+    with pytest.raises(errors.ConfigError, match="partitions 0..1"):
         list(Reader("http://fake", "r", 5, http_transport=coord.transport()))

@@ -12,6 +12,7 @@ from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.producer import AsyncProducer, DeliveryTimeout, Producer, ProducerClosed
+from pidlease.reader import Reader
 
 TOPICS = {"t": (3, "strict"), "one": (1, "strict"), "mono": (1, "monotonic")}
 
@@ -193,9 +194,9 @@ def test_explicit_sequence_ids_strict(fake) -> None:  # type: ignore[no-untyped-
         futs = [p.send(b"s%d" % i, sequence_id=i) for i in range(100)]
         p.flush()
         assert [f.result(5).sequence_id for f in futs] == list(range(100))
-        with pytest.raises(errors.InvalidRequest, match="needs sequence_id 100"):
+        with pytest.raises(errors.ConfigError, match="needs sequence_id 100"):
             p.send(b"gap", sequence_id=102)
-        with pytest.raises(errors.InvalidRequest, match="explicit sequence ids"):
+        with pytest.raises(errors.ConfigError, match="explicit sequence ids"):
             p.send(b"no-seq")
         assert p.send(b"s100", sequence_id=100).result(5).sequence_id == 100  # nothing changed
     # a restarted replayable source resends from 0: what is durable is a duplicate
@@ -221,7 +222,7 @@ def test_explicit_sequence_ids_monotonic_holes_make_separate_batches(fake) -> No
         assert back.duplicate and back.offset == -1
         srv.silent = True
         pending = p.send(b"m2000", sequence_id=2000)
-        with pytest.raises(errors.InvalidRequest, match="not acknowledged yet"):
+        with pytest.raises(errors.ConfigError, match="not acknowledged yet"):
             p.send(b"m1500", sequence_id=1500)
         srv.silent = False
         p.drop_connections()
@@ -236,20 +237,36 @@ def test_explicit_sequence_ids_monotonic_holes_make_separate_batches(fake) -> No
 def test_bad_input_raises_and_changes_nothing(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
     with make(coord, topic="one", batch_bytes_max=4096) as p:
-        with pytest.raises(errors.InvalidRequest):
+        with pytest.raises(errors.ConfigError):
             p.send(12345)  # type: ignore[arg-type]
-        with pytest.raises(errors.InvalidRequest):
+        with pytest.raises(errors.ConfigError):
             p.send(b"x", partition=3)
         with pytest.raises(errors.RecordTooLarge):
             p.send(b"x" * 5000)
-        with pytest.raises(errors.InvalidRequest):
+        with pytest.raises(errors.ConfigError):
             p.send(b"x", sequence_id=-1)
         assert p.send(b"ok").result(5).sequence_id == 0
     assert [r.value for r in srv.records("one", 0)] == [b"ok"]
-    with pytest.raises(errors.InvalidRequest):
+    with pytest.raises(errors.ConfigError):
         Producer("http://fake", topic="one", max_in_flight=0, http_transport=coord.transport())
     with pytest.raises(errors.UnknownTopicOrPartition):
         Producer("http://fake", topic="nope", http_transport=coord.transport())
+
+
+def test_local_mistakes_raise_config_error_before_any_request(fake) -> None:  # type: ignore[no-untyped-def]
+    # A caller's mistake is a ConfigError (also a ValueError), raised at construction: not
+    # the server's INVALID_REQUEST, and not CoordinatorUnavailable retried until a timeout.
+    _srv, coord = fake
+    for url in ("127.0.0.1:8470", "ftp://fake", "http://"):
+        with pytest.raises(errors.ConfigError, match="needs http:// or https://"):
+            Producer(url, "one", start_timeout_ms=100, http_transport=coord.transport())
+    with pytest.raises(ValueError, match="linger_ms=-1"):
+        Producer("http://fake", "one", linger_ms=-1, http_transport=coord.transport())
+    with pytest.raises(errors.ConfigError, match="needs a topic"):
+        Producer("http://fake", http_transport=coord.transport())
+    with pytest.raises(errors.ConfigError, match="needs http:// or https://"):
+        Reader("localhost:8470", "one")
+    assert coord.requests == []
 
 
 def test_delivery_timeout_fails_the_records_and_the_producer(fake) -> None:  # type: ignore[no-untyped-def]

@@ -54,7 +54,7 @@ def test_pid_zero_and_control_records_are_not_checked() -> None:
 
 
 def test_acked_for_a_partition_that_does_not_exist_is_an_error() -> None:
-    with pytest.raises(errors.InvalidRequest):
+    with pytest.raises(errors.ConfigError):
         run(recs((5, 0)), acked=[(3, 5, 0)])
 
 
@@ -63,7 +63,7 @@ def test_load_acked(tmp_path) -> None:  # type: ignore[no-untyped-def]
     f.write_text(json.dumps({"partition": 1, "sequence_id": 4, "pid": 9}) + "\n\n")
     assert load_acked(f) == [(1, 9, 4)]
     f.write_text('{"partition": 1}\n')
-    with pytest.raises(errors.InvalidRequest, match="line 1"):
+    with pytest.raises(errors.ConfigError, match="line 1"):
         load_acked(f)
 
 

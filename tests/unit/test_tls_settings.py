@@ -39,17 +39,17 @@ def test_client_context_sources(tmp_path, monkeypatch) -> None:  # type: ignore[
     ctx = client_ssl_context(tls=True)                       # the system store
     assert isinstance(ctx, ssl.SSLContext) and ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
     assert ctx.check_hostname and ctx.verify_mode == ssl.CERT_REQUIRED
-    with pytest.raises(errors.InvalidRequest, match="cannot load the TLS CA bundle"):
+    with pytest.raises(errors.ConfigError, match="cannot load the TLS CA bundle"):
         client_ssl_context(str(tmp_path / "missing.pem"))
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate")
-    with pytest.raises(errors.InvalidRequest, match="cannot load the TLS CA bundle"):
+    with pytest.raises(errors.ConfigError, match="cannot load the TLS CA bundle"):
         client_ssl_context(str(bad))
     monkeypatch.setenv(TLS_CA_FILE_ENV, str(tmp_path / "missing.pem"))
-    with pytest.raises(errors.InvalidRequest, match="missing.pem"):  # the env is used
+    with pytest.raises(errors.ConfigError, match="missing.pem"):  # the env is used
         client_ssl_context()
     assert client_ssl_context(use_env=False) is None
-    with pytest.raises(errors.InvalidRequest, match="tls must be True or False"):
+    with pytest.raises(errors.ConfigError, match="tls must be True or False"):
         client_ssl_context(tls="yes")  # type: ignore[arg-type]
 
 
@@ -72,6 +72,6 @@ def test_certificate_failures_are_not_retriable() -> None:
 
 def test_https_lease_client_uses_the_given_ca(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv(TLS_CA_FILE_ENV, raising=False)
-    with pytest.raises(errors.InvalidRequest, match="cannot load the TLS CA bundle"):
+    with pytest.raises(errors.ConfigError, match="cannot load the TLS CA bundle"):
         LeaseClient("https://127.0.0.1:1", tls_ca_file=str(tmp_path / "none.pem"))
     LeaseClient("http://127.0.0.1:1", tls_ca_file=str(tmp_path / "none.pem")).close()  # not used
