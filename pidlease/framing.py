@@ -153,7 +153,7 @@ def recv_exact(sock: socket.socket, n: int, *, timeout_s: Callable[[], float] | 
     if len(first) == n:
         return first  # the usual case: no copy
     if not first:
-        raise EOFError(f"connection closed after 0 of {n} bytes")
+        raise EOFError(f"peer closed the connection after 0 of {n} bytes")
     buf = bytearray(n)
     view = memoryview(buf)
     got = len(first)
@@ -163,6 +163,6 @@ def recv_exact(sock: socket.socket, n: int, *, timeout_s: Callable[[], float] | 
             sock.settimeout(timeout_s())
         k = sock.recv_into(view[got:], min(n - got, 1 << 20))
         if not k:
-            raise EOFError(f"connection closed after {got} of {n} bytes")
+            raise EOFError(f"peer closed the connection after {got} of {n} bytes")
         got += k
     return bytes(buf)
