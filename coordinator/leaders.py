@@ -17,15 +17,13 @@ from __future__ import annotations
 import itertools
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
 
 from pidlease import protocol
 from pidlease.errors import CoordinatorUnavailable, CorruptRecord
-
-_LEN = struct.Struct(">I")
+from pidlease.framing import FrameTooLarge, recv_frame
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -158,18 +156,7 @@ class LeaderClient:
         raise AssertionError("unreachable")
 
     def _read_frame(self, sock: socket.socket, deadline: _Deadline) -> bytes:
-        (n,) = _LEN.unpack(self._read_exact(sock, 4, deadline))
-        if n > self._frame_bytes_max:
-            raise CorruptRecord(f"frame of {n} bytes is over the limit")
-        return self._read_exact(sock, n, deadline)
-
-    @staticmethod
-    def _read_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            sock.settimeout(deadline.left())
-            chunk = sock.recv(min(n - len(buf), 1 << 20))
-            if not chunk:
-                raise EOFError("connection closed by the partition server")
-            buf += chunk
-        return bytes(buf)
+        try:
+            return recv_frame(sock, self._frame_bytes_max, timeout_s=deadline.left)
+        except FrameTooLarge as exc:
+            raise CorruptRecord(str(exc)) from exc

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import struct
 from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import Any
@@ -32,12 +31,11 @@ from partition_server.producer_state import Outcome
 from pidlease import errors
 from pidlease import protocol as P
 from pidlease.errors import CorruptRecord
+from pidlease.framing import FrameTooLarge, read_frame
 from pidlease.protocol import iter_batches
 from pidlease.tls import HANDSHAKE_TIMEOUT_S, peer_ssl_context
 
 log = logging.getLogger("partition_server.replica_fetcher")
-
-_U32 = struct.Struct(">I")
 
 
 @lru_cache(maxsize=4)
@@ -66,10 +64,10 @@ class _Wire:
 
         async def read() -> bytes:
             await self.writer.drain()
-            (n,) = _U32.unpack(await self.reader.readexactly(4))
-            if n > self.frame_bytes_max:
-                raise FetchSessionError(f"answer of {n} bytes is over the frame limit")
-            return await self.reader.readexactly(n)
+            try:
+                return await read_frame(self.reader, self.frame_bytes_max)
+            except FrameTooLarge as exc:
+                raise FetchSessionError(f"answer of {exc.size} bytes is over the frame limit") from exc
 
         body = await asyncio.wait_for(read(), timeout_s)
         resp = P.decode_response(api, body)

@@ -38,15 +38,15 @@ from partition_server.settings import ServerSettings
 from pidlease import errors
 from pidlease import protocol as P
 from pidlease.errors import CorruptRecord, InvalidRequest, PidleaseError, RecordTooLarge
+from pidlease.framing import HEADER_SIZE, FrameTooLarge, read_frame
 from pidlease.tls import HANDSHAKE_TIMEOUT_S, server_ssl_context
 from pidlease.token import verify_token
 
 log = logging.getLogger("partition_server.server")
 
-_U32 = struct.Struct(">I")
 _HEAD = struct.Struct(">BI")
 _FRAMED_CODE = struct.Struct(">H")  # a framed response's error code, after length and corr
-_FRAMED_CODE_AT = 8
+_FRAMED_CODE_AT = HEADER_SIZE + 4
 # Refusals the connection guard remembers: the SDK resends after each of them (it retries
 # UNKNOWN_TOPIC_OR_PARTITION too, as a topic may be a moment old or a server restarting).
 _GUARDED_CODES = frozenset(
@@ -250,8 +250,11 @@ class PartitionServer:
         frame_max = self.s.frame_bytes_max
         inflight_max = self.s.inflight_requests_max_per_connection
         while not conn.dead:
-            (n,) = _U32.unpack(await reader.readexactly(4))
-            if n > frame_max:
+            try:
+                body = await read_frame(reader, frame_max)
+            except FrameTooLarge as exc:
+                # Only the length was read: read the request header to answer it by name.
+                n = exc.size
                 head = await reader.readexactly(min(n, 5))
                 api, corr = _HEAD.unpack(head) if len(head) == 5 else (0, 0)
                 self._push(conn, api, corr, error_response(
@@ -259,8 +262,7 @@ class PartitionServer:
                     f"frame of {n} bytes is over the limit of {frame_max}; closing"))
                 log.warning("closing a connection that sent a %d-byte frame", n)
                 return
-            body = await reader.readexactly(n)
-            api, corr = _HEAD.unpack_from(body) if n >= 5 else (0, 0)
+            api, corr = _HEAD.unpack_from(body) if len(body) >= 5 else (0, 0)
             reply = self.dispatch(body, conn.guard)
             if reply is None:
                 # A partition unknown here, maybe created a moment ago: read ZooKeeper and

@@ -5,8 +5,8 @@ writing znodes, and the fault injector that tears a log tail."""
 from __future__ import annotations
 
 import socket
-import struct
 import time
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,8 @@ from typing import Any
 from partition_server.partition import dir_name
 from pidlease import protocol as P
 from pidlease.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
+from pidlease.framing import FRAME_SIZE_LIMIT, FrameDecoder
 from pidlease.token import make_token
-
-_U32 = struct.Struct(">I")
 
 
 class WireClient:
@@ -28,7 +27,9 @@ class WireClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._corr = 0
         self._apis: dict[int, int] = {}
-        self._buf = bytearray()
+        # A test client takes whatever the server sends: no frame limit of its own.
+        self._decoder = FrameDecoder(FRAME_SIZE_LIMIT)
+        self._frames: deque[bytes] = deque()
 
     def next_corr(self) -> int:
         self._corr += 1
@@ -42,19 +43,13 @@ class WireClient:
         self.sock.sendall(frame)
         return corr
 
-    def _read_exact(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = self.sock.recv(max(65536, n - len(self._buf)))
+    def recv_body(self) -> bytes:
+        while not self._frames:
+            chunk = self.sock.recv(65536)
             if not chunk:
                 raise ConnectionError("server closed the connection")
-            self._buf += chunk
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
-
-    def recv_body(self) -> bytes:
-        (n,) = _U32.unpack(self._read_exact(4))
-        return self._read_exact(n)
+            self._frames.extend(self._decoder.feed(chunk))
+        return self._frames.popleft()
 
     def recv(self, api: int | None = None) -> P.Response:
         body = self.recv_body()

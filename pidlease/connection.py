@@ -23,14 +23,13 @@ import asyncio
 import itertools
 import socket
 import ssl
-import struct
 from typing import Any, Self
 
 from pidlease import protocol
 from pidlease.errors import CorruptRecord, ServerUnavailable
+from pidlease.framing import FrameDecoder, FrameTooLarge, recv_frame
 from pidlease.tls import HANDSHAKE_TIMEOUT_S, connect_error
 
-_U32 = struct.Struct(">I")
 CONNECT_TIMEOUT_MS_DEFAULT = 5_000
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 
@@ -48,28 +47,21 @@ class _Protocol(asyncio.Protocol):
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.buf = bytearray()
+        self.decoder = FrameDecoder(conn.frame_bytes_max)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.conn._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos = 0
-        n = len(buf)
-        while n - pos >= 4:
-            (size,) = _U32.unpack_from(buf, pos)
-            if size > self.conn.frame_bytes_max:
-                self.conn._die(f"server sent a frame of {size} bytes, over the limit")
-                return
-            if n - pos - 4 < size:
-                break
-            body = bytes(buf[pos + 4:pos + 4 + size])
-            pos += 4 + size
+        try:
+            frames = self.decoder.feed(data)
+        except FrameTooLarge as exc:
+            for body in exc.frames:  # the answers before it are whole: hand them over
+                self.conn._on_frame(body)
+            self.conn._die(f"server sent a frame of {exc.size} bytes, over the limit")
+            return
+        for body in frames:
             self.conn._on_frame(body)
-        if pos:
-            del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn._die(f"connection to {self.conn.address} lost"
@@ -236,11 +228,14 @@ class BlockingConnection:
         corr = next(self._corr) & 0xFFFFFFFF
         try:
             self._sock.sendall(build(corr))
-            (size,) = _U32.unpack(self._read_exact(4))
-            if size > self.frame_bytes_max:
-                raise ServerUnavailable(f"server sent a frame of {size} bytes, over the limit")
-            body = self._read_exact(size)
+            body = recv_frame(self._sock, self.frame_bytes_max)
             resp = protocol.decode_response(api_key, body)
+        except FrameTooLarge as exc:
+            self.close()
+            raise ServerUnavailable(f"server sent a frame of {exc.size} bytes, over the limit") from exc
+        except EOFError as exc:
+            self.close()
+            raise ServerUnavailable(f"{self.address} closed the connection") from exc
         except (OSError, CorruptRecord, ValueError) as exc:
             self.close()
             raise ServerUnavailable(f"request to {self.address} failed: {exc}") from exc
@@ -252,17 +247,6 @@ class BlockingConnection:
             raise ServerUnavailable(f"{self.address} answered correlation id {resp.correlation_id}, "
                                     f"expected {corr}")
         return resp
-
-    def _read_exact(self, n: int) -> bytes:
-        assert self._sock is not None
-        chunks = []
-        while n:
-            chunk = self._sock.recv(min(n, 1 << 20))
-            if not chunk:
-                raise ServerUnavailable(f"{self.address} closed the connection")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
 
     def close(self) -> None:
         if self._sock is not None:

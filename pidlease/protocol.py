@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pidlease.errors import CorruptRecord
+from pidlease.framing import encode_frame, pack_header
 
 # --- API keys -----------------------------------------------------------------------------
 PRODUCE = 1
@@ -366,8 +367,7 @@ class Cursor:
         return mv
 
 
-def frame(body: bytes) -> bytes:
-    return _U32.pack(len(body)) + body
+frame = encode_frame  # the name this module's callers know
 
 
 # --- requests -----------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def request(api_key: int, correlation_id: int, payload: bytes) -> bytes:
 
 def produce_request(correlation_id: int, topic: str, partition: int, token: str, batch: bytes) -> bytes:
     head = _REQ_HEAD.pack(PRODUCE, correlation_id) + pack_str(topic) + _PARTITION.pack(partition) + pack_str(token)
-    return _U32.pack(len(head) + len(batch)) + head + batch
+    return pack_header(len(head) + len(batch)) + head + batch
 
 
 def fetch_request(correlation_id: int, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
@@ -494,7 +494,7 @@ def fetch_response(corr: int, code: int, detail: str = "", *, high_watermark: in
     size = sum(len(x) for x in chunks)
     head = _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + \
         _FETCH_RESP.pack(high_watermark, log_start_offset) + pack_str(leader) + _U32.pack(size)
-    return b"".join([_U32.pack(len(head) + size), head, *chunks])
+    return b"".join([pack_header(len(head) + size), head, *chunks])
 
 
 def fence_response(corr: int, code: int, detail: str = "", *, existed: bool = False,
@@ -535,7 +535,7 @@ def replica_fetch_response(corr: int, code: int, detail: str = "", *, high_water
     head = _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + \
         _REPLICA_FETCH_RESP.pack(high_watermark, leader_epoch, min(len(epochs), EPOCH_ENTRIES_MAX)) \
         + ep + _U32.pack(size)
-    return b"".join([_U32.pack(len(head) + size), head, *chunks])
+    return b"".join([pack_header(len(head) + size), head, *chunks])
 
 
 def epoch_end_response(corr: int, code: int, detail: str = "", *, epoch: int = -1,
