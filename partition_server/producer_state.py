@@ -1,44 +1,23 @@
-"""Producer state of one partition and the append rules that use it (CONTRACT "Append
-rules"). Pure: no I/O and no clock of its own; callers pass ``now_ms`` and offsets.
+"""Producer state of one partition: the column storage the append rules read and write.
+Pure: no I/O and no clock of its own; callers pass ``now_ms`` and offsets.
+
+The rules themselves (what each batch is answered, and why) are in ``append_rules.py``,
+readable, with the reference model ``tests/unit/append_rules_model.py`` as their
+specification. ``ProducerStateTable.check_append`` here is their fast twin, inline over the
+columns (one call per batch, no interface in between); the property test holds it to
+``append_rules.check_append`` answer for answer, so change both together. This module keeps
+re-exporting the rules' names (``Outcome``, ``FenceOutcome``, ``Decision``, ...).
 
 Per PID we keep the generation, the highwater H (last sequence appended), the durable
 highwater (last sequence fsynced), the last K batches (for DUPLICATE answers with the
 offsets they were first written at) and the last-use time, in last-use (LRU) order, so PID
-expiry pops from the front (the seed's "expired from one end").
+expiry pops from the front.
 
-Checking and applying are split: the partition checks a batch, writes it to its log only on
-APPEND, then applies it here with the offset it got. Replaying the log after a restart goes
-through the same ``apply_*`` methods, so a recovered table is the table before the crash.
-
-Monotonic topics: a refusal leaves no hole (CONTRACT "Append rules"). Holes between batches
-are allowed there, so "at or below the highwater" does not prove a batch was written: if
-batch N is refused for a reason the rules did not decide (full disk, TOO_MANY_PIDS; the
-partition reports it with ``note_refused``) while N+1, already in flight, is appended, the
-resend of N would look like an old batch. So:
-
-- a refused batch blocks its PID from its base sequence (the lowest refused base is kept):
-  a later batch whose base is above it is refused SEQUENCE_UNKNOWN (retriable, expected
-  sequence = the blocked base) until a batch from at or below the blocked base is appended
-  (the resend; any append of the PID clears the block) or a takeover (``apply_fence`` with
-  a newer generation: the new holder resumes after the highwater) abandons the range;
-- DUPLICATE is answered only for a range the partition wrote: a kept batch (an exact
-  match, with its offsets), or a range every sequence of which is held by a kept batch
-  or older than every kept batch, the latter only outside the ranges takeovers gave up
-  (from a blocked base to where the new holder resumed; offset -1). Any other batch
-  wholly at or below the durable highwater was never written and never can be:
-  OUT_OF_ORDER_SEQUENCE, expected highwater + 1 (above the durable highwater it is
-  SEQUENCE_UNKNOWN first, as on strict topics).
-
-Strict topics need neither: they accept only H+1, so a batch after a refused one is refused
-(OUT_OF_ORDER_SEQUENCE, retried by the SDK as a consequence), and every sequence at or below
-H was written, whatever the batch boundaries of a resend: whole batch at or below the
-durable highwater is DUPLICATE (offsets when it matches a kept batch exactly, else -1).
-
-Blocks and the ranges takeovers gave up live in two side dicts that are empty in the common
-case (so the hot path pays one truth test of an empty dict) and are not in snapshots: a
-restart opens new connections, and the SDK resends its earliest unresolved batch first on a
-new connection, so a block has nothing left to stop; the given-up ranges are lost too (see
-``_abandoned``).
+Blocks (``note_refused``) and the ranges takeovers gave up live in two side dicts that are
+empty in the common case (so the hot path pays one truth test of an empty dict) and are not
+in snapshots: a restart opens new connections, and the SDK resends its earliest unresolved
+batch first on a new connection, so a block has nothing left to stop; the given-up ranges
+are lost too (see ``_abandoned``).
 
 Storage (1M PIDs per partition must fit in about 200 bytes each, issue 7): no object per
 PID. A ``dict`` maps a PID to a slot; per slot, ``array`` columns hold the pid, generation,
@@ -76,15 +55,28 @@ lost", and sequence 0 would replay what is already in the log (finding 6).
 
 from __future__ import annotations
 
-import enum
 import itertools
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from operator import itemgetter
 
-DEDUP_MODES = ("strict", "monotonic", "off")
+from partition_server.append_rules import APPEND as _APPEND
+from partition_server.append_rules import DEDUP_MODES, Decision, FenceOutcome, Outcome
+
+__all__ = [
+    "BLOCKED_UNTRACKED_MAX",
+    "DEDUP_MODES",
+    "EVICT_IDLE_MIN_MS_DEFAULT",
+    "Decision",
+    "FenceOutcome",
+    "Outcome",
+    "ProducerEntry",
+    "ProducerStateTable",
+    "Row",
+    "batch_triples",
+]
+
 # The default of pid_evict_idle_min_ms: the coordinator's longest lease (24 h,
 # settings.LEASE_MAX_MS), so no PID that may still hold a valid lease is evicted.
 EVICT_IDLE_MIN_MS_DEFAULT = 86_400_000
@@ -99,32 +91,6 @@ _U32 = 0xFFFF_FFFF
 _NIL = -1        # end of the LRU list
 _NO_RING = -1    # the PID has at most one batch, kept in the newest-batch columns
 _WIDE = -2       # the PID's batches are in ``_wide`` (flat triples)
-
-
-class Outcome(enum.Enum):
-    APPEND = "APPEND"
-    DUPLICATE = "DUPLICATE"
-    FENCED = "FENCED"
-    UNKNOWN_PID = "UNKNOWN_PID"
-    SEQUENCE_UNKNOWN = "SEQUENCE_UNKNOWN"
-    OUT_OF_ORDER = "OUT_OF_ORDER_SEQUENCE"
-    TOO_MANY_PIDS = "TOO_MANY_PIDS"
-
-
-class FenceOutcome(enum.Enum):
-    APPEND = "APPEND"           # write a control batch, answer when durable
-    SAME = "SAME"               # generation already current: OK, nothing written
-    ABSENT = "ABSENT"           # no state and no create_if_absent: OK existed=false
-    FENCED = "FENCED"           # older generation
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    outcome: Outcome
-    expected_sequence: int = -1
-    base_offset: int = -1       # DUPLICATE: where the batch was first written, when known
-    last_offset: int = -1
-    detail: str = ""
 
 
 class ProducerEntry:
@@ -259,7 +225,28 @@ class ProducerStateTable:
         e.pending = list(pend) if pend is not None else None
         return e
 
-    # -- append rules ----------------------------------------------------------------------
+    # -- the read interface of the rules (append_rules.PidView) ----------------------------
+    def generation(self, pid: int) -> int | None:
+        s = self._slot.get(pid)
+        return None if s is None else self._gen[s]
+
+    def highwater(self, pid: int) -> int:
+        return self._hw[self._slot[pid]]
+
+    def durable_highwater(self, pid: int) -> int:
+        return self._dhw.get(pid, self._hw[self._slot[pid]])
+
+    def kept_batches(self, pid: int) -> list[tuple[int, int, int]]:
+        return batch_triples(self._flat(self._slot[pid]))
+
+    def abandoned_ranges(self, pid: int) -> list[tuple[int, int]]:
+        holes = self._abandoned.get(pid, [])
+        return [(holes[i], holes[i + 1]) for i in range(0, len(holes), 2)]
+
+    def room_for_new_pid(self, now_ms: int) -> bool:
+        return len(self._slot) < self.pids_max or self._evictable(now_ms) is not None
+
+    # -- append rules: the fast twin of append_rules.check_append ---------------------------
     def check_append(self, pid: int, generation: int, base_seq: int, count: int,
                      now_ms: int | None = None) -> Decision:
         """The decision for a batch. ``now_ms`` is given only by a leader deciding a new
@@ -976,8 +963,6 @@ class ProducerStateTable:
             total += n * per // sampled
         return total
 
-
-_APPEND = Decision(Outcome.APPEND)
 
 
 def _meets(holes: list[int], lo: int, hi: int) -> bool:

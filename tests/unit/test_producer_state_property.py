@@ -30,6 +30,7 @@ from append_rules_model import AppendRulesModel, Answer, Expectation, Stored, on
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from partition_server import append_rules
 from partition_server.partition import replay_batch
 from partition_server.producer_state import (
     Decision,
@@ -188,6 +189,10 @@ class Harness:
         NOT_LEADER...)."""
         exp = self.model.decide(pid, gen, base, count)
         got = self.table.check_append(pid, gen, base, count)
+        readable = append_rules.check_append(self.table, pid, gen, base, count)
+        if readable != got:  # the table's inline check is the fast twin of the rules module
+            self.fail(f"pid {pid} seq {base}..{base + count - 1}: the table answered {got}, "
+                      f"append_rules.check_append {readable}")
         line = f"send pid {pid} gen {gen} seq {base}..{base + count - 1} ({why}): {fmt(got)}"
         self.note(line if not self.compare else f"{line}; contract: {exp}")
         if self.compare and not exp.allows(got):
