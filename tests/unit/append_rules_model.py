@@ -1,6 +1,6 @@
 """Reference model of one partition's append rules, written from CONTRACT.md "Append rules"
 (the table, row by row, and the monotonic paragraph under it), NOT from
-``partition_server/producer_state.py``.
+``partition_server/append_rules.py`` or ``partition_server/producer_state.py``.
 
 The model is the specification the property tests hold the table to. It keeps the ground
 truth the table cannot afford (every batch the partition wrote, in log order, and every
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partition_server.producer_state import Decision, FenceOutcome, Outcome
+from partition_server.append_rules import Decision, FenceOutcome, Outcome
 
 
 @dataclass(frozen=True)

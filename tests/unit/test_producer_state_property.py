@@ -2,9 +2,11 @@
 
 The reference model (``append_rules_model.py``) is the specification. It is written from
 CONTRACT.md "Append rules", the table row by row and the monotonic paragraph under it
-("a refusal leaves no hole"), and never from ``partition_server/producer_state.py``: the
-previous model was derived from the same reading as the code and agreed with its monotonic
-bug (DUPLICATE for a range the partition never wrote, after a retriable refusal).
+("a refusal leaves no hole"), and never from ``partition_server/producer_state.py`` or
+``append_rules.py``: the previous model was derived from the same reading as the code and
+agreed with its monotonic bug (DUPLICATE for a range the partition never wrote, after a
+retriable refusal). Every answer of the table's inline ``check_append`` (the fast twin) is
+also compared with ``append_rules.check_append`` (the readable rules) on the same table.
 
 The harness drives one partition as the server does (check a batch; on APPEND write it at
 the next log offset and apply it, or refuse it with a retriable error and say so with
