@@ -61,6 +61,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
 
+from partition_server import append_rules
 from partition_server.append_rules import APPEND as _APPEND
 from partition_server.append_rules import DEDUP_MODES, Decision, FenceOutcome, Outcome
 
@@ -403,17 +404,8 @@ class ProducerStateTable:
                    else "PIDLEASE_PID_EVICT_IDLE_MIN_MS"))
 
     def check_fence(self, pid: int, generation: int, create_if_absent: bool) -> FenceOutcome:
-        if not self.tracks(pid):
-            return FenceOutcome.ABSENT  # dedup off: no generations to fence
-        s = self._slot.get(pid)
-        if s is None:
-            return FenceOutcome.APPEND if create_if_absent else FenceOutcome.ABSENT
-        g = self._gen[s]
-        if generation < g:
-            return FenceOutcome.FENCED
-        if generation == g:
-            return FenceOutcome.SAME
-        return FenceOutcome.APPEND
+        # Not on the per-batch path: the readable rules answer directly.
+        return append_rules.check_fence(self, pid, generation, create_if_absent)
 
     # -- applying what was written (live appends and log replay) ---------------------------
     def apply_append(self, pid: int, generation: int, base_seq: int, count: int,
