@@ -1,8 +1,8 @@
-"""Micro-benchmark of framing: the inline code each socket owner had before pidlease.framing
-("old", kept here only as the reference) against pidlease.framing ("new"), in the same run.
+"""Micro-benchmark of framing: the inline code each socket owner had before pidlease.wire.framing
+("old", kept here only as the reference) against pidlease.wire.framing ("new"), in the same run.
 Run: python -m bench.bench_framing"""
 import asyncio, struct, time, statistics
-from pidlease import framing, protocol as P
+from pidlease.wire import framing, protocol as P
 
 _U32 = struct.Struct(">I")
 N = 100_000

@@ -1,7 +1,7 @@
 """Lease throughput and latency of the coordinator, with one and with two coordinators.
 
 Starts its own ZooKeeper, one partition server and the coordinators as real processes
-(pidlease.devcluster.LocalCluster) on 127.0.0.1, then for each setup:
+(pidlease.testing.devcluster.LocalCluster) on 127.0.0.1, then for each setup:
 
 - new:   N leases with pid -1 (a PID from the block, one ZooKeeper create each)
 - renew: N renewals of already leased PIDs (a PRODUCER_STATE to the partition leader
@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from coordinator.testing import Reply, run_many
-from pidlease.devcluster import LocalCluster
+from pidlease.testing.devcluster import LocalCluster
 
 
 def zk_writes(url: str) -> int:

@@ -41,7 +41,7 @@ def _timed(what: str, fn: Any) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    from pidlease.devcluster import LocalCluster
+    from pidlease.testing.devcluster import LocalCluster
     from pipeline.session import build_session
 
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-spark-"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord
 
 

@@ -128,8 +128,8 @@ def wire_pass(address: str, topic: str, pid: int, generation: int, batches: int,
     connection; (seconds, answers by error code)."""
     from bench.bench_append import FastBatches
     from partition_server.testing import token
-    from pidlease import protocol as P
-    from pidlease.devcluster import DEV_SECRET
+    from pidlease.wire import protocol as P
+    from pidlease.testing.devcluster import DEV_SECRET
 
     host, _, port = address.rpartition(":")
     fb = FastBatches(pid, generation, records_per_batch, 100)
@@ -189,7 +189,7 @@ def restart_pause(system: pidlease_sdk.System, records: int, kill_after_s: float
     """A producer sends ``records``; ``kill_after_s`` in, the partition server is SIGKILLed
     and restarted. The pause is the longest gap between acknowledgements it sees."""
     from pidlease import Producer
-    from pidlease.verify import verify_topic
+    from pidlease.cli.verify import verify_topic
 
     assert system.cluster is not None
     cfg = system.prepare(100)

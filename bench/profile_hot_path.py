@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pidlease.devcluster import LocalCluster
+from pidlease.testing.devcluster import LocalCluster
 
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from coordinator.app import create_app
 from coordinator.settings import CoordinatorSettings
-from pidlease.tls import peer_ssl_context, server_ssl_context
+from pidlease.wire.tls import peer_ssl_context, server_ssl_context
 
 log = logging.getLogger("coordinator")
 

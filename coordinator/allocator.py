@@ -13,7 +13,7 @@ import threading
 from typing import Protocol
 
 from pidlease.errors import CoordinatorUnavailable
-from pidlease.protocol import MAX_PID
+from pidlease.wire.protocol import MAX_PID
 
 FIRST_PID = 1
 

@@ -38,8 +38,8 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from coordinator.topics import Topics
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
-from pidlease.protocol import MAX_PID
-from pidlease.tls import peer_ssl_context
+from pidlease.wire.protocol import MAX_PID
+from pidlease.wire.tls import peer_ssl_context
 
 log = logging.getLogger("coordinator.app")
 
@@ -54,7 +54,7 @@ class Coordinator:
                            session_timeout_ms=settings.zk_session_timeout_ms)
         self.allocator = PidAllocator(self.store, settings.pid_block_size,
                                       attempts_max=settings.cas_attempts_max)
-        # A TLS coordinator calls the partition servers over TLS too (pidlease/tls.py).
+        # A TLS coordinator calls the partition servers over TLS too (pidlease/wire/tls.py).
         peer_tls = (peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
                     if settings.tls_certfile else None)
         self.leaders = LeaderClient(timeout_ms=settings.leader_request_timeout_ms,
@@ -206,7 +206,7 @@ def create_app(settings: CoordinatorSettings | None = None, *,
 
     @app.get("/v1/topics/{name}")
     def describe_topic(name: str = Path(min_length=1, max_length=200)) -> dict[str, Any]:
-        from pidlease.cluster import topic_name_problem
+        from pidlease.wire.cluster import topic_name_problem
 
         problem = topic_name_problem(name)
         if problem:

@@ -7,7 +7,7 @@ thread-based). A small pool keeps up to ``connections_max`` idle connections per
 each call has one deadline for connect, send and receive. Every failure to reach a leader
 becomes ``CoordinatorUnavailable`` (retriable 503), never a hang.
 
-With ``ssl_context`` set (a coordinator serving HTTPS: ``pidlease/tls.py``, every
+With ``ssl_context`` set (a coordinator serving HTTPS: ``pidlease/wire/tls.py``, every
 connection to a partition server is TLS, the server's certificate checked against the
 coordinator's ``tls_ca_file`` and the address it is reached at.
 """
@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from pidlease import protocol
+from pidlease.wire import protocol
 from pidlease.errors import CoordinatorUnavailable, CorruptRecord
-from pidlease.framing import FrameTooLarge, recv_frame
+from pidlease.wire.framing import FrameTooLarge, recv_frame
 
 
 def split_address(address: str) -> tuple[str, int]:

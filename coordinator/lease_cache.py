@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from pidlease.cluster import PidRecord
+from pidlease.wire.cluster import PidRecord
 
 
 class RecordCache:

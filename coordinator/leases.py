@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from coordinator.auth import ANONYMOUS_NAME
-from pidlease.cluster import PidRecord, tp_key
+from pidlease.wire.cluster import PidRecord, tp_key
 from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
-from pidlease.protocol import MAX_GENERATION
+from pidlease.wire.protocol import MAX_GENERATION
 
 NEW_PID = -1
 

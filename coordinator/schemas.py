@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coordinator.leases import LeaseRequest
-from pidlease.cluster import PRODUCER_NAME_MAX, TOPIC_NAME_MAX, topic_name_problem
-from pidlease.protocol import MAX_GENERATION, MAX_PID
+from pidlease.wire.cluster import PRODUCER_NAME_MAX, TOPIC_NAME_MAX, topic_name_problem
+from pidlease.wire.protocol import MAX_GENERATION, MAX_PID
 
 INT64_MAX = 2**63 - 1
 PARTITION_MAX = 2**31 - 1

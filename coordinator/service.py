@@ -27,7 +27,7 @@ from coordinator.metrics import Metrics
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from pidlease import errors
-from pidlease.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
+from pidlease.wire.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
 from pidlease.errors import (
     CoordinatorUnavailable,
     Forbidden,
@@ -37,8 +37,8 @@ from pidlease.errors import (
     UnknownPid,
     UnknownTopicOrPartition,
 )
-from pidlease.protocol import Response
-from pidlease.token import make_token
+from pidlease.wire.protocol import Response
+from pidlease.wire.token import make_token
 
 log = logging.getLogger("coordinator.service")
 

@@ -20,7 +20,7 @@ from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager, is_replicated
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
-from pidlease.cluster import DEDUP_MODES
+from pidlease.wire.cluster import DEDUP_MODES
 
 log = logging.getLogger("partition_server.broker")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, NoNodeError  # type: ignore[import-untyped]
 
-from pidlease.cluster import SERVERS, PartitionState, partition_path, server_path
+from pidlease.wire.cluster import SERVERS, PartitionState, partition_path, server_path
 
 log = logging.getLogger("partition_server.leadership")
 

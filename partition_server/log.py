@@ -3,7 +3,7 @@ checks that keep a torn or corrupt tail from ever being served.
 
 Layout: ``<data_dir>/<topic>-<partition>/<base offset, 20 digits>.log``. A segment is a
 plain concatenation of batches, byte for byte as producers sent them with ``base_offset``
-filled in (``pidlease/protocol.py``). The index (base offset and file position of every
+filled in (``pidlease/wire/protocol.py``). The index (base offset and file position of every
 batch) lives in memory and is rebuilt by scanning at open; 16 bytes per batch.
 
 Durability is not decided here: the log remembers which files were written since the last
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pidlease.errors import CorruptRecord, ServerUnavailable
-from pidlease.protocol import BATCH_HEADER_SIZE, BatchHeader, batch_crc_ok, decode_batch_header
+from pidlease.wire.protocol import BATCH_HEADER_SIZE, BatchHeader, batch_crc_ok, decode_batch_header
 
 log = logging.getLogger("partition_server.log")
 

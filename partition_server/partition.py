@@ -30,7 +30,7 @@ from partition_server.log import OpenReport, PartitionLog
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
 from partition_server.snapshot import PartitionImage
 from pidlease.errors import NotLeader, PidleaseError, ServerUnavailable, TooManyPids
-from pidlease.protocol import BatchHeader, encode_control_batch, set_base_offset
+from pidlease.wire.protocol import BatchHeader, encode_control_batch, set_base_offset
 
 log = logging.getLogger("partition_server.partition")
 

@@ -18,7 +18,7 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
 from kazoo.protocol.states import KazooState  # type: ignore[import-untyped]
 
-from pidlease.cluster import (
+from pidlease.wire.cluster import (
     SERVERS,
     TOPICS,
     PartitionState,

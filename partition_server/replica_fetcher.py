@@ -13,7 +13,7 @@ assumptions made against another leader.
 
 A server with TLS on (``tls_certfile``) fetches over TLS, trusting ``tls_ca_file`` (the
 system store when empty) and checking that the leader's certificate names the host it is
-reached at (``pidlease/tls.py``: a TLS cluster is TLS everywhere).
+reached at (``pidlease/wire/tls.py``: a TLS cluster is TLS everywhere).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from partition_server.epochs import truncation_step
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from pidlease import errors
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord
-from pidlease.framing import FrameTooLarge, read_frame
-from pidlease.protocol import iter_batches
-from pidlease.tls import HANDSHAKE_TIMEOUT_S, peer_ssl_context
+from pidlease.wire.framing import FrameTooLarge, read_frame
+from pidlease.wire.protocol import iter_batches
+from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, peer_ssl_context
 
 log = logging.getLogger("partition_server.replica_fetcher")
 

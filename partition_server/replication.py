@@ -35,8 +35,8 @@ from partition_server.partition import Partition
 from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import ReplicaFetcher
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.cluster import PartitionState
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState
 
 log = logging.getLogger("partition_server.replication")
 

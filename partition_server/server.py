@@ -6,7 +6,7 @@ RECORD_TOO_LARGE answer and the connection is closed (we will not read that much
 other malformed frame gets an error response (with its correlation id when readable) and
 the connection keeps serving, since the framing itself is intact.
 
-TLS (``tls_certfile``/``tls_keyfile``, ``pidlease/tls.py``): every accepted socket gets an
+TLS (``tls_certfile``/``tls_keyfile``, ``pidlease/wire/tls.py``): every accepted socket gets an
 ``asyncio.sslproto.SSLProtocol`` around the usual stream protocol (what ``ssl=`` on a server
 does, made explicit to see the handshake's outcome), with a handshake timeout. The stream
 handler starts only once the handshake is done; a plaintext client, a certificate the
@@ -36,11 +36,11 @@ from partition_server.refusal_guard import Key, Refusal, RefusalGuard
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease import errors
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, InvalidRequest, PidleaseError, RecordTooLarge
-from pidlease.framing import HEADER_SIZE, FrameTooLarge, read_frame
-from pidlease.tls import HANDSHAKE_TIMEOUT_S, server_ssl_context
-from pidlease.token import verify_token
+from pidlease.wire.framing import HEADER_SIZE, FrameTooLarge, read_frame
+from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, server_ssl_context
+from pidlease.wire.token import verify_token
 
 log = logging.getLogger("partition_server.server")
 

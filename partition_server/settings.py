@@ -96,7 +96,7 @@ class ServerSettings(BaseSettings):
             raise ValueError("TLS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
                              "PIDLEASE_TLS_KEYFILE), or neither for plaintext")
         if self.tls:
-            from pidlease.tls import peer_ssl_context, server_ssl_context
+            from pidlease.wire.tls import peer_ssl_context, server_ssl_context
             server_ssl_context(self.tls_certfile, self.tls_keyfile)  # unreadable: clear error now
             peer_ssl_context(self.tls_certfile, self.tls_ca_file)
         return self

@@ -1,5 +1,5 @@
 """Test tools for the partition server, public like ``trio.testing``: a blocking wire
-client that speaks ``pidlease.protocol`` over a real socket, helpers that create topics by
+client that speaks ``pidlease.wire.protocol`` over a real socket, helpers that create topics by
 writing znodes, and the fault injector that tears a log tail."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from partition_server.partition import dir_name
-from pidlease import protocol as P
-from pidlease.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
-from pidlease.framing import FRAME_SIZE_LIMIT, FrameDecoder
-from pidlease.token import make_token
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
+from pidlease.wire.framing import FRAME_SIZE_LIMIT, FrameDecoder
+from pidlease.wire.token import make_token
 
 
 class WireClient:

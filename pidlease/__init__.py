@@ -1,34 +1,46 @@
 """pidlease: exactly-once publishing with leased producer ids.
 
-How the package is built (read this first):
+The public surface is this module's names::
 
-- ``errors``     the error tree and wire codes shared by SDK and servers
-- ``protocol``   the binary protocol and the batch format (what is on disk is what was sent)
-- ``token``      lease tokens, HMAC-signed by the coordinator, checked by partition servers
-- ``cluster``    the ZooKeeper layout the coordinator and partition servers share
-- ``producer`` / ``reader``   the SDK: ``AsyncProducer`` does the work on an asyncio loop;
-                 ``Producer`` runs one on a background thread; ``Reader`` fetches a partition
-- ``zkserver`` / ``devcluster``   a real local cluster of processes, for dev, demo and tests
-- ``cli``        the ``pidlease`` command
+    from pidlease import Producer, AsyncProducer, Reader, RecordMetadata, Record, errors
 
-Names are imported lazily so that servers importing ``pidlease.protocol`` do not pay for
-the SDK's imports.
+How the package is built (read this first; each subpackage's ``__init__`` lists its modules):
+
+- ``errors``    the error tree and wire codes, shared by the SDK and the servers
+- ``client``    the SDK: producers, the send pipeline, leases, connections, the reader
+- ``wire``      what the SDK and the servers share: framing, messages and the batch format,
+                lease tokens, the ZooKeeper layout, TLS
+- ``testing``   public test tools: a real local cluster, a ZooKeeper runner, a fault proxy
+- ``cli``       the ``pidlease`` command, the demo and the exactly-once audit
+
+The servers live beside this package (``coordinator``, ``partition_server``) and import
+only ``pidlease.wire`` and ``pidlease.errors``; the Spark data source is ``pipeline``.
+
+Names are imported lazily at run time, so a server importing ``pidlease.wire.protocol``
+does not pay for the SDK's imports; a type checker sees the real classes (the imports
+under ``TYPE_CHECKING`` below).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pidlease import errors
+    from pidlease.client.producer import AsyncProducer, Producer, RecordMetadata
+    from pidlease.client.reader import Reader
+    from pidlease.wire.protocol import Record
 
 __all__ = ["Producer", "AsyncProducer", "Reader", "RecordMetadata", "Record", "errors"]
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Producer": "pidlease.producer",
-    "AsyncProducer": "pidlease.producer",
-    "RecordMetadata": "pidlease.producer",
-    "Reader": "pidlease.reader",
-    "Record": "pidlease.protocol",
+    "Producer": "pidlease.client.producer",
+    "AsyncProducer": "pidlease.client.producer",
+    "RecordMetadata": "pidlease.client.producer",
+    "Reader": "pidlease.client.reader",
+    "Record": "pidlease.wire.protocol",
     "errors": "pidlease.errors",
 }
 
@@ -38,4 +50,10 @@ def __getattr__(name: str) -> Any:
     if mod is None:
         raise AttributeError(f"module 'pidlease' has no attribute {name!r}")
     module = importlib.import_module(mod)
-    return module if name == "errors" else getattr(module, name)
+    value = module if name == "errors" else getattr(module, name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -30,7 +30,7 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from pidlease import errors
-from pidlease.producer import AsyncProducer
+from pidlease.client.producer import AsyncProducer
 from pipeline.errors import AttemptFenced, PipelineError
 from pipeline.options import WriteSettings
 from pipeline.sequencing import BatchSequencer, Resume, StreamSequencer, plan, producer_name

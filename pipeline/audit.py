@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pidlease import errors
-from pidlease.lease_client import LeaseClient
+from pidlease.client.lease_client import LeaseClient
 
 DUPLICATE_EXAMPLES_MAX = 100
 PID_VIEWS_MAX = 100_000  # the coordinator's default cap on GET /v1/pids

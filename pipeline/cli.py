@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pidlease.lease_client import DEFAULT_COORDINATOR
+from pidlease.client.lease_client import DEFAULT_COORDINATOR
 from pipeline.options import COORDINATOR_ENV
 
 MIN_PARTITIONS_DEFAULT = 8

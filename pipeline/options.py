@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pidlease.lease_client import DEFAULT_COORDINATOR
+from pidlease.client.lease_client import DEFAULT_COORDINATOR
 from pipeline.errors import OptionError
 from pipeline.sequencing import Routing
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from pidlease.lease_client import LeaseClient
-from pidlease.reader import Reader
+from pidlease.client.lease_client import LeaseClient
+from pidlease.client.reader import Reader
 from pipeline.options import ReadSettings
 
 SCHEMA_DDL = ("topic STRING, partition INT, offset BIGINT, pid BIGINT, generation INT, "

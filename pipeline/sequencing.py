@@ -30,8 +30,8 @@ import enum
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
-from pidlease.partitioner import partition_for_key
-from pidlease.protocol import MAX_SEQUENCE
+from pidlease.client.partitioner import partition_for_key
+from pidlease.wire.protocol import MAX_SEQUENCE
 
 STREAM_POSITION_BITS = 32
 STREAM_POSITIONS_MAX = 1 << STREAM_POSITION_BITS

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from pidlease import errors
-from pidlease.lease_client import LeaseClient
+from pidlease.client.lease_client import LeaseClient
 from pipeline import job_report
 from pipeline.attempt import PartitionCommit, TaskInfo
 from pipeline.encoding import RecordEncoder

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pidlease.devcluster import LocalCluster
-from pidlease.zkserver import ZooKeeperCluster
+from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.zkserver import ZooKeeperCluster
 
 _chroots = itertools.count(1)
 

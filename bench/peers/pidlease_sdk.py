@@ -1,5 +1,5 @@
 """pidlease through its SDK: a real local cluster (ZooKeeper, one coordinator, one
-partition server, as processes; ``pidlease.devcluster.LocalCluster``), producers using
+partition server, as processes; ``pidlease.testing.devcluster.LocalCluster``), producers using
 ``pidlease.Producer.send`` at its default settings.
 
 Pass 1 sends with the producer's own numbering (the default ``send(value)``). Pass 2 is
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.workload import LATENCY_EVERY, Outcome, clock, payload
-from pidlease.devcluster import LocalCluster
+from pidlease.testing.devcluster import LocalCluster
 
 SERVER_ENV = {"PIDLEASE_SEGMENT_BYTES_MAX": str(256 * 1024 * 1024)}
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pidlease.protocol import Record
+from pidlease.wire.protocol import Record
 
 ZOMBIE_MARK = b"zombie-after-fence:"
 EXAMPLES_MAX = 5
@@ -144,7 +144,7 @@ def check(partitions: Mapping[int, Sequence[LogRecord]], acked: Iterable[Acked],
 
 def read_topic(coordinator_url: str, topic: str, partitions: int) -> dict[int, list[Record]]:
     """Every record of every partition, in offset order, through the SDK's Reader."""
-    from pidlease.reader import Reader
+    from pidlease.client.reader import Reader
 
     out: dict[int, list[Record]] = {}
     for part in range(partitions):

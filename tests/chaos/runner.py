@@ -2,7 +2,7 @@
 schedule (tests/chaos/schedule.py) injects faults, then the checker (checker.py) reads
 every partition and compares it with what the producers were told.
 
-The producers reach the coordinator through a ``pidlease.faultproxy.FaultProxy`` so the
+The producers reach the coordinator through a ``pidlease.testing.faultproxy.FaultProxy`` so the
 lease API can be blackholed and delayed. Every partition server has a proxy of its own in
 front of it: it listens on one port and registers the proxy's as its advertised address
 (``PIDLEASE_ADVERTISED_PORT``), so producers, readers, the coordinator's FENCE calls and
@@ -25,11 +25,11 @@ from checker import ZOMBIE_MARK, Acked, CheckReport, Fence, check, read_topic
 from schedule import Fault, make_schedule
 
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.devcluster import LocalCluster, Service, http_json
-from pidlease.faultproxy import FaultProxy
-from pidlease.producer import Producer
-from pidlease.zkserver import free_port
+from pidlease.wire import protocol as P
+from pidlease.testing.devcluster import LocalCluster, Service, http_json
+from pidlease.testing.faultproxy import FaultProxy
+from pidlease.client.producer import Producer
+from pidlease.testing.zkserver import free_port
 
 TOPIC = "chaos"
 SESSION_TIMEOUT_MS = 2_000

@@ -1,4 +1,4 @@
-"""pidlease.faultproxy against a loopback echo server: forwards, drops, black-holes,
+"""pidlease.testing.faultproxy against a loopback echo server: forwards, drops, black-holes,
 delays, and heals. No timing is asserted beyond "nothing came back while black-holed"."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pidlease.faultproxy import FaultProxy
+from pidlease.testing.faultproxy import FaultProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):

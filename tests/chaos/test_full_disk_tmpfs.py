@@ -20,8 +20,8 @@ import pytest
 from checker import Acked, check, read_topic
 from runner import SERVER_ENV
 
-from pidlease.devcluster import LocalCluster
-from pidlease.producer import Producer
+from pidlease.testing.devcluster import LocalCluster
+from pidlease.client.producer import Producer
 
 TOPIC = "tmpfs"
 N_RECORDS = 50_000  # ~11 MiB of batches: more than the 8 MiB disk
@@ -39,7 +39,7 @@ def _done(futs: list[Future]) -> int:
 
 @pytest.mark.slow
 def test_tmpfs_full_then_grown(make_cluster, caplog) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.INFO, logger="pidlease.producer")
+    caplog.set_level(logging.INFO, logger="pidlease.client.producer")
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
     cluster: LocalCluster = make_cluster(servers=0)

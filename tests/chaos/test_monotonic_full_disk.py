@@ -25,8 +25,8 @@ import pytest
 from checker import Acked, check, read_topic
 from runner import SERVER_ENV
 
-from pidlease.devcluster import LocalCluster
-from pidlease.producer import Producer, RecordMetadata
+from pidlease.testing.devcluster import LocalCluster
+from pidlease.client.producer import Producer, RecordMetadata
 
 TOPIC = "tmpfs-mono"
 PRODUCERS = 3

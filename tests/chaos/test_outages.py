@@ -22,8 +22,8 @@ from checker import Acked, check, read_topic
 from runner import PRODUCER_KW, SERVER_ENV, SESSION_TIMEOUT_MS
 
 from pidlease import errors
-from pidlease.devcluster import LocalCluster, http_json
-from pidlease.producer import Producer
+from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.client.producer import Producer
 
 WAIT_S = 120.0
 

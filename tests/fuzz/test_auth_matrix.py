@@ -15,9 +15,9 @@ import pytest
 
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.devcluster import DEV_SECRET, http_json
-from pidlease.producer import Producer
-from pidlease.token import make_token
+from pidlease.testing.devcluster import DEV_SECRET, http_json
+from pidlease.client.producer import Producer
+from pidlease.wire.token import make_token
 
 API_TOKEN = "s3cret-api-token"
 UNAUTHORIZED = errors.Unauthorized.code

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidlease.devcluster import LocalCluster
-from pidlease.zkserver import ZooKeeperCluster
+from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.zkserver import ZooKeeperCluster
 
 EXAMPLES = int(os.environ.get("PIDLEASE_FUZZ_EXAMPLES", "300"))
 SCHEMATHESIS_EXAMPLES = max(10, EXAMPLES // 6)

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.devcluster import DEV_SECRET, LocalCluster
-from pidlease.zkserver import ZooKeeperCluster
+from pidlease.wire import protocol as P
+from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
+from pidlease.testing.zkserver import ZooKeeperCluster
 
 EXAMPLES = int(os.environ.get("PIDLEASE_FUZZ_EXAMPLES", "300"))
 ANSWER_TIMEOUT_S = 10.0

@@ -2,7 +2,7 @@
 FaultProxy's port Q, so every client (producers, readers, the coordinator) reaches it
 through the proxy. The proxy cuts and blackholes the produce path several times while a
 producer pipelines; once it heals the producer completes, and every acknowledged record
-is in the log exactly once (``pidlease.verify``)."""
+is in the log exactly once (``pidlease.cli.verify``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from pidlease.devcluster import LocalCluster, http_json
-from pidlease.faultproxy import FaultProxy
-from pidlease.producer import Producer
-from pidlease.verify import verify_topic
-from pidlease.zkserver import free_port
+from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.faultproxy import FaultProxy
+from pidlease.client.producer import Producer
+from pidlease.cli.verify import verify_topic
+from pidlease.testing.zkserver import free_port
 
 TOPIC = "proxied"
 N_RECORDS = 20_000

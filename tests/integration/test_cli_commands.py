@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pidlease.devctl import STATE_FILE
-from pidlease.zkserver import free_port
+from pidlease.cli.devctl import STATE_FILE
+from pidlease.testing.zkserver import free_port
 
 
 def cli(*args: str, url: str | None = None, stdin: str | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

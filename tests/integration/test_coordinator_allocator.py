@@ -9,7 +9,7 @@ import time
 
 from coordinator.allocator import PidAllocator
 from coordinator.store import Store
-from pidlease.cluster import PID_BLOCK
+from pidlease.wire.cluster import PID_BLOCK
 
 
 def started_store(hosts: str) -> Store:

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from pidlease.cluster import connect_zk, name_path, pid_path
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.wire.cluster import connect_zk, name_path, pid_path
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 WAIT_S = 60
 

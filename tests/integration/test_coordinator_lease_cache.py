@@ -14,8 +14,8 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from coordinator.testing import run_many
-from pidlease import cluster as cluster_layout
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.wire import cluster as cluster_layout
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 
 def lease(url: str, **body: Any) -> tuple[int, dict[str, Any]]:

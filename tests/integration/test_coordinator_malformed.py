@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from pidlease.devcluster import LocalCluster, http_json
-from pidlease.zkserver import ZooKeeperCluster
+from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.zkserver import ZooKeeperCluster
 
 TEN_MB = 10 * 1024 * 1024
 L = {"topic": "orders", "partition": 0, "pid": -1}

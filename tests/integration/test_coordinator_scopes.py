@@ -25,11 +25,11 @@ import pytest
 
 from coordinator.store import principal_path
 from coordinator.testing import Reply, run_many
-from pidlease import cluster as layout
+from pidlease.wire import cluster as layout
 from pidlease import errors
-from pidlease.cluster import connect_zk
-from pidlease.lease_client import LeaseClient
-from pidlease.producer import Producer
+from pidlease.wire.cluster import connect_zk
+from pidlease.client.lease_client import LeaseClient
+from pidlease.client.producer import Producer
 
 ADMIN_TOKEN = "ops-admin-token-0001"
 P1_TOKEN = "p1-producer-token-0001"

@@ -12,8 +12,8 @@ from typing import Any
 from coordinator.testing import run_many
 from partition_server.testing import WireClient
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.wire import protocol as P
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 
 def lease(cluster: LocalCluster, **body: Any) -> tuple[int, dict[str, Any]]:

@@ -10,8 +10,8 @@ from typing import Any
 
 from partition_server.testing import WireClient
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.wire import protocol as P
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 
 def test_create_list_describe(make_cluster: Any) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pidlease.cluster import COORDINATORS, connect_zk
-from pidlease.devcluster import LocalCluster, http_json
-from pidlease.zkserver import ZooKeeperCluster
+from pidlease.wire.cluster import COORDINATORS, connect_zk
+from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.zkserver import ZooKeeperCluster
 
 ZK_REQUEST_TIMEOUT_MS = 2_000
 SESSION_TIMEOUT_MS = 4_000

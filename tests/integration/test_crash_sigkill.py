@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pidlease import protocol as P
-from pidlease.producer import Producer
-from pidlease.reader import Reader
-from pidlease.verify import verify_topic
+from pidlease.wire import protocol as P
+from pidlease.client.producer import Producer
+from pidlease.client.reader import Reader
+from pidlease.cli.verify import verify_topic
 
 RECORDS = 100_000
 TOPIC = "crash"

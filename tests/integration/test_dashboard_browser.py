@@ -22,7 +22,7 @@ import pytest
 
 from partition_server.testing import WireClient, batch, token
 from pidlease import errors
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 pytest.importorskip("playwright.sync_api", reason="pip install playwright (driver only; no browser download)")
 from playwright.sync_api import Page, sync_playwright

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 WAIT_S = 60
 

@@ -17,9 +17,9 @@ import time
 import httpx
 
 from partition_server.testing import WireClient
-from pidlease import protocol as P
-from pidlease.producer import AsyncProducer, RecordMetadata
-from pidlease.verify import audit
+from pidlease.wire import protocol as P
+from pidlease.client.producer import AsyncProducer, RecordMetadata
+from pidlease.cli.verify import audit
 
 TOPICS = 200
 PARTITIONS = 2

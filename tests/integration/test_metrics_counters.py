@@ -15,7 +15,7 @@ from typing import Any
 from partition_server.metrics import parse_text, sample
 from partition_server.testing import WireClient, batch
 from pidlease import errors
-from pidlease.devcluster import LocalCluster, http_json
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 WAIT_S = 60
 

@@ -14,8 +14,8 @@ import pytest
 
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.devcluster import DEV_SECRET
+from pidlease.wire import protocol as P
+from pidlease.testing.devcluster import DEV_SECRET
 
 FRAME_MAX = 64 * 1024
 BATCH_MAX = 16 * 1024

@@ -7,8 +7,8 @@ import pytest
 
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.cluster import ServerInfo, connect_zk, server_path
-from pidlease.devcluster import DEV_SECRET
+from pidlease.wire.cluster import ServerInfo, connect_zk, server_path
+from pidlease.testing.devcluster import DEV_SECRET
 
 SHORT = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

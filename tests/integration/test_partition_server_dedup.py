@@ -7,7 +7,7 @@ import pytest
 
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.devcluster import DEV_SECRET
+from pidlease.testing.devcluster import DEV_SECRET
 
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

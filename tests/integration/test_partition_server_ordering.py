@@ -16,9 +16,9 @@ from kazoo.client import KazooClient
 
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
-from pidlease.devcluster import DEV_SECRET
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
+from pidlease.testing.devcluster import DEV_SECRET
 
 BATCHES = 150
 PID, GEN = 41, 2

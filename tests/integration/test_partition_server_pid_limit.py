@@ -15,7 +15,7 @@ import pytest
 from partition_server.metrics import parse_text, sample
 from partition_server.testing import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.devcluster import DEV_SECRET
+from pidlease.testing.devcluster import DEV_SECRET
 
 IDLE_MS = 1500
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1", "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION": "2",

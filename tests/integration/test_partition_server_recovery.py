@@ -22,8 +22,8 @@ from partition_server.testing import (
     token,
 )
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.devcluster import DEV_SECRET
+from pidlease.wire import protocol as P
+from pidlease.testing.devcluster import DEV_SECRET
 
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

@@ -21,7 +21,7 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import functions as F
 
-from pidlease.lease_client import LeaseClient
+from pidlease.client.lease_client import LeaseClient
 from pipeline import job_report
 from pipeline.audit import run_audit
 from pipeline.session import build_session
@@ -224,7 +224,7 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
 
 def test_publish_and_audit_commands(spark: Any, make_cluster: Any, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from pidlease.producer import Producer
+    from pidlease.client.producer import Producer
     from pipeline.cli import main
 
     cluster = make_cluster(servers=1)

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from partition_server.testing import WireClient, log_batches
-from pidlease.devcluster import LocalCluster, http_json
-from pidlease.faultproxy import FaultProxy
-from pidlease.producer import Producer
-from pidlease.reader import Reader
-from pidlease.verify import verify_topic
+from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.faultproxy import FaultProxy
+from pidlease.client.producer import Producer
+from pidlease.client.reader import Reader
+from pidlease.cli.verify import verify_topic
 
 TOPIC = "orders"
 # Short session and lag times keep the test fast; the rules do not depend on them.

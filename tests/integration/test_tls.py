@@ -3,7 +3,7 @@ servers; certificates made by ``openssl`` through ``LocalCluster(tls=True)``):
 
 - a producer over TLS sends 20,000 records to a replicated partition while its leader is
   SIGKILLed once and restarted; every record is acknowledged, and the audit
-  (``pidlease.verify``) finds each acknowledged record exactly once;
+  (``pidlease.cli.verify``) finds each acknowledged record exactly once;
 - a plaintext client and garbage on a TLS port get a closed connection, the server logs one
   line for each and keeps serving;
 - a client trusting another CA is refused with a certificate verification error, by the
@@ -24,14 +24,15 @@ from typing import Any
 
 import pytest
 
-from pidlease import errors, protocol
-from pidlease.connection import BlockingConnection, Connection
-from pidlease.devcluster import LocalCluster, http_json, make_certs
-from pidlease.lease_client import LeaseClient
-from pidlease.producer import Producer
-from pidlease.reader import Reader
-from pidlease.tls import TLS_CA_FILE_ENV, client_ssl_context
-from pidlease.verify import verify_topic
+from pidlease import errors
+from pidlease.wire import protocol
+from pidlease.client.connection import BlockingConnection, Connection
+from pidlease.testing.devcluster import LocalCluster, http_json, make_certs
+from pidlease.client.lease_client import LeaseClient
+from pidlease.client.producer import Producer
+from pidlease.client.reader import Reader
+from pidlease.wire.tls import TLS_CA_FILE_ENV, client_ssl_context
+from pidlease.cli.verify import verify_topic
 
 TOPIC = "secure"
 ENV = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000", "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
@@ -100,7 +101,7 @@ def test_tls_producer_survives_a_leader_sigkill_exactly_once(make_cluster, monke
     metas = [f.result(timeout=0) for f in futures]  # raises if any record failed
     acked = [(m.partition, pid[0], m.sequence_id) for m in metas]
 
-    # The audit of pidlease.verify, over TLS (its readers take the CA from the environment).
+    # The audit of pidlease.cli.verify, over TLS (its readers take the CA from the environment).
     monkeypatch.setenv(TLS_CA_FILE_ENV, str(cluster.ca_file))
     report = verify_topic(cluster.coordinator_url, TOPIC, acked=acked)
     print(f"TLS leader kill: {report.summary()}; duplicates acked "

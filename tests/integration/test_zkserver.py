@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pidlease import zkserver
-from pidlease.cluster import ALL_ROOTS, connect_zk
-from pidlease.zkserver import ZooKeeperCluster
+from pidlease.testing import zkserver
+from pidlease.wire.cluster import ALL_ROOTS, connect_zk
+from pidlease.testing.zkserver import ZooKeeperCluster
 
 
 def test_standalone_with_chroot_is_created_on_connect(zookeeper: ZooKeeperCluster) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from pidlease import protocol as P
-from pidlease.cluster import PartitionState, partition_path
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState, partition_path
 
 if TYPE_CHECKING:
     from tests.sim.world import World

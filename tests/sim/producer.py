@@ -1,4 +1,4 @@
-"""Simulated producers: the SDK's send protocol for one partition (``pidlease/sender.py``),
+"""Simulated producers: the SDK's send protocol for one partition (``pidlease/client/sender.py``),
 modelled on its module docstring, without the coordinator.
 
 - batches get their sequences when built and are frozen (a resend sends the same bytes);
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.token import make_token
+from pidlease.wire import protocol as P
+from pidlease.wire.token import make_token
 
 if TYPE_CHECKING:
     from tests.sim.world import World

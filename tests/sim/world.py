@@ -38,7 +38,7 @@ import partition_server.server
 from partition_server.partition import Partition
 from partition_server.server import PartitionServer
 from partition_server.settings import ServerSettings
-from pidlease.cluster import (
+from pidlease.wire.cluster import (
     ALL_ROOTS,
     PartitionState,
     ServerInfo,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 from coordinator.leases import record_from_bytes
-from pidlease import cluster
-from pidlease.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
+from pidlease.wire import cluster
+from pidlease.wire.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
 
 
 class FakeStore:

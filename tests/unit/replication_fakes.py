@@ -16,8 +16,8 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss  # type: ignore[imp
 
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition
-from pidlease import protocol as P
-from pidlease.cluster import PartitionState
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState
 
 
 def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from pidlease import errors
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 
 _U32 = struct.Struct(">I")
 

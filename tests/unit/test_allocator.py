@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.allocator import FIRST_PID, PidAllocator
 from pidlease.errors import CoordinatorUnavailable
-from pidlease.protocol import MAX_PID
+from pidlease.wire.protocol import MAX_PID
 
 
 class FakeCounter:

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from pidlease.cli import _human_ms, _table, build_parser, main, parse_duration_ms
-from pidlease.demo import schedule
+from pidlease.cli.commands import _human_ms, _table, build_parser, main, parse_duration_ms
+from pidlease.cli.demo import schedule
 
 
 def test_durations() -> None:

@@ -13,7 +13,7 @@ from coordinator.metrics import Metrics
 from coordinator.settings import CoordinatorSettings
 from partition_server.metrics import ServerMetrics, parse_text, watch_broker
 from partition_server.settings import ServerSettings
-from pidlease.cli import build_parser
+from pidlease.cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

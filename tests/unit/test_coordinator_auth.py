@@ -23,8 +23,8 @@ from coordinator.metrics import Metrics
 from coordinator.service import LeaseService
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import principal_path
-from pidlease import cluster
-from pidlease.cluster import PidRecord, TopicSpec
+from pidlease.wire import cluster
+from pidlease.wire.cluster import PidRecord, TopicSpec
 from pidlease.errors import Forbidden, PidLimitExceeded
 
 # -- parsing -----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from coordinator.leaders import LeaderClient
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 from pidlease.errors import CoordinatorUnavailable
 
 _U32 = struct.Struct(">I")

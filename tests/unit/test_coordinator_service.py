@@ -14,15 +14,15 @@ from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.metrics import Metrics
 from coordinator.service import LeaseService
 from coordinator.settings import CoordinatorSettings
-from pidlease import cluster
+from pidlease.wire import cluster
 from pidlease.errors import (
     CoordinatorUnavailable,
     ProducerFenced,
     UnknownPid,
     UnknownTopicOrPartition,
 )
-from pidlease.protocol import Response
-from pidlease.token import verify_token
+from pidlease.wire.protocol import Response
+from pidlease.wire.token import verify_token
 
 
 class FakeLeaders:

@@ -11,7 +11,7 @@ import pytest
 from coordinator.events import EventLog, ObservedLeaseService
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.service import LeaseResult, LeaseService
-from pidlease.cluster import PidRecord
+from pidlease.wire.cluster import PidRecord
 from pidlease.errors import ProducerFenced, UnknownPid
 
 

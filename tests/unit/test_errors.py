@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pidlease import errors, producer, sender
+from pidlease import errors
+from pidlease.client import producer, sender
 
 
 def _tree() -> list[type[errors.PidleaseError]]:
@@ -89,21 +90,23 @@ def test_config_error_is_a_value_error_and_not_a_server_answer() -> None:
 
 # The SDK's modules (the tooling, devcluster/zkserver/faultproxy/devctl/demo/cli, raises
 # its own errors for its own users).
-SDK_MODULES = ("connection", "leader_pool", "lease_client", "lease_keeper", "partitioner", "producer",
-               "protocol", "reader", "record_future", "record_run", "sender", "tls", "token", "verify")
+SDK_MODULES = ("client.connection", "client.leader_pool", "client.lease_client",
+               "client.lease_keeper", "client.partitioner", "client.producer", "wire.protocol",
+               "client.reader", "client.record_future", "client.record_run", "client.sender",
+               "wire.tls", "wire.token", "cli.verify")
 # Raised by the SDK and not in the tree, each for a reason: the concurrent.futures.Future
 # contract (RecordFuture.result), attribute lookup, and programming errors inside the SDK.
 NOT_IN_TREE = {
-    ("record_future", "TimeoutError"), ("record_future", "CancelledError"),
-    ("record_future", "AttributeError"),
-    ("partitioner", "ValueError"),   # Partitioner(0): the producer never builds one
-    ("protocol", "ValueError"),      # encoding a string over 65535 bytes: a caller's bug
-    ("tls", "ValueError"),           # server_ssl_context / peer_ssl_context: the servers' side
+    ("client.record_future", "TimeoutError"), ("client.record_future", "CancelledError"),
+    ("client.record_future", "AttributeError"),
+    ("client.partitioner", "ValueError"),  # Partitioner(0): the producer never builds one
+    ("wire.protocol", "ValueError"),       # encoding a string over 65535 bytes: a caller's bug
+    ("wire.tls", "ValueError"),            # server_ssl_context / peer_ssl_context: the servers' side
 }
 
 
 def _raised_names(module: str) -> set[str]:
-    tree = ast.parse(Path(errors.__file__).with_name(f"{module}.py").read_text())
+    tree = ast.parse(Path(errors.__file__).parent.joinpath(*module.split(".")).with_suffix(".py").read_text())
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:

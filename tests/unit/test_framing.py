@@ -1,4 +1,4 @@
-"""pidlease.framing: the decoder under any chunking, the size limit, the blocking and
+"""pidlease.wire.framing: the decoder under any chunking, the size limit, the blocking and
 asyncio readers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidlease.framing import (
+from pidlease.wire.framing import (
     FRAME_SIZE_LIMIT,
     HEADER_SIZE,
     FrameDecoder,

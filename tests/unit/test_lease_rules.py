@@ -11,9 +11,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from coordinator import leases
 from coordinator.leases import ExpiryLimits, LeaseKind, LeaseRequest, LeaseState
-from pidlease.cluster import PidRecord
+from pidlease.wire.cluster import PidRecord
 from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
-from pidlease.protocol import MAX_GENERATION
+from pidlease.wire.protocol import MAX_GENERATION
 
 LIMITS = ExpiryLimits(default_ms=1_000, min_ms=100, max_ms=10_000, retention_ms=5_000,
                       expiring_window_ms=300)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from partition_server.log import PartitionLog
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, ServerUnavailable
 
 

@@ -30,7 +30,7 @@ from partition_server.producer_state import FenceOutcome, Outcome, ProducerState
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import MAGIC_V3, PartitionImage, Snapshot, decode, encode
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 
 EXPIRE_MS = 10_000
 

@@ -15,7 +15,7 @@ from partition_server.flusher import Flusher
 from partition_server.partition import Partition, replay_batch
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
 from pidlease.errors import TooManyPids
-from pidlease.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
+from pidlease.wire.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
 
 IDLE = 1_000
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pidlease.lease_client import DEFAULT_COORDINATOR
+from pidlease.client.lease_client import DEFAULT_COORDINATOR
 from pipeline.errors import InjectedFailure, OptionError
 from pipeline.options import Faults, ReadSettings, WriteSettings
 from pipeline.sequencing import Routing

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidlease.partitioner import partition_for_key
+from pidlease.client.partitioner import partition_for_key
 from pipeline.sequencing import (
     STREAM_POSITIONS_MAX,
     BatchSequencer,

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from pidlease import errors
-from pidlease.producer import AsyncProducer, Producer, ProducerConfig
+from pidlease.client.producer import AsyncProducer, Producer, ProducerConfig
 
 
 def _params(cls: type[AsyncProducer] | type[Producer]) -> dict[str, inspect.Parameter]:

@@ -41,7 +41,7 @@ from partition_server.producer_state import (
     ProducerStateTable,
     Row,
 )
-from pidlease.protocol import FLAG_CONTROL, BatchHeader
+from pidlease.wire.protocol import FLAG_CONTROL, BatchHeader
 
 Op = tuple[Any, ...]  # one step: its kind first, then its arguments
 

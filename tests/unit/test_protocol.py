@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidlease import protocol as p
+from pidlease.wire import protocol as p
 from pidlease.errors import CorruptRecord
 
 records_st = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50)),

@@ -14,9 +14,9 @@ import struct
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pidlease import protocol as p
+from pidlease.wire import protocol as p
 from pidlease.errors import CorruptRecord
-from pidlease.protocol import (
+from pidlease.wire.protocol import (
     _REC_HEAD,
     BATCH_HEADER_SIZE,
     MAX_GENERATION,

@@ -11,7 +11,7 @@ import pytest
 
 from partition_server import registry as registry_mod
 from partition_server.registry import Assignment, Registry
-from pidlease.cluster import TopicSpec
+from pidlease.wire.cluster import TopicSpec
 
 
 def test_a_failed_read_is_read_again_and_learns_what_was_created_meanwhile(

@@ -18,8 +18,8 @@ from partition_server.flusher import Flusher
 from partition_server.isr import InSyncReplicas
 from partition_server.partition import Partition
 from partition_server.replication import ReplicaManager
-from pidlease import protocol as P
-from pidlease.cluster import PartitionState
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState
 
 LAG_MS = 10_000
 KEY = ("t", 0)

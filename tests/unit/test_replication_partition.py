@@ -14,7 +14,7 @@ from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.replica_fetcher import append_fetched
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, NotLeader
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from sdk_fakes import FakeCoordinator, FakePartitionServer
 
-from pidlease.producer import AsyncProducer
+from pidlease.client.producer import AsyncProducer
 
 TOPICS = {"mono": (1, "monotonic")}
 

@@ -14,7 +14,7 @@ import pytest
 from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
-from pidlease.producer import Producer
+from pidlease.client.producer import Producer
 
 TOPICS = {"mono": (1, "monotonic")}
 

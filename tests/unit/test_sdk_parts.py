@@ -14,13 +14,13 @@ import pytest
 from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
-from pidlease import protocol as P
-from pidlease.connection import Connection, split_address
-from pidlease.lease_client import AsyncLeaseClient, LeaseClient
-from pidlease.partitioner import Partitioner, partition_for_key
-from pidlease.producer import Producer
-from pidlease.reader import Reader
-from pidlease.sender import Backoff
+from pidlease.wire import protocol as P
+from pidlease.client.connection import Connection, split_address
+from pidlease.client.lease_client import AsyncLeaseClient, LeaseClient
+from pidlease.client.partitioner import Partitioner, partition_for_key
+from pidlease.client.producer import Producer
+from pidlease.client.reader import Reader
+from pidlease.client.sender import Backoff
 
 
 def test_partitioner_is_the_documented_crc32_and_round_robin() -> None:

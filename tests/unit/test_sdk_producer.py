@@ -11,8 +11,8 @@ import pytest
 from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
-from pidlease.producer import AsyncProducer, DeliveryTimeout, Producer, ProducerClosed
-from pidlease.reader import Reader
+from pidlease.client.producer import AsyncProducer, DeliveryTimeout, Producer, ProducerClosed
+from pidlease.client.reader import Reader
 
 TOPICS = {"t": (3, "strict"), "one": (1, "strict"), "mono": (1, "monotonic")}
 
@@ -229,7 +229,7 @@ def test_explicit_sequence_ids_monotonic_holes_make_separate_batches(fake) -> No
         assert pending.result(5).sequence_id == 2000
     with srv.lock:
         batches = list(srv.parts[("mono", 0)].batches)
-    from pidlease import protocol as P
+    from pidlease.wire import protocol as P
     runs = [(P.decode_batch_header(b).base_sequence, P.decode_batch_header(b).count) for b in batches]
     assert runs == [(0, 3), (10, 2), (50, 4), (1000, 1), (2000, 1)]
 
@@ -383,7 +383,7 @@ def test_records_linger_without_flush_and_keep_admission_order(fake) -> None:  #
 
 
 def test_untrusted_server_certificate_fails_at_once_not_retried(fake) -> None:  # type: ignore[no-untyped-def]
-    """A connect that fails as Unauthorized (pidlease/tls.py: a server certificate the CA
+    """A connect that fails as Unauthorized (pidlease/wire/tls.py: a server certificate the CA
     does not vouch for) is not retried until the delivery timeout: the records and the
     producer fail with it at once."""
     _, coord = fake

@@ -1,5 +1,5 @@
 """The SDK treats TOO_MANY_PIDS (a partition at its tracked-PID limit, issue 6) as
-retriable: it backs off and resends, with nothing lost or duplicated (pidlease/sender.py
+retriable: it backs off and resends, with nothing lost or duplicated (pidlease/client/sender.py
 retries every error whose class says ``retriable``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
-from pidlease.producer import Producer
+from pidlease.client.producer import Producer
 
 TOPICS = {"one": (1, "strict")}
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
-from pidlease import sender as sender_module
-from pidlease.producer import AsyncProducer
+from pidlease.client import sender as sender_module
+from pidlease.client.producer import AsyncProducer
 
 TOPICS = {"mono": (1, "monotonic")}
 

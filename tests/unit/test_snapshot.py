@@ -22,7 +22,7 @@ from partition_server.snapshot import (
     decode,
     encode,
 )
-from pidlease import protocol as P
+from pidlease.wire import protocol as P
 
 
 def rows(*r: tuple) -> list:  # type: ignore[type-arg]

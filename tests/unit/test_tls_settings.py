@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from coordinator.settings import CoordinatorSettings
 from partition_server.settings import ServerSettings
 from pidlease import errors
-from pidlease.lease_client import LeaseClient, _transport_error
-from pidlease.tls import TLS_CA_FILE_ENV, client_ssl_context, connect_error
+from pidlease.client.lease_client import LeaseClient, _transport_error
+from pidlease.wire.tls import TLS_CA_FILE_ENV, client_ssl_context, connect_error
 
 
 def test_server_needs_both_files(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pidlease.errors import Unauthorized
-from pidlease.token import make_token, verify_token
+from pidlease.wire.token import make_token, verify_token
 
 SECRET = b"s3cret"
 

@@ -54,7 +54,7 @@ class BatchAck:
         self.duplicate = duplicate
 
     def metadata(self, i: int) -> Any:
-        from pidlease.sender import RecordMetadata  # sender imports this module
+        from pidlease.client.sender import RecordMetadata  # sender imports this module
 
         off = self.base_offset + i if self.base_offset >= 0 else -1
         return RecordMetadata(self.topic, self.partition, off, self.base_sequence + i,

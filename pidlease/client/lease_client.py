@@ -31,7 +31,7 @@ from pidlease.errors import (
     Unauthorized,
     error_for_name,
 )
-from pidlease.tls import client_ssl_context, find_cert_error
+from pidlease.wire.tls import client_ssl_context, find_cert_error
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
 API_TOKEN_ENV = "PIDLEASE_API_TOKEN"

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pidlease import errors
-from pidlease.lease_client import LeaseClient
-from pidlease.protocol import Record
-from pidlease.reader import Reader
+from pidlease.client.lease_client import LeaseClient
+from pidlease.wire.protocol import Record
+from pidlease.client.reader import Reader
 
 EXAMPLES_MAX = 5
 

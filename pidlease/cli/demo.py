@@ -7,7 +7,7 @@ moments drawn from a seeded schedule (the seed is printed; ``--seed`` replays it
 every producer connection (``drop_connections()``) several times and SIGKILLs the server
 leading partition 0 twice, restarting it after a short outage. Every acknowledged
 (partition, pid, sequence) is recorded; at the end the exactly-once audit
-(``pidlease.verify``) reads the whole topic back and checks: every acked record present,
+(``pidlease.cli.verify``) reads the whole topic back and checks: every acked record present,
 no duplicates, no gaps, sequence order. Exit 0 only when all of that holds.
 """
 
@@ -72,10 +72,10 @@ class _Acks:
 def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep: bool = False,
              seed: int | None = None, drops: int = 4, kills: int = 2,
              out: Callable[[str], None] = print) -> int:
-    from pidlease.devcluster import LocalCluster
-    from pidlease.lease_client import LeaseClient
-    from pidlease.producer import Producer
-    from pidlease.verify import verify_topic
+    from pidlease.testing.devcluster import LocalCluster
+    from pidlease.client.lease_client import LeaseClient
+    from pidlease.client.producer import Producer
+    from pidlease.cli.verify import verify_topic
 
     if records < 100:
         raise ValueError("--records must be at least 100")

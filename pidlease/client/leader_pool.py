@@ -13,8 +13,8 @@ import ssl
 from collections.abc import Callable
 
 from pidlease import errors
-from pidlease.connection import Connection
-from pidlease.lease_client import AsyncLeaseClient, TopicInfo
+from pidlease.client.connection import Connection
+from pidlease.client.lease_client import AsyncLeaseClient, TopicInfo
 
 
 class LeaderPool:

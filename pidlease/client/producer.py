@@ -27,19 +27,20 @@ from typing import Any, Self
 
 import httpx
 
-from pidlease import errors, protocol
-from pidlease.connection import Connection
+from pidlease import errors
+from pidlease.wire import protocol
+from pidlease.client.connection import Connection
 from pidlease.errors import DeliveryTimeout, ProducerClosed
-from pidlease.leader_pool import LeaderPool
-from pidlease.lease_client import (
+from pidlease.client.leader_pool import LeaderPool
+from pidlease.client.lease_client import (
     DEFAULT_COORDINATOR,
     AsyncLeaseClient,
     TopicInfo,
     coordinator_base_url,
 )
-from pidlease.lease_keeper import LeaseKeeper, retrying
-from pidlease.partitioner import Partitioner
-from pidlease.record_future import (
+from pidlease.client.lease_keeper import LeaseKeeper, retrying
+from pidlease.client.partitioner import Partitioner
+from pidlease.client.record_future import (
     BatchAck,
     RecordFuture,
     fail_run,
@@ -47,9 +48,9 @@ from pidlease.record_future import (
     settle_unseen,
     settled_run,
 )
-from pidlease.record_run import RecordRun
-from pidlease.sender import PartitionSender, RecordMetadata, settle
-from pidlease.tls import client_ssl_context
+from pidlease.client.record_run import RecordRun
+from pidlease.client.sender import PartitionSender, RecordMetadata, settle
+from pidlease.wire.tls import client_ssl_context
 
 __all__ = [
     "AsyncProducer",
@@ -60,7 +61,7 @@ __all__ = [
     "RecordMetadata",
 ]
 
-log = logging.getLogger("pidlease.producer")
+log = logging.getLogger("pidlease.client.producer")
 _RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
 
 
@@ -187,7 +188,7 @@ class AsyncProducer:
         self.future_condition: threading.Condition | None = None
         self._http_transport = http_transport
         self._api_token = api_token
-        self._tls_ca_file, self._tls = tls_ca_file, tls  # pidlease/tls.py
+        self._tls_ca_file, self._tls = tls_ca_file, tls  # pidlease/wire/tls.py
         self._ssl = client_ssl_context(tls_ca_file, tls)
         self._client: AsyncLeaseClient | None = None
         self._lease: LeaseKeeper | None = None

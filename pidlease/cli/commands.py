@@ -64,21 +64,21 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from pidlease.lease_client import LeaseClient
+    from pidlease.client.lease_client import LeaseClient
     return LeaseClient(args.coordinator, tls_ca_file=getattr(args, "tls_ca_file", None),
                        api_token=getattr(args, "api_token", None))
 
 
 # -- cluster ---------------------------------------------------------------------------------
 def cmd_dev_up(args: argparse.Namespace) -> int:
-    from pidlease import devctl
+    from pidlease.cli import devctl
     return devctl.up(data_dir=Path(args.data_dir), servers=args.servers,
                      replication_factor=args.replication_factor, zk_nodes=args.zk_nodes,
                      port=args.port, zk_hosts=args.zk, detach=args.detach)
 
 
 def cmd_dev_down(args: argparse.Namespace) -> int:
-    from pidlease import devctl
+    from pidlease.cli import devctl
     return devctl.down(data_dir=Path(args.data_dir))
 
 
@@ -150,7 +150,7 @@ def cmd_topic_describe(args: argparse.Namespace) -> int:
 
 # -- data ------------------------------------------------------------------------------------
 def cmd_produce(args: argparse.Namespace) -> int:
-    from pidlease.producer import Producer
+    from pidlease.client.producer import Producer
 
     sep = args.key_separator.encode() if args.key_separator else None
     stdin = sys.stdin.buffer
@@ -199,7 +199,7 @@ def _text(b: bytes | None) -> str:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    from pidlease.reader import Reader
+    from pidlease.client.reader import Reader
 
     n = 0
     with Reader(args.coordinator, args.topic, args.partition, args.from_offset,
@@ -248,8 +248,8 @@ def cmd_pids(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from pidlease.tls import TLS_CA_FILE_ENV
-    from pidlease.verify import load_acked, verify_topic
+    from pidlease.wire.tls import TLS_CA_FILE_ENV
+    from pidlease.cli.verify import load_acked, verify_topic
 
     acked = load_acked(args.acked) if args.acked else None
     if args.tls_ca_file:  # verify_topic's readers take the CA from the environment
@@ -260,7 +260,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pidlease.demo import run_demo
+    from pidlease.cli.demo import run_demo
 
     try:
         return run_demo(records=args.records, data_dir=args.data_dir, keep=args.keep, seed=args.seed,
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         return 1
     except Exception as exc:
-        from pidlease.devctl import DevError
+        from pidlease.cli.devctl import DevError
         if isinstance(exc, DevError):
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pidlease.errors import CorruptRecord
-from pidlease.framing import encode_frame, pack_header
+from pidlease.wire.framing import encode_frame, pack_header
 
 # --- API keys -----------------------------------------------------------------------------
 PRODUCE = 1

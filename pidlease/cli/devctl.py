@@ -98,7 +98,7 @@ def _state_of(cluster: Any, *, detached: bool, replication_factor: int) -> dict[
 
 def up(*, data_dir: Path, servers: int, replication_factor: int, zk_nodes: int, port: int,
        zk_hosts: str | None, detach: bool, out: Callable[[str], None] = print) -> int:
-    from pidlease.devcluster import LocalCluster
+    from pidlease.testing.devcluster import LocalCluster
 
     if servers < 1:
         raise DevError("--servers must be at least 1")

@@ -26,9 +26,9 @@ import itertools
 from functools import partial
 from typing import Any
 
-from pidlease import protocol
-from pidlease.protocol import BATCH_HEADER_SIZE
-from pidlease.record_future import RunState
+from pidlease.wire import protocol
+from pidlease.wire.protocol import BATCH_HEADER_SIZE
+from pidlease.client.record_future import RunState
 
 _REC_HEAD = protocol.REC_HEAD
 _head_no_key = partial(_REC_HEAD.pack, -1)

@@ -35,15 +35,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pidlease import errors, protocol
+from pidlease import errors
+from pidlease.wire import protocol
 from pidlease.errors import DeliveryTimeout, ProducerClosed  # noqa: F401  (defined here once; old imports work)
-from pidlease.record_future import BatchAck, fail_run, resolve_run
-from pidlease.record_run import RecordRun
+from pidlease.client.record_future import BatchAck, fail_run, resolve_run
+from pidlease.client.record_run import RecordRun
 
 if TYPE_CHECKING:
-    from pidlease.producer import AsyncProducer
+    from pidlease.client.producer import AsyncProducer
 
-log = logging.getLogger("pidlease.producer")
+log = logging.getLogger("pidlease.client.producer")
 _SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 

@@ -3,7 +3,7 @@
 Pulsar's topic reader, for Python: the caller picks the partition and the start offset and
 keeps its own position (``reader.position`` is the next offset it would return). The
 reader asks the coordinator which server leads the partition, fetches whole stored batches
-(``pidlease.protocol``), checks their checksums, and yields ``Record`` objects from
+(``pidlease.wire.protocol``), checks their checksums, and yields ``Record`` objects from
 ``start_offset`` on. Control batches (the fence records a takeover writes) take an offset
 but are skipped unless ``include_control``. When the leader is lost (connection error,
 NOT_LEADER), it looks the leader up again and retries with backoff for up to
@@ -13,7 +13,7 @@ watermark seen by the last fetch; without it the reader polls for new records.
 It is blocking (one plain socket, no event loop). Sockets are opened per iteration and
 closed when it ends (or when an abandoned iterator is garbage-collected); ``close()`` or a
 ``with`` block closes them at once. ``tls_ca_file=`` (or ``tls=True`` for the system trust
-store) reads from TLS partition servers (``pidlease/tls.py``).
+store) reads from TLS partition servers (``pidlease/wire/tls.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Self
 
 import httpx
 
-from pidlease import errors, protocol
-from pidlease.connection import BlockingConnection
-from pidlease.lease_client import LeaseClient, coordinator_base_url
-from pidlease.tls import client_ssl_context
+from pidlease import errors
+from pidlease.wire import protocol
+from pidlease.client.connection import BlockingConnection
+from pidlease.client.lease_client import LeaseClient, coordinator_base_url
+from pidlease.wire.tls import client_ssl_context
 
 FETCH_BYTES_DEFAULT = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""Connections from a client to one partition server, speaking ``pidlease.protocol``.
+"""Connections from a client to one partition server, speaking ``pidlease.wire.protocol``.
 
 ``Connection`` is the producer's: asyncio, pipelined (many requests written before the
 first answer arrives), answers matched to requests by correlation id. The server answers
@@ -12,7 +12,7 @@ resends.
 ``BlockingConnection`` is the reader's: one request at a time on a plain socket, so an
 iterator needs no event loop.
 
-Both take ``ssl_context`` (``pidlease.tls.client_ssl_context``) to speak TLS; a server
+Both take ``ssl_context`` (``pidlease.wire.tls.client_ssl_context``) to speak TLS; a server
 certificate the context does not trust fails the connect with ``Unauthorized`` (not
 retriable), any other handshake failure with ``ServerUnavailable``.
 """
@@ -25,10 +25,10 @@ import socket
 import ssl
 from typing import Any, Self
 
-from pidlease import protocol
+from pidlease.wire import protocol
 from pidlease.errors import CorruptRecord, ServerUnavailable
-from pidlease.framing import FrameDecoder, FrameTooLarge, recv_frame
-from pidlease.tls import HANDSHAKE_TIMEOUT_S, connect_error
+from pidlease.wire.framing import FrameDecoder, FrameTooLarge, recv_frame
+from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, connect_error
 
 CONNECT_TIMEOUT_MS_DEFAULT = 5_000
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000

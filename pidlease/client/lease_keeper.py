@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pidlease import errors
-from pidlease.lease_client import AsyncLeaseClient, Lease
-from pidlease.sender import Backoff
+from pidlease.client.lease_client import AsyncLeaseClient, Lease
+from pidlease.client.sender import Backoff
 
-log = logging.getLogger("pidlease.producer")
+log = logging.getLogger("pidlease.client.producer")
 
 
 async def retrying(call: Callable[[], Awaitable[Any]], *, deadline_ms: float, backoff: Backoff,

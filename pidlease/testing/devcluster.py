@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pidlease.zkserver import ZooKeeperCluster, free_port
+from pidlease.testing.zkserver import ZooKeeperCluster, free_port
 
 DEV_SECRET = "pidlease-dev-secret"
 
@@ -121,7 +121,7 @@ def http_json(method: str, url: str, body: dict | None = None, timeout_s: float 
               ca_file: str | Path | None = None) -> tuple[int, dict]:
     """A tiny JSON HTTP call with no dependencies: (status, body). An ``https://`` URL is
     verified against ``ca_file`` (else ``PIDLEASE_TLS_CA_FILE``, else the system store)."""
-    from pidlease.tls import client_ssl_context
+    from pidlease.wire.tls import client_ssl_context
 
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
@@ -173,7 +173,7 @@ class LocalCluster:
         return str(self.certs["ca"]) if self.certs else None
 
     def client_ssl_context(self) -> ssl.SSLContext | None:
-        from pidlease.tls import client_ssl_context
+        from pidlease.wire.tls import client_ssl_context
         return client_ssl_context(self.ca_file, use_env=False) if self.tls else None
 
     # -- lifecycle -------------------------------------------------------------------------
