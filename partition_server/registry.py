@@ -171,7 +171,7 @@ class Registry:
                 if self.on_change is not None:
                     try:
                         self.on_change(a)
-                    except Exception:  # noqa: BLE001 - this task must outlive a bad apply
+                    except Exception:
                         # Raising here would leave the waiters below unanswered and the
                         # refreshes asked for meanwhile unread.
                         log.exception("applying the assignment read from ZooKeeper failed")

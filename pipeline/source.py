@@ -34,7 +34,9 @@ class PidleaseDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BatchSink.plan(self.options, schema, overwrite)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+    def streamWriter(  # noqa: N802 - PySpark's DataSource method name
+        self, schema: StructType, overwrite: bool
+    ) -> DataSourceStreamWriter:
         return StreamSink.plan(self.options, schema, overwrite)  # type: ignore[return-value]
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pidlease.testing.zkserver import ZooKeeperCluster, free_port
 
-DEV_SECRET = "pidlease-dev-secret"
+DEV_SECRET = "pidlease-dev-secret"  # noqa: S105 - the servers' development default
 
 
 @dataclass
@@ -249,13 +249,13 @@ class LocalCluster:
     def start_service(self, svc: Service, timeout_s: float = 60.0) -> None:
         if svc.alive:
             return
-        log = open(svc.log_path, "ab")
-        log.write(f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode())
-        log.flush()
-        svc.proc = subprocess.Popen([sys.executable, "-m", svc.kind], env=self._service_env(svc),
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        log.close()
+        # The child keeps its own copy of the descriptor; ours closes once it is spawned.
+        with open(svc.log_path, "ab") as log:
+            log.write(f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode())
+            log.flush()
+            svc.proc = subprocess.Popen([sys.executable, "-m", svc.kind], env=self._service_env(svc),
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
         _wait_tcp(svc.port, svc.proc, timeout_s, f"{svc.kind} {svc.ident}", svc.log_path,
                   self.client_ssl_context())
         if svc.kind == "coordinator":
