@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
-from kazoo.protocol.states import KazooState  # type: ignore[import-untyped]
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
 
 from pidlease.wire.cluster import (
     SERVERS,

@@ -338,11 +338,12 @@ class PartitionServer:
         return self._dispatch(body, refreshed)
 
     def _dispatch_produce(self, body: bytes, guard: RefusalGuard, refreshed: bool) -> Reply | None:
-        held = None
+        held: _Batch | None = None
         if guard:  # only while some producer of this connection is held back
-            held = self._held_back(body, guard)
-            if isinstance(held, bytes):
-                return held
+            found = self._held_back(body, guard)
+            if isinstance(found, bytes):
+                return found
+            held = found
         reply = self._dispatch(body, refreshed)
         if isinstance(reply, bytes):
             (code,) = _FRAMED_CODE.unpack_from(reply, _FRAMED_CODE_AT)

@@ -614,4 +614,5 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
 
 def peek_correlation_id(body: bytes | memoryview) -> int:
     """The correlation id of a response body (first 4 bytes)."""
-    return _U32.unpack_from(body, 0)[0]
+    correlation_id: int = _U32.unpack_from(body, 0)[0]
+    return correlation_id
