@@ -228,8 +228,11 @@ class PartitionServer:
         reader = asyncio.StreamReader(limit=2**16)
         app = asyncio.StreamReaderProtocol(reader, self._handle)
         waiter: asyncio.Future[None] = loop.create_future()
-        proto = sslproto.SSLProtocol(loop, app, self._ssl, waiter, server_side=True,
-                                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)  # type: ignore[arg-type]
+        proto = sslproto.SSLProtocol(
+            loop, app, self._ssl, waiter, server_side=True,
+            # typeshed says int; asyncio takes any number of seconds.
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,  # type: ignore[arg-type]
+        )
         waiter.add_done_callback(functools.partial(self._handshake_done, proto))
         return proto
 
