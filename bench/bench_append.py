@@ -23,8 +23,8 @@ import zlib
 from pathlib import Path
 
 from partition_server.testing import create_topic, token
-from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
+from pidlease.wire import protocol as P
 
 _TAIL = struct.Struct(">BQIqIq")
 

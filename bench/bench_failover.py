@@ -35,9 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pidlease.testing.devcluster import LocalCluster, http_json
-from pidlease.client.producer import Producer
 from pidlease.cli.verify import verify_topic
+from pidlease.client.producer import Producer
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 TOPIC = "failover"
 

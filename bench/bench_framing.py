@@ -1,8 +1,13 @@
 """Micro-benchmark of framing: the inline code each socket owner had before pidlease.wire.framing
 ("old", kept here only as the reference) against pidlease.wire.framing ("new"), in the same run.
 Run: python -m bench.bench_framing"""
-import asyncio, struct, time, statistics
-from pidlease.wire import framing, protocol as P
+import asyncio
+import statistics
+import struct
+import time
+
+from pidlease.wire import framing
+from pidlease.wire import protocol as P
 
 _U32 = struct.Struct(">I")
 N = 100_000
@@ -15,14 +20,14 @@ async def old_loop(reader, frame_max):
         (n,) = _U32.unpack(await reader.readexactly(4))
         if n > frame_max:
             raise ValueError
-        b = await reader.readexactly(n)
+        _frame = await reader.readexactly(n)
         k += 1
 
 async def new_loop(reader, frame_max):
     k = 0
     read_frame = framing.read_frame
     while k < N:
-        b = await read_frame(reader, frame_max)
+        _frame = await read_frame(reader, frame_max)
         k += 1
 
 def run_reader(fn):
@@ -38,21 +43,31 @@ def run_reader(fn):
     return asyncio.run(main())
 
 def old_data_received(chunks):
-    buf = bytearray(); out = 0
+    buf = bytearray()
+    out = 0
     for data in chunks:
-        buf += data; pos = 0; n = len(buf)
+        buf += data
+        pos = 0
+        n = len(buf)
         while n - pos >= 4:
             (size,) = _U32.unpack_from(buf, pos)
-            if size > 16 << 20: raise ValueError
-            if n - pos - 4 < size: break
-            b = bytes(buf[pos + 4:pos + 4 + size]); pos += 4 + size; out += 1
-        if pos: del buf[:pos]
+            if size > 16 << 20:
+                raise ValueError
+            if n - pos - 4 < size:
+                break
+            _frame = bytes(buf[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            out += 1
+        if pos:
+            del buf[:pos]
     return out
 
 def new_data_received(chunks):
-    d = framing.FrameDecoder(16 << 20); out = 0
+    d = framing.FrameDecoder(16 << 20)
+    out = 0
     for data in chunks:
-        for b in d.feed(data): out += 1
+        for _frame in d.feed(data):
+            out += 1
     return out
 
 chunks = [stream[i:i + 65536] for i in range(0, len(stream), 65536)]
@@ -68,10 +83,12 @@ def new_produce():
         P.produce_request(c, "topic", 1, "", batch)
 
 def timeit(f, *a):
-    t = time.perf_counter(); f(*a); return time.perf_counter() - t
+    t = time.perf_counter()
+    f(*a)
+    return time.perf_counter() - t
 
 res = {}
-for rnd in range(7):
+for _round in range(7):
     for name, f in [("server read_loop old", lambda: run_reader(old_loop)),
                     ("server read_loop new", lambda: run_reader(new_loop)),
                     ("sdk data_received old", lambda: timeit(old_data_received, chunks)),

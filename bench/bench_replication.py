@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.runner import run_producers
 from bench.workload import summarize
-from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.cli.verify import verify_topic
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 SERVER_ENV = {"PIDLEASE_SEGMENT_BYTES_MAX": str(256 * 1024 * 1024)}
 

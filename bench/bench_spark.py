@@ -80,7 +80,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         count = topic_df.count()
         if count != args.rows:
             raise SystemExit(f"the topic holds {count} records, expected {args.rows}")
-        rate = lambda t: args.rows / t
+
+        def rate(t: float) -> float:
+            return args.rows / t
+
         return {
             "rows": args.rows, "master": args.master, "spark_partitions": args.spark_partitions,
             "topic_partitions": args.topic_partitions, "servers": args.servers,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord
+from pidlease.wire import protocol as P
 
 
 def old_validate_batch(buf, pos=0, *, max_bytes=None):
@@ -48,7 +48,7 @@ def old_validate_batch(buf, pos=0, *, max_bytes=None):
     for _ in range(h.count):
         if p + 8 > end:
             raise CorruptRecord("record header runs past the batch")
-        klen, vlen = P._REC_HEAD.unpack_from(buf, p)
+        klen, vlen = P._REC_HEAD.unpack_from(buf, p)  # noqa: SLF001 - the reference reads the same struct
         p += 8 + max(klen, 0) + vlen
         if klen < -1 or p > end:
             raise CorruptRecord("record runs past the batch")

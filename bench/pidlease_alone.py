@@ -128,8 +128,8 @@ def wire_pass(address: str, topic: str, pid: int, generation: int, batches: int,
     connection; (seconds, answers by error code)."""
     from bench.bench_append import FastBatches
     from partition_server.testing import token
-    from pidlease.wire import protocol as P
     from pidlease.testing.devcluster import DEV_SECRET
+    from pidlease.wire import protocol as P
 
     host, _, port = address.rpartition(":")
     fb = FastBatches(pid, generation, records_per_batch, 100)

@@ -90,10 +90,11 @@ def main() -> int:
         prod_args = ["-m", "bench.profile_hot_path", "--child", cluster.coordinator_url,
                      "profile", str(args.records), str(args.value_bytes)]
         if args.pyinstrument:
-            cmd = [sys.executable, "-m", "pyinstrument", "-o", str(work / "producer.txt")] + prod_args
+            cmd = [sys.executable, "-m", "pyinstrument", "-o", str(work / "producer.txt"),
+                   *prod_args]
         else:
             cmd = [PY_SPY, "record", "--threads", "--gil", "--format", "raw", "--rate", "250", "-o",
-                   str(work / "producer.raw"), "--", sys.executable] + prod_args
+                   str(work / "producer.raw"), "--", sys.executable, *prod_args]
         server_pid = cluster.servers[0].proc.pid  # type: ignore[union-attr]
         spy = subprocess.Popen([PY_SPY, "record", "--format", "raw", "--rate", "250",
                                 "-o", str(work / "server.raw"), "--pid", str(server_pid)],
@@ -105,7 +106,8 @@ def main() -> int:
             wire_pass(address, "profile", 0, 0, 1, 1)  # the server learns the topic
             batches = max(1, args.records // 1000)
             secs, codes = wire_pass(address, "profile", 900_000_001, 1, batches, 1000)
-            rate = f"{batches * 1000 / secs:,.0f} records/s on the wire ({secs:.2f} s), answers {dict(codes)}"
+            rate = (f"{batches * 1000 / secs:,.0f} records/s on the wire ({secs:.2f} s), "
+                    f"answers {dict(codes)}")
             out = subprocess.CompletedProcess([], 0, rate, "")
         else:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT,

@@ -207,7 +207,8 @@ def alone_tables(alone: dict[str, Any]) -> list[str]:
     rp = alone.get("restart_pause")
     if rp and "error" not in rp:
         out += ["\n#### Failover pause (R=1: the only replica SIGKILLed and restarted)\n",
-                (f"Longest gap between acknowledgements seen by a producer: **{rp['pause_s']:.2f} s** "
+                (f"Longest gap between acknowledgements seen by a producer: "
+                 f"**{rp['pause_s']:.2f} s** "
                 f"(restart to listening: {rp['restart_s']:.2f} s). {rp['acked']:,} records acked, "
                 f"{rp['duplicates']:,} resolved as duplicates (resends), "
                 f"{rp['errors']} errors, audit: {rp['audit']}.")]
@@ -227,7 +228,8 @@ def render(rows: list[Row], skipped: dict[str, str], alone: dict[str, Any],
         f"Load average at start {m['load_start']}, at end {m.get('load_end', '?')} "
         f"(a shared machine: other work ran at the same time); {m.get('minutes', '?')} minutes."),
         "", "```", command, "```", "",
-        (f"Workload: {args.producers} producers (separate processes) x {args.records:,} records, "
+        (f"Workload: {args.producers} producers (separate processes) "
+         f"x {args.records:,} records, "
         "every one acknowledged; then the same records again, which must all be recognised as "
         "duplicates. Ack latency: from handing a record to the client library to seeing its "
         "acknowledgement (every 64th record). Server CPU and peak RSS: the server process(es) "
@@ -239,9 +241,9 @@ def render(rows: list[Row], skipped: dict[str, str], alone: dict[str, Any],
         "once-a-second fsync; the ceiling never fsyncs."),
     ]
     lines += comparison_tables(rows, skipped, args.sizes)
-    lines += ["", "### Goals of issue 7, this run", ""] + goals(rows, alone)
+    lines += ["", "### Goals of issue 7, this run", "", *goals(rows, alone)]
     if alone:
-        lines += ["", "### pidlease alone"] + alone_tables(alone)
+        lines += ["", "### pidlease alone", *alone_tables(alone)]
     lines += ["", "![throughput by system](img/throughput.png)", "", END]
     return "\n".join(lines)
 
@@ -260,8 +262,8 @@ def write_docs(path: Path, generated: str, chart_path: Path) -> None:
 
 
 def chart(rows: list[Row], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
+    import matplotlib as mpl
+    mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     sizes = sorted({r.value_bytes for r in rows})

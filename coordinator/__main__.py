@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {settings.coordinator_id} %(name)s %(levelname)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
-    tls: dict[str, str] = {}
+    tls: dict[str, Any] = {}  # uvicorn.run's ssl_* keywords
     if settings.tls_certfile:
         # Load both now: a bad file stops the start with its name, not a traceback.
         try:
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     # Thousands of clients may connect at once; the default backlog of 2048 is too small.
     uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning",
-                access_log=False, backlog=8192, timeout_keep_alive=30, loop="auto", **tls)  # type: ignore[arg-type]
+                access_log=False, backlog=8192, timeout_keep_alive=30, loop="auto", **tls)
     return 0
 
 

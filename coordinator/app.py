@@ -94,7 +94,9 @@ class Coordinator:
         # scrape never starts a scan of every PID itself.
         self.metrics.labelled["pidlease_pids"] = (
             "Retained PIDs by lease state, as of the dashboard's newest snapshot.", "state",
-            lambda: self.dashboard.last_counts())
+            # A lambda, not the bound method: it follows a dashboard replaced after start-up.
+            lambda: self.dashboard.last_counts(),  # noqa: PLW0108
+        )
 
     def start(self) -> None:
         self.store.start()
@@ -269,7 +271,8 @@ def create_app(settings: CoordinatorSettings | None = None, *,
         if isinstance(exc, PidleaseError):
             metrics.error(exc.name)
             return exc.http_status, exc.to_json()
-        log.exception("unexpected error while serving a request", exc_info=exc)
+        # Called from the guard's error hook, not from an except block: the traceback is exc's.
+        log.error("unexpected error while serving a request", exc_info=exc)
         metrics.error(CoordinatorUnavailable.name)
         return 503, CoordinatorUnavailable(f"internal error ({type(exc).__name__}); it was logged; "
                                            "retry").to_json()
@@ -278,7 +281,8 @@ def create_app(settings: CoordinatorSettings | None = None, *,
         metrics.error(err.name)
 
     # Inside the guard (added first = nearer the app): the short path for POST /v1/lease_pid.
-    app.add_middleware(FastLease, lease=lambda req, who: coord.service.lease(req, who),
+    # A lambda, not the bound method: it follows coord.service.lease if it is replaced later.
+    app.add_middleware(FastLease, lease=lambda req, who: coord.service.lease(req, who),  # noqa: PLW0108
                        on_error=on_reject, threads=settings.worker_threads)
     app.add_middleware(Guard, bytes_max=settings.request_bytes_max,
                        principals=settings.principals(),

@@ -48,7 +48,7 @@ class Principal:
     token_digest: bytes = field(default=b"", repr=False, compare=False)
 
     def allows(self, needed: str | None) -> bool:
-        return needed is None or self.scope == ADMIN or self.scope == needed
+        return needed is None or self.scope in (ADMIN, needed)
 
     @property
     def is_admin(self) -> bool:
@@ -161,7 +161,7 @@ GUARDED_OTHER = ("/dashboard", "/dashboard/data")
 
 def _matches(pattern: str, path: str) -> bool:
     ps, xs = pattern.split("/"), path.split("/")
-    return len(ps) == len(xs) and all(p == x or (p == "*" and x) for p, x in zip(ps, xs))
+    return len(ps) == len(xs) and all(p == x or (p == "*" and x) for p, x in zip(ps, xs, strict=True))
 
 
 def required_scope(method: str, path: str) -> str | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,6 +30,8 @@ from pidlease.errors import PidleaseError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
+# ASGI's receive callable: awaiting it gives the next request message.
+Receive = Callable[[], Awaitable[Message]]
 
 ROUTE = "/v1/lease_pid"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -47,7 +49,7 @@ class FastLease:
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Callable[[Message], Any]) -> None:
         if (scope["type"] != "http" or scope["path"] != ROUTE or scope["method"] != "POST"
                 or not _is_json(scope)):
             await self.app(scope, receive, send)
@@ -81,13 +83,15 @@ class FastLease:
 
 
 def _is_json(scope: Scope) -> bool:
+    name: bytes
+    value: bytes  # ASGI headers are (name, value) byte pairs
     for name, value in scope.get("headers") or ():
         if name == b"content-type":
             return value.split(b";", 1)[0].strip().lower() == b"application/json"
     return False
 
 
-def _replay(first: Message, receive: Callable[[], Any]) -> Callable[[], Any]:
+def _replay(first: Message, receive: Receive) -> Receive:
     sent = False
 
     async def again() -> Message:

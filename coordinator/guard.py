@@ -18,7 +18,7 @@ the rest of the upload, so the client gets to read the answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,6 +35,8 @@ from pidlease.errors import Forbidden, InvalidRequest, PidleaseError, Unauthoriz
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
+# ASGI's receive callable: awaiting it gives the next request message.
+Receive = Callable[[], Awaitable[Message]]
 
 
 async def send_json(send: Callable[[Message], Any], status: int, body: dict[str, Any]) -> None:
@@ -61,7 +63,7 @@ class Guard:
         self.on_reject(err)
         await send_json(send, status, err.to_json())
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Callable[[Message], Any]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -140,7 +142,7 @@ class Guard:
         await send({"type": "http.response.body", "body": raw})
         return True
 
-    async def _serve(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any]) -> None:
+    async def _serve(self, scope: Scope, receive: Receive, send: Callable[[Message], Any]) -> None:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None:

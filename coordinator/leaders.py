@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from pidlease.wire import protocol
 from pidlease.errors import CoordinatorUnavailable, CorruptRecord
+from pidlease.wire import protocol
 from pidlease.wire.framing import FrameTooLarge, recv_frame
 
 

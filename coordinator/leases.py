@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from coordinator.auth import ANONYMOUS_NAME
-from pidlease.wire.cluster import PidRecord, tp_key
 from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
+from pidlease.wire.cluster import PidRecord, tp_key
 from pidlease.wire.protocol import MAX_GENERATION
 
 NEW_PID = -1

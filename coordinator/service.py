@@ -27,7 +27,6 @@ from coordinator.metrics import Metrics
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from pidlease import errors
-from pidlease.wire.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
 from pidlease.errors import (
     CoordinatorUnavailable,
     Forbidden,
@@ -37,6 +36,7 @@ from pidlease.errors import (
     UnknownPid,
     UnknownTopicOrPartition,
 )
+from pidlease.wire.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
 from pidlease.wire.protocol import Response
 from pidlease.wire.token import make_token
 
@@ -249,7 +249,7 @@ class LeaseService:
                 got = self.store.get_pid(pid)
                 if got is None:
                     self.records.drop(pid)
-            record, version = got if got else (None, -1)
+            record, version = got or (None, -1)
             now = self.clock_ms()
             try:
                 if record is not None and leases.retained(record, now, self.limits.retention_ms):
@@ -279,10 +279,9 @@ class LeaseService:
                 if self.store.cas_pid(updated, version):
                     self.records.put(updated, version + 1)
                     return LeaseResult(kind, updated, seq, self._token(updated))
-            else:
-                if self.store.cas_pid(updated, version):
-                    self.records.put(updated, version + 1)
-                    return self._fence_all(req, updated, record)
+            elif self.store.cas_pid(updated, version):
+                self.records.put(updated, version + 1)
+                return self._fence_all(req, updated, record)
             got = None
             if from_cache:
                 continue  # the cached record was stale: read it fresh, no back-off

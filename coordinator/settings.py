@@ -29,7 +29,7 @@ class CoordinatorSettings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8470, ge=0, le=65535)
     coordinator_id: str = ""
-    lease_secret: str = "pidlease-dev-secret"
+    lease_secret: str = "pidlease-dev-secret"  # noqa: S105 - the local-cluster default; deployments set PIDLEASE_LEASE_SECRET
     # When set, every /v1 call needs "Authorization: Bearer <api_token>" (401 otherwise);
     # it is the admin principal named "admin" (coordinator/auth.py).
     api_token: str = ""
@@ -51,8 +51,8 @@ class CoordinatorSettings(BaseSettings):
         "not sequence 0, when that partition expired a PID last used after (the partition "
         "joined the lease - this); keep it well below the servers' pid_expire_ms"))
     pid_sweep_interval_ms: int = Field(default=600_000, ge=10, description=(
-        "how often PIDs past retention are deleted, by the first live coordinator only; a sweep "
-        "reads every PID record, so keep it long next to pid_retention_ms"))
+        "how often PIDs past retention are deleted, by the first live coordinator only; "
+        "a sweep reads every PID record, so keep it long next to pid_retention_ms"))
 
     zk_request_timeout_ms: int = Field(default=5_000, ge=10)
     zk_session_timeout_ms: int = Field(default=10_000, ge=1_000)

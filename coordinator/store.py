@@ -32,9 +32,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from coordinator.leases import owner_of, record_from_bytes
 from coordinator.zk_batch import WriteBatcher
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, TopicExists
 from pidlease.wire import cluster
 from pidlease.wire.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
-from pidlease.errors import CoordinatorUnavailable, InvalidRequest, TopicExists
 
 log = logging.getLogger("coordinator.store")
 

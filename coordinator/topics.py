@@ -12,8 +12,8 @@ from typing import Any
 from coordinator.leaders import LeaderClient
 from coordinator.store import Store
 from pidlease import errors
-from pidlease.wire.cluster import DEDUP_MODES, PartitionState, TopicSpec, topic_name_problem, tp_key
 from pidlease.errors import InvalidRequest, UnknownTopicOrPartition
+from pidlease.wire.cluster import DEDUP_MODES, PartitionState, TopicSpec, topic_name_problem, tp_key
 
 log = logging.getLogger("coordinator.topics")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NoNodeError  # type: ignore[import-untyped]
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from pidlease.wire.cluster import SERVERS, PartitionState, partition_path, server_path
 

@@ -12,6 +12,7 @@ Durability is not decided here: the log remembers which files were written since
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -348,10 +349,8 @@ class PartitionLog:
 
     def close(self) -> None:
         for fd in [s.fd for s in self.segments] + self._retired_fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.segments.clear()
         self._retired_fds.clear()
         if self._dir_fd >= 0:
@@ -365,7 +364,7 @@ _last_write_failure_log_s = 0.0
 def _report_write_failure(where: str, exc: OSError) -> None:
     """Say so when appends fail (a full disk, most often), at most every 10 s: the
     producer only sees a retriable SERVER_UNAVAILABLE, the operator needs the log line."""
-    global _last_write_failure_log_s
+    global _last_write_failure_log_s  # noqa: PLW0603 - one rate limit for the whole process
     now = time.monotonic()
     if now - _last_write_failure_log_s >= 10.0:
         _last_write_failure_log_s = now

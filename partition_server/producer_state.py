@@ -876,7 +876,7 @@ class ProducerStateTable:
         ordered = sorted(rows, key=itemgetter(3))
         n = len(ordered)
         pids = [r[0] for r in ordered]
-        self._slot = dict(zip(pids, range(n)))
+        self._slot = dict(zip(pids, range(n), strict=True))
         if len(self._slot) == n:
             # Recovery of a million PIDs: build the columns in bulk, slots in last-use order.
             self._pid = array("q", pids)

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError  # type: ignore[import-untyped]
-from kazoo.protocol.states import KazooState  # type: ignore[import-untyped]
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
 
 from pidlease.wire.cluster import (
     SERVERS,
@@ -171,7 +171,7 @@ class Registry:
                 if self.on_change is not None:
                     try:
                         self.on_change(a)
-                    except Exception:  # noqa: BLE001 - this task must outlive a bad apply
+                    except Exception:
                         # Raising here would leave the waiters below unanswered and the
                         # refreshes asked for meanwhile unread.
                         log.exception("applying the assignment read from ZooKeeper failed")

@@ -29,8 +29,8 @@ from partition_server.epochs import truncation_step
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord
+from pidlease.wire import protocol as P
 from pidlease.wire.framing import FrameTooLarge, read_frame
 from pidlease.wire.protocol import iter_batches
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, peer_ssl_context

@@ -22,6 +22,7 @@ writes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -220,8 +221,8 @@ class ReplicaManager:
             return P.replica_fetch_response(corr, bad[0], bad[1])
         if not 0 <= req.offset <= part.log.next_offset:
             return P.replica_fetch_response(corr, errors.InvalidRequest.code, (
-                f"offset {req.offset} is outside this leader's log (ends {part.log.next_offset}); "
-                "reconcile with EPOCH_END first"))
+                f"offset {req.offset} is outside this leader's log "
+                f"(ends {part.log.next_offset}); reconcile with EPOCH_END first"))
         assert part.isr is not None
         part.record_replica_fetch(rid, req.offset)
         joiners = part.isr.joiners(part.high_watermark)
@@ -229,10 +230,8 @@ class ReplicaManager:
             self._change_isr(key, part, joiners, [])
         if req.offset >= part.log.next_offset and part.high_watermark <= self._hw_sent.get((key, rid), -1):
             wait_s = min(req.max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(part.wait_for_data()), wait_s)
-            except TimeoutError:
-                pass
             bad = self._check_follower(req, part)
             if bad is not None:
                 return P.replica_fetch_response(corr, bad[0], bad[1])

@@ -10,13 +10,15 @@ TLS (``tls_certfile``/``tls_keyfile``, ``pidlease/wire/tls.py``): every accepted
 ``asyncio.sslproto.SSLProtocol`` around the usual stream protocol (what ``ssl=`` on a server
 does, made explicit to see the handshake's outcome), with a handshake timeout. The stream
 handler starts only once the handshake is done; a plaintext client, a certificate the
-peer refuses, or garbage costs one log line and a closed socket, never a task. The server registers ``advertised_host:advertised_port``
-(default: where it listens) so clients may reach it through a proxy or NAT.
+peer refuses, or garbage costs one log line and a closed socket, never a task. The server
+registers ``advertised_host:advertised_port`` (default: where it listens) so clients may reach
+it through a proxy or NAT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
@@ -36,8 +38,8 @@ from partition_server.refusal_guard import Key, Refusal, RefusalGuard
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, InvalidRequest, PidleaseError, RecordTooLarge
+from pidlease.wire import protocol as P
 from pidlease.wire.framing import HEADER_SIZE, FrameTooLarge, read_frame
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, server_ssl_context
 from pidlease.wire.token import verify_token
@@ -216,10 +218,8 @@ class PartitionServer:
             finally:
                 self._writers.discard(writer)
                 writer.close()
-                try:
+                with contextlib.suppress(ConnectionError, OSError):
                     await writer.wait_closed()
-                except (ConnectionError, OSError):
-                    pass
 
     def _tls_protocol(self) -> asyncio.BaseProtocol:
         """The protocol of one accepted TLS socket: TLS around a stream protocol."""
@@ -228,8 +228,11 @@ class PartitionServer:
         reader = asyncio.StreamReader(limit=2**16)
         app = asyncio.StreamReaderProtocol(reader, self._handle)
         waiter: asyncio.Future[None] = loop.create_future()
-        proto = sslproto.SSLProtocol(loop, app, self._ssl, waiter, server_side=True,
-                                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)  # type: ignore[arg-type]
+        proto = sslproto.SSLProtocol(
+            loop, app, self._ssl, waiter, server_side=True,
+            # typeshed says int; asyncio takes any number of seconds.
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,  # type: ignore[arg-type]
+        )
         waiter.add_done_callback(functools.partial(self._handshake_done, proto))
         return proto
 
@@ -338,11 +341,12 @@ class PartitionServer:
         return self._dispatch(body, refreshed)
 
     def _dispatch_produce(self, body: bytes, guard: RefusalGuard, refreshed: bool) -> Reply | None:
-        held = None
+        held: _Batch | None = None
         if guard:  # only while some producer of this connection is held back
-            held = self._held_back(body, guard)
-            if isinstance(held, bytes):
-                return held
+            found = self._held_back(body, guard)
+            if isinstance(found, bytes):
+                return found
+            held = found
         reply = self._dispatch(body, refreshed)
         if isinstance(reply, bytes):
             (code,) = _FRAMED_CODE.unpack_from(reply, _FRAMED_CODE_AT)
@@ -376,7 +380,8 @@ class PartitionServer:
         guard.note(b.key, b.generation, b.base_sequence, b.last_sequence, r.code)
         corr = _HEAD.unpack_from(body)[1]
         return error_response(P.PRODUCE, corr, r.code, (
-            f"an earlier batch of producer {pid} on this connection (sequence {r.base_sequence}) "
+            f"an earlier batch of producer {pid} on this connection "
+            f"(sequence {r.base_sequence}) "
             f"was refused ({errors.error_for_code(r.code).name}); resend from sequence "
             f"{r.base_sequence}"))
 

@@ -17,7 +17,7 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore")
 
     zk: str = "127.0.0.1:2181/pidlease"
-    lease_secret: str = "pidlease-dev-secret"
+    lease_secret: str = "pidlease-dev-secret"  # noqa: S105 - the local-cluster default; deployments set PIDLEASE_LEASE_SECRET
     server_id: int = Field(default=1, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8480, ge=0, le=65535)

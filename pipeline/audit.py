@@ -166,8 +166,8 @@ def _pid_views(coordinator: str, api_token: str | None) -> list[dict[str, Any]]:
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """``report.json`` plus one Parquet table per list; returns the files written."""
-    import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -145,7 +145,8 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
         elapsed = time.monotonic() - started
     report = job_report.load(report_path)[0]
     print(job_report.one_line(report))
-    print(f"{report['rows']} rows in {elapsed:.1f}s ({report['rows'] / max(elapsed, 1e-9):,.0f} rows/s); "
+    rate = report["rows"] / max(elapsed, 1e-9)
+    print(f"{report['rows']} rows in {elapsed:.1f}s ({rate:,.0f} rows/s); "
           f"job report: {report_path}")
     return 0
 

@@ -119,4 +119,4 @@ class RecordEncoder:
             values = [value_bytes(v) for v in batch.column(self.value_column).to_pylist()]
         else:
             values = [to_json(r) for r in batch.select(list(self.json_columns)).to_pylist()]
-        return list(zip(keys, values))
+        return list(zip(keys, values, strict=True))

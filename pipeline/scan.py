@@ -52,7 +52,7 @@ def plan_ranges(high_watermarks: Sequence[int], split_records: int) -> list[Offs
 
 
 def _arrow_schema() -> Any:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     return pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
                       ("pid", pa.int64()), ("generation", pa.int32()), ("sequence_id", pa.int64()),
@@ -72,7 +72,7 @@ class Scan(DataSourceReader):
                            self.settings.split_records)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow as pa
 
         assert isinstance(partition, OffsetRange)
         if partition.end == partition.start:

@@ -104,7 +104,7 @@ class StreamSink(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> PartitionCommit:
         return run_task(self.settings, TaskInfo.current(), _rows(self.encoder, iterator))
 
-    def commit(self, messages: list[Any], batchId: int) -> None:
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
         killed = self.settings.faults.kill_commit_batch_id == batchId
         report = job_report.summarize(messages, topic=self.settings.topic, committed=not killed,
                                       batch_id=batchId)
@@ -114,7 +114,7 @@ class StreamSink(DataSourceStreamArrowWriter):
                                   f"(kill_commit_batch_id): its rows are written, the checkpoint "
                                   f"does not record it")
 
-    def abort(self, messages: list[Any], batchId: int) -> None:
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
         report = job_report.summarize(messages, topic=self.settings.topic, committed=False,
                                       batch_id=batchId)
         job_report.save(report, self.settings.report_path, append=True)

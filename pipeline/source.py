@@ -34,8 +34,12 @@ class PidleaseDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BatchSink.plan(self.options, schema, overwrite)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return StreamSink.plan(self.options, schema, overwrite)  # type: ignore[return-value]
+    def streamWriter(  # noqa: N802 - PySpark's DataSource method name
+        self, schema: StructType, overwrite: bool
+    ) -> DataSourceStreamWriter:
+        # Older pyspark releases (>=4.1 is allowed) did not type StreamSink's base as a
+        # DataSourceStreamWriter; the one installed here does, hence unused-ignore.
+        return StreamSink.plan(self.options, schema, overwrite)  # type: ignore[return-value, unused-ignore]
 
 
 def register(spark: Any) -> None:

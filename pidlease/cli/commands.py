@@ -60,7 +60,7 @@ def _human_ms(ms: int) -> str:
 def _table(rows: list[list[Any]], header: list[str]) -> str:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells)
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -159,13 +159,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
     with Producer(args.coordinator, topic=args.topic, producer_name=args.producer_name,
                   linger_ms=args.linger_ms, max_in_flight=args.max_in_flight,
                   tls_ca_file=args.tls_ca_file, api_token=args.api_token) as p:
-        for line in stdin:
-            line = line.rstrip(b"\r\n") if not args.keep_newlines else line
+        for raw in stdin:
+            line = raw.rstrip(b"\r\n") if not args.keep_newlines else raw
             key = None
             if sep is not None:
                 if sep not in line:
-                    print(f"error: line {len(futures) + 1} has no key separator {args.key_separator!r}; "
-                          f"nothing more was sent", file=sys.stderr)
+                    print(f"error: line {len(futures) + 1} has no key separator "
+                          f"{args.key_separator!r}; nothing more was sent", file=sys.stderr)
                     bad_line = True
                     break
                 key, line = line.split(sep, 1)
@@ -248,8 +248,8 @@ def cmd_pids(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from pidlease.wire.tls import TLS_CA_FILE_ENV
     from pidlease.cli.verify import load_acked, verify_topic
+    from pidlease.wire.tls import TLS_CA_FILE_ENV
 
     acked = load_acked(args.acked) if args.acked else None
     if args.tls_ca_file:  # verify_topic's readers take the CA from the environment
@@ -390,14 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _HINTS: dict[type, str] = {
-    errors.CoordinatorUnavailable: "is the coordinator running at {url}? start a local cluster with "
-                                   "`pidlease dev up`, or pass --coordinator URL / set PIDLEASE_COORDINATOR",
+    errors.CoordinatorUnavailable: "is the coordinator running at {url}? start a local cluster "
+                                   "with `pidlease dev up`, or pass --coordinator URL / set "
+                                   "PIDLEASE_COORDINATOR",
     errors.UnknownTopicOrPartition: "list topics with `pidlease topic list`; create one with "
                                     "`pidlease topic create NAME --partitions N`",
     errors.TopicExists: "see it with `pidlease topic describe NAME`",
     errors.ProducerFenced: "another producer took this producer name over; the newest one wins",
     errors.Unauthorized: "set PIDLEASE_API_TOKEN (or --api-token) to the coordinator's API token",
-    errors.Forbidden: "this token's principal lacks the scope or does not own the PID; see the detail",
+    errors.Forbidden: "this token's principal lacks the scope or does not own the PID; "
+                      "see the detail",
     errors.PidLimitExceeded: "reuse a producer name (--producer-name takes its PID over) instead "
                              "of leasing new PIDs, or ask an operator to raise pids_max_per_principal",
 }

@@ -72,10 +72,10 @@ class _Acks:
 def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep: bool = False,
              seed: int | None = None, drops: int = 4, kills: int = 2,
              out: Callable[[str], None] = print) -> int:
-    from pidlease.testing.devcluster import LocalCluster
+    from pidlease.cli.verify import verify_topic
     from pidlease.client.lease_client import LeaseClient
     from pidlease.client.producer import Producer
-    from pidlease.cli.verify import verify_topic
+    from pidlease.testing.devcluster import LocalCluster
 
     if records < 100:
         raise ValueError("--records must be at least 100")
@@ -90,8 +90,8 @@ def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep
     faults = schedule(seed, records, drops=drops, kills=kills)
     out(f"pidlease demo: {records} records, seed {seed} (replay with --seed {seed}), data in {base}")
     out("fault schedule: " + ", ".join(
-        f"{'drop connections' if f.kind == 'drop' else f'kill leader of p0 for {f.downtime_ms} ms'}"
-        f" at record {f.at_record}" for f in faults))
+        ("drop connections" if f.kind == "drop" else f"kill leader of p0 for {f.downtime_ms} ms")
+        + f" at record {f.at_record}" for f in faults))
     t0 = time.monotonic()
     cluster = LocalCluster(base / "cluster", servers=3)
     ok = False
@@ -175,9 +175,8 @@ def _produce_and_verify(cluster: Any, victim: Any, faults: list[Fault], records:
     ok = report.ok and not failed and len(acked) == records == report.total("records")
     if ok:
         out(f"DEMO PASSED: exactly-once held through {len(events)} faults")
+    elif failed:
+        out(f"DEMO FAILED: {len(failed)} sends failed, first: {failed[0]!r}")
     else:
-        if failed:
-            out(f"DEMO FAILED: {len(failed)} sends failed, first: {failed[0]!r}")
-        else:
-            out("DEMO FAILED: exactly-once did not hold (see above)")
+        out("DEMO FAILED: exactly-once did not hold (see above)")
     return ok

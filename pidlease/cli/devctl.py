@@ -131,7 +131,8 @@ def up(*, data_dir: Path, servers: int, replication_factor: int, zk_nodes: int, 
     out(f"zookeeper:   {cluster.zk_hosts}")
     for svc in cluster.servers:
         out(f"partition server {svc.ident}: {svc.address} (log {svc.log_path})")
-    out(f"try:  pidlease topic create orders --partitions 3 --replication-factor {replication_factor}")
+    out("try:  pidlease topic create orders --partitions 3 "
+        f"--replication-factor {replication_factor}")
     if detach:
         # The processes outlive us on purpose (`dev down` stops them by pid); mark the
         # Popen objects finished so their destructors do not warn about running children.

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
-from pidlease.wire.protocol import Record
 from pidlease.client.reader import Reader
+from pidlease.wire.protocol import Record
 
 EXAMPLES_MAX = 5
 
@@ -69,7 +69,7 @@ class Runs:
 
     @property
     def count(self) -> int:
-        return sum(e - s + 1 for s, e in zip(self.starts, self.ends))
+        return sum(e - s + 1 for s, e in zip(self.starts, self.ends, strict=True))
 
     def missing(self) -> int:
         """Numbers absent between the first and the last."""

@@ -26,10 +26,11 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pidlease.testing.zkserver import ZooKeeperCluster, free_port
 
-DEV_SECRET = "pidlease-dev-secret"
+DEV_SECRET = "pidlease-dev-secret"  # noqa: S105 - the servers' development default
 
 
 @dataclass
@@ -117,8 +118,8 @@ def make_certs(out_dir: str | Path, *, hosts: tuple[str, ...] = ("127.0.0.1",),
     return {k: paths[k] for k in ("ca", "cert", "key")}
 
 
-def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0, *,
-              ca_file: str | Path | None = None) -> tuple[int, dict]:
+def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0, *,
+              ca_file: str | Path | None = None) -> tuple[int, dict[str, Any]]:
     """A tiny JSON HTTP call with no dependencies: (status, body). An ``https://`` URL is
     verified against ``ca_file`` (else ``PIDLEASE_TLS_CA_FILE``, else the system store)."""
     from pidlease.wire.tls import client_ssl_context
@@ -249,13 +250,13 @@ class LocalCluster:
     def start_service(self, svc: Service, timeout_s: float = 60.0) -> None:
         if svc.alive:
             return
-        log = open(svc.log_path, "ab")
-        log.write(f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode())
-        log.flush()
-        svc.proc = subprocess.Popen([sys.executable, "-m", svc.kind], env=self._service_env(svc),
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        log.close()
+        # The child keeps its own copy of the descriptor; ours closes once it is spawned.
+        with open(svc.log_path, "ab") as log:
+            log.write(f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode())
+            log.flush()
+            svc.proc = subprocess.Popen([sys.executable, "-m", svc.kind], env=self._service_env(svc),
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
         _wait_tcp(svc.port, svc.proc, timeout_s, f"{svc.kind} {svc.ident}", svc.log_path,
                   self.client_ssl_context())
         if svc.kind == "coordinator":
@@ -321,7 +322,7 @@ class LocalCluster:
 
     # -- conveniences ----------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
-                     dedup: str = "strict") -> dict:
+                     dedup: str = "strict") -> dict[str, Any]:
         status, body = http_json("POST", self.coordinator_url + "/v1/topics",
                                  {"name": name, "partitions": partitions,
                                   "replication_factor": replication_factor, "dedup": dedup},

@@ -116,12 +116,13 @@ class ZooKeeperCluster:
     def start_node(self, node: ZkNode) -> None:
         cfg = self._write_config(node)
         cp = f"{node.data_dir}:{ZK_JAR}:{SLF4J_JAR}"
-        log = open(node.log_path, "ab")
-        node.proc = subprocess.Popen(
-            ["java", f"-Xmx{self.heap_mb}m", "-Dzookeeper.admin.enableServer=false",
-             "-cp", cp, MAIN_CLASS, str(cfg)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        # The child keeps its own copy of the descriptor; ours closes once it is spawned.
+        with open(node.log_path, "ab") as log:
+            node.proc = subprocess.Popen(
+                ["java", f"-Xmx{self.heap_mb}m", "-Dzookeeper.admin.enableServer=false",
+                 "-cp", cp, MAIN_CLASS, str(cfg)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
 
     def start(self, timeout_s: float = 30.0) -> ZooKeeperCluster:
         for node in self.nodes:

@@ -285,7 +285,7 @@ def _uniform_records_ok(buf: bytes | memoryview, p: int, end: int, count: int) -
     # bytes/bytearray strided slices are a tight C copy; a memoryview slice is a view
     # (no copy of the body) whose comparison with bytes is element-wise in C.
     src = buf if type(buf) in (bytes, bytearray) else mv
-    for j in range(8):
+    for j in range(8):  # noqa: SIM110 - a plain loop: no generator on the fast path
         # j < 8 <= stride, so the slice holds exactly ``count`` bytes: offset j of
         # each record header and nothing from the records' keys or values.
         if src[p + j:end:stride] != head[j:j + 1] * count:
@@ -614,4 +614,5 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
 
 def peek_correlation_id(body: bytes | memoryview) -> int:
     """The correlation id of a response body (first 4 bytes)."""
-    return _U32.unpack_from(body, 0)[0]
+    correlation_id: int = _U32.unpack_from(body, 0)[0]
+    return correlation_id

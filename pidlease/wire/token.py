@@ -24,7 +24,8 @@ def _sign(secret: bytes, pid: int, generation: int, expires_at_ms: int) -> str:
 
 
 def make_token(secret: bytes, pid: int, generation: int, expires_at_ms: int) -> str:
-    return f"{_VERSION}.{pid}.{generation}.{expires_at_ms}.{_sign(secret, pid, generation, expires_at_ms)}"
+    signature = _sign(secret, pid, generation, expires_at_ms)
+    return f"{_VERSION}.{pid}.{generation}.{expires_at_ms}.{signature}"
 
 
 def parse_token(token: str) -> tuple[int, int, int, str]:
