@@ -22,7 +22,7 @@ import time
 import zlib
 from pathlib import Path
 
-from partition_server.testing import create_topic, token
+from pidlease.testing.wire import create_topic, token
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
 

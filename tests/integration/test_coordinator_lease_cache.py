@@ -13,7 +13,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from coordinator.testing import run_many
+from pidlease.testing.http import run_many
 from pidlease.wire import cluster as cluster_layout
 from pidlease.testing.devcluster import LocalCluster, http_json
 

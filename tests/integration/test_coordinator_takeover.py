@@ -9,8 +9,8 @@ import asyncio
 import time
 from typing import Any
 
-from coordinator.testing import run_many
-from partition_server.testing import WireClient
+from pidlease.testing.http import run_many
+from pidlease.testing.wire import WireClient
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import LocalCluster, http_json

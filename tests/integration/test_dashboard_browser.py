@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from partition_server.testing import WireClient, batch, token
+from pidlease.testing.wire import WireClient, batch, token
 from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster, http_json
 

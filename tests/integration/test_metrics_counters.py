@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any
 
 from partition_server.metrics import parse_text, sample
-from partition_server.testing import WireClient, batch
+from pidlease.testing.wire import WireClient, batch
 from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster, http_json
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from partition_server.testing import WireClient, log_batches
+from partition_server.testing import log_batches
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.faultproxy import FaultProxy
+from pidlease.testing.wire import WireClient
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.cli.verify import verify_topic
@@ -234,7 +235,7 @@ def test_a_leader_restarted_at_once_hands_over_and_catches_up(make_cluster, tmp_
 
 @pytest.mark.slow
 def test_takeover_right_after_a_failover_fences_through_the_new_leader(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    from partition_server.testing import batch, token
+    from pidlease.testing.wire import batch, token
     from pidlease import errors
 
     cluster: LocalCluster = make_cluster(servers=3, env=ENV)

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from coordinator_fakes import FakeStore
+from coordinator.testing import FakeStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -147,7 +147,7 @@ def test_owner_is_kept_in_the_record_only_when_not_anonymous() -> None:
 
 # -- the PID count, as a property --------------------------------------------------------------
 class TxStore(FakeStore):
-    """coordinator_fakes.FakeStore with the counted create and the counted delete as atomic
+    """coordinator.testing.FakeStore with the counted create and the counted delete as atomic
     transactions on versions, and a topic "t" of one partition."""
 
     def __init__(self) -> None:

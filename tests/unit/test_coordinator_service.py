@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import pytest
-from coordinator_fakes import FakeStore
+from coordinator.testing import FakeStore
 
 from coordinator.allocator import PidAllocator
 from coordinator.leases import LeaseKind, LeaseRequest

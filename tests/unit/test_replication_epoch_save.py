@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from replication_fakes import b, open_part, stored
+from partition_server.testing import b, open_part, stored
 
 from partition_server import atomic_file
 from partition_server.broker import Broker

@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from replication_fakes import HeldExecutor, b, open_part, settle, stored
+from partition_server.testing import HeldExecutor, b, open_part, settle, stored
 
 from partition_server.flusher import Flusher
 from partition_server.replica_fetcher import append_fetched

@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replication_fakes import FakeZk, InlineExecutor, b, open_part, settle
+from partition_server.testing import FakeZk, InlineExecutor, b, open_part, settle
 
 from partition_server.flusher import Flusher
 from partition_server.isr import InSyncReplicas

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from replication_fakes import b, open_part, stored
+from partition_server.testing import b, open_part, stored
 
 from partition_server.broker import Broker
 from partition_server.flusher import Flusher

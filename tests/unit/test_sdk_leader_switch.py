@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from sdk_fakes import FakeCoordinator, FakePartitionServer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease.client.producer import AsyncProducer
 

@@ -11,7 +11,7 @@ import zlib
 
 import httpx
 import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.wire import protocol as P

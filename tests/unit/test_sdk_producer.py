@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import AsyncProducer, DeliveryTimeout, Producer, ProducerClosed

@@ -5,7 +5,7 @@ retries every error whose class says ``retriable``)."""
 from __future__ import annotations
 
 import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import Producer

@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from sdk_fakes import FakeCoordinator, FakePartitionServer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client import sender as sender_module
