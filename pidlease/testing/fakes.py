@@ -23,17 +23,12 @@ limits, persistence and recovery, the per-partition PID limit, and the fence and
 producer-state requests (answered ``INVALID_REQUEST``). Behaviour that depends on those
 needs ``pidlease.testing.devcluster.LocalCluster``.
 
-Example::
+Example (``fake_cluster`` starts both and stops the server after)::
 
-    topics = {"orders": (2, "strict")}          # name -> (partitions, dedup)
-    server = FakePartitionServer(topics).start()
-    coord = FakeCoordinator(server, topics)
-    try:
+    with fake_cluster({"orders": (2, "strict")}) as (server, coord):  # name -> (partitions, dedup)
         with Producer("http://fake", topic="orders", http_transport=coord.transport()) as p:
             p.send(b"hello", partition=0)
         assert [r.value for r in server.records("orders", 0)] == [b"hello"]
-    finally:
-        server.stop()
 """
 
 from __future__ import annotations
@@ -42,6 +37,8 @@ import asyncio
 import json
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -373,3 +370,15 @@ class FakeCoordinator:
         return 200, {"error": "NONE", "pid": pid, "generation": gen,
                      "sequence_number": 0 if hw is None else hw + 1, "expire_ms": exp,
                      "expires_at_ms": 0, "lease_token": f"tok-{pid}-{gen}-{len(self.requests)}"}
+
+
+@contextmanager
+def fake_cluster(topics: dict[str, tuple[int, str]], *,
+                 expire_ms: int = 30_000) -> Iterator[tuple[FakePartitionServer, FakeCoordinator]]:
+    """A started FakePartitionServer holding ``topics`` (name -> (partitions, dedup mode))
+    and a FakeCoordinator in front of it; the server is stopped on exit."""
+    server = FakePartitionServer(topics).start()
+    try:
+        yield server, FakeCoordinator(server, topics, expire_ms=expire_ms)
+    finally:
+        server.stop()

@@ -11,7 +11,8 @@ import sys
 import time
 from typing import Any
 
-from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.devcluster import LocalCluster
+from tests.helpers import leased
 
 WAIT_S = 60
 
@@ -22,19 +23,12 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, env=env, check=False)
 
 
-def lease(cluster: LocalCluster, **body: Any) -> dict[str, Any]:
-    status, got = http_json("POST", cluster.coordinator_url + "/v1/lease_pid",
-                            {"topic": "t", "partition": 0, "pid": -1, **body})
-    assert status == 200, got
-    return got
-
-
 def test_pids_filters_table_and_json(make_cluster: Any) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("t", 1)
-    gone = lease(cluster, producer_name="gone", expire_ms=300)
-    hour = lease(cluster, producer_name="hourly", expire_ms=3_600_000)
-    minute = lease(cluster, producer_name="minutely", expire_ms=120_000)
+    gone = leased(cluster, topic="t", producer_name="gone", expire_ms=300)
+    hour = leased(cluster, topic="t", producer_name="hourly", expire_ms=3_600_000)
+    minute = leased(cluster, topic="t", producer_name="minutely", expire_ms=120_000)
     url = cluster.coordinator_url
     deadline = time.monotonic() + WAIT_S
     while json.loads(cli(url, "--json", "--state", "lapsed").stdout) == []:

@@ -23,21 +23,12 @@ from pidlease.testing.wire import WireClient
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.cli.verify import verify_topic
+from tests.helpers import wait_for
 
 TOPIC = "orders"
 # Short session and lag times keep the test fast; the rules do not depend on them.
 ENV = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000", "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
        "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200"}
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.05)
 
 
 def state(cluster: LocalCluster, partition: int = 0) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from coordinator.testing import FakeStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -26,6 +25,7 @@ from coordinator.store import principal_path
 from pidlease.wire import cluster
 from pidlease.wire.cluster import PidRecord, TopicSpec
 from pidlease.errors import Forbidden, PidLimitExceeded
+from coordinator.testing import FakeStore
 
 # -- parsing -----------------------------------------------------------------------------------
 

@@ -16,23 +16,7 @@ from partition_server.producer_state import Outcome
 from partition_server.replica_fetcher import append_fetched
 from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, NotLeader
-
-
-def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
-    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid, generation=gen,
-                          base_sequence=seq, timestamp_ms=1)
-
-
-def stored(batches: list[bytes], start: int = 0) -> bytes:
-    """``batches`` with offsets filled in from ``start``, as a leader's log holds them."""
-    out = bytearray()
-    off = start
-    for raw in batches:
-        buf = bytearray(raw)
-        P.set_base_offset(buf, off)
-        off += P.decode_batch_header(bytes(buf)).count
-        out += buf
-    return bytes(out)
+from partition_server.testing import b, stored
 
 
 def write_log(data_dir: Path, batches: list[bytes]) -> None:

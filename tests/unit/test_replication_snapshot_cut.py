@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from partition_server.testing import b, open_part, stored
-
 from partition_server.broker import Broker
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition
@@ -19,6 +17,7 @@ from partition_server.registry import Registry
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import Snapshot, SnapshotStore
+from partition_server.testing import b, open_part, stored
 
 
 def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:

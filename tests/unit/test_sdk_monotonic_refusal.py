@@ -11,19 +11,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import Producer
 
 TOPICS = {"mono": (1, "monotonic")}
-
-
-@pytest.fixture
-def fake():  # type: ignore[no-untyped-def]
-    srv = FakePartitionServer(TOPICS).start()
-    yield srv, FakeCoordinator(srv, TOPICS)
-    srv.stop()
 
 
 def _plan(rng: random.Random, batches: int) -> list[list[int]]:
