@@ -147,10 +147,17 @@ class FakeZk:
         self.raw, self.version = data, self.version + 1
 
 
-def open_part(data_dir: Path, flusher: Flusher, *, hw: int | None = 0,
+def open_part(data_dir: Path, flusher: Flusher | None = None, *, hw: int | None = 0,
               segment_bytes_max: int = 1 << 20, snapshot: Any = None,
-              clock_ms: Callable[[], int] = lambda: 5) -> Partition:
+              clock_ms: Callable[[], int] = lambda: 5, partition: int = 0,
+              **settings: Any) -> Partition:
+    """Partition ``t``/``partition`` recovered from ``data_dir``: strict, 5 batches kept per
+    PID, 100 PIDs, fsync per batch, unless ``settings`` (any other ``Partition.recover``
+    keyword: ``mode``, ``pids_max``, ``expire_ms`` ...) say otherwise. ``hw`` is the
+    replication checkpoint's high watermark; None opens a partition that is not replicated."""
+    kw: dict[str, Any] = {"mode": "strict", "batches_kept": 5, "pids_max": 100, **settings}
     part, _, _ = Partition.recover(
-        data_dir, "t", 0, mode="strict", segment_bytes_max=segment_bytes_max, batches_kept=5,
-        pids_max=100, flusher=flusher, clock_ms=clock_ms, snapshot=snapshot, checkpoint_hw=hw)
+        data_dir, "t", partition, segment_bytes_max=segment_bytes_max,
+        flusher=flusher if flusher is not None else Flusher(mode="batch", interval_ms=0),
+        clock_ms=clock_ms, snapshot=snapshot, checkpoint_hw=hw, **kw)
     return part

@@ -24,13 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partition_server.broker import Broker
-from partition_server.flusher import Flusher
 from partition_server.partition import Partition
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import MAGIC_V3, PartitionImage, Snapshot, decode, encode
-from partition_server.testing import b as batch, stored
+from partition_server.testing import b as batch, open_part, stored
 from tests.helpers import ManualClock
 
 EXPIRE_MS = 10_000
@@ -38,11 +37,7 @@ EXPIRE_MS = 10_000
 
 def follower(tmp_path: Path, clock: ManualClock, **limits: Any) -> Partition:
     """A replicated partition on this server, following server 2 (as recovery opens it)."""
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode=limits.pop("mode", "strict"), segment_bytes_max=1 << 20,
-        batches_kept=5, pids_max=limits.pop("pids_max", 100),
-        flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock, checkpoint_hw=0,
-        expire_ms=EXPIRE_MS, **limits)
+    part = open_part(tmp_path, clock_ms=clock, expire_ms=EXPIRE_MS, **limits)
     part.become_follower(2, 1, "127.0.0.1:1")
     return part
 
@@ -107,10 +102,7 @@ def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(
 
 def test_non_replicated_partition_still_expires(tmp_path: Path) -> None:
     clock = ManualClock()
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-        pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock,
-        expire_ms=EXPIRE_MS)
+    part = open_part(tmp_path, hw=None, clock_ms=clock, expire_ms=EXPIRE_MS)
     b = broker(tmp_path, clock, part)
     part.state.apply_append(7, 0, 0, 1, 0, clock.now, durable=True)
     clock.now += EXPIRE_MS
@@ -163,9 +155,7 @@ def test_drops_raise_the_horizon_and_a_rebuild_keeps_it() -> None:
 def test_fence_creates_an_entry_only_for_a_pid_leased_after_the_horizon(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock()
-        part, _, _ = Partition.recover(
-            tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-            pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock)
+        part = open_part(tmp_path, hw=None, clock_ms=clock)
         part.state.note_dropped(5_000)
         answer = lambda existed, dhw, off: (existed, dhw, off)  # noqa: E731
         outcome, fut = part.fence(7, 3, True, answer, leased_since_ms=5_000)
@@ -193,9 +183,8 @@ def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
     old = MAGIC_V3 + struct.pack(">IQ", zlib.crc32(body), len(body)) + bytes(body)
     assert decode(old).partitions[("t", 0)].dropped_last_use_max_ms == 77_000
     # Recovery takes it from the snapshot, even when the rows are not trusted (a cut).
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-        pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=ManualClock(),
+    part = open_part(
+        tmp_path, hw=None, clock_ms=ManualClock(),
         snapshot=PartitionImage(0, 0, [], truncations=5, dropped_last_use_max_ms=42_000))
     assert part.state.dropped_last_use_max_ms == 42_000
     part.close()
@@ -204,9 +193,7 @@ def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
 def test_capture_records_the_horizon(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock()
-        part, _, _ = Partition.recover(
-            tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-            pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock)
+        part = open_part(tmp_path, hw=None, clock_ms=clock)
         part.state.apply_append(7, 0, 0, 1, 0, 123, durable=True)
         part.state.expire(123 + EXPIRE_MS, EXPIRE_MS)
         img = await part.capture()

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from partition_server.flusher import Flusher
 from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.replica_fetcher import append_fetched
 from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, NotLeader
-from partition_server.testing import b, stored
+from partition_server.testing import b, open_part, stored
+
+SEGMENT_BYTES = 4096
 
 
 def write_log(data_dir: Path, batches: list[bytes]) -> None:
@@ -26,14 +27,6 @@ def write_log(data_dir: Path, batches: list[bytes]) -> None:
         P.set_base_offset(buf, lg.next_offset)
         lg.append(buf, P.decode_batch_header(bytes(buf)).count)
     lg.close()
-
-
-def open_part(data_dir: Path, hw: int | None = 0, snapshot=None) -> Partition:  # type: ignore[no-untyped-def]
-    part, _, _ = Partition.recover(
-        data_dir, "t", 0, mode="strict", segment_bytes_max=4096, batches_kept=5, pids_max=100,
-        flusher=Flusher(mode="batch", interval_ms=0), clock_ms=lambda: 5, snapshot=snapshot,
-        checkpoint_hw=hw)
-    return part
 
 
 async def close(part: Partition) -> None:
@@ -47,7 +40,7 @@ def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
 
 def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
     async def go() -> None:
-        part = open_part(tmp_path)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_leader(1, 1, [1, 2, 3], [1, 2, 3])
         raw = bytearray(b(7, 0, 3))
         h = P.validate_batch(bytes(raw))
@@ -82,7 +75,7 @@ def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(t
     write_log(tmp_path, [b(1, 0, 2), b(1, 2, 2), b(2, 0)])   # offsets 0-1, 2-3, 4
 
     async def go() -> None:
-        part = open_part(tmp_path, hw=2)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=2)
         assert part.high_watermark == 2 and part.log.next_offset == 5
         assert outcome(part, 1, 0, 2) is Outcome.DUPLICATE
         assert outcome(part, 1, 2, 2) is Outcome.SEQUENCE_UNKNOWN
@@ -93,7 +86,7 @@ def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(t
         assert outcome(part, 2, 0, 1) is Outcome.DUPLICATE
         await close(part)
         # with one replica nothing changes: the whole recovered log is durable
-        solo = open_part(tmp_path, hw=None)
+        solo = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=None)
         assert solo.high_watermark == 5 and outcome(solo, 1, 2, 2) is Outcome.DUPLICATE
         await close(solo)
 
@@ -102,7 +95,7 @@ def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(t
 
 def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path) -> None:
     async def go() -> None:
-        part = open_part(tmp_path)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 3, "127.0.0.1:1")
         n = append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2)])), [(0, 0), (3, 2)])
         assert n == 2 and part.log.next_offset == 3
@@ -122,7 +115,7 @@ def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path)
 
 def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots(tmp_path: Path) -> None:
     async def go() -> None:
-        part = open_part(tmp_path)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 1, "127.0.0.1:1")
         append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
         await part.wait_flushed(part.log.next_offset)
@@ -138,7 +131,7 @@ def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots
         await part.wait_flushed(part.log.next_offset)
         assert part.log.next_offset == 8 and part.epochs.entries == [(1, 0), (2, 2)]
         await close(part)
-        again = open_part(tmp_path, hw=2, snapshot=image)
+        again = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=2, snapshot=image)
         e1 = again.state.get(1)
         assert e1 is not None and e1.highwater == 2       # not the snapshot's 5
         assert again.state.get(9) is not None

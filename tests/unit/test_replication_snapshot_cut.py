@@ -76,12 +76,8 @@ def test_a_snapshot_leaves_out_a_partition_cut_below_what_it_waits_for(tmp_path:
         settings = ServerSettings(data_dir=str(tmp_path), fsync="interval",
                                   fsync_interval_ms=10_000, server_id=1)
         broker = Broker(settings, Registry("127.0.0.1:1", 1))
-        a = Partition.recover(tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20,
-                              batches_kept=5, pids_max=100, flusher=broker.flusher,
-                              clock_ms=lambda: 5, checkpoint_hw=0)[0]
-        c = Partition.recover(tmp_path, "t", 1, mode="strict", segment_bytes_max=1 << 20,
-                              batches_kept=5, pids_max=100, flusher=broker.flusher,
-                              clock_ms=lambda: 5, checkpoint_hw=0)[0]
+        a = open_part(tmp_path, broker.flusher)
+        c = open_part(tmp_path, broker.flusher, partition=1)
         broker.partitions[("t", 0)] = a
         broker.partitions[("t", 1)] = c
         for p in (a, c):
