@@ -17,6 +17,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss  # type: ignore[imp
 
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, dir_name
+from partition_server.producer_state import Outcome
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
 
@@ -161,3 +162,9 @@ def open_part(data_dir: Path, flusher: Flusher | None = None, *, hw: int | None 
         flusher=flusher if flusher is not None else Flusher(mode="batch", interval_ms=0),
         clock_ms=clock_ms, snapshot=snapshot, checkpoint_hw=hw, **kw)
     return part
+
+
+def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
+    """What the partition's append rules would answer now to a generation-0 batch of ``n``
+    records from ``seq`` (nothing is appended)."""
+    return part.state.check_append(pid, 0, seq, n).outcome

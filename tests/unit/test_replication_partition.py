@@ -15,7 +15,7 @@ from partition_server.producer_state import Outcome
 from partition_server.replica_fetcher import append_fetched
 from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, NotLeader
-from partition_server.testing import b, open_part, stored
+from partition_server.testing import b, open_part, outcome, stored
 
 SEGMENT_BYTES = 4096
 
@@ -32,10 +32,6 @@ def write_log(data_dir: Path, batches: list[bytes]) -> None:
 async def close(part: Partition) -> None:
     await part.flusher.wait_idle()  # no fsync of its files may be running when they close
     part.close()
-
-
-def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
-    return part.state.check_append(pid, 0, seq, n).outcome
 
 
 def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:

@@ -11,17 +11,12 @@ from pathlib import Path
 
 from partition_server.broker import Broker
 from partition_server.flusher import Flusher
-from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.registry import Registry
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import Snapshot, SnapshotStore
-from partition_server.testing import b, open_part, stored
-
-
-def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
-    return part.state.check_append(pid, 0, seq, n).outcome
+from partition_server.testing import b, open_part, outcome, stored
 
 
 def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) -> None:
