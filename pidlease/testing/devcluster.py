@@ -5,7 +5,7 @@ Used by ``pidlease dev up``, the demo, the benchmarks and the integration tests 
 why it is public, like ``trio.testing``). Every service is started with ``sys.executable
 -m coordinator`` / ``-m partition_server`` and configured through ``PIDLEASE_*``
 environment variables, exactly as an operator would run them. Fault helpers
-(``kill_server``, ``restart_server``, ``stop_server``) send real signals.
+(``kill``, ``restart``, ``stop_service``, ``signal_service``) send real signals.
 
 ``LocalCluster(..., tls=True)`` makes a CA and a certificate for 127.0.0.1 with the
 ``openssl`` command line (``make_certs``) under ``<data_dir>/tls`` and turns TLS on for every
