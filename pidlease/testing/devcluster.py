@@ -26,6 +26,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pidlease.testing.zkserver import ZooKeeperCluster, free_port
 
@@ -117,8 +118,8 @@ def make_certs(out_dir: str | Path, *, hosts: tuple[str, ...] = ("127.0.0.1",),
     return {k: paths[k] for k in ("ca", "cert", "key")}
 
 
-def http_json(method: str, url: str, body: dict | None = None, timeout_s: float = 10.0, *,
-              ca_file: str | Path | None = None) -> tuple[int, dict]:
+def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0,
+              *, ca_file: str | Path | None = None) -> tuple[int, dict[str, Any]]:
     """A tiny JSON HTTP call with no dependencies: (status, body). An ``https://`` URL is
     verified against ``ca_file`` (else ``PIDLEASE_TLS_CA_FILE``, else the system store)."""
     from pidlease.wire.tls import client_ssl_context
@@ -321,7 +322,7 @@ class LocalCluster:
 
     # -- conveniences ----------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
-                     dedup: str = "strict") -> dict:
+                     dedup: str = "strict") -> dict[str, Any]:
         status, body = http_json("POST", self.coordinator_url + "/v1/topics",
                                  {"name": name, "partitions": partitions,
                                   "replication_factor": replication_factor, "dedup": dedup},
