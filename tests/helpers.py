@@ -1,12 +1,16 @@
 """Small helpers that tests in several folders share: polling with a deadline, a clock the
-test moves by hand, and one-line calls to a running cluster's coordinator. Fixtures live in
-``tests/conftest.py``; the public test tools (wire client, fakes, local cluster) in
-``pidlease.testing``. Import as ``from tests.helpers import ...`` (the repository root is
-on ``sys.path`` under ``python -m pytest``, as ``tests.sim`` already needs)."""
+test moves by hand, one-line calls to a running cluster's coordinator, and the command
+line. Fixtures live in ``tests/conftest.py``; the public test tools (wire client, fakes,
+local cluster) in ``pidlease.testing``. Import as ``from tests.helpers import ...`` (the
+repository root is on ``sys.path`` under ``python -m pytest``, as ``tests.sim`` already
+needs)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -78,3 +82,14 @@ def scrape_metrics(url: str) -> dict[Any, float]:
         assert resp.status == 200
         assert resp.headers["content-type"].startswith("text/plain")
         return parse_text(resp.read().decode())
+
+
+def cli(*args: str, url: str | None = None, stdin: str | None = None,
+        timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pidlease.cli ARGS`` (against the coordinator at ``url``, if given)
+    and return it finished, output captured as text; never raises on a non-zero exit."""
+    env = dict(os.environ)
+    if url is not None:
+        env["PIDLEASE_COORDINATOR"] = url
+    return subprocess.run([sys.executable, "-m", "pidlease.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
