@@ -22,7 +22,7 @@ from pidlease.testing.devcluster import LocalCluster, http_json
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T], timeout_s: float = 60.0, what: str = "a condition", *,
+def wait_for(check: Callable[[], T | None], timeout_s: float = 60.0, what: str = "a condition", *,
              interval_s: float = 0.05,
              ignore: tuple[type[BaseException], ...] = ()) -> T:
     """Call ``check`` every ``interval_s`` until it returns something truthy, and return
