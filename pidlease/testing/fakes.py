@@ -19,9 +19,9 @@ and batch leases; ``fail_leases`` answers lease calls with 503.
 What they do not fake: replication, more than one leader (``leader_override`` points
 every partition elsewhere at once), PID expiry and lease expiry in time, tokens
 (recorded in ``tokens_seen``, never checked), authentication and scopes, request size
-limits, persistence and recovery, the per-partition PID limit, and the fence and
-producer-state requests (answered ``INVALID_REQUEST``). Behaviour that depends on those
-needs ``pidlease.testing.devcluster.LocalCluster``.
+limits, persistence and recovery, the per-partition PID limit, and the fence,
+producer-state and metadata requests (answered ``INVALID_REQUEST``). Behaviour that
+depends on those needs ``pidlease.testing.devcluster.LocalCluster``.
 
 Example (``fake_cluster`` starts both and stops the server after)::
 
