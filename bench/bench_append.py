@@ -22,8 +22,8 @@ import time
 import zlib
 from pathlib import Path
 
-from partition_server.testing import create_topic, token
 from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
+from pidlease.testing.wire import create_topic, token
 from pidlease.wire import protocol as P
 
 _TAIL = struct.Struct(">BQIqIq")

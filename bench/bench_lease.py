@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from coordinator.testing import Reply, run_many
+from pidlease.testing.http import Reply, run_many
 from pidlease.testing.devcluster import LocalCluster
 
 

@@ -32,8 +32,8 @@ from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import ProducerStateTable
 from partition_server.snapshot import PartitionImage, Snapshot, decode, encode
-from partition_server.testing import WireClient, create_topic, token
 from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
+from pidlease.testing.wire import WireClient, create_topic, token
 from pidlease.wire import protocol as P
 
 _TAIL = struct.Struct(">BQIqIq")

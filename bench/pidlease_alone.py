@@ -127,8 +127,8 @@ def wire_pass(address: str, topic: str, pid: int, generation: int, batches: int,
     """Send ``batches`` batches of 100-byte records from sequence 0 on one pipelined
     connection; (seconds, answers by error code)."""
     from bench.bench_append import FastBatches
-    from partition_server.testing import token
     from pidlease.testing.devcluster import DEV_SECRET
+    from pidlease.testing.wire import token
     from pidlease.wire import protocol as P
 
     host, _, port = address.rpartition(":")

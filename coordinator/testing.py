@@ -1,131 +1,128 @@
-"""Test tools for the coordinator, public like ``trio.testing``: a lean HTTP/1.1 load
-client for the integration tests and the benchmark.
-
-httpx's async pool spends more CPU per request than the coordinator does once hundreds of
-connections are open (about 190 requests/s at 50 connections on a 2-core machine, against
-about 1,800/s for this client), so measuring the coordinator through it would measure
-httpx. This client keeps one keep-alive connection per worker, sends JSON, reads
-``content-length`` bodies, and reconnects after a connection is lost.
-"""
+"""Test tools for the coordinator's own tests: ``FakeStore``, an in-memory stand-in for
+``coordinator.store.Store`` (znodes with versions and compare-and-set like ZooKeeper's), so
+the lease service and the HTTP app run without a ZooKeeper. The client-side HTTP test
+client is ``pidlease.testing.http``."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+import threading
+
+from coordinator.leases import record_from_bytes
+from pidlease.wire import cluster
+from pidlease.wire.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
 
 
-@dataclass(slots=True)
-class Reply:
-    status: int
-    body: dict[str, Any]
-    latency_s: float
+class FakeStore:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.nodes: dict[str, tuple[bytes, int]] = {}
+        self.writes = 0
 
+    # generic znodes
+    def _get(self, path: str) -> tuple[bytes, int] | None:
+        with self.lock:
+            return self.nodes.get(path)
 
-class HttpConnection:
-    """One keep-alive connection to ``base_url``; ``request`` reconnects when needed and
-    raises ``ConnectionError`` (or ``OSError``/``asyncio.TimeoutError``) when it cannot."""
+    def _create(self, path: str, data: bytes) -> bool:
+        with self.lock:
+            self.writes += 1
+            if path in self.nodes:
+                return False
+            self.nodes[path] = (data, 0)
+            return True
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0,
-                 headers: dict[str, str] | None = None) -> None:
-        u = urlsplit(base_url)
-        self.extra_headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.host = u.hostname or "127.0.0.1"
-        self.port = u.port or 80
-        self.timeout_s = timeout_s
-        self._r: asyncio.StreamReader | None = None
-        self._w: asyncio.StreamWriter | None = None
+    def _cas(self, path: str, data: bytes, version: int) -> bool:
+        with self.lock:
+            self.writes += 1
+            cur = self.nodes.get(path)
+            if cur is None or cur[1] != version:
+                return False
+            self.nodes[path] = (data, version + 1)
+            return True
 
-    async def _connect(self) -> None:
-        self._r, self._w = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), self.timeout_s)
+    # counter
+    def read_counter(self) -> tuple[int | None, int]:
+        got = self._get(cluster.PID_BLOCK)
+        return (None, -1) if got is None else (int(got[0]), got[1])
 
-    async def close(self) -> None:
-        if self._w is not None:
-            self._w.close()
-            try:
-                await self._w.wait_closed()
-            except OSError:
-                pass
-        self._r = self._w = None
+    def create_counter(self, value: int) -> bool:
+        return self._create(cluster.PID_BLOCK, str(value).encode())
 
-    async def request(self, method: str, path: str, body: Any = None) -> Reply:
-        started = time.perf_counter()
-        try:
-            return await asyncio.wait_for(self._request(method, path, body, started), self.timeout_s)
-        except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
-            await self.close()
-            raise ConnectionError(f"{method} {path}: {exc!r}") from exc
+    def cas_counter(self, value: int, version: int) -> bool:
+        return self._cas(cluster.PID_BLOCK, str(value).encode(), version)
 
-    async def _request(self, method: str, path: str, body: Any, started: float) -> Reply:
-        if self._w is None:
-            await self._connect()
-        assert self._r is not None and self._w is not None
-        raw = b"" if body is None else json.dumps(body).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nhost: {self.host}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(raw)}\r\n"
-                f"{self.extra_headers}\r\n")
-        self._w.write(head.encode() + raw)
-        await self._w.drain()
-        status_line_and_headers = await self._r.readuntil(b"\r\n\r\n")
-        lines = status_line_and_headers.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length = 0
-        close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection" and value.strip().lower() == b"close":
-                close = True
-        data = await self._r.readexactly(length)
-        if close:
-            await self.close()
-        return Reply(status, json.loads(data) if data else {}, time.perf_counter() - started)
+    # pids and names
+    def get_pid(self, pid: int) -> tuple[PidRecord, int] | None:
+        got = self._get(cluster.pid_path(pid))
+        return None if got is None else (record_from_bytes(got[0]), got[1])
 
+    def get_name(self, name: str) -> tuple[int, int] | None:
+        got = self._get(cluster.name_path(name))
+        return None if got is None else (int(got[0]), got[1])
 
-async def run_many(base_url: str, bodies: list[dict[str, Any]], *, connections: int,
-                   path: str = "/v1/lease_pid", attempts_max: int = 100,
-                   retry_statuses: tuple[int, ...] = (503,), timeout_s: float = 30.0,
-                   on_reply: Any = None, headers: dict[str, str] | None = None) -> list[Reply]:
-    """POST every body with ``connections`` concurrent keep-alive connections; a lost
-    connection or a retriable status is retried with a short backoff, at most
-    ``attempts_max`` times per body. Returns the final reply of each body, in order.
-    ``headers`` go on every request (e.g. ``{"authorization": "Bearer <token>"}``)."""
-    replies: list[Reply | None] = [None] * len(bodies)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(bodies)):
-        queue.put_nowait(i)
+    def create_pid(self, record: PidRecord) -> None:
+        assert self._create(cluster.pid_path(record.pid), record.to_bytes())
 
-    async def worker() -> None:
-        conn = HttpConnection(base_url, timeout_s=timeout_s, headers=headers)
-        try:
-            while True:
-                try:
-                    i = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                for attempt in range(attempts_max):
-                    try:
-                        reply = await conn.request("POST", path, bodies[i])
-                    except ConnectionError:
-                        await asyncio.sleep(min(0.5, 0.01 * (attempt + 1)))
-                        continue
-                    if reply.status in retry_statuses and attempt + 1 < attempts_max:
-                        await asyncio.sleep(min(0.5, 0.01 * (attempt + 1)))
-                        continue
-                    replies[i] = reply
-                    if on_reply is not None:
-                        on_reply(reply)
-                    break
-                else:
-                    replies[i] = Reply(0, {"error": "CLIENT_GAVE_UP"}, 0.0)
-        finally:
-            await conn.close()
+    def create_named_pid(self, record: PidRecord, name: str, name_version: int | None) -> bool:
+        with self.lock:
+            self.writes += 1
+            npath = cluster.name_path(name)
+            cur = self.nodes.get(npath)
+            if name_version is None and cur is not None:
+                return False
+            if name_version is not None and (cur is None or cur[1] != name_version):
+                return False
+            self.nodes[cluster.pid_path(record.pid)] = (record.to_bytes(), 0)
+            self.nodes[npath] = (str(record.pid).encode(), 0 if cur is None else cur[1] + 1)
+            return True
 
-    await asyncio.gather(*(worker() for _ in range(connections)))
-    return [r if r is not None else Reply(0, {"error": "NOT_SENT"}, 0.0) for r in replies]
+    def cas_pid(self, record: PidRecord, version: int) -> bool:
+        return self._cas(cluster.pid_path(record.pid), record.to_bytes(), version)
+
+    def list_pid_ids(self) -> list[int]:
+        with self.lock:
+            return sorted(int(p.split("/")[-1]) for p in self.nodes if p.startswith("/pids/"))
+
+    def get_pids(self, pids: list[int]) -> list[tuple[PidRecord, int]]:
+        return [g for g in (self.get_pid(p) for p in pids) if g is not None]
+
+    def delete_pid(self, record: PidRecord, version: int) -> bool:
+        with self.lock:
+            path = cluster.pid_path(record.pid)
+            if self.nodes.get(path, (b"", -1))[1] != version:
+                return False
+            del self.nodes[path]
+            if record.producer_name:
+                npath = cluster.name_path(record.producer_name)
+                if self.nodes.get(npath, (b"",))[0] == str(record.pid).encode():
+                    del self.nodes[npath]
+            return True
+
+    # topics and servers
+    def get_topic(self, name: str) -> TopicSpec | None:
+        got = self._get(cluster.topic_path(name))
+        return None if got is None else TopicSpec.from_bytes(got[0])
+
+    def get_partition_states(self, topic: str, partitions: list[int]) -> list[PartitionState | None]:
+        out = []
+        for p in partitions:
+            got = self._get(cluster.partition_path(topic, p))
+            out.append(None if got is None else PartitionState.from_bytes(got[0]))
+        return out
+
+    def get_servers(self, ids: list[int]) -> dict[int, ServerInfo]:
+        out = {}
+        for i in ids:
+            got = self._get(cluster.server_path(i))
+            if got is not None:
+                out[i] = ServerInfo.from_bytes(got[0])
+        return out
+
+    def add_topic(self, name: str, partitions: int, leader: int = 1) -> None:
+        self.nodes[cluster.topic_path(name)] = (TopicSpec(name, partitions).to_bytes(), 0)
+        for p in range(partitions):
+            self.nodes[cluster.partition_path(name, p)] = (
+                PartitionState([leader], leader, 0, [leader]).to_bytes(), 0)
+
+    def add_server(self, ident: int, port: int) -> None:
+        self.nodes[cluster.server_path(ident)] = (ServerInfo(ident, "127.0.0.1", port).to_bytes(), 0)

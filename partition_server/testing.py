@@ -1,150 +1,25 @@
-"""Test tools for the partition server, public like ``trio.testing``: a blocking wire
-client that speaks ``pidlease.wire.protocol`` over a real socket, helpers that create topics by
-writing znodes, and the fault injector that tears a log tail."""
+"""Test tools for the partition server's own tests: helpers that read and damage a
+partition's files on disk (to compare replicas, to tear a log tail as a crash mid-write
+would), and fakes for replicated partitions run without servers (an executor the test
+steps by hand, a ZooKeeper holding one partition state). Client-side tools (the wire test
+client, batch and token builders) are in ``pidlease.testing.wire``."""
 
 from __future__ import annotations
 
-import socket
-import time
-from collections import deque
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partition_server.partition import dir_name
+from kazoo.exceptions import BadVersionError, ConnectionLoss  # type: ignore[import-untyped]
+
+from partition_server.flusher import Flusher
+from partition_server.partition import Partition, dir_name
+from partition_server.producer_state import Outcome
 from pidlease.wire import protocol as P
-from pidlease.wire.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
-from pidlease.wire.framing import FRAME_SIZE_LIMIT, FrameDecoder
-from pidlease.wire.token import make_token
-
-
-class WireClient:
-    """One connection; ``send`` pipelines a request, ``recv`` reads the next response."""
-
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
-        host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._corr = 0
-        self._apis: dict[int, int] = {}
-        # A test client takes whatever the server sends: no frame limit of its own.
-        self._decoder = FrameDecoder(FRAME_SIZE_LIMIT)
-        self._frames: deque[bytes] = deque()
-
-    def next_corr(self) -> int:
-        self._corr += 1
-        return self._corr
-
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def send(self, api: int, frame: bytes, corr: int) -> int:
-        self._apis[corr] = api
-        self.sock.sendall(frame)
-        return corr
-
-    def recv_body(self) -> bytes:
-        while not self._frames:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("server closed the connection")
-            self._frames.extend(self._decoder.feed(chunk))
-        return self._frames.popleft()
-
-    def recv(self, api: int | None = None) -> P.Response:
-        body = self.recv_body()
-        corr = P.peek_correlation_id(body)
-        api = api if api is not None else self._apis.pop(corr, P.METADATA)
-        return P.decode_response(api, body)
-
-    # -- one-call helpers ------------------------------------------------------------------
-    def produce_send(self, topic: str, partition: int, batch: bytes, token: str = "") -> int:
-        c = self.next_corr()
-        return self.send(P.PRODUCE, P.produce_request(c, topic, partition, token, batch), c)
-
-    def produce(self, topic: str, partition: int, batch: bytes, token: str = "") -> P.Response:
-        self.produce_send(topic, partition, batch, token)
-        return self.recv()
-
-    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20) -> P.Response:
-        c = self.next_corr()
-        self.send(P.FETCH, P.fetch_request(c, topic, partition, offset, max_bytes), c)
-        return self.recv()
-
-    def fence(self, topic: str, partition: int, pid: int, generation: int, token: str,
-              create_if_absent: bool = True) -> P.Response:
-        c = self.next_corr()
-        self.send(P.FENCE, P.fence_request(c, topic, partition, pid, generation, token,
-                                           create_if_absent=create_if_absent), c)
-        return self.recv()
-
-    def producer_state(self, topic: str, partition: int, pid: int) -> P.Response:
-        c = self.next_corr()
-        self.send(P.PRODUCER_STATE, P.producer_state_request(c, topic, partition, pid), c)
-        return self.recv()
-
-    def metadata(self) -> dict[str, Any]:
-        c = self.next_corr()
-        self.send(P.METADATA, P.metadata_request(c), c)
-        r = self.recv()
-        assert r.info is not None
-        return r.info
-
-    def read_all(self, topic: str, partition: int, start: int = 0,
-                 max_rounds: int = 10_000) -> list[P.Record]:
-        """Every record (control ones included) from ``start`` up to the high watermark."""
-        out: list[P.Record] = []
-        offset = start
-        for _ in range(max_rounds):
-            r = self.fetch(topic, partition, offset)
-            if r.error_code:
-                raise RuntimeError(f"fetch error {r.error_code}: {r.detail}")
-            assert r.data is not None
-            got = False
-            for h, pos in P.iter_batches(r.data):
-                for rec in P.iter_records(r.data, h, pos, topic, partition):
-                    if rec.offset >= offset:
-                        out.append(rec)
-                        got = True
-                offset = max(offset, h.base_offset + h.count)
-            if not got or offset >= r.high_watermark:
-                return out
-        raise RuntimeError("read_all did not finish")
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> WireClient:  # noqa: PYI034
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def batch(pid: int, generation: int, base_seq: int, values: Iterable[bytes],
-          key: bytes | None = None) -> bytes:
-    return P.encode_batch([(key, v) for v in values], pid=pid, generation=generation,
-                          base_sequence=base_seq, timestamp_ms=int(time.time() * 1000))
-
-
-def token(secret: str, pid: int, generation: int, ttl_ms: int = 3_600_000) -> str:
-    return make_token(secret.encode(), pid, generation, int(time.time() * 1000) + ttl_ms)
-
-
-def create_topic(zk_hosts: str, name: str, partitions: int = 1, *, dedup: str = "strict",
-                 leader: int = 1, replicas: list[int] | None = None) -> None:
-    """Write TopicSpec and PartitionState znodes as the coordinator would."""
-    zk = connect_zk(zk_hosts)
-    try:
-        zk.create(topic_path(name), TopicSpec(name, partitions, 1, dedup,
-                                              int(time.time() * 1000)).to_bytes())
-        for p in range(partitions):
-            zk.create(partition_path(name, p), PartitionState(replicas or [leader], leader, 0,
-                                                              replicas or [leader]).to_bytes(),
-                      makepath=True)
-    finally:
-        zk.stop()
-        zk.close()
+from pidlease.wire.cluster import PartitionState
 
 
 def log_batches(data_dir: Path, topic: str, partition: int) -> list[bytes]:
@@ -174,3 +49,122 @@ def tear_tail(data_dir: Path, topic: str, partition: int, partial: bytes) -> Pat
     with open(seg, "ab") as f:
         f.write(partial)
     return seg
+
+
+# -- replicated partitions without servers ---------------------------------------------
+def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
+    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid, generation=gen,
+                          base_sequence=seq, timestamp_ms=1)
+
+
+def stored(batches: list[bytes], start: int = 0) -> memoryview:
+    """``batches`` with offsets filled in from ``start``, as a leader's log holds them."""
+    out = bytearray()
+    off = start
+    for raw in batches:
+        buf = bytearray(raw)
+        P.set_base_offset(buf, off)
+        off += P.decode_batch_header(bytes(buf)).count
+        out += buf
+    return memoryview(bytes(out))
+
+
+class HeldExecutor(Executor):
+    """Holds every submitted call until :meth:`run_next`: the test decides when an fsync
+    happens and completes relative to appends and cuts. ``ran`` keeps the arguments of the
+    calls that ran, in order (for a flush: the list of fds it fsynced)."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self.ran: list[tuple[Any, ...]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self.held.append((fut, fn, args))
+        return fut
+
+    def run_next(self) -> None:
+        fut, fn, args = self.held.pop(0)
+        self.ran.append(args)
+        try:
+            fut.set_result(fn(*args))
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting side, as a pool would
+            fut.set_exception(exc)
+
+
+class InlineExecutor(Executor):
+    """Runs each call at once on the caller's thread (its result still reaches the loop
+    through a callback, as from a pool)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting side
+            fut.set_exception(exc)
+        return fut
+
+
+async def settle(rounds: int = 10) -> None:
+    """Let callbacks scheduled by finished executor calls run (a few loop iterations)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+@dataclass
+class _Stat:
+    version: int
+
+
+class FakeZk:
+    """One partition's state znode, kazoo-shaped (``get``, ``set`` with a version).
+    ``fail_sets`` writes raise ConnectionLoss first; ``land_failed`` says whether such a
+    write was applied anyway (a lost connection leaves it unknown to the writer)."""
+
+    def __init__(self, ps: PartitionState, *, fail_sets: int = 0,
+                 land_failed: bool = False) -> None:
+        self.raw = ps.to_bytes()
+        self.version = 0
+        self.fail_sets = fail_sets
+        self.land_failed = land_failed
+        self.sets = 0
+
+    @property
+    def state(self) -> PartitionState:
+        return PartitionState.from_bytes(self.raw)
+
+    def get(self, path: str) -> tuple[bytes, _Stat]:
+        return self.raw, _Stat(self.version)
+
+    def set(self, path: str, data: bytes, version: int = -1) -> None:
+        self.sets += 1
+        if version != self.version:
+            raise BadVersionError()
+        if self.fail_sets:
+            self.fail_sets -= 1
+            if self.land_failed:
+                self.raw, self.version = data, self.version + 1
+            raise ConnectionLoss()
+        self.raw, self.version = data, self.version + 1
+
+
+def open_part(data_dir: Path, flusher: Flusher | None = None, *, hw: int | None = 0,
+              segment_bytes_max: int = 1 << 20, snapshot: Any = None,
+              clock_ms: Callable[[], int] = lambda: 5, partition: int = 0,
+              **settings: Any) -> Partition:
+    """Partition ``t``/``partition`` recovered from ``data_dir``: strict, 5 batches kept per
+    PID, 100 PIDs, fsync per batch, unless ``settings`` (any other ``Partition.recover``
+    keyword: ``mode``, ``pids_max``, ``expire_ms`` ...) say otherwise. ``hw`` is the
+    replication checkpoint's high watermark; None opens a partition that is not replicated."""
+    kw: dict[str, Any] = {"mode": "strict", "batches_kept": 5, "pids_max": 100, **settings}
+    part, _, _ = Partition.recover(
+        data_dir, "t", partition, segment_bytes_max=segment_bytes_max,
+        flusher=flusher if flusher is not None else Flusher(mode="batch", interval_ms=0),
+        clock_ms=clock_ms, snapshot=snapshot, checkpoint_hw=hw, **kw)
+    return part
+
+
+def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
+    """What the partition's append rules would answer now to a generation-0 batch of ``n``
+    records from ``seq`` (nothing is appended)."""
+    return part.state.check_append(pid, 0, seq, n).outcome

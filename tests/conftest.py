@@ -73,3 +73,22 @@ def make_cluster(zk_hosts: str, tmp_path: Path, request: pytest.FixtureRequest):
         if _failed(request):
             print(c.logs())
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def make_module_cluster(zookeeper: ZooKeeperCluster, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """``make_cluster`` for a cluster that a module's tests share (the fuzz suites, the
+    malformed-request table): on the session ZooKeeper with a chroot of its own, stopped
+    after the module's last test."""
+    made: list[LocalCluster] = []
+
+    def factory(**kw: object) -> LocalCluster:
+        kw.setdefault("zk_hosts", f"{zookeeper.hosts}/m{os.getpid()}-{next(_chroots)}")
+        c = LocalCluster(tmp_path_factory.mktemp("cluster"), **kw)  # type: ignore[arg-type]
+        made.append(c)
+        return c.start()
+
+    yield factory
+    for c in made:
+        c.stop()
+

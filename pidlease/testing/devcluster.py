@@ -5,7 +5,7 @@ Used by ``pidlease dev up``, the demo, the benchmarks and the integration tests 
 why it is public, like ``trio.testing``). Every service is started with ``sys.executable
 -m coordinator`` / ``-m partition_server`` and configured through ``PIDLEASE_*``
 environment variables, exactly as an operator would run them. Fault helpers
-(``kill_server``, ``restart_server``, ``stop_server``) send real signals.
+(``kill``, ``restart``, ``stop_service``, ``signal_service``) send real signals.
 
 ``LocalCluster(..., tls=True)`` makes a CA and a certificate for 127.0.0.1 with the
 ``openssl`` command line (``make_certs``) under ``<data_dir>/tls`` and turns TLS on for every
@@ -118,8 +118,8 @@ def make_certs(out_dir: str | Path, *, hosts: tuple[str, ...] = ("127.0.0.1",),
     return {k: paths[k] for k in ("ca", "cert", "key")}
 
 
-def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0, *,
-              ca_file: str | Path | None = None) -> tuple[int, dict[str, Any]]:
+def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0,
+              *, ca_file: str | Path | None = None) -> tuple[int, dict[str, Any]]:
     """A tiny JSON HTTP call with no dependencies: (status, body). An ``https://`` URL is
     verified against ``ca_file`` (else ``PIDLEASE_TLS_CA_FILE``, else the system store)."""
     from pidlease.wire.tls import client_ssl_context

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 from checker import Acked, check, read_topic
+from fulldisk import acked_count, failed_count, mount, wait_stalled
 from runner import SERVER_ENV
 
 from pidlease.testing.devcluster import LocalCluster
@@ -29,40 +28,11 @@ VALUE = b"v" * 200
 WAIT_S = 120.0
 
 
-def _mount(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mount", *args], check=False, capture_output=True, text=True, timeout=30)
-
-
-def _done(futs: list[Future]) -> int:
-    return sum(f.done() and f.exception() is None for f in futs)
-
-
 @pytest.mark.slow
-def test_tmpfs_full_then_grown(make_cluster, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_tmpfs_full_then_grown(tmpfs_cluster, caplog) -> None:  # type: ignore[no-untyped-def]
     caplog.set_level(logging.INFO, logger="pidlease.client.producer")
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    cluster: LocalCluster = make_cluster(servers=0)
-    data = cluster.data_dir / "server-1" / "data"
-    data.mkdir(parents=True)
-    r = _mount("-t", "tmpfs", "-o", "size=8m", "tmpfs", str(data))
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        _run(cluster, data, caplog)
-    finally:
-        cluster.stop()  # nothing may hold the mount
-        u = _mount_umount(data)
-        assert u.returncode == 0, u.stderr
-
-
-def _mount_umount(path: Path) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(["umount", str(path)], check=False, capture_output=True, text=True, timeout=30)
-    if r.returncode != 0:  # still busy a moment after the kill
-        time.sleep(1)
-        r = subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True, text=True,
-                           timeout=30)
-    return r
+    cluster, data = tmpfs_cluster
+    _run(cluster, data, caplog)
 
 
 def _run(cluster: LocalCluster, data: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -72,14 +42,9 @@ def _run(cluster: LocalCluster, data: Path, caplog: pytest.LogCaptureFixture) ->
           "retry_backoff_max_ms": 500, "buffer_records_max": N_RECORDS + 1}
     with Producer(cluster.coordinator_url, TOPIC, producer_name="tmpfs", **kw) as p:  # type: ignore[arg-type]
         futs = [p.send(VALUE + b"%d" % i) for i in range(N_RECORDS)]
-        last, stalled_since, deadline = -1, time.monotonic(), time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and time.monotonic() - stalled_since < 5:
-            n = _done(futs)
-            if n != last:
-                last, stalled_since = n, time.monotonic()
-            time.sleep(0.2)
-        acked_full = _done(futs)
-        failed_full = sum(f.done() and f.exception() is not None for f in futs)
+        wait_stalled(futs, stall_s=5, timeout_s=WAIT_S, interval_s=0.2)
+        acked_full = acked_count(futs)
+        failed_full = failed_count(futs)
         df = shutil.disk_usage(data)
         alive_full = svc.alive
         readable_full = len(read_topic(cluster.coordinator_url, TOPIC, 1)[0])
@@ -96,7 +61,7 @@ def _run(cluster: LocalCluster, data: Path, caplog: pytest.LogCaptureFixture) ->
         assert "Traceback" not in log, log[-3000:]
         assert readable_full == acked_full  # every acked record readable; nothing half-written
 
-        grown = _mount("-o", "remount,size=64m", str(data))
+        grown = mount("-o", "remount,size=64m", str(data))
         assert grown.returncode == 0, grown.stderr
         deadline = time.monotonic() + WAIT_S
         for f in futs:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import random
 import shutil
-import subprocess
 import time
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 from checker import Acked, check, read_topic
+from fulldisk import acked_count, failed_count, mount, wait_stalled
 from runner import SERVER_ENV
 
 from pidlease.testing.devcluster import LocalCluster
@@ -33,19 +33,6 @@ PRODUCERS = 3
 BYTES_PER_PRODUCER = 4 * 1024 * 1024  # 12 MiB of values in all: more than the 8 MiB disk
 STALL_S = 4.0       # no new acks for this long while full: the disk is full
 WAIT_S = 40.0       # each phase's bound
-
-
-def _mount(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mount", *args], check=False, capture_output=True, text=True, timeout=30)
-
-
-def _umount(path: Path) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(["umount", str(path)], check=False, capture_output=True, text=True, timeout=30)
-    if r.returncode != 0:  # still busy a moment after the kill
-        time.sleep(1)
-        r = subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True,
-                           text=True, timeout=30)
-    return r
 
 
 def plan(rng: random.Random, budget: int) -> list[tuple[int, int, int]]:
@@ -63,27 +50,10 @@ def plan(rng: random.Random, budget: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _resolved(futs: list[Future[RecordMetadata]]) -> tuple[int, int]:
-    ok = sum(f.done() and f.exception() is None for f in futs)
-    return ok, sum(f.done() and f.exception() is not None for f in futs)
-
-
 @pytest.mark.slow
-def test_monotonic_tmpfs_full_then_grown_loses_no_acked_record(make_cluster, chaos_seed) -> None:  # type: ignore[no-untyped-def]
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    cluster: LocalCluster = make_cluster(servers=0)
-    data = cluster.data_dir / "server-1" / "data"
-    data.mkdir(parents=True)
-    r = _mount("-t", "tmpfs", "-o", "size=8m", "tmpfs", str(data))
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    try:
-        _run(cluster, data, random.randrange(1 << 30) if chaos_seed is None else chaos_seed)
-    finally:
-        cluster.stop()  # nothing may hold the mount
-        u = _umount(data)
-        assert u.returncode == 0, u.stderr
+def test_monotonic_tmpfs_full_then_grown_loses_no_acked_record(tmpfs_cluster, chaos_seed) -> None:  # type: ignore[no-untyped-def]
+    cluster, data = tmpfs_cluster
+    _run(cluster, data, random.randrange(1 << 30) if chaos_seed is None else chaos_seed)
 
 
 def _run(cluster: LocalCluster, data: Path, seed: int) -> None:
@@ -107,17 +77,12 @@ def _run(cluster: LocalCluster, data: Path, seed: int) -> None:
                     futs[i].extend(p.send(value, partition=0, sequence_id=first + k)
                                    for k in range(count))
         every = [f for fs in futs for f in fs]
-        last, since, deadline = -1, time.monotonic(), time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and time.monotonic() - since < STALL_S:
-            n = _resolved(every)[0]
-            if n != last:
-                last, since = n, time.monotonic()
-            time.sleep(0.1)
-        acked_full, failed_full = _resolved(every)
+        wait_stalled(every, stall_s=STALL_S, timeout_s=WAIT_S, interval_s=0.1)
+        acked_full, failed_full = acked_count(every), failed_count(every)
         df = shutil.disk_usage(data)
         assert acked_full < total, "the tmpfs never filled"
         assert failed_full == 0, "a full disk must be retried, not fail the sends"
-        grown = _mount("-o", "remount,size=64m", str(data))
+        grown = mount("-o", "remount,size=64m", str(data))
         assert grown.returncode == 0, grown.stderr
         deadline = time.monotonic() + WAIT_S
         metas = [f.result(timeout=max(0.1, deadline - time.monotonic())) for f in every]

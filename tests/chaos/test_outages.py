@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from checker import Acked, check, read_topic
+from fulldisk import acked_count, failed_count, wait_stalled
 from runner import PRODUCER_KW, SERVER_ENV, SESSION_TIMEOUT_MS
 
 from pidlease import errors
@@ -42,10 +43,6 @@ def wait_resolved(futs: list[Future], timeout_s: float) -> tuple[list[Acked], in
     return acked, failed
 
 
-def done_count(futs: list[Future]) -> int:
-    return sum(f.done() and f.exception() is None for f in futs)
-
-
 @pytest.mark.slow
 def test_zookeeper_lost_then_back(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "c", servers=0, zk_nodes=1).start()
@@ -62,7 +59,7 @@ def test_zookeeper_lost_then_back(tmp_path: Path) -> None:
             during = [p.send(b"during-%d" % i) for i in range(2000)]
             futs += during
             time.sleep(5)
-            acked_during = done_count(during)
+            acked_during = acked_count(during)
             t0 = time.monotonic()
             status, body = http_json("POST", cluster.coordinator_url + "/v1/lease_pid",
                                      {"topic": "zkloss", "partition": 0, "pid": -1}, timeout_s=60)
@@ -102,14 +99,9 @@ def test_full_disk_then_space_freed(make_cluster) -> None:  # type: ignore[no-un
     kw = {**PRODUCER_KW, "buffer_records_max": 25_000}  # so no send blocks on the full disk
     with Producer(cluster.coordinator_url, "full", producer_name="full-disk", **kw) as p:  # type: ignore[arg-type]
         futs = [p.send(value + b"%d" % i) for i in range(20_000)]  # ~4.2 MB: twice the limit
-        last, stalled_since, deadline = -1, time.monotonic(), time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and time.monotonic() - stalled_since < 5:
-            n = done_count(futs)
-            if n != last:
-                last, stalled_since = n, time.monotonic()
-            time.sleep(0.2)
-        acked_when_full = done_count(futs)
-        failed_when_full = sum(f.done() and f.exception() is not None for f in futs)
+        wait_stalled(futs, stall_s=5, timeout_s=WAIT_S, interval_s=0.2)
+        acked_when_full = acked_count(futs)
+        failed_when_full = failed_count(futs)
         alive = svc.alive
         readable = sum(1 for _ in read_topic(cluster.coordinator_url, "full", 1)[0]) if alive else -1
         log = svc.log_path.read_text(errors="replace")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from partition_server.testing import WireClient, batch, create_topic, token
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.testing.devcluster import DEV_SECRET, http_json
 from pidlease.client.producer import Producer

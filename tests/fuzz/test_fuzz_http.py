@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pidlease.testing.devcluster import LocalCluster
-from pidlease.testing.zkserver import ZooKeeperCluster
 
 EXAMPLES = int(os.environ.get("PIDLEASE_FUZZ_EXAMPLES", "300"))
 SCHEMATHESIS_EXAMPLES = max(10, EXAMPLES // 6)
@@ -35,10 +35,8 @@ ST = shutil.which("st", path=str(Path(sys.executable).parent))
 
 
 @pytest.fixture(scope="module")
-def coordinator(zookeeper: ZooKeeperCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    hosts = f"{zookeeper.hosts}/fuzz-http-{os.getpid()}"
-    cluster = LocalCluster(tmp_path_factory.mktemp("fuzzhttp"), servers=1, coordinators=1,
-                           zk_hosts=hosts).start()
+def coordinator(make_module_cluster: Any) -> Iterator[LocalCluster]:
+    cluster: LocalCluster = make_module_cluster(servers=1, coordinators=1)
     try:
         cluster.create_topic("orders", partitions=2)
         yield cluster
@@ -46,7 +44,6 @@ def coordinator(zookeeper: ZooKeeperCluster, tmp_path_factory: pytest.TempPathFa
         print(f"FUZZ HTTP COUNTS: {COUNTS}")
         logs = "".join(s.log_path.read_text(errors="replace") for s in cluster.coordinators)
         print(f"coordinator log tracebacks: {logs.count('Traceback')}")
-        cluster.stop()
 
 
 @pytest.mark.slow

@@ -15,16 +15,16 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from partition_server.testing import WireClient, batch, create_topic, token
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
-from pidlease.testing.zkserver import ZooKeeperCluster
 
 EXAMPLES = int(os.environ.get("PIDLEASE_FUZZ_EXAMPLES", "300"))
 ANSWER_TIMEOUT_S = 10.0
@@ -54,19 +54,16 @@ def valid_bodies() -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def server(zookeeper: ZooKeeperCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    hosts = f"{zookeeper.hosts}/fuzz-wire-{os.getpid()}"
-    cluster = LocalCluster(tmp_path_factory.mktemp("fuzzwire"), servers=1, coordinators=0,
-                           zk_hosts=hosts, env=ENV).start()
+def server(make_module_cluster: Any) -> Iterator[tuple]:
+    cluster: LocalCluster = make_module_cluster(servers=1, coordinators=0, env=ENV)
     try:
-        create_topic(hosts, TOPIC)
+        create_topic(cluster.zk_hosts, TOPIC)
         svc = cluster.servers[0]
         with WireClient(svc.address) as c:
             assert c.produce(TOPIC, 0, batch(5, 1, 0, [b"keep"]), token(DEV_SECRET, 5, 1)).error_code == 0
         yield cluster, svc
     finally:
         print(f"FUZZ WIRE COUNTS: {COUNTS}")
-        cluster.stop()
 
 
 def exchange(address: str, data: bytes) -> None:

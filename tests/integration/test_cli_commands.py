@@ -14,14 +14,7 @@ import pytest
 
 from pidlease.cli.devctl import STATE_FILE
 from pidlease.testing.zkserver import free_port
-
-
-def cli(*args: str, url: str | None = None, stdin: str | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if url is not None:
-        env["PIDLEASE_COORDINATOR"] = url
-    return subprocess.run([sys.executable, "-m", "pidlease.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout_s, env=env, check=False)
+from tests.helpers import cli
 
 
 def test_topics_produce_consume_pids_verify(make_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -5,33 +5,15 @@ name gets a new PID."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from pidlease.wire.cluster import connect_zk, name_path, pid_path
 from pidlease.testing.devcluster import LocalCluster, http_json
+from tests.helpers import lease_pid, wait_for
 
 WAIT_S = 60
-
-
-def lease(cluster: LocalCluster, **body: Any) -> tuple[int, dict[str, Any]]:
-    body.setdefault("topic", "orders")
-    body.setdefault("partition", 0)
-    body.setdefault("pid", -1)
-    return http_json("POST", cluster.coordinator_url + "/v1/lease_pid", body)
-
-
-def wait_for(what: str, check: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pid_states(cluster: LocalCluster, state: str) -> set[int]:
@@ -43,11 +25,12 @@ def pid_states(cluster: LocalCluster, state: str) -> set[int]:
 def test_unrenewed_lease_lapses_and_a_takeover_by_name_keeps_the_pid(make_cluster: Any) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("orders", 1)
-    status, short = lease(cluster, producer_name="nightly", expire_ms=400)
+    status, short = lease_pid(cluster, producer_name="nightly", expire_ms=400)
     assert status == 200 and short["expire_ms"] == 400
-    _, steady = lease(cluster, expire_ms=600_000)
+    _, steady = lease_pid(cluster, expire_ms=600_000)
     # 400 ms lease: expiring once at most 200 ms are left, lapsed after.
-    wait_for("the short lease to lapse", lambda: short["pid"] in pid_states(cluster, "lapsed"))
+    wait_for(lambda: short["pid"] in pid_states(cluster, "lapsed"), WAIT_S,
+             "the short lease to lapse", interval_s=0.1)
     assert steady["pid"] in pid_states(cluster, "active")
     assert steady["pid"] not in pid_states(cluster, "lapsed")
 
@@ -59,12 +42,12 @@ def test_unrenewed_lease_lapses_and_a_takeover_by_name_keeps_the_pid(make_cluste
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert "nightly" in page.text and 'class="lapsed"' in page.text
 
-    status, again = lease(cluster, producer_name="nightly", expire_ms=60_000)
+    status, again = lease_pid(cluster, producer_name="nightly", expire_ms=60_000)
     assert status == 200 and again["kind"] == "takeover"
     assert again["pid"] == short["pid"] and again["generation"] == short["generation"] + 1
     assert short["pid"] in pid_states(cluster, "active")
     # A lease of another topic name that does not exist is refused, not created.
-    status, body = lease(cluster, topic="nope")
+    status, body = lease_pid(cluster, topic="nope")
     assert (status, body["error"]) == (404, "UNKNOWN_TOPIC_OR_PARTITION")
 
 
@@ -72,20 +55,21 @@ def test_past_retention_the_pid_is_unknown_swept_and_the_name_rebound(make_clust
     cluster: LocalCluster = make_cluster(servers=1, env={
         "PIDLEASE_PID_RETENTION_MS": "1000", "PIDLEASE_PID_SWEEP_INTERVAL_MS": "200"})
     cluster.create_topic("orders", 1)
-    _, old = lease(cluster, producer_name="job", expire_ms=200)
+    _, old = lease_pid(cluster, producer_name="job", expire_ms=200)
     zk = connect_zk(cluster.zk_hosts)
     try:
         # Polled with a read: a renew while still retained would push the expiry out.
-        wait_for("UNKNOWN_PID past retention", lambda: http_json(
-            "GET", cluster.coordinator_url + f"/v1/pids/{old['pid']}")[0] == 404)
-        status, body = lease(cluster, pid=old["pid"], generation=old["generation"])
+        wait_for(lambda: http_json(
+            "GET", cluster.coordinator_url + f"/v1/pids/{old['pid']}")[0] == 404, WAIT_S,
+            "UNKNOWN_PID past retention", interval_s=0.1)
+        status, body = lease_pid(cluster, pid=old["pid"], generation=old["generation"])
         assert (status, body["error"]) == (404, "UNKNOWN_PID")
-        wait_for("the sweeper to delete the record",
-                 lambda: zk.exists(pid_path(old["pid"])) is None)
+        wait_for(lambda: zk.exists(pid_path(old["pid"])) is None, WAIT_S,
+                 "the sweeper to delete the record", interval_s=0.1)
         assert zk.exists(name_path("job")) is None, "the name binding went with it"
         status, body = http_json("GET", cluster.coordinator_url + f"/v1/pids/{old['pid']}")
         assert (status, body["error"]) == (404, "UNKNOWN_PID")
-        status, new = lease(cluster, producer_name="job")
+        status, new = lease_pid(cluster, producer_name="job")
         assert status == 200 and new["kind"] == "new" and new["pid"] != old["pid"]
         assert int(zk.get(name_path("job"))[0]) == new["pid"]
     finally:

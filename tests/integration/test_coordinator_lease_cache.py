@@ -13,16 +13,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from coordinator.testing import run_many
+from pidlease.testing.http import run_many
 from pidlease.wire import cluster as cluster_layout
-from pidlease.testing.devcluster import LocalCluster, http_json
-
-
-def lease(url: str, **body: Any) -> tuple[int, dict[str, Any]]:
-    body.setdefault("topic", "orders")
-    body.setdefault("partition", 0)
-    body.setdefault("pid", -1)
-    return http_json("POST", url + "/v1/lease_pid", body)
+from pidlease.testing.devcluster import LocalCluster
+from tests.helpers import lease_pid
 
 
 def metric(url: str, name: str) -> float:
@@ -38,32 +32,32 @@ def test_stale_cached_record_is_rechecked(make_cluster: Any) -> None:
     cluster.create_topic("orders", 2)
     a, b = (c.url for c in cluster.coordinators)
 
-    status, first = lease(a, expire_ms=60_000)               # cached by A
+    status, first = lease_pid(a, expire_ms=60_000)               # cached by A
     assert status == 200
     pid, g0 = first["pid"], first["generation"]
-    status, renewed = lease(a, pid=pid, generation=g0)         # A renews from its cache
+    status, renewed = lease_pid(a, pid=pid, generation=g0)         # A renews from its cache
     assert status == 200 and renewed["kind"] == "renew"
     assert metric(a, "pidlease_pid_record_cache_hits_total") >= 1
 
-    status, took = lease(b, pid=pid)                           # B takes over: generation g0+1
+    status, took = lease_pid(b, pid=pid)                           # B takes over: generation g0+1
     assert status == 200 and took["generation"] == g0 + 1
 
     # A still caches generation g0. A renewal with g0 must be FENCED (the CAS on A's stale
     # version fails, the fresh read says g0+1), never a renewal.
-    status, zombie = lease(a, pid=pid, generation=g0)
+    status, zombie = lease_pid(a, pid=pid, generation=g0)
     assert status == 409 and zombie["error"] == "FENCED", zombie
     # A renewal with the new generation through A works although A cached the old one.
-    status, ok = lease(a, pid=pid, generation=g0 + 1)
+    status, ok = lease_pid(a, pid=pid, generation=g0 + 1)
     assert status == 200 and ok["kind"] == "renew" and ok["generation"] == g0 + 1
     # Partition 1 added through A (cached) then renewed through B: both see one record.
-    status, p1 = lease(a, pid=pid, generation=g0 + 1, partition=1)
+    status, p1 = lease_pid(a, pid=pid, generation=g0 + 1, partition=1)
     assert status == 200 and p1["generation"] == g0 + 1
-    status, p1b = lease(b, pid=pid, generation=g0 + 1, partition=1)
+    status, p1b = lease_pid(b, pid=pid, generation=g0 + 1, partition=1)
     assert status == 200 and p1b["kind"] == "renew"
 
     # Deleted behind A's back (as another coordinator's sweeper does): A's cached record
     # must not renew it.
-    status, other = lease(a, expire_ms=60_000)
+    status, other = lease_pid(a, expire_ms=60_000)
     assert status == 200
     zk = KazooClient(hosts=cluster.zk_hosts)
     zk.start(timeout=10)
@@ -72,7 +66,7 @@ def test_stale_cached_record_is_rechecked(make_cluster: Any) -> None:
     finally:
         zk.stop()
         zk.close()
-    status, late = lease(a, pid=other["pid"], generation=other["generation"])
+    status, late = lease_pid(a, pid=other["pid"], generation=other["generation"])
     assert status == 404 and late["error"] == "UNKNOWN_PID", late
 
 

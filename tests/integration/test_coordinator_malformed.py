@@ -4,31 +4,23 @@ service keeps serving afterwards (a good lease works, no unexpected error was lo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from pidlease.testing.devcluster import LocalCluster, http_json
-from pidlease.testing.zkserver import ZooKeeperCluster
 
 TEN_MB = 10 * 1024 * 1024
 L = {"topic": "orders", "partition": 0, "pid": -1}
 
 
 @pytest.fixture(scope="module")
-def cluster(zookeeper: ZooKeeperCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(Path(tmp_path_factory.mktemp("malformed")), servers=1,
-                     zk_hosts=f"{zookeeper.hosts}/malformed-{os.getpid()}")
-    c.start()
-    try:
-        c.create_topic("orders", 2)
-        yield c
-    finally:
-        c.stop()
+def cluster(make_module_cluster: Any) -> LocalCluster:
+    c: LocalCluster = make_module_cluster(servers=1)
+    c.create_topic("orders", 2)
+    return c
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-from coordinator.testing import Reply, run_many
+from pidlease.testing.http import Reply, run_many
 from pidlease.wire.cluster import PID_BLOCK, connect_zk
 from pidlease.testing.devcluster import LocalCluster, http_json
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from coordinator.store import principal_path
-from coordinator.testing import Reply, run_many
+from pidlease.testing.http import Reply, run_many
 from pidlease.wire import cluster as layout
 from pidlease import errors
 from pidlease.wire.cluster import connect_zk

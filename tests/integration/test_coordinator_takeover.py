@@ -9,18 +9,12 @@ import asyncio
 import time
 from typing import Any
 
-from coordinator.testing import run_many
-from partition_server.testing import WireClient
+from pidlease.testing.http import run_many
+from pidlease.testing.wire import WireClient
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import LocalCluster, http_json
-
-
-def lease(cluster: LocalCluster, **body: Any) -> tuple[int, dict[str, Any]]:
-    body.setdefault("topic", "orders")
-    body.setdefault("partition", 0)
-    body.setdefault("pid", -1)
-    return http_json("POST", cluster.coordinator_url + "/v1/lease_pid", body)
+from tests.helpers import lease_pid
 
 
 def produce(w: WireClient, lease_body: dict[str, Any], partition: int, seq: int, n: int = 1,
@@ -34,7 +28,7 @@ def produce(w: WireClient, lease_body: dict[str, Any], partition: int, seq: int,
 def test_50_concurrent_takeovers_get_50_distinct_generations(make_cluster: Any) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("orders", 1)
-    status, first = lease(cluster, producer_name="job")
+    status, first = lease_pid(cluster, producer_name="job")
     assert status == 200 and first["kind"] == "new"
     w = WireClient(cluster.servers[0].address)
     try:
@@ -53,13 +47,13 @@ def test_50_concurrent_takeovers_get_50_distinct_generations(make_cluster: Any) 
         assert sorted(generations) == list(range(first["generation"] + 1, first["generation"] + 51))
         newest = max(generations)
 
-        status, renewed = lease(cluster, pid=first["pid"], generation=newest)
+        status, renewed = lease_pid(cluster, pid=first["pid"], generation=newest)
         assert status == 200 and renewed["kind"] == "renew"
         assert renewed["generation"] == newest and renewed["sequence_number"] == 3
         for g in [first["generation"], *generations]:
             if g == newest:
                 continue
-            status, body = lease(cluster, pid=first["pid"], generation=g)
+            status, body = lease_pid(cluster, pid=first["pid"], generation=g)
             assert (status, body["error"]) == (409, "FENCED"), (g, body)
 
         # The original producer is a zombie now: the partition refuses it.
@@ -72,25 +66,25 @@ def test_50_concurrent_takeovers_get_50_distinct_generations(make_cluster: Any) 
 def test_takeover_fences_every_partition_before_answering(make_cluster: Any) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("orders", 2)
-    _, a = lease(cluster, producer_name="etl", partition=0)
-    status, a1 = lease(cluster, pid=a["pid"], generation=a["generation"], partition=1)
+    _, a = lease_pid(cluster, producer_name="etl", partition=0)
+    status, a1 = lease_pid(cluster, pid=a["pid"], generation=a["generation"], partition=1)
     assert status == 200 and a1["sequence_number"] == 0
     w = WireClient(cluster.servers[0].address)
     try:
         assert produce(w, a, 0, 0, n=5).error_code == errors.NONE
         assert produce(w, a1, 1, 0, n=2).error_code == errors.NONE
 
-        status, b = lease(cluster, producer_name="etl", partition=1)
+        status, b = lease_pid(cluster, producer_name="etl", partition=1)
         assert status == 200 and b["kind"] == "takeover" and b["pid"] == a["pid"]
         assert b["generation"] == a["generation"] + 1
         assert b["sequence_number"] == 2, "continues after what the old holder wrote"
         # Before the new holder appended anything, the zombie is refused on both partitions.
         assert produce(w, a1, 0, 5).error_code == errors.ProducerFenced.code
         assert produce(w, a1, 1, 2).error_code == errors.ProducerFenced.code
-        status, b0 = lease(cluster, pid=b["pid"], generation=b["generation"], partition=0)
+        status, b0 = lease_pid(cluster, pid=b["pid"], generation=b["generation"], partition=0)
         assert status == 200 and b0["sequence_number"] == 5
         # A takeover by pid (no generation) works the same way.
-        status, c = lease(cluster, pid=a["pid"], partition=0)
+        status, c = lease_pid(cluster, pid=a["pid"], partition=0)
         assert status == 200 and c["kind"] == "takeover" and c["sequence_number"] == 5
         assert produce(w, b0, 0, 5).error_code == errors.ProducerFenced.code
 
@@ -106,11 +100,11 @@ def test_partition_that_forgot_the_pid_answers_unknown_pid_not_zero(make_cluster
         "PIDLEASE_PID_EXPIRE_MS": "1500", "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
         "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
     cluster.create_topic("orders", 1)
-    _, a = lease(cluster)
+    _, a = lease_pid(cluster)
     w = WireClient(cluster.servers[0].address)
     try:
         assert produce(w, a, 0, 0, n=2).error_code == errors.NONE
-        status, r = lease(cluster, pid=a["pid"], generation=a["generation"])
+        status, r = lease_pid(cluster, pid=a["pid"], generation=a["generation"])
         assert status == 200 and r["sequence_number"] == 2  # the partition is now "seen"
         # Wait (bounded) until the server has expired the state; METADATA does not touch it.
         deadline = time.monotonic() + 60
@@ -123,9 +117,9 @@ def test_partition_that_forgot_the_pid_answers_unknown_pid_not_zero(make_cluster
             raise AssertionError("the partition server never expired the PID's state")
     finally:
         w.sock.close()
-    status, body = lease(cluster, pid=a["pid"], generation=a["generation"])
+    status, body = lease_pid(cluster, pid=a["pid"], generation=a["generation"])
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
-    status, body = lease(cluster, pid=a["pid"])  # a takeover must not restart at 0 either
+    status, body = lease_pid(cluster, pid=a["pid"])  # a takeover must not restart at 0 either
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
 
 
@@ -141,9 +135,9 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
         "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
     cluster.create_topic("orders", 3)
     # expire_ms below the server's pid_expire_ms: the server keeps state at least that long.
-    status, a = lease(cluster, producer_name="replayer", expire_ms=1000)
+    status, a = lease_pid(cluster, producer_name="replayer", expire_ms=1000)
     assert status == 200 and a["sequence_number"] == 0
-    status, r = lease(cluster, partition=2, expire_ms=1000)
+    status, r = lease_pid(cluster, partition=2, expire_ms=1000)
     assert status == 200 and r["sequence_number"] == 0
     w = WireClient(cluster.servers[0].address)
     try:
@@ -160,19 +154,19 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
             raise AssertionError("the partition server never expired the PIDs' state")
     finally:
         w.sock.close()
-    status, body = lease(cluster, producer_name="replayer")
+    status, body = lease_pid(cluster, producer_name="replayer")
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
     assert "may have been" in body["detail"]
-    status, body = lease(cluster, pid=a["pid"])  # by pid: the same answer, never 0
+    status, body = lease_pid(cluster, pid=a["pid"])  # by pid: the same answer, never 0
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
     # The renewal path (lapsed, still retained): PRODUCER_STATE finds nothing either.
-    status, body = lease(cluster, pid=r["pid"], generation=r["generation"], partition=2)
+    status, body = lease_pid(cluster, pid=r["pid"], generation=r["generation"], partition=2)
     assert (status, body["error"]) == (404, "UNKNOWN_PID"), body
 
     # Positive case: leased, never written, taken over soon after: sequence 0 as before.
-    status, b = lease(cluster, producer_name="fresh", partition=1, expire_ms=1000)
+    status, b = lease_pid(cluster, producer_name="fresh", partition=1, expire_ms=1000)
     assert status == 200
-    status, t = lease(cluster, producer_name="fresh", partition=1)
+    status, t = lease_pid(cluster, producer_name="fresh", partition=1)
     assert status == 200, t
     assert (t["kind"], t["pid"], t["sequence_number"]) == ("takeover", b["pid"], 0)
     w = WireClient(cluster.servers[0].address)
@@ -184,7 +178,7 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
     # A dedup=off topic tracks nothing, so its FENCE never creates an entry either: that
     # alone must not read as "state lost".
     cluster.create_topic("loose", 1, dedup="off")
-    status, c = lease(cluster, topic="loose", producer_name="loose-writer", expire_ms=1000)
+    status, c = lease_pid(cluster, topic="loose", producer_name="loose-writer", expire_ms=1000)
     assert status == 200
-    status, t = lease(cluster, topic="loose", producer_name="loose-writer")
+    status, t = lease_pid(cluster, topic="loose", producer_name="loose-writer")
     assert (status, t["kind"], t["sequence_number"]) == (200, "takeover", 0), t

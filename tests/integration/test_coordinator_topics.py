@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from partition_server.testing import WireClient
+from pidlease.testing.wire import WireClient
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import LocalCluster, http_json

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +18,14 @@ import pytest
 from pidlease.wire.cluster import COORDINATORS, connect_zk
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.zkserver import ZooKeeperCluster
+from tests.helpers import wait_for
 
 ZK_REQUEST_TIMEOUT_MS = 2_000
 SESSION_TIMEOUT_MS = 4_000
 WAIT_S = 90
 LEASE = {"topic": "orders", "partition": 0, "pid": -1}
-
-
-def wait_for(what: str, check: Callable[[], Any]) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            got = check()
-        except OSError:
-            got = None
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+# A coordinator or ZooKeeper still down refuses the connection: not yet, not a failure.
+poll = partial(wait_for, timeout_s=WAIT_S, interval_s=0.2, ignore=(OSError,))
 
 
 @pytest.fixture
@@ -108,17 +98,17 @@ def test_zookeeper_down_is_503_and_leasing_resumes_when_it_is_back(
     assert status == 200 and [r["error"] for r in batch["responses"]] == ["COORDINATOR_UNAVAILABLE"] * 2
 
     own_zk.restart()
-    resumed = wait_for("leasing to resume", lambda: lease_ok(cluster))
+    resumed = poll(lambda: lease_ok(cluster), what="leasing to resume")
     assert resumed[1]["pid"] not in before
     assert cluster.coordinators[0].proc.pid == coordinator_pid, "not restarted"  # type: ignore[union-attr]
-    wait_for("healthz", lambda: http_json("GET", cluster.coordinator_url + "/healthz")[0] == 200)
+    poll(lambda: http_json("GET", cluster.coordinator_url + "/healthz")[0] == 200, what="healthz")
     status, again = lease(cluster, {**LEASE, "producer_name": "steady"})
     assert status == 200 and again["kind"] == "takeover" and again["pid"] == named["pid"]
-    wait_for("the registration", lambda: registration_owner(cluster) is not None)
+    poll(lambda: registration_owner(cluster) is not None, what="the registration")
 
 
 def test_expired_session_re_registers_and_keeps_leasing(cluster: LocalCluster) -> None:
-    owner_before = wait_for("the first registration", lambda: registration_owner(cluster))
+    owner_before = poll(lambda: registration_owner(cluster), what="the first registration")
     status, first = lease(cluster)
     assert status == 200
     proc = cluster.coordinators[0].proc
@@ -127,12 +117,12 @@ def test_expired_session_re_registers_and_keeps_leasing(cluster: LocalCluster) -
     # deletes its ephemeral; after SIGCONT kazoo opens a new session.
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        wait_for("ZooKeeper to expire the session", lambda: registration_owner(cluster) is None)
+        poll(lambda: registration_owner(cluster) is None, what="ZooKeeper to expire the session")
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-    owner_after = wait_for("re-registration", lambda: registration_owner(cluster))
+    owner_after = poll(lambda: registration_owner(cluster), what="re-registration")
     assert owner_after != owner_before
-    status, second = wait_for("leasing after the new session", lambda: lease_ok(cluster))
+    status, second = poll(lambda: lease_ok(cluster), what="leasing after the new session")
     assert second["pid"] != first["pid"]
     status, renewed = lease(cluster, {**LEASE, "pid": first["pid"], "generation": first["generation"]})
     assert status == 200 and renewed["kind"] == "renew" and renewed["sequence_number"] == 0

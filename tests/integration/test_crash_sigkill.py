@@ -20,6 +20,7 @@ from pidlease.wire import protocol as P
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.cli.verify import verify_topic
+from tests.helpers import wait_for
 
 RECORDS = 100_000
 TOPIC = "crash"
@@ -47,13 +48,6 @@ def unanswered_batches(p: Producer) -> int:
                if b.response is not None and not b.response.done())
 
 
-def wait_for(pred, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("torn", [False, True], ids=["sigkill", "sigkill-torn-tail"])
 def test_sigkill_during_pipelined_produce(make_cluster, tmp_path: Path, torn: bool) -> None:  # type: ignore[no-untyped-def]
@@ -67,13 +61,13 @@ def test_sigkill_during_pipelined_produce(make_cluster, tmp_path: Path, torn: bo
         for i in range(RECORDS):
             futures.append(p.send(b"value-%d" % i, key=b"key-%d" % (i % 101)))
             if i == 40_000:
-                wait_for(lambda: futures[10_000].done())  # the pipeline is running
+                wait_for(lambda: futures[10_000].done(), interval_s=0.01)  # the pipeline is running
                 # Freeze the server so the batches sent from now on are certainly in
                 # flight, unanswered, when it dies (a fast producer may otherwise have had
                 # every answer already, and a kill between batches tests no resend).
                 cluster.signal_service(svc, signal.SIGSTOP)
             if i == 41_000:
-                wait_for(lambda: unanswered_batches(p) > 0)
+                wait_for(lambda: unanswered_batches(p) > 0, interval_s=0.01)
                 unresolved = sum(not f.done() for f in futures)
                 cluster.kill(svc)  # SIGKILL, waited for
                 if torn:

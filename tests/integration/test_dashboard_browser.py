@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from partition_server.testing import WireClient, batch, token
+from pidlease.testing.wire import WireClient, batch, token
 from pidlease import errors
-from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.devcluster import LocalCluster
+from tests.helpers import leased
 
 pytest.importorskip("playwright.sync_api", reason="pip install playwright (driver only; no browser download)")
 from playwright.sync_api import Page, sync_playwright
@@ -88,13 +89,6 @@ def page(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Page]:
             ctx.close()
 
 
-def lease(cluster: LocalCluster, **body: Any) -> dict[str, Any]:
-    body = {"topic": "orders", "partition": 0, "pid": -1, **body}
-    status, got = http_json("POST", cluster.coordinator_url + "/v1/lease_pid", body)
-    assert status == 200, got
-    return got
-
-
 def state_cell(page: Page, pid: int) -> Any:
     return page.locator(f'#pids tbody tr[data-pid="{pid}"] td[data-col="state"]')
 
@@ -113,20 +107,20 @@ def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
             if m.type in ("error", "warning") else None)
     page.on("load", lambda: loads.append("load"))
 
-    steady = lease(cluster, partition=1, producer_name="steady-loader", expire_ms=600_000)
+    steady = leased(cluster, partition=1, producer_name="steady-loader", expire_ms=600_000)
     page.goto(origin + "/dashboard")
     page.wait_for_selector("#status.ok")
     page.evaluate(RECORD_STATES)
 
     # A new producer appears, without a reload. It is renewed until the page has shown it
     # active, so the test cannot miss the first state however slow the machine is.
-    short = lease(cluster, producer_name="nightly-export", expire_ms=LEASE_MS)
+    short = leased(cluster, producer_name="nightly-export", expire_ms=LEASE_MS)
     pid = short["pid"]
     stop = threading.Event()
 
     def renew() -> None:
         while not stop.wait(1.0):
-            lease(cluster, pid=pid, generation=short["generation"], expire_ms=LEASE_MS)
+            leased(cluster, pid=pid, generation=short["generation"], expire_ms=LEASE_MS)
 
     renewer = threading.Thread(target=renew, daemon=True)
     renewer.start()
@@ -148,7 +142,7 @@ def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
     assert state_cell(page, steady["pid"]).inner_text() == "active"
 
     # A takeover by name: the old generation is fenced, and the page says so.
-    taken = lease(cluster, producer_name="nightly-export", expire_ms=60_000)
+    taken = leased(cluster, producer_name="nightly-export", expire_ms=60_000)
     assert taken["kind"] == "takeover" and taken["pid"] == pid
     event = page.locator(f'#events li[data-kind="takeover"][data-pid="{pid}"]')
     event.wait_for()

@@ -16,7 +16,7 @@ import asyncio
 import time
 import httpx
 
-from partition_server.testing import WireClient
+from pidlease.testing.wire import WireClient
 from pidlease.wire import protocol as P
 from pidlease.client.producer import AsyncProducer, RecordMetadata
 from pidlease.cli.verify import audit

@@ -8,40 +8,15 @@ must tell the same story, and a replicated topic shows its followers' lag."""
 from __future__ import annotations
 
 import random
-import time
-import urllib.request
 from typing import Any
 
-from partition_server.metrics import parse_text, sample
-from partition_server.testing import WireClient, batch
+from partition_server.metrics import sample
+from pidlease.testing.wire import WireClient, batch
 from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster, http_json
+from tests.helpers import leased, scrape_metrics, wait_for
 
 WAIT_S = 60
-
-
-def scrape(url: str) -> dict[Any, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        assert resp.status == 200
-        assert resp.headers["content-type"].startswith("text/plain")
-        return parse_text(resp.read().decode())
-
-
-def lease(cluster: LocalCluster, expect: int = 200, **body: Any) -> dict[str, Any]:
-    status, got = http_json("POST", cluster.coordinator_url + "/v1/lease_pid",
-                            {"topic": "m", "partition": 0, "pid": -1, **body})
-    assert status == expect, got
-    return got
-
-
-def wait_for(what: str, check: Any) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
@@ -54,10 +29,10 @@ def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("m", 1)
     svc = cluster.servers[0]
-    before = scrape(svc.metrics_url)
+    before = scrape_metrics(svc.metrics_url)
     assert sample(before, "pidlease_server_fenced_appends_total") == 0
 
-    first = lease(cluster, producer_name="counted", expire_ms=600_000)
+    first = leased(cluster, topic="m", producer_name="counted", expire_ms=600_000)
     pid, gen, tok = first["pid"], first["generation"], first["lease_token"]
     sent = [batch(pid, gen, 2 * i, [b"a%d" % i, b"b%d" % i]) for i in range(n)]
     with WireClient(svc.address) as c:
@@ -69,14 +44,14 @@ def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
             r = c.produce("m", 0, batch(pid, gen, 2 * n + 5 + j, [b"gap"]), tok)
             assert r.error_code == errors.OutOfOrderSequence.code
         for _ in range(s):                                 # stale renewals, refused by the coordinator
-            lease(cluster, expect=409, pid=pid, generation=gen - 1)
-        taken = lease(cluster, producer_name="counted", expire_ms=600_000)
+            leased(cluster, topic="m", expect=409, pid=pid, generation=gen - 1)
+        taken = leased(cluster, topic="m", producer_name="counted", expire_ms=600_000)
         assert taken["kind"] == "takeover" and taken["generation"] == gen + 1
         for _ in range(f):                                 # the zombie keeps writing
             r = c.produce("m", 0, batch(pid, gen, 2 * n, [b"zombie"]), tok)
             assert r.error_code == errors.ProducerFenced.code
 
-    got = scrape(svc.metrics_url)
+    got = scrape_metrics(svc.metrics_url)
     assert sample(got, "pidlease_server_appended_batches_total") == n
     assert sample(got, "pidlease_server_appended_records_total") == 2 * n
     assert sample(got, "pidlease_server_duplicates_total") == k
@@ -90,7 +65,7 @@ def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
     assert sample(got, "pidlease_server_partitions", role="leader") == 1
     assert sample(got, "pidlease_server_producer_state_bytes") > 0
 
-    coord = scrape(cluster.coordinator_url)
+    coord = scrape_metrics(cluster.coordinator_url)
     assert sample(coord, "pidlease_leases_total", kind="new") == 1
     assert sample(coord, "pidlease_leases_total", kind="takeover") == 1
     assert sample(coord, "pidlease_takeovers_total") == 1
@@ -108,7 +83,7 @@ def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
     assert kinds.count("fenced_append") == f and kinds.count("duplicate") == k
     assert kinds.count("takeover") == 1 and kinds.count("fenced_lease") == s
     assert kinds.count("fence") == 1
-    coord = scrape(cluster.coordinator_url)
+    coord = scrape_metrics(cluster.coordinator_url)
     assert sample(coord, "pidlease_pids", state="active") == 1
 
 
@@ -121,7 +96,7 @@ def test_replicated_topic_reports_follower_lag(make_cluster: Any) -> None:
     followers = sorted(set(desc["partition_states"][0]["replicas"]) - {leader_id})
 
     def caught_up() -> bool:
-        got = scrape(leader.metrics_url)
+        got = scrape_metrics(leader.metrics_url)
         try:
             lags = [sample(got, "pidlease_server_replica_lag_offsets", topic="r", partition="0",
                            replica=str(r)) for r in followers]
@@ -129,7 +104,7 @@ def test_replicated_topic_reports_follower_lag(make_cluster: Any) -> None:
             return False
         return lags == [0, 0] and sample(got, "pidlease_server_under_replicated_partitions") == 0
 
-    wait_for("both followers caught up", caught_up)
+    wait_for(caught_up, WAIT_S, "both followers caught up", interval_s=0.2)
     for r in followers:
-        got = scrape(cluster.server(r).metrics_url)
+        got = scrape_metrics(cluster.server(r).metrics_url)
         assert sample(got, "pidlease_server_partitions", role="follower") == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from partition_server.testing import WireClient, batch, create_topic, token
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from partition_server.testing import WireClient, batch, create_topic, token
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.testing.devcluster import DEV_SECRET
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from partition_server.testing import WireClient, batch, create_topic, token
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path

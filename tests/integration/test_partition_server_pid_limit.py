@@ -8,23 +8,18 @@ nothing."""
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pytest
 
-from partition_server.metrics import parse_text, sample
-from partition_server.testing import WireClient, batch, create_topic, token
+from partition_server.metrics import sample
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.testing.devcluster import DEV_SECRET
+from tests.helpers import scrape_metrics
 
 IDLE_MS = 1500
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1", "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION": "2",
        "PIDLEASE_PID_EVICT_IDLE_MIN_MS": str(IDLE_MS)}
-
-
-def scrape(url: str) -> dict:  # type: ignore[type-arg]
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        return parse_text(resp.read().decode())
 
 
 @pytest.fixture
@@ -82,7 +77,7 @@ def test_limit_refuses_a_new_pid_until_one_is_idle_long_enough(server, zk_hosts)
     assert by_pid[1] == [0, 1] and by_pid[3] == list(range(nxt[3]))
     assert by_pid[2] == list(range(nxt[2]))
 
-    got = scrape(svc.metrics_url)
+    got = scrape_metrics(svc.metrics_url)
     assert sample(got, "pidlease_server_pid_limit_refusals_total") >= 2
     assert sample(got, "pidlease_server_pids_evicted_total") == 1
     assert sample(got, "pidlease_server_tracked_pids") == 2

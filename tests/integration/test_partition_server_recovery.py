@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from partition_server.testing import (
-    WireClient,
-    active_segment,
-    batch,
-    create_topic,
-    tear_tail,
-    token,
-)
+from partition_server.testing import active_segment, tear_tail
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

@@ -16,27 +16,19 @@ from typing import Any
 
 import pytest
 
-from partition_server.testing import WireClient, log_batches
+from partition_server.testing import log_batches
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.faultproxy import FaultProxy
+from pidlease.testing.wire import WireClient
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.cli.verify import verify_topic
+from tests.helpers import wait_for
 
 TOPIC = "orders"
 # Short session and lag times keep the test fast; the rules do not depend on them.
 ENV = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000", "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
        "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200"}
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.05)
 
 
 def state(cluster: LocalCluster, partition: int = 0) -> dict[str, Any]:
@@ -234,7 +226,7 @@ def test_a_leader_restarted_at_once_hands_over_and_catches_up(make_cluster, tmp_
 
 @pytest.mark.slow
 def test_takeover_right_after_a_failover_fences_through_the_new_leader(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    from partition_server.testing import batch, token
+    from pidlease.testing.wire import batch, token
     from pidlease import errors
 
     cluster: LocalCluster = make_cluster(servers=3, env=ENV)

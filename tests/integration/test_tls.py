@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,21 +32,12 @@ from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.wire.tls import TLS_CA_FILE_ENV, client_ssl_context
 from pidlease.cli.verify import verify_topic
+from tests.helpers import wait_for
 
 TOPIC = "secure"
 ENV = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000", "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
        "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200"}
 N_RECORDS = 20_000
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.05)
 
 
 def partition_state(cluster: LocalCluster, partition: int = 0) -> dict[str, Any]:

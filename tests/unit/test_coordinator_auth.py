@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from coordinator_fakes import FakeStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -26,6 +25,7 @@ from coordinator.store import principal_path
 from pidlease.wire import cluster
 from pidlease.wire.cluster import PidRecord, TopicSpec
 from pidlease.errors import Forbidden, PidLimitExceeded
+from coordinator.testing import FakeStore
 
 # -- parsing -----------------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ def test_owner_is_kept_in_the_record_only_when_not_anonymous() -> None:
 
 # -- the PID count, as a property --------------------------------------------------------------
 class TxStore(FakeStore):
-    """coordinator_fakes.FakeStore with the counted create and the counted delete as atomic
+    """coordinator.testing.FakeStore with the counted create and the counted delete as atomic
     transactions on versions, and a topic "t" of one partition."""
 
     def __init__(self) -> None:

@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 import pytest
-from coordinator_fakes import FakeStore
 
 from coordinator.allocator import PidAllocator
 from coordinator.leases import LeaseKind, LeaseRequest
@@ -23,6 +22,8 @@ from pidlease.errors import (
 )
 from pidlease.wire.protocol import Response
 from pidlease.wire.token import verify_token
+from coordinator.testing import FakeStore
+from tests.helpers import ManualClock
 
 
 class FakeLeaders:
@@ -80,20 +81,12 @@ class FakeLeaders:
                             fence_offset=100, dropped_last_use_max_ms=dropped)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
 def env() -> Any:
     settings = CoordinatorSettings(zk="x", pid_block_size=10, lease_expire_ms_default=1_000,
                                    lease_expire_ms_min=100, pid_retention_ms=10_000,
                                    lease_expiring_window_ms=300)
-    store, leaders, clock = FakeStore(), FakeLeaders(), Clock()
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
     store.add_topic("t", 4)
     store.add_server(1, 9001)
     svc = LeaseService(settings, store, PidAllocator(store, 10), leaders, Metrics(),  # type: ignore[arg-type]

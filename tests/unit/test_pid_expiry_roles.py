@@ -24,54 +24,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partition_server.broker import Broker
-from partition_server.flusher import Flusher
 from partition_server.partition import Partition
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import MAGIC_V3, PartitionImage, Snapshot, decode, encode
-from pidlease.wire import protocol as P
+from partition_server.testing import b as batch, open_part, stored
+from tests.helpers import ManualClock
 
 EXPIRE_MS = 10_000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def batch(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
-    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid,
-                          generation=gen, base_sequence=seq, timestamp_ms=1)
-
-
-def stored(batches: list[bytes], start: int = 0) -> memoryview:
-    """``batches`` with offsets from ``start``, as a leader's log holds and sends them."""
-    out = bytearray()
-    off = start
-    for raw in batches:
-        buf = bytearray(raw)
-        P.set_base_offset(buf, off)
-        off += P.decode_batch_header(bytes(buf)).count
-        out += buf
-    return memoryview(bytes(out))
-
-
-def follower(tmp_path: Path, clock: Clock, **limits: Any) -> Partition:
+def follower(tmp_path: Path, clock: ManualClock, **limits: Any) -> Partition:
     """A replicated partition on this server, following server 2 (as recovery opens it)."""
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode=limits.pop("mode", "strict"), segment_bytes_max=1 << 20,
-        batches_kept=5, pids_max=limits.pop("pids_max", 100),
-        flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock, checkpoint_hw=0,
-        expire_ms=EXPIRE_MS, **limits)
+    part = open_part(tmp_path, clock_ms=clock, expire_ms=EXPIRE_MS, **limits)
     part.become_follower(2, 1, "127.0.0.1:1")
     return part
 
 
-def broker(tmp_path: Path, clock: Clock, part: Partition) -> Broker:
+def broker(tmp_path: Path, clock: ManualClock, part: Partition) -> Broker:
     s = ServerSettings(data_dir=str(tmp_path / "server"), pid_expire_ms=EXPIRE_MS,
                        allow_short_pid_expire=True)
     b = Broker(s, None, clock_ms=clock)  # type: ignore[arg-type]  # no registry needed here
@@ -82,7 +53,7 @@ def broker(tmp_path: Path, clock: Clock, part: Partition) -> Broker:
 # -- finding 7 ----------------------------------------------------------------------------
 def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
         tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     part = follower(tmp_path, clock)
     b = broker(tmp_path, clock, part)
     assert append_fetched(part, stored([batch(7, 0, 3)]), [(1, 0)]) == 1
@@ -107,7 +78,7 @@ def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
 
 def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(
         tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     part = follower(tmp_path, clock, pids_max=1, evict_idle_min_ms=1_000)
     assert append_fetched(part, stored([batch(7, 0)]), [(1, 0)]) == 1
     part.set_high_watermark(1)
@@ -130,11 +101,8 @@ def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(
 
 
 def test_non_replicated_partition_still_expires(tmp_path: Path) -> None:
-    clock = Clock()
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-        pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock,
-        expire_ms=EXPIRE_MS)
+    clock = ManualClock()
+    part = open_part(tmp_path, hw=None, clock_ms=clock, expire_ms=EXPIRE_MS)
     b = broker(tmp_path, clock, part)
     part.state.apply_append(7, 0, 0, 1, 0, clock.now, durable=True)
     clock.now += EXPIRE_MS
@@ -186,10 +154,8 @@ def test_drops_raise_the_horizon_and_a_rebuild_keeps_it() -> None:
 
 def test_fence_creates_an_entry_only_for_a_pid_leased_after_the_horizon(tmp_path: Path) -> None:
     async def go() -> None:
-        clock = Clock()
-        part, _, _ = Partition.recover(
-            tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-            pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock)
+        clock = ManualClock()
+        part = open_part(tmp_path, hw=None, clock_ms=clock)
         part.state.note_dropped(5_000)
         answer = lambda existed, dhw, off: (existed, dhw, off)  # noqa: E731
         outcome, fut = part.fence(7, 3, True, answer, leased_since_ms=5_000)
@@ -217,9 +183,8 @@ def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
     old = MAGIC_V3 + struct.pack(">IQ", zlib.crc32(body), len(body)) + bytes(body)
     assert decode(old).partitions[("t", 0)].dropped_last_use_max_ms == 77_000
     # Recovery takes it from the snapshot, even when the rows are not trusted (a cut).
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-        pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=Clock(),
+    part = open_part(
+        tmp_path, hw=None, clock_ms=ManualClock(),
         snapshot=PartitionImage(0, 0, [], truncations=5, dropped_last_use_max_ms=42_000))
     assert part.state.dropped_last_use_max_ms == 42_000
     part.close()
@@ -227,10 +192,8 @@ def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
 
 def test_capture_records_the_horizon(tmp_path: Path) -> None:
     async def go() -> None:
-        clock = Clock()
-        part, _, _ = Partition.recover(
-            tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-            pids_max=100, flusher=Flusher(mode="batch", interval_ms=0), clock_ms=clock)
+        clock = ManualClock()
+        part = open_part(tmp_path, hw=None, clock_ms=clock)
         part.state.apply_append(7, 0, 0, 1, 0, 123, durable=True)
         part.state.expire(123 + EXPIRE_MS, EXPIRE_MS)
         img = await part.capture()

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from partition_server.flusher import Flusher
 from partition_server.partition import Partition, replay_batch
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
 from pidlease.errors import TooManyPids
 from pidlease.wire.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
+from partition_server.testing import open_part
 
 IDLE = 1_000
 
@@ -127,11 +127,8 @@ def test_replay_and_fences_never_refuse() -> None:
 
 
 def _partition(tmp_path: Path, pids_max: int, clock: list[int]) -> Partition:
-    part, _, _ = Partition.recover(
-        tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-        pids_max=pids_max, flusher=Flusher(mode="batch", interval_ms=0),
-        clock_ms=lambda: clock[0], evict_idle_min_ms=IDLE, expire_ms=10**9)
-    return part
+    return open_part(tmp_path, hw=None, pids_max=pids_max, clock_ms=lambda: clock[0],
+                     evict_idle_min_ms=IDLE, expire_ms=10**9)
 
 
 def _batch(pid: int, base: int) -> tuple[memoryview, BatchHeader]:

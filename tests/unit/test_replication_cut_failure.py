@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from replication_fakes import InlineExecutor, b, open_part, settle, stored
 
 from partition_server import log as log_module
 from partition_server.flusher import Flusher
 from partition_server.replica_fetcher import append_fetched
+from partition_server.testing import InlineExecutor, b, open_part, settle, stored
 
 
 class FailingDisk:

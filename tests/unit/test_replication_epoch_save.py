@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from replication_fakes import b, open_part, stored
 
 from partition_server import atomic_file
 from partition_server.broker import Broker
@@ -27,6 +26,7 @@ from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from pidlease.wire.cluster import PartitionState, TopicSpec
+from partition_server.testing import b, open_part, stored
 
 
 class FullDisk:

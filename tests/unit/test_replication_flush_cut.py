@@ -10,10 +10,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from replication_fakes import HeldExecutor, b, open_part, settle, stored
-
 from partition_server.flusher import Flusher
 from partition_server.replica_fetcher import append_fetched
+from partition_server.testing import HeldExecutor, b, open_part, settle, stored
 
 
 def test_a_flush_from_before_a_cut_does_not_cover_batches_fetched_after_it(tmp_path: Path) -> None:

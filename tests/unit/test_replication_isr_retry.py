@@ -12,7 +12,6 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replication_fakes import FakeZk, InlineExecutor, b, open_part, settle
 
 from partition_server.flusher import Flusher
 from partition_server.isr import InSyncReplicas
@@ -20,20 +19,14 @@ from partition_server.partition import Partition
 from partition_server.replication import ReplicaManager
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
+from partition_server.testing import FakeZk, InlineExecutor, b, open_part, settle
+from tests.helpers import ManualClock
 
 LAG_MS = 10_000
 KEY = ("t", 0)
 
 
-class Clock:
-    def __init__(self, now_ms: int) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
-def setup(tmp_path: Path, clock: Clock, isr: list[int],
+def setup(tmp_path: Path, clock: ManualClock, isr: list[int],
           zk: FakeZk) -> tuple[Partition, ReplicaManager]:
     part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0, executor=InlineExecutor()),
                      clock_ms=clock)
@@ -64,20 +57,20 @@ async def fetch(mgr: ReplicaManager, part: Partition, replica: int, offset: int)
 
 def test_a_failed_removal_of_a_dead_follower_is_retried(tmp_path: Path) -> None:
     async def go() -> None:
-        clock = Clock(1_000)
+        clock = ManualClock(1_000)
         zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
         part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
         ack = await append(part, 0)
         await fetch(mgr, part, 2, 1)
         assert not ack.done()                  # follower 3 is dead: it holds the ack back
-        clock.now_ms = 1_000 + LAG_MS + 1
+        clock.now = 1_000 + LAG_MS + 1
         await fetch(mgr, part, 2, 1)
-        mgr.check_isr(clock.now_ms)
+        mgr.check_isr(clock.now)
         await settle()
         assert zk.sets == 1 and zk.state.isr == [1, 2, 3]   # the removal failed
         assert not ack.done()
-        clock.now_ms += 250                    # the next maintenance tick
-        mgr.check_isr(clock.now_ms)
+        clock.now += 250                    # the next maintenance tick
+        mgr.check_isr(clock.now)
         await settle()
         assert zk.state.isr == [1, 2], "the failed removal was never retried"
         assert part.isr is not None and part.isr.isr == {1, 2}
@@ -89,7 +82,7 @@ def test_a_failed_removal_of_a_dead_follower_is_retried(tmp_path: Path) -> None:
 
 def test_a_failed_addition_keeps_counting_the_follower_and_is_retried(tmp_path: Path) -> None:
     async def go() -> None:
-        clock = Clock(1_000)
+        clock = ManualClock(1_000)
         # the write is lost with the connection after ZooKeeper applied it: 3 is in sync
         # there, though the leader was told the write failed
         zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1, land_failed=True)
@@ -114,7 +107,7 @@ def test_a_failed_addition_keeps_counting_the_follower_and_is_retried(tmp_path: 
 
 def test_a_failed_addition_is_retried_and_a_dead_joiner_stops_holding_acks(tmp_path: Path) -> None:
     async def go() -> None:
-        clock = Clock(1_000)
+        clock = ManualClock(1_000)
         zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
         part, mgr = setup(tmp_path, clock, [1, 2], zk)
         await append(part, 0)
@@ -134,12 +127,12 @@ def test_a_failed_addition_is_retried_and_a_dead_joiner_stops_holding_acks(tmp_p
         ack = await append(part2, 1)
         await fetch(mgr2, part2, 2, 2)
         assert not ack.done()                  # 3 (counted, maybe in sync) lacks it
-        clock.now_ms += LAG_MS + 1             # 3 never fetches again
+        clock.now += LAG_MS + 1             # 3 never fetches again
         await fetch(mgr2, part2, 2, 2)
         for _ in range(3):                     # maintenance ticks
-            mgr2.check_isr(clock.now_ms)
+            mgr2.check_isr(clock.now)
             await settle()
-            clock.now_ms += 250
+            clock.now += 250
         assert zk2.state.isr == [1, 2]
         assert ack.done() and part2.high_watermark == 2
         part.close()

@@ -9,30 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from partition_server.flusher import Flusher
 from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.replica_fetcher import append_fetched
 from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, NotLeader
+from partition_server.testing import b, open_part, outcome, stored
 
-
-def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
-    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid, generation=gen,
-                          base_sequence=seq, timestamp_ms=1)
-
-
-def stored(batches: list[bytes], start: int = 0) -> bytes:
-    """``batches`` with offsets filled in from ``start``, as a leader's log holds them."""
-    out = bytearray()
-    off = start
-    for raw in batches:
-        buf = bytearray(raw)
-        P.set_base_offset(buf, off)
-        off += P.decode_batch_header(bytes(buf)).count
-        out += buf
-    return bytes(out)
+SEGMENT_BYTES = 4096
 
 
 def write_log(data_dir: Path, batches: list[bytes]) -> None:
@@ -44,26 +29,14 @@ def write_log(data_dir: Path, batches: list[bytes]) -> None:
     lg.close()
 
 
-def open_part(data_dir: Path, hw: int | None = 0, snapshot=None) -> Partition:  # type: ignore[no-untyped-def]
-    part, _, _ = Partition.recover(
-        data_dir, "t", 0, mode="strict", segment_bytes_max=4096, batches_kept=5, pids_max=100,
-        flusher=Flusher(mode="batch", interval_ms=0), clock_ms=lambda: 5, snapshot=snapshot,
-        checkpoint_hw=hw)
-    return part
-
-
 async def close(part: Partition) -> None:
     await part.flusher.wait_idle()  # no fsync of its files may be running when they close
     part.close()
 
 
-def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
-    return part.state.check_append(pid, 0, seq, n).outcome
-
-
 def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
     async def go() -> None:
-        part = open_part(tmp_path)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_leader(1, 1, [1, 2, 3], [1, 2, 3])
         raw = bytearray(b(7, 0, 3))
         h = P.validate_batch(bytes(raw))
@@ -98,7 +71,7 @@ def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(t
     write_log(tmp_path, [b(1, 0, 2), b(1, 2, 2), b(2, 0)])   # offsets 0-1, 2-3, 4
 
     async def go() -> None:
-        part = open_part(tmp_path, hw=2)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=2)
         assert part.high_watermark == 2 and part.log.next_offset == 5
         assert outcome(part, 1, 0, 2) is Outcome.DUPLICATE
         assert outcome(part, 1, 2, 2) is Outcome.SEQUENCE_UNKNOWN
@@ -109,7 +82,7 @@ def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(t
         assert outcome(part, 2, 0, 1) is Outcome.DUPLICATE
         await close(part)
         # with one replica nothing changes: the whole recovered log is durable
-        solo = open_part(tmp_path, hw=None)
+        solo = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=None)
         assert solo.high_watermark == 5 and outcome(solo, 1, 2, 2) is Outcome.DUPLICATE
         await close(solo)
 
@@ -118,7 +91,7 @@ def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(t
 
 def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path) -> None:
     async def go() -> None:
-        part = open_part(tmp_path)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 3, "127.0.0.1:1")
         n = append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2)])), [(0, 0), (3, 2)])
         assert n == 2 and part.log.next_offset == 3
@@ -138,7 +111,7 @@ def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path)
 
 def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots(tmp_path: Path) -> None:
     async def go() -> None:
-        part = open_part(tmp_path)
+        part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 1, "127.0.0.1:1")
         append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
         await part.wait_flushed(part.log.next_offset)
@@ -154,7 +127,7 @@ def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots
         await part.wait_flushed(part.log.next_offset)
         assert part.log.next_offset == 8 and part.epochs.entries == [(1, 0), (2, 2)]
         await close(part)
-        again = open_part(tmp_path, hw=2, snapshot=image)
+        again = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=2, snapshot=image)
         e1 = again.state.get(1)
         assert e1 is not None and e1.highwater == 2       # not the snapshot's 5
         assert again.state.get(9) is not None

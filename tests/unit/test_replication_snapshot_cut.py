@@ -9,20 +9,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from replication_fakes import b, open_part, stored
-
 from partition_server.broker import Broker
 from partition_server.flusher import Flusher
-from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.registry import Registry
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import Snapshot, SnapshotStore
-
-
-def outcome(part: Partition, pid: int, seq: int, n: int) -> Outcome:
-    return part.state.check_append(pid, 0, seq, n).outcome
+from partition_server.testing import b, open_part, outcome, stored
 
 
 def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) -> None:
@@ -77,12 +71,8 @@ def test_a_snapshot_leaves_out_a_partition_cut_below_what_it_waits_for(tmp_path:
         settings = ServerSettings(data_dir=str(tmp_path), fsync="interval",
                                   fsync_interval_ms=10_000, server_id=1)
         broker = Broker(settings, Registry("127.0.0.1:1", 1))
-        a = Partition.recover(tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20,
-                              batches_kept=5, pids_max=100, flusher=broker.flusher,
-                              clock_ms=lambda: 5, checkpoint_hw=0)[0]
-        c = Partition.recover(tmp_path, "t", 1, mode="strict", segment_bytes_max=1 << 20,
-                              batches_kept=5, pids_max=100, flusher=broker.flusher,
-                              clock_ms=lambda: 5, checkpoint_hw=0)[0]
+        a = open_part(tmp_path, broker.flusher)
+        c = open_part(tmp_path, broker.flusher, partition=1)
         broker.partitions[("t", 0)] = a
         broker.partitions[("t", 1)] = c
         for p in (a, c):

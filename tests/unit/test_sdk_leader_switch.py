@@ -13,21 +13,12 @@ needless round of OUT_OF_ORDER answers."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-
-from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease.client.producer import AsyncProducer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
+from tests.helpers import wait_until
 
 TOPICS = {"mono": (1, "monotonic")}
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 def test_no_batch_goes_to_a_new_leader_while_an_earlier_one_is_unanswered() -> None:
@@ -41,13 +32,13 @@ def test_no_batch_goes_to_a_new_leader_while_an_earlier_one_is_unanswered() -> N
                                  metadata_refresh_min_ms=0) as p:
             old.silent = True  # the old leader reads batch 0 and never answers it
             futs = [await p.send(b"r0")]
-            await _until(lambda: old.produce_requests >= 1)
+            await wait_until(lambda: old.produce_requests >= 1)
             # Leadership moved; another partition's sender refreshed the shared map.
             coord.leader_override = new.address
             await p.refresh_metadata()
             futs += [await p.send(b"r%d" % i) for i in range(1, 10)]
             # The sender has reached for the new leader (and, before the fix, sent there).
-            await _until(lambda: new.connections() >= 1)
+            await wait_until(lambda: new.connections() >= 1)
             old.drop_all()  # batch 0's connection is lost: it is resent to the new leader
             await p.flush()
             return [await f for f in futs]

@@ -2,7 +2,7 @@
 2): on a monotonic topic with explicit sequence ids (holes between batches) and
 ``max_in_flight`` 5, a batch refused with a retriable error while later ones are in flight
 is resent first, the later ones after it in order, and nothing is resolved as written that
-the server did not write. The fake partition server (sdk_fakes.py) follows the rule: after
+the server did not write. The fake partition server (pidlease.testing.fakes) follows the rule: after
 an injected refusal, the PID's later batches are answered SEQUENCE_UNKNOWN until the
 refused one is resent."""
 
@@ -11,19 +11,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import Producer
 
 TOPICS = {"mono": (1, "monotonic")}
-
-
-@pytest.fixture
-def fake():  # type: ignore[no-untyped-def]
-    srv = FakePartitionServer(TOPICS).start()
-    yield srv, FakeCoordinator(srv, TOPICS)
-    srv.stop()
 
 
 def _plan(rng: random.Random, batches: int) -> list[list[int]]:

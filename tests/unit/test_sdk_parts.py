@@ -11,7 +11,6 @@ import zlib
 
 import httpx
 import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.wire import protocol as P
@@ -21,6 +20,7 @@ from pidlease.client.partitioner import Partitioner, partition_for_key
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.client.sender import Backoff
+from pidlease.testing.fakes import FakePartitionServer
 
 
 def test_partitioner_is_the_documented_crc32_and_round_robin() -> None:
@@ -147,14 +147,6 @@ def test_connection_to_nothing_is_server_unavailable() -> None:
 
 # -- Reader -----------------------------------------------------------------------------
 TOPICS = {"r": (2, "strict")}
-
-
-@pytest.fixture
-def fake():  # type: ignore[no-untyped-def]
-    srv = FakePartitionServer(TOPICS).start()
-    coord = FakeCoordinator(srv, TOPICS)
-    yield srv, coord
-    srv.stop()
 
 
 def _append_control(srv: FakePartitionServer, topic: str, partition: int, pid: int, gen: int) -> None:

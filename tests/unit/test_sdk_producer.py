@@ -8,21 +8,13 @@ import time
 from collections import Counter
 
 import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import AsyncProducer, DeliveryTimeout, Producer, ProducerClosed
 from pidlease.client.reader import Reader
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 TOPICS = {"t": (3, "strict"), "one": (1, "strict"), "mono": (1, "monotonic")}
-
-
-@pytest.fixture
-def fake():  # type: ignore[no-untyped-def]
-    srv = FakePartitionServer(TOPICS).start()
-    coord = FakeCoordinator(srv, TOPICS)
-    yield srv, coord
-    srv.stop()
 
 
 def make(coord: FakeCoordinator, topic: str = "t", **kw: object) -> Producer:

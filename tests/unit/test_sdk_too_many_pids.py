@@ -4,20 +4,11 @@ retries every error whose class says ``retriable``)."""
 
 from __future__ import annotations
 
-import pytest
-from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import Producer
 
 TOPICS = {"one": (1, "strict")}
-
-
-@pytest.fixture
-def fake():  # type: ignore[no-untyped-def]
-    srv = FakePartitionServer(TOPICS).start()
-    yield srv, FakeCoordinator(srv, TOPICS)
-    srv.stop()
 
 
 def test_too_many_pids_is_retried_with_backoff(fake) -> None:  # type: ignore[no-untyped-def]

@@ -7,23 +7,14 @@ loop busy for as long as they waited."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-
-from sdk_fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client import sender as sender_module
 from pidlease.client.producer import AsyncProducer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
+from tests.helpers import wait_until
 
 TOPICS = {"mono": (1, "monotonic")}
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 def test_waiting_for_answers_before_a_resend_does_not_spin(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -45,7 +36,7 @@ def test_waiting_for_answers_before_a_resend_does_not_spin(monkeypatch) -> None:
                                  linger_ms=0, max_in_flight=5, batch_records_max=1,
                                  retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
             futs = [await p.send(b"r%d" % i) for i in range(5)]
-            await _until(lambda: srv.produce_requests >= 5)
+            await wait_until(lambda: srv.produce_requests >= 5)
             before = turns[0]
             await asyncio.sleep(0.2)  # nothing happens meanwhile: the sender should sleep
             idle_turns = turns[0] - before

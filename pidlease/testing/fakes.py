@@ -1,46 +1,78 @@
-"""Fakes for the SDK's unit tests: an in-process partition server speaking the real wire
-protocol over a real loopback socket (its own thread and event loop), and a coordinator
-as an ``httpx.MockTransport``. They follow the contract's append rules closely enough to
-drive the producer through resends, duplicates, fencing and leader changes, and they can
-inject faults: answer with an error code, append but drop the connection before the
-answer, stop answering."""
+"""In-process fakes of a pidlease cluster, to test code that publishes with pidlease
+without ZooKeeper or server processes (milliseconds per test instead of seconds).
+
+``FakePartitionServer`` is a partition server in a thread of its own (its own event loop)
+that speaks the real wire protocol on a real loopback socket: produce and fetch, with the
+append rules for the three dedup modes (``strict``, ``monotonic``, ``off``): generation
+fencing, duplicates answered with their original offsets from the last five batches of a
+PID, out-of-order sequences refused, and a monotonic refusal leaving no hole. It can
+inject faults: answer produce requests with an error code (``fail_next``, ``fail_at``),
+append and then cut the connection before answering (``drop_after_append``), stop
+answering (``silent``, ``silent_from``), cut every connection (``drop_all``).
+
+``FakeCoordinator`` is the coordinator's HTTP API as an ``httpx.MockTransport`` (pass
+``coord.transport()`` as a producer's or reader's ``http_transport``): topic metadata
+with every partition led by one FakePartitionServer, PID leases by number or by producer
+name (a named lease again is a takeover: generation raised, partitions fenced), renewals
+and batch leases; ``fail_leases`` answers lease calls with 503.
+
+What they do not fake: replication, more than one leader (``leader_override`` points
+every partition elsewhere at once), PID expiry and lease expiry in time, tokens
+(recorded in ``tokens_seen``, never checked), authentication and scopes, request size
+limits, persistence and recovery, the per-partition PID limit, and the fence,
+producer-state and metadata requests (answered ``INVALID_REQUEST``). Behaviour that
+depends on those needs ``pidlease.testing.devcluster.LocalCluster``.
+
+Example (``fake_cluster`` starts both and stops the server after)::
+
+    with fake_cluster({"orders": (2, "strict")}) as (server, coord):  # name -> (partitions, dedup)
+        with Producer("http://fake", topic="orders", http_transport=coord.transport()) as p:
+            p.send(b"hello", partition=0)
+        assert [r.value for r in server.records("orders", 0)] == [b"hello"]
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import struct
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from pidlease import errors
 from pidlease.wire import protocol as P
-
-_U32 = struct.Struct(">I")
+from pidlease.wire.framing import FRAME_SIZE_LIMIT, HEADER_SIZE, read_frame
 
 
 @dataclass
 class _PidState:
     generation: int
     highwater: int = -1
-    recent: deque = field(default_factory=lambda: deque(maxlen=5))  # (first, last, base_offset)
+    # (first, last, base_offset) of the last batches, for answering duplicates
+    recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=5))
 
 
 @dataclass
 class _Partition:
     dedup: str = "strict"
-    batches: list = field(default_factory=list)  # stored batch bytes with base_offset set
+    batches: list[bytes] = field(default_factory=list)  # stored batch bytes with base_offset set
     next_offset: int = 0
-    pids: dict = field(default_factory=dict)
+    pids: dict[int, _PidState] = field(default_factory=dict)
     # monotonic: pid -> lowest base sequence refused by an injected retriable error (the
     # contract's "a refusal leaves no hole")
-    blocked: dict = field(default_factory=dict)
+    blocked: dict[int, int] = field(default_factory=dict)
 
 
 class FakePartitionServer:
+    """A partition server on 127.0.0.1 (``address`` once started) holding ``topics``
+    (name -> (partitions, dedup mode)) in memory. Start with ``start()``, stop with
+    ``stop()``; the fault switches are plain attributes, read under ``lock``."""
+
     def __init__(self, topics: dict[str, tuple[int, str]]) -> None:
         self.lock = threading.Lock()
         self.parts = {(t, p): _Partition(dedup) for t, (n, dedup) in topics.items() for p in range(n)}
@@ -124,7 +156,7 @@ class FakePartitionServer:
 
     def records(self, topic: str, partition: int) -> list[P.Record]:
         with self.lock:
-            out = []
+            out: list[P.Record] = []
             for b in self.parts[(topic, partition)].batches:
                 h = P.decode_batch_header(b)
                 out.extend(P.iter_records(b, h, 0, topic, partition))
@@ -135,8 +167,7 @@ class FakePartitionServer:
         self._writers.add(writer)
         try:
             while True:
-                head = await reader.readexactly(4)
-                body = await reader.readexactly(_U32.unpack(head)[0])
+                body = await read_frame(reader, FRAME_SIZE_LIMIT)
                 req = P.decode_request(body)
                 out = self._handle(req)
                 if out is None:
@@ -161,7 +192,7 @@ class FakePartitionServer:
     def _produce(self, req: P.Request) -> bytes | None:
         out = self._produce_answer(req)
         if out and req.batch is not None and len(req.batch) >= P.BATCH_HEADER_SIZE:
-            code = P.decode_response(P.PRODUCE, out[4:]).error_code  # out[:4]: the frame length
+            code = P.decode_response(P.PRODUCE, out[HEADER_SIZE:]).error_code
             self.answers.append((P.decode_batch_header(req.batch).base_sequence, code))
         return out
 
@@ -234,7 +265,8 @@ class FakePartitionServer:
         part = self.parts.get((req.topic, req.partition))
         if part is None:
             return P.fetch_response(req.correlation_id, errors.UnknownTopicOrPartition.code, "no")
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         for b in part.batches:
             h = P.decode_batch_header(b)
             if h.last_offset < req.offset:
@@ -258,7 +290,7 @@ class FakeCoordinator:
         self.next_pid = 1000
         self.pids: dict[int, int] = {}         # pid -> generation
         self.names: dict[str, int] = {}
-        self.requests: list[tuple[str, dict]] = []
+        self.requests: list[tuple[str, dict[str, Any]]] = []
         self.fail_leases = 0                   # answer this many lease calls with 503
         self.leader_override: str | None = None
         self.lock = threading.Lock()
@@ -310,7 +342,7 @@ class FakeCoordinator:
                 self.server.fence(t, p, pid, gen)
         return pid, gen
 
-    def _lease(self, req: dict) -> tuple[int, dict]:
+    def _lease(self, req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         pid = req["pid"]
         name = req.get("producer_name")
         if pid == -1:
@@ -338,3 +370,15 @@ class FakeCoordinator:
         return 200, {"error": "NONE", "pid": pid, "generation": gen,
                      "sequence_number": 0 if hw is None else hw + 1, "expire_ms": exp,
                      "expires_at_ms": 0, "lease_token": f"tok-{pid}-{gen}-{len(self.requests)}"}
+
+
+@contextmanager
+def fake_cluster(topics: dict[str, tuple[int, str]], *,
+                 expire_ms: int = 30_000) -> Iterator[tuple[FakePartitionServer, FakeCoordinator]]:
+    """A started FakePartitionServer holding ``topics`` (name -> (partitions, dedup mode))
+    and a FakeCoordinator in front of it; the server is stopped on exit."""
+    server = FakePartitionServer(topics).start()
+    try:
+        yield server, FakeCoordinator(server, topics, expire_ms=expire_ms)
+    finally:
+        server.stop()
