@@ -1,5 +1,5 @@
 """The comparison's output: the markdown table (printed and written into the generated
-section of ``docs/benchmarks.md``), the goals of issue 7 checked against this run's
+section of ``docs/benchmarks.md``), the throughput goals checked against this run's
 figures, and the throughput chart (``docs/img/throughput.png``)."""
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def render(rows: list[Row], skipped: dict[str, str], alone: dict[str, Any],
         "once-a-second fsync; the ceiling never fsyncs."),
     ]
     lines += comparison_tables(rows, skipped, args.sizes)
-    lines += ["", "### Goals of issue 7, this run", "", *goals(rows, alone)]
+    lines += ["", "### Throughput goals, this run", "", *goals(rows, alone)]
     if alone:
         lines += ["", "### pidlease alone", *alone_tables(alone)]
     lines += ["", "![throughput by system](img/throughput.png)", "", END]

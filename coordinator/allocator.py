@@ -4,7 +4,8 @@
 ``[next, next + block_size)`` by a compare-and-set of that znode on its version, then
 hands the block out from memory; so PIDs are unique across coordinators without a
 ZooKeeper write per PID, and a coordinator that dies merely wastes the rest of its block
-(the seed's "increment by 100 pids at a time"). PIDs start at 1: 0 means "not idempotent".
+(blocks of 100 by default, as in Kafka's idempotent-producer design). PIDs start at 1:
+0 means "not idempotent".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The append rules of one partition (CONTRACT "Append rules"), as readable code.
+"""The append rules of one partition (docs/protocol.md, PRODUCE), as readable code.
 
 Specification: ``tests/unit/append_rules_model.py``, the reference model written from the
 contract's table row by row (not from this code); the property test

@@ -154,7 +154,7 @@ class Partition:
         the leader's decision: followers and replay apply what the log holds), and
         ServerUnavailable when the log write fails (full disk). Either refusal is noted in
         the producer state: on a monotonic topic the PID's later batches are refused until
-        this one is resent (CONTRACT: "a refusal leaves no hole")."""
+        this one is resent ("a refusal leaves no hole", docs/protocol.md)."""
         now = self.clock_ms()
         d = self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, now)
         if d.outcome is not Outcome.APPEND:

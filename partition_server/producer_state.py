@@ -19,7 +19,7 @@ in snapshots: a restart opens new connections, and the SDK resends its earliest 
 batch first on a new connection, so a block has nothing left to stop; the given-up ranges
 are lost too (see ``_abandoned``).
 
-Storage (1M PIDs per partition must fit in about 200 bytes each, issue 7): no object per
+Storage (1M PIDs per partition must fit in about 200 bytes each): no object per
 PID. A ``dict`` maps a PID to a slot; per slot, ``array`` columns hold the pid, generation,
 highwater, last use, the LRU list's links and the newest batch (its base offset, and its
 length: its last sequence is the highwater). Older batches of a PID (up to K-1) live in a
@@ -31,7 +31,7 @@ its batches as flat (base_seq, last_seq, base_offset) triples in an ``array('q')
 own. The durable highwater equals the highwater except for PIDs in ``_dhw`` (batches in
 flight), and the in-flight batches sit in ``_pending``: both hold only PIDs being written.
 
-Tracked-PID limit (issue 6, KIP-936): a partition tracks at most ``pids_max`` PIDs. Room
+Tracked-PID limit (after Kafka's KIP-936): a partition tracks at most ``pids_max`` PIDs. Room
 for a new PID is made by evicting the least recently used PID with nothing in flight, but
 only one idle for at least ``evict_idle_min_ms`` (strict) or already past ``expire_ms``
 (monotonic: an evicted PID's old sequence ids would be accepted again, a duplicate). When
@@ -42,7 +42,7 @@ then holds more than the limit until PIDs become evictable.
 Dropping state (expiry, eviction) is the leader's alone (``drops_allowed``, kept by the
 partition from its role): a follower's last-use times come only from replicated appends,
 never from the renewals the leader sees, so a follower dropping on its own clock could
-forget a live producer before it takes over (issue 12, finding 7). A follower applies what
+forget a live producer before it takes over (docs/reliability.md, finding 7). A follower applies what
 the log holds and may exceed the limit; on becoming leader, ``raise_last_use`` gives every
 PID a full expiry period from then.
 
@@ -312,7 +312,7 @@ class ProducerStateTable:
                              h: int) -> Decision:
         """A monotonic batch wholly at or below the highwater ``h``: SEQUENCE_UNKNOWN while
         any of it is in flight (as on strict topics); then DUPLICATE only for a range the
-        partition wrote (CONTRACT "a refusal leaves no hole"), else OUT_OF_ORDER."""
+        partition wrote ("a refusal leaves no hole", docs/protocol.md), else OUT_OF_ORDER."""
         if last_seq > self._dhw.get(pid, h):
             return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=h + 1, detail=(
                 f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"))

@@ -8,7 +8,7 @@ and the cause clears a moment later, N+1 would be appended while N was not. On a
 topic the partition refuses N+1 itself (a gap); on a monotonic topic it is appended, and
 N's resend is then "at or below the highwater" and answered DUPLICATE: an acknowledged
 record that is not in the log. The partition's own rules are the first defence (see
-CONTRACT.md); this guard is the second, at the one place that sees the connection's order.
+docs/protocol.md); this guard is the second, at the one place that sees the connection's order.
 
 Pure: no sockets, no partitions. The server asks ``blocking`` before it dispatches a
 PRODUCE and tells ``note`` about every retriable refusal it answered synchronously.

@@ -1,4 +1,4 @@
-"""A monotonic topic on a disk that fills and then grows (issue 12, finding 2): a partition
+"""A monotonic topic on a disk that fills and then grows (docs/reliability.md, finding 2): a partition
 server's data dir is an 8 MiB tmpfs (``mount -t tmpfs``, needs root; skipped with the reason
 otherwise). Producers pipeline (``max_in_flight`` 5) batches of mixed sizes with explicit
 sequence ids, a hole between every two batches, as a replayable source does.
@@ -7,7 +7,7 @@ Once the disk is full, a large batch N fails to be written (ENOSPC: SERVER_UNAVA
 retriable) while a small N+1 behind it still fits in the last page. Before the fix the
 partition appended N+1 (a monotonic topic takes any base above the highwater) and answered
 N's resend DUPLICATE ("at or below the highwater"): acknowledged, never written. The rule
-now (CONTRACT "a refusal leaves no hole"): N+1 is refused until N is resent. After the
+now ("a refusal leaves no hole", docs/protocol.md): N+1 is refused until N is resent. After the
 filesystem is grown every send completes; every acknowledged record must be in the log
 exactly once, at the offset it was acknowledged at. Each run prints its seed
 (``PIDLEASE_CHAOS_SEED=N`` replays the plan; the disk's timing is the kernel's)."""

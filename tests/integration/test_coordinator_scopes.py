@@ -1,5 +1,5 @@
 """API principals, scopes, PID ownership and the PID limit per principal, against real
-coordinator processes on the session ZooKeeper (issue 6).
+coordinator processes on the session ZooKeeper.
 
 - the matrix caller (no token, wrong token, producer, admin, legacy ``api_token``) x
   endpoint: status and error code, and nothing changed by a refused call;

@@ -127,7 +127,7 @@ def test_dedup_modes(server, zk_hosts, mode: str) -> None:
                  for s in (10, 20, 15, 20, 30)]
     if mode == "monotonic":
         # 15 is below the highwater but was never written (between the kept batches 10 and
-        # 20): not a DUPLICATE (CONTRACT: "a refusal leaves no hole"), and never appendable
+        # 20): not a DUPLICATE ("a refusal leaves no hole", docs/protocol.md), and never appendable
         assert codes == [0, 0, errors.OutOfOrderSequence.code, errors.DUPLICATE, 0]
     else:
         assert codes == [0] * 5

@@ -1,4 +1,4 @@
-"""The tracked-PID limit against a real partition server (issue 6): with room for two PIDs,
+"""The tracked-PID limit against a real partition server: with room for two PIDs,
 a third producer's first append is refused TOO_MANY_PIDS with a message saying what to do,
 the two tracked producers go on, and once one of them has been idle for
 pid_evict_idle_min_ms the newcomer gets in (the idle one is then UNKNOWN_PID, never a

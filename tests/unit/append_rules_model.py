@@ -1,4 +1,4 @@
-"""Reference model of one partition's append rules, written from CONTRACT.md "Append rules"
+"""Reference model of one partition's append rules, written from the append rules (docs/protocol.md, PRODUCE)
 (the table, row by row, and the monotonic paragraph under it), NOT from
 ``partition_server/append_rules.py`` or ``partition_server/producer_state.py``.
 

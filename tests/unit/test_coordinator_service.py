@@ -145,7 +145,7 @@ def test_expired_state_on_a_seen_partition_is_unknown_pid_not_zero(env: Any) -> 
     assert store.get_pid(r.record.pid) == before, "a refused lease changes nothing"
 
 
-# Finding 6 (issue 12): a PID that wrote to a partition and died before its first renewal
+# Finding 6 (docs/reliability.md): a PID that wrote to a partition and died before its first renewal
 # never had it marked seen; if the server then expired the PID, "no state" there must not
 # restart the partition at sequence 0. The env's clock skew allowance is the default 60 s.
 def test_takeover_of_an_unseen_partition_that_dropped_the_pid_is_unknown_pid(env: Any) -> None:

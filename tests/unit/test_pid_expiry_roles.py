@@ -1,4 +1,5 @@
-"""Who may drop producer state, and what a drop leaves behind (issue 12, findings 6 and 7).
+"""Who may drop producer state, and what a drop leaves behind (docs/reliability.md,
+findings 6 and 7).
 
 Finding 7: renewals touch a PID's last use on the leader only, so a follower expiring on
 its own clock forgets a live, renewing but idle producer, which then gets UNKNOWN_PID after

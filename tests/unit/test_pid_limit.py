@@ -1,4 +1,4 @@
-"""The tracked-PID limit (issue 6, KIP-936) and the column storage of the producer-state
+"""The tracked-PID limit (after Kafka's KIP-936) and the column storage of the producer-state
 table: a full table refuses a new PID with TOO_MANY_PIDS instead of forgetting a live one,
 evicts only PIDs idle long enough (monotonic: only expired ones), and replay never refuses.
 Also the batch storage's compact and flat forms, which must answer DUPLICATE alike."""

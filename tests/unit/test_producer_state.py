@@ -1,4 +1,4 @@
-"""One test per row of CONTRACT.md's "Append rules" table (the rows the partition's pure
+"""One test per row of the append rules table (docs/protocol.md, PRODUCE) (the rows the partition's pure
 producer state decides; NOT_LEADER and UNAUTHORIZED are the server's and are tested over
 the wire), plus fences, durability, expiry and the snapshot round trip."""
 
@@ -201,7 +201,7 @@ def test_group_commit_boundary_between_two_pending_batches() -> None:
     assert t.check_append(1, 0, 2, 2).outcome is Outcome.SEQUENCE_UNKNOWN
 
 
-# -- monotonic: a refusal leaves no hole (CONTRACT "Append rules") ---------------------------
+# -- monotonic: a refusal leaves no hole (docs/protocol.md, PRODUCE) ---------------------------
 def test_monotonic_refusal_blocks_later_batches_until_the_resend() -> None:
     t = table("monotonic")
     append(t, 1, 0, 0, 10, 0)

@@ -1,7 +1,7 @@
 """Property test: the producer-state table against the contract's append rules.
 
 The reference model (``append_rules_model.py``) is the specification. It is written from
-CONTRACT.md "Append rules", the table row by row and the monotonic paragraph under it
+the append rules (docs/protocol.md, PRODUCE), the table row by row and the monotonic paragraph under it
 ("a refusal leaves no hole"), and never from ``partition_server/producer_state.py`` or
 ``append_rules.py``: the previous model was derived from the same reading as the code and
 agreed with its monotonic bug (DUPLICATE for a range the partition never wrote, after a
@@ -338,7 +338,7 @@ class Harness:
         for pid in PIDS:
             in_log = self.model.seqs_in_log(pid)
             missing = self.acked[pid] - set(in_log)
-            if missing:  # CONTRACT: "no acknowledged record is ever missing from the log"
+            if missing:  # "no acknowledged record is ever missing from the log"
                 self.fail(f"pid {pid}: acknowledged sequences {sorted(missing)} are not in "
                           f"the log (log holds {in_log})")
             # "a producer's records in one partition appear in the log in sequence order,

@@ -105,7 +105,7 @@ def test_request_response_round_trip(api):
 
 
 def test_fence_and_producer_state_optional_trailing_fields():
-    # leased_since_ms and dropped_last_use_max_ms (issue 12, finding 6): read when present,
+    # leased_since_ms and dropped_last_use_max_ms (docs/reliability.md, finding 6): read when present,
     # 0 when absent (an older peer), and left out when 0 (frames as older versions sent).
     old = p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True)
     new = p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True,

@@ -1,4 +1,4 @@
-"""A follower's cut whose ftruncate or fsync fails (issue 12, finding 9 of the simulation,
+"""A follower's cut whose ftruncate or fsync fails (docs/reliability.md, finding 9, found by the simulation,
 seed 1426): ``PartitionLog.truncate_to`` raised out of ``Partition.truncate_to`` midway,
 with the truncation counted and the file maybe cut but ``flushed_end`` still at the old
 end; the fetcher took the OSError for a session error, refetched, and batches fetched

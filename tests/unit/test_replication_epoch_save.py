@@ -1,4 +1,4 @@
-"""A leader-epoch file that cannot be saved (issue 12, finding 8 of the simulation).
+"""A leader-epoch file that cannot be saved (docs/reliability.md, finding 8, found by the simulation).
 
 ``become_leader``, a follower's cut and its fetched batches each change the epoch history
 in memory and then save ``leader-epochs``. When the save fails (ENOSPC, any OSError), the

@@ -1,4 +1,4 @@
-"""A follower's flushed end across a cut of its log (issue 12, finding 3): a flush that
+"""A follower's flushed end across a cut of its log (docs/reliability.md, finding 3): a flush that
 began before ``truncate_to`` covered the old log, not the batches fetched after the cut,
 so its completion must not call them fsynced (the follower's next fetch reports its log
 end to the leader as held durably, and the leader counts it for the high watermark).

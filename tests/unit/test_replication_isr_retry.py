@@ -1,4 +1,4 @@
-"""In-sync set changes whose ZooKeeper write fails (issue 12, finding 5): the change is
+"""In-sync set changes whose ZooKeeper write fails (docs/reliability.md, finding 5): the change is
 retried on a later tick or fetch, and while ZooKeeper may name a follower in sync the
 leader keeps counting it towards the high watermark. A real leader partition and
 ``ReplicaManager``, a fake ZooKeeper, writes run inline, the clock moved by hand."""
