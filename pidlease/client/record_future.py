@@ -31,34 +31,40 @@ cancelled or set by hand, else its run's).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
+
+# -- the one place that leans on concurrent.futures internals ----------------------------
+# Why: a RecordFuture must *be* a concurrent.futures.Future (``asyncio.wrap_future`` checks
+# isinstance; ``concurrent.futures.wait``/``as_completed`` read ``_condition``, ``_state``
+# and ``_waiters`` of any future they are given, and ``add_done_callback`` calls
+# ``_invoke_callbacks``). Being one without the base class's ``__init__`` (a Condition per
+# record, the cost this module exists to avoid) means speaking its private protocol: the
+# state strings below, the attributes ``_condition``, ``_state``, ``_waiters``,
+# ``_done_callbacks``, ``_result``, ``_exception``, and the waiters' ``add_result`` /
+# ``add_exception``. No public API offers it (composition with a real Future per record
+# is the cost we avoid), so it is named here once, and
+# tests/unit/test_sdk_record_future.py pins it against the running Python
+# (``test_the_future_internals_this_module_uses_are_there``).
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+)
 from typing import Any
+
+from pidlease.client.structs import BatchAck, RecordMetadata
 
 _SETTLED = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
 
+__all__ = ["BatchAck", "RecordFuture", "RunState", "fail_all", "fail_run", "future_class",
+           "place", "resolve_run", "settle", "settled_run"]
 
-class BatchAck:
-    """What the server answered for one batch; each record's metadata is derived from it."""
-
-    __slots__ = ("base_offset", "base_sequence", "duplicate", "partition", "topic")
-
-    def __init__(self, topic: str, partition: int, base_offset: int, base_sequence: int,
-                 duplicate: bool) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.base_offset = base_offset
-        self.base_sequence = base_sequence
-        self.duplicate = duplicate
-
-    def metadata(self, i: int) -> Any:
-        from pidlease.client.sender import RecordMetadata  # sender imports this module
-
-        off = self.base_offset + i if self.base_offset >= 0 else -1
-        return RecordMetadata(self.topic, self.partition, off, self.base_sequence + i,
-                              self.duplicate)
+_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
 class RunState:
@@ -69,11 +75,11 @@ class RunState:
 
     def __init__(self) -> None:
         self.state = PENDING
-        self.outcome: Any = None
+        self.outcome: BatchAck | BaseException | None = None
         self.watched: list[RecordFuture] | None = None
 
 
-def settled_run(outcome: Any) -> RunState:
+def settled_run(outcome: BatchAck | BaseException) -> RunState:
     """A run that is already resolved (``outcome``: a BatchAck or an exception)."""
     run = RunState()
     run.outcome = outcome
@@ -81,10 +87,10 @@ def settled_run(outcome: Any) -> RunState:
     return run
 
 
-class RecordFuture(Future):  # type: ignore[type-arg]
+class RecordFuture(Future[RecordMetadata]):
     """The future of one record's ``RecordMetadata``; see the module docstring. Use the
     class ``future_class(condition)`` returns: it carries the shared Condition. Whoever
-    makes one places it at once (``_run``, ``_i``)."""
+    makes one places it on its run at once (``place``, or ``RecordRun.add``)."""
 
     _condition: threading.Condition
     _run: RunState
@@ -97,7 +103,7 @@ class RecordFuture(Future):  # type: ignore[type-arg]
     # costs what an empty object costs.
     __init__ = object.__init__
 
-    @property  # type: ignore[override]
+    @property
     def _state(self) -> str:
         own = self._own
         return own if own in _SETTLED else self._run.state
@@ -138,6 +144,7 @@ class RecordFuture(Future):  # type: ignore[type-arg]
         out = self._run.outcome
         if isinstance(out, BaseException):
             raise out
+        assert out is not None   # FINISHED: an outcome was stored with the state
         r = self._result = out.metadata(self._i)
         return r
 
@@ -208,9 +215,11 @@ def fail_run(condition: threading.Condition, run: RunState, exc: BaseException) 
     _settle_run(condition, run, exc)
 
 
-def settle_unseen(future: RecordFuture, run: RunState, i: int) -> None:
-    """Place a future that has not been handed to anyone yet on an already resolved run
-    (``settled_run``) as its record ``i``: no lock needed."""
+def place(future: RecordFuture, run: RunState, i: int) -> None:
+    """Make ``future`` the future of record ``i`` of ``run`` (its state and outcome are the
+    run's from now on). Only for a future not handed to anyone yet: no lock needed. The
+    producer's send path calls it once per record (a module function: as cheap as the
+    two stores it makes, bar the call)."""
     future._run = run
     future._i = i
 
@@ -219,3 +228,18 @@ def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: Base
     """Fail every run of ``runs`` that is still open."""
     for run in runs:
         _settle_run(condition, run, exc)
+
+
+def settle(fut: asyncio.Future[Any] | Future[Any], result: Any = None,
+           exc: BaseException | None = None) -> None:
+    """Resolve one user future (an ``AsyncProducer``'s asyncio future, or any
+    ``concurrent.futures.Future``) unless the user already cancelled it."""
+    if fut.done():
+        return
+    try:
+        if exc is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exc)
+    except _INVALID_STATE:
+        pass  # cancelled by the user in another thread between done() and here
