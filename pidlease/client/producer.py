@@ -659,7 +659,10 @@ class Producer:
                     values = run.values
                     i = len(values)
                     if i < run.cap and len(value) == run.vlen:
-                        place(fut, run, i)
+                        # record_future.place(fut, run, i), written out: a call costs
+                        # this line ~8 % (see RecordFuture)
+                        fut.record_run = run
+                        fut.record_index = i
                         values.append(value)
                         return fut
                 return self._send_slow(fut, value, None, p, None)

@@ -8,10 +8,15 @@ half of the producer's CPU per record. Kafka's Java producer answers the same pr
 one latch per batch behind light per-record futures (``FutureRecordMetadata`` points at
 its batch's ``ProduceRequestResult``). This module does the same:
 
-- A ``RecordFuture`` holds only where its record is: ``_run`` (the ``RunState`` of its
-  batch, in practice the ``RecordRun`` the record was appended to) and ``_i`` (the
-  record's index in it). Its state is read from the run: resolving a batch is one store
-  on the run (``resolve_run`` / ``fail_run``), whatever the number of records.
+- A ``RecordFuture`` holds only where its record is: ``record_run`` (the ``RunState`` of
+  its batch, in practice the ``RecordRun`` the record was appended to) and
+  ``record_index`` (the record's index in it). Its state is read from the run: resolving
+  a batch is one store on the run (``resolve_run`` / ``fail_run``), whatever the number
+  of records.
+- Where its record is is the future's public contract with whoever makes it: set once,
+  before the future is handed out (``place``; the blocking producer's inline send path
+  makes the two stores itself, since a call per record costs it ~8 % of ``send()``'s CPU:
+  bench/bench_send.py), read only here afterwards.
 - All the futures of one producer share one Condition (a class attribute of a subclass
   made per producer, ``future_class``); a batch is resolved under one acquisition of it
   with one ``notify_all``.
@@ -90,11 +95,12 @@ def settled_run(outcome: BatchAck | BaseException) -> RunState:
 class RecordFuture(Future[RecordMetadata]):
     """The future of one record's ``RecordMetadata``; see the module docstring. Use the
     class ``future_class(condition)`` returns: it carries the shared Condition. Whoever
-    makes one places it on its run at once (``place``, or ``RecordRun.add``)."""
+    makes one places it on its run at once (sets ``record_run`` and ``record_index``, or
+    calls ``place``) and never again."""
 
     _condition: threading.Condition
-    _run: RunState
-    _i: int = 0
+    record_run: RunState             # the run (batch) of this future's record
+    record_index: int = 0            # the record's index in it
     _own: str | None = None          # the state set on this future itself (cancel, set_result)
     _result: Any = None              # RecordMetadata once built (or set by hand)
     _exception: BaseException | None = None
@@ -106,7 +112,7 @@ class RecordFuture(Future[RecordMetadata]):
     @property
     def _state(self) -> str:
         own = self._own
-        return own if own in _SETTLED else self._run.state
+        return own if own in _SETTLED else self.record_run.state
 
     @_state.setter
     def _state(self, value: str) -> None:
@@ -119,7 +125,7 @@ class RecordFuture(Future[RecordMetadata]):
         if name == "_waiters" or name == "_done_callbacks":
             made: list[Any] = []
             object.__setattr__(self, name, made)
-            run = self._run
+            run = self.record_run
             if run.state == PENDING:   # a resolved run never looks at them again
                 if run.watched is None:
                     run.watched = [self]
@@ -141,15 +147,15 @@ class RecordFuture(Future[RecordMetadata]):
             if self._exception is not None:
                 raise self._exception
             return r
-        out = self._run.outcome
+        out = self.record_run.outcome
         if isinstance(out, BaseException):
             raise out
         assert out is not None   # FINISHED: an outcome was stored with the state
-        r = self._result = out.metadata(self._i)
+        r = self._result = out.metadata(self.record_index)
         return r
 
     def result(self, timeout: float | None = None) -> Any:
-        if self._own is None and self._run.state == FINISHED:  # no lock needed: final
+        if self._own is None and self.record_run.state == FINISHED:  # no lock needed: final
             return self._outcome()
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -157,8 +163,8 @@ class RecordFuture(Future[RecordMetadata]):
             return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._own is None and self._run.state == FINISHED:
-            out = self._run.outcome
+        if self._own is None and self.record_run.state == FINISHED:
+            out = self.record_run.outcome
             return out if isinstance(out, BaseException) else None
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -167,7 +173,7 @@ class RecordFuture(Future[RecordMetadata]):
                 raise CancelledError()
             if self._own == FINISHED:
                 return self._exception
-            out = self._run.outcome
+            out = self.record_run.outcome
             return out if isinstance(out, BaseException) else None
 
     def __repr__(self) -> str:
@@ -217,11 +223,9 @@ def fail_run(condition: threading.Condition, run: RunState, exc: BaseException) 
 
 def place(future: RecordFuture, run: RunState, i: int) -> None:
     """Make ``future`` the future of record ``i`` of ``run`` (its state and outcome are the
-    run's from now on). Only for a future not handed to anyone yet: no lock needed. The
-    producer's send path calls it once per record (a module function: as cheap as the
-    two stores it makes, bar the call)."""
-    future._run = run
-    future._i = i
+    run's from now on). Only for a future not handed to anyone yet: no lock needed."""
+    future.record_run = run
+    future.record_index = i
 
 
 def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: BaseException) -> None:
