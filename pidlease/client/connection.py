@@ -25,8 +25,8 @@ import socket
 import ssl
 from typing import Any, Self
 
-from pidlease.wire import protocol
 from pidlease.errors import CorruptRecord, ServerUnavailable
+from pidlease.wire import protocol
 from pidlease.wire.framing import FrameDecoder, FrameTooLarge, recv_frame
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, connect_error
 
