@@ -102,6 +102,13 @@ _NEXT_STATES = {
 }
 
 
+def _checked_move(topic: str, old: ProducerState, new: ProducerState) -> ProducerState:
+    """``new``, when old -> new is a transition of ProducerState; else a bug: raises."""
+    if new not in _NEXT_STATES[old]:
+        raise RuntimeError(f"producer of topic {topic!r}: {old.value} -> {new.value} is not a transition")
+    return new
+
+
 def _as_bytes(x: Any, what: str) -> bytes:
     if isinstance(x, bytes):
         return x
@@ -227,10 +234,7 @@ class AsyncProducer:
         return self._partitioner
 
     def _move_to(self, state: ProducerState) -> None:
-        if state not in _NEXT_STATES[self._state]:
-            raise RuntimeError(f"producer of topic {self.topic!r}: "
-                               f"{self._state.value} -> {state.value} is not a transition")
-        self._state = state
+        self._state = _checked_move(self.topic, self._state, state)
         self._admit_inline = state is ProducerState.OPEN and not self._readable
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -557,13 +561,15 @@ class Producer:
         self._touched: set[int] = set()
         self._wakeup_scheduled = False
         self._fast = False       # send's inline path applies: open, own numbering, not closing
-        self._closing = False
+        # This side's lifecycle (under the lock): NEW until the engine started, OPEN,
+        # CLOSING from close() on (sends raise ProducerClosed), CLOSED once the loop stopped.
+        # A failure is the engine's (its state and ``fatal``).
+        self._state = ProducerState.NEW
         self._lock = self._engine.lock
         cfg = self._engine.config
         self._records_max = cfg.batch_records_max
         self._bytes_max = cfg.batch_bytes_max
         self._buffer_max = cfg.buffer_records_max
-        self._closed = False
         # buffer_records_max, counted under the engine's lock per run, not per record:
         # _committed records were handed to the loop and are unresolved; each open run
         # reserves room for `cap` records (_reserved: their sum), which send() fills without
@@ -591,6 +597,10 @@ class Producer:
         self._single = eng.partitions == 1
         with self._lock:
             self._open_runs = [None] * eng.partitions
+            self._move_to(ProducerState.OPEN)
+
+    def _move_to(self, state: ProducerState) -> None:
+        self._state = _checked_move(self.topic, self._state, state)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -683,10 +693,10 @@ class Producer:
             if run is not None and len(run.values) < run.cap:
                 break   # the record's partition has room reserved already
             eng.check_open()  # a producer that failed while we waited must not block us
-            if self._closing:
+            if self._state is not ProducerState.OPEN:
                 raise ProducerClosed("the producer is closed")
             self._space.wait(0.2)
-        if self._closing:
+        if self._state is not ProducerState.OPEN:
             raise ProducerClosed("the producer is closed")
         got = eng.admit(value, key, partition, sequence_id, fut)
         if got is None:
@@ -749,16 +759,13 @@ class Producer:
                 handoff.append((partition, run))
         self._deliver(handoff)
 
-    def _take_all(self, *, closing: bool = False) -> list[tuple[int, RecordRun]]:
+    def _take_all(self) -> list[tuple[int, RecordRun]]:
         with self._lock:
             taken, self._handoff = self._handoff, []
             for p, run in enumerate(self._open_runs):
                 if run is not None:
                     self._close_run(p, run)
                     taken.append((p, run))
-            if closing:
-                self._closing = True
-                self._fast = False
         return taken
 
     def _deliver(self, taken: list[tuple[int, RecordRun]]) -> None:
@@ -800,7 +807,7 @@ class Producer:
         await self._engine.flush()
 
     async def _close(self, timeout_ms: float | None) -> None:
-        self._deliver(self._take_all(closing=True))
+        self._deliver(self._take_all())
         await self._engine.close(timeout_ms)
 
     async def _drop(self) -> None:
@@ -815,14 +822,19 @@ class Producer:
         self._call(self._drop())
 
     def close(self, timeout_ms: float | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Deliver what was sent (up to ``timeout_ms``; then fail the rest), stop, release
+        connections. Sends from now on raise ``ProducerClosed``. Idempotent."""
+        with self._lock:
+            if self._state is not ProducerState.OPEN:
+                return
+            self._move_to(ProducerState.CLOSING)
+            self._fast = False
         try:
-            if self._engine.state is not ProducerState.NEW:
-                self._call(self._close(timeout_ms))
+            self._call(self._close(timeout_ms))
         finally:
             self._stop_loop()
+            with self._lock:
+                self._move_to(ProducerState.CLOSED)
 
     def __enter__(self) -> Self:
         return self

@@ -23,6 +23,14 @@ records once the producer has admitted them:
   unresolved batch it is real, and fatal.
 
 User futures are resolved in sequence order when a batch reaches the head of the window.
+
+A sender is given what it uses and does not own, in one ``SenderContext`` shared by the
+senders of a producer: the leaders (``Leaders``: ``LeaderPool``), the lease
+(``LeaseView``: ``LeaseKeeper``), the settings, the clocks and the randomness, the blocking
+producer's open runs (``OpenRuns``), and callbacks for what it reports (a fatal error,
+a retry, resent batches, resolved records). It never sees the producer; the producer
+drives it through ``enqueue``/``enqueue_runs``, ``wake``, ``wait_resolved``, ``close``
+and ``fail_all``. Its lifecycle is ``SenderState``.
 """
 
 from __future__ import annotations
