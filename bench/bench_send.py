@@ -189,10 +189,10 @@ def main() -> None:
     for k, label in METRICS.items():
         print(f"  {label}:")
         for n in names:
-            v = got[n][k]
+            vals = got[n][k]
             fmt = "{:,.0f}" if k == "records_per_s" else "{:.3f}"
             print(f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
-                  f"[{fmt.format(min(v))} - {fmt.format(max(v))}]")
+                  f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]")
         for n in names[1:]:
             print(f"    {n + ' / old':20s} {med[n][k] / med['old'][k]:.3f}")
 

@@ -5,6 +5,7 @@ closes and fails, and a move that is not a transition is refused (a bug, not a s
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from sdk_fakes import FakeCoordinator, FakePartitionServer
@@ -14,6 +15,17 @@ from pidlease.client.producer import AsyncProducer, Producer, ProducerClosed, Pr
 from pidlease.client.sender import SenderState
 
 TOPICS = {"t": (2, "strict")}
+
+
+def state(obj: Any) -> Any:
+    """``obj.state`` read afresh (a type checker would narrow it across the steps that
+    change it)."""
+    return obj.state
+
+
+def front(p: Producer) -> Any:
+    """The blocking Producer's own side: closed for sends from close() on."""
+    return p._state
 
 
 @pytest.fixture
@@ -28,19 +40,19 @@ def test_async_producer_new_open_closing_closed(fake) -> None:  # type: ignore[n
 
     async def main() -> None:
         p = AsyncProducer("http://fake", topic="t", http_transport=coord.transport())
-        assert p.state is ProducerState.NEW
+        assert state(p) is ProducerState.NEW
         with pytest.raises(ProducerClosed, match="not started"):
             await p.send(b"early")
         await p.start()
-        assert p.state is ProducerState.OPEN
-        assert {s.state for s in p._senders} == {SenderState.RUNNING}
+        assert state(p) is ProducerState.OPEN
+        assert {state(s) for s in p._senders} == {SenderState.RUNNING}
         assert (await (await p.send(b"x"))).sequence_id == 0
         closing = asyncio.ensure_future(p.close())
         await asyncio.sleep(0)
-        assert p.state is ProducerState.CLOSING
-        assert {s.state for s in p._senders} == {SenderState.CLOSING}
+        assert state(p) is ProducerState.CLOSING
+        assert {state(s) for s in p._senders} == {SenderState.CLOSING}
         await closing
-        assert p.state is ProducerState.CLOSED
+        assert state(p) is ProducerState.CLOSED
         await p.close()   # idempotent
         with pytest.raises(ProducerClosed, match="closed"):
             await p.send(b"late")
@@ -55,18 +67,18 @@ def test_a_fatal_error_fails_the_producer_and_every_sender_then_close_closes(fak
     p = Producer("http://fake", topic="t", http_transport=coord.transport())
     eng = p._engine
     try:
-        assert p._state is ProducerState.OPEN and eng.state is ProducerState.OPEN
+        assert front(p) is ProducerState.OPEN and state(eng) is ProducerState.OPEN
         srv.fail_next.append(errors.ProducerFenced.code)
         fut = p.send(b"x", partition=0)
         with pytest.raises(errors.ProducerFenced):
             fut.result(5)
-        assert eng.state is ProducerState.FAILED
-        assert {s.state for s in eng._senders} == {SenderState.FAILED}
+        assert state(eng) is ProducerState.FAILED
+        assert {state(s) for s in eng._senders} == {SenderState.FAILED}
         with pytest.raises(errors.ProducerFenced):
             p.send(b"later")
     finally:
         p.close()
-    assert p._state is ProducerState.CLOSED and eng.state is ProducerState.CLOSED
+    assert front(p) is ProducerState.CLOSED and state(eng) is ProducerState.CLOSED
     with pytest.raises(ProducerClosed):
         p.send(b"after close")
 
@@ -75,14 +87,14 @@ def test_a_sender_moves_only_along_its_transitions(fake) -> None:  # type: ignor
     _srv, coord = fake
     with Producer("http://fake", topic="t", http_transport=coord.transport()) as p:
         s = p._engine._senders[0]
-        assert s.state is SenderState.RUNNING
+        assert state(s) is SenderState.RUNNING
         with pytest.raises(RuntimeError, match="running -> running is not a transition"):
             s._move_to(SenderState.RUNNING)
-    assert s.state is SenderState.CLOSING   # closed, its task ended
+    assert state(s) is SenderState.CLOSING   # closed, its task ended
     assert s.task is not None and s.task.done()
     s.fail_all(errors.ProducerClosed("late"))
-    assert s.state is SenderState.FAILED
+    assert state(s) is SenderState.FAILED
     s.close()   # a failed sender stays failed
-    assert s.state is SenderState.FAILED
+    assert state(s) is SenderState.FAILED
     with pytest.raises(RuntimeError, match="failed -> closing is not a transition"):
         s._move_to(SenderState.CLOSING)
