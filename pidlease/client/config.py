@@ -39,7 +39,8 @@ class ProducerConfig:
         for f in fields(self):  # a str from a config file would fail below as a TypeError
             v = getattr(self, f.name)
             need((isinstance(v, (int, float)) and not isinstance(v, bool))
-                 or (v is None and f.name == "delivery_timeout_ms"), f"{f.name}={v!r} must be a number")
+                 or (v is None and f.name == "delivery_timeout_ms"),
+                 f"{f.name}={v!r} must be a number")
         need(1 <= self.max_in_flight <= 100, f"max_in_flight={self.max_in_flight} must be 1..100")
         need(0 <= self.linger_ms <= 60_000, f"linger_ms={self.linger_ms} must be 0..60000")
         need(self.delivery_timeout_ms is None or self.delivery_timeout_ms > 0,

@@ -105,7 +105,8 @@ _NEXT_STATES = {
 def _checked_move(topic: str, old: ProducerState, new: ProducerState) -> ProducerState:
     """``new``, when old -> new is a transition of ProducerState; else a bug: raises."""
     if new not in _NEXT_STATES[old]:
-        raise RuntimeError(f"producer of topic {topic!r}: {old.value} -> {new.value} is not a transition")
+        raise RuntimeError(f"producer of topic {topic!r}: "
+                           f"{old.value} -> {new.value} is not a transition")
     return new
 
 
@@ -208,7 +209,8 @@ class AsyncProducer:
         # admit's inline case applies: OPEN and not on the readable path (kept in step with
         # the state by _move_to; a bool, read once per record)
         self._admit_inline = False
-        self._value_bytes_max = self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE - RECORD_OVERHEAD
+        self._value_bytes_max = (self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE
+                                 - RECORD_OVERHEAD)
 
     @property
     def pid(self) -> int:

@@ -184,7 +184,8 @@ class PartitionSender:
         self.source = ctx.open_runs
 
     # -- called by the producer (loop thread) -------------------------------------------
-    def enqueue(self, key: bytes | None, value: bytes, seq: int, future: asyncio.Future[RecordMetadata]) -> None:
+    def enqueue(self, key: bytes | None, value: bytes, seq: int,
+                future: asyncio.Future[RecordMetadata]) -> None:
         """One admitted record (``seq`` -1 unless explicit), from ``AsyncProducer.send``."""
         pending = self.pending
         if not pending or pending[-1].closed or not pending[-1].add(key, value, future, seq):
@@ -292,7 +293,8 @@ class PartitionSender:
                 await self._wait(self._deadline_s(now))
         except Exception as exc:  # a bug here must fail the futures, not hang them
             log.exception("sender of partition %s crashed", self.partition)
-            ctx.on_fatal(errors.PidleaseError(f"sender of partition {self.partition} crashed: {exc!r}"))
+            ctx.on_fatal(errors.PidleaseError(
+                f"sender of partition {self.partition} crashed: {exc!r}"))
             raise
 
     async def _wait(self, timeout_s: float | None) -> None:
@@ -491,7 +493,8 @@ class PartitionSender:
         data = protocol.produce_request(corr, ctx.topic, self.partition, ctx.lease.token, b.batch)
         b.attempts += 1
         self._conn = conn
-        b.response = conn.send(protocol.PRODUCE, corr, data, timeout_ms=self._config.request_timeout_ms)
+        b.response = conn.send(protocol.PRODUCE, corr, data,
+                               timeout_ms=self._config.request_timeout_ms)
         b.response.add_done_callback(self._on_answer)
 
     def _on_answer(self, _fut: asyncio.Future[protocol.Response]) -> None:

@@ -157,7 +157,8 @@ def _run_async(readable: bool, topic: str, ops: list[tuple[Any, ...]], settings:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_blocking_producer_fast_and_readable_paths_agree(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocking_producer_fast_and_readable_paths_agree(seed: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     ops = own_numbering_ops(seed)
     fast = _run_blocking(False, "t", ops, _settings(random.Random(seed)), monkeypatch)
     readable = _run_blocking(True, "t", ops, _settings(random.Random(seed)), monkeypatch)
@@ -168,7 +169,8 @@ def test_blocking_producer_fast_and_readable_paths_agree(seed: int, monkeypatch:
 
 
 @pytest.mark.parametrize("seed", SEEDS[:4])
-def test_blocking_producer_paths_agree_with_explicit_ids(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocking_producer_paths_agree_with_explicit_ids(seed: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     ops = explicit_ops(seed)
     fast = _run_blocking(False, "mono", ops, _settings(random.Random(seed)), monkeypatch)
     readable = _run_blocking(True, "mono", ops, _settings(random.Random(seed)), monkeypatch)
@@ -177,7 +179,8 @@ def test_blocking_producer_paths_agree_with_explicit_ids(seed: int, monkeypatch:
 
 
 @pytest.mark.parametrize("seed", SEEDS[:4])
-def test_async_producer_fast_and_readable_paths_agree(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_producer_fast_and_readable_paths_agree(seed: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     for topic, ops in (("t", own_numbering_ops(seed)), ("mono", explicit_ops(seed))):
         fast = _run_async(False, topic, ops, _settings(random.Random(seed)), monkeypatch)
         readable = _run_async(True, topic, ops, _settings(random.Random(seed)), monkeypatch)
