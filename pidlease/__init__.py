@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pidlease import errors
-    from pidlease.client.producer import AsyncProducer, Producer, RecordMetadata
+    from pidlease.client.producer import AsyncProducer, Producer
     from pidlease.client.reader import Reader
+    from pidlease.client.structs import RecordMetadata
     from pidlease.wire.protocol import Record
 
 __all__ = ["Producer", "AsyncProducer", "Reader", "RecordMetadata", "Record", "errors"]
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Producer": "pidlease.client.producer",
     "AsyncProducer": "pidlease.client.producer",
-    "RecordMetadata": "pidlease.client.producer",
+    "RecordMetadata": "pidlease.client.structs",
     "Reader": "pidlease.client.reader",
     "Record": "pidlease.wire.protocol",
     "errors": "pidlease.errors",

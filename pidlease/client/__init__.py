@@ -1,14 +1,22 @@
 """The producer and reader SDK: what an application imports (through ``pidlease``).
 
 - ``producer``       ``AsyncProducer`` (the engine, on asyncio) and ``Producer`` (the same
-                     engine on a background thread, for blocking code)
-- ``sender``         one task per partition: batching, the in-flight window, resends
+                     engine on a background thread, for blocking code); ``ProducerState``
+- ``config``         ``ProducerConfig``: the producer's settings, checked
+- ``sender``         one task per partition: batching, the in-flight window, resends;
+                     given its collaborators (``SenderContext``), it never sees the producer
 - ``record_run``     records of one partition that fit in one batch, and their outcome
 - ``record_future``  the cheap per-record future ``Producer.send`` returns
+- ``structs``        small value types: ``RecordMetadata``, ``BatchAck``
+- ``retry``          the retry policy: ``Backoff``, which errors are retriable
 - ``lease_keeper``   the PID lease: leased at start, renewed in the background
 - ``lease_client``   HTTP clients for the coordinator's JSON API
 - ``leader_pool``    where each partition's leader is; one connection per leader
 - ``connection``     one pipelined connection to a partition server
 - ``partitioner``    which partition a record goes to when the caller does not say
 - ``reader``         ``Reader``: an iterator over one partition's records
+
+Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
+``record_run`` -> ``record_future`` -> ``structs``); tests/unit/test_import_graph.py fails
+on any cycle.
 """

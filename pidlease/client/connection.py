@@ -23,10 +23,10 @@ import asyncio
 import itertools
 import socket
 import ssl
-from typing import Any, Self
+from typing import Any, Self, cast
 
-from pidlease.wire import protocol
 from pidlease.errors import CorruptRecord, ServerUnavailable
+from pidlease.wire import protocol
 from pidlease.wire.framing import FrameDecoder, FrameTooLarge, recv_frame
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, connect_error
 
@@ -50,7 +50,8 @@ class _Protocol(asyncio.Protocol):
         self.decoder = FrameDecoder(conn.frame_bytes_max)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.conn._transport = transport  # type: ignore[assignment]
+        # a stream transport (create_connection's; uvloop's is not an asyncio.Transport subclass)
+        self.conn.attach(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -100,6 +101,10 @@ class Connection:
         if conn.closed:
             raise ServerUnavailable(conn._closed_reason or f"connection to {address} lost at once")
         return conn
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        """The socket is connected (``_Protocol.connection_made``): requests go to it."""
+        self._transport = transport
 
     @property
     def closed(self) -> bool:

@@ -16,26 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from pidlease import errors
 from pidlease.client.lease_client import AsyncLeaseClient, Lease
-from pidlease.client.sender import Backoff
+from pidlease.client.retry import Backoff, retrying
+
+__all__ = ["LeaseKeeper", "retrying"]
 
 log = logging.getLogger("pidlease.client.producer")
-
-
-async def retrying(call: Callable[[], Awaitable[Any]], *, deadline_ms: float, backoff: Backoff,
-                   clock_ms: Callable[[], float]) -> Any:
-    """``await call()`` until it succeeds, raises a fatal error, or ``deadline_ms`` passes."""
-    while True:
-        try:
-            return await call()
-        except errors.PidleaseError as exc:
-            if not exc.retriable or clock_ms() + backoff.cap_ms > deadline_ms:
-                raise
-            await asyncio.sleep(backoff.next_ms() / 1000)
 
 
 class LeaseKeeper:
@@ -88,7 +78,7 @@ class LeaseKeeper:
         """Lease every partition; retriable failures are retried until ``deadline_ms``."""
         self._partitions = partitions
         sent_at = self.clock_ms()
-        first: Lease = await retrying(
+        first = await retrying(
             lambda: self.client.lease(self.topic, 0, -1, producer_name=self.producer_name,
                                       expire_ms=self.expire_ms),
             deadline_ms=deadline_ms, backoff=self.backoff(), clock_ms=self.clock_ms)

@@ -8,7 +8,11 @@ without a key go round robin, one partition after the other.
 
 from __future__ import annotations
 
+import itertools
 import zlib
+from collections.abc import Callable
+
+__all__ = ["Partitioner", "partition_for_key"]
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
@@ -24,11 +28,13 @@ class Partitioner:
         if partitions < 1:
             raise ValueError("a topic has at least one partition")
         self.partitions = partitions
-        self._next = start % partitions
+        first = start % partitions
+        order = [*range(first, partitions), *range(first)]
+        # The next partition of the round robin, as a callable: the iterator's own
+        # ``__next__``, so the producer's send path takes a partition with one C call.
+        self.next_round_robin: Callable[[], int] = itertools.cycle(order).__next__
 
     def partition(self, key: bytes | None) -> int:
         if key is not None:
             return partition_for_key(key, self.partitions)
-        p = self._next
-        self._next = (p + 1) % self.partitions
-        return p
+        return self.next_round_robin()

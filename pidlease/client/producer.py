@@ -10,27 +10,40 @@ input at once, before anything is queued.
 
 Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
 unresolved future and the producer; later sends raise the same error type.
+
+The senders get their collaborators explicitly (``SenderContext``: the leader pool, the
+lease, the settings, the clocks, and callbacks into the engine); they never see the
+producer. The engine's lifecycle is ``ProducerState`` (checked transitions).
+
+Fast path and readable path. ``send`` runs once per record, so its common case is written
+out inline in two places: ``AsyncProducer.admit`` (bytes, no key, no partition, own
+numbering: a few checks) and ``Producer.send`` (the same, appended straight to the
+partition's open run). Everything else, and every record when the switch
+``PIDLEASE_SDK_READABLE_PATH=1`` is set (read once, at import: ``READABLE_PATH``; a
+producer takes its value when it is built), goes through the readable path: ``admit``'s
+full checks, ``Partitioner.partition``, ``RecordRun.add``. Both give the same records,
+futures and batches: tests/unit/test_sdk_paths.py compares them on random workloads, and
+the SDK's unit tests run both ways (tests/unit/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import enum
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, Self
+from collections.abc import Callable, Coroutine
+from typing import Any, Self, TypeVar
 
 import httpx
 
 from pidlease import errors
-from pidlease.wire import protocol
-from pidlease.client.connection import Connection
-from pidlease.errors import DeliveryTimeout, ProducerClosed
+from pidlease.client.config import DEFAULTS as _DEFAULTS
+from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig
 from pidlease.client.leader_pool import LeaderPool
 from pidlease.client.lease_client import (
     DEFAULT_COORDINATOR,
@@ -38,73 +51,63 @@ from pidlease.client.lease_client import (
     TopicInfo,
     coordinator_base_url,
 )
-from pidlease.client.lease_keeper import LeaseKeeper, retrying
+from pidlease.client.lease_keeper import LeaseKeeper
 from pidlease.client.partitioner import Partitioner
-from pidlease.client.record_future import (
-    BatchAck,
-    RecordFuture,
-    fail_run,
-    future_class,
-    settle_unseen,
-    settled_run,
-)
+from pidlease.client.record_future import RecordFuture, future_class, place, settle, settled_run
 from pidlease.client.record_run import RecordRun
-from pidlease.client.sender import PartitionSender, RecordMetadata, settle
+from pidlease.client.retry import retrying
+from pidlease.client.sender import PartitionSender, SenderContext
+from pidlease.client.structs import BatchAck, RecordMetadata
+from pidlease.errors import DeliveryTimeout, ProducerClosed
+from pidlease.wire import protocol
 from pidlease.wire.tls import client_ssl_context
 
 __all__ = [
+    "READABLE_PATH",
     "AsyncProducer",
     "DeliveryTimeout",
     "Producer",
     "ProducerClosed",
     "ProducerConfig",
+    "ProducerState",
     "RecordMetadata",
 ]
 
 log = logging.getLogger("pidlease.client.producer")
-_RECORD_OVERHEAD = 8  # key_len + value_len in the batch format
+T = TypeVar("T")
+
+# Every send through the readable path (see the module docstring). Read once; a producer
+# takes the value current when it is built, so tests can flip it per producer.
+READABLE_PATH: bool = os.environ.get("PIDLEASE_SDK_READABLE_PATH", "0") == "1"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ProducerConfig:
-    """The producer's tuning settings; ``AsyncProducer``/``Producer`` take each as a keyword
-    of the same name and default. A value out of range raises ``ConfigError``."""
+class ProducerState(enum.Enum):
+    """The engine's lifecycle. NEW -> OPEN (``start``) -> CLOSING (``close``) -> CLOSED;
+    OPEN or CLOSING -> FAILED (a fatal error; ``fatal`` holds it) -> CLOSED (``close``);
+    NEW -> CLOSING (closed without being started). Only OPEN admits records."""
 
-    max_in_flight: int = 5
-    linger_ms: float = 5
-    delivery_timeout_ms: int | None = None
-    batch_bytes_max: int = 512 * 1024
-    batch_records_max: int = 1000
-    buffer_records_max: int = 50_000      # admitted but unresolved records; send() waits beyond
-    request_timeout_ms: int = 30_000
-    retry_backoff_ms: float = 50
-    retry_backoff_max_ms: float = 1000
-    start_timeout_ms: int = 30_000        # leasing at start: retried this long
-    metadata_refresh_min_ms: float = 100  # at most one topic lookup per this interval
-
-    def check(self) -> None:
-        def need(ok: bool, what: str) -> None:
-            if not ok:
-                raise errors.ConfigError(f"producer setting {what}")
-        for f in fields(self):  # a str from a config file would fail below as a TypeError
-            v = getattr(self, f.name)
-            need((isinstance(v, (int, float)) and not isinstance(v, bool))
-                 or (v is None and f.name == "delivery_timeout_ms"), f"{f.name}={v!r} must be a number")
-        need(1 <= self.max_in_flight <= 100, f"max_in_flight={self.max_in_flight} must be 1..100")
-        need(0 <= self.linger_ms <= 60_000, f"linger_ms={self.linger_ms} must be 0..60000")
-        need(self.delivery_timeout_ms is None or self.delivery_timeout_ms > 0,
-             "delivery_timeout_ms must be positive, or None to retry forever")
-        need(protocol.BATCH_HEADER_SIZE + _RECORD_OVERHEAD < self.batch_bytes_max
-             <= protocol.FRAME_BYTES_MAX_DEFAULT // 2, "batch_bytes_max is out of range")
-        need(1 <= self.batch_records_max <= 1_000_000, "batch_records_max must be 1..1000000")
-        need(self.buffer_records_max >= self.batch_records_max,
-             "buffer_records_max must be at least batch_records_max")
-        need(self.request_timeout_ms > 0, "request_timeout_ms must be positive")
-        need(0 < self.retry_backoff_ms <= self.retry_backoff_max_ms,
-             "retry_backoff_ms must be positive and at most retry_backoff_max_ms")
+    NEW = "new"
+    OPEN = "open"
+    FAILED = "failed"
+    CLOSING = "closing"
+    CLOSED = "closed"
 
 
-_DEFAULTS = ProducerConfig()  # the keyword defaults of AsyncProducer and Producer
+_NEXT_STATES = {
+    ProducerState.NEW: {ProducerState.OPEN, ProducerState.CLOSING},
+    ProducerState.OPEN: {ProducerState.FAILED, ProducerState.CLOSING},
+    ProducerState.CLOSING: {ProducerState.FAILED, ProducerState.CLOSED},
+    ProducerState.FAILED: {ProducerState.CLOSED},
+    ProducerState.CLOSED: set(),
+}
+
+
+def _checked_move(topic: str, old: ProducerState, new: ProducerState) -> ProducerState:
+    """``new``, when old -> new is a transition of ProducerState; else a bug: raises."""
+    if new not in _NEXT_STATES[old]:
+        raise RuntimeError(f"producer of topic {topic!r}: "
+                           f"{old.value} -> {new.value} is not a transition")
+    return new
 
 
 def _as_bytes(x: Any, what: str) -> bytes:
@@ -182,10 +185,12 @@ class AsyncProducer:
         self.fatal: errors.PidleaseError | None = None
         self.stats = {"batches_resent": 0, "retries": 0}
         self.lock = threading.Lock()  # guards admit(): Producer.send runs it on callers' threads
+        # Set by Producer before start: records resolved, the engine failed, its futures'
+        # shared Condition (they are RecordFutures), its open runs (see Producer.send).
         self.release_hook: Callable[[int], None] | None = None
         self.fail_hook: Callable[[errors.PidleaseError], None] | None = None
-        # Set by Producer: its futures are RecordFutures sharing this Condition.
         self.future_condition: threading.Condition | None = None
+        self.open_runs: Producer | None = None
         self._http_transport = http_transport
         self._api_token = api_token
         self._tls_ca_file, self._tls = tls_ca_file, tls  # pidlease/wire/tls.py
@@ -199,11 +204,13 @@ class AsyncProducer:
         self._last_given: list[int] = []
         self._buffered = 0
         self._space: asyncio.Event | None = None
-        self._started = False
-        self._closing = False
-        self._open = False       # started, not closing, not failed: admit's fast path
-        self._value_bytes_max = self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE - _RECORD_OVERHEAD
-        self._closed = False
+        self._state = ProducerState.NEW
+        self._readable = READABLE_PATH
+        # admit's inline case applies: OPEN and not on the readable path (kept in step with
+        # the state by _move_to; a bool, read once per record)
+        self._admit_inline = False
+        self._value_bytes_max = (self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE
+                                 - RECORD_OVERHEAD)
 
     @property
     def pid(self) -> int:
@@ -218,6 +225,20 @@ class AsyncProducer:
         assert self._lease is not None
         return self._lease.token
 
+    @property
+    def state(self) -> ProducerState:
+        return self._state
+
+    @property
+    def partitioner(self) -> Partitioner:
+        """Where records without a partition go (after ``start``)."""
+        assert self._partitioner is not None, "the producer is not started"
+        return self._partitioner
+
+    def _move_to(self, state: ProducerState) -> None:
+        self._state = _checked_move(self.topic, self._state, state)
+        self._admit_inline = state is ProducerState.OPEN and not self._readable
+
     # -- lifecycle -----------------------------------------------------------------------
     @classmethod
     async def create(cls, *args: Any, **kwargs: Any) -> AsyncProducer:
@@ -225,7 +246,7 @@ class AsyncProducer:
 
     async def start(self) -> Self:
         """Look the topic up and lease the PID on every partition (see lease_keeper.py)."""
-        if self._started:
+        if self._state is not ProducerState.NEW:
             return self
         cfg = self.config
         client = self._client = AsyncLeaseClient(self.coordinator_url, request_timeout_ms=cfg.request_timeout_ms,
@@ -251,7 +272,13 @@ class AsyncProducer:
         self._partitioner = Partitioner(self.partitions, start=self.rng.randrange(self.partitions))
         self._space = asyncio.Event()
         self._space.set()
-        self._senders = [PartitionSender(self, p, next_sequence=leases[p].sequence_number)
+        ctx = SenderContext(
+            topic=self.topic, config=cfg, leaders=self._pool, lease=self._lease,
+            clock_ms=self.clock_ms, wall_ms=self.wall_ms, rng=self.rng,
+            future_condition=self.future_condition, open_runs=self.open_runs,
+            on_fatal=self.fail, on_retry=self._on_retry, on_resent=self._on_resent,
+            on_resolved=self.records_resolved)
+        self._senders = [PartitionSender(ctx, p, next_sequence=leases[p].sequence_number)
                          for p in range(self.partitions)]
         self._last_given = [leases[p].sequence_number - 1 for p in range(self.partitions)]
         # What a replayed (already durable) explicit sequence id resolves to: record i of
@@ -261,20 +288,18 @@ class AsyncProducer:
         for s in self._senders:
             s.start()
         self._lease.start()
-        self._started = True
-        self._open = True
+        self._move_to(ProducerState.OPEN)
         return self
 
     async def close(self, timeout_ms: float | None = None) -> None:
         """Deliver what was sent (up to ``timeout_ms``; then fail the rest), stop, release
         connections. Idempotent."""
-        if self._closed:
+        if self._state is ProducerState.CLOSED:
             return
-        self._closing = True
-        self._open = False
+        if self._state in (ProducerState.NEW, ProducerState.OPEN):
+            self._move_to(ProducerState.CLOSING)   # FAILED stays so until CLOSED
         for s in self._senders:
-            s.closing = True
-            s.wake()
+            s.close()
         tasks = [s.task for s in self._senders if s.task is not None]
         if tasks:
             _done, late = await asyncio.wait(tasks, timeout=None if timeout_ms is None else timeout_ms / 1000)
@@ -287,7 +312,11 @@ class AsyncProducer:
             await self._pool.close()
         if self._client is not None:
             await self._client.close()
-        self._closed = True
+        self._finish_close()
+
+    def _finish_close(self) -> None:
+        if self._state is not ProducerState.CLOSED:   # a second close() may have finished first
+            self._move_to(ProducerState.CLOSED)
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -339,10 +368,10 @@ class AsyncProducer:
     def check_open(self) -> None:
         if self.fatal is not None:
             raise _fresh(self.fatal)
-        if self._closing:
-            raise ProducerClosed("the producer is closed")
-        if not self._started:
+        if self._state is ProducerState.NEW:
             raise ProducerClosed("the producer is not started: await start() or use create()")
+        if self._state is not ProducerState.OPEN:
+            raise ProducerClosed("the producer is closed")
 
     def _check_partition(self, partition: Any) -> None:
         if not isinstance(partition, int) or isinstance(partition, bool) or \
@@ -351,11 +380,12 @@ class AsyncProducer:
                                         f"of topic {self.topic!r}")
 
     def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
-              fut: Any) -> tuple[int, bytes | None, bytes, int] | None:
+              fut: asyncio.Future[RecordMetadata] | RecordFuture,
+              ) -> tuple[int, bytes | None, bytes, int] | None:
         """Validate one record and place it: (partition, key, value, explicit sequence id
         or -1); None when it was resolved at once (an explicit sequence id already
         durable: a duplicate). Raises on bad input, changing nothing."""
-        if (self._open and type(value) is bytes and key is None and partition is None
+        if (self._admit_inline and type(value) is bytes and key is None and partition is None
                 and sequence_id is None and self._explicit is not True
                 and len(value) <= self._value_bytes_max):
             # The common case (bytes, no key, no partition, the producer's own numbering)
@@ -366,7 +396,7 @@ class AsyncProducer:
         self.check_open()
         value_b = _as_bytes(value, "value")
         key_b = None if key is None else _as_bytes(key, "key")
-        size = len(value_b) + (len(key_b) if key_b is not None else 0) + _RECORD_OVERHEAD
+        size = len(value_b) + (len(key_b) if key_b is not None else 0) + RECORD_OVERHEAD
         if size + protocol.BATCH_HEADER_SIZE > self.config.batch_bytes_max:
             raise errors.RecordTooLarge(f"record of {size} bytes does not fit batch_bytes_max="
                                         f"{self.config.batch_bytes_max}")
@@ -392,7 +422,7 @@ class AsyncProducer:
                 if seq <= self._senders[p].last_acked:
                     self._explicit = True
                     if isinstance(fut, RecordFuture):  # a replay: cheap, it is per record
-                        settle_unseen(fut, self._replayed[p], seq)
+                        place(fut, self._replayed[p], seq)
                     else:
                         settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
                     return None
@@ -410,10 +440,16 @@ class AsyncProducer:
         assert self._partitioner is not None
         return self._partitioner.partition(None)
 
-    def enqueue(self, partition: int, key: bytes | None, value: bytes, seq: int, fut: Any) -> None:
+    def own_numbering_open(self) -> bool:
+        """OPEN, off the readable path, and numbering records itself: what the inline case
+        of ``Producer.send`` assumes (under self.lock)."""
+        return self._admit_inline and self._explicit is False
+
+    def enqueue(self, partition: int, key: bytes | None, value: bytes, seq: int,
+                fut: asyncio.Future[RecordMetadata]) -> None:
         """Hand an admitted record to its partition (loop thread)."""
         self._buffered += 1
-        if self.fatal is not None or self._closed:
+        if self.fatal is not None or self._state is ProducerState.CLOSED:
             settle(fut, exc=_fresh(self.fatal) if self.fatal else ProducerClosed("closed"))
             self.records_resolved(1)
             return
@@ -424,7 +460,7 @@ class AsyncProducer:
         (loop thread; see ``Producer.send``)."""
         n = sum(len(r.values) for r in runs)
         self._buffered += n
-        if self.fatal is not None or self._closed:
+        if self.fatal is not None or self._state is ProducerState.CLOSED:
             exc = _fresh(self.fatal) if self.fatal else ProducerClosed("closed")
             for r in runs:
                 self.fail_run(r, exc)
@@ -434,12 +470,7 @@ class AsyncProducer:
 
     def fail_run(self, run: RecordRun, exc: BaseException) -> None:
         """Fail the records of ``run`` that are still open."""
-        if run.futures is None:
-            assert self.future_condition is not None
-            fail_run(self.future_condition, run, exc)
-        else:
-            for fut in run.futures:
-                settle(fut, exc=exc)
+        run.fail(exc, self.future_condition)
 
     def records_resolved(self, n: int) -> None:
         self._buffered = max(0, self._buffered - n)
@@ -448,12 +479,14 @@ class AsyncProducer:
         if self.release_hook is not None:
             self.release_hook(n)
 
-    # -- used by the senders -------------------------------------------------------------
+    # -- the senders' and the lease keeper's callbacks ----------------------------------
     def fail(self, exc: errors.PidleaseError) -> None:
+        """A fatal error: fail every unresolved record and the producer (once)."""
         if self.fatal is not None:
             return
         self.fatal = exc
-        self._open = False
+        if self._state in (ProducerState.OPEN, ProducerState.CLOSING):
+            self._move_to(ProducerState.FAILED)
         log.error("producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail)
         for s in self._senders:
             s.fail_all(exc)
@@ -464,24 +497,25 @@ class AsyncProducer:
         if self._lease is not None:
             self._lease.halt()
 
-    def note_retry(self, partition: int, exc: errors.PidleaseError) -> None:
+    def _on_retry(self, partition: int, exc: errors.PidleaseError) -> None:
         self.stats["retries"] += 1
         log.info("partition %s: retrying after %s: %s", partition, exc.name, exc.detail)
 
-    def token_ok(self, now_ms: float) -> bool:
-        return self._lease is not None and self._lease.token_ok(now_ms)
-
-    async def connection_for(self, partition: int) -> Connection:
-        assert self._pool is not None
-        return await self._pool.connection_for(partition)
+    def _on_resent(self, batches: int) -> None:
+        self.stats["batches_resent"] += batches
 
     async def refresh_metadata(self) -> None:
-        assert self._pool is not None
+        """Look the topic's leaders up again (at most once per metadata_refresh_min_ms)."""
+        assert self._pool is not None, "the producer is not started"
         await self._pool.refresh()
 
     def _wake_senders(self) -> None:
         for s in self._senders:
             s.wake()
+
+    def wake_partition(self, partition: int) -> None:
+        """Its sender has something new to look at (loop thread)."""
+        self._senders[partition].wake()
 
 
 class Producer:
@@ -529,13 +563,15 @@ class Producer:
         self._touched: set[int] = set()
         self._wakeup_scheduled = False
         self._fast = False       # send's inline path applies: open, own numbering, not closing
-        self._closing = False
+        # This side's lifecycle (under the lock): NEW until the engine started, OPEN,
+        # CLOSING from close() on (sends raise ProducerClosed), CLOSED once the loop stopped.
+        # A failure is the engine's (its state and ``fatal``).
+        self._state = ProducerState.NEW
         self._lock = self._engine.lock
         cfg = self._engine.config
         self._records_max = cfg.batch_records_max
         self._bytes_max = cfg.batch_bytes_max
         self._buffer_max = cfg.buffer_records_max
-        self._closed = False
         # buffer_records_max, counted under the engine's lock per run, not per record:
         # _committed records were handed to the loop and are unresolved; each open run
         # reserves room for `cap` records (_reserved: their sum), which send() fills without
@@ -547,6 +583,7 @@ class Producer:
         self._engine.release_hook = self._release
         self._engine.fail_hook = self._on_fail
         self._engine.future_condition = cond = threading.Condition()
+        self._engine.open_runs = self
         self._future_class = future_class(cond)
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
@@ -557,13 +594,15 @@ class Producer:
             self._stop_loop()
             raise
         eng = self._engine
-        assert eng._partitioner is not None
-        self._partitioner: Partitioner = eng._partitioner
+        # Round robin for the inline case: the Partitioner's own counter, one C call.
+        self._next_round_robin = eng.partitioner.next_round_robin
         self._single = eng.partitions == 1
         with self._lock:
             self._open_runs = [None] * eng.partitions
-        for s in eng._senders:
-            s.source = self
+            self._move_to(ProducerState.OPEN)
+
+    def _move_to(self, state: ProducerState) -> None:
+        self._state = _checked_move(self.topic, self._state, state)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -584,7 +623,7 @@ class Producer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
 
-    def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     @property
@@ -612,7 +651,7 @@ class Producer:
 
     def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
              sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
-        fut = self._future_class()
+        fut: RecordFuture = self._future_class()
         lock = self._lock
         lock.acquire()
         try:
@@ -621,22 +660,21 @@ class Producer:
             # open run, room left in that run) is written out inline: place the future on
             # the run, append the value. The run's `cap` covers both the batch limits and
             # buffer_records_max. Everything else goes through _send_slow (once per batch
-            # in the common case).
+            # in the common case; every record on the readable path, where _fast stays
+            # False: READABLE_PATH).
             if (self._fast and key is None and partition is None and sequence_id is None
                     and type(value) is bytes):
-                if self._single:
-                    p = 0
-                else:   # round robin, the Partitioner's own counter (under the lock)
-                    part = self._partitioner
-                    p = part._next
-                    part._next = p + 1 if p + 1 < part.partitions else 0
+                # round robin: the Partitioner's own iterator (under the lock)
+                p = 0 if self._single else self._next_round_robin()
                 run = self._open_runs[p]
                 if run is not None:
                     values = run.values
                     i = len(values)
                     if i < run.cap and len(value) == run.vlen:
-                        fut._run = run
-                        fut._i = i
+                        # record_future.place(fut, run, i), written out: a call costs
+                        # this line ~8 % (see RecordFuture)
+                        fut.record_run = run
+                        fut.record_index = i
                         values.append(value)
                         return fut
                 return self._send_slow(fut, value, None, p, None)
@@ -646,9 +684,10 @@ class Producer:
 
     def _send_slow(self, fut: RecordFuture, value: Any, key: Any, partition: int | None,
                    sequence_id: int | None) -> RecordFuture:
-        """send() for everything but the inline case (under the engine's lock): waits for
-        buffer space, validates (admit), places the record (a new run when the open one
-        cannot take it), and sets the run's room for the inline case."""
+        """send() for everything but the inline case, and the readable path for every
+        record (under the engine's lock): waits for buffer space, validates (admit), places
+        the record (``RecordRun.add``; a new run when the open one cannot take it), and sets
+        the run's room for the inline case."""
         eng = self._engine
         while self._committed + self._reserved >= self._buffer_max:
             runs = self._open_runs
@@ -656,10 +695,10 @@ class Producer:
             if run is not None and len(run.values) < run.cap:
                 break   # the record's partition has room reserved already
             eng.check_open()  # a producer that failed while we waited must not block us
-            if self._closing:
+            if self._state is not ProducerState.OPEN:
                 raise ProducerClosed("the producer is closed")
             self._space.wait(0.2)
-        if self._closing:
+        if self._state is not ProducerState.OPEN:
             raise ProducerClosed("the producer is closed")
         got = eng.admit(value, key, partition, sequence_id, fut)
         if got is None:
@@ -685,7 +724,7 @@ class Producer:
         cap = max(n, min(fits, run.cap + free))
         self._reserved += cap - run.cap
         run.cap = cap
-        self._fast = eng._open and eng._explicit is False
+        self._fast = eng.own_numbering_open()
         return fut
 
     def _close_run(self, p: int, run: RecordRun) -> None:
@@ -722,16 +761,13 @@ class Producer:
                 handoff.append((partition, run))
         self._deliver(handoff)
 
-    def _take_all(self, *, closing: bool = False) -> list[tuple[int, RecordRun]]:
+    def _take_all(self) -> list[tuple[int, RecordRun]]:
         with self._lock:
             taken, self._handoff = self._handoff, []
             for p, run in enumerate(self._open_runs):
                 if run is not None:
                     self._close_run(p, run)
                     taken.append((p, run))
-            if closing:
-                self._closing = True
-                self._fast = False
         return taken
 
     def _deliver(self, taken: list[tuple[int, RecordRun]]) -> None:
@@ -744,9 +780,8 @@ class Producer:
             handoff, self._handoff = self._handoff, []
             touched, self._touched = self._touched, set()
         self._deliver(handoff)
-        senders = self._engine._senders
         for p in touched:   # a new open run: its sender arms the linger timer
-            senders[p].wake()
+            self._engine.wake_partition(p)
 
     def _on_fail(self, exc: errors.PidleaseError) -> None:
         """The engine failed (loop thread): fail the records still on this side too."""
@@ -774,7 +809,7 @@ class Producer:
         await self._engine.flush()
 
     async def _close(self, timeout_ms: float | None) -> None:
-        self._deliver(self._take_all(closing=True))
+        self._deliver(self._take_all())
         await self._engine.close(timeout_ms)
 
     async def _drop(self) -> None:
@@ -789,14 +824,19 @@ class Producer:
         self._call(self._drop())
 
     def close(self, timeout_ms: float | None = None) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Deliver what was sent (up to ``timeout_ms``; then fail the rest), stop, release
+        connections. Sends from now on raise ``ProducerClosed``. Idempotent."""
+        with self._lock:
+            if self._state is not ProducerState.OPEN:
+                return
+            self._move_to(ProducerState.CLOSING)
+            self._fast = False
         try:
-            if self._engine._started:
-                self._call(self._close(timeout_ms))
+            self._call(self._close(timeout_ms))
         finally:
             self._stop_loop()
+            with self._lock:
+                self._move_to(ProducerState.CLOSED)
 
     def __enter__(self) -> Self:
         return self

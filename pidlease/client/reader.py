@@ -25,9 +25,9 @@ from typing import Self
 import httpx
 
 from pidlease import errors
-from pidlease.wire import protocol
 from pidlease.client.connection import BlockingConnection
 from pidlease.client.lease_client import LeaseClient, coordinator_base_url
+from pidlease.wire import protocol
 from pidlease.wire.tls import client_ssl_context
 
 FETCH_BYTES_DEFAULT = 1024 * 1024

@@ -8,10 +8,15 @@ half of the producer's CPU per record. Kafka's Java producer answers the same pr
 one latch per batch behind light per-record futures (``FutureRecordMetadata`` points at
 its batch's ``ProduceRequestResult``). This module does the same:
 
-- A ``RecordFuture`` holds only where its record is: ``_run`` (the ``RunState`` of its
-  batch, in practice the ``RecordRun`` the record was appended to) and ``_i`` (the
-  record's index in it). Its state is read from the run: resolving a batch is one store
-  on the run (``resolve_run`` / ``fail_run``), whatever the number of records.
+- A ``RecordFuture`` holds only where its record is: ``record_run`` (the ``RunState`` of
+  its batch, in practice the ``RecordRun`` the record was appended to) and
+  ``record_index`` (the record's index in it). Its state is read from the run: resolving
+  a batch is one store on the run (``resolve_run`` / ``fail_run``), whatever the number
+  of records.
+- Where its record is is the future's public contract with whoever makes it: set once,
+  before the future is handed out (``place``; the blocking producer's inline send path
+  makes the two stores itself, since a call per record costs it ~8 % of ``send()``'s CPU:
+  bench/bench_send.py), read only here afterwards.
 - All the futures of one producer share one Condition (a class attribute of a subclass
   made per producer, ``future_class``); a batch is resolved under one acquisition of it
   with one ``notify_all``.
@@ -31,34 +36,40 @@ cancelled or set by hand, else its run's).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
+
+# -- the one place that leans on concurrent.futures internals ----------------------------
+# Why: a RecordFuture must *be* a concurrent.futures.Future (``asyncio.wrap_future`` checks
+# isinstance; ``concurrent.futures.wait``/``as_completed`` read ``_condition``, ``_state``
+# and ``_waiters`` of any future they are given, and ``add_done_callback`` calls
+# ``_invoke_callbacks``). Being one without the base class's ``__init__`` (a Condition per
+# record, the cost this module exists to avoid) means speaking its private protocol: the
+# state strings below, the attributes ``_condition``, ``_state``, ``_waiters``,
+# ``_done_callbacks``, ``_result``, ``_exception``, and the waiters' ``add_result`` /
+# ``add_exception``. No public API offers it (composition with a real Future per record
+# is the cost we avoid), so it is named here once, and
+# tests/unit/test_sdk_record_future.py pins it against the running Python
+# (``test_the_future_internals_this_module_uses_are_there``).
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+)
 from typing import Any
+
+from pidlease.client.structs import BatchAck, RecordMetadata
 
 _SETTLED = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
 
+__all__ = ["BatchAck", "RecordFuture", "RunState", "fail_all", "fail_run", "future_class",
+           "place", "resolve_run", "settle", "settled_run"]
 
-class BatchAck:
-    """What the server answered for one batch; each record's metadata is derived from it."""
-
-    __slots__ = ("base_offset", "base_sequence", "duplicate", "partition", "topic")
-
-    def __init__(self, topic: str, partition: int, base_offset: int, base_sequence: int,
-                 duplicate: bool) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.base_offset = base_offset
-        self.base_sequence = base_sequence
-        self.duplicate = duplicate
-
-    def metadata(self, i: int) -> Any:
-        from pidlease.client.sender import RecordMetadata  # sender imports this module
-
-        off = self.base_offset + i if self.base_offset >= 0 else -1
-        return RecordMetadata(self.topic, self.partition, off, self.base_sequence + i,
-                              self.duplicate)
+_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
 class RunState:
@@ -69,11 +80,11 @@ class RunState:
 
     def __init__(self) -> None:
         self.state = PENDING
-        self.outcome: Any = None
+        self.outcome: BatchAck | BaseException | None = None
         self.watched: list[RecordFuture] | None = None
 
 
-def settled_run(outcome: Any) -> RunState:
+def settled_run(outcome: BatchAck | BaseException) -> RunState:
     """A run that is already resolved (``outcome``: a BatchAck or an exception)."""
     run = RunState()
     run.outcome = outcome
@@ -81,14 +92,15 @@ def settled_run(outcome: Any) -> RunState:
     return run
 
 
-class RecordFuture(Future):  # type: ignore[type-arg]
+class RecordFuture(Future[RecordMetadata]):
     """The future of one record's ``RecordMetadata``; see the module docstring. Use the
     class ``future_class(condition)`` returns: it carries the shared Condition. Whoever
-    makes one places it at once (``_run``, ``_i``)."""
+    makes one places it on its run at once (sets ``record_run`` and ``record_index``, or
+    calls ``place``) and never again."""
 
     _condition: threading.Condition
-    _run: RunState
-    _i: int = 0
+    record_run: RunState             # the run (batch) of this future's record
+    record_index: int = 0            # the record's index in it
     _own: str | None = None          # the state set on this future itself (cancel, set_result)
     _result: Any = None              # RecordMetadata once built (or set by hand)
     _exception: BaseException | None = None
@@ -97,10 +109,10 @@ class RecordFuture(Future):  # type: ignore[type-arg]
     # costs what an empty object costs.
     __init__ = object.__init__
 
-    @property  # type: ignore[override]
+    @property
     def _state(self) -> str:
         own = self._own
-        return own if own in _SETTLED else self._run.state
+        return own if own in _SETTLED else self.record_run.state
 
     @_state.setter
     def _state(self, value: str) -> None:
@@ -113,7 +125,7 @@ class RecordFuture(Future):  # type: ignore[type-arg]
         if name == "_waiters" or name == "_done_callbacks":
             made: list[Any] = []
             object.__setattr__(self, name, made)
-            run = self._run
+            run = self.record_run
             if run.state == PENDING:   # a resolved run never looks at them again
                 if run.watched is None:
                     run.watched = [self]
@@ -135,14 +147,15 @@ class RecordFuture(Future):  # type: ignore[type-arg]
             if self._exception is not None:
                 raise self._exception
             return r
-        out = self._run.outcome
+        out = self.record_run.outcome
         if isinstance(out, BaseException):
             raise out
-        r = self._result = out.metadata(self._i)
+        assert out is not None   # FINISHED: an outcome was stored with the state
+        r = self._result = out.metadata(self.record_index)
         return r
 
     def result(self, timeout: float | None = None) -> Any:
-        if self._own is None and self._run.state == FINISHED:  # no lock needed: final
+        if self._own is None and self.record_run.state == FINISHED:  # no lock needed: final
             return self._outcome()
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -150,8 +163,8 @@ class RecordFuture(Future):  # type: ignore[type-arg]
             return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._own is None and self._run.state == FINISHED:
-            out = self._run.outcome
+        if self._own is None and self.record_run.state == FINISHED:
+            out = self.record_run.outcome
             return out if isinstance(out, BaseException) else None
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -160,7 +173,7 @@ class RecordFuture(Future):  # type: ignore[type-arg]
                 raise CancelledError()
             if self._own == FINISHED:
                 return self._exception
-            out = self._run.outcome
+            out = self.record_run.outcome
             return out if isinstance(out, BaseException) else None
 
     def __repr__(self) -> str:
@@ -208,14 +221,29 @@ def fail_run(condition: threading.Condition, run: RunState, exc: BaseException) 
     _settle_run(condition, run, exc)
 
 
-def settle_unseen(future: RecordFuture, run: RunState, i: int) -> None:
-    """Place a future that has not been handed to anyone yet on an already resolved run
-    (``settled_run``) as its record ``i``: no lock needed."""
-    future._run = run
-    future._i = i
+def place(future: RecordFuture, run: RunState, i: int) -> None:
+    """Make ``future`` the future of record ``i`` of ``run`` (its state and outcome are the
+    run's from now on). Only for a future not handed to anyone yet: no lock needed."""
+    future.record_run = run
+    future.record_index = i
 
 
 def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: BaseException) -> None:
     """Fail every run of ``runs`` that is still open."""
     for run in runs:
         _settle_run(condition, run, exc)
+
+
+def settle(fut: asyncio.Future[Any] | Future[Any], result: Any = None,
+           exc: BaseException | None = None) -> None:
+    """Resolve one user future (an ``AsyncProducer``'s asyncio future, or any
+    ``concurrent.futures.Future``) unless the user already cancelled it."""
+    if fut.done():
+        return
+    try:
+        if exc is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exc)
+    except _INVALID_STATE:
+        pass  # cancelled by the user in another thread between done() and here

@@ -23,16 +23,20 @@ explicit mode, its first and last sequence ids.
 from __future__ import annotations
 
 import itertools
+import threading
 from functools import partial
 from typing import Any
 
+from pidlease.client.config import RECORD_OVERHEAD
+from pidlease.client.record_future import RunState, fail_run, place, resolve_run, settle
+from pidlease.client.structs import BatchAck
 from pidlease.wire import protocol
 from pidlease.wire.protocol import BATCH_HEADER_SIZE
-from pidlease.client.record_future import RunState
+
+__all__ = ["RECORD_OVERHEAD", "RecordRun"]
 
 _REC_HEAD = protocol.REC_HEAD
 _head_no_key = partial(_REC_HEAD.pack, -1)
-RECORD_OVERHEAD = 8   # key_len + value_len of each record
 
 
 class RecordRun(RunState):
@@ -85,8 +89,7 @@ class RecordRun(RunState):
             self.keyed[n] = len(key)
             value = key + value
         if self.futures is None:
-            future._run = self
-            future._i = n
+            place(future, self, n)
         else:
             self.futures.append(future)
         values.append(value)
@@ -134,3 +137,24 @@ class RecordRun(RunState):
         return protocol.batch_from_parts(self.body_parts(), len(self.values), pid=pid,
                                          generation=generation, base_sequence=base_sequence,
                                          timestamp_ms=timestamp_ms)
+
+    # -- the outcome of its records -------------------------------------------------------
+    def resolve(self, ack: BatchAck, condition: threading.Condition | None) -> None:
+        """The batch of this run was acknowledged: record ``i`` gets ``ack.metadata(i)``.
+        Linked futures (the blocking Producer's, sharing ``condition``) by one store on the
+        run; asyncio futures one by one."""
+        if self.futures is None:
+            assert condition is not None, "linked runs need the futures' Condition"
+            resolve_run(condition, self, ack)
+        else:
+            for i, fut in enumerate(self.futures):
+                settle(fut, ack.metadata(i))
+
+    def fail(self, exc: BaseException, condition: threading.Condition | None) -> None:
+        """Fail the records of this run that are still open."""
+        if self.futures is None:
+            assert condition is not None, "linked runs need the futures' Condition"
+            fail_run(condition, self, exc)
+        else:
+            for fut in self.futures:
+                settle(fut, exc=exc)

@@ -23,43 +23,113 @@ records once the producer has admitted them:
   unresolved batch it is real, and fatal.
 
 User futures are resolved in sequence order when a batch reaches the head of the window.
+
+A sender is given what it uses and does not own, in one ``SenderContext`` shared by the
+senders of a producer: the leaders (``Leaders``: ``LeaderPool``), the lease
+(``LeaseView``: ``LeaseKeeper``), the settings, the clocks and the randomness, the blocking
+producer's open runs (``OpenRuns``), and callbacks for what it reports (a fatal error,
+a retry, resent batches, resolved records). It never sees the producer; the producer
+drives it through ``enqueue``/``enqueue_runs``, ``wake``, ``wait_resolved``, ``close``
+and ``fail_all``. Its lifecycle is ``SenderState``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import enum
 import logging
 import random
+import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from pidlease import errors
-from pidlease.wire import protocol
-from pidlease.errors import DeliveryTimeout, ProducerClosed  # noqa: F401  (defined here once; old imports work)
-from pidlease.client.record_future import BatchAck, fail_run, resolve_run
+from pidlease.client.config import ProducerConfig
+from pidlease.client.connection import Connection
 from pidlease.client.record_run import RecordRun
+from pidlease.client.retry import Backoff, retriable
+from pidlease.client.structs import BatchAck, RecordMetadata
+from pidlease.errors import DeliveryTimeout, ProducerClosed
+from pidlease.wire import protocol
 
-if TYPE_CHECKING:
-    from pidlease.client.producer import AsyncProducer
+__all__ = ["Backoff", "DeliveryTimeout", "InFlightBatch", "Leaders", "LeaseView", "OpenRuns",
+           "PartitionSender", "ProducerClosed", "RecordMetadata", "SenderContext", "SenderState"]
 
 log = logging.getLogger("pidlease.client.producer")
 _SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
-_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
-    """Where a sent record is. ``duplicate`` means the server already had it (a retry of
-    something that was written); ``offset`` is then the original one, or -1 when the
-    server no longer remembers it."""
+# -- what a sender needs from the rest of the engine, given explicitly -------------------
+class Leaders(Protocol):
+    """Where each partition's leader is, and a connection to it (``LeaderPool``)."""
+
+    async def connection_for(self, partition: int) -> Connection: ...
+
+    async def refresh(self) -> None: ...
+
+
+class LeaseView(Protocol):
+    """The PID lease batches are sent under (``LeaseKeeper``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def token(self) -> str: ...
+
+    def token_ok(self, now_ms: float) -> bool: ...
+
+
+class OpenRuns(Protocol):
+    """Open runs kept on the callers' side (the blocking ``Producer``): a sender looks at
+    its partition's open run (linger, delivery timeout) and takes it when it may send."""
+
+    def open_run(self, partition: int) -> RecordRun | None: ...
+
+    def take_open(self, partition: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SenderContext:
+    """Everything a ``PartitionSender`` uses that it does not own, shared by the senders of
+    one producer. The sender never sees the producer: what it reports goes through the
+    ``on_*`` callbacks."""
 
     topic: str
-    partition: int
-    offset: int
-    sequence_id: int
-    duplicate: bool = False
+    config: ProducerConfig
+    leaders: Leaders
+    lease: LeaseView
+    clock_ms: Callable[[], float]                      # monotonic, for linger/timeouts/backoff
+    wall_ms: Callable[[], float]                       # the batches' timestamps
+    rng: random.Random                                 # backoff jitter
+    future_condition: threading.Condition | None       # shared by linked runs' RecordFutures
+    open_runs: OpenRuns | None                         # the blocking Producer's side, if any
+    on_fatal: Callable[[errors.PidleaseError], None]   # fail the producer (and every sender)
+    on_retry: Callable[[int, errors.PidleaseError], None]   # (partition, error): stats, log
+    on_resent: Callable[[int], None]                   # this many batches were sent again
+    on_resolved: Callable[[int], None]                 # this many records were acked or failed
+
+
+class SenderState(enum.Enum):
+    """A sender's lifecycle: RUNNING -> CLOSING (the producer closes: send what is
+    pending, then stop) and RUNNING/CLOSING -> FAILED (the producer failed: every record
+    was failed, nothing more is sent)."""
+
+    RUNNING = "running"
+    CLOSING = "closing"
+    FAILED = "failed"
+
+
+_NEXT_STATES = {
+    SenderState.RUNNING: {SenderState.CLOSING, SenderState.FAILED},
+    SenderState.CLOSING: {SenderState.FAILED},
+    SenderState.FAILED: set(),
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -80,46 +150,12 @@ class InFlightBatch:
         return self.base_sequence + self.count - 1
 
 
-def settle(fut: Any, result: Any = None, exc: BaseException | None = None) -> None:
-    """Resolve a user future unless the user already cancelled it."""
-    if fut.done():
-        return
-    try:
-        if exc is None:
-            fut.set_result(result)
-        else:
-            fut.set_exception(exc)
-    except _INVALID_STATE:
-        pass  # cancelled by the user in another thread between done() and here
-
-
-class Backoff:
-    """Exponential backoff from ``base_ms`` up to ``cap_ms``, jittered by +-20%."""
-
-    def __init__(self, *, base_ms: float, cap_ms: float, rng: random.Random) -> None:
-        self.base_ms = base_ms
-        self.cap_ms = cap_ms
-        self.rng = rng
-        self.failures = 0
-
-    def next_ms(self) -> float:
-        delay = min(self.cap_ms, self.base_ms * (2 ** min(self.failures, 30)))
-        self.failures += 1
-        return min(self.cap_ms, delay * (0.8 + 0.4 * self.rng.random()))
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-def _retriable(exc: BaseException) -> bool:
-    # UNKNOWN_TOPIC_OR_PARTITION is retried too: a restarted server answers it until it
-    # has loaded the partition, and metadata may simply be stale.
-    return isinstance(exc, errors.UnknownTopicOrPartition) or bool(getattr(exc, "retriable", False))
-
-
 class PartitionSender:
-    def __init__(self, owner: AsyncProducer, partition: int, *, next_sequence: int) -> None:
-        self.owner = owner
+    """The send pipeline of one partition (see the module docstring), written against
+    ``SenderContext``: it is given its collaborators and never sees the producer."""
+
+    def __init__(self, ctx: SenderContext, partition: int, *, next_sequence: int) -> None:
+        self.ctx = ctx
         self.partition = partition
         self.next_sequence = next_sequence      # auto numbering
         self.last_acked = next_sequence - 1     # highest sequence known durable
@@ -128,7 +164,7 @@ class PartitionSender:
         self.in_flight: deque[InFlightBatch] = deque()
         self.enqueued = 0
         self.resolved = 0
-        self.closing = False
+        self.state = SenderState.RUNNING
         self.task: asyncio.Task[None] | None = None
         self._flush_upto = 0
         self._wake = asyncio.Event()
@@ -136,23 +172,24 @@ class PartitionSender:
         self._stale_metadata = False
         self._last_error: errors.PidleaseError | None = None
         # The connection the unresolved batches went out on (see _send_new).
-        self._conn: Any = None
-        cfg = owner.config
+        self._conn: Connection | None = None
+        cfg = self._config = ctx.config
         self._backoff = Backoff(base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms,
-                                rng=owner.rng)
+                                rng=ctx.rng)
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._records_max = cfg.batch_records_max
         self._bytes_max = cfg.batch_bytes_max
         # The blocking Producer keeps each partition's open run on the callers' side and
-        # hands over only closed runs; it is this sender's ``source`` (open_run, take_open).
-        self.source: Any = None
+        # hands over only closed runs (``open_run``, ``take_open``).
+        self.source = ctx.open_runs
 
     # -- called by the producer (loop thread) -------------------------------------------
-    def enqueue(self, key: bytes | None, value: bytes, seq: int, future: Any) -> None:
+    def enqueue(self, key: bytes | None, value: bytes, seq: int,
+                future: asyncio.Future[RecordMetadata]) -> None:
         """One admitted record (``seq`` -1 unless explicit), from ``AsyncProducer.send``."""
         pending = self.pending
         if not pending or pending[-1].closed or not pending[-1].add(key, value, future, seq):
-            run = RecordRun(self.owner.clock_ms(), seq, self._records_max, self._bytes_max)
+            run = RecordRun(self.ctx.clock_ms(), seq, self._records_max, self._bytes_max)
             run.add(key, value, future, seq)
             pending.append(run)
             # Waking the task per record would cost more than the batching saves: only a
@@ -177,6 +214,21 @@ class PartitionSender:
     def wake(self) -> None:
         self._wake.set()
 
+    def close(self) -> None:
+        """The producer is closing: send what is pending (no linger), then stop."""
+        if self.state is SenderState.RUNNING:
+            self._move_to(SenderState.CLOSING)
+        self._wake.set()
+
+    def failed(self) -> bool:
+        return self.state is SenderState.FAILED
+
+    def _move_to(self, state: SenderState) -> None:
+        if state not in _NEXT_STATES[self.state]:
+            raise RuntimeError(f"sender of partition {self.partition}: "
+                               f"{self.state.value} -> {state.value} is not a transition")
+        self.state = state
+
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"sender-{self.partition}")
 
@@ -191,6 +243,9 @@ class PartitionSender:
         await fut
 
     def fail_all(self, exc: BaseException) -> None:
+        """The producer failed: fail every record here, send nothing more."""
+        if self.state is not SenderState.FAILED:
+            self._move_to(SenderState.FAILED)
         n = 0
         for b in self.in_flight:
             self._fail_run(b.run, exc)
@@ -205,35 +260,29 @@ class PartitionSender:
         self._wake.set()
 
     def _fail_run(self, run: RecordRun, exc: BaseException) -> None:
-        if run.futures is None:
-            cond = self.owner.future_condition
-            assert cond is not None
-            fail_run(cond, run, exc)
-        else:
-            for fut in run.futures:
-                settle(fut, exc=exc)
+        run.fail(exc, self.ctx.future_condition)
 
     # -- the task ------------------------------------------------------------------------
     async def _run(self) -> None:
-        owner = self.owner
+        ctx = self.ctx
         try:
-            while owner.fatal is None:
+            while not self.failed():
                 self._wake.clear()
-                now = owner.clock_ms()
+                now = ctx.clock_ms()
                 self._collect(now)
-                if owner.fatal is not None:
+                if self.failed():
                     break
                 self._complete_head()
                 if self._check_delivery_timeout(now):
                     break
-                if self.closing and not self.pending and not self.in_flight:
+                if self.state is SenderState.CLOSING and not self.pending and not self.in_flight:
                     break
                 if self._retry_at is not None:
                     if any(b.response is not None for b in self.in_flight):
                         # Answers still coming: each wakes the task (_on_answer); the
                         # backoff's deadline, already past or not, is no reason to.
                         await self._wait(self._delivery_deadline_s(now))
-                    elif now < self._retry_at or not owner.token_ok(now):
+                    elif now < self._retry_at or not ctx.lease.token_ok(now):
                         await self._wait(self._deadline_s(now))
                     else:
                         await self._resend()
@@ -244,7 +293,8 @@ class PartitionSender:
                 await self._wait(self._deadline_s(now))
         except Exception as exc:  # a bug here must fail the futures, not hang them
             log.exception("sender of partition %s crashed", self.partition)
-            owner.fail(errors.PidleaseError(f"sender of partition {self.partition} crashed: {exc!r}"))
+            ctx.on_fatal(errors.PidleaseError(
+                f"sender of partition {self.partition} crashed: {exc!r}"))
             raise
 
     async def _wait(self, timeout_s: float | None) -> None:
@@ -258,7 +308,7 @@ class PartitionSender:
             handle.cancel()
 
     def _deadline_s(self, now: float) -> float | None:
-        cfg = self.owner.config
+        cfg = self._config
         deadlines: list[float] = []
         if self._retry_at is not None:
             deadlines.append(self._retry_at)
@@ -277,7 +327,7 @@ class PartitionSender:
         return max(0.0, (min(deadlines) - now) / 1000)
 
     def _delivery_deadline_s(self, now: float) -> float | None:
-        limit = self.owner.config.delivery_timeout_ms
+        limit = self._config.delivery_timeout_ms
         oldest = self._oldest_ms()
         if limit is None or oldest is None:
             return None
@@ -295,12 +345,12 @@ class PartitionSender:
         return None
 
     def _check_delivery_timeout(self, now: float) -> bool:
-        limit = self.owner.config.delivery_timeout_ms
+        limit = self._config.delivery_timeout_ms
         oldest = self._oldest_ms()
         if limit is None or oldest is None or now - oldest < limit:
             return False
         last = f"; last error: {self._last_error.name}: {self._last_error.detail}" if self._last_error else ""
-        self.owner.fail(DeliveryTimeout(
+        self.ctx.on_fatal(DeliveryTimeout(
             f"partition {self.partition}: no acknowledgement within delivery_timeout_ms={limit}{last}"))
         return True
 
@@ -332,11 +382,11 @@ class PartitionSender:
                 exc = errors.ServerUnavailable(f"{type(exc).__name__}: {exc}")
             consequence = unresolved_before and isinstance(
                 exc, (errors.OutOfOrderSequence, errors.UnknownPid))
-            if _retriable(exc) or consequence:
+            if retriable(exc) or consequence:
                 self._schedule_retry(exc, now)
                 unresolved_before = True
                 continue
-            self.owner.fail(exc)
+            self.ctx.on_fatal(exc)
             return
 
     def _schedule_retry(self, exc: errors.PidleaseError, now: float) -> None:
@@ -345,23 +395,15 @@ class PartitionSender:
             self._stale_metadata = True
         if self._retry_at is None:
             self._retry_at = now + self._backoff.next_ms()
-        self.owner.note_retry(self.partition, exc)
+        self.ctx.on_retry(self.partition, exc)
 
     def _complete_head(self) -> None:
-        topic = self.owner.topic
+        topic = self.ctx.topic
         p = self.partition
-        cond = self.owner.future_condition
+        cond = self.ctx.future_condition
         while self.in_flight and self.in_flight[0].done:
             b = self.in_flight.popleft()
-            base_off, dup, seq0 = b.base_offset, b.duplicate, b.base_sequence
-            run = b.run
-            if run.futures is None:  # the blocking Producer's RecordFutures: one store per batch
-                assert cond is not None
-                resolve_run(cond, run, BatchAck(topic, p, base_off, seq0, dup))
-            else:
-                for i, fut in enumerate(run.futures):
-                    off = base_off + i if base_off >= 0 else -1
-                    settle(fut, RecordMetadata(topic, p, off, seq0 + i, dup))
+            b.run.resolve(BatchAck(topic, p, b.base_offset, b.base_sequence, b.duplicate), cond)
             self.last_acked = max(self.last_acked, b.last_sequence)
             self._count_resolved(b.count)
 
@@ -369,7 +411,7 @@ class PartitionSender:
         if not n:
             return
         self.resolved += n
-        self.owner.records_resolved(n)
+        self.ctx.on_resolved(n)
         if self._waiters:
             still = []
             for target, fut in self._waiters:
@@ -382,8 +424,8 @@ class PartitionSender:
 
     # -- sending -------------------------------------------------------------------------
     def _can_send_new(self, now: float) -> bool:
-        cfg = self.owner.config
-        if len(self.in_flight) >= cfg.max_in_flight or not self.owner.token_ok(now):
+        cfg = self._config
+        if len(self.in_flight) >= cfg.max_in_flight or not self.ctx.lease.token_ok(now):
             return False
         if not self.pending:
             # The blocking Producer's open run: taken when its first record has lingered
@@ -394,19 +436,20 @@ class PartitionSender:
         return (head.closed or len(self.pending) > 1     # a run is closed when the next one starts
                 or head.full(_SMALLEST_RECORD)
                 or now - head.first_ms >= cfg.linger_ms
-                or self.closing
+                or self.state is SenderState.CLOSING
                 or self.enqueued - self.pending_records < self._flush_upto)
 
     async def _send_new(self) -> None:
+        ctx = self.ctx
         try:
-            conn = await self.owner.connection_for(self.partition)
+            conn = await ctx.leaders.connection_for(self.partition)
         except errors.PidleaseError as exc:
-            if not _retriable(exc):  # e.g. a server certificate the CA does not vouch for
-                self.owner.fail(exc)
+            if not retriable(exc):  # e.g. a server certificate the CA does not vouch for
+                ctx.on_fatal(exc)
                 return
-            self._schedule_retry(exc, self.owner.clock_ms())
+            self._schedule_retry(exc, ctx.clock_ms())
             return
-        if self.owner.fatal is not None or self._retry_at is not None:
+        if self.failed() or self._retry_at is not None:
             return
         if self.in_flight and conn is not self._conn:
             # The leader map moved under us (any sender's refresh moves every partition's
@@ -414,7 +457,7 @@ class PartitionSender:
             # one on the new connection could get it written before an earlier one that
             # then fails: on a monotonic topic that one's resend is answered DUPLICATE,
             # never written. Wait for every answer, then resend in order (_resend).
-            self._retry_at = self.owner.clock_ms()
+            self._retry_at = ctx.clock_ms()
             return
         if not self.pending and self.source is not None:
             self.source.take_open(self.partition)
@@ -435,45 +478,49 @@ class PartitionSender:
         else:
             base = self.next_sequence
             self.next_sequence += n
-        owner = self.owner
-        batch = run.batch(pid=owner.pid, generation=owner.generation, base_sequence=base,
-                          timestamp_ms=int(owner.wall_ms()))
+        lease = self.ctx.lease
+        batch = run.batch(pid=lease.pid, generation=lease.generation, base_sequence=base,
+                          timestamp_ms=int(self.ctx.wall_ms()))
         # The batch is frozen from here on (a resend is the same bytes): the payloads are
         # not needed any more, and the records' futures keep the run alive.
         run.values = []
         run.keyed = None
         return InFlightBatch(run, n, base, batch, run.first_ms)
 
-    def _transmit(self, b: InFlightBatch, conn: Any) -> None:
-        owner = self.owner
+    def _transmit(self, b: InFlightBatch, conn: Connection) -> None:
+        ctx = self.ctx
         corr = conn.next_correlation_id()
-        data = protocol.produce_request(corr, owner.topic, self.partition, owner.token, b.batch)
+        data = protocol.produce_request(corr, ctx.topic, self.partition, ctx.lease.token, b.batch)
         b.attempts += 1
         self._conn = conn
-        b.response = conn.send(protocol.PRODUCE, corr, data, timeout_ms=owner.config.request_timeout_ms)
+        b.response = conn.send(protocol.PRODUCE, corr, data,
+                               timeout_ms=self._config.request_timeout_ms)
         b.response.add_done_callback(self._on_answer)
 
     def _on_answer(self, _fut: asyncio.Future[protocol.Response]) -> None:
         self._wake.set()
 
     async def _resend(self) -> None:
-        owner = self.owner
+        ctx = self.ctx
         try:
             if self._stale_metadata:
-                await owner.refresh_metadata()
+                await ctx.leaders.refresh()
                 self._stale_metadata = False
-            conn = await owner.connection_for(self.partition)
+            conn = await ctx.leaders.connection_for(self.partition)
         except errors.PidleaseError as exc:
             self._retry_at = None
-            if not _retriable(exc):
-                owner.fail(exc)
+            if not retriable(exc):
+                ctx.on_fatal(exc)
                 return
-            self._schedule_retry(exc, owner.clock_ms())
+            self._schedule_retry(exc, ctx.clock_ms())
             return
-        if owner.fatal is not None or not owner.token_ok(owner.clock_ms()):
+        if self.failed() or not ctx.lease.token_ok(ctx.clock_ms()):
             return
+        resent = 0
         for b in self.in_flight:
             if not b.done and b.response is None:
                 self._transmit(b, conn)
-                owner.stats["batches_resent"] += 1
+                resent += 1
+        if resent:
+            ctx.on_resent(resent)
         self._retry_at = None

@@ -387,7 +387,7 @@ def test_untrusted_server_certificate_fails_at_once_not_retried(fake) -> None:  
         raise errors.Unauthorized("TLS: certificate verification failed")
 
     try:
-        p._engine.connection_for = untrusted  # type: ignore[method-assign]
+        p._engine._pool.connection_for = untrusted  # type: ignore[method-assign,union-attr]
         started = time.monotonic()
         fut = p.send(b"x")
         with pytest.raises(errors.Unauthorized):

@@ -148,3 +148,19 @@ def test_record_run_batch_is_encode_batch(records: list[tuple[bytes | None, byte
     parts = [protocol.encode_record(k, v) for k, v in records]
     assert protocol.batch_from_parts(parts, len(parts), **kw) == \
         protocol.batch_from_records(b"".join(parts), len(parts), **kw)
+
+
+def test_the_future_internals_this_module_uses_are_there() -> None:
+    """RecordFuture speaks concurrent.futures.Future's private protocol (the note in
+    record_future.py says why): a Python whose Future changed it fails here, by name."""
+    import concurrent.futures._base as base
+
+    assert (base.PENDING, base.FINISHED, base.CANCELLED, base.CANCELLED_AND_NOTIFIED) == (
+        "PENDING", "FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED")
+    plain = cf.Future()  # type: ignore[var-annotated]
+    assert {"_condition", "_state", "_result", "_exception", "_waiters",
+            "_done_callbacks"} <= set(vars(plain))
+    assert callable(cf.Future._invoke_callbacks)  # type: ignore[attr-defined]
+    for waiter in (base._AsCompletedWaiter(), base._FirstCompletedWaiter(),
+                   base._AllCompletedWaiter(1, stop_on_exception=False)):
+        assert callable(waiter.add_result) and callable(waiter.add_exception)

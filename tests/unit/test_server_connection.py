@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from partition_server import server as S
 from pidlease import errors
-from pidlease.client.sender import _retriable
+from pidlease.client.retry import retriable as _retriable
 
 
 def test_the_sdk_retries_every_code_the_guard_answers() -> None:
