@@ -39,13 +39,23 @@ class FastBatches:
         self.pid, self.generation, self.count = pid, generation, count
 
     def make(self, base_seq: int) -> bytes:
-        tail = _TAIL.pack(0, self.pid, self.generation, base_seq, self.count,
-                          int(time.time() * 1000)) + self.body
+        tail = (
+            _TAIL.pack(0, self.pid, self.generation, base_seq, self.count, int(time.time() * 1000))
+            + self.body
+        )
         return struct.pack(">qII", 0, len(tail) + 4, zlib.crc32(tail)) + tail
 
 
-def drive(address: str, topic: str, pid: int, gen: int, batches: int, window: int,
-          count: int, start_seq: int) -> tuple[float, int]:
+def drive(
+    address: str,
+    topic: str,
+    pid: int,
+    gen: int,
+    batches: int,
+    window: int,
+    count: int,
+    start_seq: int,
+) -> tuple[float, int]:
     host, _, port = address.rpartition(":")
     fb = FastBatches(pid, gen, count, 100)
     tok = token(DEV_SECRET, pid, gen) if pid else ""
@@ -59,8 +69,9 @@ def drive(address: str, topic: str, pid: int, gen: int, batches: int, window: in
         while recvd < batches:
             out = []
             while sent < batches and sent - recvd < window:
-                out.append(P.produce_request(sent + 1, topic, 0, tok,
-                                             fb.make(start_seq + sent * count)))
+                out.append(
+                    P.produce_request(sent + 1, topic, 0, tok, fb.make(start_seq + sent * count))
+                )
                 sent += 1
             if out:
                 sock.sendall(b"".join(out))
@@ -75,7 +86,7 @@ def drive(address: str, topic: str, pid: int, gen: int, batches: int, window: in
                 (code,) = struct.unpack_from(">H", buf, 8)
                 if code != 0:
                     errors += 1
-                del buf[:4 + n]
+                del buf[: 4 + n]
                 recvd += 1
     finally:
         sock.close()
@@ -102,9 +113,17 @@ def main() -> int:
         seq = 0
         for r in range(args.rounds):
             # alternate which mode goes first: the disk's dirty-page state carries over
-            for mode in (("strict", "off") if r % 2 == 0 else ("off", "strict")):
-                secs, errs = drive(addr, f"bench-{mode}", 7, 1, args.batches, args.window,
-                                   args.records, seq if mode == "strict" else 0)
+            for mode in ("strict", "off") if r % 2 == 0 else ("off", "strict"):
+                secs, errs = drive(
+                    addr,
+                    f"bench-{mode}",
+                    7,
+                    1,
+                    args.batches,
+                    args.window,
+                    args.records,
+                    seq if mode == "strict" else 0,
+                )
                 if errs:
                     print(f"round {r} {mode}: {errs} error responses", file=sys.stderr)
                     return 1
@@ -113,12 +132,20 @@ def main() -> int:
                 print(f"round {r} {mode:6s}: {rate:12,.0f} records/s ({secs:.2f}s)")
             seq += args.batches * args.records
     med = {m: statistics.median(v) for m, v in rates.items()}
-    result = {"fsync": args.fsync, "records_per_batch": args.records, "record_bytes": 100,
-              "window": args.window, "batches_per_round": args.batches,
-              "strict_records_per_s": round(med["strict"]), "off_records_per_s": round(med["off"]),
-              "strict_over_off": round(med["strict"] / med["off"], 3)}
-    print(f"median strict {med['strict']:,.0f} records/s, off {med['off']:,.0f} records/s, "
-          f"ratio strict/off {med['strict'] / med['off']:.3f}")
+    result = {
+        "fsync": args.fsync,
+        "records_per_batch": args.records,
+        "record_bytes": 100,
+        "window": args.window,
+        "batches_per_round": args.batches,
+        "strict_records_per_s": round(med["strict"]),
+        "off_records_per_s": round(med["off"]),
+        "strict_over_off": round(med["strict"] / med["off"], 3),
+    }
+    print(
+        f"median strict {med['strict']:,.0f} records/s, off {med['off']:,.0f} records/s, "
+        f"ratio strict/off {med['strict'] / med['off']:.3f}"
+    )
     print(json.dumps(result))
     return 0
 

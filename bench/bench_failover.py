@@ -101,15 +101,19 @@ class PacedProducer(threading.Thread):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--session-timeout-ms", type=int, default=4000)
     ap.add_argument("--lag-time-ms", type=int, default=10_000)
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    env = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),
-           "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": str(args.lag_time_ms)}
+    env = {
+        "PIDLEASE_ZK_SESSION_TIMEOUT_MS": str(args.session_timeout_ms),
+        "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": str(args.lag_time_ms),
+    }
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-failover-"))
     pauses: list[float] = []
     kills: list[dict[str, Any]] = []
@@ -129,13 +133,25 @@ def main() -> int:
             pause = prod.longest_gap(t_kill - 1.0, time.monotonic())
             new = partition_state(cluster)
             pauses.append(pause)
-            kills.append({"killed": leader, "new_leader": new["leader"], "epoch": new["leader_epoch"],
-                          "pause_s": round(pause, 3)})
-            print(f"kill {k + 1}: server {leader} -> leader {new['leader']} (epoch "
-                  f"{new['leader_epoch']}), pause {pause:.2f} s", flush=True)
+            kills.append(
+                {
+                    "killed": leader,
+                    "new_leader": new["leader"],
+                    "epoch": new["leader_epoch"],
+                    "pause_s": round(pause, 3),
+                }
+            )
+            print(
+                f"kill {k + 1}: server {leader} -> leader {new['leader']} (epoch "
+                f"{new['leader_epoch']}), pause {pause:.2f} s",
+                flush=True,
+            )
             cluster.start_service(cluster.server(leader))
-            wait_for(lambda sid=leader: sid in partition_state(cluster)["isr"], 120,
-                     f"server {leader} back in sync")
+            wait_for(
+                lambda sid=leader: sid in partition_state(cluster)["isr"],
+                120,
+                f"server {leader} back in sync",
+            )
         prod.stop.set()
         prod.join(120)
         if prod.error is not None:
@@ -146,13 +162,24 @@ def main() -> int:
         if not audit.ok:
             return 1
     p50 = statistics.median(pauses)
-    print(f"\n{args.kills} leader kills, ZooKeeper session timeout {args.session_timeout_ms} ms, "
-          f"{args.rate} records/s: pause p50 {p50:.2f} s, max {max(pauses):.2f} s, "
-          f"min {min(pauses):.2f} s; {len(acked):,} records acked, audit OK")
+    print(
+        f"\n{args.kills} leader kills, ZooKeeper session timeout {args.session_timeout_ms} ms, "
+        f"{args.rate} records/s: pause p50 {p50:.2f} s, max {max(pauses):.2f} s, "
+        f"min {min(pauses):.2f} s; {len(acked):,} records acked, audit OK"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         "kills": kills, "p50_s": p50, "max_s": max(pauses),
-                                         "records": len(acked)}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": vars(args) | {"json": str(args.json)},
+                    "kills": kills,
+                    "p50_s": p50,
+                    "max_s": max(pauses),
+                    "records": len(acked),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -24,8 +24,12 @@ import partition_server.producer_state as head
 def load_rev(rev: str) -> ModuleType:
     """``partition_server/producer_state.py`` as it was at ``rev``, imported under its own
     name (its imports resolve against the current tree)."""
-    src = subprocess.run(["git", "show", f"{rev}:partition_server/producer_state.py"],
-                         check=True, capture_output=True, text=True).stdout
+    src = subprocess.run(
+        ["git", "show", f"{rev}:partition_server/producer_state.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "producer_state_rev.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("producer_state_rev", path)

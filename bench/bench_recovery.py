@@ -66,18 +66,31 @@ def replay_rate(batches: int, records: int, pids: int) -> dict[str, float]:
     async def recover() -> tuple[float, int, int]:
         t0 = time.perf_counter()
         part, _, replayed = Partition.recover(
-            base, "t", 0, mode="strict", segment_bytes_max=64 * 1024 * 1024, batches_kept=5,
-            pids_max=10_000_000, flusher=Flusher(mode="interval", interval_ms=2),
-            clock_ms=lambda: 0)
+            base,
+            "t",
+            0,
+            mode="strict",
+            segment_bytes_max=64 * 1024 * 1024,
+            batches_kept=5,
+            pids_max=10_000_000,
+            flusher=Flusher(mode="interval", interval_ms=2),
+            clock_ms=lambda: 0,
+        )
         secs = time.perf_counter() - t0
         n = len(part.state)
         part.close()
         return secs, replayed, n
 
     secs, replayed, tracked = asyncio.run(recover())
-    return {"batches": replayed, "records_per_batch": records, "log_mb": round(size / 1e6, 1),
-            "pids": tracked, "seconds": round(secs, 3),
-            "batches_per_s": round(replayed / secs), "mb_per_s": round(size / 1e6 / secs, 1)}
+    return {
+        "batches": replayed,
+        "records_per_batch": records,
+        "log_mb": round(size / 1e6, 1),
+        "pids": tracked,
+        "seconds": round(secs, 3),
+        "batches_per_s": round(replayed / secs),
+        "mb_per_s": round(size / 1e6 / secs, 1),
+    }
 
 
 # -- 2. recovery time vs snapshot interval -------------------------------------------------
@@ -95,8 +108,11 @@ def feed(address: str, topic: str, batches: int, pids: int, records: int, window
             while sent < batches and sent - recvd < window:
                 pid = 1 + sent % pids
                 seq = (sent // pids) * records
-                out.append(P.produce_request(sent + 1, topic, 0, toks[pid],
-                                             make_batch(pid, 0, seq, body, records)))
+                out.append(
+                    P.produce_request(
+                        sent + 1, topic, 0, toks[pid], make_batch(pid, 0, seq, body, records)
+                    )
+                )
                 sent += 1
             if out:
                 sock.sendall(b"".join(out))
@@ -111,26 +127,34 @@ def feed(address: str, topic: str, batches: int, pids: int, records: int, window
                 code = struct.unpack_from(">H", buf, 8)[0]
                 if code != 0:
                     raise RuntimeError(f"produce failed with code {code}")
-                del buf[:4 + n]
+                del buf[: 4 + n]
                 recvd += 1
     finally:
         sock.close()
 
 
-def recovery_vs_interval(intervals: list[int], batches: int, pids: int,
-                         records: int) -> list[dict[str, object]]:
+def recovery_vs_interval(
+    intervals: list[int], batches: int, pids: int, records: int
+) -> list[dict[str, object]]:
     out = []
     for interval in intervals:
         base = Path(tempfile.mkdtemp(prefix="pidlease-bench-recovery-"))
-        env = {"PIDLEASE_SNAPSHOT_INTERVAL_BATCHES": str(interval),
-               "PIDLEASE_SNAPSHOT_INTERVAL_MS": str(3_600_000)}
+        env = {
+            "PIDLEASE_SNAPSHOT_INTERVAL_BATCHES": str(interval),
+            "PIDLEASE_SNAPSHOT_INTERVAL_MS": str(3_600_000),
+        }
         with LocalCluster(base, servers=1, coordinators=0, env=env) as cluster:
             create_topic(cluster.zk_hosts, "rec")
             svc = cluster.servers[0]
             with WireClient(svc.address) as c:  # topic discovery
                 c.metadata()
-                c.produce("rec", 0, P.encode_batch([(None, b"w")], pid=0, generation=0,
-                                                   base_sequence=0, timestamp_ms=1))
+                c.produce(
+                    "rec",
+                    0,
+                    P.encode_batch(
+                        [(None, b"w")], pid=0, generation=0, base_sequence=0, timestamp_ms=1
+                    ),
+                )
             t0 = time.perf_counter()
             feed(svc.address, "rec", batches, pids, records)
             feed_s = time.perf_counter() - t0
@@ -141,15 +165,23 @@ def recovery_vs_interval(intervals: list[int], batches: int, pids: int,
             listen_s = time.perf_counter() - t0
             with WireClient(svc.address) as c:
                 rec = c.metadata()["recovery"]
-        row = {"snapshot_interval_batches": interval, "log_batches": rec["batches"],
-               "batches_replayed": rec["batches_replayed"], "snapshot": rec["snapshot"],
-               "tracked_pids": rec["tracked_pids"], "recovery_s": rec["seconds"],
-               "snapshot_load_s": rec["snapshot_load_s"],
-               "restart_to_listening_s": round(listen_s, 2), "feed_s": round(feed_s, 2)}
-        print(f"  interval {interval:>7}: replayed {rec['batches_replayed']:>7} of "
-              f"{rec['batches']} batches, recovery {rec['seconds']:.3f}s "
-              f"(snapshot load {rec['snapshot_load_s']:.3f}s), restart to listening "
-              f"{listen_s:.2f}s")
+        row = {
+            "snapshot_interval_batches": interval,
+            "log_batches": rec["batches"],
+            "batches_replayed": rec["batches_replayed"],
+            "snapshot": rec["snapshot"],
+            "tracked_pids": rec["tracked_pids"],
+            "recovery_s": rec["seconds"],
+            "snapshot_load_s": rec["snapshot_load_s"],
+            "restart_to_listening_s": round(listen_s, 2),
+            "feed_s": round(feed_s, 2),
+        }
+        print(
+            f"  interval {interval:>7}: replayed {rec['batches_replayed']:>7} of "
+            f"{rec['batches']} batches, recovery {rec['seconds']:.3f}s "
+            f"(snapshot load {rec['snapshot_load_s']:.3f}s), restart to listening "
+            f"{listen_s:.2f}s"
+        )
         out.append(row)
     return out
 
@@ -189,7 +221,7 @@ def snapshot_cost(n: int) -> dict[str, float]:
     t0 = time.perf_counter()
     for i in range(0, len(pids), 20_000):
         a = time.perf_counter()
-        rows.extend(t.export_rows(pids[i:i + 20_000]))
+        rows.extend(t.export_rows(pids[i : i + 20_000]))
         worst = max(worst, time.perf_counter() - a)
     capture_s = time.perf_counter() - t0
     gc.enable()
@@ -205,9 +237,14 @@ def snapshot_cost(n: int) -> dict[str, float]:
     load_s = time.perf_counter() - t0
     gc.enable()
     assert len(u) == n
-    return {"pids": n, "capture_s": round(capture_s, 3),
-            "longest_stall_ms": round(worst * 1000, 1), "encode_s": round(encode_s, 3),
-            "file_mb": round(len(raw) / 1e6, 1), "load_s": round(load_s, 3)}
+    return {
+        "pids": n,
+        "capture_s": round(capture_s, 3),
+        "longest_stall_ms": round(worst * 1000, 1),
+        "encode_s": round(encode_s, 3),
+        "file_mb": round(len(raw) / 1e6, 1),
+        "load_s": round(load_s, 3),
+    }
 
 
 def memory_table(skip_1m: bool) -> dict[str, int]:
@@ -219,8 +256,10 @@ def memory_table(skip_1m: bool) -> dict[str, int]:
         for k in (1, 5):
             per = memory_per_pid(n, k)
             mem[f"{n}_pids_{k}_batches"] = round(per)
-            print(f"  {n:>9,} pids, {k} batch(es) kept each: {per:,.0f} bytes/pid "
-                  f"({per * n / 1e6:,.0f} MB)")
+            print(
+                f"  {n:>9,} pids, {k} batch(es) kept each: {per:,.0f} bytes/pid "
+                f"({per * n / 1e6:,.0f} MB)"
+            )
     return mem
 
 
@@ -233,8 +272,9 @@ def main() -> int:
     ap.add_argument("--intervals", default="2000,20000,100000,10000000")
     ap.add_argument("--skip-servers", action="store_true")
     ap.add_argument("--skip-1m", action="store_true")
-    ap.add_argument("--memory-only", action="store_true",
-                    help="run only part 3 (memory per tracked PID)")
+    ap.add_argument(
+        "--memory-only", action="store_true", help="run only part 3 (memory per tracked PID)"
+    )
     args = ap.parse_args()
     results: dict[str, object] = {}
     if args.memory_only:
@@ -244,15 +284,18 @@ def main() -> int:
 
     print("1. replay rate (no snapshot, every batch validated and replayed)")
     rr = replay_rate(args.replay_batches, args.replay_records, 10_000)
-    print(f"  {rr['batches']} batches of {rr['records_per_batch']} x 100-byte records "
-          f"({rr['log_mb']} MB, {rr['pids']} pids) in {rr['seconds']}s: "
-          f"{rr['batches_per_s']:,} batches/s, {rr['mb_per_s']} MB/s")
+    print(
+        f"  {rr['batches']} batches of {rr['records_per_batch']} x 100-byte records "
+        f"({rr['log_mb']} MB, {rr['pids']} pids) in {rr['seconds']}s: "
+        f"{rr['batches_per_s']:,} batches/s, {rr['mb_per_s']} MB/s"
+    )
     results["replay"] = rr
 
     if not args.skip_servers:
         print("2. recovery after SIGKILL vs snapshot interval (real servers)")
         results["recovery_vs_interval"] = recovery_vs_interval(
-            [int(x) for x in args.intervals.split(",")], args.server_batches, args.server_pids, 10)
+            [int(x) for x in args.intervals.split(",")], args.server_batches, args.server_pids, 10
+        )
 
     results["memory_bytes_per_pid"] = memory_table(args.skip_1m)
 
@@ -263,9 +306,11 @@ def main() -> int:
             continue
         r = snapshot_cost(n)
         sc.append(r)
-        print(f"  {n:>9,} pids: capture {r['capture_s']}s (longest stall "
-              f"{r['longest_stall_ms']} ms), encode {r['encode_s']}s, {r['file_mb']} MB, "
-              f"load {r['load_s']}s")
+        print(
+            f"  {n:>9,} pids: capture {r['capture_s']}s (longest stall "
+            f"{r['longest_stall_ms']} ms), encode {r['encode_s']}s, {r['file_mb']} MB, "
+            f"load {r['load_s']}s"
+        )
     results["snapshot_cost"] = sc
     print(json.dumps(results))
     return 0

@@ -36,17 +36,32 @@ SERVER_ENV = {"PIDLEASE_SEGMENT_BYTES_MAX": str(256 * 1024 * 1024)}
 
 def one_pass(cluster: LocalCluster, topic: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = {"url": cluster.coordinator_url, "topic": topic}
-    outcomes = run_producers("bench.peers.pidlease_sdk:produce", cfg, producers=args.producers,
-                             phase="produce", value_bytes=args.value_bytes, records=args.records)
+    outcomes = run_producers(
+        "bench.peers.pidlease_sdk:produce",
+        cfg,
+        producers=args.producers,
+        phase="produce",
+        value_bytes=args.value_bytes,
+        records=args.records,
+    )
     r = summarize(outcomes)
     if r.errors or r.acked != r.records:
-        raise RuntimeError(f"{topic}: {r.errors} errors, {r.acked}/{r.records} acked: {r.error_sample}")
-    return {"records_per_s": r.records_per_s, "mb_per_s": r.records_per_s * args.value_bytes / 1e6,
-            "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "seconds": r.seconds}
+        raise RuntimeError(
+            f"{topic}: {r.errors} errors, {r.acked}/{r.records} acked: {r.error_sample}"
+        )
+    return {
+        "records_per_s": r.records_per_s,
+        "mb_per_s": r.records_per_s * args.value_bytes / 1e6,
+        "p50_ms": r.p50_ms,
+        "p99_ms": r.p99_ms,
+        "seconds": r.seconds,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--producers", type=int, default=3)
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--value-bytes", type=int, default=100)
@@ -68,27 +83,44 @@ def main() -> int:
                 if not audit.ok or audit.total("records") != args.producers * args.records:
                     raise RuntimeError(audit.summary())
                 results[f"r{rf}"].append(got)
-                print(f"round {rnd + 1} R={rf}: {got['records_per_s']:,.0f} records/s, "
-                      f"{got['mb_per_s']:.1f} MB/s, ack p50 {got['p50_ms']:.1f} ms, "
-                      f"p99 {got['p99_ms']:.1f} ms", flush=True)
+                print(
+                    f"round {rnd + 1} R={rf}: {got['records_per_s']:,.0f} records/s, "
+                    f"{got['mb_per_s']:.1f} MB/s, ack p50 {got['p50_ms']:.1f} ms, "
+                    f"p99 {got['p99_ms']:.1f} ms",
+                    flush=True,
+                )
     summary = {}
     for key, runs in results.items():
-        summary[key] = {m: statistics.median(r[m] for r in runs)
-                        for m in ("records_per_s", "mb_per_s", "p50_ms", "p99_ms")}
+        summary[key] = {
+            m: statistics.median(r[m] for r in runs)
+            for m in ("records_per_s", "mb_per_s", "p50_ms", "p99_ms")
+        }
     ratio = summary["r3"]["records_per_s"] / summary["r1"]["records_per_s"]
-    print(f"\nmedian of {args.rounds} rounds, {args.producers} producers x {args.records:,} records "
-          f"of {args.value_bytes} B, one partition led by server 1:")
+    print(
+        f"\nmedian of {args.rounds} rounds, {args.producers} producers x {args.records:,} records "
+        f"of {args.value_bytes} B, one partition led by server 1:"
+    )
     print("| replication | records/s | MB/s | ack p50 ms | ack p99 ms |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for key in ("r1", "r3"):
         s = summary[key]
-        print(f"| R={key[1]} | {s['records_per_s']:,.0f} | {s['mb_per_s']:.1f} | "
-              f"{s['p50_ms']:.1f} | {s['p99_ms']:.1f} |")
+        print(
+            f"| R={key[1]} | {s['records_per_s']:,.0f} | {s['mb_per_s']:.1f} | "
+            f"{s['p50_ms']:.1f} | {s['p99_ms']:.1f} |"
+        )
     print(f"R=3 / R=1 throughput: {ratio:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         "rounds": results, "median": summary,
-                                         "ratio_r3_r1": ratio}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": vars(args) | {"json": str(args.json)},
+                    "rounds": results,
+                    "median": summary,
+                    "ratio_r3_r1": ratio,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

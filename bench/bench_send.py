@@ -55,8 +55,9 @@ class _SinkConnection:
     def next_correlation_id(self) -> int:
         return next(self._corr)
 
-    def send(self, api_key: int, correlation_id: int, data: bytes, *,
-             timeout_ms: int | None = None) -> asyncio.Future[Any]:
+    def send(
+        self, api_key: int, correlation_id: int, data: bytes, *, timeout_ms: int | None = None
+    ) -> asyncio.Future[Any]:
         from pidlease import errors
         from pidlease.wire import protocol
 
@@ -66,8 +67,9 @@ class _SinkConnection:
         base = self._next_offset
         self._next_offset += count
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        answer = protocol.Response(correlation_id, errors.NONE, "", base_offset=base,
-                                   last_offset=base + count - 1)
+        answer = protocol.Response(
+            correlation_id, errors.NONE, "", base_offset=base, last_offset=base + count - 1
+        )
         fut.get_loop().call_soon(fut.set_result, answer)
         return fut
 
@@ -82,22 +84,47 @@ def _coordinator(partitions: int) -> Any:
     import httpx
 
     def lease(body: dict[str, Any]) -> dict[str, Any]:
-        return {"error": "NONE", "pid": 1000, "generation": 1, "sequence_number": 0,
-                "expire_ms": 600_000, "expires_at_ms": 0, "lease_token": "tok"}
+        return {
+            "error": "NONE",
+            "pid": 1000,
+            "generation": 1,
+            "sequence_number": 0,
+            "expire_ms": 600_000,
+            "expires_at_ms": 0,
+            "lease_token": "tok",
+        }
 
     def handle(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else {}
         if request.url.path.startswith("/v1/topics/"):
-            return httpx.Response(200, json={
-                "error": "NONE", "name": TOPIC, "partitions": partitions, "replication_factor": 1,
-                "dedup": "strict", "partition_states": [
-                    {"partition": p, "leader": 1, "leader_address": "sink:1", "leader_epoch": 0,
-                     "replicas": [1], "isr": [1], "log_end_offset": 0, "high_watermark": 0}
-                    for p in range(partitions)]})
+            return httpx.Response(
+                200,
+                json={
+                    "error": "NONE",
+                    "name": TOPIC,
+                    "partitions": partitions,
+                    "replication_factor": 1,
+                    "dedup": "strict",
+                    "partition_states": [
+                        {
+                            "partition": p,
+                            "leader": 1,
+                            "leader_address": "sink:1",
+                            "leader_epoch": 0,
+                            "replicas": [1],
+                            "isr": [1],
+                            "log_end_offset": 0,
+                            "high_watermark": 0,
+                        }
+                        for p in range(partitions)
+                    ],
+                },
+            )
         if request.url.path == "/v1/lease_pid":
             return httpx.Response(200, json=lease(body))
-        return httpx.Response(200, json={"error": "NONE",
-                                         "responses": [lease(r) for r in body["requests"]]})
+        return httpx.Response(
+            200, json={"error": "NONE", "responses": [lease(r) for r in body["requests"]]}
+        )
 
     return httpx.MockTransport(handle)
 
@@ -114,7 +141,7 @@ def child(records: int, value_bytes: int, partitions: int) -> None:
     leader_pool.LeaderPool.connection_for = connection_for  # type: ignore[method-assign]
     value = b"v" * value_bytes
     with Producer("http://sink", topic=TOPIC, http_transport=_coordinator(partitions)) as p:
-        for _ in range(2000):   # warm up: first batches, caches, the loop thread
+        for _ in range(2000):  # warm up: first batches, caches, the loop thread
             p.send(value)
         p.flush()
         send = p.send
@@ -125,16 +152,26 @@ def child(records: int, value_bytes: int, partitions: int) -> None:
         p.flush()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         last = send(value).result(10)
-    assert last.offset == records + 2000, last   # every record reached the sink once
-    print(json.dumps({"records_per_s": records / elapsed, "cpu_us": cpu / records * 1e6,
-                      "send_us": send_cpu / records * 1e6}))
+    assert last.offset == records + 2000, last  # every record reached the sink once
+    print(
+        json.dumps(
+            {
+                "records_per_s": records / elapsed,
+                "cpu_us": cpu / records * 1e6,
+                "send_us": send_cpu / records * 1e6,
+            }
+        )
+    )
 
 
 # -- the parent: old and new side by side ------------------------------------------------
 def _old_tree(rev: str, into: Path) -> Path:
     """``rev``'s pidlease/ package, extracted with git archive (no work tree needed)."""
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "pidlease"],
-                         check=True, capture_output=True).stdout
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, "pidlease"],
+        check=True,
+        capture_output=True,
+    ).stdout
     tar_path = into / "old.tar"
     tar_path.write_bytes(tar)
     with tarfile.open(tar_path) as tf:
@@ -142,17 +179,34 @@ def _old_tree(rev: str, into: Path) -> Path:
     return into
 
 
-METRICS = {"records_per_s": "records/s", "cpu_us": "CPU us/record",
-           "send_us": "send() us/record"}
+METRICS = {"records_per_s": "records/s", "cpu_us": "CPU us/record", "send_us": "send() us/record"}
 
 
 def _measure(pythonpath: Path, readable: bool, args: argparse.Namespace) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=f"{pythonpath}{os.pathsep}{ROOT}",
-               PIDLEASE_SDK_READABLE_PATH="1" if readable else "0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{pythonpath}{os.pathsep}{ROOT}",
+        PIDLEASE_SDK_READABLE_PATH="1" if readable else "0",
+    )
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", "--records", str(args.records),
-         "--value-bytes", str(args.value_bytes), "--partitions", str(args.partitions)],
-        env=env, check=True, capture_output=True, text=True, timeout=600, cwd=str(pythonpath))
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            "--records",
+            str(args.records),
+            "--value-bytes",
+            str(args.value_bytes),
+            "--partitions",
+            str(args.partitions),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(pythonpath),
+    )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     return {k: float(got[k]) for k in METRICS}
 
@@ -180,19 +234,25 @@ def main() -> None:
                 m = _measure(path, readable, args)
                 for k, v in m.items():
                     got[name][k].append(v)
-                line.append(f"{name} {m['records_per_s'] / 1000:6.0f}k/s {m['cpu_us']:.2f}us "
-                            f"send {m['send_us']:.2f}us")
+                line.append(
+                    f"{name} {m['records_per_s'] / 1000:6.0f}k/s {m['cpu_us']:.2f}us "
+                    f"send {m['send_us']:.2f}us"
+                )
             print(f"rep {rep + 1}/{args.reps}: " + " | ".join(line), flush=True)
-    print(f"\n{args.records} records of {args.value_bytes} B, {args.partitions} partitions, "
-          f"{args.reps} reps; median [min-max]")
+    print(
+        f"\n{args.records} records of {args.value_bytes} B, {args.partitions} partitions, "
+        f"{args.reps} reps; median [min-max]"
+    )
     med = {n: {k: statistics.median(v) for k, v in got[n].items()} for n in names}
     for k, label in METRICS.items():
         print(f"  {label}:")
         for n in names:
             vals = got[n][k]
             fmt = "{:,.0f}" if k == "records_per_s" else "{:.3f}"
-            print(f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
-                  f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]")
+            print(
+                f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
+                f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]"
+            )
         for n in names[1:]:
             print(f"    {n + ' / old':20s} {med[n][k] / med['old'][k]:.3f}")
 

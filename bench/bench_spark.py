@@ -53,11 +53,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def data(rows: int) -> Any:
             return spark.range(rows, numPartitions=args.spark_partitions).selectExpr(
                 "concat('customer-', CAST(id % 1000 AS STRING)) AS key",
-                "concat(lpad(CAST(id AS STRING), 20, '0'), repeat('x', 80)) AS value")
+                "concat(lpad(CAST(id AS STRING), 20, '0'), repeat('x', 80)) AS value",
+            )
 
         def to_pidlease(df: Any, topic: str, job: str) -> None:
-            (df.write.format("pidlease").option("coordinator", url).option("topic", topic)
-             .option("job_name", job).mode("append").save())
+            (
+                df.write.format("pidlease")
+                .option("coordinator", url)
+                .option("topic", topic)
+                .option("job_name", job)
+                .mode("append")
+                .save()
+            )
 
         def scan(df: Any) -> None:
             df.select(F.sum(F.length("value"))).collect()
@@ -71,11 +78,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster.create_topic("bench", partitions=args.topic_partitions)
         df = data(args.rows)
         parquet_dir = str(work / "bench.parquet")
-        t_parquet_write = _timed("parquet write", lambda: df.write.mode("overwrite").parquet(parquet_dir))
+        t_parquet_write = _timed(
+            "parquet write", lambda: df.write.mode("overwrite").parquet(parquet_dir)
+        )
         t_write = _timed("pidlease write", lambda: to_pidlease(df, "bench", "bench-job"))
-        t_rerun = _timed("pidlease re-run (appends nothing)", lambda: to_pidlease(df, "bench", "bench-job"))
+        t_rerun = _timed(
+            "pidlease re-run (appends nothing)", lambda: to_pidlease(df, "bench", "bench-job")
+        )
         t_parquet_read = _timed("parquet read", lambda: scan(spark.read.parquet(parquet_dir)))
-        topic_df = spark.read.format("pidlease").option("coordinator", url).option("topic", "bench").load()
+        topic_df = (
+            spark.read.format("pidlease").option("coordinator", url).option("topic", "bench").load()
+        )
         t_read = _timed("pidlease read", lambda: scan(topic_df))
         count = topic_df.count()
         if count != args.rows:
@@ -85,13 +98,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return args.rows / t
 
         return {
-            "rows": args.rows, "master": args.master, "spark_partitions": args.spark_partitions,
-            "topic_partitions": args.topic_partitions, "servers": args.servers,
-            "write_rows_per_s": {"pidlease": round(rate(t_write)), "parquet": round(rate(t_parquet_write)),
-                                 "ratio": round(t_parquet_write / t_write, 3)},
+            "rows": args.rows,
+            "master": args.master,
+            "spark_partitions": args.spark_partitions,
+            "topic_partitions": args.topic_partitions,
+            "servers": args.servers,
+            "write_rows_per_s": {
+                "pidlease": round(rate(t_write)),
+                "parquet": round(rate(t_parquet_write)),
+                "ratio": round(t_parquet_write / t_write, 3),
+            },
             "rerun_rows_per_s": round(rate(t_rerun)),
-            "read_rows_per_s": {"pidlease": round(rate(t_read)), "parquet": round(rate(t_parquet_read)),
-                                "ratio": round(t_parquet_read / t_read, 3)},
+            "read_rows_per_s": {
+                "pidlease": round(rate(t_read)),
+                "parquet": round(rate(t_parquet_read)),
+                "ratio": round(t_parquet_read / t_read, 3),
+            },
         }
     finally:
         spark.stop()
@@ -100,7 +122,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--spark-partitions", type=int, default=4)
     p.add_argument("--topic-partitions", type=int, default=4)
@@ -110,11 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = run(args)
     w, r = result["write_rows_per_s"], result["read_rows_per_s"]
-    print(f"write: pidlease {w['pidlease']:,} rows/s, parquet {w['parquet']:,} rows/s, "
-          f"ratio {w['ratio']:.3f}")
+    print(
+        f"write: pidlease {w['pidlease']:,} rows/s, parquet {w['parquet']:,} rows/s, "
+        f"ratio {w['ratio']:.3f}"
+    )
     print(f"re-run of the same job (skips every row): {result['rerun_rows_per_s']:,} rows/s")
-    print(f"read:  pidlease {r['pidlease']:,} rows/s, parquet {r['parquet']:,} rows/s, "
-          f"ratio {r['ratio']:.3f}")
+    print(
+        f"read:  pidlease {r['pidlease']:,} rows/s, parquet {r['parquet']:,} rows/s, "
+        f"ratio {r['ratio']:.3f}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

@@ -64,11 +64,16 @@ def shapes() -> dict[str, list[tuple[bytes | None, bytes]]]:
         "1000 x 1 KiB, 16 B key": [(rnd.randbytes(16), rnd.randbytes(1024)) for _ in range(1000)],
         # sizes differ record to record: the fast path gives up after one length check
         "1000 x 0-200 B, mixed keys": [
-            (rnd.choice([None, b"", rnd.randbytes(rnd.randint(1, 16))]), rnd.randbytes(rnd.randint(0, 200)))
-            for _ in range(1000)],
+            (
+                rnd.choice([None, b"", rnd.randbytes(rnd.randint(1, 16))]),
+                rnd.randbytes(rnd.randint(0, 200)),
+            )
+            for _ in range(1000)
+        ],
         # same total size, headers differ: the worst case (8 slices, then the walk)
         "1000 x 100 B, key/value split varies": [
-            (b"k" * (i % 5), rnd.randbytes(100 - i % 5)) for i in range(1000)],
+            (b"k" * (i % 5), rnd.randbytes(100 - i % 5)) for i in range(1000)
+        ],
     }
 
 
@@ -79,12 +84,17 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{'batch':40} {'old us':>8} {'new us':>8} {'speedup':>8}")
     for name, records in shapes().items():
-        batch = memoryview(P.encode_batch(records, pid=1, generation=1, base_sequence=0,
-                                          timestamp_ms=0))
+        batch = memoryview(
+            P.encode_batch(records, pid=1, generation=1, base_sequence=0, timestamp_ms=0)
+        )
         assert old_validate_batch(batch) == P.validate_batch(batch)
         per = {}
         for label, fn in (("old", old_validate_batch), ("new", P.validate_batch)):
-            best = min(timeit.repeat(lambda fn=fn, batch=batch: fn(batch), number=args.number, repeat=args.repeat))
+            best = min(
+                timeit.repeat(
+                    lambda fn=fn, batch=batch: fn(batch), number=args.number, repeat=args.repeat
+                )
+            )
             per[label] = best / args.number * 1e6
         print(f"{name:40} {per['old']:8.1f} {per['new']:8.1f} {per['old'] / per['new']:7.1f}x")
     crc = min(timeit.repeat(lambda: P.zlib.crc32(batch), number=args.number, repeat=args.repeat))

@@ -33,18 +33,28 @@ ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("ceiling", "pidlease", "pidlease-r3", "nats", "redis-function", "redis-xadd")
 
 
-def _pass(system: Any, cfg: dict[str, Any], phase: str, args: argparse.Namespace,
-          value_bytes: int) -> tuple[PassResult, float, int]:
+def _pass(
+    system: Any, cfg: dict[str, Any], phase: str, args: argparse.Namespace, value_bytes: int
+) -> tuple[PassResult, float, int]:
     watch = ProcWatch(system.server_pids())
     watch.start()
-    outcomes = run_producers(system.producer, cfg, producers=args.producers, phase=phase,
-                             value_bytes=value_bytes, records=args.records)
+    outcomes = run_producers(
+        system.producer,
+        cfg,
+        producers=args.producers,
+        phase=phase,
+        value_bytes=value_bytes,
+        records=args.records,
+    )
     usage = watch.stop()
     res = summarize(outcomes)
-    print(f"  {system.key:22s} {value_bytes:>5} B {phase:8s} {res.records_per_s:>12,.0f} rec/s"
-          f"  p50 {res.p50_ms:7.1f} ms  p99 {res.p99_ms:7.1f} ms  server CPU {usage.cpu_s:6.1f} s"
-          f"  client CPU {res.client_cpu_s:6.1f} s"
-          f"  acked {res.acked} dup {res.duplicates} err {res.errors}", flush=True)
+    print(
+        f"  {system.key:22s} {value_bytes:>5} B {phase:8s} {res.records_per_s:>12,.0f} rec/s"
+        f"  p50 {res.p50_ms:7.1f} ms  p99 {res.p99_ms:7.1f} ms  server CPU {usage.cpu_s:6.1f} s"
+        f"  client CPU {res.client_cpu_s:6.1f} s"
+        f"  acked {res.acked} dup {res.duplicates} err {res.errors}",
+        flush=True,
+    )
     if res.errors:
         print(f"    errors, e.g.: {res.error_sample}", flush=True)
     return res, usage.cpu_s, usage.peak_rss_bytes
@@ -83,14 +93,19 @@ def build(key: str, workdir: Path) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--records", type=int, default=100_000, help="records per producer")
     ap.add_argument("--producers", type=int, default=2)
     ap.add_argument("--sizes", default="100,1024", help="record value sizes in bytes")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--skip-alone", action="store_true", help="skip the pidlease-only figures")
-    ap.add_argument("--quick-alone", action="store_true",
-                    help="smaller pidlease-only figures (100k PIDs instead of 1M, fewer leases)")
+    ap.add_argument(
+        "--quick-alone",
+        action="store_true",
+        help="smaller pidlease-only figures (100k PIDs instead of 1M, fewer leases)",
+    )
     ap.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--chart", default=str(ROOT / "docs" / "img" / "throughput.png"))
     ap.add_argument("--no-docs", action="store_true", help="print only")
@@ -98,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",")]
     wanted = [s for s in args.systems.split(",") if s]
-    command = "/work/venv/bin/python -m bench.compare " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "/work/venv/bin/python -m bench.compare " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     machine = report.machine_info()
-    print(f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_start']}; "
-          f"{args.producers} producers x {args.records} records", flush=True)
+    print(
+        f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_start']}; "
+        f"{args.producers} producers x {args.records} records",
+        flush=True,
+    )
     started = time.time()
     rows: list[Row] = []
     skipped: dict[str, str] = {}
@@ -117,16 +137,26 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_system(system, args)
         alone: dict[str, Any] = {}
         if not args.skip_alone:
-            alone = pidlease_alone.run(workdir, producers=args.producers, records=args.records,
-                                       quick=args.quick_alone)
+            alone = pidlease_alone.run(
+                workdir, producers=args.producers, records=args.records, quick=args.quick_alone
+            )
     machine["load_end"] = report.load_average()
     machine["minutes"] = round((time.time() - started) / 60, 1)
     text = report.render(rows, skipped, alone, machine, command, args)
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"rows": [asdict(r) for r in rows], "skipped": skipped, "alone": alone,
-             "machine": machine}, indent=1, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "rows": [asdict(r) for r in rows],
+                    "skipped": skipped,
+                    "alone": alone,
+                    "machine": machine,
+                },
+                indent=1,
+                default=str,
+            )
+        )
     if not args.no_docs:
         report.write_docs(Path(args.docs), text, Path(args.chart))
         report.chart(rows, Path(args.chart))

@@ -47,30 +47,50 @@ def _alternate(rounds: int, one: Callable[[str], tuple[float, float]]) -> dict[s
     throughput on a shared machine swings by more than the effect being measured."""
     got: dict[str, list[tuple[float, float]]] = {"strict": [], "off": []}
     for r in range(rounds):
-        for mode in (("strict", "off") if r % 2 == 0 else ("off", "strict")):
+        for mode in ("strict", "off") if r % 2 == 0 else ("off", "strict"):
             got[mode].append(one(mode))
-    med = {m: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-           for m, v in got.items()}
-    return {"strict_records_per_s": med["strict"][0], "off_records_per_s": med["off"][0],
-            "strict_over_off": med["strict"][0] / med["off"][0],
-            "strict_cpu_us_per_record": med["strict"][1], "off_cpu_us_per_record": med["off"][1],
-            "cpu_overhead_pct": (med["strict"][1] / med["off"][1] - 1) * 100, "rounds": rounds}
+    med = {
+        m: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+        for m, v in got.items()
+    }
+    return {
+        "strict_records_per_s": med["strict"][0],
+        "off_records_per_s": med["off"][0],
+        "strict_over_off": med["strict"][0] / med["off"][0],
+        "strict_cpu_us_per_record": med["strict"][1],
+        "off_cpu_us_per_record": med["off"][1],
+        "cpu_overhead_pct": (med["strict"][1] / med["off"][1] - 1) * 100,
+        "rounds": rounds,
+    }
 
 
-def sdk_dedup(system: pidlease_sdk.System, producers: int, records: int, rounds: int = 4
-              ) -> dict[str, Any]:
+def sdk_dedup(
+    system: pidlease_sdk.System, producers: int, records: int, rounds: int = 4
+) -> dict[str, Any]:
     """Producers through the SDK into a strict and an off topic of the same server."""
+
     def one(mode: str) -> tuple[float, float]:
         cfg = system.prepare(100, dedup=mode)
         watch = ProcWatch(system.server_pids())
         watch.start()
-        res = summarize(run_producers(system.producer, cfg, producers=producers,
-                                      phase="produce", value_bytes=100, records=records))
+        res = summarize(
+            run_producers(
+                system.producer,
+                cfg,
+                producers=producers,
+                phase="produce",
+                value_bytes=100,
+                records=records,
+            )
+        )
         cpu = watch.stop().cpu_s
         if res.errors or res.acked != res.records:
-            raise RuntimeError(f"{mode}: {res.errors} errors, {res.acked} of {res.records} "
-                               f"acked: {res.error_sample}")
+            raise RuntimeError(
+                f"{mode}: {res.errors} errors, {res.acked} of {res.records} "
+                f"acked: {res.error_sample}"
+            )
         return res.records_per_s, cpu / res.records * 1e6
+
     return _alternate(rounds, one)
 
 
@@ -86,7 +106,7 @@ def wire_dedup(system: pidlease_sdk.System, records: int, rounds: int = 6) -> di
 
     def one(mode: str) -> tuple[float, float]:
         cfg = system.prepare(100, dedup=mode)
-        wire_pass(address, cfg["topic"], 0, 0, 1, 1)   # warm-up: the server learns the topic
+        wire_pass(address, cfg["topic"], 0, 0, 1, 1)  # warm-up: the server learns the topic
         pid[0] += 1
         watch = ProcWatch(system.server_pids())
         watch.start()
@@ -95,6 +115,7 @@ def wire_dedup(system: pidlease_sdk.System, records: int, rounds: int = 6) -> di
         if codes != Counter({0: batches}):
             raise RuntimeError(f"{mode}: answers by code {dict(codes)}")
         return batches * 1000 / secs, cpu / (batches * 1000) * 1e6
+
     return _alternate(rounds, one)
 
 
@@ -122,8 +143,15 @@ def dedup_rules_cost(batches: int = 200_000, pids: int = 2) -> dict[str, Any]:
 
 
 # -- the wire: first pass and the DUPLICATE path ------------------------------------------
-def wire_pass(address: str, topic: str, pid: int, generation: int, batches: int,
-              records_per_batch: int, window: int = 8) -> tuple[float, Counter[int]]:
+def wire_pass(
+    address: str,
+    topic: str,
+    pid: int,
+    generation: int,
+    batches: int,
+    records_per_batch: int,
+    window: int = 8,
+) -> tuple[float, Counter[int]]:
     """Send ``batches`` batches of 100-byte records from sequence 0 on one pipelined
     connection; (seconds, answers by error code)."""
     from bench.bench_append import FastBatches
@@ -144,8 +172,9 @@ def wire_pass(address: str, topic: str, pid: int, generation: int, batches: int,
         while got < batches:
             out = []
             while sent < batches and sent - got < window:
-                out.append(P.produce_request(sent + 1, topic, 0, tok,
-                                             fb.make(sent * records_per_batch)))
+                out.append(
+                    P.produce_request(sent + 1, topic, 0, tok, fb.make(sent * records_per_batch))
+                )
                 sent += 1
             if out:
                 sock.sendall(b"".join(out))
@@ -158,7 +187,7 @@ def wire_pass(address: str, topic: str, pid: int, generation: int, batches: int,
                 if len(buf) < 4 + n:
                     break
                 codes[struct.unpack_from(">H", buf, 8)[0]] += 1
-                del buf[:4 + n]
+                del buf[: 4 + n]
                 got += 1
     finally:
         sock.close()
@@ -171,21 +200,25 @@ def wire_duplicates(system: pidlease_sdk.System, records: int) -> dict[str, Any]
     address = system.cluster.servers[0].address
     per = 1000
     batches = max(1, records // per)
-    pid, gen = 900_000_001, 1   # the server checks the token's HMAC, not the coordinator
-    wire_pass(address, cfg["topic"], 0, 0, 1, 1)   # warm-up: the server learns the topic
+    pid, gen = 900_000_001, 1  # the server checks the token's HMAC, not the coordinator
+    wire_pass(address, cfg["topic"], 0, 0, 1, 1)  # warm-up: the server learns the topic
     first_s, first = wire_pass(address, cfg["topic"], pid, gen, batches, per)
     again_s, again = wire_pass(address, cfg["topic"], pid, gen, batches, per)
     if first != Counter({0: batches}):
         raise RuntimeError(f"first pass answers by code: {dict(first)}")
-    return {"records": batches * per, "duplicates": again.get(2, 0) * per,
-            "other_answers": {k: v for k, v in again.items() if k != 2},
-            "first_records_per_s": batches * per / first_s,
-            "records_per_s": batches * per / again_s}
+    return {
+        "records": batches * per,
+        "duplicates": again.get(2, 0) * per,
+        "other_answers": {k: v for k, v in again.items() if k != 2},
+        "first_records_per_s": batches * per / first_s,
+        "records_per_s": batches * per / again_s,
+    }
 
 
 # -- restart pause -------------------------------------------------------------------------
-def restart_pause(system: pidlease_sdk.System, records: int, kill_after_s: float = 1.5
-                  ) -> dict[str, Any]:
+def restart_pause(
+    system: pidlease_sdk.System, records: int, kill_after_s: float = 1.5
+) -> dict[str, Any]:
     """A producer sends ``records``; ``kill_after_s`` in, the partition server is SIGKILLed
     and restarted. The pause is the longest gap between acknowledgements it sees."""
     from pidlease import Producer
@@ -227,9 +260,14 @@ def restart_pause(system: pidlease_sdk.System, records: int, kill_after_s: float
     times = sorted(acks)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     audit = verify_topic(cfg["url"], cfg["topic"])
-    return {"pause_s": max(gaps) if gaps else float("nan"), "restart_s": restart_s,
-            "acked": state["acked"], "duplicates": state["duplicates"], "errors": 0,
-            "audit": "ok" if audit.ok else audit.summary()}
+    return {
+        "pause_s": max(gaps) if gaps else float("nan"),
+        "restart_s": restart_s,
+        "acked": state["acked"],
+        "duplicates": state["duplicates"],
+        "errors": 0,
+        "audit": "ok" if audit.ok else audit.summary(),
+    }
 
 
 # -- the older scripts ---------------------------------------------------------------------
@@ -243,8 +281,9 @@ def leases(count: int) -> list[dict[str, Any]]:
     for n in (1, 2):
         for connections, leases_n in ((64, count), (1, max(200, count // 10))):
             for r in run_setup(n, leases_n, connections, 100):
-                rows.append({"connections": connections,
-                             **{k: v for k, v in r.items() if k != "replies"}})
+                rows.append(
+                    {"connections": connections, **{k: v for k, v in r.items() if k != "replies"}}
+                )
     return rows
 
 
@@ -273,18 +312,22 @@ def run(workdir: Path, *, producers: int, records: int, quick: bool = False) -> 
     system.start()
     try:
         # Enough records per round that the server's CPU per record is read to about 1 %.
-        out["dedup_sdk"] = _guard("dedup strict vs off, SDK",
-                                  lambda: sdk_dedup(system, producers, max(records, 250_000)))
-        out["dedup_wire"] = _guard("dedup strict vs off, wire",
-                                   lambda: wire_dedup(system, 1_000_000))
+        out["dedup_sdk"] = _guard(
+            "dedup strict vs off, SDK", lambda: sdk_dedup(system, producers, max(records, 250_000))
+        )
+        out["dedup_wire"] = _guard(
+            "dedup strict vs off, wire", lambda: wire_dedup(system, 1_000_000)
+        )
         out["dedup_rules"] = _guard("the append rules' own cost", dedup_rules_cost)
-        out["wire_duplicates"] = _guard("DUPLICATE path on the wire",
-                                        lambda: wire_duplicates(system, max(records, 100_000)))
+        out["wire_duplicates"] = _guard(
+            "DUPLICATE path on the wire", lambda: wire_duplicates(system, max(records, 100_000))
+        )
         out["restart_pause"] = _guard("restart pause", lambda: restart_pause(system, 400_000))
     finally:
         system.stop()
-    out["lease"] = _guard("lease_pid, 1 and 2 coordinators (bench_lease.py)",
-                          lambda: leases(2000 if quick else 5000))
+    out["lease"] = _guard(
+        "lease_pid, 1 and 2 coordinators (bench_lease.py)", lambda: leases(2000 if quick else 5000)
+    )
     # replay_rate() leaves its log in a mkdtemp() directory: make that one ours.
     tempfile.tempdir = str(workdir)
     try:
@@ -293,6 +336,6 @@ def run(workdir: Path, *, producers: int, records: int, quick: bool = False) -> 
         tempfile.tempdir = None
     out["memory"] = _guard("memory per tracked PID (bench_recovery.py)", lambda: memory(quick))
     for key in ("lease", "replay", "memory"):
-        if isinstance(out[key], dict):   # failed: keep the reason, tables expect lists
+        if isinstance(out[key], dict):  # failed: keep the reason, tables expect lists
             out[f"{key}_failed"] = out.pop(key)
     return out

@@ -54,8 +54,11 @@ def summarize(raw: Path, top: int) -> str:
             continue
         n = int(count)
         total += n
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"
-                  for f in stack.split(";") if f]
+        frames = [
+            f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"
+            for f in stack.split(";")
+            if f
+        ]
         for f in set(frames):
             incl[f] += n
         if frames:
@@ -73,9 +76,12 @@ def main() -> int:
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--pyinstrument", action="store_true")
-    ap.add_argument("--wire", action="store_true",
-                    help="drive the server with a raw pipelining client instead of the SDK "
-                         "(profiles the server's produce path at its own limit)")
+    ap.add_argument(
+        "--wire",
+        action="store_true",
+        help="drive the server with a raw pipelining client instead of the SDK "
+        "(profiles the server's produce path at its own limit)",
+    )
     ap.add_argument("--keep", help="directory for the raw profiles (default: a temporary one)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -87,31 +93,74 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     with LocalCluster(work / "cluster", servers=1, coordinators=1) as cluster:
         cluster.create_topic("profile", 1)
-        prod_args = ["-m", "bench.profile_hot_path", "--child", cluster.coordinator_url,
-                     "profile", str(args.records), str(args.value_bytes)]
+        prod_args = [
+            "-m",
+            "bench.profile_hot_path",
+            "--child",
+            cluster.coordinator_url,
+            "profile",
+            str(args.records),
+            str(args.value_bytes),
+        ]
         if args.pyinstrument:
-            cmd = [sys.executable, "-m", "pyinstrument", "-o", str(work / "producer.txt"),
-                   *prod_args]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pyinstrument",
+                "-o",
+                str(work / "producer.txt"),
+                *prod_args,
+            ]
         else:
-            cmd = [PY_SPY, "record", "--threads", "--gil", "--format", "raw", "--rate", "250", "-o",
-                   str(work / "producer.raw"), "--", sys.executable, *prod_args]
+            cmd = [
+                PY_SPY,
+                "record",
+                "--threads",
+                "--gil",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "-o",
+                str(work / "producer.raw"),
+                "--",
+                sys.executable,
+                *prod_args,
+            ]
         server_pid = cluster.servers[0].proc.pid  # type: ignore[union-attr]
-        spy = subprocess.Popen([PY_SPY, "record", "--format", "raw", "--rate", "250",
-                                "-o", str(work / "server.raw"), "--pid", str(server_pid)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = subprocess.Popen(
+            [
+                PY_SPY,
+                "record",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "-o",
+                str(work / "server.raw"),
+                "--pid",
+                str(server_pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)  # py-spy attaches
         if args.wire:
             from bench.pidlease_alone import wire_pass
+
             address = cluster.servers[0].address
             wire_pass(address, "profile", 0, 0, 1, 1)  # the server learns the topic
             batches = max(1, args.records // 1000)
             secs, codes = wire_pass(address, "profile", 900_000_001, 1, batches, 1000)
-            rate = (f"{batches * 1000 / secs:,.0f} records/s on the wire ({secs:.2f} s), "
-                    f"answers {dict(codes)}")
+            rate = (
+                f"{batches * 1000 / secs:,.0f} records/s on the wire ({secs:.2f} s), "
+                f"answers {dict(codes)}"
+            )
             out = subprocess.CompletedProcess([], 0, rate, "")
         else:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT,
-                                 check=False)
+            out = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, check=False
+            )
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
     rate = [ln for ln in out.stdout.splitlines() if "records/s" in ln]
@@ -123,7 +172,10 @@ def main() -> int:
     else:
         print("== producer (both threads)\n" + summarize(work / "producer.raw", args.top))
     if (work / "server.raw").exists():
-        print("== partition server (whole run, idle included)\n" + summarize(work / "server.raw", args.top))
+        print(
+            "== partition server (whole run, idle included)\n"
+            + summarize(work / "server.raw", args.top)
+        )
     print(f"raw profiles in {work}")
     return 0
 

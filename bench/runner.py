@@ -19,8 +19,16 @@ from typing import Any
 from bench.workload import Outcome
 
 
-def _child(target: str, cfg: dict[str, Any], index: int, phase: str, value_bytes: int,
-           records: int, barrier: Any, out: Any) -> None:
+def _child(
+    target: str,
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    barrier: Any,
+    out: Any,
+) -> None:
     try:
         mod_name, _, fn_name = target.partition(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
@@ -33,16 +41,29 @@ def _child(target: str, cfg: dict[str, Any], index: int, phase: str, value_bytes
             out.put(("error", index, traceback.format_exc()))
 
 
-def run_producers(target: str, cfg: dict[str, Any], *, producers: int, phase: str,
-                  value_bytes: int, records: int, timeout_s: float = 900) -> list[Outcome]:
+def run_producers(
+    target: str,
+    cfg: dict[str, Any],
+    *,
+    producers: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    timeout_s: float = 900,
+) -> list[Outcome]:
     """Start ``producers`` processes running ``target``; raise if any fails or the pass
     takes longer than ``timeout_s`` (then every child is terminated)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(producers)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(target, cfg, i, phase, value_bytes, records,
-                                              barrier, out), daemon=True)
-             for i in range(producers)]
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(target, cfg, i, phase, value_bytes, records, barrier, out),
+            daemon=True,
+        )
+        for i in range(producers)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Outcome] = {}
@@ -57,8 +78,9 @@ def run_producers(target: str, cfg: dict[str, Any], *, producers: int, phase: st
             except queue.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"{target} {phase}: a producer exited with "
-                                       f"{dead[0].exitcode}") from None
+                    raise RuntimeError(
+                        f"{target} {phase}: a producer exited with {dead[0].exitcode}"
+                    ) from None
                 continue
             if kind == "error":
                 raise RuntimeError(f"{target} {phase}: producer {index} failed:\n{payload}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATENCY_EVERY = 64
-BATCH_BYTES_MAX = 512 * 1024   # the SDK's default batch_bytes_max; the ceiling uses it too
+BATCH_BYTES_MAX = 512 * 1024  # the SDK's default batch_bytes_max; the ceiling uses it too
 BATCH_RECORDS_MAX = 1000
 
 
@@ -30,8 +30,11 @@ def records_per_batch(value_bytes: int) -> int:
 def payload(value_bytes: int, producer: int) -> bytes:
     """Incompressible bytes, different per producer (nothing in the path compresses, but
     no system should be able to profit from identical records)."""
-    return os.urandom(value_bytes - 8) + producer.to_bytes(8, "big") if value_bytes >= 8 \
+    return (
+        os.urandom(value_bytes - 8) + producer.to_bytes(8, "big")
+        if value_bytes >= 8
         else os.urandom(value_bytes)
+    )
 
 
 def clock() -> float:
@@ -45,12 +48,12 @@ class Outcome:
 
     producer: int
     records: int
-    acked: int = 0            # acknowledged as newly written
-    duplicates: int = 0       # acknowledged as already written
-    errors: int = 0           # anything else (a pass with errors is reported, not hidden)
+    acked: int = 0  # acknowledged as newly written
+    duplicates: int = 0  # acknowledged as already written
+    errors: int = 0  # anything else (a pass with errors is reported, not hidden)
     error_sample: str = ""
-    started: float = 0.0      # clock() when the first record was handed over
-    finished: float = 0.0     # clock() when the last acknowledgement was seen
+    started: float = 0.0  # clock() when the first record was handed over
+    finished: float = 0.0  # clock() when the last acknowledgement was seen
     client_cpu_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
 
@@ -86,8 +89,15 @@ def summarize(outcomes: list[Outcome]) -> PassResult:
     secs = max(o.finished for o in outcomes) - min(o.started for o in outcomes)
     lat = [x for o in outcomes for x in o.latencies_s]
     sample = next((o.error_sample for o in outcomes if o.error_sample), "")
-    return PassResult(records, sum(o.acked for o in outcomes), sum(o.duplicates for o in outcomes),
-                      sum(o.errors for o in outcomes), sample, secs,
-                      records / secs if secs > 0 else float("nan"),
-                      percentile(lat, 0.5) * 1000, percentile(lat, 0.99) * 1000,
-                      sum(o.client_cpu_s for o in outcomes))
+    return PassResult(
+        records,
+        sum(o.acked for o in outcomes),
+        sum(o.duplicates for o in outcomes),
+        sum(o.errors for o in outcomes),
+        sample,
+        secs,
+        records / secs if secs > 0 else float("nan"),
+        percentile(lat, 0.5) * 1000,
+        percentile(lat, 0.99) * 1000,
+        sum(o.client_cpu_s for o in outcomes),
+    )

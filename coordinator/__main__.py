@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"coordinator: bad settings: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {settings.coordinator_id} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s {settings.coordinator_id} %(name)s %(levelname)s %(message)s",
+    )
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     tls: dict[str, Any] = {}  # uvicorn.run's ssl_* keywords
     if settings.tls_certfile:
@@ -39,8 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     # The Coordinator builds its TLS client context for the partition servers itself.
     app = create_app(settings)
     # Thousands of clients may connect at once; the default backlog of 2048 is too small.
-    uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning",
-                access_log=False, backlog=8192, timeout_keep_alive=30, loop="auto", **tls)
+    uvicorn.run(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level="warning",
+        access_log=False,
+        backlog=8192,
+        timeout_keep_alive=30,
+        loop="auto",
+        **tls,
+    )
     return 0
 
 

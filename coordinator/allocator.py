@@ -47,7 +47,7 @@ class PidAllocator:
         self._attempts_max = attempts_max
         self._lock = threading.Lock()
         self._next = 0
-        self._end = 0          # exclusive; next == end means "no block in hand"
+        self._end = 0  # exclusive; next == end means "no block in hand"
         self.blocks_fetched = 0
         self.cas_conflicts = 0
 
@@ -77,13 +77,16 @@ class PidAllocator:
                 self.cas_conflicts += 1
                 continue
             if value < FIRST_PID:
-                raise CoordinatorUnavailable(f"PID counter holds {value}, below {FIRST_PID}; "
-                                             "the ZooKeeper data is damaged")
+                raise CoordinatorUnavailable(
+                    f"PID counter holds {value}, below {FIRST_PID}; the ZooKeeper data is damaged"
+                )
             end = value + self.block_size
             if end - 1 > MAX_PID:
                 raise CoordinatorUnavailable("every 63-bit PID has been handed out")
             if self._store.cas_counter(end, version):
                 return value, end
             self.cas_conflicts += 1
-        raise CoordinatorUnavailable(f"could not reserve a PID block after {self._attempts_max} "
-                                     "compare-and-set conflicts; retry")
+        raise CoordinatorUnavailable(
+            f"could not reserve a PID block after {self._attempts_max} "
+            "compare-and-set conflicts; retry"
+        )

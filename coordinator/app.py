@@ -47,33 +47,65 @@ log = logging.getLogger("coordinator.app")
 class Coordinator:
     """Everything one coordinator process holds, wired together."""
 
-    def __init__(self, settings: CoordinatorSettings, *, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self, settings: CoordinatorSettings, *, clock_ms: Callable[[], int] = wall_clock_ms
+    ) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.store = Store(settings.zk, request_timeout_ms=settings.zk_request_timeout_ms,
-                           session_timeout_ms=settings.zk_session_timeout_ms)
-        self.allocator = PidAllocator(self.store, settings.pid_block_size,
-                                      attempts_max=settings.cas_attempts_max)
+        self.store = Store(
+            settings.zk,
+            request_timeout_ms=settings.zk_request_timeout_ms,
+            session_timeout_ms=settings.zk_session_timeout_ms,
+        )
+        self.allocator = PidAllocator(
+            self.store, settings.pid_block_size, attempts_max=settings.cas_attempts_max
+        )
         # A TLS coordinator calls the partition servers over TLS too (pidlease/wire/tls.py).
-        peer_tls = (peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
-                    if settings.tls_certfile else None)
-        self.leaders = LeaderClient(timeout_ms=settings.leader_request_timeout_ms,
-                                    connections_max=settings.leader_connections_max,
-                                    ssl_context=peer_tls)
+        peer_tls = (
+            peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
+            if settings.tls_certfile
+            else None
+        )
+        self.leaders = LeaderClient(
+            timeout_ms=settings.leader_request_timeout_ms,
+            connections_max=settings.leader_connections_max,
+            ssl_context=peer_tls,
+        )
         self.events = EventLog(settings.coordinator_id, clock_ms=clock_ms)
-        self.service = ObservedLeaseService(settings, self.store, self.allocator, self.leaders,
-                                            self.metrics, clock_ms=clock_ms, events=self.events)
-        self.fleet = Fleet(self.store, self.leaders, self.events,
-                           timeout_ms=settings.leader_request_timeout_ms)
-        self.dashboard = Dashboard(lambda: self.service.list_pids(None, settings.pids_list_max),
-                                   self.fleet, self.events, clock_ms=clock_ms,
-                                   coordinator_id=settings.coordinator_id,
-                                   expiring_window_ms=settings.lease_expiring_window_ms)
+        self.service = ObservedLeaseService(
+            settings,
+            self.store,
+            self.allocator,
+            self.leaders,
+            self.metrics,
+            clock_ms=clock_ms,
+            events=self.events,
+        )
+        self.fleet = Fleet(
+            self.store, self.leaders, self.events, timeout_ms=settings.leader_request_timeout_ms
+        )
+        self.dashboard = Dashboard(
+            lambda: self.service.list_pids(None, settings.pids_list_max),
+            self.fleet,
+            self.events,
+            clock_ms=clock_ms,
+            coordinator_id=settings.coordinator_id,
+            expiring_window_ms=settings.lease_expiring_window_ms,
+        )
         self.topics = Topics(self.store, self.leaders, clock_ms)
-        info = {"id": settings.coordinator_id, "host": settings.http_host,
-                "port": settings.http_port, "started_ms": clock_ms()}
-        self.housekeeper = Housekeeper(self.store, settings.coordinator_id, info,
-                                       self.service.sweep, settings.pid_sweep_interval_ms)
+        info = {
+            "id": settings.coordinator_id,
+            "host": settings.http_host,
+            "port": settings.http_port,
+            "started_ms": clock_ms(),
+        }
+        self.housekeeper = Housekeeper(
+            self.store,
+            settings.coordinator_id,
+            info,
+            self.service.sweep,
+            settings.pid_sweep_interval_ms,
+        )
         g = self.metrics.gauges
         g["pidlease_pid_blocks_fetched_total"] = lambda: self.allocator.blocks_fetched
         g["pidlease_pid_block_conflicts_total"] = lambda: self.allocator.cas_conflicts
@@ -93,7 +125,8 @@ class Coordinator:
         # From the dashboard's newest snapshot (at most one ZooKeeper scan a second): a
         # scrape never starts a scan of every PID itself.
         self.metrics.labelled["pidlease_pids"] = (
-            "Retained PIDs by lease state, as of the dashboard's newest snapshot.", "state",
+            "Retained PIDs by lease state, as of the dashboard's newest snapshot.",
+            "state",
             # A lambda, not the bound method: it follows a dashboard replaced after start-up.
             lambda: self.dashboard.last_counts(),  # noqa: PLW0108
         )
@@ -123,8 +156,12 @@ def _validation_detail(errs: list[Any]) -> tuple[str, list[dict[str, Any]]]:
     return detail, items
 
 
-def create_app(settings: CoordinatorSettings | None = None, *,
-               coordinator: Coordinator | None = None, start: bool = True) -> FastAPI:
+def create_app(
+    settings: CoordinatorSettings | None = None,
+    *,
+    coordinator: Coordinator | None = None,
+    start: bool = True,
+) -> FastAPI:
     settings = settings or (coordinator.settings if coordinator else CoordinatorSettings())
     coord = coordinator or Coordinator(settings)
 
@@ -139,8 +176,12 @@ def create_app(settings: CoordinatorSettings | None = None, *,
             if start:
                 await anyio.to_thread.run_sync(coord.stop)
 
-    app = FastAPI(title="pidlease coordinator", version="0.1.0", lifespan=lifespan,
-                  description="Leases producer ids (PIDs) with generation fencing.")
+    app = FastAPI(
+        title="pidlease coordinator",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Leases producer ids (PIDs) with generation fencing.",
+    )
     app.state.coordinator = coord
     metrics = coord.metrics
 
@@ -163,8 +204,10 @@ def create_app(settings: CoordinatorSettings | None = None, *,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        what = {404: f"no such route: {request.method} {request.url.path}",
-                405: f"method {request.method} is not allowed on {request.url.path}"}
+        what = {
+            404: f"no such route: {request.method} {request.url.path}",
+            405: f"method {request.method} is not allowed on {request.url.path}",
+        }
         detail = what.get(exc.status_code, str(exc.detail))
         return error_response(InvalidRequest(detail), exc.status_code)
 
@@ -188,10 +231,13 @@ def create_app(settings: CoordinatorSettings | None = None, *,
     @app.post("/v1/lease_pid/batch", summary="Several lease_pid requests, answered in order")
     def lease_pid_batch(body: LeaseBatchBody, request: Request) -> dict[str, Any]:
         if len(body.requests) > settings.batch_requests_max:
-            raise InvalidRequest(f"a batch holds at most {settings.batch_requests_max} requests, "
-                                 f"got {len(body.requests)}")
-        responses = coord.service.lease_batch([r.to_request() for r in body.requests],
-                                              principal_of(request))
+            raise InvalidRequest(
+                f"a batch holds at most {settings.batch_requests_max} requests, "
+                f"got {len(body.requests)}"
+            )
+        responses = coord.service.lease_batch(
+            [r.to_request() for r in body.requests], principal_of(request)
+        )
         for r in responses:
             if r["error"] != "NONE":
                 metrics.error(r["error"])
@@ -217,8 +263,9 @@ def create_app(settings: CoordinatorSettings | None = None, *,
 
     # -- PIDs, servers ---------------------------------------------------------------------
     @app.get("/v1/pids")
-    def list_pids(state: Literal["active", "expiring", "lapsed"] | None = None,
-                  limit: int = Query(1000, ge=1)) -> dict[str, Any]:
+    def list_pids(
+        state: Literal["active", "expiring", "lapsed"] | None = None, limit: int = Query(1000, ge=1)
+    ) -> dict[str, Any]:
         if limit > settings.pids_list_max:
             raise InvalidRequest(f"limit is at most {settings.pids_list_max}")
         pids = coord.service.list_pids(state, limit)
@@ -231,9 +278,19 @@ def create_app(settings: CoordinatorSettings | None = None, *,
     @app.get("/v1/servers")
     def servers() -> dict[str, Any]:
         live = coord.store.live_servers()
-        return {"error": "NONE", "servers": [{"id": s.id, "address": s.address, "host": s.host,
-                                              "port": s.port, "started_ms": s.started_ms}
-                                             for s in live]}
+        return {
+            "error": "NONE",
+            "servers": [
+                {
+                    "id": s.id,
+                    "address": s.address,
+                    "host": s.host,
+                    "port": s.port,
+                    "started_ms": s.started_ms,
+                }
+                for s in live
+            ],
+        }
 
     @app.get("/v1/coordinators")
     def coordinators() -> dict[str, Any]:
@@ -245,8 +302,14 @@ def create_app(settings: CoordinatorSettings | None = None, *,
         if not coord.healthy:
             why = "ZooKeeper is not connected" if not coord.store.connected else "layout not ready"
             return error_response(CoordinatorUnavailable(why))
-        return JSONResponse({"error": "NONE", "detail": "ok", "coordinator_id": settings.coordinator_id,
-                             "zk_connected": True})
+        return JSONResponse(
+            {
+                "error": "NONE",
+                "detail": "ok",
+                "coordinator_id": settings.coordinator_id,
+                "zk_connected": True,
+            }
+        )
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> PlainTextResponse:
@@ -256,7 +319,9 @@ def create_app(settings: CoordinatorSettings | None = None, *,
     def dashboard() -> HTMLResponse:
         return HTMLResponse(coord.dashboard.page(), headers={"Content-Security-Policy": CSP})
 
-    @app.get("/dashboard/data", summary="What the dashboard page polls (counts, PIDs, servers, events)")
+    @app.get(
+        "/dashboard/data", summary="What the dashboard page polls (counts, PIDs, servers, events)"
+    )
     def dashboard_data(horizon_ms: int = Query(HORIZON_MS_DEFAULT, ge=1)) -> JSONResponse:
         return JSONResponse(coord.dashboard.data(horizon_ms), headers={"Cache-Control": "no-store"})
 
@@ -274,18 +339,26 @@ def create_app(settings: CoordinatorSettings | None = None, *,
         # Called from the guard's error hook, not from an except block: the traceback is exc's.
         log.error("unexpected error while serving a request", exc_info=exc)
         metrics.error(CoordinatorUnavailable.name)
-        return 503, CoordinatorUnavailable(f"internal error ({type(exc).__name__}); it was logged; "
-                                           "retry").to_json()
+        return 503, CoordinatorUnavailable(
+            f"internal error ({type(exc).__name__}); it was logged; retry"
+        ).to_json()
 
     def on_reject(err: PidleaseError) -> None:
         metrics.error(err.name)
 
     # Inside the guard (added first = nearer the app): the short path for POST /v1/lease_pid.
     # A lambda, not the bound method: it follows coord.service.lease if it is replaced later.
-    app.add_middleware(FastLease, lease=lambda req, who: coord.service.lease(req, who),  # noqa: PLW0108
-                       on_error=on_reject, threads=settings.worker_threads)
-    app.add_middleware(Guard, bytes_max=settings.request_bytes_max,
-                       principals=settings.principals(),
-                       on_unexpected=on_unexpected, on_reject=on_reject)
+    app.add_middleware(
+        FastLease,
+        lease=lambda req, who: coord.service.lease(req, who),  # noqa: PLW0108
+        on_error=on_reject,
+        threads=settings.worker_threads,
+    )
+    app.add_middleware(
+        Guard,
+        bytes_max=settings.request_bytes_max,
+        principals=settings.principals(),
+        on_unexpected=on_unexpected,
+        on_reject=on_reject,
+    )
     return app
-

@@ -70,23 +70,30 @@ def parse_entry(entry: str, where: str) -> Principal:
         raise PrincipalConfigError(f"{where}: expected name:scope:token, got {len(parts)} field(s)")
     name, scope, token = (p.strip() for p in parts)
     if not NAME_RE.match(name):
-        raise PrincipalConfigError(f"{where}: principal name {name!r} must be 1..64 letters, "
-                                   "digits, '.', '_' or '-'")
+        raise PrincipalConfigError(
+            f"{where}: principal name {name!r} must be 1..64 letters, digits, '.', '_' or '-'"
+        )
     if name == ANONYMOUS_NAME:
         raise PrincipalConfigError(f"{where}: the name {ANONYMOUS_NAME!r} is reserved")
     if scope not in SCOPES:
-        raise PrincipalConfigError(f"{where}: principal {name!r} has scope {scope!r}; "
-                                   f"use one of {', '.join(SCOPES)}")
+        raise PrincipalConfigError(
+            f"{where}: principal {name!r} has scope {scope!r}; use one of {', '.join(SCOPES)}"
+        )
     if len(token) < TOKEN_MIN or any(c.isspace() or c == "," for c in token):
-        raise PrincipalConfigError(f"{where}: the token of principal {name!r} must be at least "
-                                   f"{TOKEN_MIN} characters without spaces or commas")
+        raise PrincipalConfigError(
+            f"{where}: the token of principal {name!r} must be at least "
+            f"{TOKEN_MIN} characters without spaces or commas"
+        )
     return Principal(name, scope, _digest(token))
 
 
 def parse_list(text: str, source: str = "api_tokens") -> list[Principal]:
     """The comma-separated form; empty entries (a trailing comma) are ignored."""
-    return [parse_entry(e, f"{source} entry {i + 1}")
-            for i, e in enumerate(text.split(",")) if e.strip()]
+    return [
+        parse_entry(e, f"{source} entry {i + 1}")
+        for i, e in enumerate(text.split(","))
+        if e.strip()
+    ]
 
 
 def parse_file(path: str | Path) -> list[Principal]:
@@ -95,12 +102,16 @@ def parse_file(path: str | Path) -> list[Principal]:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
         raise PrincipalConfigError(f"api_tokens_file {str(path)!r} cannot be read: {exc}") from exc
-    return [parse_entry(line, f"api_tokens_file {path} line {n}")
-            for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        parse_entry(line, f"api_tokens_file {path} line {n}")
+        for n, line in enumerate(lines, 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
-def build_principals(api_token: str = "", api_tokens: str = "", api_tokens_file: str = ""
-                     ) -> list[Principal]:
+def build_principals(
+    api_token: str = "", api_tokens: str = "", api_tokens_file: str = ""
+) -> list[Principal]:
     """Every configured principal, checked for clashing names and tokens."""
     out: list[Principal] = []
     if api_token:
@@ -161,7 +172,9 @@ GUARDED_OTHER = ("/dashboard", "/dashboard/data")
 
 def _matches(pattern: str, path: str) -> bool:
     ps, xs = pattern.split("/"), path.split("/")
-    return len(ps) == len(xs) and all(p == x or (p == "*" and x) for p, x in zip(ps, xs, strict=True))
+    return len(ps) == len(xs) and all(
+        p == x or (p == "*" and x) for p, x in zip(ps, xs, strict=True)
+    )
 
 
 def required_scope(method: str, path: str) -> str | None:

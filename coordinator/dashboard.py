@@ -27,8 +27,8 @@ from coordinator.fleet import Fleet
 
 log = logging.getLogger("coordinator.dashboard")
 
-REFRESH_MS = 1000            # how stale a shared snapshot may be
-ROWS_MAX = 2000              # PID rows sent to a browser (counts and timeline cover all)
+REFRESH_MS = 1000  # how stale a shared snapshot may be
+ROWS_MAX = 2000  # PID rows sent to a browser (counts and timeline cover all)
 EVENTS_SHOWN = 50
 TIMELINE_BUCKETS = 30
 HORIZON_MS_DEFAULT = 300_000
@@ -36,11 +36,16 @@ HORIZON_MS_MIN, HORIZON_MS_MAX = 10_000, 7 * 86_400_000
 STATES = ("active", "expiring", "lapsed")
 
 STATIC_DIR = Path(__file__).with_name("static")
-STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
-                ".svg": "image/svg+xml"}
+STATIC_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 # No CDN, no inline code: the page may load only what this coordinator serves.
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-       "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def load_static(directory: Path = STATIC_DIR) -> dict[str, tuple[bytes, str]]:
@@ -53,12 +58,14 @@ def load_static(directory: Path = STATIC_DIR) -> dict[str, tuple[bytes, str]]:
     except OSError as exc:
         log.error("dashboard assets missing (%s): /dashboard will not update itself", exc)
         return {}
-    return {p.name: (p.read_bytes(), STATIC_TYPES[p.suffix])
-            for p in files if p.suffix in STATIC_TYPES}
+    return {
+        p.name: (p.read_bytes(), STATIC_TYPES[p.suffix]) for p in files if p.suffix in STATIC_TYPES
+    }
 
 
-def timeline(pids: list[dict[str, Any]], horizon_ms: int, buckets: int = TIMELINE_BUCKETS
-             ) -> dict[str, Any]:
+def timeline(
+    pids: list[dict[str, Any]], horizon_ms: int, buckets: int = TIMELINE_BUCKETS
+) -> dict[str, Any]:
     """Upcoming expiries over the next ``horizon_ms`` in equal buckets (by time left at
     the snapshot), plus how many expire later and how many have lapsed."""
     size = max(1, horizon_ms // buckets)
@@ -72,8 +79,13 @@ def timeline(pids: list[dict[str, Any]], horizon_ms: int, buckets: int = TIMELIN
             later += 1
         else:
             counts[left // size] += 1
-    return {"horizon_ms": size * buckets, "bucket_ms": size, "counts": counts,
-            "later": later, "lapsed": lapsed}
+    return {
+        "horizon_ms": size * buckets,
+        "bucket_ms": size,
+        "counts": counts,
+        "later": later,
+        "lapsed": lapsed,
+    }
 
 
 def order_rows(pids: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -85,9 +97,17 @@ def order_rows(pids: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
 
 
 class Dashboard:
-    def __init__(self, list_pids: Callable[[], list[dict[str, Any]]], fleet: Fleet,
-                 events: EventLog, *, clock_ms: Callable[[], int], coordinator_id: str,
-                 expiring_window_ms: int, refresh_ms: int = REFRESH_MS) -> None:
+    def __init__(
+        self,
+        list_pids: Callable[[], list[dict[str, Any]]],
+        fleet: Fleet,
+        events: EventLog,
+        *,
+        clock_ms: Callable[[], int],
+        coordinator_id: str,
+        expiring_window_ms: int,
+        refresh_ms: int = REFRESH_MS,
+    ) -> None:
         self._list_pids = list_pids
         self.fleet = fleet
         self.events = events
@@ -133,13 +153,21 @@ class Dashboard:
         now, pids = self.pids()
         servers = self.servers()
         rows = order_rows(pids, ROWS_MAX)
-        return {"error": "NONE", "coordinator_id": self.coordinator_id, "now_ms": now,
-                "served_ms": self.clock_ms(),
-                "refresh_ms": self.refresh_ms, "expiring_window_ms": self.expiring_window_ms,
-                "total": len(pids), "truncated": len(rows) < len(pids),
-                "counts": {s: sum(1 for p in pids if p["state"] == s) for s in STATES},
-                "pids": rows, "timeline": timeline(pids, horizon_ms), "servers": servers,
-                "events": self.events.recent(EVENTS_SHOWN)}
+        return {
+            "error": "NONE",
+            "coordinator_id": self.coordinator_id,
+            "now_ms": now,
+            "served_ms": self.clock_ms(),
+            "refresh_ms": self.refresh_ms,
+            "expiring_window_ms": self.expiring_window_ms,
+            "total": len(pids),
+            "truncated": len(rows) < len(pids),
+            "counts": {s: sum(1 for p in pids if p["state"] == s) for s in STATES},
+            "pids": rows,
+            "timeline": timeline(pids, horizon_ms),
+            "servers": servers,
+            "events": self.events.recent(EVENTS_SHOWN),
+        }
 
     # -- the page --------------------------------------------------------------------------
     def page(self) -> str:
@@ -169,24 +197,38 @@ def _row(p: dict[str, Any], now_ms: int) -> str:
     parts = " ".join(f"{x['topic']}/{x['partition']}@{x['highwater']}" for x in p["partitions"])
     # Cells are found by data-col; the state cell's class is the state alone, so a page
     # grep for class="lapsed" finds exactly the lapsed rows.
-    return (f'<tr data-pid="{p["pid"]}"><td data-col="name">{e(p["producer_name"] or "")}</td>'
-            f'<td data-col="pid">{p["pid"]}</td><td data-col="gen">{p["generation"]}</td>'
-            f'<td data-col="parts">{e(parts)}</td>'
-            f'<td data-col="lastuse">{_dur(now_ms - p["last_use_ms"])} ago</td>'
-            f'<td data-col="expires">{_dur(p["expires_in_ms"])}</td>'
-            f'<td data-col="state" class="{e(p["state"])}">{e(p["state"])}</td></tr>')
+    return (
+        f'<tr data-pid="{p["pid"]}"><td data-col="name">{e(p["producer_name"] or "")}</td>'
+        f'<td data-col="pid">{p["pid"]}</td><td data-col="gen">{p["generation"]}</td>'
+        f'<td data-col="parts">{e(parts)}</td>'
+        f'<td data-col="lastuse">{_dur(now_ms - p["last_use_ms"])} ago</td>'
+        f'<td data-col="expires">{_dur(p["expires_in_ms"])}</td>'
+        f'<td data-col="state" class="{e(p["state"])}">{e(p["state"])}</td></tr>'
+    )
 
 
-def render_page(rows: list[dict[str, Any]], counts: dict[str, int], now_ms: int,
-                coordinator_id: str, total: int) -> str:
+def render_page(
+    rows: list[dict[str, Any]], counts: dict[str, int], now_ms: int, coordinator_id: str, total: int
+) -> str:
     e = html.escape
-    cards = "".join(f'<div class="card {s}"><span class="n" id="count-{s}">{counts[s]}</span>'
-                    f'<span class="label">{s}</span></div>' for s in STATES)
+    cards = "".join(
+        f'<div class="card {s}"><span class="n" id="count-{s}">{counts[s]}</span>'
+        f'<span class="label">{s}</span></div>'
+        for s in STATES
+    )
     body = "".join(_row(p, now_ms) for p in rows)
-    head = "".join(f'<th data-sort="{k}" tabindex="0">{label}</th>' for k, label in (
-        ("producer_name", "producer"), ("pid", "pid"), ("generation", "generation"),
-        ("partitions", "partitions (highwater)"), ("last_use_ms", "last use"),
-        ("expires_at_ms", "lease expires in"), ("state", "state")))
+    head = "".join(
+        f'<th data-sort="{k}" tabindex="0">{label}</th>'
+        for k, label in (
+            ("producer_name", "producer"),
+            ("pid", "pid"),
+            ("generation", "generation"),
+            ("partitions", "partitions (highwater)"),
+            ("last_use_ms", "last use"),
+            ("expires_at_ms", "lease expires in"),
+            ("state", "state"),
+        )
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

@@ -35,8 +35,9 @@ class EventLog:
     """A bounded, thread-safe ring of event dicts, newest last. Each has ``id`` (unique),
     ``kind``, ``time_ms`` and ``source`` (``coordinator <id>`` or ``server <id>``)."""
 
-    def __init__(self, source: str, *, kept: int = EVENTS_KEPT,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self, source: str, *, kept: int = EVENTS_KEPT, clock_ms: Callable[[], int] = wall_clock_ms
+    ) -> None:
         self.source = source
         self.clock_ms = clock_ms
         self._events: deque[dict[str, Any]] = deque(maxlen=kept)
@@ -47,9 +48,13 @@ class EventLog:
 
     def add(self, kind: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
-            event = {"id": f"c:{self.source}:{next(self._ids)}", "kind": kind,
-                     "time_ms": self.clock_ms(), "source": f"coordinator {self.source}",
-                     **fields}
+            event = {
+                "id": f"c:{self.source}:{next(self._ids)}",
+                "kind": kind,
+                "time_ms": self.clock_ms(),
+                "source": f"coordinator {self.source}",
+                **fields,
+            }
             self._append(event)
             return event
 
@@ -92,17 +97,28 @@ class ObservedLeaseService(LeaseService):
 
     def lease(self, req: LeaseRequest, principal: Principal = ANONYMOUS) -> LeaseResult:
         try:
-            result = (super().lease(req) if principal is ANONYMOUS
-                      else super().lease(req, principal))
+            result = super().lease(req) if principal is ANONYMOUS else super().lease(req, principal)
         except ProducerFenced as exc:
-            self.events.add("fenced_lease", pid=req.pid, producer_name=req.producer_name,
-                            generation=req.generation, topic=req.topic, partition=req.partition,
-                            detail=exc.detail)
+            self.events.add(
+                "fenced_lease",
+                pid=req.pid,
+                producer_name=req.producer_name,
+                generation=req.generation,
+                topic=req.topic,
+                partition=req.partition,
+                detail=exc.detail,
+            )
             raise
         if result.kind is LeaseKind.TAKEOVER:
             rec = result.record
-            self.events.add("takeover", pid=rec.pid, producer_name=rec.producer_name,
-                            generation=rec.generation, fenced_generation=rec.generation - 1,
-                            topic=req.topic, partition=req.partition,
-                            partitions_fenced=len(rec.partitions))
+            self.events.add(
+                "takeover",
+                pid=rec.pid,
+                producer_name=rec.producer_name,
+                generation=rec.generation,
+                fenced_generation=rec.generation - 1,
+                topic=req.topic,
+                partition=req.partition,
+                partitions_fenced=len(rec.partitions),
+            )
         return result

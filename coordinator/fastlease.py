@@ -38,20 +38,32 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class FastLease:
-    def __init__(self, app: Any, *, lease: Callable[[LeaseRequest, Any], Any],
-                 on_error: Callable[[PidleaseError], None], threads: int) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        lease: Callable[[LeaseRequest, Any], Any],
+        on_error: Callable[[PidleaseError], None],
+        threads: int,
+    ) -> None:
         self.app = app
         self.lease = lease
         self.on_error = on_error
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lease")
-        self.served = 0        # requests answered here (the rest went to FastAPI)
+        self.served = 0  # requests answered here (the rest went to FastAPI)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Callable[[Message], Any]) -> None:
-        if (scope["type"] != "http" or scope["path"] != ROUTE or scope["method"] != "POST"
-                or not _is_json(scope)):
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Callable[[Message], Any]
+    ) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != ROUTE
+            or scope["method"] != "POST"
+            or not _is_json(scope)
+        ):
             await self.app(scope, receive, send)
             return
         # Set by the guard (coordinator/auth.py); without it FastAPI's route decides.
@@ -70,15 +82,22 @@ class FastLease:
             return
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(self.executor, self.lease, body.to_request(), principal)
+            result = await loop.run_in_executor(
+                self.executor, self.lease, body.to_request(), principal
+            )
             status, payload = 200, result.to_json()
         except PidleaseError as exc:
             self.on_error(exc)
             status, payload = exc.http_status, exc.to_json()
         self.served += 1
         raw = json.dumps(payload, separators=(",", ":")).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*_JSON_HEADERS, (b"content-length", str(len(raw)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*_JSON_HEADERS, (b"content-length", str(len(raw)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": raw})
 
 
@@ -100,4 +119,5 @@ def _replay(first: Message, receive: Receive) -> Receive:
             sent = True
             return first
         return await receive()
+
     return again

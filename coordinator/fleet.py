@@ -24,16 +24,32 @@ from pidlease.errors import PidleaseError
 
 log = logging.getLogger("coordinator.fleet")
 
-SERVERS_MAX = 1000           # one page of servers; a bigger fleet shows the first ones
-TOP_PARTITIONS = 5           # partitions listed per server, by tracked PIDs
+SERVERS_MAX = 1000  # one page of servers; a bigger fleet shows the first ones
+TOP_PARTITIONS = 5  # partitions listed per server, by tracked PIDs
 # Figures copied from a server's ``ops`` summary (partition_server/metrics.py).
-_FIGURES = ("fenced_appends", "duplicates", "out_of_order", "unknown_pid", "sequence_unknown",
-            "appended_batches", "fences", "producer_state_bytes", "snapshot_age_seconds")
+_FIGURES = (
+    "fenced_appends",
+    "duplicates",
+    "out_of_order",
+    "unknown_pid",
+    "sequence_unknown",
+    "appended_batches",
+    "fences",
+    "producer_state_bytes",
+    "snapshot_age_seconds",
+)
 
 
 class Fleet:
-    def __init__(self, store: Store, leaders: LeaderClient, events: EventLog, *,
-                 timeout_ms: int, parallelism: int = 8) -> None:
+    def __init__(
+        self,
+        store: Store,
+        leaders: LeaderClient,
+        events: EventLog,
+        *,
+        timeout_ms: int,
+        parallelism: int = 8,
+    ) -> None:
         self.store = store
         self.leaders = leaders
         self.events = events
@@ -51,13 +67,19 @@ class Fleet:
         futures = {s.id: self._pool.submit(self.leaders.metadata, s.address) for s in servers}
         rows = []
         for s in servers:
-            row: dict[str, Any] = {"id": s.id, "address": s.address, "started_ms": s.started_ms,
-                                   "reachable": False, "error": ""}
+            row: dict[str, Any] = {
+                "id": s.id,
+                "address": s.address,
+                "started_ms": s.started_ms,
+                "reachable": False,
+                "error": "",
+            }
             try:
                 resp = futures[s.id].result(timeout=self._timeout_s * 2)
                 if resp.error_code != errors.NONE:
-                    raise PidleaseError(f"METADATA answered "
-                                        f"{errors.error_for_code(resp.error_code).name}")
+                    raise PidleaseError(
+                        f"METADATA answered {errors.error_for_code(resp.error_code).name}"
+                    )
                 row.update(self._describe(resp.info or {}))
                 row["reachable"] = True
             except (PidleaseError, FutureTimeout) as exc:
@@ -76,14 +98,22 @@ class Fleet:
         if ops.get("events"):
             self.events.merge(ops["events"])
         out: dict[str, Any] = {
-            "partitions": len(parts), "leading": roles.get("leader", 0),
+            "partitions": len(parts),
+            "leading": roles.get("leader", 0),
             "following": roles.get("follower", 0),
-            "tracked_pids": info.get("tracked_pids_total", sum(p.get("tracked_pids", 0)
-                                                                for p in parts)),
+            "tracked_pids": info.get(
+                "tracked_pids_total", sum(p.get("tracked_pids", 0) for p in parts)
+            ),
             "rss_bytes": ops.get("process_resident_memory_bytes"),
-            "top_partitions": [{"topic": p.get("topic"), "partition": p.get("partition"),
-                                "role": p.get("role"), "tracked_pids": p.get("tracked_pids", 0)}
-                               for p in top],
+            "top_partitions": [
+                {
+                    "topic": p.get("topic"),
+                    "partition": p.get("partition"),
+                    "role": p.get("role"),
+                    "tracked_pids": p.get("tracked_pids", 0),
+                }
+                for p in top
+            ],
         }
         for key in _FIGURES:
             out[key] = ops.get(key)

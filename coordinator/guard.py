@@ -41,29 +41,47 @@ Receive = Callable[[], Awaitable[Message]]
 
 async def send_json(send: Callable[[Message], Any], status: int, body: dict[str, Any]) -> None:
     raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(raw)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(raw)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": raw})
 
 
 class Guard:
-    def __init__(self, app: Any, *, bytes_max: int, api_token: str = "",
-                 on_unexpected: Callable[[BaseException], tuple[int, dict[str, Any]]],
-                 on_reject: Callable[[PidleaseError], None] | None = None,
-                 principals: list[Principal] | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        bytes_max: int,
+        api_token: str = "",
+        on_unexpected: Callable[[BaseException], tuple[int, dict[str, Any]]],
+        on_reject: Callable[[PidleaseError], None] | None = None,
+        principals: list[Principal] | None = None,
+    ) -> None:
         self.app = app
         self.bytes_max = bytes_max
-        self.auth = Authenticator(principals if principals is not None
-                                  else build_principals(api_token=api_token))
+        self.auth = Authenticator(
+            principals if principals is not None else build_principals(api_token=api_token)
+        )
         self.on_unexpected = on_unexpected
         self.on_reject = on_reject or (lambda err: None)
 
-    async def _reject(self, send: Callable[[Message], Any], status: int, err: PidleaseError) -> None:
+    async def _reject(
+        self, send: Callable[[Message], Any], status: int, err: PidleaseError
+    ) -> None:
         self.on_reject(err)
         await send_json(send, status, err.to_json())
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Callable[[Message], Any]) -> None:
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Callable[[Message], Any]
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -79,15 +97,26 @@ class Guard:
                     return
                 principal = self._principal(headers, cookie=dashboard)
                 if principal is None:
-                    how = ("Authorization: Bearer <token>, or open /dashboard?token=<admin token>"
-                           if dashboard else "Authorization: Bearer <token>")
-                    await self._reject(send, 401, Unauthorized(f"missing or wrong API token ({how})"))
+                    how = (
+                        "Authorization: Bearer <token>, or open /dashboard?token=<admin token>"
+                        if dashboard
+                        else "Authorization: Bearer <token>"
+                    )
+                    await self._reject(
+                        send, 401, Unauthorized(f"missing or wrong API token ({how})")
+                    )
                     return
                 if not principal.allows(needed):
-                    await self._reject(send, 403, Forbidden(
-                        f"principal {principal.name!r} has scope {principal.scope!r}; "
-                        f"{scope.get('method')} {path} needs scope {needed!r}",
-                        needed_scope=needed, principal=principal.name))
+                    await self._reject(
+                        send,
+                        403,
+                        Forbidden(
+                            f"principal {principal.name!r} has scope {principal.scope!r}; "
+                            f"{scope.get('method')} {path} needs scope {needed!r}",
+                            needed_scope=needed,
+                            principal=principal.name,
+                        ),
+                    )
                     return
         scope.setdefault("state", {})["principal"] = principal
         await self._serve(scope, receive, send)
@@ -120,9 +149,16 @@ class Guard:
             await self._reject(send, 401, Unauthorized("the dashboard token is wrong"))
             return True
         if not principal.is_admin:
-            await self._reject(send, 403, Forbidden(
-                f"principal {principal.name!r} has scope {principal.scope!r}; the dashboard "
-                "needs scope 'admin'", needed_scope="admin", principal=principal.name))
+            await self._reject(
+                send,
+                403,
+                Forbidden(
+                    f"principal {principal.name!r} has scope {principal.scope!r}; the dashboard "
+                    "needs scope 'admin'",
+                    needed_scope="admin",
+                    principal=principal.name,
+                ),
+            )
             return True
         jar: SimpleCookie = SimpleCookie()
         jar[COOKIE_NAME] = token
@@ -133,12 +169,19 @@ class Guard:
         if scope.get("scheme") == "https":
             morsel["secure"] = True
         raw = json.dumps({"error": "NONE", "detail": "signed in; see /dashboard"}).encode()
-        await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", b"/dashboard"),
-                                (b"set-cookie", morsel.OutputString().encode("latin-1")),
-                                (b"cache-control", b"no-store"),
-                                (b"content-type", b"application/json"),
-                                (b"content-length", str(len(raw)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [
+                    (b"location", b"/dashboard"),
+                    (b"set-cookie", morsel.OutputString().encode("latin-1")),
+                    (b"cache-control", b"no-store"),
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(raw)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": raw})
         return True
 
@@ -150,8 +193,13 @@ class Guard:
                 await self._reject(send, 400, InvalidRequest("content-length is not a number"))
                 return
             if int(length) > self.bytes_max:
-                await self._reject(send, 413, InvalidRequest(
-                    f"request body of {int(length)} bytes is over the limit of {self.bytes_max}"))
+                await self._reject(
+                    send,
+                    413,
+                    InvalidRequest(
+                        f"request body of {int(length)} bytes is over the limit of {self.bytes_max}"
+                    ),
+                )
                 return
         body = bytearray()
         more = True
@@ -161,8 +209,11 @@ class Guard:
                 return
             body += msg.get("body", b"")
             if len(body) > self.bytes_max:
-                await self._reject(send, 413, InvalidRequest(
-                    f"request body is over the limit of {self.bytes_max} bytes"))
+                await self._reject(
+                    send,
+                    413,
+                    InvalidRequest(f"request body is over the limit of {self.bytes_max} bytes"),
+                )
                 return
             more = bool(msg.get("more_body", False))
 

@@ -25,8 +25,14 @@ POLL_S = 1.0
 
 
 class Housekeeper:
-    def __init__(self, store: Store, coordinator_id: str, info: dict[str, Any],
-                 sweep: Callable[[], int], sweep_interval_ms: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        coordinator_id: str,
+        info: dict[str, Any],
+        sweep: Callable[[], int],
+        sweep_interval_ms: int,
+    ) -> None:
         self.store = store
         self.coordinator_id = coordinator_id
         self.info = info
@@ -77,8 +83,11 @@ class Housekeeper:
             log.info("ZooKeeper layout ready at %s", self.store.hosts)
         if self.store.register(self.coordinator_id, self.info):
             self.registrations += 1
-            log.info("registered /coordinators/%s (registration %d)", self.coordinator_id,
-                     self.registrations)
+            log.info(
+                "registered /coordinators/%s (registration %d)",
+                self.coordinator_id,
+                self.registrations,
+            )
         if time.monotonic() >= self._next_sweep:
             self._next_sweep = time.monotonic() + self._sweep_interval_s
             if not self._is_sweeper():

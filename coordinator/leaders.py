@@ -45,9 +45,14 @@ class _Deadline:
 
 
 class LeaderClient:
-    def __init__(self, *, timeout_ms: int = 5_000, connections_max: int = 8,
-                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_ms: int = 5_000,
+        connections_max: int = 8,
+        frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.ssl_context = ssl_context
         self._timeout_s = timeout_ms / 1000
         self._connections_max = connections_max
@@ -60,17 +65,42 @@ class LeaderClient:
         self.failures = 0
 
     # -- public calls ----------------------------------------------------------------------
-    def producer_state(self, address: str, topic: str, partition: int, pid: int) -> protocol.Response:
-        return self._call(address, protocol.PRODUCER_STATE,
-                          lambda c: protocol.producer_state_request(c, topic, partition, pid))
+    def producer_state(
+        self, address: str, topic: str, partition: int, pid: int
+    ) -> protocol.Response:
+        return self._call(
+            address,
+            protocol.PRODUCER_STATE,
+            lambda c: protocol.producer_state_request(c, topic, partition, pid),
+        )
 
-    def fence(self, address: str, topic: str, partition: int, pid: int, generation: int,
-              token: str, *, create_if_absent: bool, leased_since_ms: int = 0) -> protocol.Response:
+    def fence(
+        self,
+        address: str,
+        topic: str,
+        partition: int,
+        pid: int,
+        generation: int,
+        token: str,
+        *,
+        create_if_absent: bool,
+        leased_since_ms: int = 0,
+    ) -> protocol.Response:
         # Safe to resend: fencing the same generation twice leaves the same state.
-        return self._call(address, protocol.FENCE,
-                          lambda c: protocol.fence_request(c, topic, partition, pid, generation, token,
-                                                           create_if_absent=create_if_absent,
-                                                           leased_since_ms=leased_since_ms))
+        return self._call(
+            address,
+            protocol.FENCE,
+            lambda c: protocol.fence_request(
+                c,
+                topic,
+                partition,
+                pid,
+                generation,
+                token,
+                create_if_absent=create_if_absent,
+                leased_since_ms=leased_since_ms,
+            ),
+        )
 
     def metadata(self, address: str) -> protocol.Response:
         return self._call(address, protocol.METADATA, protocol.metadata_request)
@@ -131,26 +161,31 @@ class LeaderClient:
                 if reused:
                     continue
                 self.failures += 1
-                raise CoordinatorUnavailable(f"partition leader {address} unreachable ({name}): {exc}") from exc
+                raise CoordinatorUnavailable(
+                    f"partition leader {address} unreachable ({name}): {exc}"
+                ) from exc
             except ssl.SSLError as exc:
                 if sock is not None:
                     sock.close()
                 self.failures += 1
-                raise CoordinatorUnavailable(f"TLS with partition leader {address} failed ({name}): "
-                                             f"{exc}") from exc
+                raise CoordinatorUnavailable(
+                    f"TLS with partition leader {address} failed ({name}): {exc}"
+                ) from exc
             except (OSError, TimeoutError) as exc:
                 if sock is not None:
                     sock.close()
                 self.failures += 1
                 raise CoordinatorUnavailable(
                     f"partition leader {address} did not answer {name} within "
-                    f"{self._timeout_s * 1000:.0f} ms: {exc}") from exc
+                    f"{self._timeout_s * 1000:.0f} ms: {exc}"
+                ) from exc
             except CorruptRecord as exc:
                 if sock is not None:
                     sock.close()
                 self.failures += 1
-                raise CoordinatorUnavailable(f"partition leader {address} sent a malformed {name} "
-                                             f"answer: {exc.detail}") from exc
+                raise CoordinatorUnavailable(
+                    f"partition leader {address} sent a malformed {name} answer: {exc.detail}"
+                ) from exc
             self._give_back(address, sock)
             return resp
         raise AssertionError("unreachable")

@@ -121,8 +121,9 @@ def retained(record: PidRecord, now_ms: int, retention_ms: int) -> bool:
     return now_ms < record.expires_at_ms + retention_ms
 
 
-def classify(req: LeaseRequest, record: PidRecord | None, now_ms: int,
-             limits: ExpiryLimits) -> LeaseKind:
+def classify(
+    req: LeaseRequest, record: PidRecord | None, now_ms: int, limits: ExpiryLimits
+) -> LeaseKind:
     """What ``req`` does given the PID's current record (for pid -1 with a producer_name,
     the record of the PID bound to that name, or None). Raises FENCED / UNKNOWN_PID /
     INVALID_REQUEST for requests that change nothing."""
@@ -134,24 +135,31 @@ def classify(req: LeaseRequest, record: PidRecord | None, now_ms: int,
             return LeaseKind.NEW
         return LeaseKind.TAKEOVER
     if not live:
-        raise UnknownPid(f"pid {req.pid} was never leased or its state has expired; "
-                         "lease a new PID with pid -1")
+        raise UnknownPid(
+            f"pid {req.pid} was never leased or its state has expired; lease a new PID with pid -1"
+        )
     assert record is not None
     if req.producer_name is not None and req.producer_name != record.producer_name:
         raise InvalidRequest(f"pid {req.pid} is not bound to producer_name {req.producer_name!r}")
     if req.generation is None:
         return LeaseKind.TAKEOVER
     if req.generation < record.generation:
-        raise ProducerFenced(f"pid {req.pid} generation {req.generation} is fenced by "
-                             f"generation {record.generation}", current_generation=record.generation)
+        raise ProducerFenced(
+            f"pid {req.pid} generation {req.generation} is fenced by "
+            f"generation {record.generation}",
+            current_generation=record.generation,
+        )
     if req.generation > record.generation:
-        raise InvalidRequest(f"generation {req.generation} was never issued for pid {req.pid} "
-                             f"(current {record.generation})")
+        raise InvalidRequest(
+            f"generation {req.generation} was never issued for pid {req.pid} "
+            f"(current {record.generation})"
+        )
     return LeaseKind.RENEW
 
 
-def _with_partition(partitions: dict[str, dict[str, object]], tp: str,
-                    now_ms: int) -> dict[str, dict[str, object]]:
+def _with_partition(
+    partitions: dict[str, dict[str, object]], tp: str, now_ms: int
+) -> dict[str, dict[str, object]]:
     # ``added_ms``: when the partition joined the lease, or last reported that it holds
     # no state of the PID and lost none (``mark_nothing_lost``; see ``leased_since``).
     out = copy.deepcopy(partitions)
@@ -159,24 +167,46 @@ def _with_partition(partitions: dict[str, dict[str, object]], tp: str,
     return out
 
 
-def new_record(req: LeaseRequest, pid: int, generation: int, now_ms: int,
-               limits: ExpiryLimits, owner: str = ANONYMOUS_NAME) -> PidRecord:
+def new_record(
+    req: LeaseRequest,
+    pid: int,
+    generation: int,
+    now_ms: int,
+    limits: ExpiryLimits,
+    owner: str = ANONYMOUS_NAME,
+) -> PidRecord:
     expire_ms = limits.clamp(req.expire_ms)
-    return _record(owner, pid=pid, generation=generation, producer_name=req.producer_name,
-                   expire_ms=expire_ms, expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
-                   created_ms=now_ms, partitions={req.tp: {"seen": False, "added_ms": now_ms}})
+    return _record(
+        owner,
+        pid=pid,
+        generation=generation,
+        producer_name=req.producer_name,
+        expire_ms=expire_ms,
+        expires_at_ms=now_ms + expire_ms,
+        last_use_ms=now_ms,
+        created_ms=now_ms,
+        partitions={req.tp: {"seen": False, "added_ms": now_ms}},
+    )
 
 
 def renewed(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
     expire_ms = limits.clamp(req.expire_ms)
-    return _record(owner_of(record), pid=record.pid, generation=record.generation,
-                   producer_name=record.producer_name, expire_ms=expire_ms,
-                   expires_at_ms=now_ms + expire_ms, last_use_ms=now_ms,
-                   created_ms=record.created_ms,
-                   partitions=_with_partition(record.partitions, req.tp, now_ms))
+    return _record(
+        owner_of(record),
+        pid=record.pid,
+        generation=record.generation,
+        producer_name=record.producer_name,
+        expire_ms=expire_ms,
+        expires_at_ms=now_ms + expire_ms,
+        last_use_ms=now_ms,
+        created_ms=record.created_ms,
+        partitions=_with_partition(record.partitions, req.tp, now_ms),
+    )
 
 
-def taken_over(record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits) -> PidRecord:
+def taken_over(
+    record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits
+) -> PidRecord:
     if record.generation >= MAX_GENERATION:
         raise InvalidRequest(f"pid {record.pid} has used every generation; lease a new PID")
     out = renewed(record, req, now_ms, limits)
@@ -184,8 +214,9 @@ def taken_over(record: PidRecord, req: LeaseRequest, now_ms: int, limits: Expiry
     return out
 
 
-def apply(kind: LeaseKind, record: PidRecord, req: LeaseRequest, now_ms: int,
-          limits: ExpiryLimits) -> PidRecord:
+def apply(
+    kind: LeaseKind, record: PidRecord, req: LeaseRequest, now_ms: int, limits: ExpiryLimits
+) -> PidRecord:
     """The record to write for a RENEW or TAKEOVER of ``record``."""
     if kind is LeaseKind.RENEW:
         return renewed(record, req, now_ms, limits)
@@ -213,8 +244,16 @@ def may_have_lost_state(dropped_last_use_max_ms: int, leased_since_ms: int) -> b
     return leased_since_ms > 0 and dropped_last_use_max_ms >= leased_since_ms
 
 
-def next_sequence(pid: int, tp: str, seen: bool, found: bool, durable_highwater: int, *,
-                  dropped_last_use_max_ms: int = 0, leased_since_ms: int = 0) -> int:
+def next_sequence(
+    pid: int,
+    tp: str,
+    seen: bool,
+    found: bool,
+    durable_highwater: int,
+    *,
+    dropped_last_use_max_ms: int = 0,
+    leased_since_ms: int = 0,
+) -> int:
     """The sequence a producer must send next to a partition, from its leader's answer.
 
     "No state" on a partition where a leader once reported state means the server expired
@@ -224,12 +263,16 @@ def next_sequence(pid: int, tp: str, seen: bool, found: bool, durable_highwater:
     if found:
         return durable_highwater + 1
     if seen:
-        raise UnknownPid(f"partition {tp} no longer holds state for pid {pid} (expired on the "
-                         "server); lease a new PID and resume from your own checkpoint")
+        raise UnknownPid(
+            f"partition {tp} no longer holds state for pid {pid} (expired on the "
+            "server); lease a new PID and resume from your own checkpoint"
+        )
     if may_have_lost_state(dropped_last_use_max_ms, leased_since_ms):
-        raise UnknownPid(f"partition {tp} holds no state for pid {pid} and has expired PIDs "
-                         "used since this PID's lease of it began, so its state may have been "
-                         "among them; lease a new PID and resume from your own checkpoint")
+        raise UnknownPid(
+            f"partition {tp} holds no state for pid {pid} and has expired PIDs "
+            "used since this PID's lease of it began, so its state may have been "
+            "among them; lease a new PID and resume from your own checkpoint"
+        )
     return 0
 
 

@@ -65,20 +65,28 @@ class Metrics:
             buckets = list(self._bucket_counts)
             total_s, count = self._latency_sum_s, self._latency_count
             takeovers, fences = self.takeovers, self.fences_sent
-        lines = ["# HELP pidlease_leases_total Successful lease_pid requests by kind.",
-                 "# TYPE pidlease_leases_total counter"]
+        lines = [
+            "# HELP pidlease_leases_total Successful lease_pid requests by kind.",
+            "# TYPE pidlease_leases_total counter",
+        ]
         for kind in ("new", "renew", "takeover"):
             lines.append(f'pidlease_leases_total{{kind="{kind}"}} {leases.get(kind, 0)}')
-        lines += ["# HELP pidlease_takeovers_total Takeovers (generation raised).",
-                  "# TYPE pidlease_takeovers_total counter", f"pidlease_takeovers_total {takeovers}",
-                  "# HELP pidlease_fences_sent_total FENCE requests sent to partition leaders.",
-                  "# TYPE pidlease_fences_sent_total counter", f"pidlease_fences_sent_total {fences}",
-                  "# HELP pidlease_errors_total Error responses by code.",
-                  "# TYPE pidlease_errors_total counter"]
+        lines += [
+            "# HELP pidlease_takeovers_total Takeovers (generation raised).",
+            "# TYPE pidlease_takeovers_total counter",
+            f"pidlease_takeovers_total {takeovers}",
+            "# HELP pidlease_fences_sent_total FENCE requests sent to partition leaders.",
+            "# TYPE pidlease_fences_sent_total counter",
+            f"pidlease_fences_sent_total {fences}",
+            "# HELP pidlease_errors_total Error responses by code.",
+            "# TYPE pidlease_errors_total counter",
+        ]
         for code in sorted(errors):
             lines.append(f'pidlease_errors_total{{code="{code}"}} {errors[code]}')
-        lines += ["# HELP pidlease_lease_latency_seconds Time to answer one lease_pid request.",
-                  "# TYPE pidlease_lease_latency_seconds histogram"]
+        lines += [
+            "# HELP pidlease_lease_latency_seconds Time to answer one lease_pid request.",
+            "# TYPE pidlease_lease_latency_seconds histogram",
+        ]
         running = 0
         for le, n in zip(LATENCY_BUCKETS_S, buckets, strict=False):
             running += n

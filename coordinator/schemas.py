@@ -27,8 +27,9 @@ class LeaseBody(_Strict):
     topic: str = Field(min_length=1, max_length=TOPIC_NAME_MAX)
     partition: int = Field(ge=0, le=PARTITION_MAX)
     pid: int = Field(ge=-1, le=MAX_PID, description="-1 asks for a new PID (or a takeover by name)")
-    expire_ms: int | None = Field(None, ge=1, le=INT64_MAX,
-                                  description="clamped to the server's [min, max]")
+    expire_ms: int | None = Field(
+        None, ge=1, le=INT64_MAX, description="clamped to the server's [min, max]"
+    )
     generation: int | None = Field(None, ge=0, le=MAX_GENERATION)
     producer_name: str | None = Field(None, min_length=1, max_length=PRODUCER_NAME_MAX)
 
@@ -44,7 +45,9 @@ class LeaseBody(_Strict):
     @classmethod
     def _pid(cls, v: int) -> int:
         if v == 0:
-            raise ValueError("pid 0 means 'not idempotent' and is never leased; use -1 for a new PID")
+            raise ValueError(
+                "pid 0 means 'not idempotent' and is never leased; use -1 for a new PID"
+            )
         return v
 
     @field_validator("producer_name")
@@ -62,9 +65,14 @@ class LeaseBody(_Strict):
         return self
 
     def to_request(self) -> LeaseRequest:
-        return LeaseRequest(topic=self.topic, partition=self.partition, pid=self.pid,
-                            expire_ms=self.expire_ms, generation=self.generation,
-                            producer_name=self.producer_name)
+        return LeaseRequest(
+            topic=self.topic,
+            partition=self.partition,
+            pid=self.pid,
+            expire_ms=self.expire_ms,
+            generation=self.generation,
+            producer_name=self.producer_name,
+        )
 
 
 class LeaseBatchBody(_Strict):

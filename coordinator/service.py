@@ -58,10 +58,17 @@ class LeaseResult:
     lease_token: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": "NONE", "pid": self.record.pid, "generation": self.record.generation,
-                "sequence_number": self.sequence_number, "expire_ms": self.record.expire_ms,
-                "expires_at_ms": self.record.expires_at_ms, "lease_token": self.lease_token,
-                "kind": self.kind.value, "producer_name": self.record.producer_name}
+        return {
+            "error": "NONE",
+            "pid": self.record.pid,
+            "generation": self.record.generation,
+            "sequence_number": self.sequence_number,
+            "expire_ms": self.record.expire_ms,
+            "expires_at_ms": self.record.expires_at_ms,
+            "lease_token": self.lease_token,
+            "kind": self.kind.value,
+            "producer_name": self.record.producer_name,
+        }
 
 
 def _seen(record: PidRecord, tp: str) -> bool:
@@ -69,10 +76,17 @@ def _seen(record: PidRecord, tp: str) -> bool:
 
 
 class LeaseService:
-    def __init__(self, settings: CoordinatorSettings, store: Store, allocator: PidAllocator,
-                 leaders: LeaderClient, metrics: Metrics, *,
-                 clock_ms: Callable[[], int] = wall_clock_ms,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        store: Store,
+        allocator: PidAllocator,
+        leaders: LeaderClient,
+        metrics: Metrics,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        rng: random.Random | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.allocator = allocator
@@ -81,15 +95,19 @@ class LeaseService:
         self.clock_ms = clock_ms
         self._rng = rng or random.SystemRandom()
         self.limits = leases.ExpiryLimits(
-            default_ms=settings.lease_expire_ms_default, min_ms=settings.lease_expire_ms_min,
-            max_ms=settings.lease_expire_ms_max, retention_ms=settings.pid_retention_ms,
-            expiring_window_ms=settings.lease_expiring_window_ms)
+            default_ms=settings.lease_expire_ms_default,
+            min_ms=settings.lease_expire_ms_min,
+            max_ms=settings.lease_expire_ms_max,
+            retention_ms=settings.pid_retention_ms,
+            expiring_window_ms=settings.lease_expiring_window_ms,
+        )
         # Topics are never deleted, so a spec once read stays true.
         self._topics: dict[str, TopicSpec] = {}
         self.records = RecordCache(settings.pid_record_cache_max)
         self.addresses = AddressCache(settings.leader_address_cache_ms)
-        self._pool = ThreadPoolExecutor(max_workers=settings.fence_parallelism_max,
-                                        thread_name_prefix="leader-call")
+        self._pool = ThreadPoolExecutor(
+            max_workers=settings.fence_parallelism_max, thread_name_prefix="leader-call"
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -107,8 +125,9 @@ class LeaseService:
         self.metrics.lease_done(result.kind.value, time.perf_counter() - started)
         return result
 
-    def lease_batch(self, reqs: list[LeaseRequest], principal: Principal = ANONYMOUS
-                    ) -> list[dict[str, Any]]:
+    def lease_batch(
+        self, reqs: list[LeaseRequest], principal: Principal = ANONYMOUS
+    ) -> list[dict[str, Any]]:
         """In request order, so a batch may rely on an earlier item's effect."""
         out: list[dict[str, Any]] = []
         for req in reqs:
@@ -118,8 +137,11 @@ class LeaseService:
                 out.append(exc.to_json())
             except Exception as exc:
                 log.exception("unexpected error in a batch item")
-                out.append(CoordinatorUnavailable(
-                    f"internal error ({type(exc).__name__}); it was logged; retry").to_json())
+                out.append(
+                    CoordinatorUnavailable(
+                        f"internal error ({type(exc).__name__}); it was logged; retry"
+                    ).to_json()
+                )
         return out
 
     def topic(self, name: str) -> TopicSpec:
@@ -136,7 +158,8 @@ class LeaseService:
         spec = self.topic(req.topic)
         if req.partition >= spec.partitions:
             raise UnknownTopicOrPartition(
-                f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, not {req.partition}")
+                f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, not {req.partition}"
+            )
         if req.pid != leases.NEW_PID:
             return self._change(req, req.pid, None, principal)
         if req.producer_name is None:
@@ -178,8 +201,13 @@ class LeaseService:
         now = self.clock_ms()
         return got is not None and leases.retained(got[0], now, self.limits.retention_ms)
 
-    def _new(self, req: LeaseRequest, name: str | None, name_version: int | None = None,
-             principal: Principal = ANONYMOUS) -> LeaseResult | None:
+    def _new(
+        self,
+        req: LeaseRequest,
+        name: str | None,
+        name_version: int | None = None,
+        principal: Principal = ANONYMOUS,
+    ) -> LeaseResult | None:
         """A fresh PID from the block with a random generation; sequence 0 without asking
         any server (nobody can have written with a PID that did not exist). None when the
         name was bound by someone else meanwhile (the caller re-reads it)."""
@@ -187,8 +215,9 @@ class LeaseService:
             return self._new_counted(req, name, name_version, principal)
         pid = self.allocator.next_pid()
         generation = self._rng.randrange(GENERATION_START_MAX)
-        record = leases.new_record(req, pid, generation, self.clock_ms(), self.limits,
-                                   owner=principal.name)
+        record = leases.new_record(
+            req, pid, generation, self.clock_ms(), self.limits, owner=principal.name
+        )
         if name is None:
             self.store.create_pid(record)
         elif not self.store.create_named_pid(record, name, name_version):
@@ -196,8 +225,9 @@ class LeaseService:
         self.records.put(record, 0)
         return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
 
-    def _new_counted(self, req: LeaseRequest, name: str | None, name_version: int | None,
-                     principal: Principal) -> LeaseResult | None:
+    def _new_counted(
+        self, req: LeaseRequest, name: str | None, name_version: int | None, principal: Principal
+    ) -> LeaseResult | None:
         """``_new`` under ``pids_max_per_principal``: the record and the owner's count + 1
         are one ZooKeeper transaction, with a compare-and-set on the count, so concurrent
         coordinators never pass the limit and a crash leaves no count without its PID."""
@@ -215,24 +245,40 @@ class LeaseService:
                     f"(pids_max_per_principal) is {limit}: reuse producer names (a lease with a "
                     "known producer_name takes its PID over and does not count), or wait until "
                     "old PIDs are pid_retention_ms past their lease and swept",
-                    principal=principal.name, count=count, limit=limit)
+                    principal=principal.name,
+                    count=count,
+                    limit=limit,
+                )
             if record is None:
                 pid = self.allocator.next_pid()
-                record = leases.new_record(req, pid, self._rng.randrange(GENERATION_START_MAX),
-                                           self.clock_ms(), self.limits, owner=principal.name)
-            outcome = self.store.create_pid_counted(record, name, name_version, principal.name,
-                                                    count + 1, version)
+                record = leases.new_record(
+                    req,
+                    pid,
+                    self._rng.randrange(GENERATION_START_MAX),
+                    self.clock_ms(),
+                    self.limits,
+                    owner=principal.name,
+                )
+            outcome = self.store.create_pid_counted(
+                record, name, name_version, principal.name, count + 1, version
+            )
             if outcome == "ok":
                 self.records.put(record, 0)
                 return LeaseResult(LeaseKind.NEW, record, 0, self._token(record))
             if outcome == "name":
                 return None
             time.sleep(self._rng.uniform(0, min(0.05, 0.001 * (attempt + 1))))
-        raise CoordinatorUnavailable(f"the PID count of principal {principal.name!r} is "
-                                     "contended; retry")
+        raise CoordinatorUnavailable(
+            f"the PID count of principal {principal.name!r} is contended; retry"
+        )
 
-    def _change(self, req: LeaseRequest, pid: int, got: tuple[PidRecord, int] | None,
-                principal: Principal = ANONYMOUS) -> LeaseResult:
+    def _change(
+        self,
+        req: LeaseRequest,
+        pid: int,
+        got: tuple[PidRecord, int] | None,
+        principal: Principal = ANONYMOUS,
+    ) -> LeaseResult:
         """Renew or take over ``pid``: compare-and-set loop on its record. The first try may
         use the record this coordinator cached (lease_cache.py); anything it decides is
         either confirmed by the compare-and-set or decided again on a fresh read."""
@@ -268,10 +314,16 @@ class LeaseService:
                     checked_ms = self.clock_ms()
                     state = self._producer_state(req.topic, req.partition, pid)
                 seq = leases.next_sequence(
-                    pid, req.tp, _seen(updated, req.tp), state.found, state.durable_highwater,
+                    pid,
+                    req.tp,
+                    _seen(updated, req.tp),
+                    state.found,
+                    state.durable_highwater,
                     dropped_last_use_max_ms=state.dropped_last_use_max_ms,
-                    leased_since_ms=leases.leased_since(record, req.tp,
-                                                        self.settings.clock_skew_max_ms))
+                    leased_since_ms=leases.leased_since(
+                        record, req.tp, self.settings.clock_skew_max_ms
+                    ),
+                )
                 if state.found and state.durable_highwater >= 0:
                     updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
                 elif not state.found:
@@ -293,9 +345,12 @@ class LeaseService:
     def _check_owner(record: PidRecord, principal: Principal) -> None:
         owner = leases.owner_of(record)
         if not principal.is_admin and owner != principal.name:
-            raise Forbidden(f"pid {record.pid} belongs to principal {owner!r}, not "
-                            f"{principal.name!r}; a producer principal may use only the PIDs it "
-                            "leased (an admin may take any over)", principal=principal.name)
+            raise Forbidden(
+                f"pid {record.pid} belongs to principal {owner!r}, not "
+                f"{principal.name!r}; a producer principal may use only the PIDs it "
+                "leased (an admin may take any over)",
+                principal=principal.name,
+            )
 
     # -- takeover fencing ------------------------------------------------------------------
     def _fence_all(self, req: LeaseRequest, record: PidRecord, prior: PidRecord) -> LeaseResult:
@@ -309,8 +364,16 @@ class LeaseService:
         for tp in tps:
             topic, p = split_tp_key(tp)
             futures[tp] = self._pool.submit(
-                self.leaders.fence, addresses[tp], topic, p, record.pid, record.generation, token,
-                create_if_absent=not _seen(record, tp), leased_since_ms=since[tp])
+                self.leaders.fence,
+                addresses[tp],
+                topic,
+                p,
+                record.pid,
+                record.generation,
+                token,
+                create_if_absent=not _seen(record, tp),
+                leased_since_ms=since[tp],
+            )
         self.metrics.fences(len(futures))
         answers: dict[str, Response] = {}
         failure: PidleaseError | None = None
@@ -335,22 +398,28 @@ class LeaseService:
                 raise ProducerFenced(
                     f"takeover of pid {record.pid} got generation {record.generation}, but "
                     f"partition {tp} already holds a newer one (a concurrent takeover won)",
-                    generation=record.generation)
+                    generation=record.generation,
+                )
             if resp.error_code == UnknownPid.code:
                 continue  # no state there and none created: treated as "not found" below
             raise CoordinatorUnavailable(
                 f"leader of {tp} refused FENCE: {errors.error_for_code(resp.error_code).name} "
-                f"{resp.detail}")
+                f"{resp.detail}"
+            )
         mine = answers.get(req.tp)
         ok = mine is not None and mine.error_code == errors.NONE
         if ok and mine is not None and not mine.existed and mine.fence_offset >= 0:
             seq = 0  # the server created a fresh entry: it judged nothing of this PID dropped
         else:
             seq = leases.next_sequence(
-                record.pid, req.tp, _seen(record, req.tp), ok and mine is not None and mine.existed,
+                record.pid,
+                req.tp,
+                _seen(record, req.tp),
+                ok and mine is not None and mine.existed,
                 mine.durable_highwater if mine is not None else -1,
                 dropped_last_use_max_ms=mine.dropped_last_use_max_ms if mine is not None else 0,
-                leased_since_ms=since[req.tp])
+                leased_since_ms=since[req.tp],
+            )
         if highwaters:
             record = self._remember_highwaters(record, highwaters)
         return LeaseResult(LeaseKind.TAKEOVER, record, seq, self._token(record))
@@ -392,7 +461,9 @@ class LeaseService:
         for tp, st in states.items():
             info = servers.get(st.leader)
             if info is None:
-                raise CoordinatorUnavailable(f"leader {st.leader} of partition {tp} is not live; retry")
+                raise CoordinatorUnavailable(
+                    f"leader {st.leader} of partition {tp} is not live; retry"
+                )
             out[tp] = info.address
         return out
 
@@ -415,41 +486,53 @@ class LeaseService:
             # server is a transition (leader moving, server still loading): retriable.
             raise CoordinatorUnavailable(
                 f"leader of {tp} answered PRODUCER_STATE with "
-                f"{errors.error_for_code(resp.error_code).name}: {resp.detail}")
+                f"{errors.error_for_code(resp.error_code).name}: {resp.detail}"
+            )
         return resp
 
     def _token(self, record: PidRecord) -> str:
-        return make_token(self.settings.secret_bytes, record.pid, record.generation,
-                          record.expires_at_ms)
+        return make_token(
+            self.settings.secret_bytes, record.pid, record.generation, record.expires_at_ms
+        )
 
     # -- PID views and expiry --------------------------------------------------------------
-    def pid_view(self, record: PidRecord, now_ms: int,
-                 live: dict[str, int | None] | None = None) -> dict[str, Any]:
+    def pid_view(
+        self, record: PidRecord, now_ms: int, live: dict[str, int | None] | None = None
+    ) -> dict[str, Any]:
         parts = []
         for tp in sorted(record.partitions, key=split_tp_key):
             topic, p = split_tp_key(tp)
-            entry: dict[str, Any] = {"topic": topic, "partition": p,
-                                     "highwater": record.partitions[tp].get("highwater", -1),
-                                     "seen": _seen(record, tp)}
+            entry: dict[str, Any] = {
+                "topic": topic,
+                "partition": p,
+                "highwater": record.partitions[tp].get("highwater", -1),
+                "seen": _seen(record, tp),
+            }
             if live is not None:
                 entry["live"] = live.get(tp) is not None
                 if live.get(tp) is not None:
                     entry["highwater"] = live[tp]
             parts.append(entry)
-        return {"producer_name": record.producer_name, "pid": record.pid,
-                "owner": leases.owner_of(record), "generation": record.generation, "expire_ms": record.expire_ms,
-                "expires_at_ms": record.expires_at_ms,
-                "expires_in_ms": record.expires_at_ms - now_ms, "last_use_ms": record.last_use_ms,
-                "created_ms": record.created_ms,
-                "state": leases.lease_state(record, now_ms, self.limits.expiring_window_ms).value,
-                "partitions": parts}
+        return {
+            "producer_name": record.producer_name,
+            "pid": record.pid,
+            "owner": leases.owner_of(record),
+            "generation": record.generation,
+            "expire_ms": record.expire_ms,
+            "expires_at_ms": record.expires_at_ms,
+            "expires_in_ms": record.expires_at_ms - now_ms,
+            "last_use_ms": record.last_use_ms,
+            "created_ms": record.created_ms,
+            "state": leases.lease_state(record, now_ms, self.limits.expiring_window_ms).value,
+            "partitions": parts,
+        }
 
     def list_pids(self, state: str | None, limit: int) -> list[dict[str, Any]]:
         now = self.clock_ms()
         out: list[dict[str, Any]] = []
         ids = self.store.list_pid_ids()
         for start in range(0, len(ids), 1000):
-            for record, _ in self.store.get_pids(ids[start:start + 1000]):
+            for record, _ in self.store.get_pids(ids[start : start + 1000]):
                 if not leases.retained(record, now, self.limits.retention_ms):
                     continue
                 view = self.pid_view(record, now)
@@ -471,12 +554,18 @@ class LeaseService:
             addresses = self._leader_addresses(sorted(record.partitions))
         except PidleaseError:
             addresses = {}
-        futures = {tp: self._pool.submit(self.leaders.producer_state, addr, *split_tp_key(tp), pid)
-                   for tp, addr in addresses.items()}
+        futures = {
+            tp: self._pool.submit(self.leaders.producer_state, addr, *split_tp_key(tp), pid)
+            for tp, addr in addresses.items()
+        }
         for tp, fut in futures.items():
             try:
                 resp = fut.result(timeout=self.settings.leader_request_timeout_ms / 1000 * 2)
-                live[tp] = resp.durable_highwater if resp.error_code == errors.NONE and resp.found else None
+                live[tp] = (
+                    resp.durable_highwater
+                    if resp.error_code == errors.NONE and resp.found
+                    else None
+                )
             except Exception:  # noqa: BLE001 - an unreachable leader leaves the recorded value
                 live[tp] = None
         return self.pid_view(record, now, live)
@@ -487,7 +576,7 @@ class LeaseService:
         deleted = 0
         ids = self.store.list_pid_ids()
         for start in range(0, len(ids), 1000):
-            for record, version in self.store.get_pids(ids[start:start + 1000]):
+            for record, version in self.store.get_pids(ids[start : start + 1000]):
                 expired = not leases.retained(record, now, self.limits.retention_ms)
                 if expired and self.store.delete_pid(record, version):
                     self.records.drop(record.pid)

@@ -22,8 +22,9 @@ def default_coordinator_id() -> str:
 class CoordinatorSettings(BaseSettings):
     # hide_input_in_errors: a bad setting's message must not print the tokens and secrets
     # read with it.
-    model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore",
-                                      hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix="PIDLEASE_", extra="ignore", hide_input_in_errors=True
+    )
 
     zk: str = "127.0.0.1:2181/pidlease"
     http_host: str = "127.0.0.1"
@@ -45,14 +46,24 @@ class CoordinatorSettings(BaseSettings):
     lease_expire_ms_max: int = Field(default=86_400_000, ge=1)
     pid_retention_ms: int = Field(default=604_800_000, ge=0)
     lease_expiring_window_ms: int = Field(default=30_000, ge=0)
-    clock_skew_max_ms: int = Field(default=60_000, ge=0, description=(
-        "how far a partition server's clock may lag this coordinator's. A takeover or renewal "
-        "that finds no state on a partition where none was reported yet answers UNKNOWN_PID, "
-        "not sequence 0, when that partition expired a PID last used after (the partition "
-        "joined the lease - this); keep it well below the servers' pid_expire_ms"))
-    pid_sweep_interval_ms: int = Field(default=600_000, ge=10, description=(
-        "how often PIDs past retention are deleted, by the first live coordinator only; "
-        "a sweep reads every PID record, so keep it long next to pid_retention_ms"))
+    clock_skew_max_ms: int = Field(
+        default=60_000,
+        ge=0,
+        description=(
+            "how far a partition server's clock may lag this coordinator's. A takeover or renewal "
+            "that finds no state on a partition where none was reported yet answers UNKNOWN_PID, "
+            "not sequence 0, when that partition expired a PID last used after (the partition "
+            "joined the lease - this); keep it well below the servers' pid_expire_ms"
+        ),
+    )
+    pid_sweep_interval_ms: int = Field(
+        default=600_000,
+        ge=10,
+        description=(
+            "how often PIDs past retention are deleted, by the first live coordinator only; "
+            "a sweep reads every PID record, so keep it long next to pid_retention_ms"
+        ),
+    )
 
     zk_request_timeout_ms: int = Field(default=5_000, ge=10)
     zk_session_timeout_ms: int = Field(default=10_000, ge=1_000)
@@ -65,32 +76,56 @@ class CoordinatorSettings(BaseSettings):
     pids_list_max: int = Field(default=100_000, ge=1)
     worker_threads: int = Field(default=256, ge=1, le=4096)
     cas_attempts_max: int = Field(default=10_000, ge=1)
-    pid_record_cache_max: int = Field(default=100_000, ge=0, description=(
-        "PID records this coordinator remembers (record + znode version) so a renewal needs no "
-        "ZooKeeper read; every change is still a compare-and-set, so a stale entry only costs "
-        "a re-read. 0 turns the cache off"))
-    leader_address_cache_ms: int = Field(default=1_000, ge=0, description=(
-        "how long a partition's leader address is reused for renewals' PRODUCER_STATE calls "
-        "before ZooKeeper is asked again; a wrong entry is dropped at the first NOT_LEADER or "
-        "connection error. 0 turns it off"))
+    pid_record_cache_max: int = Field(
+        default=100_000,
+        ge=0,
+        description=(
+            "PID records this coordinator remembers (record + znode version) so a renewal needs no "
+            "ZooKeeper read; every change is still a compare-and-set, so a stale entry only costs "
+            "a re-read. 0 turns the cache off"
+        ),
+    )
+    leader_address_cache_ms: int = Field(
+        default=1_000,
+        ge=0,
+        description=(
+            "how long a partition's leader address is reused for renewals' PRODUCER_STATE calls "
+            "before ZooKeeper is asked again; a wrong entry is dropped at the first NOT_LEADER or "
+            "connection error. 0 turns it off"
+        ),
+    )
 
     # TLS (docs/operations.md): HTTPS with both files; then partition servers are called over TLS.
-    tls_certfile: str = Field(default="", description=(
-        "PEM certificate (chain) to serve HTTPS with; with `tls_keyfile`. Both empty: HTTP. "
-        "A TLS coordinator calls the partition servers (FENCE, PRODUCER_STATE) over TLS too"))
+    tls_certfile: str = Field(
+        default="",
+        description=(
+            "PEM certificate (chain) to serve HTTPS with; with `tls_keyfile`. Both empty: HTTP. "
+            "A TLS coordinator calls the partition servers (FENCE, PRODUCER_STATE) over TLS too"
+        ),
+    )
     tls_keyfile: str = Field(default="", description="PEM private key of `tls_certfile`")
-    tls_ca_file: str = Field(default="", description=(
-        "CA bundle trusted when calling partition servers over TLS; empty: the system store"))
+    tls_ca_file: str = Field(
+        default="",
+        description=(
+            "CA bundle trusted when calling partition servers over TLS; empty: the system store"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorSettings:
         if not self.coordinator_id:
             self.coordinator_id = default_coordinator_id()
-        if not (self.lease_expire_ms_min <= self.lease_expire_ms_default <= self.lease_expire_ms_max):
-            raise ValueError("need lease_expire_ms_min <= lease_expire_ms_default <= lease_expire_ms_max")
+        if not (
+            self.lease_expire_ms_min <= self.lease_expire_ms_default <= self.lease_expire_ms_max
+        ):
+            raise ValueError(
+                "need lease_expire_ms_min <= lease_expire_ms_default <= lease_expire_ms_max"
+            )
         if bool(self.tls_certfile) != bool(self.tls_keyfile):
-            raise ValueError("HTTPS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
-                             "PIDLEASE_TLS_KEYFILE), or neither for HTTP")
+            raise ValueError(
+                "HTTPS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
+                "PIDLEASE_TLS_KEYFILE), or neither for HTTP"
+            )
         self.principals()  # a malformed api_tokens / api_tokens_file entry stops the start
         return self
 

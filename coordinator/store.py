@@ -57,8 +57,10 @@ def principal_path(name: str) -> str:
 
 def _checked(data: bytes, what: str) -> bytes:
     if len(data) > ZNODE_BYTES_MAX:
-        raise InvalidRequest(f"{what} would be {len(data)} bytes, over ZooKeeper's limit; "
-                             "lease a new PID for further partitions")
+        raise InvalidRequest(
+            f"{what} would be {len(data)} bytes, over ZooKeeper's limit; "
+            "lease a new PID for further partitions"
+        )
     return data
 
 
@@ -66,6 +68,7 @@ def _creates(ops: list[tuple[str, bytes]]) -> Callable[[Any], None]:
     def build(tx: Any) -> None:
         for path, data in ops:
             tx.create(path, data)
+
     return build
 
 
@@ -73,18 +76,22 @@ def _deletes(ops: list[tuple[str, bytes]]) -> Callable[[Any], None]:
     def build(tx: Any) -> None:
         for path, _ in ops:
             tx.delete(path)
+
     return build
 
 
 class Store:
-    def __init__(self, hosts: str, *, request_timeout_ms: int = 5_000,
-                 session_timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self, hosts: str, *, request_timeout_ms: int = 5_000, session_timeout_ms: int = 10_000
+    ) -> None:
         self.hosts = hosts
         self._timeout_s = request_timeout_ms / 1000
         self._session_timeout_s = session_timeout_ms / 1000
-        self.zk = KazooClient(hosts=hosts, timeout=self._session_timeout_s,
-                              connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2,
-                                                "max_delay": 1.0})
+        self.zk = KazooClient(
+            hosts=hosts,
+            timeout=self._session_timeout_s,
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+        )
         self.zk.add_listener(self._on_state)
         self.state_changed = threading.Event()
         self.layout_ready = False
@@ -129,7 +136,9 @@ class Store:
                 boot.start(timeout=self._timeout_s)
                 boot.ensure_path("/" + chroot)
             except (KazooTimeoutError, KazooException) as exc:
-                raise CoordinatorUnavailable(f"ZooKeeper at {server_part} unreachable: {exc}") from exc
+                raise CoordinatorUnavailable(
+                    f"ZooKeeper at {server_part} unreachable: {exc}"
+                ) from exc
             finally:
                 boot.stop()
                 boot.close()
@@ -150,7 +159,8 @@ class Store:
             raise
         except KazooTimeoutError as exc:
             raise CoordinatorUnavailable(
-                f"ZooKeeper did not answer within {self._timeout_s * 1000:.0f} ms") from exc
+                f"ZooKeeper did not answer within {self._timeout_s * 1000:.0f} ms"
+            ) from exc
         except KazooException as exc:
             raise CoordinatorUnavailable(f"ZooKeeper unavailable: {type(exc).__name__}") from exc
 
@@ -158,7 +168,9 @@ class Store:
         if not self.zk.connected:
             raise CoordinatorUnavailable("ZooKeeper is not connected; retry")
         if not self.layout_ready:
-            raise CoordinatorUnavailable("coordinator is still starting (ZooKeeper layout not ready)")
+            raise CoordinatorUnavailable(
+                "coordinator is still starting (ZooKeeper layout not ready)"
+            )
 
     def _get(self, path: str) -> tuple[bytes, Any] | None:
         self._check()
@@ -211,8 +223,9 @@ class Store:
     def cas_counter(self, value: int, version: int) -> bool:
         self._check()
         try:
-            self._wait(self.zk.set_async(cluster.PID_BLOCK, str(value).encode(), version),
-                       write=True)
+            self._wait(
+                self.zk.set_async(cluster.PID_BLOCK, str(value).encode(), version), write=True
+            )
         except (BadVersionError, NoNodeError):
             return False
         return True
@@ -242,7 +255,8 @@ class Store:
             fut.result(timeout=self._timeout_s * 2)
         except FutureTimeout as exc:
             raise CoordinatorUnavailable(
-                f"ZooKeeper did not answer within {self._timeout_s * 2000:.0f} ms") from exc
+                f"ZooKeeper did not answer within {self._timeout_s * 2000:.0f} ms"
+            ) from exc
 
     def create_named_pid(self, record: PidRecord, name: str, name_version: int | None) -> bool:
         """Write a new PID record and bind ``name`` to it in one transaction: create the
@@ -278,12 +292,22 @@ class Store:
         ids = self.list_pid_ids()
         n = 0
         for start in range(0, len(ids), 1000):
-            n += sum(1 for rec, _ in self.get_pids(ids[start:start + 1000])
-                     if owner_of(rec) == principal)
+            n += sum(
+                1
+                for rec, _ in self.get_pids(ids[start : start + 1000])
+                if owner_of(rec) == principal
+            )
         return n
 
-    def create_pid_counted(self, record: PidRecord, name: str | None, name_version: int | None,
-                           principal: str, count: int, count_version: int | None) -> str:
+    def create_pid_counted(
+        self,
+        record: PidRecord,
+        name: str | None,
+        name_version: int | None,
+        principal: str,
+        count: int,
+        count_version: int | None,
+    ) -> str:
         """Create a PID record (with its name binding when ``name``) and set the owner's
         count to ``count`` by compare-and-set on ``count_version`` (None: create the
         counter), all in one transaction. Returns ``ok``, ``name`` (the name was bound by
@@ -381,6 +405,7 @@ class Store:
         ops = [(cluster.partition_path(spec.name, p), st.to_bytes()) for p, st in enumerate(states)]
         chunks = self._chunk_ops(ops)
         if len(chunks) == 1:
+
             def build(tx: Any) -> None:
                 tx.create(tpath, spec.to_bytes())
                 tx.create(f"{tpath}/partitions", b"")
@@ -389,6 +414,7 @@ class Store:
 
             self._commit_topic(spec.name, build)
             return
+
         def build_marker(tx: Any) -> None:
             tx.create(tpath, b"")
             tx.create(f"{tpath}/partitions", b"")
@@ -399,15 +425,20 @@ class Store:
                 results = self._commit(_creates(chunk))
                 bad = [r for r in results if isinstance(r, Exception)]
                 if bad:
-                    raise CoordinatorUnavailable(f"creating partitions of {spec.name!r} failed: {bad[:2]!r}")
+                    raise CoordinatorUnavailable(
+                        f"creating partitions of {spec.name!r} failed: {bad[:2]!r}"
+                    )
             self._wait(self.zk.set_async(tpath, spec.to_bytes(), 0), write=True)
         except (CoordinatorUnavailable, BadVersionError, NoNodeError) as exc:
-            log.warning("creating topic %s failed midway (%s); removing what was written",
-                        spec.name, exc)
+            log.warning(
+                "creating topic %s failed midway (%s); removing what was written", spec.name, exc
+            )
             self._delete_topic_tree(spec.name)
             if isinstance(exc, CoordinatorUnavailable):
                 raise
-            raise CoordinatorUnavailable(f"creating topic {spec.name!r} was interrupted; retry") from exc
+            raise CoordinatorUnavailable(
+                f"creating topic {spec.name!r} was interrupted; retry"
+            ) from exc
 
     def _commit_topic(self, name: str, build: Callable[[Any], None]) -> None:
         for attempt in (0, 1):
@@ -418,8 +449,12 @@ class Store:
             if not isinstance(results[0], NodeExistsError):
                 raise CoordinatorUnavailable(f"ZooKeeper transaction failed: {failures[:3]!r}")
             got = self._get(cluster.topic_path(name))
-            stale = (got is not None and got[0] == b"" and attempt == 0 and
-                     time.time() * 1000 - got[1].mtime > TOPIC_CREATE_STALE_MS)
+            stale = (
+                got is not None
+                and got[0] == b""
+                and attempt == 0
+                and time.time() * 1000 - got[1].mtime > TOPIC_CREATE_STALE_MS
+            )
             if not stale:
                 what = "is being created" if got is not None and got[0] == b"" else "already exists"
                 raise TopicExists(f"topic {name!r} {what}")
@@ -450,13 +485,17 @@ class Store:
             size += op_bytes
         return chunks
 
-    def get_partition_states(self, topic: str, partitions: list[int]) -> list[PartitionState | None]:
+    def get_partition_states(
+        self, topic: str, partitions: list[int]
+    ) -> list[PartitionState | None]:
         got = self._get_many([cluster.partition_path(topic, p) for p in partitions])
         return [None if g is None else PartitionState.from_bytes(g[0]) for g in got]
 
     def get_servers(self, ids: list[int]) -> dict[int, ServerInfo]:
         got = self._get_many([cluster.server_path(i) for i in ids])
-        return {i: ServerInfo.from_bytes(g[0]) for i, g in zip(ids, got, strict=True) if g is not None}
+        return {
+            i: ServerInfo.from_bytes(g[0]) for i, g in zip(ids, got, strict=True) if g is not None
+        }
 
     def live_servers(self) -> list[ServerInfo]:
         ids = sorted(int(c) for c in self._children(cluster.SERVERS) if c.lstrip("-").isdigit())
@@ -479,8 +518,9 @@ class Store:
         except (NoNodeError, BadVersionError):
             pass
         try:
-            self._wait(self.zk.create_async(path, json.dumps(info).encode(), ephemeral=True),
-                       write=True)
+            self._wait(
+                self.zk.create_async(path, json.dumps(info).encode(), ephemeral=True), write=True
+            )
         except NodeExistsError:
             return False
         return True

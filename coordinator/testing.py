@@ -103,7 +103,9 @@ class FakeStore:
         got = self._get(cluster.topic_path(name))
         return None if got is None else TopicSpec.from_bytes(got[0])
 
-    def get_partition_states(self, topic: str, partitions: list[int]) -> list[PartitionState | None]:
+    def get_partition_states(
+        self, topic: str, partitions: list[int]
+    ) -> list[PartitionState | None]:
         out = []
         for p in partitions:
             got = self._get(cluster.partition_path(topic, p))
@@ -122,7 +124,12 @@ class FakeStore:
         self.nodes[cluster.topic_path(name)] = (TopicSpec(name, partitions).to_bytes(), 0)
         for p in range(partitions):
             self.nodes[cluster.partition_path(name, p)] = (
-                PartitionState([leader], leader, 0, [leader]).to_bytes(), 0)
+                PartitionState([leader], leader, 0, [leader]).to_bytes(),
+                0,
+            )
 
     def add_server(self, ident: int, port: int) -> None:
-        self.nodes[cluster.server_path(ident)] = (ServerInfo(ident, "127.0.0.1", port).to_bytes(), 0)
+        self.nodes[cluster.server_path(ident)] = (
+            ServerInfo(ident, "127.0.0.1", port).to_bytes(),
+            0,
+        )

@@ -18,20 +18,26 @@ from pidlease.wire.cluster import DEDUP_MODES, PartitionState, TopicSpec, topic_
 log = logging.getLogger("coordinator.topics")
 
 
-def assign_replicas(server_ids: list[int], partitions: int, replication_factor: int
-                    ) -> list[PartitionState]:
+def assign_replicas(
+    server_ids: list[int], partitions: int, replication_factor: int
+) -> list[PartitionState]:
     """Round robin: partition p's replicas are the R servers starting at p mod N, so leaders
     (the first replica) spread evenly. Epoch 0, every replica in sync."""
     n = len(server_ids)
     out = []
     for p in range(partitions):
         replicas = [server_ids[(p + i) % n] for i in range(replication_factor)]
-        out.append(PartitionState(replicas=replicas, leader=replicas[0], leader_epoch=0,
-                                  isr=list(replicas)))
+        out.append(
+            PartitionState(
+                replicas=replicas, leader=replicas[0], leader_epoch=0, isr=list(replicas)
+            )
+        )
     return out
 
 
-def offsets_from_metadata(info: dict[str, Any] | None, topic: str, partition: int) -> tuple[int, int]:
+def offsets_from_metadata(
+    info: dict[str, Any] | None, topic: str, partition: int
+) -> tuple[int, int]:
     """(log_end_offset, high_watermark) for one partition out of a leader's METADATA blob.
     Accepts a map keyed "topic/partition" or a list of entries with topic and partition."""
     if not info:
@@ -41,8 +47,16 @@ def offsets_from_metadata(info: dict[str, Any] | None, topic: str, partition: in
     if isinstance(parts, dict):
         entry = parts.get(tp_key(topic, partition))
     elif isinstance(parts, list):
-        entry = next((e for e in parts if isinstance(e, dict) and e.get("topic") == topic
-                      and e.get("partition") == partition), None)
+        entry = next(
+            (
+                e
+                for e in parts
+                if isinstance(e, dict)
+                and e.get("topic") == topic
+                and e.get("partition") == partition
+            ),
+            None,
+        )
     if not isinstance(entry, dict):
         return -1, -1
     leo = entry.get("log_end_offset", entry.get("next_offset", -1))
@@ -51,14 +65,17 @@ def offsets_from_metadata(info: dict[str, Any] | None, topic: str, partition: in
 
 
 class Topics:
-    def __init__(self, store: Store, leaders: LeaderClient, clock_ms: Any,
-                 *, metadata_parallelism: int = 8) -> None:
+    def __init__(
+        self, store: Store, leaders: LeaderClient, clock_ms: Any, *, metadata_parallelism: int = 8
+    ) -> None:
         self.store = store
         self.leaders = leaders
         self.clock_ms = clock_ms
         self._parallelism = metadata_parallelism
 
-    def create(self, name: str, partitions: int, replication_factor: int, dedup: str) -> dict[str, Any]:
+    def create(
+        self, name: str, partitions: int, replication_factor: int, dedup: str
+    ) -> dict[str, Any]:
         problem = topic_name_problem(name)
         if problem:
             raise InvalidRequest(problem)
@@ -66,10 +83,17 @@ class Topics:
             raise InvalidRequest(f"dedup must be one of {', '.join(DEDUP_MODES)}")
         live = sorted(s.id for s in self.store.live_servers())
         if replication_factor > len(live):
-            raise InvalidRequest(f"replication_factor {replication_factor} needs that many live "
-                                 f"partition servers; {len(live)} are live")
-        spec = TopicSpec(name=name, partitions=partitions, replication_factor=replication_factor,
-                         dedup=dedup, created_ms=self.clock_ms())
+            raise InvalidRequest(
+                f"replication_factor {replication_factor} needs that many live "
+                f"partition servers; {len(live)} are live"
+            )
+        spec = TopicSpec(
+            name=name,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            dedup=dedup,
+            created_ms=self.clock_ms(),
+        )
         self.store.create_topic(spec, assign_replicas(live, partitions, replication_factor))
         return self.describe(name, with_offsets=False)
 
@@ -78,8 +102,14 @@ class Topics:
         for name in self.store.list_topic_names():
             spec = self.store.get_topic(name)
             if spec is not None:
-                out.append({"name": spec.name, "partitions": spec.partitions,
-                            "replication_factor": spec.replication_factor, "dedup": spec.dedup})
+                out.append(
+                    {
+                        "name": spec.name,
+                        "partitions": spec.partitions,
+                        "replication_factor": spec.replication_factor,
+                        "dedup": spec.dedup,
+                    }
+                )
         return out
 
     def describe(self, name: str, *, with_offsets: bool = True) -> dict[str, Any]:
@@ -94,19 +124,42 @@ class Topics:
         rows: list[dict[str, Any]] = []
         for p, st in enumerate(states):
             if st is None:
-                rows.append({"partition": p, "leader": -1, "leader_address": None,
-                             "leader_epoch": -1, "replicas": [], "isr": [],
-                             "log_end_offset": -1, "high_watermark": -1})
+                rows.append(
+                    {
+                        "partition": p,
+                        "leader": -1,
+                        "leader_address": None,
+                        "leader_epoch": -1,
+                        "replicas": [],
+                        "isr": [],
+                        "log_end_offset": -1,
+                        "high_watermark": -1,
+                    }
+                )
                 continue
             info = servers.get(st.leader)
             leo, hw = offsets_from_metadata(metadata.get(st.leader), name, p)
-            rows.append({"partition": p, "leader": st.leader,
-                         "leader_address": info.address if info else None,
-                         "leader_epoch": st.leader_epoch, "replicas": st.replicas, "isr": st.isr,
-                         "log_end_offset": leo, "high_watermark": hw})
-        return {"error": "NONE", "name": spec.name, "partitions": spec.partitions,
-                "replication_factor": spec.replication_factor, "dedup": spec.dedup,
-                "created_ms": spec.created_ms, "partition_states": rows}
+            rows.append(
+                {
+                    "partition": p,
+                    "leader": st.leader,
+                    "leader_address": info.address if info else None,
+                    "leader_epoch": st.leader_epoch,
+                    "replicas": st.replicas,
+                    "isr": st.isr,
+                    "log_end_offset": leo,
+                    "high_watermark": hw,
+                }
+            )
+        return {
+            "error": "NONE",
+            "name": spec.name,
+            "partitions": spec.partitions,
+            "replication_factor": spec.replication_factor,
+            "dedup": spec.dedup,
+            "created_ms": spec.created_ms,
+            "partition_states": rows,
+        }
 
     def _metadata(self, servers: dict[int, Any]) -> dict[int, dict[str, Any] | None]:
         def one(address: str) -> dict[str, Any] | None:

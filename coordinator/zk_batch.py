@@ -38,12 +38,14 @@ class WriteBatcher:
         self._zk = zk
         self._wait = wait
         self.batch_max = batch_max
-        self._q: queue.SimpleQueue[tuple[str, bytes, int | None, Future[bool]] | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[str, bytes, int | None, Future[bool]] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.batches = 0          # multi requests sent
-        self.batched_writes = 0   # writes that went in them
-        self.fallbacks = 0        # batches re-sent one write at a time
+        self.batches = 0  # multi requests sent
+        self.batched_writes = 0  # writes that went in them
+        self.fallbacks = 0  # batches re-sent one write at a time
 
     def submit(self, path: str, data: bytes, version: int | None) -> Future[bool]:
         fut: Future[bool] = Future()

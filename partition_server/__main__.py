@@ -28,8 +28,11 @@ async def _run(settings: ServerSettings) -> None:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     try:
         settings = ServerSettings()
@@ -38,6 +41,7 @@ def main() -> int:
         return 2
     try:
         import uvloop
+
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()

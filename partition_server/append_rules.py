@@ -66,17 +66,17 @@ class Outcome(enum.Enum):
 
 
 class FenceOutcome(enum.Enum):
-    APPEND = "APPEND"           # write a control batch, answer when durable
-    SAME = "SAME"               # generation already current: OK, nothing written
-    ABSENT = "ABSENT"           # no state and no create_if_absent: OK existed=false
-    FENCED = "FENCED"           # older generation
+    APPEND = "APPEND"  # write a control batch, answer when durable
+    SAME = "SAME"  # generation already current: OK, nothing written
+    ABSENT = "ABSENT"  # no state and no create_if_absent: OK existed=false
+    FENCED = "FENCED"  # older generation
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     outcome: Outcome
     expected_sequence: int = -1
-    base_offset: int = -1       # DUPLICATE: where the batch was first written, when known
+    base_offset: int = -1  # DUPLICATE: where the batch was first written, when known
     last_offset: int = -1
     detail: str = ""
 
@@ -110,8 +110,9 @@ class PidView(Protocol):
     def limit_detail(self) -> str: ...
 
 
-def check_append(view: PidView, pid: int, generation: int, base_seq: int, count: int,
-                 now_ms: int | None = None) -> Decision:
+def check_append(
+    view: PidView, pid: int, generation: int, base_seq: int, count: int, now_ms: int | None = None
+) -> Decision:
     """The decision for a batch of ``count`` records from ``base_seq``. ``now_ms`` is given
     only by a leader deciding a new append: then the tracked-PID limit is checked."""
     if pid == 0 or view.mode == "off":
@@ -121,25 +122,39 @@ def check_append(view: PidView, pid: int, generation: int, base_seq: int, count:
     blocked = view.blocked_from(pid)
     if blocked is not None and base_seq > blocked:
         refused_earlier = current is None or (
-            generation >= current and base_seq > view.highwater(pid))
+            generation >= current and base_seq > view.highwater(pid)
+        )
         if refused_earlier:
-            return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=blocked, detail=(
-                f"an earlier batch of pid {pid} (from sequence {blocked}) was refused; "
-                f"resend it first (this batch has sequences {base_seq}..{last_seq})"))
+            return Decision(
+                Outcome.SEQUENCE_UNKNOWN,
+                expected_sequence=blocked,
+                detail=(
+                    f"an earlier batch of pid {pid} (from sequence {blocked}) was refused; "
+                    f"resend it first (this batch has sequences {base_seq}..{last_seq})"
+                ),
+            )
     if current is None:
         return _check_new_pid(view, pid, base_seq, now_ms)
     if generation < current:
-        return Decision(Outcome.FENCED, detail=(
-            f"generation {generation} of pid {pid} is older than the current {current}"))
+        return Decision(
+            Outcome.FENCED,
+            detail=(f"generation {generation} of pid {pid} is older than the current {current}"),
+        )
     h = view.highwater(pid)
     if base_seq == h + 1 or (view.mode == "monotonic" and base_seq > h):
         return APPEND
     if last_seq > h:
-        return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
-            f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"))
+        return Decision(
+            Outcome.OUT_OF_ORDER,
+            expected_sequence=h + 1,
+            detail=(f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"),
+        )
     if last_seq > view.durable_highwater(pid):
-        return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=h + 1, detail=(
-            f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"))
+        return Decision(
+            Outcome.SEQUENCE_UNKNOWN,
+            expected_sequence=h + 1,
+            detail=(f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"),
+        )
     return _check_old(view, pid, base_seq, last_seq, h)
 
 
@@ -148,9 +163,13 @@ def _check_new_pid(view: PidView, pid: int, base_seq: int, now_ms: int | None) -
         if now_ms is not None and not view.room_for_new_pid(now_ms):
             return Decision(Outcome.TOO_MANY_PIDS, detail=view.limit_detail())
         return APPEND
-    return Decision(Outcome.UNKNOWN_PID, detail=(
-        f"pid {pid} has no state in this partition and its batch starts at sequence "
-        f"{base_seq}, not 0: the state expired or the PID was never leased here"))
+    return Decision(
+        Outcome.UNKNOWN_PID,
+        detail=(
+            f"pid {pid} has no state in this partition and its batch starts at sequence "
+            f"{base_seq}, not 0: the state expired or the PID was never leased here"
+        ),
+    )
 
 
 def _check_old(view: PidView, pid: int, base_seq: int, last_seq: int, h: int) -> Decision:
@@ -158,26 +177,39 @@ def _check_old(view: PidView, pid: int, base_seq: int, last_seq: int, h: int) ->
     kept = view.kept_batches(pid)
     for b_base, b_last, b_off in kept:
         if (b_base, b_last) == (base_seq, last_seq):
-            return Decision(Outcome.DUPLICATE, base_offset=b_off,
-                            last_offset=b_off + last_seq - base_seq,
-                            detail="batch was already written")
+            return Decision(
+                Outcome.DUPLICATE,
+                base_offset=b_off,
+                last_offset=b_off + last_seq - base_seq,
+                detail="batch was already written",
+            )
     if view.mode != "monotonic":
         # Strict: every sequence at or below H was written.
-        return Decision(Outcome.DUPLICATE, detail="batch was already written (offsets no "
-                        "longer known)")
+        return Decision(
+            Outcome.DUPLICATE, detail="batch was already written (offsets no longer known)"
+        )
     oldest = kept[0][0] if kept else None
     older_written = True
     if oldest is None or base_seq < oldest:
         below_kept_hi = last_seq if oldest is None else min(last_seq, oldest - 1)
-        older_written = not any(meets(lo, hi, base_seq, below_kept_hi)
-                                for lo, hi in view.abandoned_ranges(pid))
+        older_written = not any(
+            meets(lo, hi, base_seq, below_kept_hi) for lo, hi in view.abandoned_ranges(pid)
+        )
     if covered(kept, base_seq, last_seq, older_written):
-        return Decision(Outcome.DUPLICATE, detail="batch was already written (offsets no "
-                        "longer known, or it was written split otherwise)")
-    return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
-        f"sequences {base_seq}..{last_seq} of pid {pid} are at or below its highwater "
-        f"{h} but were never written here (they fall in a hole between written batches, "
-        "or a takeover gave them up); they can never be appended"))
+        return Decision(
+            Outcome.DUPLICATE,
+            detail="batch was already written (offsets no "
+            "longer known, or it was written split otherwise)",
+        )
+    return Decision(
+        Outcome.OUT_OF_ORDER,
+        expected_sequence=h + 1,
+        detail=(
+            f"sequences {base_seq}..{last_seq} of pid {pid} are at or below its highwater "
+            f"{h} but were never written here (they fall in a hole between written batches, "
+            "or a takeover gave them up); they can never be appended"
+        ),
+    )
 
 
 def meets(range_lo: int, range_hi: int, lo: int, hi: int) -> bool:
@@ -185,8 +217,9 @@ def meets(range_lo: int, range_hi: int, lo: int, hi: int) -> bool:
     return hi >= range_lo and (range_hi == -1 or lo < range_hi)
 
 
-def covered(kept: list[tuple[int, int, int]], base_seq: int, last_seq: int,
-            older_written: bool) -> bool:
+def covered(
+    kept: list[tuple[int, int, int]], base_seq: int, last_seq: int, older_written: bool
+) -> bool:
     """Whether every sequence of ``base_seq..last_seq`` was written: held by a kept batch,
     or, when ``older_written``, older than all of them."""
     for seq in range(base_seq, last_seq + 1):
@@ -197,8 +230,7 @@ def covered(kept: list[tuple[int, int, int]], base_seq: int, last_seq: int,
     return True
 
 
-def check_fence(view: PidView, pid: int, generation: int,
-                create_if_absent: bool) -> FenceOutcome:
+def check_fence(view: PidView, pid: int, generation: int, create_if_absent: bool) -> FenceOutcome:
     """The decision for a fence (a takeover by ``generation``)."""
     if pid == 0 or view.mode == "off":
         return FenceOutcome.ABSENT  # dedup off: no generations to fence

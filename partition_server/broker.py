@@ -28,8 +28,13 @@ Key = tuple[str, int]
 
 
 class Broker:
-    def __init__(self, settings: ServerSettings, registry: Registry, *,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        registry: Registry,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
         self.s = settings
         self.clock_ms = clock_ms
         self.data_dir = Path(settings.data_dir)
@@ -44,8 +49,14 @@ class Broker:
         self._snapshot_lock = asyncio.Lock()
         self.recovery: dict[str, Any] = {}
         self.snapshots_taken = 0
-        self.replicas = ReplicaManager(settings, registry, self.partitions, self.data_dir,
-                                       clock_ms=clock_ms, note_append=self.note_append)
+        self.replicas = ReplicaManager(
+            settings,
+            registry,
+            self.partitions,
+            self.data_dir,
+            clock_ms=clock_ms,
+            note_append=self.note_append,
+        )
         self._checkpoint_hws: dict[Key, int] = {}
 
     # -- recovery --------------------------------------------------------------------------
@@ -57,18 +68,25 @@ class Broker:
             mode = "strict"
         return mode
 
-    def _open(self, key: Key, snapshot: PartitionImage | None,
-              a: Assignment | None = None) -> tuple[Partition, Any, int]:
+    def _open(
+        self, key: Key, snapshot: PartitionImage | None, a: Assignment | None = None
+    ) -> tuple[Partition, Any, int]:
         replicated = is_replicated((a or self.assignment).partitions.get(key))
         part, report, n = Partition.recover(
-            self.data_dir, key[0], key[1], mode=self._mode(key[0], a),
+            self.data_dir,
+            key[0],
+            key[1],
+            mode=self._mode(key[0], a),
             segment_bytes_max=self.s.segment_bytes_max,
             batches_kept=self.s.duplicate_batches_kept,
             pids_max=self.s.tracked_pids_max_per_partition,
-            evict_idle_min_ms=self.s.pid_evict_idle_min_ms, expire_ms=self.s.pid_expire_ms,
+            evict_idle_min_ms=self.s.pid_evict_idle_min_ms,
+            expire_ms=self.s.pid_expire_ms,
             flusher=self.flusher,
-            clock_ms=self.clock_ms, snapshot=snapshot,
-            checkpoint_hw=self._checkpoint_hws.get(key, 0) if replicated else None)
+            clock_ms=self.clock_ms,
+            snapshot=snapshot,
+            checkpoint_hw=self._checkpoint_hws.get(key, 0) if replicated else None,
+        )
         if replicated:
             part.role = "follower"  # until the replica manager decides
         return part, report, n
@@ -107,15 +125,28 @@ class Broker:
         gc.collect()
         gc.freeze()
         secs = time.perf_counter() - t0
-        self.recovery = {"snapshot": loaded[1].name if loaded else None,
-                         "snapshot_load_s": round(t_snap, 3), "partitions": len(self.partitions),
-                         "batches": batches, "batches_replayed": replayed,
-                         "truncations": truncations, "seconds": round(secs, 3),
-                         "tracked_pids": sum(len(p.state) for p in self.partitions.values())}
-        log.info("recovery: snapshot %s (loaded in %.3fs), %d partitions, %d batches in logs, "
-                 "%d batches replayed, %d truncations, %d tracked pids, %.3fs",
-                 self.recovery["snapshot"] or "none", t_snap, len(self.partitions), batches,
-                 replayed, truncations, self.recovery["tracked_pids"], secs)
+        self.recovery = {
+            "snapshot": loaded[1].name if loaded else None,
+            "snapshot_load_s": round(t_snap, 3),
+            "partitions": len(self.partitions),
+            "batches": batches,
+            "batches_replayed": replayed,
+            "truncations": truncations,
+            "seconds": round(secs, 3),
+            "tracked_pids": sum(len(p.state) for p in self.partitions.values()),
+        }
+        log.info(
+            "recovery: snapshot %s (loaded in %.3fs), %d partitions, %d batches in logs, "
+            "%d batches replayed, %d truncations, %d tracked pids, %.3fs",
+            self.recovery["snapshot"] or "none",
+            t_snap,
+            len(self.partitions),
+            batches,
+            replayed,
+            truncations,
+            self.recovery["tracked_pids"],
+            secs,
+        )
         self.apply_assignment(a)
         return self.recovery
 
@@ -209,10 +240,15 @@ class Broker:
             loop = asyncio.get_running_loop()
             path, nbytes = await loop.run_in_executor(None, self.snapshots.write, snap)
             self.snapshots_taken += 1
-            log.info("snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
-                     path.name, len(snap.partitions),
-                     sum(len(i.rows) for i in snap.partitions.values()), nbytes,
-                     time.perf_counter() - t0, t_capture)
+            log.info(
+                "snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
+                path.name,
+                len(snap.partitions),
+                sum(len(i.rows) for i in snap.partitions.values()),
+                nbytes,
+                time.perf_counter() - t0,
+                t_capture,
+            )
 
     async def maintain(self) -> None:
         """Background: time-based snapshots and PID expiry. Runs until cancelled."""
@@ -221,8 +257,10 @@ class Broker:
         while True:
             await asyncio.sleep(tick_s)
             now = self.clock_ms()
-            if (self._batches_since_snapshot > 0
-                    and now - self._last_snapshot_ms >= self.s.snapshot_interval_ms):
+            if (
+                self._batches_since_snapshot > 0
+                and now - self._last_snapshot_ms >= self.s.snapshot_interval_ms
+            ):
                 self._start_snapshot()
             if now - last_expiry_ms >= self.s.pid_expire_check_ms:
                 last_expiry_ms = now
@@ -239,17 +277,27 @@ class Broker:
                 continue
             n = part.state.expire(now_ms, self.s.pid_expire_ms)
             if n:
-                log.info("partition %s-%d: expired %d pids unused for %d ms", key[0], key[1], n,
-                         self.s.pid_expire_ms)
+                log.info(
+                    "partition %s-%d: expired %d pids unused for %d ms",
+                    key[0],
+                    key[1],
+                    n,
+                    self.s.pid_expire_ms,
+                )
             dropped += n
         return dropped
 
     # -- reporting and shutdown ------------------------------------------------------------
     def metadata(self, server_id: int, address: str) -> dict[str, Any]:
         parts = [p.metadata() for _, p in sorted(self.partitions.items())]
-        return {"server_id": server_id, "address": address, "partitions": parts,
-                "tracked_pids_total": sum(x["tracked_pids"] for x in parts),
-                "recovery": self.recovery, "replica_fetchers": self.replicas.describe()}
+        return {
+            "server_id": server_id,
+            "address": address,
+            "partitions": parts,
+            "tracked_pids_total": sum(x["tracked_pids"] for x in parts),
+            "recovery": self.recovery,
+            "replica_fetchers": self.replicas.describe(),
+        }
 
     async def close(self) -> None:
         await self.replicas.close()

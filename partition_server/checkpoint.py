@@ -53,8 +53,11 @@ class HighWatermarkCheckpoint:
                 topic, p, hw = line.rsplit(" ", 2)
                 out[(topic, int(p))] = int(hw)
         except ValueError as exc:
-            log.error("%s is unreadable (%s); replicated partitions restart from high "
-                      "watermark 0", self.path, exc)
+            log.error(
+                "%s is unreadable (%s); replicated partitions restart from high watermark 0",
+                self.path,
+                exc,
+            )
             return {}
         self.last_written = dict(out)
         return out

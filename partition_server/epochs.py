@@ -44,8 +44,12 @@ _HEADER = "pidlease-epochs 1"
 class EpochHistory:
     """Pure bookkeeping plus :meth:`load` / :meth:`save` for its file."""
 
-    def __init__(self, entries: list[tuple[int, int]] | None = None, truncations: int = 0,
-                 path: Path | None = None) -> None:
+    def __init__(
+        self,
+        entries: list[tuple[int, int]] | None = None,
+        truncations: int = 0,
+        path: Path | None = None,
+    ) -> None:
         self.entries: list[tuple[int, int]] = list(entries or [])
         self.truncations = truncations
         self.path = path
@@ -111,8 +115,10 @@ class EpochHistory:
                     raise ValueError(f"epoch {epoch} is older than the latest {last_epoch}")
                 return False
             if start_offset < last_start:
-                raise ValueError(f"epoch {epoch} would start at {start_offset}, before epoch "
-                                 f"{last_epoch}'s start {last_start}")
+                raise ValueError(
+                    f"epoch {epoch} would start at {start_offset}, before epoch "
+                    f"{last_epoch}'s start {last_start}"
+                )
             if start_offset == last_start:
                 # The previous epoch wrote nothing: it owns no offsets, drop it.
                 self.entries.pop()
@@ -170,8 +176,7 @@ class EpochHistory:
     def save(self) -> None:
         """Replace the file atomically and durably (blocking: a few hundred bytes)."""
         assert self.path is not None
-        body = f"truncations {self.truncations}\n" + "".join(
-            f"{e} {s}\n" for e, s in self.entries)
+        body = f"truncations {self.truncations}\n" + "".join(f"{e} {s}\n" for e, s in self.entries)
         data = f"{_HEADER} {zlib.crc32(body.encode()):08x}\n{body}".encode()
         write_atomically(self.path, data)
 
@@ -179,8 +184,9 @@ class EpochHistory:
         return f"EpochHistory({self.entries}, truncations={self.truncations})"
 
 
-def truncation_step(history: EpochHistory, log_end: int, asked_epoch: int, leader_epoch: int,
-                    leader_end: int) -> tuple[int, bool]:
+def truncation_step(
+    history: EpochHistory, log_end: int, asked_epoch: int, leader_epoch: int, leader_end: int
+) -> tuple[int, bool]:
     """One round of finding where a follower's log diverges from the leader's.
 
     The follower asked about ``asked_epoch`` (its latest) and the leader answered with

@@ -51,8 +51,14 @@ def _die_on_fsync_error(exc: BaseException) -> None:
 
 
 class Flusher:
-    def __init__(self, *, mode: str, interval_ms: int, executor: Executor | None = None,
-                 on_error: Callable[[BaseException], None] = _die_on_fsync_error) -> None:
+    def __init__(
+        self,
+        *,
+        mode: str,
+        interval_ms: int,
+        executor: Executor | None = None,
+        on_error: Callable[[BaseException], None] = _die_on_fsync_error,
+    ) -> None:
         self.mode = mode
         self.interval_s = interval_ms / 1000.0
         self._executor = executor
@@ -104,8 +110,9 @@ class Flusher:
         fut = loop.run_in_executor(self._executor, _fsync_all, fds)
         fut.add_done_callback(lambda f: self._done(f, jobs))
 
-    def _done(self, fut: asyncio.Future[float],
-              jobs: list[tuple[Flushable, FlushMark, list[int]]]) -> None:
+    def _done(
+        self, fut: asyncio.Future[float], jobs: list[tuple[Flushable, FlushMark, list[int]]]
+    ) -> None:
         self._running = False
         exc = fut.exception()
         if exc is not None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 @dataclass
 class FollowerProgress:
-    end_offset: int = -1          # -1: not known yet in this leadership
+    end_offset: int = -1  # -1: not known yet in this leadership
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = 0
     last_caught_up_ms: int = 0
@@ -42,12 +42,13 @@ class InSyncReplicas:
         self.leader = leader
         self.replicas = list(replicas)
         self.isr: set[int] = set(isr) | {leader}
-        self.pending_add: set[int] = set()     # counted; ZooKeeper has not confirmed them
+        self.pending_add: set[int] = set()  # counted; ZooKeeper has not confirmed them
         self.pending_remove: set[int] = set()  # a write removing them is in flight
-        self.retry_add: set[int] = set()       # pending additions whose write failed
+        self.retry_add: set[int] = set()  # pending additions whose write failed
         # A follower gets a full lag period from the start of this leadership to show up.
-        self.followers = {r: FollowerProgress(last_caught_up_ms=now_ms)
-                          for r in replicas if r != leader}
+        self.followers = {
+            r: FollowerProgress(last_caught_up_ms=now_ms) for r in replicas if r != leader
+        }
 
     def record_fetch(self, follower: int, end_offset: int, leader_end: int, now_ms: int) -> None:
         p = self.followers.get(follower)
@@ -79,16 +80,25 @@ class InSyncReplicas:
         """Counted followers not caught up for ``lag_ms``: to be removed. A pending
         addition counts too: one whose write failed and that then died must not hold the
         high watermark back for ever."""
-        return sorted(r for r in self.counted() - self.pending_remove
-                      if r != self.leader and r in self.followers
-                      and now_ms - self.followers[r].last_caught_up_ms > lag_ms)
+        return sorted(
+            r
+            for r in self.counted() - self.pending_remove
+            if r != self.leader
+            and r in self.followers
+            and now_ms - self.followers[r].last_caught_up_ms > lag_ms
+        )
 
     def joiners(self, high_watermark: int) -> list[int]:
         """Followers outside the set whose log end has reached the high watermark (again,
         when the write adding them failed)."""
-        return sorted(r for r, p in self.followers.items()
-                      if r not in self.isr and (r not in self.pending_add or r in self.retry_add)
-                      and p.end_offset >= 0 and p.end_offset >= high_watermark)
+        return sorted(
+            r
+            for r, p in self.followers.items()
+            if r not in self.isr
+            and (r not in self.pending_add or r in self.retry_add)
+            and p.end_offset >= 0
+            and p.end_offset >= high_watermark
+        )
 
     def begin_change(self, add: list[int], remove: list[int]) -> list[int]:
         """The leader decided to write a new set: returns it. ``add`` counts towards the
@@ -115,5 +125,7 @@ class InSyncReplicas:
         self.pending_remove &= self.isr
 
     def lag_report(self, now_ms: int) -> dict[int, dict[str, int]]:
-        return {r: {"end_offset": p.end_offset, "ms_since_caught_up": now_ms - p.last_caught_up_ms}
-                for r, p in sorted(self.followers.items())}
+        return {
+            r: {"end_offset": p.end_offset, "ms_since_caught_up": now_ms - p.last_caught_up_ms}
+            for r, p in sorted(self.followers.items())
+        }

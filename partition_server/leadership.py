@@ -42,15 +42,23 @@ def _read(zk: Any, topic: str, partition: int) -> tuple[PartitionState, int] | N
     return PartitionState.from_bytes(raw), stat.version
 
 
-def _write(zk: Any, topic: str, partition: int, new: PartitionState, version: int,
-           why: str) -> PartitionState | None:
+def _write(
+    zk: Any, topic: str, partition: int, new: PartitionState, version: int, why: str
+) -> PartitionState | None:
     try:
         zk.set(partition_path(topic, partition), new.to_bytes(), version=version)
     except (BadVersionError, NoNodeError):
         log.info("%s-%d: %s lost a race (the state changed); re-reading", topic, partition, why)
         return None
-    log.info("%s-%d: %s -> leader %d epoch %d isr %s", topic, partition, why, new.leader,
-             new.leader_epoch, new.isr)
+    log.info(
+        "%s-%d: %s -> leader %d epoch %d isr %s",
+        topic,
+        partition,
+        why,
+        new.leader,
+        new.leader_epoch,
+        new.isr,
+    )
     return new
 
 
@@ -64,10 +72,8 @@ def elect(zk: Any, topic: str, partition: int, me: int) -> PartitionState | None
     if zk.exists(server_path(ps.leader)) is not None:
         return None  # the leader is back (or never left)
     isr = [r for r in ps.isr if r != ps.leader]
-    new = PartitionState(replicas=ps.replicas, leader=me, leader_epoch=ps.leader_epoch + 1,
-                         isr=isr)
-    return _write(zk, topic, partition, new, version,
-                  f"election after leader {ps.leader} left")
+    new = PartitionState(replicas=ps.replicas, leader=me, leader_epoch=ps.leader_epoch + 1, isr=isr)
+    return _write(zk, topic, partition, new, version, f"election after leader {ps.leader} left")
 
 
 def step_in(zk: Any, topic: str, partition: int, me: int, epoch: int) -> PartitionState | None:
@@ -80,19 +86,27 @@ def step_in(zk: Any, topic: str, partition: int, me: int, epoch: int) -> Partiti
     live = {int(c) for c in zk.get_children(SERVERS) if c.isdigit()}
     others = [r for r in ps.isr if r != me and r in live]
     if others:
-        new = PartitionState(replicas=ps.replicas, leader=others[0],
-                             leader_epoch=ps.leader_epoch + 1,
-                             isr=[r for r in ps.isr if r != me])
+        new = PartitionState(
+            replicas=ps.replicas,
+            leader=others[0],
+            leader_epoch=ps.leader_epoch + 1,
+            isr=[r for r in ps.isr if r != me],
+        )
         why = f"server {me} restarted; hands leadership to in-sync server {others[0]}"
     else:
-        new = PartitionState(replicas=ps.replicas, leader=me, leader_epoch=ps.leader_epoch + 1,
-                             isr=ps.isr if me in ps.isr else [*ps.isr, me])
+        new = PartitionState(
+            replicas=ps.replicas,
+            leader=me,
+            leader_epoch=ps.leader_epoch + 1,
+            isr=ps.isr if me in ps.isr else [*ps.isr, me],
+        )
         why = f"server {me} restarted as the only live in-sync replica; new epoch"
     return _write(zk, topic, partition, new, version, why)
 
 
-def set_isr(zk: Any, topic: str, partition: int, me: int, epoch: int,
-            isr: list[int]) -> PartitionState | None:
+def set_isr(
+    zk: Any, topic: str, partition: int, me: int, epoch: int, isr: list[int]
+) -> PartitionState | None:
     got = _read(zk, topic, partition)
     if got is None:
         return None
@@ -101,6 +115,7 @@ def set_isr(zk: Any, topic: str, partition: int, me: int, epoch: int,
         return None
     if sorted(ps.isr) == sorted(isr):
         return ps
-    new = PartitionState(replicas=ps.replicas, leader=me, leader_epoch=epoch,
-                         isr=sorted(isr, key=ps.replicas.index))
+    new = PartitionState(
+        replicas=ps.replicas, leader=me, leader_epoch=epoch, isr=sorted(isr, key=ps.replicas.index)
+    )
     return _write(zk, topic, partition, new, version, f"in-sync set {ps.isr} -> {new.isr}")

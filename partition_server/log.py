@@ -44,8 +44,8 @@ class Segment:
         self.path = path
         self.fd = fd
         self.size = size
-        self.offsets = array("q")     # base offset of each batch
-        self.positions = array("q")   # file position of each batch
+        self.offsets = array("q")  # base offset of each batch
+        self.positions = array("q")  # file position of each batch
 
     def batch_end(self, i: int) -> int:
         """File position just after batch ``i``."""
@@ -90,9 +90,15 @@ class PartitionLog:
 
     # -- open and recover ------------------------------------------------------------------
     @classmethod
-    def open(cls, directory: Path, segment_bytes_max: int, *, verify_from_offset: int = 0,
-             on_batch: Callable[[BatchHeader], None] | None = None,
-             replay_from_offset: int = 0) -> tuple[PartitionLog, OpenReport]:
+    def open(
+        cls,
+        directory: Path,
+        segment_bytes_max: int,
+        *,
+        verify_from_offset: int = 0,
+        on_batch: Callable[[BatchHeader], None] | None = None,
+        replay_from_offset: int = 0,
+    ) -> tuple[PartitionLog, OpenReport]:
         """Open (or create) the log in ``directory``. Batches at or after
         ``verify_from_offset`` are fully validated (checksum, records); the first bad or
         partial batch and everything after it is truncated and reported. ``on_batch`` gets
@@ -101,14 +107,18 @@ class PartitionLog:
         self = cls(directory, segment_bytes_max)
         self._dir_fd = os.open(directory, os.O_RDONLY)
         report = OpenReport()
-        paths = sorted(p for p in directory.iterdir()
-                       if p.name.endswith(SEGMENT_SUFFIX) and p.name[:-4].isdigit())
+        paths = sorted(
+            p
+            for p in directory.iterdir()
+            if p.name.endswith(SEGMENT_SUFFIX) and p.name[:-4].isdigit()
+        )
         expected = None
         for i, path in enumerate(paths):
             base = int(path.name[:-4])
             if expected is not None and base != expected:
-                self._drop_segments(paths[i:], report, f"segment starts at {base}, "
-                                    f"expected {expected}")
+                self._drop_segments(
+                    paths[i:], report, f"segment starts at {base}, expected {expected}"
+                )
                 break
             seg = Segment(base, path, _open_fd(path), 0)
             self.segments.append(seg)
@@ -116,7 +126,7 @@ class PartitionLog:
             ok = self._scan_segment(seg, report, verify_from_offset, on_batch, replay_from_offset)
             expected = self.next_offset if self.segments else None
             if not ok:
-                self._drop_segments(paths[i + 1:], report, "after a truncated segment")
+                self._drop_segments(paths[i + 1 :], report, "after a truncated segment")
                 break
         if not self.segments:
             self._new_segment(0)
@@ -126,8 +136,14 @@ class PartitionLog:
             os.fsync(self._dir_fd)
         return self, report
 
-    def _scan_segment(self, seg: Segment, report: OpenReport, verify_from: int,
-                      on_batch: Callable[[BatchHeader], None] | None, replay_from: int) -> bool:
+    def _scan_segment(
+        self,
+        seg: Segment,
+        report: OpenReport,
+        verify_from: int,
+        on_batch: Callable[[BatchHeader], None] | None,
+        replay_from: int,
+    ) -> bool:
         with open(seg.path, "rb") as f:
             data = f.read()
         mv = memoryview(data)
@@ -140,8 +156,9 @@ class PartitionLog:
                     raise CorruptRecord(f"partial batch header ({n - pos} bytes)")
                 h = decode_batch_header(mv, pos)
                 if h.base_offset != self.next_offset:
-                    raise CorruptRecord(f"batch says offset {h.base_offset}, "
-                                        f"expected {self.next_offset}")
+                    raise CorruptRecord(
+                        f"batch says offset {h.base_offset}, expected {self.next_offset}"
+                    )
                 if h.batch_len < BATCH_HEADER_SIZE - 12 or pos + h.size > n:
                     raise CorruptRecord(f"partial batch ({n - pos} of {h.size} bytes)")
                 if h.count < 1:
@@ -172,8 +189,15 @@ class PartitionLog:
             os.ftruncate(seg.fd, pos)
             t = Truncation(seg.path.name, self.next_offset, pos, cut, problem)
             report.truncations.append(t)
-            log.warning("%s: truncated %d bytes at offset %d of segment %s (file position %d): %s",
-                        self.dir.name, cut, t.offset, seg.path.name, pos, problem)
+            log.warning(
+                "%s: truncated %d bytes at offset %d of segment %s (file position %d): %s",
+                self.dir.name,
+                cut,
+                t.offset,
+                seg.path.name,
+                pos,
+                problem,
+            )
             return False
         return True
 
@@ -181,8 +205,14 @@ class PartitionLog:
         for p in paths:
             size = p.stat().st_size
             report.truncations.append(Truncation(p.name, self.next_offset, 0, size, why))
-            log.warning("%s: truncated %d bytes at offset %d of segment %s (whole segment "
-                        "removed): %s", self.dir.name, size, self.next_offset, p.name, why)
+            log.warning(
+                "%s: truncated %d bytes at offset %d of segment %s (whole segment removed): %s",
+                self.dir.name,
+                size,
+                self.next_offset,
+                p.name,
+                why,
+            )
             p.unlink()
 
     # -- append ----------------------------------------------------------------------------
@@ -222,12 +252,12 @@ class PartitionLog:
         if offset >= self.next_offset:
             return self.next_offset
         si, bi = self._locate(max(offset, 0))
-        for seg in self.segments[si + 1:]:
+        for seg in self.segments[si + 1 :]:
             self._dirty_fds.pop(seg.fd, None)
             self._retired_fds.append(seg.fd)
             seg.path.unlink()
-        del self.segments[si + 1:]
-        del self._segment_bases[si + 1:]
+        del self.segments[si + 1 :]
+        del self._segment_bases[si + 1 :]
         seg = self.segments[si]
         cut, pos = seg.offsets[bi], seg.positions[bi]
         os.ftruncate(seg.fd, pos)
@@ -324,8 +354,13 @@ class PartitionLog:
             except CorruptRecord:
                 ok = False
             if not ok:
-                log.error("%s: corrupt batch at offset %d in segment %s (file position %d)",
-                          self.dir.name, seg.offsets[i], seg.path.name, seg.positions[i])
+                log.error(
+                    "%s: corrupt batch at offset %d in segment %s (file position %d)",
+                    self.dir.name,
+                    seg.offsets[i],
+                    seg.path.name,
+                    seg.positions[i],
+                )
                 raise CorruptRecord(f"stored batch at offset {seg.offsets[i]} fails its checksum")
             pos += h.size
 
@@ -368,5 +403,9 @@ def _report_write_failure(where: str, exc: OSError) -> None:
     now = time.monotonic()
     if now - _last_write_failure_log_s >= 10.0:
         _last_write_failure_log_s = now
-        log.error("%s: append failed (%s); appends are refused with SERVER_UNAVAILABLE "
-                  "and producers retry until the write succeeds (free disk space)", where, exc)
+        log.error(
+            "%s: append failed (%s); appends are refused with SERVER_UNAVAILABLE "
+            "and producers retry until the write succeeds (free disk space)",
+            where,
+            exc,
+        )

@@ -28,10 +28,24 @@ log = logging.getLogger("partition_server.metrics")
 
 # Seconds from receiving a PRODUCE to its durable ack: fsync (group commit every few ms) and,
 # with R>1, the followers' next fetch; seconds-long tails mean a sick disk or replica.
-APPEND_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                            1.0, 2.5, 5.0, 10.0)
-EVENTS_KEPT = 200           # recent events held for the dashboard (bounded memory)
-SUMMARY_EVENTS_MAX = 50     # how many of them one METADATA answer carries
+APPEND_LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+EVENTS_KEPT = 200  # recent events held for the dashboard (bounded memory)
+SUMMARY_EVENTS_MAX = 50  # how many of them one METADATA answer carries
 
 # Refusals that the dashboard lists one by one; the others are only counted.
 EVENT_KINDS = ("fenced_append", "duplicate", "fence")
@@ -47,7 +61,11 @@ def escape_label(value: str) -> str:
 
 def format_sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
     pairs = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels)
-    num = repr(float(value)) if isinstance(value, float) and not value.is_integer() else str(int(value))
+    num = (
+        repr(float(value))
+        if isinstance(value, float) and not value.is_integer()
+        else str(int(value))
+    )
     return f"{name}{{{pairs}}} {num}" if pairs else f"{name} {num}"
 
 
@@ -79,27 +97,52 @@ class Histogram:
 
 # name -> (attribute on ServerMetrics, help). Counters of append outcomes, in render order.
 _COUNTERS = (
-    ("pidlease_server_appended_batches_total", "appended_batches",
-     "Idempotent and plain batches appended to a leader's log."),
+    (
+        "pidlease_server_appended_batches_total",
+        "appended_batches",
+        "Idempotent and plain batches appended to a leader's log.",
+    ),
     ("pidlease_server_appended_records_total", "appended_records", "Records in those batches."),
-    ("pidlease_server_fenced_appends_total", "fenced_appends",
-     "Batches refused FENCED: a generation older than the partition's (a zombie producer)."),
-    ("pidlease_server_duplicates_total", "duplicates",
-     "Batches answered DUPLICATE (a retry of something already durable; not appended)."),
-    ("pidlease_server_out_of_order_total", "out_of_order",
-     "Batches refused OUT_OF_ORDER_SEQUENCE (a gap or a straddle)."),
-    ("pidlease_server_unknown_pid_total", "unknown_pid",
-     "Batches refused UNKNOWN_PID (state expired or never leased)."),
-    ("pidlease_server_sequence_unknown_total", "sequence_unknown",
-     "Batches answered SEQUENCE_UNKNOWN (retry of a batch still in flight)."),
-    ("pidlease_server_fences_total", "fences",
-     "Fence records written for a takeover's new generation."),
+    (
+        "pidlease_server_fenced_appends_total",
+        "fenced_appends",
+        "Batches refused FENCED: a generation older than the partition's (a zombie producer).",
+    ),
+    (
+        "pidlease_server_duplicates_total",
+        "duplicates",
+        "Batches answered DUPLICATE (a retry of something already durable; not appended).",
+    ),
+    (
+        "pidlease_server_out_of_order_total",
+        "out_of_order",
+        "Batches refused OUT_OF_ORDER_SEQUENCE (a gap or a straddle).",
+    ),
+    (
+        "pidlease_server_unknown_pid_total",
+        "unknown_pid",
+        "Batches refused UNKNOWN_PID (state expired or never leased).",
+    ),
+    (
+        "pidlease_server_sequence_unknown_total",
+        "sequence_unknown",
+        "Batches answered SEQUENCE_UNKNOWN (retry of a batch still in flight).",
+    ),
+    (
+        "pidlease_server_fences_total",
+        "fences",
+        "Fence records written for a takeover's new generation.",
+    ),
 )
 
 # Outcome names (producer_state.Outcome values) -> counter attribute.
-_OUTCOME_ATTR = {"FENCED": "fenced_appends", "DUPLICATE": "duplicates",
-                 "OUT_OF_ORDER_SEQUENCE": "out_of_order", "UNKNOWN_PID": "unknown_pid",
-                 "SEQUENCE_UNKNOWN": "sequence_unknown"}
+_OUTCOME_ATTR = {
+    "FENCED": "fenced_appends",
+    "DUPLICATE": "duplicates",
+    "OUT_OF_ORDER_SEQUENCE": "out_of_order",
+    "UNKNOWN_PID": "unknown_pid",
+    "SEQUENCE_UNKNOWN": "sequence_unknown",
+}
 _OUTCOME_EVENT = {"FENCED": "fenced_append", "DUPLICATE": "duplicate"}
 
 
@@ -107,8 +150,13 @@ class ServerMetrics:
     """The counters and the event feed of one server; gauges are callbacks registered by
     whoever owns the state (the broker), read only when someone scrapes."""
 
-    def __init__(self, server_id: int, *, clock_ms: Callable[[], int] | None = None,
-                 events_kept: int = EVENTS_KEPT) -> None:
+    def __init__(
+        self,
+        server_id: int,
+        *,
+        clock_ms: Callable[[], int] | None = None,
+        events_kept: int = EVENTS_KEPT,
+    ) -> None:
         self.server_id = server_id
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         # Events are keyed by (boot, seq) so a reader can tell a restart from old news.
@@ -128,8 +176,12 @@ class ServerMetrics:
         self._gauges: dict[str, tuple[str, str, tuple[str, ...], Callable[[], GaugeValue]]] = {}
 
     # -- the hot path ----------------------------------------------------------------------
-    def appended(self, records: int, started_s: float | None = None,
-                 durable: asyncio.Future[Any] | None = None) -> None:
+    def appended(
+        self,
+        records: int,
+        started_s: float | None = None,
+        durable: asyncio.Future[Any] | None = None,
+    ) -> None:
         """One batch appended; with ``durable``, its latency is observed when acked."""
         self.appended_batches += 1
         self.appended_records += records
@@ -143,8 +195,16 @@ class ServerMetrics:
 
             durable.add_done_callback(done)
 
-    def refused(self, outcome: str, topic: str, partition: int, pid: int, generation: int,
-                base_sequence: int, count: int) -> None:
+    def refused(
+        self,
+        outcome: str,
+        topic: str,
+        partition: int,
+        pid: int,
+        generation: int,
+        base_sequence: int,
+        count: int,
+    ) -> None:
         """A batch not appended, by its outcome name (``Outcome.value``)."""
         attr = _OUTCOME_ATTR.get(outcome)
         if attr is None:
@@ -152,25 +212,42 @@ class ServerMetrics:
         setattr(self, attr, getattr(self, attr) + 1)
         kind = _OUTCOME_EVENT.get(outcome)
         if kind is not None:
-            self._event(kind, topic, partition, pid, generation,
-                        base_sequence=base_sequence, count=count)
+            self._event(
+                kind, topic, partition, pid, generation, base_sequence=base_sequence, count=count
+            )
 
     def fenced(self, topic: str, partition: int, pid: int, generation: int) -> None:
         """A fence record was written: a takeover raised ``pid`` to ``generation``."""
         self.fences += 1
         self._event("fence", topic, partition, pid, generation)
 
-    def _event(self, kind: str, topic: str, partition: int, pid: int, generation: int,
-               **extra: int) -> None:
-        self.events.append({"id": f"{self.server_id}:{self.boot_ms}:{next(self._seq)}",
-                            "kind": kind, "time_ms": self.clock_ms(),
-                            "server_id": self.server_id, "topic": topic,
-                            "partition": partition, "pid": pid, "generation": generation,
-                            **extra})
+    def _event(
+        self, kind: str, topic: str, partition: int, pid: int, generation: int, **extra: int
+    ) -> None:
+        self.events.append(
+            {
+                "id": f"{self.server_id}:{self.boot_ms}:{next(self._seq)}",
+                "kind": kind,
+                "time_ms": self.clock_ms(),
+                "server_id": self.server_id,
+                "topic": topic,
+                "partition": partition,
+                "pid": pid,
+                "generation": generation,
+                **extra,
+            }
+        )
 
     # -- gauges ----------------------------------------------------------------------------
-    def gauge(self, name: str, help_text: str, fn: Callable[[], GaugeValue], *,
-              labels: tuple[str, ...] = (), kind: str = "gauge") -> None:
+    def gauge(
+        self,
+        name: str,
+        help_text: str,
+        fn: Callable[[], GaugeValue],
+        *,
+        labels: tuple[str, ...] = (),
+        kind: str = "gauge",
+    ) -> None:
         """Register a value read at scrape time; ``labels`` names the keys of a dict result.
         ``kind`` is "counter" for totals kept elsewhere (e.g. PIDs expired)."""
         self._gauges[name] = (help_text, kind, labels, fn)
@@ -182,11 +259,17 @@ class ServerMetrics:
     def render(self) -> str:
         lines: list[str] = []
         for name, attr, help_text in _COUNTERS:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter",
-                      f"{name} {getattr(self, attr)}"]
+            lines += [
+                f"# HELP {name} {help_text}",
+                f"# TYPE {name} counter",
+                f"{name} {getattr(self, attr)}",
+            ]
         name = "pidlease_server_append_latency_seconds"
-        lines += [f"# HELP {name} Time from receiving a PRODUCE to its durable ack.",
-                  f"# TYPE {name} histogram", *self.append_latency.render(name)]
+        lines += [
+            f"# HELP {name} Time from receiving a PRODUCE to its durable ack.",
+            f"# TYPE {name} histogram",
+            *self.append_latency.render(name),
+        ]
         for name, (help_text, kind, labels, fn) in sorted(self._gauges.items()):
             try:
                 value = fn()
@@ -204,8 +287,12 @@ class ServerMetrics:
     def summary(self) -> dict[str, Any]:
         """Figures and recent events for the coordinator's dashboard (via METADATA)."""
         out: dict[str, Any] = {attr: getattr(self, attr) for _, attr, _ in _COUNTERS}
-        for name in ("pidlease_server_tracked_pids", "pidlease_server_producer_state_bytes",
-                     "process_resident_memory_bytes", "pidlease_server_snapshot_age_seconds"):
+        for name in (
+            "pidlease_server_tracked_pids",
+            "pidlease_server_producer_state_bytes",
+            "process_resident_memory_bytes",
+            "pidlease_server_snapshot_age_seconds",
+        ):
             if name in self._gauges:
                 try:
                     value = self._gauges[name][3]()
@@ -287,47 +374,77 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         return sum(1 for p in leaders_with_followers() if len(p.isr.isr) < len(p.isr.replicas))
 
     g = m.gauge
-    g("pidlease_server_tracked_pids", "PIDs with producer state, all partitions on this server.",
-      lambda: sum(len(p.state) for p in broker.partitions.values()))
-    g("pidlease_server_tracked_pids_by_partition", "PIDs with producer state per hosted partition.",
-      lambda: {(p.topic, str(p.partition)): len(p.state) for p in parts()},
-      labels=("topic", "partition"))
-    g("pidlease_server_producer_state_bytes",
-      "Estimated memory of the producer-state tables (sampled; PID churn shows here first).",
-      state_bytes)
+    g(
+        "pidlease_server_tracked_pids",
+        "PIDs with producer state, all partitions on this server.",
+        lambda: sum(len(p.state) for p in broker.partitions.values()),
+    )
+    g(
+        "pidlease_server_tracked_pids_by_partition",
+        "PIDs with producer state per hosted partition.",
+        lambda: {(p.topic, str(p.partition)): len(p.state) for p in parts()},
+        labels=("topic", "partition"),
+    )
+    g(
+        "pidlease_server_producer_state_bytes",
+        "Estimated memory of the producer-state tables (sampled; PID churn shows here first).",
+        state_bytes,
+    )
     g("process_resident_memory_bytes", "Resident memory of this process.", resident_memory_bytes)
     g("pidlease_server_partitions", "Hosted partitions by role.", by_role, labels=("role",))
-    g("pidlease_server_snapshot_age_seconds",
-      "Seconds since the last producer-state snapshot (since start when none yet): recovery "
-      "replays the log written since then.",
-      # The broker's own snapshot clock (test fakes mirror the name).
-      lambda: max(0, broker.clock_ms() - broker._last_snapshot_ms) / 1000,  # noqa: SLF001
+    g(
+        "pidlease_server_snapshot_age_seconds",
+        "Seconds since the last producer-state snapshot (since start when none yet): recovery "
+        "replays the log written since then.",
+        # The broker's own snapshot clock (test fakes mirror the name).
+        lambda: max(0, broker.clock_ms() - broker._last_snapshot_ms) / 1000,  # noqa: SLF001
     )
-    g("pidlease_server_snapshots_total", "Producer-state snapshots written.",
-      lambda: broker.snapshots_taken, kind="counter")
-    g("pidlease_server_pids_expired_total", "PIDs dropped after pid_expire_ms unused.",
-      lambda: sum(p.state.expired_total for p in broker.partitions.values()), kind="counter")
-    g("pidlease_server_pids_evicted_total",
-      "PIDs dropped to make room for a new one because a partition hit "
-      "tracked_pids_max_per_partition (only PIDs idle for pid_evict_idle_min_ms; monotonic "
-      "topics: only expired ones).",
-      lambda: sum(p.state.evicted_total for p in broker.partitions.values()), kind="counter")
-    g("pidlease_server_pid_limit_refusals_total",
-      "First appends of new PIDs refused TOO_MANY_PIDS: the partition tracked "
-      "tracked_pids_max_per_partition PIDs and none could be evicted (too many distinct "
-      "producers; see docs/reliability.md, Tracked-PID limit).",
-      lambda: sum(getattr(p.state, "refused_total", 0) for p in broker.partitions.values()),
-      kind="counter")
-    g("pidlease_server_replica_lag_offsets",
-      "Per follower of a partition this server leads: offsets behind the leader's log end "
-      "(-1 before its first fetch).", lambda: lag("offsets"),
-      labels=("topic", "partition", "replica"))
-    g("pidlease_server_replica_lag_seconds",
-      "Per follower of a partition this server leads: seconds since it was last caught up.",
-      lambda: lag("seconds"), labels=("topic", "partition", "replica"))
-    g("pidlease_server_under_replicated_partitions",
-      "Partitions this server leads whose in-sync set is smaller than their replica set.",
-      under_replicated)
+    g(
+        "pidlease_server_snapshots_total",
+        "Producer-state snapshots written.",
+        lambda: broker.snapshots_taken,
+        kind="counter",
+    )
+    g(
+        "pidlease_server_pids_expired_total",
+        "PIDs dropped after pid_expire_ms unused.",
+        lambda: sum(p.state.expired_total for p in broker.partitions.values()),
+        kind="counter",
+    )
+    g(
+        "pidlease_server_pids_evicted_total",
+        "PIDs dropped to make room for a new one because a partition hit "
+        "tracked_pids_max_per_partition (only PIDs idle for pid_evict_idle_min_ms; monotonic "
+        "topics: only expired ones).",
+        lambda: sum(p.state.evicted_total for p in broker.partitions.values()),
+        kind="counter",
+    )
+    g(
+        "pidlease_server_pid_limit_refusals_total",
+        "First appends of new PIDs refused TOO_MANY_PIDS: the partition tracked "
+        "tracked_pids_max_per_partition PIDs and none could be evicted (too many distinct "
+        "producers; see docs/reliability.md, Tracked-PID limit).",
+        lambda: sum(getattr(p.state, "refused_total", 0) for p in broker.partitions.values()),
+        kind="counter",
+    )
+    g(
+        "pidlease_server_replica_lag_offsets",
+        "Per follower of a partition this server leads: offsets behind the leader's log end "
+        "(-1 before its first fetch).",
+        lambda: lag("offsets"),
+        labels=("topic", "partition", "replica"),
+    )
+    g(
+        "pidlease_server_replica_lag_seconds",
+        "Per follower of a partition this server leads: seconds since it was last caught up.",
+        lambda: lag("seconds"),
+        labels=("topic", "partition", "replica"),
+    )
+    g(
+        "pidlease_server_under_replicated_partitions",
+        "Partitions this server leads whose in-sync set is smaller than their replica set.",
+        under_replicated,
+    )
 
 
 def resident_memory_bytes() -> int:
@@ -373,8 +490,9 @@ def parse_text(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]
     return out
 
 
-def sample(samples: Mapping[tuple[str, frozenset[tuple[str, str]]], float], name: str,
-           **labels: str) -> float:
+def sample(
+    samples: Mapping[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
     """One value out of ``parse_text``'s result; KeyError names what is missing."""
     key = (name, frozenset(labels.items()))
     if key not in samples:

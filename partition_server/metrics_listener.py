@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("partition_server.metrics_listener")
 
-REQUEST_BYTES_MAX = 8192    # a scrape request is one short GET; refuse anything bigger
-REQUEST_TIMEOUT_S = 5.0     # a client that sends nothing is dropped, never held forever
+REQUEST_BYTES_MAX = 8192  # a scrape request is one short GET; refuse anything bigger
+REQUEST_TIMEOUT_S = 5.0  # a client that sends nothing is dropped, never held forever
 
 
 class MetricsListener:
@@ -30,8 +30,9 @@ class MetricsListener:
         self.scrapes = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port,
-                                                  limit=REQUEST_BYTES_MAX)
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self.port, limit=REQUEST_BYTES_MAX
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics on http://%s:%d/metrics", self.host, self.port)
 
@@ -45,13 +46,20 @@ class MetricsListener:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
             status, ctype, body = self._answer(head)
-        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError,
-                ConnectionError, ValueError):
+        except (
+            asyncio.LimitOverrunError,
+            asyncio.IncompleteReadError,
+            TimeoutError,
+            ConnectionError,
+            ValueError,
+        ):
             status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
         try:
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                         + body)
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
         except (ConnectionError, OSError):
             pass

@@ -50,9 +50,18 @@ Waiter = tuple[int, asyncio.Future[Any], Callable[[], Any]]
 
 
 class Partition:
-    def __init__(self, topic: str, partition: int, plog: PartitionLog, state: ProducerStateTable,
-                 flusher: Flusher, clock_ms: Callable[[], int], *,
-                 epochs: EpochHistory | None = None, high_watermark: int | None = None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        plog: PartitionLog,
+        state: ProducerStateTable,
+        flusher: Flusher,
+        clock_ms: Callable[[], int],
+        *,
+        epochs: EpochHistory | None = None,
+        high_watermark: int | None = None,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.log = plog
@@ -62,9 +71,10 @@ class Partition:
         # Recovery fsyncs what it found, so all of the log is flushed at start; on a
         # replicated partition only what was known committed (checkpoint) counts as such.
         self.flushed_end = plog.next_offset
-        self.high_watermark = plog.next_offset if high_watermark is None else \
-            min(high_watermark, plog.next_offset)
-        self._waiters: deque[Waiter] = deque()        # acks: wait for the high watermark
+        self.high_watermark = (
+            plog.next_offset if high_watermark is None else min(high_watermark, plog.next_offset)
+        )
+        self._waiters: deque[Waiter] = deque()  # acks: wait for the high watermark
         self._flush_waiters: deque[Waiter] = deque()  # snapshots, follower fetches
         self.role = "leader"
         self.leader_address = ""
@@ -73,7 +83,7 @@ class Partition:
         # -- replication (see replication.py) --
         self.replicated = high_watermark is not None
         self.epochs = epochs or EpochHistory([], 0, plog.dir / "leader-epochs")
-        self.leader_epoch = -1       # the epoch this replica leads or follows
+        self.leader_epoch = -1  # the epoch this replica leads or follows
         self.leader_id = -1
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
         self._data_waiter: asyncio.Future[None] | None = None
@@ -85,11 +95,23 @@ class Partition:
         return self.high_watermark
 
     @classmethod
-    def recover(cls, data_dir: Path, topic: str, partition: int, *, mode: str,
-                segment_bytes_max: int, batches_kept: int, pids_max: int, flusher: Flusher,
-                clock_ms: Callable[[], int], snapshot: PartitionImage | None = None,
-                checkpoint_hw: int | None = None, evict_idle_min_ms: int | None = None,
-                expire_ms: int | None = None) -> tuple[Partition, OpenReport, int]:
+    def recover(
+        cls,
+        data_dir: Path,
+        topic: str,
+        partition: int,
+        *,
+        mode: str,
+        segment_bytes_max: int,
+        batches_kept: int,
+        pids_max: int,
+        flusher: Flusher,
+        clock_ms: Callable[[], int],
+        snapshot: PartitionImage | None = None,
+        checkpoint_hw: int | None = None,
+        evict_idle_min_ms: int | None = None,
+        expire_ms: int | None = None,
+    ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
         ``covered_to`` or was cut since the snapshot. ``checkpoint_hw`` (replicated
@@ -100,8 +122,9 @@ class Partition:
         limits: dict[str, Any] = {"expire_ms": expire_ms}
         if evict_idle_min_ms is not None:
             limits["evict_idle_min_ms"] = evict_idle_min_ms
-        state = ProducerStateTable(mode=mode, batches_kept=batches_kept, pids_max=pids_max,
-                                   **limits)
+        state = ProducerStateTable(
+            mode=mode, batches_kept=batches_kept, pids_max=pids_max, **limits
+        )
         directory = data_dir / dir_name(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
         epochs = EpochHistory.load(directory)
@@ -109,8 +132,12 @@ class Partition:
             # Valid even when the rows are not trusted below: what was dropped stays dropped.
             state.note_dropped(snapshot.dropped_last_use_max_ms)
         if snapshot is not None and snapshot.truncations != epochs.truncations:
-            log.warning("%s-%d: the log was cut back since the snapshot; rebuilding producer "
-                        "state from offset 0", topic, partition)
+            log.warning(
+                "%s-%d: the log was cut back since the snapshot; rebuilding producer "
+                "state from offset 0",
+                topic,
+                partition,
+            )
             snapshot = None
         from_offset = covered_to = 0
         if snapshot is not None:
@@ -123,13 +150,22 @@ class Partition:
             replayed += 1
             replay_batch(state, h, now)
 
-        plog, report = PartitionLog.open(directory, segment_bytes_max,
-                                         verify_from_offset=from_offset, on_batch=replay,
-                                         replay_from_offset=from_offset)
+        plog, report = PartitionLog.open(
+            directory,
+            segment_bytes_max,
+            verify_from_offset=from_offset,
+            on_batch=replay,
+            replay_from_offset=from_offset,
+        )
         if plog.next_offset < covered_to:
-            log.warning("%s-%d: log ends at %d, before the snapshot's offset %d; rebuilding "
-                        "producer state from offset 0", topic, partition, plog.next_offset,
-                        covered_to)
+            log.warning(
+                "%s-%d: log ends at %d, before the snapshot's offset %d; rebuilding "
+                "producer state from offset 0",
+                topic,
+                partition,
+                plog.next_offset,
+                covered_to,
+            )
             state.clear()
             replayed = 0
             for h in plog.iter_headers(0):
@@ -142,12 +178,25 @@ class Partition:
             for h in plog.iter_headers(checkpoint_hw):
                 if not h.is_control and h.base_offset + h.count > checkpoint_hw:
                     state.mark_pending(h.pid, h.base_sequence, h.last_sequence, h.last_offset)
-        return cls(topic, partition, plog, state, flusher, clock_ms, epochs=epochs,
-                   high_watermark=checkpoint_hw), report, replayed
+        return (
+            cls(
+                topic,
+                partition,
+                plog,
+                state,
+                flusher,
+                clock_ms,
+                epochs=epochs,
+                high_watermark=checkpoint_hw,
+            ),
+            report,
+            replayed,
+        )
 
     # -- appends ---------------------------------------------------------------------------
-    def append(self, batch: memoryview, h: BatchHeader,
-               on_durable: Callable[[int, int], Any]) -> tuple[Decision, asyncio.Future[Any] | None]:
+    def append(
+        self, batch: memoryview, h: BatchHeader, on_durable: Callable[[int, int], Any]
+    ) -> tuple[Decision, asyncio.Future[Any] | None]:
         """Check a validated batch and write it when the rules allow. Returns the decision
         and, on APPEND, a future resolved with ``on_durable(base, last)`` once fsynced.
         Raises TooManyPids for a new PID the tracked-PID limit has no room for (only here,
@@ -163,9 +212,15 @@ class Partition:
             elif d.outcome is Outcome.TOO_MANY_PIDS:
                 n = self.state.refused_total
                 if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ... refusal: no log flood
-                    log.warning("%s-%d: new pid %d refused, tracked-PID limit %d reached "
-                                "(%d refusals so far)", self.topic, self.partition, h.pid,
-                                self.state.pids_max, n)
+                    log.warning(
+                        "%s-%d: new pid %d refused, tracked-PID limit %d reached "
+                        "(%d refusals so far)",
+                        self.topic,
+                        self.partition,
+                        h.pid,
+                        self.state.pids_max,
+                        n,
+                    )
                 self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
                 raise TooManyPids(f"partition {self.topic}-{self.partition}: {d.detail}")
             return d, None
@@ -182,9 +237,15 @@ class Partition:
         last = base + h.count - 1
         return d, self._when_durable(last + 1, lambda: on_durable(base, last))
 
-    def fence(self, pid: int, generation: int, create_if_absent: bool,
-              on_durable: Callable[[bool, int, int], Any], *,
-              leased_since_ms: int = 0) -> tuple[FenceOutcome, asyncio.Future[Any]]:
+    def fence(
+        self,
+        pid: int,
+        generation: int,
+        create_if_absent: bool,
+        on_durable: Callable[[bool, int, int], Any],
+        *,
+        leased_since_ms: int = 0,
+    ) -> tuple[FenceOutcome, asyncio.Future[Any]]:
         """Apply FENCE. The future resolves with ``on_durable(existed, durable_highwater,
         fence_offset)`` once the fence (or, when nothing is written, everything appended so
         far) is durable, so the durable highwater it reports is final. A PID with no state
@@ -194,8 +255,11 @@ class Partition:
         now = self.clock_ms()
         outcome = self.state.check_fence(pid, generation, create_if_absent)
         existed = self.state.get(pid) is not None
-        if (outcome is FenceOutcome.APPEND and not existed
-                and not self.state.may_create(leased_since_ms)):
+        if (
+            outcome is FenceOutcome.APPEND
+            and not existed
+            and not self.state.may_create(leased_since_ms)
+        ):
             outcome = FenceOutcome.ABSENT
         if outcome is FenceOutcome.FENCED:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -284,8 +348,13 @@ class Partition:
         if self.replicated:
             self._wake_data_waiters()
 
-    def fail_waiters(self, why: str, exc_type: type[PidleaseError] = ServerUnavailable, *,
-                     acks_only: bool = False) -> None:
+    def fail_waiters(
+        self,
+        why: str,
+        exc_type: type[PidleaseError] = ServerUnavailable,
+        *,
+        acks_only: bool = False,
+    ) -> None:
         for q in (self._waiters,) if acks_only else (self._waiters, self._flush_waiters):
             while q:
                 _, fut, _ = q.popleft()
@@ -324,18 +393,19 @@ class Partition:
             for i in range(0, len(pids), chunk_pids):
                 if i:
                     await asyncio.sleep(0)
-                rows.extend(self.state.export_rows(pids[i:i + chunk_pids]))
+                rows.extend(self.state.export_rows(pids[i : i + chunk_pids]))
         finally:
             if gc_was_on:
                 gc.enable()
         # Read after the rows: a PID dropped before its row was exported is covered here.
-        return PartitionImage(replay_from, self.log.next_offset, rows, truncations,
-                              self.state.dropped_last_use_max_ms)
+        return PartitionImage(
+            replay_from, self.log.next_offset, rows, truncations, self.state.dropped_last_use_max_ms
+        )
 
     # -- replication: roles ---------------------------------------------------------------
     @property
     def role(self) -> str:
-        """"leader", "follower" or "none" (not hosted here)."""
+        """ "leader", "follower" or "none" (not hosted here)."""
         return self._role
 
     @role.setter
@@ -371,8 +441,9 @@ class Partition:
         if was_leader:
             # Acks still waiting can no longer be given here; the producers resend to the
             # new leader, which answers DUPLICATE or appends.
-            self.fail_waiters(f"no longer the leader of {self.topic}-{self.partition}", NotLeader,
-                              acks_only=True)
+            self.fail_waiters(
+                f"no longer the leader of {self.topic}-{self.partition}", NotLeader, acks_only=True
+            )
 
     # -- replication: the leader's side ----------------------------------------------------
     def record_replica_fetch(self, replica: int, offset: int) -> None:
@@ -408,8 +479,13 @@ class Partition:
         if offset >= self.log.next_offset:
             return self.log.next_offset
         if offset < self.high_watermark:
-            log.error("%s-%d: cutting the log to %d, below the high watermark %d",
-                      self.topic, self.partition, offset, self.high_watermark)
+            log.error(
+                "%s-%d: cutting the log to %d, below the high watermark %d",
+                self.topic,
+                self.partition,
+                offset,
+                self.high_watermark,
+            )
         # Lowered before anything below can fail: whatever path leaves this method, neither
         # end may stay above the log's end (batches fetched later would count as fsynced).
         end = self.log.cut_point(offset)
@@ -432,8 +508,11 @@ class Partition:
         self.epochs.truncate_to(end)
         # Offsets above the cut will hold other batches, if any: a wait for one must not
         # be answered by their flush (a snapshot captured up to there would be written).
-        _fail_above(self._flush_waiters, end, ServerUnavailable(
-            f"{self.topic}-{self.partition}: the log was cut back to {end}"))
+        _fail_above(
+            self._flush_waiters,
+            end,
+            ServerUnavailable(f"{self.topic}-{self.partition}: the log was cut back to {end}"),
+        )
         if self._flush_waiters:
             self.flusher.note_write(self)  # the flush they counted on may be stale now
         self.rebuild_state()
@@ -449,22 +528,37 @@ class Partition:
             if h.is_control:
                 state.apply_fence(h.pid, h.generation, now)
             else:
-                state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset,
-                                   now, durable=h.base_offset + h.count <= hw)
+                state.apply_append(
+                    h.pid,
+                    h.generation,
+                    h.base_sequence,
+                    h.count,
+                    h.base_offset,
+                    now,
+                    durable=h.base_offset + h.count <= hw,
+                )
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "topic": self.topic, "partition": self.partition, "role": self.role,
-            "log_start_offset": 0, "log_end_offset": self.log.next_offset,
-            "high_watermark": self.high_watermark, "tracked_pids": len(self.state)}
+            "topic": self.topic,
+            "partition": self.partition,
+            "role": self.role,
+            "log_start_offset": 0,
+            "log_end_offset": self.log.next_offset,
+            "high_watermark": self.high_watermark,
+            "tracked_pids": len(self.state),
+        }
         if self.replicated:
-            out.update(leader_epoch=self.leader_epoch, leader=self.leader_id,
-                       flushed_end=self.flushed_end, epochs=self.epochs.entries[-5:],
-                       truncations=self.epochs.truncations,
-                       follower_rule_mismatches=self.follower_rule_mismatches)
+            out.update(
+                leader_epoch=self.leader_epoch,
+                leader=self.leader_id,
+                flushed_end=self.flushed_end,
+                epochs=self.epochs.entries[-5:],
+                truncations=self.epochs.truncations,
+                follower_rule_mismatches=self.follower_rule_mismatches,
+            )
             if self.isr is not None:
-                out.update(isr=sorted(self.isr.isr),
-                           followers=self.isr.lag_report(self.clock_ms()))
+                out.update(isr=sorted(self.isr.isr), followers=self.isr.lag_report(self.clock_ms()))
         return out
 
     def close(self) -> None:
@@ -493,8 +587,9 @@ def replay_batch(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None
     if h.is_control:
         state.apply_fence(h.pid, h.generation, now_ms)
     else:
-        state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now_ms,
-                           durable=True)
+        state.apply_append(
+            h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now_ms, durable=True
+        )
 
 
 def wall_clock_ms() -> int:

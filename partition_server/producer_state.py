@@ -89,9 +89,9 @@ BLOCKED_UNTRACKED_MAX = 10_000
 _HOLES_MAX = 4
 
 _U32 = 0xFFFF_FFFF
-_NIL = -1        # end of the LRU list
-_NO_RING = -1    # the PID has at most one batch, kept in the newest-batch columns
-_WIDE = -2       # the PID's batches are in ``_wide`` (flat triples)
+_NIL = -1  # end of the LRU list
+_NO_RING = -1  # the PID has at most one batch, kept in the newest-batch columns
+_WIDE = -2  # the PID's batches are in ``_wide`` (flat triples)
 
 
 class ProducerEntry:
@@ -107,8 +107,9 @@ class ProducerEntry:
         "pending",
     )
 
-    def __init__(self, generation: int, highwater: int, durable_highwater: int,
-                 last_use_ms: int) -> None:
+    def __init__(
+        self, generation: int, highwater: int, durable_highwater: int, last_use_ms: int
+    ) -> None:
         self.generation = generation
         self.highwater = highwater
         self.durable_highwater = durable_highwater
@@ -136,16 +137,51 @@ class ProducerStateTable:
     # instance dict's layout changes at that size). A new attribute must be named here;
     # a missing one fails loudly (AttributeError).
     __slots__ = (
-        "mode", "batches_kept", "pids_max", "evict_idle_min_ms", "expire_ms", "expired_total",
-        "evicted_total", "refused_total", "blocks_dropped_total", "_ring_words", "_ring_zero",
-        "_slot", "_free", "_pid", "_gen", "_hw", "_lu", "_prev", "_next", "_nb_off", "_nb_span",
-        "_ring", "_head", "_tail", "_rings", "_ring_free", "_wide", "_dhw", "_pending",
-        "_blocked", "_blocked_untracked", "_abandoned", "dropped_last_use_max_ms", "drops_allowed",
+        "mode",
+        "batches_kept",
+        "pids_max",
+        "evict_idle_min_ms",
+        "expire_ms",
+        "expired_total",
+        "evicted_total",
+        "refused_total",
+        "blocks_dropped_total",
+        "_ring_words",
+        "_ring_zero",
+        "_slot",
+        "_free",
+        "_pid",
+        "_gen",
+        "_hw",
+        "_lu",
+        "_prev",
+        "_next",
+        "_nb_off",
+        "_nb_span",
+        "_ring",
+        "_head",
+        "_tail",
+        "_rings",
+        "_ring_free",
+        "_wide",
+        "_dhw",
+        "_pending",
+        "_blocked",
+        "_blocked_untracked",
+        "_abandoned",
+        "dropped_last_use_max_ms",
+        "drops_allowed",
     )
 
-    def __init__(self, *, mode: str = "strict", batches_kept: int = 5,
-                 pids_max: int = 1_000_000, evict_idle_min_ms: int = EVICT_IDLE_MIN_MS_DEFAULT,
-                 expire_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        mode: str = "strict",
+        batches_kept: int = 5,
+        pids_max: int = 1_000_000,
+        evict_idle_min_ms: int = EVICT_IDLE_MIN_MS_DEFAULT,
+        expire_ms: int | None = None,
+    ) -> None:
         if mode not in DEDUP_MODES:
             raise ValueError(f"dedup mode must be one of {DEDUP_MODES}, not {mode!r}")
         if batches_kept < 1:
@@ -157,11 +193,11 @@ class ProducerStateTable:
         self.expire_ms = expire_ms
         self.expired_total = 0
         self.evicted_total = 0
-        self.refused_total = 0      # new PIDs refused TOO_MANY_PIDS
+        self.refused_total = 0  # new PIDs refused TOO_MANY_PIDS
         self.blocks_dropped_total = 0  # untracked PIDs' blocks over BLOCKED_UNTRACKED_MAX
         # Survive ``clear`` (a rebuild from the log): what was dropped stays dropped.
         self.dropped_last_use_max_ms = 0
-        self.drops_allowed = True   # the partition leads (see the module docstring)
+        self.drops_allowed = True  # the partition leads (see the module docstring)
         self._ring_words = 2 * (batches_kept - 1)
         self._ring_zero = array("I", bytes(4 * self._ring_words))
         self._init_storage()
@@ -175,15 +211,15 @@ class ProducerStateTable:
         self._lu = array("q")
         self._prev = array("i")
         self._next = array("i")
-        self._nb_off = array("q")    # base offset of the newest batch; -1: no batch yet
-        self._nb_span = array("I")   # its last_seq - base_seq (its last_seq is the highwater)
-        self._ring = array("i")      # ring of older batches, _NO_RING or _WIDE
-        self._head = _NIL            # least recently used
-        self._tail = _NIL            # most recently used
-        self._rings = array("I")     # pool: per ring, K-1 (span, offset distance) pairs
+        self._nb_off = array("q")  # base offset of the newest batch; -1: no batch yet
+        self._nb_span = array("I")  # its last_seq - base_seq (its last_seq is the highwater)
+        self._ring = array("i")  # ring of older batches, _NO_RING or _WIDE
+        self._head = _NIL  # least recently used
+        self._tail = _NIL  # most recently used
+        self._rings = array("I")  # pool: per ring, K-1 (span, offset distance) pairs
         self._ring_free: list[int] = []
-        self._wide: dict[int, array[int]] = {}      # slot -> flat triples
-        self._dhw: dict[int, int] = {}              # pid -> durable highwater, when != H
+        self._wide: dict[int, array[int]] = {}  # slot -> flat triples
+        self._dhw: dict[int, int] = {}  # pid -> durable highwater, when != H
         self._pending: dict[int, list[tuple[int, int]]] = {}  # pid -> (last_offset, last_seq)
         # Monotonic only. pid -> lowest base sequence refused with a retriable error
         # (``note_refused``), for tracked PIDs and for new ones refused TOO_MANY_PIDS; in
@@ -248,8 +284,9 @@ class ProducerStateTable:
         return len(self._slot) < self.pids_max or self._evictable(now_ms) is not None
 
     # -- append rules: the fast twin of append_rules.check_append ---------------------------
-    def check_append(self, pid: int, generation: int, base_seq: int, count: int,
-                     now_ms: int | None = None) -> Decision:
+    def check_append(
+        self, pid: int, generation: int, base_seq: int, count: int, now_ms: int | None = None
+    ) -> Decision:
         """The decision for a batch. ``now_ms`` is given only by a leader deciding a new
         append: then a new PID is refused TOO_MANY_PIDS when the table is full and no PID
         may be evicted (counted in ``refused_total``). Without it the limit is not checked."""
@@ -263,18 +300,27 @@ class ProducerStateTable:
                 return d
         if s is None:
             if self.mode == "monotonic" or base_seq == 0:
-                if (now_ms is not None and len(self._slot) >= self.pids_max
-                        and self._evictable(now_ms) is None):
+                if (
+                    now_ms is not None
+                    and len(self._slot) >= self.pids_max
+                    and self._evictable(now_ms) is None
+                ):
                     self.refused_total += 1
                     return Decision(Outcome.TOO_MANY_PIDS, detail=self.limit_detail())
                 return _APPEND
-            return Decision(Outcome.UNKNOWN_PID, detail=(
-                f"pid {pid} has no state in this partition and its batch starts at sequence "
-                f"{base_seq}, not 0: the state expired or the PID was never leased here"))
+            return Decision(
+                Outcome.UNKNOWN_PID,
+                detail=(
+                    f"pid {pid} has no state in this partition and its batch starts at sequence "
+                    f"{base_seq}, not 0: the state expired or the PID was never leased here"
+                ),
+            )
         g = self._gen[s]
         if generation < g:
-            return Decision(Outcome.FENCED, detail=(
-                f"generation {generation} of pid {pid} is older than the current {g}"))
+            return Decision(
+                Outcome.FENCED,
+                detail=(f"generation {generation} of pid {pid} is older than the current {g}"),
+            )
         h = self._hw[s]
         if base_seq == h + 1 or (self.mode == "monotonic" and base_seq > h):
             return _APPEND
@@ -284,19 +330,32 @@ class ProducerStateTable:
             b = self._flat(s)
             for i in range(0, len(b), 3):
                 if b[i] == base_seq and b[i + 1] == last_seq:
-                    return Decision(Outcome.DUPLICATE, base_offset=b[i + 2],
-                                    last_offset=b[i + 2] + count - 1,
-                                    detail="batch was already written")
-            return Decision(Outcome.DUPLICATE, detail="batch was already written (offsets no "
-                            "longer known)")
+                    return Decision(
+                        Outcome.DUPLICATE,
+                        base_offset=b[i + 2],
+                        last_offset=b[i + 2] + count - 1,
+                        detail="batch was already written",
+                    )
+            return Decision(
+                Outcome.DUPLICATE, detail="batch was already written (offsets no longer known)"
+            )
         if last_seq <= h:
-            return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=h + 1, detail=(
-                f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"))
-        return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
-            f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"))
+            return Decision(
+                Outcome.SEQUENCE_UNKNOWN,
+                expected_sequence=h + 1,
+                detail=(
+                    f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"
+                ),
+            )
+        return Decision(
+            Outcome.OUT_OF_ORDER,
+            expected_sequence=h + 1,
+            detail=(f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"),
+        )
 
-    def _check_blocked(self, pid: int, s: int | None, generation: int, base_seq: int,
-                       last_seq: int) -> Decision | None:
+    def _check_blocked(
+        self, pid: int, s: int | None, generation: int, base_seq: int, last_seq: int
+    ) -> Decision | None:
         """The refusal of a batch after a refused one of the same PID (monotonic), or None
         when the other rules decide (a fenced batch, the resend itself, an old batch)."""
         blocked = self._blocked[pid]
@@ -304,37 +363,60 @@ class ProducerStateTable:
             return None
         if s is not None and (generation < self._gen[s] or base_seq <= self._hw[s]):
             return None
-        return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=blocked, detail=(
-            f"an earlier batch of pid {pid} (from sequence {blocked}) was refused; resend it "
-            f"first (this batch has sequences {base_seq}..{last_seq})"))
+        return Decision(
+            Outcome.SEQUENCE_UNKNOWN,
+            expected_sequence=blocked,
+            detail=(
+                f"an earlier batch of pid {pid} (from sequence {blocked}) was refused; resend it "
+                f"first (this batch has sequences {base_seq}..{last_seq})"
+            ),
+        )
 
-    def _check_monotonic_old(self, pid: int, s: int, base_seq: int, last_seq: int,
-                             h: int) -> Decision:
+    def _check_monotonic_old(
+        self, pid: int, s: int, base_seq: int, last_seq: int, h: int
+    ) -> Decision:
         """A monotonic batch wholly at or below the highwater ``h``: SEQUENCE_UNKNOWN while
         any of it is in flight (as on strict topics); then DUPLICATE only for a range the
         partition wrote ("a refusal leaves no hole", docs/protocol.md), else OUT_OF_ORDER."""
         if last_seq > self._dhw.get(pid, h):
-            return Decision(Outcome.SEQUENCE_UNKNOWN, expected_sequence=h + 1, detail=(
-                f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"))
+            return Decision(
+                Outcome.SEQUENCE_UNKNOWN,
+                expected_sequence=h + 1,
+                detail=(
+                    f"sequences {base_seq}..{last_seq} are appended but not yet durable; retry"
+                ),
+            )
         b = self._flat(s)
         for i in range(0, len(b), 3):
             if b[i] == base_seq and b[i + 1] == last_seq:
-                return Decision(Outcome.DUPLICATE, base_offset=b[i + 2],
-                                last_offset=b[i + 2] + last_seq - base_seq,
-                                detail="batch was already written")
+                return Decision(
+                    Outcome.DUPLICATE,
+                    base_offset=b[i + 2],
+                    last_offset=b[i + 2] + last_seq - base_seq,
+                    detail="batch was already written",
+                )
         # Below the oldest kept batch every sequence counts as written (a refusal blocks
         # the PID until its resend is written) except in a range a takeover gave up.
         older_written = True
         if self._abandoned and pid in self._abandoned and (not b or base_seq < b[0]):
-            older_written = not _meets(self._abandoned[pid], base_seq,
-                                       min(last_seq, b[0] - 1) if b else last_seq)
+            older_written = not _meets(
+                self._abandoned[pid], base_seq, min(last_seq, b[0] - 1) if b else last_seq
+            )
         if _covered(b, base_seq, last_seq, older_written):
-            return Decision(Outcome.DUPLICATE, detail="batch was already written (offsets no "
-                            "longer known, or it was written split otherwise)")
-        return Decision(Outcome.OUT_OF_ORDER, expected_sequence=h + 1, detail=(
-            f"sequences {base_seq}..{last_seq} of pid {pid} are at or below its highwater "
-            f"{h} but were never written here (they fall in a hole between written batches, "
-            "or a takeover gave them up); they can never be appended"))
+            return Decision(
+                Outcome.DUPLICATE,
+                detail="batch was already written (offsets no "
+                "longer known, or it was written split otherwise)",
+            )
+        return Decision(
+            Outcome.OUT_OF_ORDER,
+            expected_sequence=h + 1,
+            detail=(
+                f"sequences {base_seq}..{last_seq} of pid {pid} are at or below its highwater "
+                f"{h} but were never written here (they fall in a hole between written batches, "
+                "or a takeover gave them up); they can never be appended"
+            ),
+        )
 
     def note_refused(self, pid: int, generation: int, base_seq: int, count: int) -> None:
         """The leader refused this batch with a retriable error the rules did not decide
@@ -387,29 +469,47 @@ class ProducerStateTable:
     def limit_detail(self) -> str:
         """Why a new PID was refused and what to do (the partition prefixes its name)."""
         if self.mode == "monotonic":
-            rule = ("none is past its expiry (pid_expire_ms"
-                    + (f"={self.expire_ms} ms" if self.expire_ms is not None else "")
-                    + "; monotonic topics evict only expired PIDs, or old sequence ids of an "
-                    "evicted PID would be accepted again)")
+            rule = (
+                "none is past its expiry (pid_expire_ms"
+                + (f"={self.expire_ms} ms" if self.expire_ms is not None else "")
+                + "; monotonic topics evict only expired PIDs, or old sequence ids of an "
+                "evicted PID would be accepted again)"
+            )
         else:
-            rule = (f"none has been idle for pid_evict_idle_min_ms={self.evict_idle_min_ms} ms "
-                    "with nothing in flight")
-        return (f"this partition already tracks {len(self._slot)} producer ids, its limit "
-                f"tracked_pids_max_per_partition={self.pids_max}, and {rule}; a new producer "
-                "id is refused rather than forgetting a live one's state. Retry later, or use "
-                "fewer distinct PIDs (reuse producer names so a restarted producer takes its "
-                "PID over instead of leasing a new one), raise "
-                "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION, or lower "
-                + ("PIDLEASE_PID_EXPIRE_MS" if self.mode == "monotonic"
-                   else "PIDLEASE_PID_EVICT_IDLE_MIN_MS"))
+            rule = (
+                f"none has been idle for pid_evict_idle_min_ms={self.evict_idle_min_ms} ms "
+                "with nothing in flight"
+            )
+        return (
+            f"this partition already tracks {len(self._slot)} producer ids, its limit "
+            f"tracked_pids_max_per_partition={self.pids_max}, and {rule}; a new producer "
+            "id is refused rather than forgetting a live one's state. Retry later, or use "
+            "fewer distinct PIDs (reuse producer names so a restarted producer takes its "
+            "PID over instead of leasing a new one), raise "
+            "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION, or lower "
+            + (
+                "PIDLEASE_PID_EXPIRE_MS"
+                if self.mode == "monotonic"
+                else "PIDLEASE_PID_EVICT_IDLE_MIN_MS"
+            )
+        )
 
     def check_fence(self, pid: int, generation: int, create_if_absent: bool) -> FenceOutcome:
         # Not on the per-batch path: the readable rules answer directly.
         return append_rules.check_fence(self, pid, generation, create_if_absent)
 
     # -- applying what was written (live appends and log replay) ---------------------------
-    def apply_append(self, pid: int, generation: int, base_seq: int, count: int,
-                     base_offset: int, now_ms: int, *, durable: bool = False) -> None:
+    def apply_append(
+        self,
+        pid: int,
+        generation: int,
+        base_seq: int,
+        count: int,
+        base_offset: int,
+        now_ms: int,
+        *,
+        durable: bool = False,
+    ) -> None:
         if not self.tracks(pid):
             return
         last_seq = base_seq + count - 1
@@ -647,7 +747,7 @@ class ProducerStateTable:
         ring = self._ring[s]
         if ring >= 0:
             w = self._ring_words
-            self._rings[ring * w:ring * w + w] = self._ring_zero
+            self._rings[ring * w : ring * w + w] = self._ring_zero
             self._ring_free.append(ring)
         elif ring == _WIDE:
             del self._wide[s]
@@ -744,7 +844,7 @@ class ProducerStateTable:
                     self._ring[s] = ring
                 p = ring * words
                 if words > 2:
-                    rings[p + 2:p + words] = rings[p:p + words - 2]
+                    rings[p + 2 : p + words] = rings[p : p + words - 2]
                 rings[p] = self._nb_span[s]
                 rings[p + 1] = doff
                 self._nb_off[s] = base_offset
@@ -754,14 +854,14 @@ class ProducerStateTable:
         flat = self._flat(s)
         flat.extend((base_seq, last_seq, base_offset))
         if len(flat) > 3 * self.batches_kept:
-            del flat[:len(flat) - 3 * self.batches_kept]
+            del flat[: len(flat) - 3 * self.batches_kept]
         self._set_wide(s, flat)
 
     def _set_wide(self, s: int, flat: array[int]) -> None:
         ring = self._ring[s]
         if ring >= 0:
             w = self._ring_words
-            self._rings[ring * w:ring * w + w] = self._ring_zero
+            self._rings[ring * w : ring * w + w] = self._ring_zero
             self._ring_free.append(ring)
         self._ring[s] = _WIDE
         self._wide[s] = flat
@@ -853,8 +953,14 @@ class ProducerStateTable:
         if pids is None:
             pids = self.pids()
         get = self._slot.get
-        gen, hws, lu, ring, nb_off, nb_span = (self._gen, self._hw, self._lu, self._ring,
-                                               self._nb_off, self._nb_span)
+        gen, hws, lu, ring, nb_off, nb_span = (
+            self._gen,
+            self._hw,
+            self._lu,
+            self._ring,
+            self._nb_off,
+            self._nb_span,
+        )
         out = []
         for pid in pids:
             s = get(pid)
@@ -900,8 +1006,7 @@ class ProducerStateTable:
                 else:
                     nb_off[s] = -1
                     if flat:
-                        self._set_batches(s, array("q", flat[-keep:]) if len(flat) > keep
-                                          else flat)
+                        self._set_batches(s, array("q", flat[-keep:]) if len(flat) > keep else flat)
             return
         self.clear()
         for pid, gen, hw, last_use_ms, flat in ordered:
@@ -933,8 +1038,18 @@ class ProducerStateTable:
         """Estimated bytes held: the columns and the ring pool (exact), the PID dict with its
         int keys and slot values, and the side structures (sampled, bounded cost)."""
         total = sys.getsizeof(self._slot) + 64 * len(self._slot)
-        for col in (self._pid, self._gen, self._hw, self._lu, self._prev, self._next,
-                    self._nb_off, self._nb_span, self._ring, self._rings):
+        for col in (
+            self._pid,
+            self._gen,
+            self._hw,
+            self._lu,
+            self._prev,
+            self._next,
+            self._nb_off,
+            self._nb_span,
+            self._ring,
+            self._rings,
+        ):
             total += sys.getsizeof(col)
         total += sys.getsizeof(self._free) + 32 * len(self._free)
         total += sys.getsizeof(self._ring_free) + 32 * len(self._ring_free)
@@ -954,7 +1069,6 @@ class ProducerStateTable:
                     per += sum(sys.getsizeof(x) + 64 for x in v)
             total += n * per // sampled
         return total
-
 
 
 def _meets(holes: list[int], lo: int, hi: int) -> bool:

@@ -69,8 +69,9 @@ class RefusalGuard:
         r = self._held.get(key)
         if r is None:
             return None
-        if generation > r.generation or (generation == r.generation
-                                         and base_sequence <= r.base_sequence):
+        if generation > r.generation or (
+            generation == r.generation and base_sequence <= r.base_sequence
+        ):
             del self._held[key]
             return None
         if generation < r.generation:
@@ -81,8 +82,9 @@ class RefusalGuard:
         """Forget a key (the server saw the refused range is written already)."""
         self._held.pop(key, None)
 
-    def note(self, key: Key, generation: int, base_sequence: int, last_sequence: int,
-             code: int) -> None:
+    def note(
+        self, key: Key, generation: int, base_sequence: int, last_sequence: int, code: int
+    ) -> None:
         """Record a retriable refusal (answered at dispatch, or a batch this guard held
         back). The lowest refused base of the newest generation is kept: everything above
         it waits for its resend; the range grows to the highest refused last sequence."""

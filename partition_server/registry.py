@@ -94,8 +94,9 @@ class Registry:
                         return
                     # Left by a previous run of this id that was killed before its session
                     # expired: it is us, replace it rather than wait out the session.
-                    log.warning("replacing stale %s (owner session 0x%x)", path,
-                                stat.ephemeralOwner)
+                    log.warning(
+                        "replacing stale %s (owner session 0x%x)", path, stat.ephemeralOwner
+                    )
                     self.zk.delete(path, version=stat.version)
                 except NoNodeError:
                     pass
@@ -158,8 +159,13 @@ class Registry:
             try:
                 a = await loop.run_in_executor(None, self._read_all)
             except Exception as exc:  # noqa: BLE001 - ZooKeeper down: keep the old view
-                log.warning("reading ZooKeeper failed (%s: %s); keeping the last view, "
-                            "reading again in %.1f s", type(exc).__name__, exc, READ_RETRY_S)
+                log.warning(
+                    "reading ZooKeeper failed (%s: %s); keeping the last view, "
+                    "reading again in %.1f s",
+                    type(exc).__name__,
+                    exc,
+                    READ_RETRY_S,
+                )
                 a = self.assignment
                 # A failed read may have left the one-shot watches unarmed: nothing would
                 # tell us of a topic created meanwhile (followers get no request that

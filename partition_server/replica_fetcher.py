@@ -50,8 +50,9 @@ class FetchSessionError(Exception):
 class _Wire:
     """One request at a time over an asyncio stream."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 frame_bytes_max: int) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frame_bytes_max: int
+    ) -> None:
         self.reader = reader
         self.writer = writer
         self.frame_bytes_max = frame_bytes_max
@@ -67,7 +68,9 @@ class _Wire:
             try:
                 return await read_frame(self.reader, self.frame_bytes_max)
             except FrameTooLarge as exc:
-                raise FetchSessionError(f"answer of {exc.size} bytes is over the frame limit") from exc
+                raise FetchSessionError(
+                    f"answer of {exc.size} bytes is over the frame limit"
+                ) from exc
 
         body = await asyncio.wait_for(read(), timeout_s)
         resp = P.decode_response(api, body)
@@ -102,13 +105,15 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
             latest = part.epochs.latest_epoch
             if (latest is None or epoch > latest) and max(first, start) < end:
                 if first < start:
-                    raise CorruptRecord(f"leader says epoch {epoch} starts at {first}, inside "
-                                        f"this replica's log (ends {start}); reconcile again")
+                    raise CorruptRecord(
+                        f"leader says epoch {epoch} starts at {first}, inside "
+                        f"this replica's log (ends {start}); reconcile again"
+                    )
                 part.epochs.assign(epoch, first)
     now = part.clock_ms()
     state = part.state
     for h, pos in batches:
-        part.log.append(bytes(data[pos:pos + h.size]), h.count)
+        part.log.append(bytes(data[pos : pos + h.size]), h.count)
         if h.is_control:
             state.apply_fence(h.pid, h.generation, now)
             continue
@@ -126,9 +131,18 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
 class ReplicaFetcher:
     """Follows ``leader`` at ``epoch`` for ``part`` until cancelled."""
 
-    def __init__(self, part: Partition, *, me: int, leader: int, epoch: int, address: str,
-                 settings: Any, on_trouble: Callable[[], Any],
-                 on_append: Callable[[int], Any] = lambda n: None) -> None:
+    def __init__(
+        self,
+        part: Partition,
+        *,
+        me: int,
+        leader: int,
+        epoch: int,
+        address: str,
+        settings: Any,
+        on_trouble: Callable[[], Any],
+        on_append: Callable[[int], Any] = lambda n: None,
+    ) -> None:
         self.part = part
         self.me = me
         self.leader = leader
@@ -136,7 +150,7 @@ class ReplicaFetcher:
         self.address = address
         self.s = settings
         self.on_trouble = on_trouble  # asks for a ZooKeeper re-read
-        self.on_append = on_append    # batches appended (counts towards snapshots)
+        self.on_append = on_append  # batches appended (counts towards snapshots)
         self.task: asyncio.Task[None] | None = None
         self.sessions = 0
         self.last_error = ""
@@ -161,12 +175,23 @@ class ReplicaFetcher:
                 await self._fetch_forever(wire)
             except asyncio.CancelledError:
                 raise
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, FetchSessionError,
-                    errors.PidleaseError) as exc:
+            except (
+                OSError,
+                TimeoutError,
+                asyncio.IncompleteReadError,
+                FetchSessionError,
+                errors.PidleaseError,
+            ) as exc:
                 msg = f"{type(exc).__name__}: {exc}"
                 if msg != self.last_error:
-                    log.warning("%s: fetching from leader %d (%s) epoch %d failed: %s", name,
-                                self.leader, self.address, self.epoch, msg)
+                    log.warning(
+                        "%s: fetching from leader %d (%s) epoch %d failed: %s",
+                        name,
+                        self.leader,
+                        self.address,
+                        self.epoch,
+                        msg,
+                    )
                 self.last_error = msg
             except Exception:
                 log.exception("%s: replica fetcher failed", name)
@@ -183,10 +208,18 @@ class ReplicaFetcher:
         host, _, port = self.address.rpartition(":")
         timeout_s = self.s.replica_fetch_timeout_ms / 1000
         ctx = _peer_context(getattr(self.s, "tls_certfile", ""), getattr(self.s, "tls_ca_file", ""))
-        tls = {} if ctx is None else {"ssl": ctx, "server_hostname": host,
-                                      "ssl_handshake_timeout": min(timeout_s, HANDSHAKE_TIMEOUT_S)}
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), **tls),
-                                                timeout_s)
+        tls = (
+            {}
+            if ctx is None
+            else {
+                "ssl": ctx,
+                "server_hostname": host,
+                "ssl_handshake_timeout": min(timeout_s, HANDSHAKE_TIMEOUT_S),
+            }
+        )
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, int(port), **tls), timeout_s
+        )
         return _Wire(reader, writer, self.s.frame_bytes_max)
 
     async def _reconcile(self, wire: _Wire) -> None:
@@ -201,19 +234,38 @@ class ReplicaFetcher:
             if asked is None:
                 return
             t, p = part.topic, part.partition
-            resp = await wire.call(P.EPOCH_END, partial(
-                P.epoch_end_request, topic=t, partition=p, replica_id=self.me,
-                leader_epoch=self.epoch, epoch=asked), timeout_s)
+            resp = await wire.call(
+                P.EPOCH_END,
+                partial(
+                    P.epoch_end_request,
+                    topic=t,
+                    partition=p,
+                    replica_id=self.me,
+                    leader_epoch=self.epoch,
+                    epoch=asked,
+                ),
+                timeout_s,
+            )
             if resp.error_code != errors.NONE:
                 raise errors.error_for_code(resp.error_code, resp.detail)
-            cut, final = truncation_step(part.epochs, part.log.next_offset, asked, resp.epoch,
-                                         resp.end_offset)
+            cut, final = truncation_step(
+                part.epochs, part.log.next_offset, asked, resp.epoch, resp.end_offset
+            )
             if cut < part.log.next_offset:
                 before = part.log.next_offset
                 end = part.truncate_to(cut)
-                log.warning("%s-%d: log diverged from leader %d after offset %d: cut %d..%d "
-                            "(leader's epoch %d ends at %d)", t, p, self.leader, end, end,
-                            before, resp.epoch, resp.end_offset)
+                log.warning(
+                    "%s-%d: log diverged from leader %d after offset %d: cut %d..%d "
+                    "(leader's epoch %d ends at %d)",
+                    t,
+                    p,
+                    self.leader,
+                    end,
+                    end,
+                    before,
+                    resp.epoch,
+                    resp.end_offset,
+                )
             if final:
                 return
         raise FetchSessionError("epoch reconciliation did not settle")
@@ -230,10 +282,20 @@ class ReplicaFetcher:
             # watermark): never send one not fsynced, whatever path led here (a no-op
             # when the previous round or the reconciliation already waited).
             await part.wait_flushed(offset)
-            resp = await wire.call(P.REPLICA_FETCH, partial(
-                P.replica_fetch_request, topic=t, partition=p, replica_id=self.me,
-                leader_epoch=self.epoch, offset=offset, max_bytes=max_bytes,
-                max_wait_ms=s.replica_fetch_wait_max_ms), timeout_s)
+            resp = await wire.call(
+                P.REPLICA_FETCH,
+                partial(
+                    P.replica_fetch_request,
+                    topic=t,
+                    partition=p,
+                    replica_id=self.me,
+                    leader_epoch=self.epoch,
+                    offset=offset,
+                    max_bytes=max_bytes,
+                    max_wait_ms=s.replica_fetch_wait_max_ms,
+                ),
+                timeout_s,
+            )
             if resp.error_code != errors.NONE:
                 raise errors.error_for_code(resp.error_code, resp.detail)
             if resp.leader_epoch != self.epoch:
@@ -248,5 +310,10 @@ class ReplicaFetcher:
             self.last_error = ""
 
     def describe(self) -> dict[str, Any]:
-        return {"leader": self.leader, "epoch": self.epoch, "address": self.address,
-                "sessions": self.sessions, "last_error": self.last_error}
+        return {
+            "leader": self.leader,
+            "epoch": self.epoch,
+            "address": self.address,
+            "sessions": self.sessions,
+            "last_error": self.last_error,
+        }

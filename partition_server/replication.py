@@ -49,10 +49,17 @@ def is_replicated(ps: PartitionState | None) -> bool:
 
 
 class ReplicaManager:
-    def __init__(self, settings: Any, registry: Registry, partitions: dict[Key, Partition],
-                 data_dir: Path, *, clock_ms: Callable[[], int],
-                 note_append: Callable[[int], Any] = lambda n: None,
-                 zk_executor: Executor | None = None) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        registry: Registry,
+        partitions: dict[Key, Partition],
+        data_dir: Path,
+        *,
+        clock_ms: Callable[[], int],
+        note_append: Callable[[int], Any] = lambda n: None,
+        zk_executor: Executor | None = None,
+    ) -> None:
         self.s = settings
         self.me = settings.server_id
         self.registry = registry
@@ -101,8 +108,9 @@ class ReplicaManager:
             part = self.partitions.get(key)
             if part is not None and part.hosted and is_replicated(ps) and self.me in ps.replicas:
                 self.apply_guarded(key, part, ps, a)
-        for key in [k for k in self.fetchers if k not in a.partitions
-                    or not self.partitions[k].hosted]:
+        for key in [
+            k for k in self.fetchers if k not in a.partitions or not self.partitions[k].hosted
+        ]:
             self.fetchers.pop(key).stop()
 
     def apply_guarded(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
@@ -112,8 +120,15 @@ class ReplicaManager:
         try:
             self.apply(key, part, ps, a)
         except Exception as exc:  # noqa: BLE001 - e.g. the epoch file on a full disk
-            log.error("%s-%d: applying its state at epoch %d failed (%s: %s); retrying at the "
-                      "next reconcile", key[0], key[1], ps.leader_epoch, type(exc).__name__, exc)
+            log.error(
+                "%s-%d: applying its state at epoch %d failed (%s: %s); retrying at the "
+                "next reconcile",
+                key[0],
+                key[1],
+                ps.leader_epoch,
+                type(exc).__name__,
+                exc,
+            )
 
     def apply(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
         """Take the role ZooKeeper's state calls for (see the module docstring)."""
@@ -130,9 +145,15 @@ class ReplicaManager:
                 part.become_follower(-1, ps.leader_epoch, "")
                 self._zk(key, leadership.step_in, ps.leader_epoch)
                 return
-            log.info("%s-%d: leading epoch %d (in-sync %s, log end %d, high watermark %d)",
-                     key[0], key[1], ps.leader_epoch, ps.isr, part.log.next_offset,
-                     part.high_watermark)
+            log.info(
+                "%s-%d: leading epoch %d (in-sync %s, log end %d, high watermark %d)",
+                key[0],
+                key[1],
+                ps.leader_epoch,
+                ps.isr,
+                part.log.next_offset,
+                part.high_watermark,
+            )
             part.become_leader(me, ps.leader_epoch, ps.replicas, ps.isr)
             return
         leader = a.servers.get(ps.leader)
@@ -145,16 +166,33 @@ class ReplicaManager:
             return
         address = self.routes.get(ps.leader, leader.address)
         f = self.fetchers.get(key)
-        if f is not None and (f.leader, f.epoch, f.address) == (ps.leader, ps.leader_epoch, address):
+        if f is not None and (f.leader, f.epoch, f.address) == (
+            ps.leader,
+            ps.leader_epoch,
+            address,
+        ):
             return
         self._stop_fetcher(key)
         if part.role == "leader":
-            log.warning("%s-%d: deposed at epoch %d; server %d leads epoch %d", key[0], key[1],
-                        part.leader_epoch, ps.leader, ps.leader_epoch)
+            log.warning(
+                "%s-%d: deposed at epoch %d; server %d leads epoch %d",
+                key[0],
+                key[1],
+                part.leader_epoch,
+                ps.leader,
+                ps.leader_epoch,
+            )
         part.become_follower(ps.leader, ps.leader_epoch, leader.address)
-        f = ReplicaFetcher(part, me=me, leader=ps.leader, epoch=ps.leader_epoch, address=address,
-                           settings=self.s, on_trouble=self.registry.refresh,
-                           on_append=self.note_append)
+        f = ReplicaFetcher(
+            part,
+            me=me,
+            leader=ps.leader,
+            epoch=ps.leader_epoch,
+            address=address,
+            settings=self.s,
+            on_trouble=self.registry.refresh,
+            on_append=self.note_append,
+        )
         self.fetchers[key] = f
         f.start()
 
@@ -163,8 +201,13 @@ class ReplicaManager:
         if f is not None:
             f.stop()
 
-    def _zk(self, key: Key, op: Callable[..., PartitionState | None], *args: Any,
-            after: Callable[[PartitionState | None], None] | None = None) -> None:
+    def _zk(
+        self,
+        key: Key,
+        op: Callable[..., PartitionState | None],
+        *args: Any,
+        after: Callable[[PartitionState | None], None] | None = None,
+    ) -> None:
         """Run one leadership write for ``key`` (at most one at a time), then re-read.
         ``after`` gets the state written, or None when it was not, or may not have been
         (it raised: a lost connection can land a write after all)."""
@@ -172,8 +215,9 @@ class ReplicaManager:
             return
         self._busy.add(key)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self.zk_executor, op, self.registry.zk, key[0], key[1], self.me,
-                                   *args)
+        fut = loop.run_in_executor(
+            self.zk_executor, op, self.registry.zk, key[0], key[1], self.me, *args
+        )
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
@@ -192,11 +236,21 @@ class ReplicaManager:
         if isr is None or key in self._busy or self.registry.zk is None:
             return
         if add:
-            log.info("%s-%d: follower(s) %s caught up to %d; back in sync", key[0], key[1], add,
-                     part.high_watermark)
+            log.info(
+                "%s-%d: follower(s) %s caught up to %d; back in sync",
+                key[0],
+                key[1],
+                add,
+                part.high_watermark,
+            )
         if remove:
-            log.warning("%s-%d: follower(s) %s not caught up for %d ms; out of sync", key[0],
-                        key[1], remove, self.s.replica_lag_time_max_ms)
+            log.warning(
+                "%s-%d: follower(s) %s not caught up for %d ms; out of sync",
+                key[0],
+                key[1],
+                remove,
+                self.s.replica_lag_time_max_ms,
+            )
         new = isr.begin_change(add, remove)  # additions count towards the HW from now on
 
         def after(state: PartitionState | None) -> None:
@@ -220,15 +274,22 @@ class ReplicaManager:
         if bad is not None:
             return P.replica_fetch_response(corr, bad[0], bad[1])
         if not 0 <= req.offset <= part.log.next_offset:
-            return P.replica_fetch_response(corr, errors.InvalidRequest.code, (
-                f"offset {req.offset} is outside this leader's log "
-                f"(ends {part.log.next_offset}); reconcile with EPOCH_END first"))
+            return P.replica_fetch_response(
+                corr,
+                errors.InvalidRequest.code,
+                (
+                    f"offset {req.offset} is outside this leader's log "
+                    f"(ends {part.log.next_offset}); reconcile with EPOCH_END first"
+                ),
+            )
         assert part.isr is not None
         part.record_replica_fetch(rid, req.offset)
         joiners = part.isr.joiners(part.high_watermark)
         if joiners:
             self._change_isr(key, part, joiners, [])
-        if req.offset >= part.log.next_offset and part.high_watermark <= self._hw_sent.get((key, rid), -1):
+        if req.offset >= part.log.next_offset and part.high_watermark <= self._hw_sent.get(
+            (key, rid), -1
+        ):
             wait_s = min(req.max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(part.wait_for_data()), wait_s)
@@ -239,8 +300,14 @@ class ReplicaManager:
         data = part.replica_read(req.offset, max_bytes)
         hw = part.high_watermark
         self._hw_sent[(key, rid)] = hw
-        return P.replica_fetch_response(corr, 0, high_watermark=hw, leader_epoch=part.leader_epoch,
-                                        epochs=part.epochs.entries_from(req.offset), data=data)
+        return P.replica_fetch_response(
+            corr,
+            0,
+            high_watermark=hw,
+            leader_epoch=part.leader_epoch,
+            epochs=part.epochs.entries_from(req.offset),
+            data=data,
+        )
 
     def epoch_end(self, req: P.Request, part: Partition) -> bytes:
         bad = self._check_follower(req, part)
@@ -255,8 +322,9 @@ class ReplicaManager:
         if req.leader_epoch != part.leader_epoch:
             if req.leader_epoch > part.leader_epoch:
                 self.registry.refresh()  # the follower knows of a newer epoch: are we deposed?
-            return errors.NotLeader.code, (f"this leader is at epoch {part.leader_epoch}, the "
-                                           f"follower at {req.leader_epoch}")
+            return errors.NotLeader.code, (
+                f"this leader is at epoch {part.leader_epoch}, the follower at {req.leader_epoch}"
+            )
         if req.replica_id not in part.isr.followers:
             return errors.InvalidRequest.code, f"server {req.replica_id} is not a replica here"
         return None

@@ -53,7 +53,8 @@ _FRAMED_CODE_AT = HEADER_SIZE + 4
 # UNKNOWN_TOPIC_OR_PARTITION too, as a topic may be a moment old or a server restarting).
 _GUARDED_CODES = frozenset(
     [cls.code for cls in errors.ERRORS_BY_CODE.values() if cls.retriable]
-    + [errors.UnknownTopicOrPartition.code])
+    + [errors.UnknownTopicOrPartition.code]
+)
 
 _OUTCOME_CODES = {
     Outcome.FENCED: errors.ProducerFenced.code,
@@ -65,12 +66,14 @@ _OUTCOME_CODES = {
 Reply = bytes | asyncio.Future[bytes]
 
 
-def error_response(api_key: int, corr: int, code: int, detail: str, leader: str = "",
-                   expected_sequence: int = -1) -> bytes:
+def error_response(
+    api_key: int, corr: int, code: int, detail: str, leader: str = "", expected_sequence: int = -1
+) -> bytes:
     """An error in the response shape of ``api_key`` (so clients parse it as usual)."""
     if api_key == P.PRODUCE:
-        return P.produce_response(corr, code, detail, expected_sequence=expected_sequence,
-                                  leader=leader)
+        return P.produce_response(
+            corr, code, detail, expected_sequence=expected_sequence, leader=leader
+        )
     if api_key == P.FETCH:
         return P.fetch_response(corr, code, detail, leader=leader)
     if api_key == P.FENCE:
@@ -122,17 +125,18 @@ def _batch_key(req: P.Request) -> _Batch | None:
     h = P.decode_batch_header(b)
     if h.pid <= 0 or h.is_control:
         return None
-    return _Batch((req.topic, req.partition, h.pid), h.generation, h.base_sequence,
-                  h.last_sequence)
+    return _Batch((req.topic, req.partition, h.pid), h.generation, h.base_sequence, h.last_sequence)
 
 
 class PartitionServer:
-    def __init__(self, settings: ServerSettings, *,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self, settings: ServerSettings, *, clock_ms: Callable[[], int] = wall_clock_ms
+    ) -> None:
         self.s = settings
         self.clock_ms = clock_ms
-        self.registry = Registry(settings.zk, settings.server_id,
-                                 timeout_s=settings.zk_session_timeout_ms / 1000)
+        self.registry = Registry(
+            settings.zk, settings.server_id, timeout_s=settings.zk_session_timeout_ms / 1000
+        )
         self.broker = Broker(settings, self.registry, clock_ms=clock_ms)
         self.metrics = ServerMetrics(settings.server_id, clock_ms=clock_ms)
         watch_broker(self.metrics, self.broker)
@@ -144,7 +148,10 @@ class PartitionServer:
         self.port = settings.port
         self._stopping = False
         self._ssl: ssl.SSLContext | None = (
-            server_ssl_context(settings.tls_certfile, settings.tls_keyfile) if settings.tls else None)
+            server_ssl_context(settings.tls_certfile, settings.tls_keyfile)
+            if settings.tls
+            else None
+        )
         self.tls_handshake_failures = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -157,29 +164,38 @@ class PartitionServer:
         # Bind first (port 0 picks one), listen only once registered: whoever can connect
         # can also find us in ZooKeeper.
         if self._ssl is not None:
-            self._server = await loop.create_server(self._tls_protocol, self.s.host,
-                                                    self.s.port, start_serving=False)
+            self._server = await loop.create_server(
+                self._tls_protocol, self.s.host, self.s.port, start_serving=False
+            )
         else:
-            self._server = await asyncio.start_server(self._handle, self.s.host, self.s.port,
-                                                      start_serving=False)
+            self._server = await asyncio.start_server(
+                self._handle, self.s.host, self.s.port, start_serving=False
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         adv_host = self.s.advertised_host or self.s.host
         adv_port = self.s.advertised_port or self.port
         self.address = f"{adv_host}:{adv_port}"  # what ZooKeeper, METADATA and clients see
         if self.s.metrics_port:
             # Before registering: a metrics port in use stops the start, not a live server.
-            self.metrics_listener = MetricsListener(self.metrics.render,
-                                                    self.s.metrics_host or self.s.host,
-                                                    self.s.metrics_port)
+            self.metrics_listener = MetricsListener(
+                self.metrics.render, self.s.metrics_host or self.s.host, self.s.metrics_port
+            )
             await self.metrics_listener.start()
         await self.registry.register(adv_host, adv_port)
         await self.registry.refresh()  # arms the watches, now that we are listed
         await self._server.start_serving()
         self.broker.replicas.start()
         self._maint = loop.create_task(self.broker.maintain())
-        log.info("partition server %d serving on %s:%d%s (advertised %s, data %s, fsync=%s)",
-                 self.s.server_id, self.s.host, self.port, " with TLS" if self._ssl else "",
-                 self.address, self.s.data_dir, self.s.fsync)
+        log.info(
+            "partition server %d serving on %s:%d%s (advertised %s, data %s, fsync=%s)",
+            self.s.server_id,
+            self.s.host,
+            self.port,
+            " with TLS" if self._ssl else "",
+            self.address,
+            self.s.data_dir,
+            self.s.fsync,
+        )
 
     async def stop(self) -> None:
         # New requests get SERVER_UNAVAILABLE (retriable); the ones in flight are answered
@@ -229,7 +245,11 @@ class PartitionServer:
         app = asyncio.StreamReaderProtocol(reader, self._handle)
         waiter: asyncio.Future[None] = loop.create_future()
         proto = sslproto.SSLProtocol(
-            loop, app, self._ssl, waiter, server_side=True,
+            loop,
+            app,
+            self._ssl,
+            waiter,
+            server_side=True,
             # typeshed says int; asyncio takes any number of seconds.
             ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,  # type: ignore[arg-type]
         )
@@ -244,8 +264,12 @@ class PartitionServer:
         transport = getattr(proto, "_transport", None)
         peer = transport.get_extra_info("peername") if transport is not None else None
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client"
-        log.warning("TLS handshake with %s failed (%s: %s); closing the connection", where,
-                    type(exc).__name__, str(exc) or "connection closed by the peer")
+        log.warning(
+            "TLS handshake with %s failed (%s: %s); closing the connection",
+            where,
+            type(exc).__name__,
+            str(exc) or "connection closed by the peer",
+        )
         if transport is not None:
             transport.abort()
 
@@ -260,9 +284,17 @@ class PartitionServer:
                 n = exc.size
                 head = await reader.readexactly(min(n, 5))
                 api, corr = _HEAD.unpack(head) if len(head) == 5 else (0, 0)
-                self._push(conn, api, corr, error_response(
-                    api, corr, RecordTooLarge.code,
-                    f"frame of {n} bytes is over the limit of {frame_max}; closing"))
+                self._push(
+                    conn,
+                    api,
+                    corr,
+                    error_response(
+                        api,
+                        corr,
+                        RecordTooLarge.code,
+                        f"frame of {n} bytes is over the limit of {frame_max}; closing",
+                    ),
+                )
                 log.warning("closing a connection that sent a %d-byte frame", n)
                 return
             api, corr = _HEAD.unpack_from(body) if len(body) >= 5 else (0, 0)
@@ -287,8 +319,9 @@ class PartitionServer:
                 await asyncio.sleep(0)
             self._push(conn, api, corr, reply)
             if conn.guard.overflowed:
-                log.warning("closing a connection that holds back batches of %d producers",
-                            len(conn.guard))
+                log.warning(
+                    "closing a connection that holds back batches of %d producers", len(conn.guard)
+                )
                 return
             while len(conn.pending) >= inflight_max and not conn.dead:
                 conn.space.clear()
@@ -329,8 +362,9 @@ class PartitionServer:
             writer.close()
 
     # -- dispatch --------------------------------------------------------------------------
-    def dispatch(self, body: bytes, guard: RefusalGuard | None = None, *,
-                 refreshed: bool = False) -> Reply | None:
+    def dispatch(
+        self, body: bytes, guard: RefusalGuard | None = None, *, refreshed: bool = False
+    ) -> Reply | None:
         """The reply to one request body: bytes now, or a future of bytes, the request
         applied either way. None (only before ``refreshed``) when it names a partition
         unknown here: the caller re-reads ZooKeeper and calls again with ``refreshed``
@@ -379,11 +413,17 @@ class PartitionServer:
         # Held back, so refused too: the range the producer must resend now ends here.
         guard.note(b.key, b.generation, b.base_sequence, b.last_sequence, r.code)
         corr = _HEAD.unpack_from(body)[1]
-        return error_response(P.PRODUCE, corr, r.code, (
-            f"an earlier batch of producer {pid} on this connection "
-            f"(sequence {r.base_sequence}) "
-            f"was refused ({errors.error_for_code(r.code).name}); resend from sequence "
-            f"{r.base_sequence}"))
+        return error_response(
+            P.PRODUCE,
+            corr,
+            r.code,
+            (
+                f"an earlier batch of producer {pid} on this connection "
+                f"(sequence {r.base_sequence}) "
+                f"was refused ({errors.error_for_code(r.code).name}); resend from sequence "
+                f"{r.base_sequence}"
+            ),
+        )
 
     async def _refresh_assignment(self) -> None:
         # Bounded: with ZooKeeper unreachable the request is answered from the view we
@@ -391,16 +431,19 @@ class PartitionServer:
         try:
             await asyncio.wait_for(self.registry.refresh(), self.s.zk_session_timeout_ms / 1000)
         except TimeoutError:
-            log.warning("re-reading ZooKeeper took over %d ms; answering from the last view",
-                        self.s.zk_session_timeout_ms)
+            log.warning(
+                "re-reading ZooKeeper took over %d ms; answering from the last view",
+                self.s.zk_session_timeout_ms,
+            )
 
     def _dispatch(self, body: bytes, refreshed: bool) -> Reply | None:
         api, corr = _HEAD.unpack_from(body) if len(body) >= 5 else (0, 0)
         try:
             req = P.decode_request(body)
             if self._stopping:
-                return error_response(api, corr, errors.ServerUnavailable.code,
-                                      "server is shutting down; retry")
+                return error_response(
+                    api, corr, errors.ServerUnavailable.code, "server is shutting down; retry"
+                )
             if req.api_key == P.METADATA:
                 info = self.broker.metadata(self.s.server_id, self.address)
                 info["ops"] = self.metrics.summary()  # the coordinator's dashboard reads it
@@ -410,12 +453,20 @@ class PartitionServer:
                 if leader is None and not refreshed:
                     return None
                 if leader is None:
-                    return error_response(api, corr, errors.UnknownTopicOrPartition.code,
-                                          f"no partition {req.topic}/{req.partition}")
-                return error_response(api, corr, errors.NotLeader.code,
-                                      f"this server does not lead {req.topic}/{req.partition}"
-                                      + (f"; the leader is {leader}" if leader else ""),
-                                      leader=leader)
+                    return error_response(
+                        api,
+                        corr,
+                        errors.UnknownTopicOrPartition.code,
+                        f"no partition {req.topic}/{req.partition}",
+                    )
+                return error_response(
+                    api,
+                    corr,
+                    errors.NotLeader.code,
+                    f"this server does not lead {req.topic}/{req.partition}"
+                    + (f"; the leader is {leader}" if leader else ""),
+                    leader=leader,
+                )
             if api == P.PRODUCE:
                 return self._produce(req, part)
             if api == P.FETCH:
@@ -441,8 +492,9 @@ class PartitionServer:
         batch = req.batch
         assert batch is not None
         if len(batch) > self.s.batch_bytes_max:
-            raise RecordTooLarge(f"batch of {len(batch)} bytes is over the limit of "
-                                 f"{self.s.batch_bytes_max}")
+            raise RecordTooLarge(
+                f"batch of {len(batch)} bytes is over the limit of {self.s.batch_bytes_max}"
+            )
         h = P.validate_batch(batch)
         if h.size != len(batch):
             raise CorruptRecord(f"{len(batch) - h.size} bytes after the batch")
@@ -450,27 +502,42 @@ class PartitionServer:
             raise InvalidRequest("producers may not write control batches")
         if h.pid > 0:
             verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
-        d, fut = part.append(batch, h, lambda base, last: P.produce_response(
-            corr, 0, base_offset=base, last_offset=last))
+        d, fut = part.append(
+            batch,
+            h,
+            lambda base, last: P.produce_response(corr, 0, base_offset=base, last_offset=last),
+        )
         if fut is not None:
             self.broker.note_append()
             self.metrics.appended(h.count, started_s, fut)
             return fut
-        self.metrics.refused(d.outcome.value, req.topic, req.partition, h.pid, h.generation,
-                             h.base_sequence, h.count)
+        self.metrics.refused(
+            d.outcome.value, req.topic, req.partition, h.pid, h.generation, h.base_sequence, h.count
+        )
         if d.outcome is Outcome.DUPLICATE:
-            return P.produce_response(corr, errors.DUPLICATE, d.detail,
-                                      base_offset=d.base_offset, last_offset=d.last_offset)
-        return P.produce_response(corr, _OUTCOME_CODES[d.outcome], d.detail,
-                                  expected_sequence=d.expected_sequence)
+            return P.produce_response(
+                corr,
+                errors.DUPLICATE,
+                d.detail,
+                base_offset=d.base_offset,
+                last_offset=d.last_offset,
+            )
+        return P.produce_response(
+            corr, _OUTCOME_CODES[d.outcome], d.detail, expected_sequence=d.expected_sequence
+        )
 
     def _fetch(self, req: P.Request, part: Partition) -> Reply:
         if req.offset < 0:
             raise InvalidRequest(f"fetch offset must be >= 0, got {req.offset}")
         max_bytes = min(max(req.max_bytes, 1), self.s.fetch_bytes_max)
         chunks = part.fetch(req.offset, max_bytes)
-        return P.fetch_response(req.correlation_id, 0, high_watermark=part.high_watermark,
-                                log_start_offset=0, data=chunks)
+        return P.fetch_response(
+            req.correlation_id,
+            0,
+            high_watermark=part.high_watermark,
+            log_start_offset=0,
+            data=chunks,
+        )
 
     def _fence(self, req: P.Request, part: Partition) -> Reply:
         corr = req.correlation_id
@@ -487,29 +554,51 @@ class PartitionServer:
         dropped = part.state.dropped_last_use_max_ms
 
         def ok(existed: bool, durable_hw: int, fence_offset: int) -> bytes:
-            return P.fence_response(corr, 0, existed=existed, durable_highwater=durable_hw,
-                                    fence_offset=fence_offset, dropped_last_use_max_ms=dropped)
+            return P.fence_response(
+                corr,
+                0,
+                existed=existed,
+                durable_highwater=durable_hw,
+                fence_offset=fence_offset,
+                dropped_last_use_max_ms=dropped,
+            )
 
-        outcome, fut = part.fence(req.pid, req.generation, create, ok,
-                                  leased_since_ms=req.leased_since_ms)
+        outcome, fut = part.fence(
+            req.pid, req.generation, create, ok, leased_since_ms=req.leased_since_ms
+        )
         if outcome is FenceOutcome.FENCED:
             e = part.state.get(req.pid)
-            return P.fence_response(corr, errors.ProducerFenced.code,
-                                    f"generation {req.generation} is older than the current "
-                                    f"{e.generation if e else '?'}", existed=True,
-                                    durable_highwater=e.durable_highwater if e else -1)
+            return P.fence_response(
+                corr,
+                errors.ProducerFenced.code,
+                f"generation {req.generation} is older than the current "
+                f"{e.generation if e else '?'}",
+                existed=True,
+                durable_highwater=e.durable_highwater if e else -1,
+            )
         if outcome is FenceOutcome.APPEND:
             self.broker.note_append()
             self.metrics.fenced(part.topic, part.partition, req.pid, req.generation)
-            log.info("fence %s-%d pid %d generation %d", part.topic, part.partition, req.pid,
-                     req.generation)
+            log.info(
+                "fence %s-%d pid %d generation %d",
+                part.topic,
+                part.partition,
+                req.pid,
+                req.generation,
+            )
         return fut
 
     def _producer_state(self, req: P.Request, part: Partition) -> Reply:
         found, gen, dhw, last_use = part.producer_state(req.pid)
         return P.producer_state_response(
-            req.correlation_id, 0, found=found, generation=gen, durable_highwater=dhw,
-            last_use_ms=last_use, dropped_last_use_max_ms=part.state.dropped_last_use_max_ms)
+            req.correlation_id,
+            0,
+            found=found,
+            generation=gen,
+            durable_highwater=dhw,
+            last_use_ms=last_use,
+            dropped_last_use_max_ms=part.state.dropped_last_use_max_ms,
+        )
 
 
 def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:
@@ -538,14 +627,16 @@ def _partition_of(body: bytes) -> tuple[str, int]:
     return req.topic, req.partition
 
 
-def _recently_missing(missing: dict[tuple[str, int], float], key: tuple[str, int],
-                      now_s: float) -> bool:
+def _recently_missing(
+    missing: dict[tuple[str, int], float], key: tuple[str, int], now_s: float
+) -> bool:
     at = missing.get(key)
     return at is not None and now_s - at < MISSING_MEMO_S
 
 
-def _note_missing(missing: dict[tuple[str, int], float], key: tuple[str, int],
-                  now_s: float) -> None:
+def _note_missing(
+    missing: dict[tuple[str, int], float], key: tuple[str, int], now_s: float
+) -> None:
     missing.pop(key, None)
     if len(missing) >= MISSING_MEMO_KEYS_MAX:
         del missing[next(iter(missing))]  # the oldest

@@ -27,60 +27,130 @@ class ServerSettings(BaseSettings):
     segment_bytes_max: int = Field(default=64 * MiB, ge=4096)
     snapshot_interval_batches: int = Field(default=10_000, ge=1)
     snapshot_interval_ms: int = Field(default=30_000, ge=10)
-    snapshots_kept: int = Field(default=2, ge=1, description=(
-        "snapshot files kept (recovery falls back to an older one when the newest is damaged)"))
+    snapshots_kept: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "snapshot files kept (recovery falls back to an older one when the newest is damaged)"
+        ),
+    )
     duplicate_batches_kept: int = Field(default=5, ge=1, le=1000)
     pid_expire_ms: int = Field(default=604_800_000, ge=1)
-    allow_short_pid_expire: bool = Field(default=False, description=(
-        "allow pid_expire_ms below the coordinator's longest lease (tests only)"))
+    allow_short_pid_expire: bool = Field(
+        default=False,
+        description=("allow pid_expire_ms below the coordinator's longest lease (tests only)"),
+    )
     pid_expire_check_ms: int = Field(default=1000, ge=10)
     batch_bytes_max: int = Field(default=1 * MiB, ge=64)
     frame_bytes_max: int = Field(default=16 * MiB, ge=1024)
     fetch_bytes_max: int = Field(default=4 * MiB, ge=1024)
-    tracked_pids_max_per_partition: int = Field(default=1_000_000, ge=1, description=(
-        "most PIDs one partition tracks; a new PID beyond it evicts one idle for "
-        "pid_evict_idle_min_ms, or is refused TOO_MANY_PIDS (docs/reliability.md)"))
-    pid_evict_idle_min_ms: int = Field(default=LEASE_MAX_MS, ge=0, description=(
-        "a PID must be unused this long before it may be evicted to make room for a new one "
-        "(strict topics; monotonic evict only after pid_expire_ms); default the coordinator's "
-        "longest lease, so no PID with a valid lease is evicted"))
+    tracked_pids_max_per_partition: int = Field(
+        default=1_000_000,
+        ge=1,
+        description=(
+            "most PIDs one partition tracks; a new PID beyond it evicts one idle for "
+            "pid_evict_idle_min_ms, or is refused TOO_MANY_PIDS (docs/reliability.md)"
+        ),
+    )
+    pid_evict_idle_min_ms: int = Field(
+        default=LEASE_MAX_MS,
+        ge=0,
+        description=(
+            "a PID must be unused this long before it may be evicted to make room for a new one "
+            "(strict topics; monotonic evict only after pid_expire_ms); default the coordinator's "
+            "longest lease, so no PID with a valid lease is evicted"
+        ),
+    )
     inflight_requests_max_per_connection: int = Field(default=1000, ge=1)
     # -- metrics (docs/operations.md) --
-    metrics_host: str = Field(default="", description=(
-        "address of the HTTP listener for GET /metrics; empty: the same as `host`"))
-    metrics_port: int = Field(default=0, ge=0, le=65535, description=(
-        "port of that listener (Prometheus text); 0: no listener"))
+    metrics_host: str = Field(
+        default="",
+        description=("address of the HTTP listener for GET /metrics; empty: the same as `host`"),
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description=("port of that listener (Prometheus text); 0: no listener"),
+    )
     # -- replication (docs/replication.md) --
-    zk_session_timeout_ms: int = Field(default=10_000, ge=1_000, le=120_000, description=(
-        "ZooKeeper session timeout: how long a dead server keeps /servers/<id>, so most of "
-        "a failover's pause"))
-    replica_lag_time_max_ms: int = Field(default=10_000, ge=100, description=(
-        "a follower not caught up with the leader for this long leaves the in-sync set"))
-    replica_fetch_wait_max_ms: int = Field(default=500, ge=1, le=60_000, description=(
-        "how long the leader holds a follower's fetch that has everything"))
-    replica_fetch_timeout_ms: int = Field(default=10_000, ge=100, description=(
-        "a follower's fetch (beyond the wait) or EPOCH_END unanswered this long ends its "
-        "session with the leader"))
-    replica_fetch_backoff_ms: int = Field(default=100, ge=1, le=60_000, description=(
-        "first pause before a follower's new fetch session (doubles up to 10x)"))
-    hw_checkpoint_interval_ms: int = Field(default=1000, ge=10, description=(
-        "how often replicated partitions' high watermarks are checkpointed to disk"))
-    replica_routes: str = Field(default="", description=(
-        "<server id>=<host:port>,...: fetch from that server via this address (a fault proxy "
-        "in tests)"))
+    zk_session_timeout_ms: int = Field(
+        default=10_000,
+        ge=1_000,
+        le=120_000,
+        description=(
+            "ZooKeeper session timeout: how long a dead server keeps /servers/<id>, so most of "
+            "a failover's pause"
+        ),
+    )
+    replica_lag_time_max_ms: int = Field(
+        default=10_000,
+        ge=100,
+        description=(
+            "a follower not caught up with the leader for this long leaves the in-sync set"
+        ),
+    )
+    replica_fetch_wait_max_ms: int = Field(
+        default=500,
+        ge=1,
+        le=60_000,
+        description=("how long the leader holds a follower's fetch that has everything"),
+    )
+    replica_fetch_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        description=(
+            "a follower's fetch (beyond the wait) or EPOCH_END unanswered this long ends its "
+            "session with the leader"
+        ),
+    )
+    replica_fetch_backoff_ms: int = Field(
+        default=100,
+        ge=1,
+        le=60_000,
+        description=("first pause before a follower's new fetch session (doubles up to 10x)"),
+    )
+    hw_checkpoint_interval_ms: int = Field(
+        default=1000,
+        ge=10,
+        description=("how often replicated partitions' high watermarks are checkpointed to disk"),
+    )
+    replica_routes: str = Field(
+        default="",
+        description=(
+            "<server id>=<host:port>,...: fetch from that server via this address (a fault proxy "
+            "in tests)"
+        ),
+    )
     # -- address and TLS (docs/operations.md) --
-    advertised_host: str = Field(default="", description=(
-        "host registered in ZooKeeper, where clients, coordinators and followers connect; "
-        "empty: `host`"))
-    advertised_port: int = Field(default=0, ge=0, le=65535, description=(
-        "port registered in ZooKeeper; 0: the port this server listens on"))
-    tls_certfile: str = Field(default="", description=(
-        "PEM certificate (chain) to serve TLS with; with `tls_keyfile`. Both empty: plaintext. "
-        "A TLS server also speaks TLS to the other servers it fetches from"))
+    advertised_host: str = Field(
+        default="",
+        description=(
+            "host registered in ZooKeeper, where clients, coordinators and followers connect; "
+            "empty: `host`"
+        ),
+    )
+    advertised_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description=("port registered in ZooKeeper; 0: the port this server listens on"),
+    )
+    tls_certfile: str = Field(
+        default="",
+        description=(
+            "PEM certificate (chain) to serve TLS with; with `tls_keyfile`. Both empty: plaintext. "
+            "A TLS server also speaks TLS to the other servers it fetches from"
+        ),
+    )
     tls_keyfile: str = Field(default="", description="PEM private key of `tls_certfile`")
-    tls_ca_file: str = Field(default="", description=(
-        "CA bundle trusted when connecting to other partition servers over TLS (replica "
-        "fetching); empty: the system trust store"))
+    tls_ca_file: str = Field(
+        default="",
+        description=(
+            "CA bundle trusted when connecting to other partition servers over TLS (replica "
+            "fetching); empty: the system trust store"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -88,15 +158,19 @@ class ServerSettings(BaseSettings):
             raise ValueError(
                 f"pid_expire_ms={self.pid_expire_ms} is below the coordinator's lease maximum "
                 f"{LEASE_MAX_MS}: a leased PID could lose its state; set "
-                "PIDLEASE_ALLOW_SHORT_PID_EXPIRE=1 only for tests")
+                "PIDLEASE_ALLOW_SHORT_PID_EXPIRE=1 only for tests"
+            )
         if self.batch_bytes_max > self.frame_bytes_max:
             raise ValueError("batch_bytes_max must not exceed frame_bytes_max")
         parse_routes(self.replica_routes)
         if bool(self.tls_certfile) != bool(self.tls_keyfile):
-            raise ValueError("TLS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
-                             "PIDLEASE_TLS_KEYFILE), or neither for plaintext")
+            raise ValueError(
+                "TLS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
+                "PIDLEASE_TLS_KEYFILE), or neither for plaintext"
+            )
         if self.tls:
             from pidlease.wire.tls import peer_ssl_context, server_ssl_context
+
             server_ssl_context(self.tls_certfile, self.tls_keyfile)  # unreadable: clear error now
             peer_ssl_context(self.tls_certfile, self.tls_ca_file)
         return self

@@ -98,24 +98,34 @@ def encode(snap: Snapshot) -> bytes:
         flat = array("q")
         for r in img.rows:
             flat.extend(r[4])
-        out.append(_U16.pack(len(t)) + t + _PART.pack(partition, img.replay_from, img.covered_to,
-                                                      img.truncations,
-                                                      img.dropped_last_use_max_ms,
-                                                      len(img.rows), len(flat)))
-        out.append(b"".join([row_pack(pid, gen, hw, lu, len(b) // 3)
-                             for pid, gen, hw, lu, b in img.rows]))
+        out.append(
+            _U16.pack(len(t))
+            + t
+            + _PART.pack(
+                partition,
+                img.replay_from,
+                img.covered_to,
+                img.truncations,
+                img.dropped_last_use_max_ms,
+                len(img.rows),
+                len(flat),
+            )
+        )
+        out.append(
+            b"".join([row_pack(pid, gen, hw, lu, len(b) // 3) for pid, gen, hw, lu, b in img.rows])
+        )
         out.append(_be(flat))
     body = b"".join(out)
     return MAGIC + _HEAD.pack(zlib.crc32(body), len(body)) + body
 
 
 def decode(raw: bytes) -> Snapshot:
-    if len(raw) < len(MAGIC) + _HEAD.size or raw[:len(MAGIC)] not in (MAGIC, MAGIC_V3, MAGIC_V2):
+    if len(raw) < len(MAGIC) + _HEAD.size or raw[: len(MAGIC)] not in (MAGIC, MAGIC_V3, MAGIC_V2):
         raise CorruptSnapshot("not a snapshot file (bad magic)")
-    v2 = raw[:len(MAGIC)] == MAGIC_V2
-    v3 = raw[:len(MAGIC)] == MAGIC_V3
+    v2 = raw[: len(MAGIC)] == MAGIC_V2
+    v3 = raw[: len(MAGIC)] == MAGIC_V3
     crc, n = _HEAD.unpack_from(raw, len(MAGIC))
-    body = memoryview(raw)[len(MAGIC) + _HEAD.size:]
+    body = memoryview(raw)[len(MAGIC) + _HEAD.size :]
     if len(body) != n:
         raise CorruptSnapshot(f"body is {len(body)} bytes, header says {n}")
     if zlib.crc32(body) != crc:
@@ -127,7 +137,7 @@ def decode(raw: bytes) -> Snapshot:
         for _ in range(nparts):
             (tl,) = _U16.unpack_from(body, pos)
             pos += 2
-            topic = bytes(body[pos:pos + tl]).decode()
+            topic = bytes(body[pos : pos + tl]).decode()
             pos += tl
             if v2:
                 partition, replay_from, covered_to, nrows, nwords = _PART_V2.unpack_from(body, pos)
@@ -135,32 +145,35 @@ def decode(raw: bytes) -> Snapshot:
                 dropped = created_ms
                 pos += _PART_V2.size
             elif v3:
-                (partition, replay_from, covered_to, truncations, nrows,
-                 nwords) = _PART_V3.unpack_from(body, pos)
+                (partition, replay_from, covered_to, truncations, nrows, nwords) = (
+                    _PART_V3.unpack_from(body, pos)
+                )
                 dropped = created_ms
                 pos += _PART_V3.size
             else:
-                (partition, replay_from, covered_to, truncations, dropped, nrows,
-                 nwords) = _PART.unpack_from(body, pos)
+                (partition, replay_from, covered_to, truncations, dropped, nrows, nwords) = (
+                    _PART.unpack_from(body, pos)
+                )
                 pos += _PART.size
             end_rows = pos + nrows * _ROW.size
             if end_rows + 8 * nwords > len(body):
                 raise CorruptSnapshot("partition runs past the end of the file")
             heads = list(_ROW.iter_unpack(body[pos:end_rows]))
             flat = array("q")
-            flat.frombytes(body[end_rows:end_rows + 8 * nwords])
+            flat.frombytes(body[end_rows : end_rows + 8 * nwords])
             if _SWAP:
                 flat.byteswap()
             pos = end_rows + 8 * nwords
             rows: list[Row] = []
             w = 0
             for pid, gen, hw, lu, nb in heads:
-                rows.append((pid, gen, hw, lu, flat[w:w + 3 * nb]))
+                rows.append((pid, gen, hw, lu, flat[w : w + 3 * nb]))
                 w += 3 * nb
             if w != nwords:
                 raise CorruptSnapshot(f"rows name {w} batch words, the file has {nwords}")
-            snap.partitions[(topic, partition)] = PartitionImage(replay_from, covered_to, rows,
-                                                                 truncations, dropped)
+            snap.partitions[(topic, partition)] = PartitionImage(
+                replay_from, covered_to, rows, truncations, dropped
+            )
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptSnapshot(f"malformed body: {exc}") from exc
     if pos != len(body):
@@ -178,18 +191,23 @@ class SnapshotStore:
 
     def files(self) -> list[Path]:
         """Snapshot files, newest first."""
-        return sorted((p for p in self.dir.iterdir()
-                       if p.name.endswith(SUFFIX) and p.name[:-len(SUFFIX)].isdigit()),
-                      reverse=True)
+        return sorted(
+            (
+                p
+                for p in self.dir.iterdir()
+                if p.name.endswith(SUFFIX) and p.name[: -len(SUFFIX)].isdigit()
+            ),
+            reverse=True,
+        )
 
     def write(self, snap: Snapshot) -> tuple[Path, int]:
         """Write atomically; returns (path, bytes). Blocking: run it in an executor."""
         existing = self.files()
-        seq = int(existing[0].name[:-len(SUFFIX)]) + 1 if existing else 1
+        seq = int(existing[0].name[: -len(SUFFIX)]) + 1 if existing else 1
         path = self.dir / f"{seq:020d}{SUFFIX}"
         data = encode(snap)
         write_atomically(path, data)
-        for old in self.files()[self.kept:]:
+        for old in self.files()[self.kept :]:
             old.unlink(missing_ok=True)
         return path, len(data)
 

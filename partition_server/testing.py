@@ -30,7 +30,7 @@ def log_batches(data_dir: Path, topic: str, partition: int) -> list[bytes]:
         data = seg.read_bytes()
         end = 0
         for h, pos in P.iter_batches(data):
-            out.append(data[pos:pos + h.size])
+            out.append(data[pos : pos + h.size])
             end = pos + h.size
         if end != len(data):
             raise AssertionError(f"{seg}: {len(data) - end} bytes after the last whole batch")
@@ -53,8 +53,13 @@ def tear_tail(data_dir: Path, topic: str, partition: int, partial: bytes) -> Pat
 
 # -- replicated partitions without servers ---------------------------------------------
 def b(pid: int, seq: int, n: int = 1, gen: int = 0) -> bytes:
-    return P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=pid, generation=gen,
-                          base_sequence=seq, timestamp_ms=1)
+    return P.encode_batch(
+        [(None, b"v%d" % (seq + i)) for i in range(n)],
+        pid=pid,
+        generation=gen,
+        base_sequence=seq,
+        timestamp_ms=1,
+    )
 
 
 def stored(batches: list[bytes], start: int = 0) -> memoryview:
@@ -121,8 +126,9 @@ class FakeZk:
     ``fail_sets`` writes raise ConnectionLoss first; ``land_failed`` says whether such a
     write was applied anyway (a lost connection leaves it unknown to the writer)."""
 
-    def __init__(self, ps: PartitionState, *, fail_sets: int = 0,
-                 land_failed: bool = False) -> None:
+    def __init__(
+        self, ps: PartitionState, *, fail_sets: int = 0, land_failed: bool = False
+    ) -> None:
         self.raw = ps.to_bytes()
         self.version = 0
         self.fail_sets = fail_sets
@@ -148,19 +154,33 @@ class FakeZk:
         self.raw, self.version = data, self.version + 1
 
 
-def open_part(data_dir: Path, flusher: Flusher | None = None, *, hw: int | None = 0,
-              segment_bytes_max: int = 1 << 20, snapshot: Any = None,
-              clock_ms: Callable[[], int] = lambda: 5, partition: int = 0,
-              **settings: Any) -> Partition:
+def open_part(
+    data_dir: Path,
+    flusher: Flusher | None = None,
+    *,
+    hw: int | None = 0,
+    segment_bytes_max: int = 1 << 20,
+    snapshot: Any = None,
+    clock_ms: Callable[[], int] = lambda: 5,
+    partition: int = 0,
+    **settings: Any,
+) -> Partition:
     """Partition ``t``/``partition`` recovered from ``data_dir``: strict, 5 batches kept per
     PID, 100 PIDs, fsync per batch, unless ``settings`` (any other ``Partition.recover``
     keyword: ``mode``, ``pids_max``, ``expire_ms`` ...) say otherwise. ``hw`` is the
     replication checkpoint's high watermark; None opens a partition that is not replicated."""
     kw: dict[str, Any] = {"mode": "strict", "batches_kept": 5, "pids_max": 100, **settings}
     part, _, _ = Partition.recover(
-        data_dir, "t", partition, segment_bytes_max=segment_bytes_max,
+        data_dir,
+        "t",
+        partition,
+        segment_bytes_max=segment_bytes_max,
         flusher=flusher if flusher is not None else Flusher(mode="batch", interval_ms=0),
-        clock_ms=clock_ms, snapshot=snapshot, checkpoint_hw=hw, **kw)
+        clock_ms=clock_ms,
+        snapshot=snapshot,
+        checkpoint_hw=hw,
+        **kw,
+    )
     return part
 
 

@@ -72,7 +72,9 @@ def _register(cls: type[PidleaseError]) -> None:
         return  # a subclass that keeps its parent's identity (e.g. a test's): not registered
     if name in ERRORS_BY_NAME or name in CLIENT_ERRORS_BY_NAME:
         other = ERRORS_BY_NAME.get(name) or CLIENT_ERRORS_BY_NAME[name]
-        raise TypeError(f"error name {name!r} of {cls.__qualname__} is taken by {other.__qualname__}")
+        raise TypeError(
+            f"error name {name!r} of {cls.__qualname__} is taken by {other.__qualname__}"
+        )
     if not cls.wire:
         if "code" in cls.__dict__:
             raise TypeError(f"{cls.__qualname__} is client-side (wire = False) but has a code")
@@ -84,8 +86,10 @@ def _register(cls: type[PidleaseError]) -> None:
     if code in _RESERVED_CODES or not 0 < code < 2**15:
         raise TypeError(f"error code {code} of {cls.__qualname__} is reserved or out of range")
     if code in ERRORS_BY_CODE:
-        raise TypeError(f"error code {code} of {cls.__qualname__} is taken by "
-                        f"{ERRORS_BY_CODE[code].__qualname__}")
+        raise TypeError(
+            f"error code {code} of {cls.__qualname__} is taken by "
+            f"{ERRORS_BY_CODE[code].__qualname__}"
+        )
     ERRORS_BY_CODE[code] = cls
     ERRORS_BY_NAME[name] = cls
 
@@ -203,6 +207,7 @@ class TooManyPids(PidleaseError):
 
 
 # -- client-side errors: raised by the SDK, never sent by a server -------------------------
+
 
 class ConfigError(PidleaseError, ValueError):
     """A local mistake by the caller, found before anything is sent: a bad setting, URL or

@@ -37,7 +37,7 @@ from pipeline.sequencing import BatchSequencer, Resume, StreamSequencer, plan, p
 
 log = logging.getLogger("pipeline.attempt")
 
-CLOSE_TIMEOUT_MS = 10_000   # a failing attempt waits this long for its in-flight batches
+CLOSE_TIMEOUT_MS = 10_000  # a failing attempt waits this long for its in-flight batches
 YIELD_EVERY_RECORDS = 1024  # records admitted between turns of the event loop
 
 
@@ -47,8 +47,8 @@ class TaskInfo:
 
     spark_partition: int
     attempt: int
-    batch_id: int | None = None       # streaming micro-batch id, None for a batch write
-    query_id: str | None = None       # streaming query id (stable across restarts)
+    batch_id: int | None = None  # streaming micro-batch id, None for a batch write
+    query_id: str | None = None  # streaming query id (stable across restarts)
     speculative: bool = False
 
     @classmethod
@@ -59,8 +59,12 @@ class TaskInfo:
         if tc is None:
             raise PipelineError("a pidlease writer runs only inside a Spark task")
         batch = tc.getLocalProperty("streaming.sql.batchId")
-        return cls(tc.partitionId(), tc.attemptNumber(), int(batch) if batch is not None else None,
-                   tc.getLocalProperty("sql.streaming.queryId"))
+        return cls(
+            tc.partitionId(),
+            tc.attemptNumber(),
+            int(batch) if batch is not None else None,
+            tc.getLocalProperty("sql.streaming.queryId"),
+        )
 
 
 @dataclass
@@ -76,11 +80,13 @@ class PartitionCommit(WriterCommitMessage):
     pid: int = -1
     generation: int = -1
     rows: int = 0
-    skipped: int = 0          # written by an earlier attempt (at or below the durable highwater)
+    skipped: int = 0  # written by an earlier attempt (at or below the durable highwater)
     sent: int = 0
     appended: int = 0
-    duplicates: int = 0       # sent, but the partition already had it
-    sequences: dict[int, list[int]] = field(default_factory=dict)  # topic partition -> [first, last]
+    duplicates: int = 0  # sent, but the partition already had it
+    sequences: dict[int, list[int]] = field(
+        default_factory=dict
+    )  # topic partition -> [first, last]
     fenced_attempts: list[dict[str, Any]] = field(default_factory=list)
 
     def figures(self) -> dict[str, Any]:
@@ -96,8 +102,13 @@ def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
 
 
 class Attempt:
-    def __init__(self, settings: WriteSettings, task: TaskInfo, *,
-                 on_leased: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: WriteSettings,
+        task: TaskInfo,
+        *,
+        on_leased: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.task = task
         self.name = producer_name(job_name_for(settings, task), task.spark_partition)
@@ -105,18 +116,31 @@ class Attempt:
 
     def _open(self) -> AsyncProducer:
         s = self.settings
-        return AsyncProducer(s.coordinator, topic=s.topic, producer_name=self.name, expire_ms=s.expire_ms,
-                             max_in_flight=s.max_in_flight, linger_ms=s.linger_ms,
-                             batch_records_max=s.batch_records_max, api_token=s.api_token)
+        return AsyncProducer(
+            s.coordinator,
+            topic=s.topic,
+            producer_name=self.name,
+            expire_ms=s.expire_ms,
+            max_in_flight=s.max_in_flight,
+            linger_ms=s.linger_ms,
+            batch_records_max=s.batch_records_max,
+            api_token=s.api_token,
+        )
 
     def _fenced(self, commit: PartitionCommit, exc: BaseException) -> AttemptFenced:
         who = "speculative copy" if self.task.speculative else f"attempt {self.task.attempt}"
-        return AttemptFenced(f"{who} of Spark partition {self.task.spark_partition} was fenced: a newer "
-                             f"attempt took producer {self.name!r} over and continues its rows "
-                             f"({exc})", commit.figures())
+        return AttemptFenced(
+            f"{who} of Spark partition {self.task.spark_partition} was fenced: a newer "
+            f"attempt took producer {self.name!r} over and continues its rows "
+            f"({exc})",
+            commit.figures(),
+        )
 
-    def run(self, rows: Iterable[tuple[bytes | None, bytes]],
-            hooks: Mapping[int, Callable[[], None]] | None = None) -> PartitionCommit:
+    def run(
+        self,
+        rows: Iterable[tuple[bytes | None, bytes]],
+        hooks: Mapping[int, Callable[[], None]] | None = None,
+    ) -> PartitionCommit:
         """Publish ``rows`` (this Spark partition's (key, value) pairs, in order).
         ``hooks[position]()`` runs just before the row at that position (fault injection).
 
@@ -129,11 +153,14 @@ class Attempt:
             # An empty partition (common in micro-batches) leases nothing: a lease would be
             # a takeover, with a fence record in every partition, for no row.
             t = self.task
-            return PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
+            return PartitionCommit(
+                t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative
+            )
         return asyncio.run(self._run(itertools.chain([first], it), hooks or {}))
 
-    async def _run(self, rows: Iterable[tuple[bytes | None, bytes]],
-                   hooks: Mapping[int, Callable[[], None]]) -> PartitionCommit:
+    async def _run(
+        self, rows: Iterable[tuple[bytes | None, bytes]], hooks: Mapping[int, Callable[[], None]]
+    ) -> PartitionCommit:
         t = self.task
         commit = PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
         producer = self._open()
@@ -150,11 +177,18 @@ class Attempt:
             commit.pid, commit.generation = producer.pid, producer.generation
             partitions = producer.partitions
             resume = Resume({tp: producer.last_sequence_id(tp) for tp in range(partitions)})
-            sequencer = (BatchSequencer(partitions) if t.batch_id is None
-                         else StreamSequencer(t.batch_id))
+            sequencer = (
+                BatchSequencer(partitions) if t.batch_id is None else StreamSequencer(t.batch_id)
+            )
             seqs = commit.sequences
-            for rec in plan(rows, routing=self.settings.routing, spark_partition=t.spark_partition,
-                            partitions=partitions, sequencer=sequencer, resume=resume):
+            for rec in plan(
+                rows,
+                routing=self.settings.routing,
+                spark_partition=t.spark_partition,
+                partitions=partitions,
+                sequencer=sequencer,
+                resume=resume,
+            ):
                 if hooks:
                     hook = hooks.get(rec.position)
                     if hook is not None:
@@ -168,8 +202,11 @@ class Attempt:
                 if rec.written:
                     commit.skipped += 1
                     continue
-                pending.append(await producer.send(rec.value, rec.key, partition=rec.topic_partition,
-                                                   sequence_id=rec.sequence))
+                pending.append(
+                    await producer.send(
+                        rec.value, rec.key, partition=rec.topic_partition, sequence_id=rec.sequence
+                    )
+                )
                 commit.sent += 1
                 if not commit.sent % YIELD_EVERY_RECORDS:
                     # send() only waits when the buffer is full; let the senders run sooner.
@@ -189,8 +226,14 @@ class Attempt:
             for fut in pending:  # mark failures as seen, so asyncio does not log each one
                 if fut.done() and not fut.cancelled():
                     fut.exception()
-        log.info("%s: %d rows, %d skipped, %d appended, %d duplicates", self.name, commit.rows,
-                 commit.skipped, commit.appended, commit.duplicates)
+        log.info(
+            "%s: %d rows, %d skipped, %d appended, %d duplicates",
+            self.name,
+            commit.rows,
+            commit.skipped,
+            commit.appended,
+            commit.duplicates,
+        )
         return commit
 
 

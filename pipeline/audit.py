@@ -35,12 +35,28 @@ DUPLICATE_EXAMPLES_MAX = 100
 PID_VIEWS_MAX = 100_000  # the coordinator's default cap on GET /v1/pids
 
 
-def build_report(*, topic: str, dedup: str, partitions: int, groups: Sequence[dict[str, Any]],
-                 duplicate_examples: Sequence[dict[str, Any]], pids: Sequence[dict[str, Any]],
-                 now_ms: int) -> dict[str, Any]:
+def build_report(
+    *,
+    topic: str,
+    dedup: str,
+    partitions: int,
+    groups: Sequence[dict[str, Any]],
+    duplicate_examples: Sequence[dict[str, Any]],
+    pids: Sequence[dict[str, Any]],
+    now_ms: int,
+) -> dict[str, Any]:
     """The audit from per-(partition, PID) aggregates and the coordinator's PID views."""
-    parts = [{"partition": p, "records": 0, "producers": 0, "unchecked_records": 0,
-              "duplicates": 0, "gaps": 0} for p in range(partitions)]
+    parts = [
+        {
+            "partition": p,
+            "records": 0,
+            "producers": 0,
+            "unchecked_records": 0,
+            "duplicates": 0,
+            "gaps": 0,
+        }
+        for p in range(partitions)
+    ]
     known = {int(v["pid"]): v for v in pids}
     producers: list[dict[str, Any]] = []
     by_pid: dict[int, dict[str, Any]] = {}
@@ -53,12 +69,19 @@ def build_report(*, topic: str, dedup: str, partitions: int, groups: Sequence[di
             continue
         distinct = int(g["distinct_sequences"])
         first_seq, last_seq = int(g["first_sequence"]), int(g["last_sequence"])
-        row: dict[str, Any] = {"pid": pid, "partition": p, "records": records,
-            "duplicates": records - distinct, "gaps": (last_seq - first_seq + 1) - distinct,
-            "first_sequence": first_seq, "last_sequence": last_seq,
-            "first_offset": int(g["first_offset"]), "last_offset": int(g["last_offset"]),
+        row: dict[str, Any] = {
+            "pid": pid,
+            "partition": p,
+            "records": records,
+            "duplicates": records - distinct,
+            "gaps": (last_seq - first_seq + 1) - distinct,
+            "first_sequence": first_seq,
+            "last_sequence": last_seq,
+            "first_offset": int(g["first_offset"]),
+            "last_offset": int(g["last_offset"]),
             "first_timestamp_ms": g.get("first_timestamp_ms"),
-            "last_timestamp_ms": g.get("last_timestamp_ms")}
+            "last_timestamp_ms": g.get("last_timestamp_ms"),
+        }
         producers.append(row)
         part["producers"] += 1
         part["duplicates"] += row["duplicates"]
@@ -67,48 +90,88 @@ def build_report(*, topic: str, dedup: str, partitions: int, groups: Sequence[di
         if entry is None:
             entry = by_pid[pid] = _pid_entry(pid, known.get(pid), now_ms)
         entry["records"] += records
-        entry["partitions"].append({k: row[k] for k in ("partition", "records", "first_offset",
-                                                        "last_offset", "first_sequence",
-                                                        "last_sequence", "duplicates", "gaps")})
+        entry["partitions"].append(
+            {
+                k: row[k]
+                for k in (
+                    "partition",
+                    "records",
+                    "first_offset",
+                    "last_offset",
+                    "first_sequence",
+                    "last_sequence",
+                    "duplicates",
+                    "gaps",
+                )
+            }
+        )
     duplicates = sum(p["duplicates"] for p in parts)
     gaps = sum(p["gaps"] for p in parts)
     ok = duplicates == 0 and (gaps == 0 or dedup != "strict")
-    return {"topic": topic, "dedup": dedup, "ok": ok, "audited_at_ms": now_ms,
-            "records": sum(p["records"] for p in parts),
-            "unchecked_records": sum(p["unchecked_records"] for p in parts),
-            "duplicates": duplicates, "gaps": gaps, "gaps_allowed": dedup != "strict",
-            "pids": len(by_pid), "partitions": parts, "producers": producers,
-            "pid_usage": [by_pid[k] for k in sorted(by_pid)],
-            "duplicate_examples": list(duplicate_examples)[:DUPLICATE_EXAMPLES_MAX]}
+    return {
+        "topic": topic,
+        "dedup": dedup,
+        "ok": ok,
+        "audited_at_ms": now_ms,
+        "records": sum(p["records"] for p in parts),
+        "unchecked_records": sum(p["unchecked_records"] for p in parts),
+        "duplicates": duplicates,
+        "gaps": gaps,
+        "gaps_allowed": dedup != "strict",
+        "pids": len(by_pid),
+        "partitions": parts,
+        "producers": producers,
+        "pid_usage": [by_pid[k] for k in sorted(by_pid)],
+        "duplicate_examples": list(duplicate_examples)[:DUPLICATE_EXAMPLES_MAX],
+    }
 
 
 def _pid_entry(pid: int, view: dict[str, Any] | None, now_ms: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"pid": pid, "records": 0, "partitions": []}
     if view is None:
-        entry.update(producer_name=None, generation=None, state="unknown", last_use_ms=None,
-                     expires_at_ms=None, time_to_expiry_ms=None)
+        entry.update(
+            producer_name=None,
+            generation=None,
+            state="unknown",
+            last_use_ms=None,
+            expires_at_ms=None,
+            time_to_expiry_ms=None,
+        )
         return entry
     expires_at = view.get("expires_at_ms")
-    entry.update(producer_name=view.get("producer_name"), generation=view.get("generation"),
-                 state=view.get("state"), last_use_ms=view.get("last_use_ms"),
-                 expires_at_ms=expires_at,
-                 time_to_expiry_ms=None if expires_at is None else max(0, int(expires_at) - now_ms))
+    entry.update(
+        producer_name=view.get("producer_name"),
+        generation=view.get("generation"),
+        state=view.get("state"),
+        last_use_ms=view.get("last_use_ms"),
+        expires_at_ms=expires_at,
+        time_to_expiry_ms=None if expires_at is None else max(0, int(expires_at) - now_ms),
+    )
     return entry
 
 
 def summary(report: dict[str, Any]) -> str:
-    lines = [(f"audit of topic {report['topic']!r} ({report['dedup']}): {report['records']} records "
-              f"from {report['pids']} PIDs in {len(report['partitions'])} partitions")]
+    lines = [
+        (
+            f"audit of topic {report['topic']!r} ({report['dedup']}): {report['records']} records "
+            f"from {report['pids']} PIDs in {len(report['partitions'])} partitions"
+        )
+    ]
     for p in report["partitions"]:
-        lines.append(f"  partition {p['partition']}: {p['records']} records, {p['producers']} PIDs, "
-                     f"{p['duplicates']} duplicates, {p['gaps']} gaps")
-    gaps = f"{report['gaps']} gaps" + (" (allowed: monotonic ids)" if report["gaps_allowed"] and
-                                       report["gaps"] else "")
+        lines.append(
+            f"  partition {p['partition']}: {p['records']} records, {p['producers']} PIDs, "
+            f"{p['duplicates']} duplicates, {p['gaps']} gaps"
+        )
+    gaps = f"{report['gaps']} gaps" + (
+        " (allowed: monotonic ids)" if report["gaps_allowed"] and report["gaps"] else ""
+    )
     verdict = "EXACTLY-ONCE: OK" if report["ok"] else "EXACTLY-ONCE: VIOLATED"
     lines.append(f"{verdict} - {report['duplicates']} duplicates, {gaps}")
     for d in report["duplicate_examples"][:5]:
-        lines.append(f"  duplicate: partition {d['partition']} pid {d['pid']} sequence "
-                     f"{d['sequence_id']} x{d['copies']}")
+        lines.append(
+            f"  duplicate: partition {d['partition']} pid {d['pid']} sequence "
+            f"{d['sequence_id']} x{d['copies']}"
+        )
     return "\n".join(lines)
 
 
@@ -117,29 +180,48 @@ def aggregate(df: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-(partition, PID) aggregates, duplicate examples) of a topic DataFrame."""
     from pyspark.sql import functions as F
 
-    groups = (df.groupBy("partition", "pid")
-              .agg(F.count(F.lit(1)).alias("records"),
-                   F.countDistinct("sequence_id").alias("distinct_sequences"),
-                   F.min("sequence_id").alias("first_sequence"),
-                   F.max("sequence_id").alias("last_sequence"),
-                   F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"),
-                   F.unix_millis(F.min("timestamp")).alias("first_timestamp_ms"),
-                   F.unix_millis(F.max("timestamp")).alias("last_timestamp_ms"))
-              .collect())
+    groups = (
+        df.groupBy("partition", "pid")
+        .agg(
+            F.count(F.lit(1)).alias("records"),
+            F.countDistinct("sequence_id").alias("distinct_sequences"),
+            F.min("sequence_id").alias("first_sequence"),
+            F.max("sequence_id").alias("last_sequence"),
+            F.min("offset").alias("first_offset"),
+            F.max("offset").alias("last_offset"),
+            F.unix_millis(F.min("timestamp")).alias("first_timestamp_ms"),
+            F.unix_millis(F.max("timestamp")).alias("last_timestamp_ms"),
+        )
+        .collect()
+    )
     rows = [r.asDict() for r in groups]
     examples: list[dict[str, Any]] = []
     if any(r["pid"] != 0 and r["records"] != r["distinct_sequences"] for r in rows):
-        dup = (df.where(F.col("pid") != 0).groupBy("partition", "pid", "sequence_id")
-               .agg(F.count(F.lit(1)).alias("copies"), F.min("offset").alias("first_offset"),
-                    F.max("offset").alias("last_offset"))
-               .where(F.col("copies") > 1).orderBy("partition", "pid", "sequence_id")
-               .limit(DUPLICATE_EXAMPLES_MAX).collect())
+        dup = (
+            df.where(F.col("pid") != 0)
+            .groupBy("partition", "pid", "sequence_id")
+            .agg(
+                F.count(F.lit(1)).alias("copies"),
+                F.min("offset").alias("first_offset"),
+                F.max("offset").alias("last_offset"),
+            )
+            .where(F.col("copies") > 1)
+            .orderBy("partition", "pid", "sequence_id")
+            .limit(DUPLICATE_EXAMPLES_MAX)
+            .collect()
+        )
         examples = [r.asDict() for r in dup]
     return rows, examples
 
 
-def run_audit(spark: Any, coordinator: str, topic: str, out_dir: str | Path | None = None, *,
-              api_token: str | None = None) -> dict[str, Any]:
+def run_audit(
+    spark: Any,
+    coordinator: str,
+    topic: str,
+    out_dir: str | Path | None = None,
+    *,
+    api_token: str | None = None,
+) -> dict[str, Any]:
     """Audit ``topic``; write the report under ``out_dir`` when given; return it."""
     with LeaseClient(coordinator, api_token=api_token) as client:
         info = client.topic(topic)
@@ -149,8 +231,15 @@ def run_audit(spark: Any, coordinator: str, topic: str, out_dir: str | Path | No
     df = reader.load().select("partition", "offset", "pid", "sequence_id", "timestamp")
     groups, examples = aggregate(df)
     pids = _pid_views(coordinator, api_token)  # after the read: last use is then current
-    report = build_report(topic=topic, dedup=info.dedup, partitions=info.partitions, groups=groups,
-                          duplicate_examples=examples, pids=pids, now_ms=int(time.time() * 1000))
+    report = build_report(
+        topic=topic,
+        dedup=info.dedup,
+        partitions=info.partitions,
+        groups=groups,
+        duplicate_examples=examples,
+        pids=pids,
+        now_ms=int(time.time() * 1000),
+    )
     if out_dir is not None:
         write_report(report, out_dir)
     return report
@@ -174,25 +263,74 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     written = [out / "report.json"]
     written[0].write_text(json.dumps(report, indent=2, sort_keys=True), encoding="utf-8")
     usage = {u["pid"]: u for u in report["pid_usage"]}
-    producers = [{**row, **{k: usage[row["pid"]][k] for k in
-                            ("producer_name", "generation", "state", "last_use_ms",
-                             "expires_at_ms", "time_to_expiry_ms")}}
-                 for row in report["producers"]]
+    producers = [
+        {
+            **row,
+            **{
+                k: usage[row["pid"]][k]
+                for k in (
+                    "producer_name",
+                    "generation",
+                    "state",
+                    "last_use_ms",
+                    "expires_at_ms",
+                    "time_to_expiry_ms",
+                )
+            },
+        }
+        for row in report["producers"]
+    ]
     tables = {
-        "partitions": (report["partitions"], pa.schema([
-            ("partition", pa.int32()), ("records", pa.int64()), ("producers", pa.int64()),
-            ("unchecked_records", pa.int64()), ("duplicates", pa.int64()), ("gaps", pa.int64())])),
-        "producers": (producers, pa.schema([
-            ("pid", pa.int64()), ("partition", pa.int32()), ("records", pa.int64()),
-            ("duplicates", pa.int64()), ("gaps", pa.int64()), ("first_sequence", pa.int64()),
-            ("last_sequence", pa.int64()), ("first_offset", pa.int64()), ("last_offset", pa.int64()),
-            ("first_timestamp_ms", pa.int64()), ("last_timestamp_ms", pa.int64()),
-            ("producer_name", pa.string()), ("generation", pa.int64()), ("state", pa.string()),
-            ("last_use_ms", pa.int64()), ("expires_at_ms", pa.int64()),
-            ("time_to_expiry_ms", pa.int64())])),
-        "duplicates": (report["duplicate_examples"], pa.schema([
-            ("partition", pa.int32()), ("pid", pa.int64()), ("sequence_id", pa.int64()),
-            ("copies", pa.int64()), ("first_offset", pa.int64()), ("last_offset", pa.int64())])),
+        "partitions": (
+            report["partitions"],
+            pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("records", pa.int64()),
+                    ("producers", pa.int64()),
+                    ("unchecked_records", pa.int64()),
+                    ("duplicates", pa.int64()),
+                    ("gaps", pa.int64()),
+                ]
+            ),
+        ),
+        "producers": (
+            producers,
+            pa.schema(
+                [
+                    ("pid", pa.int64()),
+                    ("partition", pa.int32()),
+                    ("records", pa.int64()),
+                    ("duplicates", pa.int64()),
+                    ("gaps", pa.int64()),
+                    ("first_sequence", pa.int64()),
+                    ("last_sequence", pa.int64()),
+                    ("first_offset", pa.int64()),
+                    ("last_offset", pa.int64()),
+                    ("first_timestamp_ms", pa.int64()),
+                    ("last_timestamp_ms", pa.int64()),
+                    ("producer_name", pa.string()),
+                    ("generation", pa.int64()),
+                    ("state", pa.string()),
+                    ("last_use_ms", pa.int64()),
+                    ("expires_at_ms", pa.int64()),
+                    ("time_to_expiry_ms", pa.int64()),
+                ]
+            ),
+        ),
+        "duplicates": (
+            report["duplicate_examples"],
+            pa.schema(
+                [
+                    ("partition", pa.int32()),
+                    ("pid", pa.int64()),
+                    ("sequence_id", pa.int64()),
+                    ("copies", pa.int64()),
+                    ("first_offset", pa.int64()),
+                    ("last_offset", pa.int64()),
+                ]
+            ),
+        ),
     }
     for name, (rows, schema) in tables.items():
         path = out / f"{name}.parquet"

@@ -55,42 +55,81 @@ def default_job_name(topic: str, input_path: str, fmt: str) -> str:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", required=True, help="the pidlease topic")
-    p.add_argument("--coordinator", default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
-                   help=f"coordinator URL (env {COORDINATOR_ENV}; default %(default)s)")
-    p.add_argument("--master", default="local[*]",
-                   help="Spark master: local[N], local[N,F] (F-1 retries per task), or "
-                        "spark://host:port (default %(default)s)")
-    p.add_argument("--conf", action="append", metavar="KEY=VALUE",
-                   help="extra Spark setting, repeatable (overrides pidlease's loopback defaults)")
-    p.add_argument("--progress-interval", type=float, default=2.0, metavar="S",
-                   help="seconds between progress lines (default %(default)s)")
+    p.add_argument(
+        "--coordinator",
+        default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
+        help=f"coordinator URL (env {COORDINATOR_ENV}; default %(default)s)",
+    )
+    p.add_argument(
+        "--master",
+        default="local[*]",
+        help="Spark master: local[N], local[N,F] (F-1 retries per task), or "
+        "spark://host:port (default %(default)s)",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra Spark setting, repeatable (overrides pidlease's loopback defaults)",
+    )
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between progress lines (default %(default)s)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="pidlease-spark", description=DESCRIPTION, epilog=EPILOG,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog="pidlease-spark",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = top.add_subparsers(dest="command", required=True)
-    pub = sub.add_parser("publish", help="publish files to a topic exactly once",
-                         description="Publish every row of the input to --topic exactly once. "
-                                     "Without a 'value' column each row is encoded as JSON.")
+    pub = sub.add_parser(
+        "publish",
+        help="publish files to a topic exactly once",
+        description="Publish every row of the input to --topic exactly once. "
+        "Without a 'value' column each row is encoded as JSON.",
+    )
     pub.add_argument("--input", required=True, help="file or directory to read")
     pub.add_argument("--format", required=True, choices=["parquet", "csv", "json"])
     _common(pub)
-    pub.add_argument("--key-column", help="column used as the record key (default: 'key' if present)")
-    pub.add_argument("--job-name", help="names the producers (default: derived from topic, input, format)")
-    pub.add_argument("--partitioning", choices=["auto", "spark", "key"], default="auto",
-                     help="topic partition of a row: auto = by key when it has one, else Spark "
-                          "partition mod N (default %(default)s)")
-    pub.add_argument("--min-partitions", type=int, default=MIN_PARTITIONS_DEFAULT,
-                     help="how finely input files are split (spark.sql.files.minPartitionNum); "
-                          "fixed so that the split does not depend on --master (default %(default)s)")
+    pub.add_argument(
+        "--key-column", help="column used as the record key (default: 'key' if present)"
+    )
+    pub.add_argument(
+        "--job-name", help="names the producers (default: derived from topic, input, format)"
+    )
+    pub.add_argument(
+        "--partitioning",
+        choices=["auto", "spark", "key"],
+        default="auto",
+        help="topic partition of a row: auto = by key when it has one, else Spark "
+        "partition mod N (default %(default)s)",
+    )
+    pub.add_argument(
+        "--min-partitions",
+        type=int,
+        default=MIN_PARTITIONS_DEFAULT,
+        help="how finely input files are split (spark.sql.files.minPartitionNum); "
+        "fixed so that the split does not depend on --master (default %(default)s)",
+    )
     pub.add_argument("--csv-no-header", action="store_true", help="CSV files have no header line")
-    pub.add_argument("--infer-schema", action="store_true",
-                     help="infer CSV column types (one more pass); otherwise CSV columns are text")
+    pub.add_argument(
+        "--infer-schema",
+        action="store_true",
+        help="infer CSV column types (one more pass); otherwise CSV columns are text",
+    )
     pub.add_argument("--report", help="also keep the job report (JSON) at this path")
     aud = sub.add_parser("audit", help="audit a topic for duplicates and gaps")
     _common(aud)
-    aud.add_argument("--out", required=True, help="directory for report.json and the Parquet tables")
+    aud.add_argument(
+        "--out", required=True, help="directory for report.json and the Parquet tables"
+    )
     return top
 
 
@@ -110,8 +149,11 @@ class _Session:
             return self.spark
         from pipeline.session import build_session, parse_conf
 
-        self.spark = build_session(self.args.master, app_name=f"pidlease-spark {self.args.command}",
-                                   conf={**self.conf, **parse_conf(self.args.conf)})
+        self.spark = build_session(
+            self.args.master,
+            app_name=f"pidlease-spark {self.args.command}",
+            conf={**self.conf, **parse_conf(self.args.conf)},
+        )
         return self.spark
 
     def __exit__(self, *exc: object) -> None:
@@ -124,19 +166,30 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
     from pipeline.progress import Progress
 
     job = args.job_name or default_job_name(args.topic, args.input, args.format)
-    report_path = args.report or os.path.join(tempfile.mkdtemp(prefix="pidlease-spark-"),
-                                              "job-report.json")
-    with _Session(args, {"spark.sql.files.minPartitionNum": str(args.min_partitions)}, spark) as session:
+    report_path = args.report or os.path.join(
+        tempfile.mkdtemp(prefix="pidlease-spark-"), "job-report.json"
+    )
+    with _Session(
+        args, {"spark.sql.files.minPartitionNum": str(args.min_partitions)}, spark
+    ) as session:
         reader = session.read.format(args.format)
         if args.format == "csv":
-            reader = reader.option("header", str(not args.csv_no_header).lower()) \
-                           .option("inferSchema", str(args.infer_schema).lower())
+            reader = reader.option("header", str(not args.csv_no_header).lower()).option(
+                "inferSchema", str(args.infer_schema).lower()
+            )
         df = reader.load(args.input)
-        print(f"publishing {args.input} ({args.format}) to {args.topic!r} as job {job!r}",
-              file=sys.stderr)
-        writer = (df.write.format("pidlease").option("coordinator", args.coordinator)
-                  .option("topic", args.topic).option("job_name", job)
-                  .option("partitioning", args.partitioning).option("report_path", report_path))
+        print(
+            f"publishing {args.input} ({args.format}) to {args.topic!r} as job {job!r}",
+            file=sys.stderr,
+        )
+        writer = (
+            df.write.format("pidlease")
+            .option("coordinator", args.coordinator)
+            .option("topic", args.topic)
+            .option("job_name", job)
+            .option("partitioning", args.partitioning)
+            .option("report_path", report_path)
+        )
         if args.key_column:
             writer = writer.option("key_column", args.key_column)
         started = time.monotonic()
@@ -146,8 +199,9 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
     report = job_report.load(report_path)[0]
     print(job_report.one_line(report))
     rate = report["rows"] / max(elapsed, 1e-9)
-    print(f"{report['rows']} rows in {elapsed:.1f}s ({rate:,.0f} rows/s); "
-          f"job report: {report_path}")
+    print(
+        f"{report['rows']} rows in {elapsed:.1f}s ({rate:,.0f} rows/s); job report: {report_path}"
+    )
     return 0
 
 
@@ -155,11 +209,15 @@ def audit(args: argparse.Namespace, spark: Any = None) -> int:
     from pipeline.audit import run_audit, summary
     from pipeline.progress import Progress
 
-    with _Session(args, {}, spark) as session, \
-            Progress(session, "audit", interval_s=args.progress_interval):
+    with (
+        _Session(args, {}, spark) as session,
+        Progress(session, "audit", interval_s=args.progress_interval),
+    ):
         report = run_audit(session, args.coordinator, args.topic, args.out)
     print(summary(report))
-    print(f"report: {Path(args.out) / 'report.json'} (+ partitions, producers, duplicates .parquet)")
+    print(
+        f"report: {Path(args.out) / 'report.json'} (+ partitions, producers, duplicates .parquet)"
+    )
     return 0 if report["ok"] else 1
 
 

@@ -55,8 +55,12 @@ def _plain(x: Any) -> Any:
 
 
 def to_json(row: dict[str, Any]) -> bytes:
-    return json.dumps({k: _plain(v) for k, v in row.items()}, default=_json_default,
-                      separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        {k: _plain(v) for k, v in row.items()},
+        default=_json_default,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
 
 
 def key_bytes(x: Any) -> bytes | None:
@@ -82,12 +86,13 @@ def value_bytes(x: Any) -> bytes:
 @dataclass(frozen=True, slots=True)
 class RecordEncoder:
     key_column: str | None
-    value_column: str | None          # None: JSON of json_columns
+    value_column: str | None  # None: JSON of json_columns
     json_columns: tuple[str, ...]
 
     @classmethod
-    def for_columns(cls, columns: Sequence[tuple[str, str]], key_column: str | None = None
-                    ) -> RecordEncoder:
+    def for_columns(
+        cls, columns: Sequence[tuple[str, str]], key_column: str | None = None
+    ) -> RecordEncoder:
         """Plan from (name, Spark simple type name) pairs; ``key_column`` as the option gave
         it (None: use a ``key`` column if present)."""
         names = [n for n, _ in columns]
@@ -96,12 +101,16 @@ class RecordEncoder:
             raise OptionError("cannot publish a DataFrame without columns")
         if key_column is not None and key_column not in types:
             raise OptionError(f"key_column {key_column!r} is not a column; columns are {names}")
-        key = key_column if key_column is not None else (KEY_COLUMN if KEY_COLUMN in types else None)
+        key = (
+            key_column if key_column is not None else (KEY_COLUMN if KEY_COLUMN in types else None)
+        )
         if VALUE_COLUMN in types and key != VALUE_COLUMN:
             if types[VALUE_COLUMN] not in _RAW_VALUE_TYPES:
-                raise OptionError(f"the value column must be binary or string, not "
-                                  f"{types[VALUE_COLUMN]}; cast it, or rename it to have the "
-                                  f"columns encoded as JSON")
+                raise OptionError(
+                    f"the value column must be binary or string, not "
+                    f"{types[VALUE_COLUMN]}; cast it, or rename it to have the "
+                    f"columns encoded as JSON"
+                )
             return cls(key, VALUE_COLUMN, ())
         rest = tuple(n for n in names if n != key)
         if not rest:

@@ -31,13 +31,14 @@ from pipeline.attempt import Attempt, PartitionCommit, TaskInfo
 from pipeline.errors import AttemptFenced, InjectedFailure, PipelineError
 from pipeline.options import Faults, WriteSettings
 
-TWIN_LEASE_TIMEOUT_S = 60.0     # the speculative copy must have leased by then
-TWIN_FINISH_TIMEOUT_S = 600.0   # and finished by then
+TWIN_LEASE_TIMEOUT_S = 60.0  # the speculative copy must have leased by then
+TWIN_FINISH_TIMEOUT_S = 600.0  # and finished by then
 
 
 def _raiser(message: str) -> Callable[[], None]:
     def hook() -> None:
         raise InjectedFailure(message)
+
     return hook
 
 
@@ -45,32 +46,45 @@ def hooks_for(faults: Faults, task: TaskInfo) -> dict[int, Callable[[], None]]:
     """The failure hooks (row position -> callable) this task must run."""
     hooks: dict[int, Callable[[], None]] = {}
     n = faults.fail_after_rows_once
-    if (n is not None and task.batch_id is None and task.attempt == 0 and not task.speculative
-            and (faults.fail_partitions is None or task.spark_partition in faults.fail_partitions)):
-        hooks[n] = _raiser(f"injected failure of attempt 0 of Spark partition {task.spark_partition} "
-                           f"after {n} rows (fail_after_rows_once)")
+    if (
+        n is not None
+        and task.batch_id is None
+        and task.attempt == 0
+        and not task.speculative
+        and (faults.fail_partitions is None or task.spark_partition in faults.fail_partitions)
+    ):
+        hooks[n] = _raiser(
+            f"injected failure of attempt 0 of Spark partition {task.spark_partition} "
+            f"after {n} rows (fail_after_rows_once)"
+        )
     if task.batch_id is not None and faults.kill_batch_id == task.batch_id:
         hooks[faults.kill_at_row] = _raiser(
             f"injected kill of micro-batch {task.batch_id} at row {faults.kill_at_row} of Spark "
-            f"partition {task.spark_partition} (kill_batch_id)")
+            f"partition {task.spark_partition} (kill_batch_id)"
+        )
     return hooks
 
 
 def wants_twin(faults: Faults, task: TaskInfo) -> bool:
-    return (faults.speculate_partition == task.spark_partition and task.attempt == 0
-            and not task.speculative)
+    return (
+        faults.speculate_partition == task.spark_partition
+        and task.attempt == 0
+        and not task.speculative
+    )
 
 
-def run_task(settings: WriteSettings, task: TaskInfo,
-             rows: Iterable[tuple[bytes | None, bytes]]) -> PartitionCommit:
+def run_task(
+    settings: WriteSettings, task: TaskInfo, rows: Iterable[tuple[bytes | None, bytes]]
+) -> PartitionCommit:
     """What a writer task runs: one attempt, with the faults the options ask for."""
     if wants_twin(settings.faults, task):
         return run_with_twin(settings, task, list(rows))
     return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
 
 
-def run_with_twin(settings: WriteSettings, task: TaskInfo,
-                  rows: list[tuple[bytes | None, bytes]]) -> PartitionCommit:
+def run_with_twin(
+    settings: WriteSettings, task: TaskInfo, rows: list[tuple[bytes | None, bytes]]
+) -> PartitionCommit:
     """Attempt ``task`` with a speculative copy started beside it (see the module doc)."""
     start_at = settings.faults.speculate_after_rows
     if start_at is None:
@@ -90,14 +104,17 @@ def run_with_twin(settings: WriteSettings, task: TaskInfo,
         finally:
             leased.set()
 
-    thread = threading.Thread(target=twin_main, daemon=True,
-                              name=f"pidlease-speculative-{task.spark_partition}")
+    thread = threading.Thread(
+        target=twin_main, daemon=True, name=f"pidlease-speculative-{task.spark_partition}"
+    )
 
     def launch() -> None:
         thread.start()
         # Go on only once the copy holds the newer generation, so the two really overlap.
         if not leased.wait(TWIN_LEASE_TIMEOUT_S):
-            raise PipelineError(f"the speculative copy did not lease within {TWIN_LEASE_TIMEOUT_S}s")
+            raise PipelineError(
+                f"the speculative copy did not lease within {TWIN_LEASE_TIMEOUT_S}s"
+            )
 
     hooks = hooks_for(settings.faults, task)
     hooks[start_at] = launch

@@ -22,12 +22,17 @@ log = logging.getLogger("pipeline.job_report")
 COUNTERS = ("rows", "skipped", "sent", "appended", "duplicates")
 
 
-def summarize(messages: Sequence[Any], *, topic: str, committed: bool,
-              batch_id: int | None = None) -> dict[str, Any]:
+def summarize(
+    messages: Sequence[Any], *, topic: str, committed: bool, batch_id: int | None = None
+) -> dict[str, Any]:
     """Totals over the tasks' ``PartitionCommit`` messages (None for a failed task)."""
     done = [m for m in messages if m is not None]
-    report: dict[str, Any] = {"topic": topic, "committed": committed,
-                              "tasks": len(messages), "failed_tasks": len(messages) - len(done)}
+    report: dict[str, Any] = {
+        "topic": topic,
+        "committed": committed,
+        "tasks": len(messages),
+        "failed_tasks": len(messages) - len(done),
+    }
     if batch_id is not None:
         report["batch_id"] = batch_id
     for c in COUNTERS:
@@ -36,12 +41,19 @@ def summarize(messages: Sequence[Any], *, topic: str, committed: bool,
     report["retried_tasks"] = sum(1 for m in done if m.attempt > 0 and not m.speculative)
     report["producers"] = sorted({m.producer_name for m in done})
     report["partitions"] = [
-        {"spark_partition": m.spark_partition, "attempt": m.attempt, "speculative": m.speculative,
-         "producer_name": m.producer_name, "pid": m.pid, "generation": m.generation,
-         **{c: getattr(m, c) for c in COUNTERS},
-         "sequences": {str(tp): span for tp, span in sorted(m.sequences.items())},
-         "fenced_attempts": m.fenced_attempts}
-        for m in sorted(done, key=lambda m: m.spark_partition)]
+        {
+            "spark_partition": m.spark_partition,
+            "attempt": m.attempt,
+            "speculative": m.speculative,
+            "producer_name": m.producer_name,
+            "pid": m.pid,
+            "generation": m.generation,
+            **{c: getattr(m, c) for c in COUNTERS},
+            "sequences": {str(tp): span for tp, span in sorted(m.sequences.items())},
+            "fenced_attempts": m.fenced_attempts,
+        }
+        for m in sorted(done, key=lambda m: m.spark_partition)
+    ]
     report["time_ms"] = int(time.time() * 1000)
     return report
 
@@ -49,11 +61,13 @@ def summarize(messages: Sequence[Any], *, topic: str, committed: bool,
 def one_line(report: dict[str, Any]) -> str:
     where = f" batch {report['batch_id']}" if "batch_id" in report else ""
     state = "committed" if report["committed"] else "ABORTED"
-    return (f"pidlease write to {report['topic']!r}{where} {state}: {report['rows']} rows, "
-            f"{report['appended']} appended, {report['skipped']} skipped (already written), "
-            f"{report['duplicates']} duplicates, {report['tasks']} tasks "
-            f"({report['failed_tasks']} failed, {report['retried_tasks']} retried, "
-            f"{report['fenced_attempts']} attempts fenced)")
+    return (
+        f"pidlease write to {report['topic']!r}{where} {state}: {report['rows']} rows, "
+        f"{report['appended']} appended, {report['skipped']} skipped (already written), "
+        f"{report['duplicates']} duplicates, {report['tasks']} tasks "
+        f"({report['failed_tasks']} failed, {report['retried_tasks']} retried, "
+        f"{report['fenced_attempts']} attempts fenced)"
+    )
 
 
 def save(report: dict[str, Any], path: str | None, *, append: bool = False) -> None:

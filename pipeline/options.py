@@ -31,8 +31,14 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-def _int(options: Mapping[str, str], name: str, default: int | None, *, low: int = 0,
-         high: int = 2**63 - 1) -> int | None:
+def _int(
+    options: Mapping[str, str],
+    name: str,
+    default: int | None,
+    *,
+    low: int = 0,
+    high: int = 2**63 - 1,
+) -> int | None:
     raw = _get(options, name)
     if raw is None or raw == "":
         return default
@@ -52,7 +58,9 @@ def _ints(options: Mapping[str, str], name: str) -> frozenset[int] | None:
     try:
         return frozenset(int(x) for x in raw.split(",") if x.strip())
     except ValueError:
-        raise OptionError(f"option {name}={raw!r} must be a comma-separated list of integers") from None
+        raise OptionError(
+            f"option {name}={raw!r} must be a comma-separated list of integers"
+        ) from None
 
 
 def coordinator_url(options: Mapping[str, str]) -> str:
@@ -70,30 +78,32 @@ def _topic(options: Mapping[str, str]) -> str:
 class Faults:
     """Injected faults (tests and demos). See ``pipeline.faults``."""
 
-    fail_after_rows_once: int | None = None      # attempt 0 fails before this row position
+    fail_after_rows_once: int | None = None  # attempt 0 fails before this row position
     fail_partitions: frozenset[int] | None = None  # which Spark partitions (None: all)
-    speculate_partition: int | None = None       # run a speculative twin of this partition
-    speculate_after_rows: int | None = None      # ... started at this row (None: half)
-    kill_batch_id: int | None = None             # streaming: every attempt of this batch dies
-    kill_at_row: int = 0                         # ... before this row position
-    kill_commit_batch_id: int | None = None      # streaming: commit of this batch fails
+    speculate_partition: int | None = None  # run a speculative twin of this partition
+    speculate_after_rows: int | None = None  # ... started at this row (None: half)
+    kill_batch_id: int | None = None  # streaming: every attempt of this batch dies
+    kill_at_row: int = 0  # ... before this row position
+    kill_commit_batch_id: int | None = None  # streaming: commit of this batch fails
 
     @classmethod
     def parse(cls, o: Mapping[str, str]) -> Faults:
-        return cls(fail_after_rows_once=_int(o, "fail_after_rows_once", None),
-                   fail_partitions=_ints(o, "fail_partitions"),
-                   speculate_partition=_int(o, "speculate_partition", None),
-                   speculate_after_rows=_int(o, "speculate_after_rows", None),
-                   kill_batch_id=_int(o, "kill_batch_id", None),
-                   kill_at_row=_int(o, "kill_at_row", 0) or 0,
-                   kill_commit_batch_id=_int(o, "kill_commit_batch_id", None))
+        return cls(
+            fail_after_rows_once=_int(o, "fail_after_rows_once", None),
+            fail_partitions=_ints(o, "fail_partitions"),
+            speculate_partition=_int(o, "speculate_partition", None),
+            speculate_after_rows=_int(o, "speculate_after_rows", None),
+            kill_batch_id=_int(o, "kill_batch_id", None),
+            kill_at_row=_int(o, "kill_at_row", 0) or 0,
+            kill_commit_batch_id=_int(o, "kill_commit_batch_id", None),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class WriteSettings:
     coordinator: str
     topic: str
-    job_name: str | None                 # None (streaming only): "stream-<query id>"
+    job_name: str | None  # None (streaming only): "stream-<query id>"
     key_column: str | None = None
     routing: Routing = Routing.AUTO
     linger_ms: int = 5
@@ -108,24 +118,33 @@ class WriteSettings:
     def parse(cls, o: Mapping[str, str], *, streaming: bool = False) -> WriteSettings:
         job = _get(o, "job_name")
         if not job and not streaming:
-            raise OptionError("option job_name is required for a batch write: it names the "
-                              "producers, so a re-run of the same job appends nothing twice")
+            raise OptionError(
+                "option job_name is required for a batch write: it names the "
+                "producers, so a re-run of the same job appends nothing twice"
+            )
         if job is not None and ("\n" in job or len(job) > 200):
             raise OptionError("option job_name must be one line of at most 200 characters")
         raw_routing = (_get(o, "partitioning") or "auto").lower()
         try:
             routing = Routing(raw_routing)
         except ValueError:
-            raise OptionError(f"option partitioning={raw_routing!r} must be auto, spark or key") from None
-        return cls(coordinator=coordinator_url(o), topic=_topic(o), job_name=job or None,
-                   key_column=_get(o, "key_column") or None, routing=routing,
-                   linger_ms=_int(o, "linger_ms", 5, high=60_000) or 0,
-                   max_in_flight=_int(o, "max_in_flight", 5, low=1, high=100) or 5,
-                   batch_records_max=_int(o, "batch_records_max", 2000, low=1, high=100_000) or 2000,
-                   expire_ms=_int(o, "expire_ms", None, low=1),
-                   api_token=_get(o, "api_token") or None,
-                   report_path=_get(o, "report_path") or None,
-                   faults=Faults.parse(o))
+            raise OptionError(
+                f"option partitioning={raw_routing!r} must be auto, spark or key"
+            ) from None
+        return cls(
+            coordinator=coordinator_url(o),
+            topic=_topic(o),
+            job_name=job or None,
+            key_column=_get(o, "key_column") or None,
+            routing=routing,
+            linger_ms=_int(o, "linger_ms", 5, high=60_000) or 0,
+            max_in_flight=_int(o, "max_in_flight", 5, low=1, high=100) or 5,
+            batch_records_max=_int(o, "batch_records_max", 2000, low=1, high=100_000) or 2000,
+            expire_ms=_int(o, "expire_ms", None, low=1),
+            api_token=_get(o, "api_token") or None,
+            report_path=_get(o, "report_path") or None,
+            faults=Faults.parse(o),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +156,9 @@ class ReadSettings:
 
     @classmethod
     def parse(cls, o: Mapping[str, str]) -> ReadSettings:
-        return cls(coordinator=coordinator_url(o), topic=_topic(o),
-                   split_records=_int(o, "split_records", SPLIT_RECORDS_DEFAULT, low=1) or 1,
-                   api_token=_get(o, "api_token") or None)
+        return cls(
+            coordinator=coordinator_url(o),
+            topic=_topic(o),
+            split_records=_int(o, "split_records", SPLIT_RECORDS_DEFAULT, low=1) or 1,
+            api_token=_get(o, "api_token") or None,
+        )

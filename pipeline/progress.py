@@ -15,8 +15,9 @@ from typing import Any, Self, TextIO
 
 
 class Progress:
-    def __init__(self, spark: Any, what: str, *, interval_s: float = 2.0,
-                 out: TextIO | None = None) -> None:
+    def __init__(
+        self, spark: Any, what: str, *, interval_s: float = 2.0, out: TextIO | None = None
+    ) -> None:
         self._tracker = spark.sparkContext.statusTracker()
         self.what = what
         self.interval_s = interval_s
@@ -34,13 +35,19 @@ class Progress:
             info = self._tracker.getStageInfo(sid)
             if info is None:
                 continue
-            parts.append(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks done"
-                         + (f", {info.numActiveTasks} running" if info.numActiveTasks else "")
-                         + (f", {info.numFailedTasks} failed" if info.numFailedTasks else ""))
+            parts.append(
+                f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks done"
+                + (f", {info.numActiveTasks} running" if info.numActiveTasks else "")
+                + (f", {info.numFailedTasks} failed" if info.numFailedTasks else "")
+            )
         return "; ".join(parts) or "no stage running (planning or committing)"
 
     def say(self, text: str) -> None:
-        print(f"[{self.what} {time.monotonic() - self._started:6.1f}s] {text}", file=self.out, flush=True)
+        print(
+            f"[{self.what} {time.monotonic() - self._started:6.1f}s] {text}",
+            file=self.out,
+            flush=True,
+        )
         self.lines += 1
 
     def _run(self) -> None:

@@ -23,8 +23,10 @@ from pidlease.client.lease_client import LeaseClient
 from pidlease.client.reader import Reader
 from pipeline.options import ReadSettings
 
-SCHEMA_DDL = ("topic STRING, partition INT, offset BIGINT, pid BIGINT, generation INT, "
-              "sequence_id BIGINT, key BINARY, value BINARY, timestamp TIMESTAMP")
+SCHEMA_DDL = (
+    "topic STRING, partition INT, offset BIGINT, pid BIGINT, generation INT, "
+    "sequence_id BIGINT, key BINARY, value BINARY, timestamp TIMESTAMP"
+)
 ARROW_BATCH_RECORDS = 8192
 
 
@@ -54,10 +56,19 @@ def plan_ranges(high_watermarks: Sequence[int], split_records: int) -> list[Offs
 def _arrow_schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                      ("pid", pa.int64()), ("generation", pa.int32()), ("sequence_id", pa.int64()),
-                      ("key", pa.binary()), ("value", pa.binary()),
-                      ("timestamp", pa.timestamp("us", tz="UTC"))])
+    return pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("pid", pa.int64()),
+            ("generation", pa.int32()),
+            ("sequence_id", pa.int64()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+        ]
+    )
 
 
 class Scan(DataSourceReader):
@@ -68,8 +79,9 @@ class Scan(DataSourceReader):
         with LeaseClient(self.settings.coordinator, api_token=self.settings.api_token) as client:
             info = client.topic(self.settings.topic)
         marks = {p.partition: p.high_watermark for p in info.partition_states}
-        return plan_ranges([marks.get(p, -1) for p in range(info.partitions)],
-                           self.settings.split_records)
+        return plan_ranges(
+            [marks.get(p, -1) for p in range(info.partitions)], self.settings.split_records
+        )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
@@ -85,18 +97,25 @@ class Scan(DataSourceReader):
 
         def batch() -> Any:
             n = len(offsets)
-            arrays = [pa.array([topic] * n, pa.string()), pa.array([p] * n, pa.int32()),
-                      pa.array(offsets, pa.int64()), pa.array(pids, pa.int64()),
-                      pa.array(gens, pa.int32()), pa.array(seqs, pa.int64()),
-                      pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-                      pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC"))]
+            arrays = [
+                pa.array([topic] * n, pa.string()),
+                pa.array([p] * n, pa.int32()),
+                pa.array(offsets, pa.int64()),
+                pa.array(pids, pa.int64()),
+                pa.array(gens, pa.int32()),
+                pa.array(seqs, pa.int64()),
+                pa.array(keys, pa.binary()),
+                pa.array(values, pa.binary()),
+                pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            ]
             for c in cols:
                 c.clear()
             stamps.clear()
             return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-        with Reader(self.settings.coordinator, topic, p, partition.start,
-                    api_token=self.settings.api_token) as reader:
+        with Reader(
+            self.settings.coordinator, topic, p, partition.start, api_token=self.settings.api_token
+        ) as reader:
             for rec in reader:
                 if 0 <= end <= rec.offset:
                     break

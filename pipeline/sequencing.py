@@ -73,7 +73,9 @@ def stream_sequence(batch_id: int, position: int) -> int:
     """The sequence id of the row at ``position`` of a Spark partition in micro-batch
     ``batch_id``."""
     if not 0 <= position < STREAM_POSITIONS_MAX:
-        raise ValueError(f"a micro-batch partition holds at most 2**32 rows; row {position} is beyond")
+        raise ValueError(
+            f"a micro-batch partition holds at most 2**32 rows; row {position} is beyond"
+        )
     if not 0 <= batch_id <= STREAM_BATCH_ID_MAX:
         raise ValueError(f"batch id {batch_id} is outside 0..{STREAM_BATCH_ID_MAX}")
     return (batch_id << STREAM_POSITION_BITS) | position
@@ -106,17 +108,23 @@ class Resume:
 
 
 class PlannedRecord(NamedTuple):  # a tuple: one is made per row, so it must be cheap
-    position: int           # the row's position in its Spark partition
+    position: int  # the row's position in its Spark partition
     topic_partition: int
     sequence: int
     key: bytes | None
     value: bytes
-    written: bool           # an earlier attempt already wrote it: skip
+    written: bool  # an earlier attempt already wrote it: skip
 
 
-def plan(rows: Iterable[tuple[bytes | None, bytes]], *, routing: Routing, spark_partition: int,
-         partitions: int, sequencer: BatchSequencer | StreamSequencer,
-         resume: Resume) -> Iterator[PlannedRecord]:
+def plan(
+    rows: Iterable[tuple[bytes | None, bytes]],
+    *,
+    routing: Routing,
+    spark_partition: int,
+    partitions: int,
+    sequencer: BatchSequencer | StreamSequencer,
+    resume: Resume,
+) -> Iterator[PlannedRecord]:
     """Every row of a Spark partition, in order, with its destination and sequence."""
     for position, (key, value) in enumerate(rows):
         tp = route(routing, spark_partition, key, partitions)

@@ -35,8 +35,13 @@ def spark_environment() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-def build_session(master: str = "local[*]", *, app_name: str = "pidlease-spark",
-                  conf: Mapping[str, str] | None = None, log_level: str = "WARN") -> Any:
+def build_session(
+    master: str = "local[*]",
+    *,
+    app_name: str = "pidlease-spark",
+    conf: Mapping[str, str] | None = None,
+    log_level: str = "WARN",
+) -> Any:
     """A SparkSession with the pidlease data source registered."""
     spark_environment()
     from pyspark.sql import SparkSession

@@ -42,16 +42,22 @@ def check_topic(settings: WriteSettings, *, streaming: bool) -> str:
         with LeaseClient(settings.coordinator, api_token=settings.api_token) as client:
             info = client.topic(settings.topic)
     except errors.UnknownTopicOrPartition:
-        raise OptionError(f"topic {settings.topic!r} does not exist at {settings.coordinator}; create "
-                          f"it first (pidlease topic create {settings.topic} --partitions N"
-                          f"{' --dedup monotonic' if streaming else ''})") from None
+        raise OptionError(
+            f"topic {settings.topic!r} does not exist at {settings.coordinator}; create "
+            f"it first (pidlease topic create {settings.topic} --partitions N"
+            f"{' --dedup monotonic' if streaming else ''})"
+        ) from None
     if info.dedup == "off":
-        raise TopicModeError(f"topic {settings.topic!r} has dedup off: nothing can be exactly-once "
-                             f"on it; use a strict or monotonic topic")
+        raise TopicModeError(
+            f"topic {settings.topic!r} has dedup off: nothing can be exactly-once "
+            f"on it; use a strict or monotonic topic"
+        )
     if streaming and info.dedup != "monotonic":
-        raise TopicModeError(f"a streaming write numbers records batch_id * 2**32 + position, which "
-                             f"leaves holes; topic {settings.topic!r} is {info.dedup}, it must be "
-                             f"monotonic (pidlease topic create ... --dedup monotonic)")
+        raise TopicModeError(
+            f"a streaming write numbers records batch_id * 2**32 + position, which "
+            f"leaves holes; topic {settings.topic!r} is {info.dedup}, it must be "
+            f"monotonic (pidlease topic create ... --dedup monotonic)"
+        )
     return info.dedup
 
 
@@ -106,15 +112,19 @@ class StreamSink(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
         killed = self.settings.faults.kill_commit_batch_id == batchId
-        report = job_report.summarize(messages, topic=self.settings.topic, committed=not killed,
-                                      batch_id=batchId)
+        report = job_report.summarize(
+            messages, topic=self.settings.topic, committed=not killed, batch_id=batchId
+        )
         job_report.save(report, self.settings.report_path, append=True)
         if killed:
-            raise InjectedFailure(f"injected failure in the commit of micro-batch {batchId} "
-                                  f"(kill_commit_batch_id): its rows are written, the checkpoint "
-                                  f"does not record it")
+            raise InjectedFailure(
+                f"injected failure in the commit of micro-batch {batchId} "
+                f"(kill_commit_batch_id): its rows are written, the checkpoint "
+                f"does not record it"
+            )
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
-        report = job_report.summarize(messages, topic=self.settings.topic, committed=False,
-                                      batch_id=batchId)
+        report = job_report.summarize(
+            messages, topic=self.settings.topic, committed=False, batch_id=batchId
+        )
         job_report.save(report, self.settings.report_path, append=True)

@@ -67,8 +67,10 @@ def render() -> str:
         for name, field in cls.model_fields.items():
             default = field.default
             meaning = (field.description or meanings.get(name, "")).replace("|", "\\|")
-            lines.append(f"| {service} | `{name}` | `PIDLEASE_{name.upper()}` | "
-                         f"{_default(default)} | {meaning} |")
+            lines.append(
+                f"| {service} | `{name}` | `PIDLEASE_{name.upper()}` | "
+                f"{_default(default)} | {meaning} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -23,8 +23,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # Here, not in tests/sim/conftest.py: pytest reads options only from conftests next to
     # the paths on its command line, and the flag should work with `pytest tests`.
     parser.getgroup("sim").addoption(
-        "--sim-long", action="store_true", default=False,
-        help="run the deterministic simulation's long form (tests/sim; PIDLEASE_SIM_LONG=1)")
+        "--sim-long",
+        action="store_true",
+        default=False,
+        help="run the deterministic simulation's long form (tests/sim; PIDLEASE_SIM_LONG=1)",
+    )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -91,4 +94,3 @@ def make_module_cluster(zookeeper: ZooKeeperCluster, tmp_path_factory: pytest.Te
     yield factory
     for c in made:
         c.stop()
-

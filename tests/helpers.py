@@ -22,9 +22,14 @@ from pidlease.testing.devcluster import LocalCluster, http_json
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T | None], timeout_s: float = 60.0, what: str = "a condition", *,
-             interval_s: float = 0.05,
-             ignore: tuple[type[BaseException], ...] = ()) -> T:
+def wait_for(
+    check: Callable[[], T | None],
+    timeout_s: float = 60.0,
+    what: str = "a condition",
+    *,
+    interval_s: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
     """Call ``check`` every ``interval_s`` until it returns something truthy, and return
     that. Past ``timeout_s`` the test fails naming ``what``. Exceptions in ``ignore`` count
     as "not yet" (e.g. ``OSError`` while a server is down)."""
@@ -60,8 +65,9 @@ class ManualClock:
         return self.now
 
 
-def lease_pid(at: LocalCluster | str, *, timeout_s: float = 10.0,
-              **body: Any) -> tuple[int, dict[str, Any]]:
+def lease_pid(
+    at: LocalCluster | str, *, timeout_s: float = 10.0, **body: Any
+) -> tuple[int, dict[str, Any]]:
     """``POST /v1/lease_pid`` to a cluster's (or a URL's) coordinator: (status, JSON body).
     The body asks for a new PID on partition 0 of ``orders``; keywords override or add."""
     url = at.coordinator_url if isinstance(at, LocalCluster) else at
@@ -84,12 +90,20 @@ def scrape_metrics(url: str) -> dict[Any, float]:
         return parse_text(resp.read().decode())
 
 
-def cli(*args: str, url: str | None = None, stdin: str | None = None,
-        timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, url: str | None = None, stdin: str | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m pidlease.cli ARGS`` (against the coordinator at ``url``, if given)
     and return it finished, output captured as text; never raises on a non-zero exit."""
     env = dict(os.environ)
     if url is not None:
         env["PIDLEASE_COORDINATOR"] = url
-    return subprocess.run([sys.executable, "-m", "pidlease.cli", *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pidlease.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )

@@ -60,7 +60,7 @@ class _AppendProtocol(asyncio.Protocol):
                 if n - b < size:
                     break
                 (crc,) = _CRC.unpack_from(buf, b + _CRC_AT)
-                if zlib.crc32(mv[b + _CRC_FROM:b + size]) != crc:
+                if zlib.crc32(mv[b + _CRC_FROM : b + size]) != crc:
                     assert self.transport is not None
                     self.transport.abort()
                     return
@@ -99,6 +99,7 @@ def main() -> None:
     port, path = int(sys.argv[1]), Path(sys.argv[2])
     try:
         import uvloop
+
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
@@ -121,9 +122,18 @@ class System:
 
     def start(self) -> None:
         port = free_port()
-        self.proc = ServerProcess("ceiling", [sys.executable, "-m", "bench.peers.ceiling", str(port),
-                                              str(self.workdir / "ceiling.log.data")],
-                                  port, self.workdir / "ceiling.out")
+        self.proc = ServerProcess(
+            "ceiling",
+            [
+                sys.executable,
+                "-m",
+                "bench.peers.ceiling",
+                str(port),
+                str(self.workdir / "ceiling.log.data"),
+            ],
+            port,
+            self.workdir / "ceiling.out",
+        )
         self.proc.start()
 
     def server_pids(self) -> list[int]:
@@ -145,8 +155,14 @@ def _batch(body: bytes, count: int, base_seq: int, producer: int) -> bytes:
     return _HEAD.pack(0, len(tail) + 4, zlib.crc32(tail)) + tail
 
 
-def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, records: int,
-            ready: Callable[[], Any]) -> Outcome:
+def produce(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Callable[[], Any],
+) -> Outcome:
     per = records_per_batch(value_bytes)
     rec = struct.pack(">iI", -1, value_bytes) + payload(value_bytes, index)
     full = rec * per
@@ -186,7 +202,7 @@ def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, recor
                     out.latencies_s.append(now - sent_at[i])
                     out.acked += sizes[i]
                 acked += got
-                del buf[:got * 8]
+                del buf[: got * 8]
     finally:
         sock.close()
     out.finished = clock()

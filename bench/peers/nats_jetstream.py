@@ -23,7 +23,7 @@ from bench.peers.process import ServerProcess, free_port
 from bench.workload import LATENCY_EVERY, Outcome, clock, payload
 
 DUPLICATE_WINDOW_S = 3600.0
-MAX_PENDING = 4000   # nats-py's default bound on async publishes in flight
+MAX_PENDING = 4000  # nats-py's default bound on async publishes in flight
 
 
 class System:
@@ -53,11 +53,14 @@ class System:
         store = self.workdir / "nats-store"
         store.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "nats.conf"
-        conf.write_text(f'listen: "127.0.0.1:{port}"\n'
-                        f'jetstream {{\n  store_dir: "{store}"\n  max_file_store: 20GB\n'
-                        f'  max_memory_store: 256MB\n}}\n')
-        self.proc = ServerProcess("nats-server", ["nats-server", "-c", str(conf)], port,
-                                  self.workdir / "nats.out")
+        conf.write_text(
+            f'listen: "127.0.0.1:{port}"\n'
+            f'jetstream {{\n  store_dir: "{store}"\n  max_file_store: 20GB\n'
+            f"  max_memory_store: 256MB\n}}\n"
+        )
+        self.proc = ServerProcess(
+            "nats-server", ["nats-server", "-c", str(conf)], port, self.workdir / "nats.out"
+        )
         self.proc.start()
 
     def server_pids(self) -> list[int]:
@@ -67,8 +70,11 @@ class System:
     def prepare(self, value_bytes: int) -> dict[str, Any]:
         assert self.proc is not None
         self.runs += 1
-        cfg = {"url": f"nats://127.0.0.1:{self.proc.port}", "stream": f"BENCH{self.runs}",
-               "subject": f"bench{self.runs}"}
+        cfg = {
+            "url": f"nats://127.0.0.1:{self.proc.port}",
+            "stream": f"BENCH{self.runs}",
+            "subject": f"bench{self.runs}",
+        }
         asyncio.run(_create_stream(cfg))
         return cfg
 
@@ -84,9 +90,14 @@ async def _create_stream(cfg: dict[str, Any]) -> None:
     nc = await nats.connect(cfg["url"])
     try:
         js = nc.jetstream()
-        await js.add_stream(StreamConfig(name=cfg["stream"], subjects=[cfg["subject"] + ".>"],
-                                         storage=StorageType.FILE,
-                                         duplicate_window=DUPLICATE_WINDOW_S))
+        await js.add_stream(
+            StreamConfig(
+                name=cfg["stream"],
+                subjects=[cfg["subject"] + ".>"],
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
+        )
     finally:
         await nc.close()
 
@@ -96,8 +107,9 @@ def _stamp(lat: list[float], t: float) -> Callable[[Any], None]:
     return lambda _f: lat.append(clock() - t)
 
 
-async def _produce(cfg: dict[str, Any], index: int, value_bytes: int, records: int,
-                   ready: Callable[[], Any]) -> Outcome:
+async def _produce(
+    cfg: dict[str, Any], index: int, value_bytes: int, records: int, ready: Callable[[], Any]
+) -> Outcome:
     import nats
 
     nc = await nats.connect(cfg["url"])
@@ -132,6 +144,12 @@ async def _produce(cfg: dict[str, Any], index: int, value_bytes: int, records: i
     return out
 
 
-def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, records: int,
-            ready: Callable[[], Any]) -> Outcome:
+def produce(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Callable[[], Any],
+) -> Outcome:
     return asyncio.run(_produce(cfg, index, value_bytes, records, ready))

@@ -29,8 +29,15 @@ SERVER_ENV = {"PIDLEASE_SEGMENT_BYTES_MAX": str(256 * 1024 * 1024)}
 class System:
     producer = "bench.peers.pidlease_sdk:produce"
 
-    def __init__(self, workdir: Path, *, dedup: str = "strict", partitions: int = 1,
-                 replication_factor: int = 1, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        dedup: str = "strict",
+        partitions: int = 1,
+        replication_factor: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.mode = dedup
         self.partitions = partitions
@@ -43,8 +50,9 @@ class System:
         self.runs = 0
 
     def start(self) -> None:
-        self.cluster = LocalCluster(self.workdir / self.key, servers=self.rf, coordinators=1,
-                                    env=self.env).start()
+        self.cluster = LocalCluster(
+            self.workdir / self.key, servers=self.rf, coordinators=1, env=self.env
+        ).start()
 
     def server_pids(self) -> list[int]:
         assert self.cluster is not None
@@ -63,16 +71,26 @@ class System:
             self.cluster.stop()
 
 
-def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, records: int,
-            ready: Callable[[], Any]) -> Outcome:
+def produce(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Callable[[], Any],
+) -> Outcome:
     from pidlease import Producer
 
     value = payload(value_bytes, index)
     out = Outcome(index, records)
     lat = out.latencies_s
     resend = phase == "resend"
-    with Producer(cfg["url"], topic=cfg["topic"], producer_name=f"{cfg['topic']}-{index}",
-                  **cfg.get("settings", {})) as p:
+    with Producer(
+        cfg["url"],
+        topic=cfg["topic"],
+        producer_name=f"{cfg['topic']}-{index}",
+        **cfg.get("settings", {}),
+    ) as p:
         send = p.send
         futs = []
         ready()

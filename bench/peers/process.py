@@ -20,8 +20,14 @@ class ServerProcess:
     """``cmd`` run in its own session with output to ``log_path``; ``start`` returns when
     ``port`` on 127.0.0.1 accepts connections."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.cmd = cmd
         self.port = port
@@ -36,14 +42,18 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 30.0) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env={**os.environ, **(self.env or {})})
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(self.env or {})},
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: "
-                                   f"{self.tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return

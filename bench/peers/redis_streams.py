@@ -58,8 +58,11 @@ class System:
         self.workdir = workdir
         self.variant = variant
         self.key = f"redis-{variant}"
-        self.name = ("Redis Streams, function (highwater + generation)" if variant == "function"
-                     else "Redis Streams, raw XADD with explicit ids")
+        self.name = (
+            "Redis Streams, function (highwater + generation)"
+            if variant == "function"
+            else "Redis Streams, raw XADD with explicit ids"
+        )
         self.proc: ServerProcess | None = None
         self.runs = 0
 
@@ -79,12 +82,32 @@ class System:
         d.mkdir(parents=True, exist_ok=True)
         self.proc = ServerProcess(
             f"redis-server ({self.variant})",
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-             "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(d),
-             "--daemonize", "no", "--protected-mode", "yes"], port, d / "redis.out")
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--dir",
+                str(d),
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+            port,
+            d / "redis.out",
+        )
         self.proc.start()
         if self.variant == "function":
             import redis
+
             r = redis.Redis(host="127.0.0.1", port=port)
             r.function_load(LIBRARY, replace=True)
             r.close()
@@ -103,8 +126,14 @@ class System:
             self.proc.stop()
 
 
-def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, records: int,
-            ready: Callable[[], Any]) -> Outcome:
+def produce(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Callable[[], Any],
+) -> Outcome:
     import redis
 
     r = redis.Redis(host="127.0.0.1", port=int(cfg["port"]))
@@ -135,7 +164,7 @@ def produce(cfg: dict[str, Any], index: int, phase: str, value_bytes: int, recor
         for a in answers:
             if isinstance(a, Exception):
                 if "equal or smaller" in str(a):
-                    out.duplicates += 1   # raw XADD: the id is at or below the top
+                    out.duplicates += 1  # raw XADD: the id is at or below the top
                 else:
                     out.errors += 1
                     out.error_sample = out.error_sample or str(a)

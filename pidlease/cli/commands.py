@@ -44,7 +44,9 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 def parse_duration_ms(text: str) -> int:
     m = _DURATION.match(text.strip())
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use e.g. 500ms, 30s, 5m, 1h, 2d")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; use e.g. 500ms, 30s, 5m, 1h, 2d"
+        )
     return int(m.group(1)) * _UNIT_MS[m.group(2)]
 
 
@@ -60,25 +62,39 @@ def _human_ms(ms: int) -> str:
 def _table(rows: list[list[Any]], header: list[str]) -> str:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells
+    )
 
 
 def _client(args: argparse.Namespace) -> Any:
     from pidlease.client.lease_client import LeaseClient
-    return LeaseClient(args.coordinator, tls_ca_file=getattr(args, "tls_ca_file", None),
-                       api_token=getattr(args, "api_token", None))
+
+    return LeaseClient(
+        args.coordinator,
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+        api_token=getattr(args, "api_token", None),
+    )
 
 
 # -- cluster ---------------------------------------------------------------------------------
 def cmd_dev_up(args: argparse.Namespace) -> int:
     from pidlease.cli import devctl
-    return devctl.up(data_dir=Path(args.data_dir), servers=args.servers,
-                     replication_factor=args.replication_factor, zk_nodes=args.zk_nodes,
-                     port=args.port, zk_hosts=args.zk, detach=args.detach)
+
+    return devctl.up(
+        data_dir=Path(args.data_dir),
+        servers=args.servers,
+        replication_factor=args.replication_factor,
+        zk_nodes=args.zk_nodes,
+        port=args.port,
+        zk_hosts=args.zk,
+        detach=args.detach,
+    )
 
 
 def cmd_dev_down(args: argparse.Namespace) -> int:
     from pidlease.cli import devctl
+
     return devctl.down(data_dir=Path(args.data_dir))
 
 
@@ -92,30 +108,59 @@ def _service_env(args: argparse.Namespace, mapping: dict[str, str]) -> None:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     _service_env(args, {"zk": "PIDLEASE_ZK", "port": "PIDLEASE_HTTP_PORT"})
     from coordinator.__main__ import main as run
+
     return int(run([]) or 0)
 
 
 def cmd_partition_server(args: argparse.Namespace) -> int:
-    _service_env(args, {"zk": "PIDLEASE_ZK", "port": "PIDLEASE_PORT", "server_id": "PIDLEASE_SERVER_ID",
-                        "data_dir": "PIDLEASE_DATA_DIR"})
+    _service_env(
+        args,
+        {
+            "zk": "PIDLEASE_ZK",
+            "port": "PIDLEASE_PORT",
+            "server_id": "PIDLEASE_SERVER_ID",
+            "data_dir": "PIDLEASE_DATA_DIR",
+        },
+    )
     from partition_server.__main__ import main as run
+
     return int(run() or 0)
 
 
 # -- topics ----------------------------------------------------------------------------------
 def _print_topic(body: dict[str, Any]) -> None:
-    print(f"topic {body['name']}: {body['partitions']} partitions, replication factor "
-          f"{body.get('replication_factor', 1)}, dedup {body.get('dedup', 'strict')}")
-    rows = [[p["partition"], p.get("leader"), p.get("leader_address") or "-", p.get("leader_epoch"),
-             ",".join(map(str, p.get("replicas", []))), ",".join(map(str, p.get("isr", []))),
-             p.get("log_end_offset"), p.get("high_watermark")] for p in body.get("partition_states", [])]
-    print(_table(rows, ["PARTITION", "LEADER", "ADDRESS", "EPOCH", "REPLICAS", "ISR", "LOG_END", "HW"]))
+    print(
+        f"topic {body['name']}: {body['partitions']} partitions, replication factor "
+        f"{body.get('replication_factor', 1)}, dedup {body.get('dedup', 'strict')}"
+    )
+    rows = [
+        [
+            p["partition"],
+            p.get("leader"),
+            p.get("leader_address") or "-",
+            p.get("leader_epoch"),
+            ",".join(map(str, p.get("replicas", []))),
+            ",".join(map(str, p.get("isr", []))),
+            p.get("log_end_offset"),
+            p.get("high_watermark"),
+        ]
+        for p in body.get("partition_states", [])
+    ]
+    print(
+        _table(
+            rows, ["PARTITION", "LEADER", "ADDRESS", "EPOCH", "REPLICAS", "ISR", "LOG_END", "HW"]
+        )
+    )
 
 
 def cmd_topic_create(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        body = c.create_topic(args.name, partitions=args.partitions,
-                              replication_factor=args.replication_factor, dedup=args.dedup)
+        body = c.create_topic(
+            args.name,
+            partitions=args.partitions,
+            replication_factor=args.replication_factor,
+            dedup=args.dedup,
+        )
     if args.json:
         print(json.dumps(body))
     else:
@@ -133,8 +178,20 @@ def cmd_topic_list(args: argparse.Namespace) -> int:
     if not topics:
         print("no topics yet; create one with: pidlease topic create NAME --partitions N")
         return 0
-    print(_table([[t.get("name"), t.get("partitions", "?"), t.get("replication_factor", "?"),
-                   t.get("dedup", "?")] for t in topics], ["NAME", "PARTITIONS", "REPLICATION", "DEDUP"]))
+    print(
+        _table(
+            [
+                [
+                    t.get("name"),
+                    t.get("partitions", "?"),
+                    t.get("replication_factor", "?"),
+                    t.get("dedup", "?"),
+                ]
+                for t in topics
+            ],
+            ["NAME", "PARTITIONS", "REPLICATION", "DEDUP"],
+        )
+    )
     return 0
 
 
@@ -156,16 +213,25 @@ def cmd_produce(args: argparse.Namespace) -> int:
     stdin = sys.stdin.buffer
     futures: list[Any] = []
     bad_line = False
-    with Producer(args.coordinator, topic=args.topic, producer_name=args.producer_name,
-                  linger_ms=args.linger_ms, max_in_flight=args.max_in_flight,
-                  tls_ca_file=args.tls_ca_file, api_token=args.api_token) as p:
+    with Producer(
+        args.coordinator,
+        topic=args.topic,
+        producer_name=args.producer_name,
+        linger_ms=args.linger_ms,
+        max_in_flight=args.max_in_flight,
+        tls_ca_file=args.tls_ca_file,
+        api_token=args.api_token,
+    ) as p:
         for raw in stdin:
             line = raw.rstrip(b"\r\n") if not args.keep_newlines else raw
             key = None
             if sep is not None:
                 if sep not in line:
-                    print(f"error: line {len(futures) + 1} has no key separator "
-                          f"{args.key_separator!r}; nothing more was sent", file=sys.stderr)
+                    print(
+                        f"error: line {len(futures) + 1} has no key separator "
+                        f"{args.key_separator!r}; nothing more was sent",
+                        file=sys.stderr,
+                    )
                     bad_line = True
                     break
                 key, line = line.split(sep, 1)
@@ -186,8 +252,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
         new += not md.duplicate
     spread = ", ".join(f"p{k}: {v}" for k, v in sorted(per_partition.items())) or "none"
     name = f" (producer name {args.producer_name})" if args.producer_name else ""
-    print(f"produced {new + dup} of {len(futures)} records to {args.topic} as pid {pid} generation "
-          f"{gen}{name}: {new} new, {dup} duplicates, {len(failed)} failed; per partition {spread}")
+    print(
+        f"produced {new + dup} of {len(futures)} records to {args.topic} as pid {pid} generation "
+        f"{gen}{name}: {new} new, {dup} duplicates, {len(failed)} failed; per partition {spread}"
+    )
     if failed:
         print(f"error: {len(failed)} records failed, first: {failed[0]}", file=sys.stderr)
         return 1
@@ -202,17 +270,34 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from pidlease.client.reader import Reader
 
     n = 0
-    with Reader(args.coordinator, args.topic, args.partition, args.from_offset,
-                stop_at_end=not args.follow, include_control=args.include_control,
-                tls_ca_file=args.tls_ca_file, api_token=args.api_token) as rd:
+    with Reader(
+        args.coordinator,
+        args.topic,
+        args.partition,
+        args.from_offset,
+        stop_at_end=not args.follow,
+        include_control=args.include_control,
+        tls_ca_file=args.tls_ca_file,
+        api_token=args.api_token,
+    ) as rd:
         for rec in rd:
             if args.max is not None and n >= args.max:
                 break
             if args.json:
-                print(json.dumps({"offset": rec.offset, "pid": rec.pid, "generation": rec.generation,
-                                  "sequence_id": rec.sequence_id, "key": _text(rec.key),
-                                  "value": _text(rec.value), "timestamp_ms": rec.timestamp_ms,
-                                  "control": rec.is_control}))
+                print(
+                    json.dumps(
+                        {
+                            "offset": rec.offset,
+                            "pid": rec.pid,
+                            "generation": rec.generation,
+                            "sequence_id": rec.sequence_id,
+                            "key": _text(rec.key),
+                            "value": _text(rec.value),
+                            "timestamp_ms": rec.timestamp_ms,
+                            "control": rec.is_control,
+                        }
+                    )
+                )
             else:
                 print(f"{rec.offset}\t{_text(rec.key)}\t{_text(rec.value)}")
             n += 1
@@ -235,14 +320,39 @@ def cmd_pids(args: argparse.Namespace) -> int:
         print(json.dumps(pids))
         return 0
     now_ms = int(time.time() * 1000)
-    rows = [[p["pid"], p.get("producer_name") or "-", p.get("generation"), p.get("state"),
-             _human_ms(int(p.get("expires_in_ms", 0))),
-             _human_ms(max(0, now_ms - int(p.get("last_use_ms", now_ms)))) + " ago",
-             ",".join(f"{q['topic']}/{q['partition']}@{q.get('highwater', -1)}" for q in p.get("partitions", []))
-             or "-"] for p in pids]
-    print(_table(rows, ["PID", "NAME", "GENERATION", "STATE", "EXPIRES_IN", "LAST_USE",
-                        "PARTITIONS(topic/p@highwater)"]))
-    counts = {s: sum(1 for p in pids if p.get("state") == s) for s in ("active", "expiring", "lapsed")}
+    rows = [
+        [
+            p["pid"],
+            p.get("producer_name") or "-",
+            p.get("generation"),
+            p.get("state"),
+            _human_ms(int(p.get("expires_in_ms", 0))),
+            _human_ms(max(0, now_ms - int(p.get("last_use_ms", now_ms)))) + " ago",
+            ",".join(
+                f"{q['topic']}/{q['partition']}@{q.get('highwater', -1)}"
+                for q in p.get("partitions", [])
+            )
+            or "-",
+        ]
+        for p in pids
+    ]
+    print(
+        _table(
+            rows,
+            [
+                "PID",
+                "NAME",
+                "GENERATION",
+                "STATE",
+                "EXPIRES_IN",
+                "LAST_USE",
+                "PARTITIONS(topic/p@highwater)",
+            ],
+        )
+    )
+    counts = {
+        s: sum(1 for p in pids if p.get("state") == s) for s in ("active", "expiring", "lapsed")
+    }
     print(f"{len(rows)} PIDs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 0
 
@@ -263,8 +373,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pidlease.cli.demo import run_demo
 
     try:
-        return run_demo(records=args.records, data_dir=args.data_dir, keep=args.keep, seed=args.seed,
-                        out=lambda s: print(s, flush=True))
+        return run_demo(
+            records=args.records,
+            data_dir=args.data_dir,
+            keep=args.keep,
+            seed=args.seed,
+            out=lambda s: print(s, flush=True),
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -273,36 +388,65 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog="pidlease", formatter_class=fmt, epilog=EPILOG,
-                                     description="Exactly-once publishing with leased producer ids.")
+    parser = argparse.ArgumentParser(
+        prog="pidlease",
+        formatter_class=fmt,
+        epilog=EPILOG,
+        description="Exactly-once publishing with leased producer ids.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def coord(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--coordinator", metavar="URL",
-                       default=os.environ.get(ENV_COORDINATOR, DEFAULT_COORDINATOR),
-                       help="coordinator URL (env PIDLEASE_COORDINATOR, default %(default)s)")
-        p.add_argument("--api-token", metavar="TOKEN", default=os.environ.get("PIDLEASE_API_TOKEN"),
-                       help="the coordinator's API token (env PIDLEASE_API_TOKEN)")
-        p.add_argument("--tls-ca-file", metavar="PEM", default=os.environ.get("PIDLEASE_TLS_CA_FILE") or None,
-                       help="CA bundle to trust: TLS to the partition servers, and for an https:// "
-                            "coordinator (env PIDLEASE_TLS_CA_FILE; default plaintext / system store)")
+        p.add_argument(
+            "--coordinator",
+            metavar="URL",
+            default=os.environ.get(ENV_COORDINATOR, DEFAULT_COORDINATOR),
+            help="coordinator URL (env PIDLEASE_COORDINATOR, default %(default)s)",
+        )
+        p.add_argument(
+            "--api-token",
+            metavar="TOKEN",
+            default=os.environ.get("PIDLEASE_API_TOKEN"),
+            help="the coordinator's API token (env PIDLEASE_API_TOKEN)",
+        )
+        p.add_argument(
+            "--tls-ca-file",
+            metavar="PEM",
+            default=os.environ.get("PIDLEASE_TLS_CA_FILE") or None,
+            help="CA bundle to trust: TLS to the partition servers, and for an https:// "
+            "coordinator (env PIDLEASE_TLS_CA_FILE; default plaintext / system store)",
+        )
 
     def zk(p: argparse.ArgumentParser, help_text: str) -> None:
         p.add_argument("--zk", metavar="HOSTS", default=os.environ.get(ENV_ZK), help=help_text)
 
-    dev = sub.add_parser("dev", help="run a local cluster (ZooKeeper, coordinator, servers)",
-                         formatter_class=fmt, epilog="examples:\n  pidlease dev up --servers 3\n"
-                         "  pidlease dev up --detach --data-dir /tmp/pl && pidlease dev down --data-dir /tmp/pl")
+    dev = sub.add_parser(
+        "dev",
+        help="run a local cluster (ZooKeeper, coordinator, servers)",
+        formatter_class=fmt,
+        epilog="examples:\n  pidlease dev up --servers 3\n"
+        "  pidlease dev up --detach --data-dir /tmp/pl && pidlease dev down --data-dir /tmp/pl",
+    )
     dsub = dev.add_subparsers(dest="dev_command", metavar="up|down", required=True)
     up = dsub.add_parser("up", help="start a local cluster and print the coordinator URL")
     up.add_argument("--servers", type=int, default=1, help="partition servers (default 1)")
-    up.add_argument("--replication-factor", type=int, default=1,
-                    help="replication factor you intend for topics (checked against --servers)")
+    up.add_argument(
+        "--replication-factor",
+        type=int,
+        default=1,
+        help="replication factor you intend for topics (checked against --servers)",
+    )
     up.add_argument("--zk-nodes", type=int, choices=(1, 3), default=1, help="ZooKeeper nodes")
-    up.add_argument("--data-dir", default="pidlease-data", help="where everything lives (default ./%(default)s)")
+    up.add_argument(
+        "--data-dir", default="pidlease-data", help="where everything lives (default ./%(default)s)"
+    )
     up.add_argument("--port", type=int, default=8470, help="coordinator port (default %(default)s)")
-    up.add_argument("--zk", metavar="HOSTS", default=None,
-                    help="use this ZooKeeper (host:port/chroot) instead of starting one")
+    up.add_argument(
+        "--zk",
+        metavar="HOSTS",
+        default=None,
+        help="use this ZooKeeper (host:port/chroot) instead of starting one",
+    )
     up.add_argument("--detach", action="store_true", help="leave it running in the background")
     up.set_defaults(func=cmd_dev_up)
     down = dsub.add_parser("down", help="stop the cluster started from --data-dir")
@@ -313,7 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     zk(c, "ZooKeeper hosts with chroot (env PIDLEASE_ZK)")
     c.add_argument("--port", type=int, help="HTTP port (env PIDLEASE_HTTP_PORT, default 8470)")
     c.set_defaults(func=cmd_coordinator)
-    s = sub.add_parser("partition-server", help="run one partition server (settings from PIDLEASE_* env)")
+    s = sub.add_parser(
+        "partition-server", help="run one partition server (settings from PIDLEASE_* env)"
+    )
     zk(s, "ZooKeeper hosts with chroot (env PIDLEASE_ZK)")
     s.add_argument("--port", type=int, help="TCP port (env PIDLEASE_PORT)")
     s.add_argument("--server-id", type=int, help="server id (env PIDLEASE_SERVER_ID)")
@@ -322,13 +468,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("topic", help="create, list, describe topics")
     tsub = t.add_subparsers(dest="topic_command", metavar="create|list|describe", required=True)
-    tc = tsub.add_parser("create", help="create a topic",
-                         epilog="example: pidlease topic create orders --partitions 3 --dedup strict")
+    tc = tsub.add_parser(
+        "create",
+        help="create a topic",
+        epilog="example: pidlease topic create orders --partitions 3 --dedup strict",
+    )
     tc.add_argument("name")
     tc.add_argument("--partitions", type=int, default=1)
     tc.add_argument("--replication-factor", type=int, default=1)
-    tc.add_argument("--dedup", choices=("strict", "monotonic", "off"), default="strict",
-                    help="strict: sequences must be contiguous; monotonic: increasing, holes allowed")
+    tc.add_argument(
+        "--dedup",
+        choices=("strict", "monotonic", "off"),
+        default="strict",
+        help="strict: sequences must be contiguous; monotonic: increasing, holes allowed",
+    )
     tl = tsub.add_parser("list", help="list topics")
     td = tsub.add_parser("describe", help="partitions, leaders, offsets of a topic")
     td.add_argument("name")
@@ -337,21 +490,30 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(func=f)
 
-    pr = sub.add_parser("produce", help="send stdin lines as records, exactly once", formatter_class=fmt,
-                        epilog="examples:\n  seq 1 100 | pidlease produce orders\n"
-                        "  printf 'k1=v1\\nk2=v2\\n' | pidlease produce orders --key-separator =")
+    pr = sub.add_parser(
+        "produce",
+        help="send stdin lines as records, exactly once",
+        formatter_class=fmt,
+        epilog="examples:\n  seq 1 100 | pidlease produce orders\n"
+        "  printf 'k1=v1\\nk2=v2\\n' | pidlease produce orders --key-separator =",
+    )
     pr.add_argument("topic")
     coord(pr)
     pr.add_argument("--key-separator", metavar="SEP", help="split each line into KEY SEP VALUE")
-    pr.add_argument("--producer-name", help="a stable name: a rerun takes the PID over (fencing the old one)")
+    pr.add_argument(
+        "--producer-name", help="a stable name: a rerun takes the PID over (fencing the old one)"
+    )
     pr.add_argument("--partition", type=int, help="send everything to this partition")
     pr.add_argument("--linger-ms", type=float, default=5)
     pr.add_argument("--max-in-flight", type=int, default=5)
     pr.add_argument("--keep-newlines", action="store_true", help="do not strip line endings")
     pr.set_defaults(func=cmd_produce)
 
-    co = sub.add_parser("consume", help="print a partition's records",
-                        epilog="example: pidlease consume orders --partition 0 --from 0 --max 10 --json")
+    co = sub.add_parser(
+        "consume",
+        help="print a partition's records",
+        epilog="example: pidlease consume orders --partition 0 --from 0 --max 10 --json",
+    )
     co.add_argument("topic")
     coord(co)
     co.add_argument("--partition", type=int, default=0)
@@ -362,22 +524,33 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--json", action="store_true", help="one JSON object per record, all fields")
     co.set_defaults(func=cmd_consume)
 
-    pi = sub.add_parser("pids", help="the PID expiry table",
-                        epilog="example: pidlease pids --expiring-within 5m")
+    pi = sub.add_parser(
+        "pids", help="the PID expiry table", epilog="example: pidlease pids --expiring-within 5m"
+    )
     coord(pi)
-    pi.add_argument("--expiring-within", type=parse_duration_ms, metavar="DURATION",
-                    help="only running leases that expire within e.g. 30s, 5m, 1h")
+    pi.add_argument(
+        "--expiring-within",
+        type=parse_duration_ms,
+        metavar="DURATION",
+        help="only running leases that expire within e.g. 30s, 5m, 1h",
+    )
     pi.add_argument("--state", choices=("active", "expiring", "lapsed"), help="only this state")
     pi.add_argument("--limit", type=int, default=1000)
     pi.add_argument("--json", action="store_true")
     pi.set_defaults(func=cmd_pids)
 
-    v = sub.add_parser("verify", help="exactly-once audit of a topic (exit 1 on any violation)",
-                       epilog="example: pidlease verify orders --acked acked.jsonl")
+    v = sub.add_parser(
+        "verify",
+        help="exactly-once audit of a topic (exit 1 on any violation)",
+        epilog="example: pidlease verify orders --acked acked.jsonl",
+    )
     v.add_argument("topic")
     coord(v)
-    v.add_argument("--acked", metavar="FILE",
-                   help='JSON lines {"partition": P, "pid": X, "sequence_id": S} that must be present')
+    v.add_argument(
+        "--acked",
+        metavar="FILE",
+        help='JSON lines {"partition": P, "pid": X, "sequence_id": S} that must be present',
+    )
     v.set_defaults(func=cmd_verify)
 
     d = sub.add_parser("demo", help="exactly-once under dropped connections and SIGKILLed servers")
@@ -391,17 +564,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 _HINTS: dict[type, str] = {
     errors.CoordinatorUnavailable: "is the coordinator running at {url}? start a local cluster "
-                                   "with `pidlease dev up`, or pass --coordinator URL / set "
-                                   "PIDLEASE_COORDINATOR",
+    "with `pidlease dev up`, or pass --coordinator URL / set "
+    "PIDLEASE_COORDINATOR",
     errors.UnknownTopicOrPartition: "list topics with `pidlease topic list`; create one with "
-                                    "`pidlease topic create NAME --partitions N`",
+    "`pidlease topic create NAME --partitions N`",
     errors.TopicExists: "see it with `pidlease topic describe NAME`",
     errors.ProducerFenced: "another producer took this producer name over; the newest one wins",
     errors.Unauthorized: "set PIDLEASE_API_TOKEN (or --api-token) to the coordinator's API token",
     errors.Forbidden: "this token's principal lacks the scope or does not own the PID; "
-                      "see the detail",
+    "see the detail",
     errors.PidLimitExceeded: "reuse a producer name (--producer-name takes its PID over) instead "
-                             "of leasing new PIDs, or ask an operator to raise pids_max_per_principal",
+    "of leasing new PIDs, or ask an operator to raise pids_max_per_principal",
 }
 
 
@@ -414,12 +587,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.name}: {exc.detail}", file=sys.stderr)
         for cls, hint in _HINTS.items():
             if isinstance(exc, cls):
-                print(f"hint: {hint.format(url=getattr(args, 'coordinator', DEFAULT_COORDINATOR))}",
-                      file=sys.stderr)
+                print(
+                    f"hint: {hint.format(url=getattr(args, 'coordinator', DEFAULT_COORDINATOR))}",
+                    file=sys.stderr,
+                )
                 break
         return 1
     except Exception as exc:
         from pidlease.cli.devctl import DevError
+
         if isinstance(exc, DevError):
             print(f"error: {exc}", file=sys.stderr)
             return 1

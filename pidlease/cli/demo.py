@@ -32,7 +32,7 @@ PARTITIONS = 3
 @dataclass(frozen=True)
 class Fault:
     at_record: int
-    kind: str           # "drop" | "kill"
+    kind: str  # "drop" | "kill"
     downtime_ms: int = 0
 
 
@@ -69,9 +69,16 @@ class _Acks:
             self.duplicates += md.duplicate
 
 
-def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep: bool = False,
-             seed: int | None = None, drops: int = 4, kills: int = 2,
-             out: Callable[[str], None] = print) -> int:
+def run_demo(
+    *,
+    records: int = 200_000,
+    data_dir: str | Path | None = None,
+    keep: bool = False,
+    seed: int | None = None,
+    drops: int = 4,
+    kills: int = 2,
+    out: Callable[[str], None] = print,
+) -> int:
     from pidlease.cli.verify import verify_topic
     from pidlease.client.lease_client import LeaseClient
     from pidlease.client.producer import Producer
@@ -88,10 +95,21 @@ def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep
         base.mkdir(parents=True, exist_ok=True)
     seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
     faults = schedule(seed, records, drops=drops, kills=kills)
-    out(f"pidlease demo: {records} records, seed {seed} (replay with --seed {seed}), data in {base}")
-    out("fault schedule: " + ", ".join(
-        ("drop connections" if f.kind == "drop" else f"kill leader of p0 for {f.downtime_ms} ms")
-        + f" at record {f.at_record}" for f in faults))
+    out(
+        f"pidlease demo: {records} records, seed {seed} (replay with --seed {seed}), data in {base}"
+    )
+    out(
+        "fault schedule: "
+        + ", ".join(
+            (
+                "drop connections"
+                if f.kind == "drop"
+                else f"kill leader of p0 for {f.downtime_ms} ms"
+            )
+            + f" at record {f.at_record}"
+            for f in faults
+        )
+    )
     t0 = time.monotonic()
     cluster = LocalCluster(base / "cluster", servers=3)
     ok = False
@@ -102,9 +120,13 @@ def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep
         with LeaseClient(cluster.coordinator_url) as lc:
             leader_id = lc.topic(TOPIC).partition_states[0].leader
         victim = cluster.server(int(leader_id))  # type: ignore[arg-type]
-        out(f"cluster up at {cluster.coordinator_url} in {time.monotonic() - t0:.1f}s; "
-            f"partition 0 is led by server {victim.ident} ({victim.address})")
-        ok = _produce_and_verify(cluster, victim, faults, records, base, out, Producer, verify_topic)
+        out(
+            f"cluster up at {cluster.coordinator_url} in {time.monotonic() - t0:.1f}s; "
+            f"partition 0 is led by server {victim.ident} ({victim.address})"
+        )
+        ok = _produce_and_verify(
+            cluster, victim, faults, records, base, out, Producer, verify_topic
+        )
     finally:
         cluster.stop()
         out(f"done in {time.monotonic() - t0:.1f}s")
@@ -115,8 +137,16 @@ def run_demo(*, records: int = 200_000, data_dir: str | Path | None = None, keep
     return 0 if ok else 1
 
 
-def _produce_and_verify(cluster: Any, victim: Any, faults: list[Fault], records: int, base: Path,
-                        out: Callable[[str], None], producer_cls: Any, verify_topic: Any) -> bool:
+def _produce_and_verify(
+    cluster: Any,
+    victim: Any,
+    faults: list[Fault],
+    records: int,
+    base: Path,
+    out: Callable[[str], None],
+    producer_cls: Any,
+    verify_topic: Any,
+) -> bool:
     acks = _Acks()
     outage: threading.Thread | None = None
     events: list[str] = []
@@ -127,8 +157,9 @@ def _produce_and_verify(cluster: Any, victim: Any, faults: list[Fault], records:
         cluster.start_service(victim)
 
     step = max(records // 10, 1)
-    with producer_cls(cluster.coordinator_url, topic=TOPIC, producer_name="demo-producer",
-                      max_in_flight=5) as p:
+    with producer_cls(
+        cluster.coordinator_url, topic=TOPIC, producer_name="demo-producer", max_in_flight=5
+    ) as p:
         acks.pid = p.pid
         out(f"producer pid {p.pid} generation {p.generation}, max_in_flight 5")
         pending = list(faults)
@@ -143,16 +174,20 @@ def _produce_and_verify(cluster: Any, victim: Any, faults: list[Fault], records:
                         outage.join()
                     outage = threading.Thread(target=kill_and_restart, args=(fault,), daemon=True)
                     outage.start()
-                    events.append(f"record {i}: SIGKILL server {victim.ident} (leader of partition 0), "
-                                  f"restart after {fault.downtime_ms} ms")
+                    events.append(
+                        f"record {i}: SIGKILL server {victim.ident} (leader of partition 0), "
+                        f"restart after {fault.downtime_ms} ms"
+                    )
                 out(f"  ! {events[-1]}")
             p.send(b"record-%d" % i, key=b"key-%d" % (i % 997)).add_done_callback(acks)
             if (i + 1) % step == 0:
                 st = p.stats
                 with acks.lock:
                     n_acked = len(acks.acked)
-                out(f"  sent {i + 1}/{records}, acked {n_acked}, retries {st['retries']}, "
-                    f"batches resent {st['batches_resent']}")
+                out(
+                    f"  sent {i + 1}/{records}, acked {n_acked}, retries {st['retries']}, "
+                    f"batches resent {st['batches_resent']}"
+                )
         if outage is not None:
             outage.join()
         p.flush()
@@ -160,18 +195,25 @@ def _produce_and_verify(cluster: Any, victim: Any, faults: list[Fault], records:
     with acks.lock:
         acked = list(acks.acked)
         failed = list(acks.failed)
-    out(f"all sends resolved: {len(acked)} acked ({acks.duplicates} answered as duplicates of a "
+    out(
+        f"all sends resolved: {len(acked)} acked ({acks.duplicates} answered as duplicates of a "
         f"resent batch), {len(failed)} failed; {stats['retries']} retries, "
-        f"{stats['batches_resent']} batches resent")
+        f"{stats['batches_resent']} batches resent"
+    )
     with open(base / "acked.jsonl", "w") as f:
-        f.writelines(json.dumps({"partition": part, "pid": pid, "sequence_id": seq}) + "\n" for part, pid, seq in acked)
+        f.writelines(
+            json.dumps({"partition": part, "pid": pid, "sequence_id": seq}) + "\n"
+            for part, pid, seq in acked
+        )
     out("reading the topic back and auditing it...")
     report = verify_topic(cluster.coordinator_url, TOPIC, acked=acked)
     out(report.summary())
     present = report.total("acked") - report.total("acked_missing")
-    out(f"RESULT: records acked {len(acked)}, present {present}, in log {report.total('records')}, "
+    out(
+        f"RESULT: records acked {len(acked)}, present {present}, in log {report.total('records')}, "
         f"duplicates {report.total('duplicates')}, missing {report.total('acked_missing')}, "
-        f"gaps {report.total('gaps')}, out of order {report.total('out_of_order')}")
+        f"gaps {report.total('gaps')}, out of order {report.total('out_of_order')}"
+    )
     ok = report.ok and not failed and len(acked) == records == report.total("records")
     if ok:
         out(f"DEMO PASSED: exactly-once held through {len(events)} faults")

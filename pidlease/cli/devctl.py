@@ -33,7 +33,9 @@ class DevError(Exception):
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -66,7 +68,9 @@ def read_state(data_dir: Path) -> dict[str, Any] | None:
     try:
         return dict(json.loads(path.read_text()))
     except ValueError as exc:
-        raise DevError(f"{path} is not valid JSON ({exc}); delete it if no cluster is running") from exc
+        raise DevError(
+            f"{path} is not valid JSON ({exc}); delete it if no cluster is running"
+        ) from exc
 
 
 def _running(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,45 +85,82 @@ def _state_of(cluster: Any, *, detached: bool, replication_factor: int) -> dict[
     procs = []
     for svc in cluster.coordinators + cluster.servers:
         if svc.proc is not None:
-            procs.append({"kind": svc.kind, "ident": svc.ident, "pid": svc.proc.pid,
-                          "marker": f"-m {svc.kind}", "address": svc.address})
+            procs.append(
+                {
+                    "kind": svc.kind,
+                    "ident": svc.ident,
+                    "pid": svc.proc.pid,
+                    "marker": f"-m {svc.kind}",
+                    "address": svc.address,
+                }
+            )
     if cluster.zk is not None:
         for node in cluster.zk.nodes:
             if node.proc is not None:
-                procs.append({"kind": "zookeeper", "ident": node.myid, "pid": node.proc.pid,
-                              "marker": "QuorumPeerMain", "address": f"127.0.0.1:{node.client_port}"})
-    state: dict[str, Any] = {"coordinator_url": cluster.coordinator_url, "zk_hosts": cluster.zk_hosts,
-                             "data_dir": str(cluster.data_dir), "replication_factor": replication_factor,
-                             "started_ms": int(time.time() * 1000), "processes": procs}
+                procs.append(
+                    {
+                        "kind": "zookeeper",
+                        "ident": node.myid,
+                        "pid": node.proc.pid,
+                        "marker": "QuorumPeerMain",
+                        "address": f"127.0.0.1:{node.client_port}",
+                    }
+                )
+    state: dict[str, Any] = {
+        "coordinator_url": cluster.coordinator_url,
+        "zk_hosts": cluster.zk_hosts,
+        "data_dir": str(cluster.data_dir),
+        "replication_factor": replication_factor,
+        "started_ms": int(time.time() * 1000),
+        "processes": procs,
+    }
     if not detached:
         state["supervisor"] = {"kind": "supervisor", "pid": os.getpid(), "marker": "dev up"}
     return state
 
 
-def up(*, data_dir: Path, servers: int, replication_factor: int, zk_nodes: int, port: int,
-       zk_hosts: str | None, detach: bool, out: Callable[[str], None] = print) -> int:
+def up(
+    *,
+    data_dir: Path,
+    servers: int,
+    replication_factor: int,
+    zk_nodes: int,
+    port: int,
+    zk_hosts: str | None,
+    detach: bool,
+    out: Callable[[str], None] = print,
+) -> int:
     from pidlease.testing.devcluster import LocalCluster
 
     if servers < 1:
         raise DevError("--servers must be at least 1")
     if not 1 <= replication_factor <= servers:
-        raise DevError(f"--replication-factor {replication_factor} needs 1..{servers} servers "
-                       f"(raise --servers)")
+        raise DevError(
+            f"--replication-factor {replication_factor} needs 1..{servers} servers "
+            f"(raise --servers)"
+        )
     if zk_nodes not in (1, 3):
         raise DevError("--zk-nodes must be 1 or 3")
     data_dir = data_dir.absolute()
     old = read_state(data_dir)
     if old is not None and _running(old):
-        raise DevError(f"a dev cluster is already running from {data_dir} "
-                       f"({old.get('coordinator_url')}); stop it with: pidlease dev down --data-dir {data_dir}")
+        raise DevError(
+            f"a dev cluster is already running from {data_dir} "
+            f"({old.get('coordinator_url')}); stop it with: pidlease dev down --data-dir {data_dir}"
+        )
     if not _port_free(port):
-        raise DevError(f"port {port} on 127.0.0.1 is in use (another dev cluster? try `pidlease dev down`), "
-                       f"or choose another with --port")
-    out(f"starting a local cluster in {data_dir}: "
+        raise DevError(
+            f"port {port} on 127.0.0.1 is in use (another dev cluster? try `pidlease dev down`), "
+            f"or choose another with --port"
+        )
+    out(
+        f"starting a local cluster in {data_dir}: "
         f"{'ZooKeeper at ' + zk_hosts if zk_hosts else f'ZooKeeper ({zk_nodes} node(s))'}, "
-        f"1 coordinator, {servers} partition server(s)...")
-    cluster = LocalCluster(data_dir, servers=servers, zk_nodes=zk_nodes, zk_hosts=zk_hosts,
-                           coordinator_ports=[port])
+        f"1 coordinator, {servers} partition server(s)..."
+    )
+    cluster = LocalCluster(
+        data_dir, servers=servers, zk_nodes=zk_nodes, zk_hosts=zk_hosts, coordinator_ports=[port]
+    )
     try:
         cluster.start()
     except BaseException:
@@ -131,8 +172,10 @@ def up(*, data_dir: Path, servers: int, replication_factor: int, zk_nodes: int, 
     out(f"zookeeper:   {cluster.zk_hosts}")
     for svc in cluster.servers:
         out(f"partition server {svc.ident}: {svc.address} (log {svc.log_path})")
-    out("try:  pidlease topic create orders --partitions 3 "
-        f"--replication-factor {replication_factor}")
+    out(
+        "try:  pidlease topic create orders --partitions 3 "
+        f"--replication-factor {replication_factor}"
+    )
     if detach:
         # The processes outlive us on purpose (`dev down` stops them by pid); mark the
         # Popen objects finished so their destructors do not warn about running children.
@@ -187,8 +230,10 @@ def down(*, data_dir: Path, out: Callable[[str], None] = print, timeout_s: float
     data_dir = data_dir.absolute()
     state = read_state(data_dir)
     if state is None:
-        raise DevError(f"no dev cluster state in {data_dir} ({STATE_FILE} is missing); "
-                       f"is one running? Pass the --data-dir it was started with.")
+        raise DevError(
+            f"no dev cluster state in {data_dir} ({STATE_FILE} is missing); "
+            f"is one running? Pass the --data-dir it was started with."
+        )
     sup = state.get("supervisor")
     if sup and _alive(int(sup["pid"]), str(sup["marker"])):
         out(f"asking the dev up process {sup['pid']} to stop the cluster...")
@@ -201,4 +246,3 @@ def down(*, data_dir: Path, out: Callable[[str], None] = print, timeout_s: float
     (data_dir / STATE_FILE).unlink(missing_ok=True)
     out("dev cluster stopped")
     return 0
-

@@ -82,7 +82,7 @@ class Runs:
 class PartitionAudit:
     partition: int
     records: int = 0
-    unchecked_records: int = 0   # PID 0
+    unchecked_records: int = 0  # PID 0
     duplicates: int = 0
     out_of_order: int = 0
     gaps: int = 0
@@ -111,7 +111,9 @@ class PartitionAudit:
             self.example(f"pid {rec.pid} sequence {seq} appears again at offset {rec.offset}")
         elif seq < top:
             self.out_of_order += 1
-            self.example(f"pid {rec.pid} sequence {seq} at offset {rec.offset} comes after sequence {top}")
+            self.example(
+                f"pid {rec.pid} sequence {seq} at offset {rec.offset} comes after sequence {top}"
+            )
         if seq > top:
             self.max_seq[rec.pid] = seq
 
@@ -142,16 +144,22 @@ class AuditReport:
         return bad == 0
 
     def summary(self) -> str:
-        lines = [f"verify topic {self.topic!r}: {len(self.partitions)} partitions, dedup {self.dedup}"]
+        lines = [
+            f"verify topic {self.topic!r}: {len(self.partitions)} partitions, dedup {self.dedup}"
+        ]
         for p in self.partitions:
-            line = (f"  partition {p.partition}: {p.records} records, {p.pids} PIDs, "
-                    f"{p.duplicates} duplicates, {p.out_of_order} out of order, {p.gaps} gaps")
+            line = (
+                f"  partition {p.partition}: {p.records} records, {p.pids} PIDs, "
+                f"{p.duplicates} duplicates, {p.out_of_order} out of order, {p.gaps} gaps"
+            )
             if self.acked_given:
                 line += f", acked {p.acked}, missing {p.acked_missing}"
             lines.append(line)
-        totals = (f"{self.total('records')} records from {self.pids} PIDs, "
-                  f"{self.total('duplicates')} duplicates, {self.total('out_of_order')} out of order, "
-                  f"{self.total('gaps')} gaps")
+        totals = (
+            f"{self.total('records')} records from {self.pids} PIDs, "
+            f"{self.total('duplicates')} duplicates, {self.total('out_of_order')} out of order, "
+            f"{self.total('gaps')} gaps"
+        )
         if self.acked_given:
             acked = self.total("acked")
             missing = self.total("acked_missing")
@@ -180,15 +188,22 @@ def load_acked(path: str | Path) -> list[tuple[int, int, int]]:
                 out.append((int(row["partition"]), int(row["pid"]), int(row["sequence_id"])))
             except (ValueError, KeyError, TypeError) as exc:
                 raise errors.ConfigError(
-                    f"{path} line {n}: expected {{\"partition\", \"pid\", \"sequence_id\"}}: {exc}") from exc
+                    f'{path} line {n}: expected {{"partition", "pid", "sequence_id"}}: {exc}'
+                ) from exc
     return out
 
 
-def audit(topic: str, partitions: int, dedup: str, read: Callable[[int], Iterator[Record]],
-          acked: Iterable[tuple[int, int, int]] | None = None) -> AuditReport:
+def audit(
+    topic: str,
+    partitions: int,
+    dedup: str,
+    read: Callable[[int], Iterator[Record]],
+    acked: Iterable[tuple[int, int, int]] | None = None,
+) -> AuditReport:
     """The audit over any source of records: ``read(partition)`` yields its records."""
-    report = AuditReport(topic, dedup, [PartitionAudit(p) for p in range(partitions)],
-                         acked_given=acked is not None)
+    report = AuditReport(
+        topic, dedup, [PartitionAudit(p) for p in range(partitions)], acked_given=acked is not None
+    )
     for pa in report.partitions:
         for rec in read(pa.partition):
             if not rec.is_control:
@@ -197,12 +212,15 @@ def audit(topic: str, partitions: int, dedup: str, read: Callable[[int], Iterato
             pa.gaps = sum(r.missing() for r in pa.runs.values())
             for pid, r in pa.runs.items():
                 if r.missing():
-                    pa.example(f"pid {pid} has {r.missing()} sequences missing between "
-                               f"{r.starts[0]} and {r.ends[-1]}")
+                    pa.example(
+                        f"pid {pid} has {r.missing()} sequences missing between "
+                        f"{r.starts[0]} and {r.ends[-1]}"
+                    )
     for partition, pid, seq in acked or ():
         if not 0 <= partition < partitions:
-            raise errors.ConfigError(f"acked record names partition {partition}; "
-                                        f"topic {topic!r} has 0..{partitions - 1}")
+            raise errors.ConfigError(
+                f"acked record names partition {partition}; topic {topic!r} has 0..{partitions - 1}"
+            )
         pa = report.partitions[partition]
         pa.acked += 1
         runs = pa.runs.get(pid)
@@ -212,9 +230,13 @@ def audit(topic: str, partitions: int, dedup: str, read: Callable[[int], Iterato
     return report
 
 
-def verify_topic(coordinator_url: str, topic: str, *,
-                 acked: Iterable[tuple[int, int, int]] | None = None,
-                 api_token: str | None = None) -> AuditReport:
+def verify_topic(
+    coordinator_url: str,
+    topic: str,
+    *,
+    acked: Iterable[tuple[int, int, int]] | None = None,
+    api_token: str | None = None,
+) -> AuditReport:
     """Audit a live topic: every partition read from its leader to the end."""
     with LeaseClient(coordinator_url, api_token=api_token) as client:
         info = client.topic(topic)

@@ -65,36 +65,49 @@ class _Protocol(asyncio.Protocol):
             self.conn._on_frame(body)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn._die(f"connection to {self.conn.address} lost"
-                       + (f": {exc}" if exc else ""))
+        self.conn._die(f"connection to {self.conn.address} lost" + (f": {exc}" if exc else ""))
 
 
 class Connection:
     """A pipelined asyncio connection to the partition server at ``address``."""
 
-    def __init__(self, address: str, *, frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT) -> None:
+    def __init__(
+        self, address: str, *, frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT
+    ) -> None:
         self.address = address
         self.frame_bytes_max = frame_bytes_max
         self._transport: asyncio.Transport | None = None
         self._corr = itertools.count(1)
         # correlation id -> (api key, answer future, timeout handle)
-        self._waiting: dict[int, tuple[int, asyncio.Future[protocol.Response], asyncio.TimerHandle | None]] = {}
+        self._waiting: dict[
+            int, tuple[int, asyncio.Future[protocol.Response], asyncio.TimerHandle | None]
+        ] = {}
         self._closed_reason: str | None = None
 
     @classmethod
-    async def open(cls, address: str, *, connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
-                   frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
-                   ssl_context: ssl.SSLContext | None = None) -> Connection:
+    async def open(
+        cls,
+        address: str,
+        *,
+        connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT,
+        frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> Connection:
         host, port = split_address(address)
         conn = cls(address, frame_bytes_max=frame_bytes_max)
         loop = asyncio.get_running_loop()
         tls: dict[str, Any] = {}
         if ssl_context is not None:
-            tls = {"ssl": ssl_context, "server_hostname": host,
-                   "ssl_handshake_timeout": min(HANDSHAKE_TIMEOUT_S, connect_timeout_ms / 1000)}
+            tls = {
+                "ssl": ssl_context,
+                "server_hostname": host,
+                "ssl_handshake_timeout": min(HANDSHAKE_TIMEOUT_S, connect_timeout_ms / 1000),
+            }
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(conn), host, port, **tls),
-                                   connect_timeout_ms / 1000)
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _Protocol(conn), host, port, **tls),
+                connect_timeout_ms / 1000,
+            )
         except (TimeoutError, OSError) as exc:
             raise connect_error(address, exc) from exc
         # (asyncio sets TCP_NODELAY on its TCP transports itself.)
@@ -117,8 +130,14 @@ class Connection:
     def next_correlation_id(self) -> int:
         return next(self._corr) & 0xFFFFFFFF
 
-    def send(self, api_key: int, correlation_id: int, data: bytes, *,
-             timeout_ms: int | None = REQUEST_TIMEOUT_MS_DEFAULT) -> asyncio.Future[protocol.Response]:
+    def send(
+        self,
+        api_key: int,
+        correlation_id: int,
+        data: bytes,
+        *,
+        timeout_ms: int | None = REQUEST_TIMEOUT_MS_DEFAULT,
+    ) -> asyncio.Future[protocol.Response]:
         """Write one framed request (built with ``correlation_id``) and return the future
         of its answer. Never raises: on a dead connection the future is already failed."""
         loop = asyncio.get_running_loop()
@@ -135,8 +154,13 @@ class Connection:
         self._transport.write(data)
         return fut
 
-    async def request(self, api_key: int, build: Any, *, timeout_ms: int | None = REQUEST_TIMEOUT_MS_DEFAULT,
-                      ) -> protocol.Response:
+    async def request(
+        self,
+        api_key: int,
+        build: Any,
+        *,
+        timeout_ms: int | None = REQUEST_TIMEOUT_MS_DEFAULT,
+    ) -> protocol.Response:
         """Send ``build(correlation_id)`` and wait for its answer."""
         corr = self.next_correlation_id()
         return await self.send(api_key, corr, build(corr), timeout_ms=timeout_ms)
@@ -205,9 +229,14 @@ def _shut(transport: asyncio.Transport) -> None:
 class BlockingConnection:
     """One request at a time to a partition server on a blocking socket."""
 
-    def __init__(self, address: str, *, timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-                 frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+        frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.address = address
         self.frame_bytes_max = frame_bytes_max
         host, port = split_address(address)
@@ -237,7 +266,9 @@ class BlockingConnection:
             resp = protocol.decode_response(api_key, body)
         except FrameTooLarge as exc:
             self.close()
-            raise ServerUnavailable(f"server sent a frame of {exc.size} bytes, over the limit") from exc
+            raise ServerUnavailable(
+                f"server sent a frame of {exc.size} bytes, over the limit"
+            ) from exc
         except EOFError as exc:
             self.close()
             raise ServerUnavailable(f"{self.address} closed the connection") from exc
@@ -249,8 +280,9 @@ class BlockingConnection:
             raise
         if resp.correlation_id != corr:
             self.close()
-            raise ServerUnavailable(f"{self.address} answered correlation id {resp.correlation_id}, "
-                                    f"expected {corr}")
+            raise ServerUnavailable(
+                f"{self.address} answered correlation id {resp.correlation_id}, expected {corr}"
+            )
         return resp
 
     def close(self) -> None:

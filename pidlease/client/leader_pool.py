@@ -18,9 +18,16 @@ from pidlease.client.lease_client import AsyncLeaseClient, TopicInfo
 
 
 class LeaderPool:
-    def __init__(self, client: AsyncLeaseClient, topic: str, *, connect_timeout_ms: int,
-                 refresh_min_ms: float, clock_ms: Callable[[], float],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        client: AsyncLeaseClient,
+        topic: str,
+        *,
+        connect_timeout_ms: int,
+        refresh_min_ms: float,
+        clock_ms: Callable[[], float],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.client = client
         self.ssl_context = ssl_context  # TLS to the partition servers when set
         self.topic = topic
@@ -70,8 +77,9 @@ class LeaderPool:
         pending = asyncio.get_running_loop().create_future()
         self._connecting[addr] = pending
         try:
-            conn = await Connection.open(addr, connect_timeout_ms=self.connect_timeout_ms,
-                                         ssl_context=self.ssl_context)
+            conn = await Connection.open(
+                addr, connect_timeout_ms=self.connect_timeout_ms, ssl_context=self.ssl_context
+            )
             self.conns[addr] = conn
             pending.set_result(conn)
             return conn

@@ -80,8 +80,15 @@ class TopicInfo:
         return None
 
 
-def lease_request(topic: str, partition: int, pid: int, *, generation: int | None = None,
-                  producer_name: str | None = None, expire_ms: int | None = None) -> dict[str, Any]:
+def lease_request(
+    topic: str,
+    partition: int,
+    pid: int,
+    *,
+    generation: int | None = None,
+    producer_name: str | None = None,
+    expire_ms: int | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"topic": topic, "partition": partition, "pid": pid}
     if generation is not None:
         body["generation"] = generation
@@ -111,21 +118,32 @@ def _decode(resp: httpx.Response) -> dict[str, Any]:
             raise CoordinatorUnavailable(f"coordinator answered HTTP {resp.status_code}; retry")
         if resp.status_code >= 400:
             raise InvalidRequest(f"coordinator answered HTTP {resp.status_code}: {resp.text[:200]}")
-        raise CoordinatorUnavailable(f"coordinator answered HTTP {resp.status_code} without a JSON error field")
+        raise CoordinatorUnavailable(
+            f"coordinator answered HTTP {resp.status_code} without a JSON error field"
+        )
     return body
 
 
 def parse_lease(body: dict[str, Any], topic: str, partition: int) -> Lease:
     _check(body)
     try:
-        return Lease(topic, partition, int(body["pid"]), int(body["generation"]),
-                     int(body["sequence_number"]), int(body["expire_ms"]),
-                     int(body["expires_at_ms"]), str(body["lease_token"]))
+        return Lease(
+            topic,
+            partition,
+            int(body["pid"]),
+            int(body["generation"]),
+            int(body["sequence_number"]),
+            int(body["expire_ms"]),
+            int(body["expires_at_ms"]),
+            str(body["lease_token"]),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise CoordinatorUnavailable(f"lease answer lacks a field: {exc}") from exc
 
 
-def parse_batch(body: dict[str, Any], requests: list[dict[str, Any]]) -> list[Lease | PidleaseError]:
+def parse_batch(
+    body: dict[str, Any], requests: list[dict[str, Any]]
+) -> list[Lease | PidleaseError]:
     """One Lease or error per request, in order."""
     _check(body)
     answers = body.get("responses")
@@ -143,14 +161,26 @@ def parse_batch(body: dict[str, Any], requests: list[dict[str, Any]]) -> list[Le
 def parse_topic(body: dict[str, Any]) -> TopicInfo:
     _check(body)
     try:
-        states = [PartitionInfo(int(p["partition"]), p.get("leader"), p.get("leader_address"),
-                                int(p.get("leader_epoch", 0)), list(p.get("replicas", [])),
-                                list(p.get("isr", [])), int(p.get("log_end_offset", -1)),
-                                int(p.get("high_watermark", -1)))
-                  for p in body.get("partition_states", [])]
-        return TopicInfo(str(body["name"]), int(body["partitions"]),
-                         int(body.get("replication_factor", 1)), str(body.get("dedup", "strict")),
-                         states)
+        states = [
+            PartitionInfo(
+                int(p["partition"]),
+                p.get("leader"),
+                p.get("leader_address"),
+                int(p.get("leader_epoch", 0)),
+                list(p.get("replicas", [])),
+                list(p.get("isr", [])),
+                int(p.get("log_end_offset", -1)),
+                int(p.get("high_watermark", -1)),
+            )
+            for p in body.get("partition_states", [])
+        ]
+        return TopicInfo(
+            str(body["name"]),
+            int(body["partitions"]),
+            int(body.get("replication_factor", 1)),
+            str(body.get("dedup", "strict")),
+            states,
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise CoordinatorUnavailable(f"topic answer lacks a field: {exc}") from exc
 
@@ -172,8 +202,10 @@ def coordinator_base_url(url: object) -> str:
     except (httpx.InvalidURL, TypeError) as exc:
         raise ConfigError(f"coordinator URL {url!r} is malformed: {exc}") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"coordinator URL {url!r} needs http:// or https:// and a host, "
-                          f"e.g. {DEFAULT_COORDINATOR}")
+        raise ConfigError(
+            f"coordinator URL {url!r} needs http:// or https:// and a host, "
+            f"e.g. {DEFAULT_COORDINATOR}"
+        )
     return url.rstrip("/")
 
 
@@ -187,35 +219,64 @@ def _verify(base_url: str, tls_ca_file: str | None, tls: bool) -> ssl.SSLContext
 def _transport_error(base_url: str, exc: Exception) -> PidleaseError:
     cert = find_cert_error(exc)
     if cert is not None:  # retrying cannot help: not retriable
-        return Unauthorized(f"TLS certificate verification of the coordinator at {base_url} failed: "
-                            f"{cert.verify_message or cert} (is tls_ca_file the CA that signed it?)")
-    return CoordinatorUnavailable(f"cannot reach the coordinator at {base_url}: "
-                                  f"{type(exc).__name__}: {exc}; is it running?")
+        return Unauthorized(
+            f"TLS certificate verification of the coordinator at {base_url} failed: "
+            f"{cert.verify_message or cert} (is tls_ca_file the CA that signed it?)"
+        )
+    return CoordinatorUnavailable(
+        f"cannot reach the coordinator at {base_url}: {type(exc).__name__}: {exc}; is it running?"
+    )
 
 
 class AsyncLeaseClient:
     """The coordinator's API for asyncio code."""
 
-    def __init__(self, base_url: str = DEFAULT_COORDINATOR, *,
-                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-                 transport: httpx.AsyncBaseTransport | None = None, api_token: str | None = None,
-                 tls_ca_file: str | None = None, tls: bool = False) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_COORDINATOR,
+        *,
+        request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+        transport: httpx.AsyncBaseTransport | None = None,
+        api_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls: bool = False,
+    ) -> None:
         self.base_url = coordinator_base_url(base_url)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=request_timeout_ms / 1000,
-                                       transport=transport, headers=_headers(api_token),
-                                       verify=_verify(self.base_url, tls_ca_file, tls))
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=request_timeout_ms / 1000,
+            transport=transport,
+            headers=_headers(api_token),
+            verify=_verify(self.base_url, tls_ca_file, tls),
+        )
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         try:
             resp = await self._http.request(method, path, json=body)
         except httpx.HTTPError as exc:
             raise _transport_error(self.base_url, exc) from exc
         return _decode(resp)
 
-    async def lease(self, topic: str, partition: int, pid: int, *, generation: int | None = None,
-                    producer_name: str | None = None, expire_ms: int | None = None) -> Lease:
-        req = lease_request(topic, partition, pid, generation=generation,
-                            producer_name=producer_name, expire_ms=expire_ms)
+    async def lease(
+        self,
+        topic: str,
+        partition: int,
+        pid: int,
+        *,
+        generation: int | None = None,
+        producer_name: str | None = None,
+        expire_ms: int | None = None,
+    ) -> Lease:
+        req = lease_request(
+            topic,
+            partition,
+            pid,
+            generation=generation,
+            producer_name=producer_name,
+            expire_ms=expire_ms,
+        )
         return parse_lease(await self._call("POST", "/v1/lease_pid", req), topic, partition)
 
     async def lease_batch(self, requests: list[dict[str, Any]]) -> list[Lease | PidleaseError]:
@@ -232,17 +293,32 @@ class AsyncLeaseClient:
 class LeaseClient:
     """The coordinator's API for blocking code (reader, audit, CLI)."""
 
-    def __init__(self, base_url: str = DEFAULT_COORDINATOR, *,
-                 request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-                 transport: httpx.BaseTransport | None = None, api_token: str | None = None,
-                 tls_ca_file: str | None = None, tls: bool = False) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_COORDINATOR,
+        *,
+        request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+        transport: httpx.BaseTransport | None = None,
+        api_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls: bool = False,
+    ) -> None:
         self.base_url = coordinator_base_url(base_url)
-        self._http = httpx.Client(base_url=self.base_url, timeout=request_timeout_ms / 1000,
-                                  transport=transport, headers=_headers(api_token),
-                                  verify=_verify(self.base_url, tls_ca_file, tls))
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=request_timeout_ms / 1000,
+            transport=transport,
+            headers=_headers(api_token),
+            verify=_verify(self.base_url, tls_ca_file, tls),
+        )
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
-             params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Any API call; raises the error the answer carries."""
         try:
             resp = self._http.request(method, path, json=body, params=params)
@@ -250,10 +326,24 @@ class LeaseClient:
             raise _transport_error(self.base_url, exc) from exc
         return _check(_decode(resp))
 
-    def lease(self, topic: str, partition: int, pid: int, *, generation: int | None = None,
-              producer_name: str | None = None, expire_ms: int | None = None) -> Lease:
-        req = lease_request(topic, partition, pid, generation=generation,
-                            producer_name=producer_name, expire_ms=expire_ms)
+    def lease(
+        self,
+        topic: str,
+        partition: int,
+        pid: int,
+        *,
+        generation: int | None = None,
+        producer_name: str | None = None,
+        expire_ms: int | None = None,
+    ) -> Lease:
+        req = lease_request(
+            topic,
+            partition,
+            pid,
+            generation=generation,
+            producer_name=producer_name,
+            expire_ms=expire_ms,
+        )
         try:
             resp = self._http.post("/v1/lease_pid", json=req)
         except httpx.HTTPError as exc:
@@ -268,11 +358,19 @@ class LeaseClient:
         topics = body.get("topics", [])
         return [t if isinstance(t, dict) else {"name": t} for t in topics]
 
-    def create_topic(self, name: str, *, partitions: int, replication_factor: int = 1,
-                     dedup: str = "strict") -> dict[str, Any]:
-        return self.call("POST", "/v1/topics", {"name": name, "partitions": partitions,
-                                                "replication_factor": replication_factor,
-                                                "dedup": dedup})
+    def create_topic(
+        self, name: str, *, partitions: int, replication_factor: int = 1, dedup: str = "strict"
+    ) -> dict[str, Any]:
+        return self.call(
+            "POST",
+            "/v1/topics",
+            {
+                "name": name,
+                "partitions": partitions,
+                "replication_factor": replication_factor,
+                "dedup": dedup,
+            },
+        )
 
     def pids(self, *, limit: int = 1000) -> list[dict[str, Any]]:
         return list(self.call("GET", "/v1/pids", params={"limit": limit}).get("pids", []))

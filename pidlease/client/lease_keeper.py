@@ -29,10 +29,20 @@ log = logging.getLogger("pidlease.client.producer")
 
 
 class LeaseKeeper:
-    def __init__(self, client: AsyncLeaseClient, topic: str, *, producer_name: str | None,
-                 expire_ms: int | None, clock_ms: Callable[[], float], rng: random.Random,
-                 backoff_ms: float, backoff_max_ms: float,
-                 on_fatal: Callable[[errors.PidleaseError], None], on_renewed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        client: AsyncLeaseClient,
+        topic: str,
+        *,
+        producer_name: str | None,
+        expire_ms: int | None,
+        clock_ms: Callable[[], float],
+        rng: random.Random,
+        backoff_ms: float,
+        backoff_max_ms: float,
+        on_fatal: Callable[[errors.PidleaseError], None],
+        on_renewed: Callable[[], None],
+    ) -> None:
         self.client = client
         self.topic = topic
         self.producer_name = producer_name
@@ -60,8 +70,12 @@ class LeaseKeeper:
         return now_ms < self._good_until
 
     def request(self, partition: int) -> dict[str, Any]:
-        req: dict[str, Any] = {"topic": self.topic, "partition": partition, "pid": self.pid,
-                               "generation": self.generation}
+        req: dict[str, Any] = {
+            "topic": self.topic,
+            "partition": partition,
+            "pid": self.pid,
+            "generation": self.generation,
+        }
         if self.expire_ms is not None:
             req["expire_ms"] = self.expire_ms
         return req
@@ -79,9 +93,13 @@ class LeaseKeeper:
         self._partitions = partitions
         sent_at = self.clock_ms()
         first = await retrying(
-            lambda: self.client.lease(self.topic, 0, -1, producer_name=self.producer_name,
-                                      expire_ms=self.expire_ms),
-            deadline_ms=deadline_ms, backoff=self.backoff(), clock_ms=self.clock_ms)
+            lambda: self.client.lease(
+                self.topic, 0, -1, producer_name=self.producer_name, expire_ms=self.expire_ms
+            ),
+            deadline_ms=deadline_ms,
+            backoff=self.backoff(),
+            clock_ms=self.clock_ms,
+        )
         self.pid, self.generation = first.pid, first.generation
         self._take(first, sent_at)
         leases = {0: first}
@@ -137,7 +155,9 @@ class LeaseKeeper:
                 continue
             sent_at = self.clock_ms()
             try:
-                answers = await self.client.lease_batch([self.request(p) for p in range(self._partitions)])
+                answers = await self.client.lease_batch(
+                    [self.request(p) for p in range(self._partitions)]
+                )
                 for a in answers:
                     if isinstance(a, errors.PidleaseError) and not a.retriable:
                         raise a

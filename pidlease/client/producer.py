@@ -105,8 +105,9 @@ _NEXT_STATES = {
 def _checked_move(topic: str, old: ProducerState, new: ProducerState) -> ProducerState:
     """``new``, when old -> new is a transition of ProducerState; else a bug: raises."""
     if new not in _NEXT_STATES[old]:
-        raise RuntimeError(f"producer of topic {topic!r}: "
-                           f"{old.value} -> {new.value} is not a transition")
+        raise RuntimeError(
+            f"producer of topic {topic!r}: {old.value} -> {new.value} is not a transition"
+        )
     return new
 
 
@@ -148,30 +149,47 @@ class AsyncProducer:
     or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
     returns an asyncio future of its ``RecordMetadata``."""
 
-    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", *,
-                 producer_name: str | None = None, expire_ms: int | None = None,
-                 max_in_flight: int = _DEFAULTS.max_in_flight, linger_ms: float = _DEFAULTS.linger_ms,
-                 delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
-                 batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
-                 batch_records_max: int = _DEFAULTS.batch_records_max,
-                 buffer_records_max: int = _DEFAULTS.buffer_records_max,
-                 request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
-                 retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
-                 retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
-                 start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
-                 metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
-                 http_transport: httpx.AsyncBaseTransport | None = None,
-                 api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
-                 clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        coordinator_url: str = DEFAULT_COORDINATOR,
+        topic: str = "",
+        *,
+        producer_name: str | None = None,
+        expire_ms: int | None = None,
+        max_in_flight: int = _DEFAULTS.max_in_flight,
+        linger_ms: float = _DEFAULTS.linger_ms,
+        delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
+        batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
+        batch_records_max: int = _DEFAULTS.batch_records_max,
+        buffer_records_max: int = _DEFAULTS.buffer_records_max,
+        request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
+        retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
+        retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
+        start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
+        metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
+        http_transport: httpx.AsyncBaseTransport | None = None,
+        api_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls: bool = False,
+        clock_ms: Callable[[], float] | None = None,
+        wall_ms: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         if not topic:
             raise errors.ConfigError("a producer needs a topic")
         self.config = ProducerConfig(
-            max_in_flight=max_in_flight, linger_ms=linger_ms, delivery_timeout_ms=delivery_timeout_ms,
-            batch_bytes_max=batch_bytes_max, batch_records_max=batch_records_max,
-            buffer_records_max=buffer_records_max, request_timeout_ms=request_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
-            start_timeout_ms=start_timeout_ms, metadata_refresh_min_ms=metadata_refresh_min_ms)
+            max_in_flight=max_in_flight,
+            linger_ms=linger_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            batch_bytes_max=batch_bytes_max,
+            batch_records_max=batch_records_max,
+            buffer_records_max=buffer_records_max,
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms,
+            start_timeout_ms=start_timeout_ms,
+            metadata_refresh_min_ms=metadata_refresh_min_ms,
+        )
         self.config.check()
         self.coordinator_url = coordinator_base_url(coordinator_url)
         self.topic = topic
@@ -209,8 +227,9 @@ class AsyncProducer:
         # admit's inline case applies: OPEN and not on the readable path (kept in step with
         # the state by _move_to; a bool, read once per record)
         self._admit_inline = False
-        self._value_bytes_max = (self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE
-                                 - RECORD_OVERHEAD)
+        self._value_bytes_max = (
+            self.config.batch_bytes_max - protocol.BATCH_HEADER_SIZE - RECORD_OVERHEAD
+        )
 
     @property
     def pid(self) -> int:
@@ -249,20 +268,42 @@ class AsyncProducer:
         if self._state is not ProducerState.NEW:
             return self
         cfg = self.config
-        client = self._client = AsyncLeaseClient(self.coordinator_url, request_timeout_ms=cfg.request_timeout_ms,
-                                                  transport=self._http_transport, api_token=self._api_token,
-                                                  tls_ca_file=self._tls_ca_file, tls=self._tls)
+        client = self._client = AsyncLeaseClient(
+            self.coordinator_url,
+            request_timeout_ms=cfg.request_timeout_ms,
+            transport=self._http_transport,
+            api_token=self._api_token,
+            tls_ca_file=self._tls_ca_file,
+            tls=self._tls,
+        )
         try:
-            self._lease = LeaseKeeper(client, self.topic, producer_name=self.producer_name,
-                                      expire_ms=self.expire_ms, clock_ms=self.clock_ms, rng=self.rng,
-                                      backoff_ms=cfg.retry_backoff_ms, backoff_max_ms=cfg.retry_backoff_max_ms,
-                                      on_fatal=self.fail, on_renewed=self._wake_senders)
-            self._pool = LeaderPool(client, self.topic, connect_timeout_ms=min(cfg.request_timeout_ms, 10_000),
-                                    refresh_min_ms=cfg.metadata_refresh_min_ms, clock_ms=self.clock_ms,
-                                    ssl_context=self._ssl)
+            self._lease = LeaseKeeper(
+                client,
+                self.topic,
+                producer_name=self.producer_name,
+                expire_ms=self.expire_ms,
+                clock_ms=self.clock_ms,
+                rng=self.rng,
+                backoff_ms=cfg.retry_backoff_ms,
+                backoff_max_ms=cfg.retry_backoff_max_ms,
+                on_fatal=self.fail,
+                on_renewed=self._wake_senders,
+            )
+            self._pool = LeaderPool(
+                client,
+                self.topic,
+                connect_timeout_ms=min(cfg.request_timeout_ms, 10_000),
+                refresh_min_ms=cfg.metadata_refresh_min_ms,
+                clock_ms=self.clock_ms,
+                ssl_context=self._ssl,
+            )
             deadline = self.clock_ms() + cfg.start_timeout_ms
-            info: TopicInfo = await retrying(lambda: client.topic(self.topic), deadline_ms=deadline,
-                                             backoff=self._lease.backoff(), clock_ms=self.clock_ms)
+            info: TopicInfo = await retrying(
+                lambda: client.topic(self.topic),
+                deadline_ms=deadline,
+                backoff=self._lease.backoff(),
+                clock_ms=self.clock_ms,
+            )
             self._pool.apply(info)
             self.partitions, self.dedup = info.partitions, info.dedup
             leases = await self._lease.acquire(self.partitions, deadline)
@@ -273,13 +314,24 @@ class AsyncProducer:
         self._space = asyncio.Event()
         self._space.set()
         ctx = SenderContext(
-            topic=self.topic, config=cfg, leaders=self._pool, lease=self._lease,
-            clock_ms=self.clock_ms, wall_ms=self.wall_ms, rng=self.rng,
-            future_condition=self.future_condition, open_runs=self.open_runs,
-            on_fatal=self.fail, on_retry=self._on_retry, on_resent=self._on_resent,
-            on_resolved=self.records_resolved)
-        self._senders = [PartitionSender(ctx, p, next_sequence=leases[p].sequence_number)
-                         for p in range(self.partitions)]
+            topic=self.topic,
+            config=cfg,
+            leaders=self._pool,
+            lease=self._lease,
+            clock_ms=self.clock_ms,
+            wall_ms=self.wall_ms,
+            rng=self.rng,
+            future_condition=self.future_condition,
+            open_runs=self.open_runs,
+            on_fatal=self.fail,
+            on_retry=self._on_retry,
+            on_resent=self._on_resent,
+            on_resolved=self.records_resolved,
+        )
+        self._senders = [
+            PartitionSender(ctx, p, next_sequence=leases[p].sequence_number)
+            for p in range(self.partitions)
+        ]
         self._last_given = [leases[p].sequence_number - 1 for p in range(self.partitions)]
         # What a replayed (already durable) explicit sequence id resolves to: record i of
         # this "batch" is sequence i, duplicate, offset unknown (-1).
@@ -297,14 +349,18 @@ class AsyncProducer:
         if self._state is ProducerState.CLOSED:
             return
         if self._state in (ProducerState.NEW, ProducerState.OPEN):
-            self._move_to(ProducerState.CLOSING)   # FAILED stays so until CLOSED
+            self._move_to(ProducerState.CLOSING)  # FAILED stays so until CLOSED
         for s in self._senders:
             s.close()
         tasks = [s.task for s in self._senders if s.task is not None]
         if tasks:
-            _done, late = await asyncio.wait(tasks, timeout=None if timeout_ms is None else timeout_ms / 1000)
+            _done, late = await asyncio.wait(
+                tasks, timeout=None if timeout_ms is None else timeout_ms / 1000
+            )
             if late:
-                self.fail(ProducerClosed(f"closed after {timeout_ms} ms with records still undelivered"))
+                self.fail(
+                    ProducerClosed(f"closed after {timeout_ms} ms with records still undelivered")
+                )
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._lease is not None:
             await self._lease.stop()
@@ -315,7 +371,7 @@ class AsyncProducer:
         self._finish_close()
 
     def _finish_close(self) -> None:
-        if self._state is not ProducerState.CLOSED:   # a second close() may have finished first
+        if self._state is not ProducerState.CLOSED:  # a second close() may have finished first
             self._move_to(ProducerState.CLOSED)
 
     async def __aenter__(self) -> Self:
@@ -330,8 +386,13 @@ class AsyncProducer:
         self._check_partition(partition)
         return self._senders[partition].last_acked
 
-    async def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
-                   sequence_id: int | None = None) -> asyncio.Future[RecordMetadata]:
+    async def send(
+        self,
+        value: bytes | str,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
         """Admit one record; returns the future of its RecordMetadata. Waits while
         ``buffer_records_max`` records are unresolved. Bad input raises here."""
         self.check_open()
@@ -348,8 +409,13 @@ class AsyncProducer:
             self.enqueue(p, key_b, value_b, seq, fut)
         return fut
 
-    async def send_and_wait(self, value: bytes | str, key: bytes | str | None = None,
-                            partition: int | None = None, sequence_id: int | None = None) -> RecordMetadata:
+    async def send_and_wait(
+        self,
+        value: bytes | str,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        sequence_id: int | None = None,
+    ) -> RecordMetadata:
         return await (await self.send(value, key, partition, sequence_id))
 
     async def flush(self) -> None:
@@ -374,20 +440,36 @@ class AsyncProducer:
             raise ProducerClosed("the producer is closed")
 
     def _check_partition(self, partition: Any) -> None:
-        if not isinstance(partition, int) or isinstance(partition, bool) or \
-                not 0 <= partition < self.partitions:
-            raise errors.ConfigError(f"partition {partition!r} is not in 0..{self.partitions - 1} "
-                                        f"of topic {self.topic!r}")
+        if (
+            not isinstance(partition, int)
+            or isinstance(partition, bool)
+            or not 0 <= partition < self.partitions
+        ):
+            raise errors.ConfigError(
+                f"partition {partition!r} is not in 0..{self.partitions - 1} "
+                f"of topic {self.topic!r}"
+            )
 
-    def admit(self, value: Any, key: Any, partition: int | None, sequence_id: int | None,
-              fut: asyncio.Future[RecordMetadata] | RecordFuture,
-              ) -> tuple[int, bytes | None, bytes, int] | None:
+    def admit(
+        self,
+        value: Any,
+        key: Any,
+        partition: int | None,
+        sequence_id: int | None,
+        fut: asyncio.Future[RecordMetadata] | RecordFuture,
+    ) -> tuple[int, bytes | None, bytes, int] | None:
         """Validate one record and place it: (partition, key, value, explicit sequence id
         or -1); None when it was resolved at once (an explicit sequence id already
         durable: a duplicate). Raises on bad input, changing nothing."""
-        if (self._admit_inline and type(value) is bytes and key is None and partition is None
-                and sequence_id is None and self._explicit is not True
-                and len(value) <= self._value_bytes_max):
+        if (
+            self._admit_inline
+            and type(value) is bytes
+            and key is None
+            and partition is None
+            and sequence_id is None
+            and self._explicit is not True
+            and len(value) <= self._value_bytes_max
+        ):
             # The common case (bytes, no key, no partition, the producer's own numbering)
             # in a few checks: this runs once per record.
             self._explicit = False
@@ -398,13 +480,16 @@ class AsyncProducer:
         key_b = None if key is None else _as_bytes(key, "key")
         size = len(value_b) + (len(key_b) if key_b is not None else 0) + RECORD_OVERHEAD
         if size + protocol.BATCH_HEADER_SIZE > self.config.batch_bytes_max:
-            raise errors.RecordTooLarge(f"record of {size} bytes does not fit batch_bytes_max="
-                                        f"{self.config.batch_bytes_max}")
+            raise errors.RecordTooLarge(
+                f"record of {size} bytes does not fit batch_bytes_max={self.config.batch_bytes_max}"
+            )
         explicit = sequence_id is not None
         if self._explicit is not None and self._explicit != explicit:
             raise errors.ConfigError(
-                "this producer numbers records itself; do not pass sequence_id" if not self._explicit else
-                "this producer uses explicit sequence ids: every send must give sequence_id")
+                "this producer numbers records itself; do not pass sequence_id"
+                if not self._explicit
+                else "this producer uses explicit sequence ids: every send must give sequence_id"
+            )
         if partition is not None:
             self._check_partition(partition)
             p = partition
@@ -413,9 +498,14 @@ class AsyncProducer:
             p = self._partitioner.partition(key_b)
         seq = -1
         if explicit:
-            if not isinstance(sequence_id, int) or isinstance(sequence_id, bool) or \
-                    not 0 <= sequence_id <= protocol.MAX_SEQUENCE:
-                raise errors.ConfigError(f"sequence_id {sequence_id!r} must be an int in 0..2**63-1")
+            if (
+                not isinstance(sequence_id, int)
+                or isinstance(sequence_id, bool)
+                or not 0 <= sequence_id <= protocol.MAX_SEQUENCE
+            ):
+                raise errors.ConfigError(
+                    f"sequence_id {sequence_id!r} must be an int in 0..2**63-1"
+                )
             seq = sequence_id
             last = self._last_given[p]
             if seq <= last:
@@ -426,11 +516,15 @@ class AsyncProducer:
                     else:
                         settle(fut, RecordMetadata(self.topic, p, -1, seq, True))
                     return None
-                raise errors.ConfigError(f"sequence_id {seq} was already given to a record of "
-                                            f"partition {p} that is not acknowledged yet")
+                raise errors.ConfigError(
+                    f"sequence_id {seq} was already given to a record of "
+                    f"partition {p} that is not acknowledged yet"
+                )
             if self.dedup == "strict" and seq != last + 1:
-                raise errors.ConfigError(f"topic {self.topic!r} is strict: partition {p} needs "
-                                            f"sequence_id {last + 1} next, not {seq}")
+                raise errors.ConfigError(
+                    f"topic {self.topic!r} is strict: partition {p} needs "
+                    f"sequence_id {last + 1} next, not {seq}"
+                )
             self._last_given[p] = seq
         self._explicit = explicit
         return p, key_b, value_b, seq
@@ -445,8 +539,14 @@ class AsyncProducer:
         of ``Producer.send`` assumes (under self.lock)."""
         return self._admit_inline and self._explicit is False
 
-    def enqueue(self, partition: int, key: bytes | None, value: bytes, seq: int,
-                fut: asyncio.Future[RecordMetadata]) -> None:
+    def enqueue(
+        self,
+        partition: int,
+        key: bytes | None,
+        value: bytes,
+        seq: int,
+        fut: asyncio.Future[RecordMetadata],
+    ) -> None:
         """Hand an admitted record to its partition (loop thread)."""
         self._buffered += 1
         if self.fatal is not None or self._state is ProducerState.CLOSED:
@@ -487,7 +587,9 @@ class AsyncProducer:
         self.fatal = exc
         if self._state in (ProducerState.OPEN, ProducerState.CLOSING):
             self._move_to(ProducerState.FAILED)
-        log.error("producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail)
+        log.error(
+            "producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail
+        )
         for s in self._senders:
             s.fail_all(exc)
         if self.fail_hook is not None:
@@ -523,33 +625,58 @@ class Producer:
     ``send`` returns a ``concurrent.futures.Future`` of ``RecordMetadata``; it blocks only
     while ``buffer_records_max`` records are unresolved. Construction leases the PID."""
 
-    def __init__(self, coordinator_url: str = DEFAULT_COORDINATOR, topic: str = "", *,
-                 producer_name: str | None = None, expire_ms: int | None = None,
-                 max_in_flight: int = _DEFAULTS.max_in_flight, linger_ms: float = _DEFAULTS.linger_ms,
-                 delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
-                 batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
-                 batch_records_max: int = _DEFAULTS.batch_records_max,
-                 buffer_records_max: int = _DEFAULTS.buffer_records_max,
-                 request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
-                 retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
-                 retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
-                 start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
-                 metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
-                 http_transport: httpx.AsyncBaseTransport | None = None,
-                 api_token: str | None = None, tls_ca_file: str | None = None, tls: bool = False,
-                 clock_ms: Callable[[], float] | None = None, wall_ms: Callable[[], float] | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        coordinator_url: str = DEFAULT_COORDINATOR,
+        topic: str = "",
+        *,
+        producer_name: str | None = None,
+        expire_ms: int | None = None,
+        max_in_flight: int = _DEFAULTS.max_in_flight,
+        linger_ms: float = _DEFAULTS.linger_ms,
+        delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
+        batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
+        batch_records_max: int = _DEFAULTS.batch_records_max,
+        buffer_records_max: int = _DEFAULTS.buffer_records_max,
+        request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
+        retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
+        retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
+        start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
+        metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
+        http_transport: httpx.AsyncBaseTransport | None = None,
+        api_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls: bool = False,
+        clock_ms: Callable[[], float] | None = None,
+        wall_ms: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         # The same keywords as AsyncProducer (tests/unit/test_producer_settings.py checks
         # the two signatures agree), passed by name so none can land in the wrong slot.
         self._engine = AsyncProducer(
-            coordinator_url, topic, producer_name=producer_name, expire_ms=expire_ms,
-            max_in_flight=max_in_flight, linger_ms=linger_ms, delivery_timeout_ms=delivery_timeout_ms,
-            batch_bytes_max=batch_bytes_max, batch_records_max=batch_records_max,
-            buffer_records_max=buffer_records_max, request_timeout_ms=request_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
-            start_timeout_ms=start_timeout_ms, metadata_refresh_min_ms=metadata_refresh_min_ms,
-            http_transport=http_transport, api_token=api_token, tls_ca_file=tls_ca_file, tls=tls,
-            clock_ms=clock_ms, wall_ms=wall_ms, rng=rng)
+            coordinator_url,
+            topic,
+            producer_name=producer_name,
+            expire_ms=expire_ms,
+            max_in_flight=max_in_flight,
+            linger_ms=linger_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            batch_bytes_max=batch_bytes_max,
+            batch_records_max=batch_records_max,
+            buffer_records_max=buffer_records_max,
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms,
+            start_timeout_ms=start_timeout_ms,
+            metadata_refresh_min_ms=metadata_refresh_min_ms,
+            http_transport=http_transport,
+            api_token=api_token,
+            tls_ca_file=tls_ca_file,
+            tls=tls,
+            clock_ms=clock_ms,
+            wall_ms=wall_ms,
+            rng=rng,
+        )
         # Records admitted on callers' threads are appended to their partition's open run
         # (``_open_runs``), which stays on this side until it is full (then the next send
         # hands it over), its first record has lingered linger_ms (the partition's sender
@@ -562,7 +689,7 @@ class Producer:
         self._handoff: list[tuple[int, RecordRun]] = []
         self._touched: set[int] = set()
         self._wakeup_scheduled = False
-        self._fast = False       # send's inline path applies: open, own numbering, not closing
+        self._fast = False  # send's inline path applies: open, own numbering, not closing
         # This side's lifecycle (under the lock): NEW until the engine started, OPEN,
         # CLOSING from close() on (sends raise ProducerClosed), CLOSED once the loop stopped.
         # A failure is the engine's (its state and ``fatal``).
@@ -586,7 +713,9 @@ class Producer:
         self._engine.open_runs = self
         self._future_class = future_class(cond)
         self._loop = _new_loop()
-        self._thread = threading.Thread(target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True
+        )
         self._thread.start()
         try:
             self._call(self._engine.start())
@@ -649,8 +778,13 @@ class Producer:
     def last_sequence_id(self, partition: int) -> int:
         return self._engine.last_sequence_id(partition)
 
-    def send(self, value: bytes | str, key: bytes | str | None = None, partition: int | None = None,
-             sequence_id: int | None = None) -> concurrent.futures.Future[RecordMetadata]:
+    def send(
+        self,
+        value: bytes | str,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        sequence_id: int | None = None,
+    ) -> concurrent.futures.Future[RecordMetadata]:
         fut: RecordFuture = self._future_class()
         lock = self._lock
         lock.acquire()
@@ -662,8 +796,13 @@ class Producer:
             # buffer_records_max. Everything else goes through _send_slow (once per batch
             # in the common case; every record on the readable path, where _fast stays
             # False: READABLE_PATH).
-            if (self._fast and key is None and partition is None and sequence_id is None
-                    and type(value) is bytes):
+            if (
+                self._fast
+                and key is None
+                and partition is None
+                and sequence_id is None
+                and type(value) is bytes
+            ):
                 # round robin: the Partitioner's own iterator (under the lock)
                 p = 0 if self._single else self._next_round_robin()
                 run = self._open_runs[p]
@@ -682,8 +821,14 @@ class Producer:
         finally:
             lock.release()
 
-    def _send_slow(self, fut: RecordFuture, value: Any, key: Any, partition: int | None,
-                   sequence_id: int | None) -> RecordFuture:
+    def _send_slow(
+        self,
+        fut: RecordFuture,
+        value: Any,
+        key: Any,
+        partition: int | None,
+        sequence_id: int | None,
+    ) -> RecordFuture:
         """send() for everything but the inline case, and the readable path for every
         record (under the engine's lock): waits for buffer space, validates (admit), places
         the record (``RecordRun.add``; a new run when the open one cannot take it), and sets
@@ -693,7 +838,7 @@ class Producer:
             runs = self._open_runs
             run = runs[partition] if type(partition) is int and 0 <= partition < len(runs) else None
             if run is not None and len(run.values) < run.cap:
-                break   # the record's partition has room reserved already
+                break  # the record's partition has room reserved already
             eng.check_open()  # a producer that failed while we waited must not block us
             if self._state is not ProducerState.OPEN:
                 raise ProducerClosed("the producer is closed")
@@ -702,12 +847,12 @@ class Producer:
             raise ProducerClosed("the producer is closed")
         got = eng.admit(value, key, partition, sequence_id, fut)
         if got is None:
-            return fut   # an explicit sequence id already durable: resolved as a duplicate
+            return fut  # an explicit sequence id already durable: resolved as a duplicate
         p, key_b, value_b, seq = got
         run = self._open_runs[p]
         if run is None or not run.add(key_b, value_b, fut, seq):
             if run is not None:
-                self._close_run(p, run)   # full (or a hole in explicit ids)
+                self._close_run(p, run)  # full (or a hole in explicit ids)
                 self._handoff.append((p, run))
             run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max, linked=True)
             run.add(key_b, value_b, fut, seq)
@@ -780,7 +925,7 @@ class Producer:
             handoff, self._handoff = self._handoff, []
             touched, self._touched = self._touched, set()
         self._deliver(handoff)
-        for p in touched:   # a new open run: its sender arms the linger timer
+        for p in touched:  # a new open run: its sender arms the linger timer
             self._engine.wake_partition(p)
 
     def _on_fail(self, exc: errors.PidleaseError) -> None:

@@ -34,18 +34,32 @@ FETCH_BYTES_DEFAULT = 1024 * 1024
 
 
 class Reader:
-    def __init__(self, coordinator_url: str, topic: str, partition: int = 0, start_offset: int = 0, *,
-                 stop_at_end: bool = True, include_control: bool = False,
-                 fetch_bytes_max: int = FETCH_BYTES_DEFAULT, poll_interval_ms: float = 200,
-                 retry_timeout_ms: float = 30_000, request_timeout_ms: int = 30_000,
-                 http_transport: httpx.BaseTransport | None = None, api_token: str | None = None,
-                 tls_ca_file: str | None = None, tls: bool = False,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock_ms: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        coordinator_url: str,
+        topic: str,
+        partition: int = 0,
+        start_offset: int = 0,
+        *,
+        stop_at_end: bool = True,
+        include_control: bool = False,
+        fetch_bytes_max: int = FETCH_BYTES_DEFAULT,
+        poll_interval_ms: float = 200,
+        retry_timeout_ms: float = 30_000,
+        request_timeout_ms: int = 30_000,
+        http_transport: httpx.BaseTransport | None = None,
+        api_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
+        clock_ms: Callable[[], float] | None = None,
+    ) -> None:
         if not isinstance(partition, int) or partition < 0:
             raise errors.ConfigError(f"partition must be a non-negative int, not {partition!r}")
         if not isinstance(start_offset, int) or start_offset < 0:
-            raise errors.ConfigError(f"start_offset must be a non-negative int, not {start_offset!r}")
+            raise errors.ConfigError(
+                f"start_offset must be a non-negative int, not {start_offset!r}"
+            )
         if not 1024 <= fetch_bytes_max <= protocol.FRAME_BYTES_MAX_DEFAULT // 2:
             raise errors.ConfigError("fetch_bytes_max must be 1024..8 MiB")
         self.topic = topic
@@ -101,8 +115,9 @@ class Reader:
             if len(data) and self.position < resp.high_watermark:
                 # One batch is bigger than what we asked for: ask for more.
                 if self._fetch_bytes >= self._fetch_bytes_max:
-                    raise errors.RecordTooLarge(f"a batch at offset {self.position} is over "
-                                                f"{self._fetch_bytes_max} bytes")
+                    raise errors.RecordTooLarge(
+                        f"a batch at offset {self.position} is over {self._fetch_bytes_max} bytes"
+                    )
                 self._fetch_bytes = min(self._fetch_bytes * 2, self._fetch_bytes_max)
                 continue
             if self.position >= resp.high_watermark and self.stop_at_end:
@@ -116,8 +131,12 @@ class Reader:
         while True:
             try:
                 conn = self._connection()
-                resp = conn.request(protocol.FETCH, lambda corr: protocol.fetch_request(
-                    corr, self.topic, self.partition, offset, self._fetch_bytes))
+                resp = conn.request(
+                    protocol.FETCH,
+                    lambda corr: protocol.fetch_request(
+                        corr, self.topic, self.partition, offset, self._fetch_bytes
+                    ),
+                )
                 if resp.error_code == errors.NONE:
                     return resp
                 exc = errors.error_for_code(resp.error_code, resp.detail, leader=resp.leader)
@@ -136,18 +155,28 @@ class Reader:
             return self._conn
         if self._leader is None:
             if self._client is None:
-                self._client = LeaseClient(self._coordinator_url, request_timeout_ms=self._request_timeout_ms,
-                                           transport=self._http_transport, api_token=self._api_token,
-                                           tls_ca_file=self._tls_ca_file, tls=self._tls)
+                self._client = LeaseClient(
+                    self._coordinator_url,
+                    request_timeout_ms=self._request_timeout_ms,
+                    transport=self._http_transport,
+                    api_token=self._api_token,
+                    tls_ca_file=self._tls_ca_file,
+                    tls=self._tls,
+                )
             info = self._client.topic(self.topic)
             if not 0 <= self.partition < info.partitions:
-                raise errors.ConfigError(f"topic {self.topic!r} has partitions 0..{info.partitions - 1}, "
-                                            f"not {self.partition}")
+                raise errors.ConfigError(
+                    f"topic {self.topic!r} has partitions 0..{info.partitions - 1}, "
+                    f"not {self.partition}"
+                )
             self._leader = info.leader_address(self.partition)
             if not self._leader:
-                raise errors.ServerUnavailable(f"partition {self.partition} of {self.topic!r} has no live leader")
-        self._conn = BlockingConnection(self._leader, timeout_ms=self._request_timeout_ms,
-                                        ssl_context=self._ssl)
+                raise errors.ServerUnavailable(
+                    f"partition {self.partition} of {self.topic!r} has no live leader"
+                )
+        self._conn = BlockingConnection(
+            self._leader, timeout_ms=self._request_timeout_ms, ssl_context=self._ssl
+        )
         return self._conn
 
     def _drop_conn(self) -> None:

@@ -66,8 +66,18 @@ from pidlease.client.structs import BatchAck, RecordMetadata
 
 _SETTLED = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
 
-__all__ = ["BatchAck", "RecordFuture", "RunState", "fail_all", "fail_run", "future_class",
-           "place", "resolve_run", "settle", "settled_run"]
+__all__ = [
+    "BatchAck",
+    "RecordFuture",
+    "RunState",
+    "fail_all",
+    "fail_run",
+    "future_class",
+    "place",
+    "resolve_run",
+    "settle",
+    "settled_run",
+]
 
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
@@ -99,10 +109,10 @@ class RecordFuture(Future[RecordMetadata]):
     calls ``place``) and never again."""
 
     _condition: threading.Condition
-    record_run: RunState             # the run (batch) of this future's record
-    record_index: int = 0            # the record's index in it
-    _own: str | None = None          # the state set on this future itself (cancel, set_result)
-    _result: Any = None              # RecordMetadata once built (or set by hand)
+    record_run: RunState  # the run (batch) of this future's record
+    record_index: int = 0  # the record's index in it
+    _own: str | None = None  # the state set on this future itself (cancel, set_result)
+    _result: Any = None  # RecordMetadata once built (or set by hand)
     _exception: BaseException | None = None
 
     # Deliberately not Future.__init__ (it builds a Condition per record): creating one
@@ -126,7 +136,7 @@ class RecordFuture(Future[RecordMetadata]):
             made: list[Any] = []
             object.__setattr__(self, name, made)
             run = self.record_run
-            if run.state == PENDING:   # a resolved run never looks at them again
+            if run.state == PENDING:  # a resolved run never looks at them again
                 if run.watched is None:
                     run.watched = [self]
                 else:
@@ -143,14 +153,14 @@ class RecordFuture(Future[RecordMetadata]):
         r = self._result
         if r is not None:
             return r
-        if self._own == FINISHED:   # set by hand with set_result / set_exception
+        if self._own == FINISHED:  # set by hand with set_result / set_exception
             if self._exception is not None:
                 raise self._exception
             return r
         out = self.record_run.outcome
         if isinstance(out, BaseException):
             raise out
-        assert out is not None   # FINISHED: an outcome was stored with the state
+        assert out is not None  # FINISHED: an outcome was stored with the state
         r = self._result = out.metadata(self.record_index)
         return r
 
@@ -190,13 +200,13 @@ def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> 
     with_callbacks = []
     with condition:
         if run.state != PENDING:
-            return   # resolved already: it keeps its outcome
+            return  # resolved already: it keeps its outcome
         run.outcome = outcome
         run.state = FINISHED
         if run.watched:
             for f in dict.fromkeys(run.watched):
                 if f._own in _SETTLED:
-                    continue   # cancelled (or set) by the user: stays so
+                    continue  # cancelled (or set) by the user: stays so
                 d = f.__dict__
                 for w in d.get("_waiters", ()):
                     if failed:
@@ -234,8 +244,9 @@ def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: Base
         _settle_run(condition, run, exc)
 
 
-def settle(fut: asyncio.Future[Any] | Future[Any], result: Any = None,
-           exc: BaseException | None = None) -> None:
+def settle(
+    fut: asyncio.Future[Any] | Future[Any], result: Any = None, exc: BaseException | None = None
+) -> None:
     """Resolve one user future (an ``AsyncProducer``'s asyncio future, or any
     ``concurrent.futures.Future``) unless the user already cancelled it."""
     if fut.done():

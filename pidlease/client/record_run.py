@@ -40,18 +40,38 @@ _head_no_key = partial(_REC_HEAD.pack, -1)
 
 
 class RecordRun(RunState):
-    __slots__ = ("bytes_max", "cap", "closed", "counted", "first_ms", "first_seq", "futures",
-                 "keyed", "last_seq", "records_max", "size", "values", "vlen")
+    __slots__ = (
+        "bytes_max",
+        "cap",
+        "closed",
+        "counted",
+        "first_ms",
+        "first_seq",
+        "futures",
+        "keyed",
+        "last_seq",
+        "records_max",
+        "size",
+        "values",
+        "vlen",
+    )
 
-    def __init__(self, first_ms: float, first_seq: int, records_max: int, bytes_max: int,
-                 *, linked: bool = False) -> None:
+    def __init__(
+        self,
+        first_ms: float,
+        first_seq: int,
+        records_max: int,
+        bytes_max: int,
+        *,
+        linked: bool = False,
+    ) -> None:
         super().__init__()
-        self.values: list[bytes] = []   # per record: its value, or key + value when keyed
-        self.keyed: dict[int, int] | None = None   # record index -> key length
+        self.values: list[bytes] = []  # per record: its value, or key + value when keyed
+        self.keyed: dict[int, int] | None = None  # record index -> key length
         # The asyncio futures of the records (AsyncProducer); None when the records'
         # RecordFutures point at this run instead (``linked``: the blocking Producer).
         self.futures: list[Any] | None = None if linked else []
-        self.size = BATCH_HEADER_SIZE   # bytes of the batch made of the first `counted` records
+        self.size = BATCH_HEADER_SIZE  # bytes of the batch made of the first `counted` records
         self.counted = 0
         # The blocking Producer's send appends records with no key whose value is `vlen`
         # bytes long (the first record's) itself, while fewer than `cap` records are in the
@@ -60,11 +80,11 @@ class RecordRun(RunState):
         self.vlen = -1
         self.cap = 0
         self.first_ms = first_ms
-        self.first_seq = first_seq      # -1: the producer numbers records itself
+        self.first_seq = first_seq  # -1: the producer numbers records itself
         self.last_seq = first_seq - 1
         self.records_max = records_max
         self.bytes_max = bytes_max
-        self.closed = False             # handed over whole: it is one batch, nothing joins it
+        self.closed = False  # handed over whole: it is one batch, nothing joins it
 
     @property
     def count(self) -> int:
@@ -78,8 +98,11 @@ class RecordRun(RunState):
         values = self.values
         n = len(values)
         size = self.total() + len(value) + RECORD_OVERHEAD + (0 if key is None else len(key))
-        if n and (n >= self.records_max or size > self.bytes_max
-                  or (seq >= 0 and seq != self.last_seq + 1)):
+        if n and (
+            n >= self.records_max
+            or size > self.bytes_max
+            or (seq >= 0 and seq != self.last_seq + 1)
+        ):
             return False
         if not n:
             self.vlen = len(value)
@@ -106,7 +129,9 @@ class RecordRun(RunState):
 
     def full(self, smallest_record: int = RECORD_OVERHEAD) -> bool:
         """No further record can join (by count, or by bytes for the smallest record)."""
-        return len(self.values) >= self.records_max or self.total() + smallest_record > self.bytes_max
+        return (
+            len(self.values) >= self.records_max or self.total() + smallest_record > self.bytes_max
+        )
 
     def body_parts(self) -> list[bytes]:
         """The records encoded as the batch format has them, as buffers to concatenate."""
@@ -116,14 +141,19 @@ class RecordRun(RunState):
         self.counted = len(values)
         if not keyed:
             n0 = len(values[0])
-            if (self.size - BATCH_HEADER_SIZE == len(values) * (n0 + RECORD_OVERHEAD)
-                    and min(map(len, values)) == n0):
+            if (
+                self.size - BATCH_HEADER_SIZE == len(values) * (n0 + RECORD_OVERHEAD)
+                and min(map(len, values)) == n0
+            ):
                 # Every value has the same length (the usual case): one record head,
                 # repeated by the join itself.
                 head = _head_no_key(n0)
                 return [head, head.join(values)]
-            return [b"".join(itertools.chain.from_iterable(
-                zip(map(_head_no_key, map(len, values)), values)))]
+            return [
+                b"".join(
+                    itertools.chain.from_iterable(zip(map(_head_no_key, map(len, values)), values))
+                )
+            ]
         parts = []
         pack = _REC_HEAD.pack
         for i, v in enumerate(values):
@@ -134,9 +164,14 @@ class RecordRun(RunState):
 
     def batch(self, *, pid: int, generation: int, base_sequence: int, timestamp_ms: int) -> bytes:
         """The batch of this run, ready to send (``protocol.batch_from_records`` bytes)."""
-        return protocol.batch_from_parts(self.body_parts(), len(self.values), pid=pid,
-                                         generation=generation, base_sequence=base_sequence,
-                                         timestamp_ms=timestamp_ms)
+        return protocol.batch_from_parts(
+            self.body_parts(),
+            len(self.values),
+            pid=pid,
+            generation=generation,
+            base_sequence=base_sequence,
+            timestamp_ms=timestamp_ms,
+        )
 
     # -- the outcome of its records -------------------------------------------------------
     def resolve(self, ack: BatchAck, condition: threading.Condition | None) -> None:

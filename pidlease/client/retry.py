@@ -44,8 +44,13 @@ class Backoff:
         self.failures = 0
 
 
-async def retrying(call: Callable[[], Awaitable[T]], *, deadline_ms: float, backoff: Backoff,
-                   clock_ms: Callable[[], float]) -> T:
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    *,
+    deadline_ms: float,
+    backoff: Backoff,
+    clock_ms: Callable[[], float],
+) -> T:
     """``await call()`` until it succeeds, raises a fatal error, or ``deadline_ms`` passes."""
     while True:
         try:

@@ -54,8 +54,19 @@ from pidlease.client.structs import BatchAck, RecordMetadata
 from pidlease.errors import DeliveryTimeout, ProducerClosed
 from pidlease.wire import protocol
 
-__all__ = ["Backoff", "DeliveryTimeout", "InFlightBatch", "Leaders", "LeaseView", "OpenRuns",
-           "PartitionSender", "ProducerClosed", "RecordMetadata", "SenderContext", "SenderState"]
+__all__ = [
+    "Backoff",
+    "DeliveryTimeout",
+    "InFlightBatch",
+    "Leaders",
+    "LeaseView",
+    "OpenRuns",
+    "PartitionSender",
+    "ProducerClosed",
+    "RecordMetadata",
+    "SenderContext",
+    "SenderState",
+]
 
 log = logging.getLogger("pidlease.client.producer")
 _SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
@@ -104,15 +115,15 @@ class SenderContext:
     config: ProducerConfig
     leaders: Leaders
     lease: LeaseView
-    clock_ms: Callable[[], float]                      # monotonic, for linger/timeouts/backoff
-    wall_ms: Callable[[], float]                       # the batches' timestamps
-    rng: random.Random                                 # backoff jitter
-    future_condition: threading.Condition | None       # shared by linked runs' RecordFutures
-    open_runs: OpenRuns | None                         # the blocking Producer's side, if any
-    on_fatal: Callable[[errors.PidleaseError], None]   # fail the producer (and every sender)
-    on_retry: Callable[[int, errors.PidleaseError], None]   # (partition, error): stats, log
-    on_resent: Callable[[int], None]                   # this many batches were sent again
-    on_resolved: Callable[[int], None]                 # this many records were acked or failed
+    clock_ms: Callable[[], float]  # monotonic, for linger/timeouts/backoff
+    wall_ms: Callable[[], float]  # the batches' timestamps
+    rng: random.Random  # backoff jitter
+    future_condition: threading.Condition | None  # shared by linked runs' RecordFutures
+    open_runs: OpenRuns | None  # the blocking Producer's side, if any
+    on_fatal: Callable[[errors.PidleaseError], None]  # fail the producer (and every sender)
+    on_retry: Callable[[int, errors.PidleaseError], None]  # (partition, error): stats, log
+    on_resent: Callable[[int], None]  # this many batches were sent again
+    on_resolved: Callable[[int], None]  # this many records were acked or failed
 
 
 class SenderState(enum.Enum):
@@ -134,11 +145,11 @@ _NEXT_STATES = {
 
 @dataclass(slots=True, eq=False)
 class InFlightBatch:
-    run: RecordRun            # its records (and their futures), in sequence order
+    run: RecordRun  # its records (and their futures), in sequence order
     count: int
     base_sequence: int
     batch: bytes
-    first_ms: float           # admission time of its first record
+    first_ms: float  # admission time of its first record
     response: asyncio.Future[protocol.Response] | None = None
     attempts: int = 0
     done: bool = False
@@ -157,8 +168,8 @@ class PartitionSender:
     def __init__(self, ctx: SenderContext, partition: int, *, next_sequence: int) -> None:
         self.ctx = ctx
         self.partition = partition
-        self.next_sequence = next_sequence      # auto numbering
-        self.last_acked = next_sequence - 1     # highest sequence known durable
+        self.next_sequence = next_sequence  # auto numbering
+        self.last_acked = next_sequence - 1  # highest sequence known durable
         self.pending: deque[RecordRun] = deque()
         self.pending_records = 0
         self.in_flight: deque[InFlightBatch] = deque()
@@ -174,8 +185,9 @@ class PartitionSender:
         # The connection the unresolved batches went out on (see _send_new).
         self._conn: Connection | None = None
         cfg = self._config = ctx.config
-        self._backoff = Backoff(base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms,
-                                rng=ctx.rng)
+        self._backoff = Backoff(
+            base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms, rng=ctx.rng
+        )
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._records_max = cfg.batch_records_max
         self._bytes_max = cfg.batch_bytes_max
@@ -184,8 +196,9 @@ class PartitionSender:
         self.source = ctx.open_runs
 
     # -- called by the producer (loop thread) -------------------------------------------
-    def enqueue(self, key: bytes | None, value: bytes, seq: int,
-                future: asyncio.Future[RecordMetadata]) -> None:
+    def enqueue(
+        self, key: bytes | None, value: bytes, seq: int, future: asyncio.Future[RecordMetadata]
+    ) -> None:
         """One admitted record (``seq`` -1 unless explicit), from ``AsyncProducer.send``."""
         pending = self.pending
         if not pending or pending[-1].closed or not pending[-1].add(key, value, future, seq):
@@ -225,12 +238,16 @@ class PartitionSender:
 
     def _move_to(self, state: SenderState) -> None:
         if state not in _NEXT_STATES[self.state]:
-            raise RuntimeError(f"sender of partition {self.partition}: "
-                               f"{self.state.value} -> {state.value} is not a transition")
+            raise RuntimeError(
+                f"sender of partition {self.partition}: "
+                f"{self.state.value} -> {state.value} is not a transition"
+            )
         self.state = state
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"sender-{self.partition}")
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"sender-{self.partition}"
+        )
 
     async def wait_resolved(self, target: int) -> None:
         """Until ``target`` records of this partition are resolved (acked or failed)."""
@@ -293,8 +310,9 @@ class PartitionSender:
                 await self._wait(self._deadline_s(now))
         except Exception as exc:  # a bug here must fail the futures, not hang them
             log.exception("sender of partition %s crashed", self.partition)
-            ctx.on_fatal(errors.PidleaseError(
-                f"sender of partition {self.partition} crashed: {exc!r}"))
+            ctx.on_fatal(
+                errors.PidleaseError(f"sender of partition {self.partition} crashed: {exc!r}")
+            )
             raise
 
     async def _wait(self, timeout_s: float | None) -> None:
@@ -349,9 +367,16 @@ class PartitionSender:
         oldest = self._oldest_ms()
         if limit is None or oldest is None or now - oldest < limit:
             return False
-        last = f"; last error: {self._last_error.name}: {self._last_error.detail}" if self._last_error else ""
-        self.ctx.on_fatal(DeliveryTimeout(
-            f"partition {self.partition}: no acknowledgement within delivery_timeout_ms={limit}{last}"))
+        last = (
+            f"; last error: {self._last_error.name}: {self._last_error.detail}"
+            if self._last_error
+            else ""
+        )
+        self.ctx.on_fatal(
+            DeliveryTimeout(
+                f"partition {self.partition}: no acknowledgement within delivery_timeout_ms={limit}{last}"
+            )
+        )
         return True
 
     # -- answers -------------------------------------------------------------------------
@@ -366,7 +391,9 @@ class PartitionSender:
                 unresolved_before = True
                 continue
             b.response = None
-            exc: BaseException | None = r.exception() if not r.cancelled() else errors.ServerUnavailable("cancelled")
+            exc: BaseException | None = (
+                r.exception() if not r.cancelled() else errors.ServerUnavailable("cancelled")
+            )
             if exc is None:
                 resp = r.result()
                 if resp.error_code in (errors.NONE, errors.DUPLICATE):
@@ -375,13 +402,17 @@ class PartitionSender:
                     b.duplicate = resp.error_code == errors.DUPLICATE
                     self._backoff.reset()
                     continue
-                exc = errors.error_for_code(resp.error_code, resp.detail,
-                                            expected_sequence=resp.expected_sequence,
-                                            leader=resp.leader)
+                exc = errors.error_for_code(
+                    resp.error_code,
+                    resp.detail,
+                    expected_sequence=resp.expected_sequence,
+                    leader=resp.leader,
+                )
             if not isinstance(exc, errors.PidleaseError):
                 exc = errors.ServerUnavailable(f"{type(exc).__name__}: {exc}")
             consequence = unresolved_before and isinstance(
-                exc, (errors.OutOfOrderSequence, errors.UnknownPid))
+                exc, (errors.OutOfOrderSequence, errors.UnknownPid)
+            )
             if retriable(exc) or consequence:
                 self._schedule_retry(exc, now)
                 unresolved_before = True
@@ -433,11 +464,14 @@ class PartitionSender:
             run = self.source.open_run(self.partition) if self.source is not None else None
             return run is not None and (now - run.first_ms >= cfg.linger_ms or run.full())
         head = self.pending[0]
-        return (head.closed or len(self.pending) > 1     # a run is closed when the next one starts
-                or head.full(_SMALLEST_RECORD)
-                or now - head.first_ms >= cfg.linger_ms
-                or self.state is SenderState.CLOSING
-                or self.enqueued - self.pending_records < self._flush_upto)
+        return (
+            head.closed
+            or len(self.pending) > 1  # a run is closed when the next one starts
+            or head.full(_SMALLEST_RECORD)
+            or now - head.first_ms >= cfg.linger_ms
+            or self.state is SenderState.CLOSING
+            or self.enqueued - self.pending_records < self._flush_upto
+        )
 
     async def _send_new(self) -> None:
         ctx = self.ctx
@@ -479,8 +513,12 @@ class PartitionSender:
             base = self.next_sequence
             self.next_sequence += n
         lease = self.ctx.lease
-        batch = run.batch(pid=lease.pid, generation=lease.generation, base_sequence=base,
-                          timestamp_ms=int(self.ctx.wall_ms()))
+        batch = run.batch(
+            pid=lease.pid,
+            generation=lease.generation,
+            base_sequence=base,
+            timestamp_ms=int(self.ctx.wall_ms()),
+        )
         # The batch is frozen from here on (a resend is the same bytes): the payloads are
         # not needed any more, and the records' futures keep the run alive.
         run.values = []
@@ -493,8 +531,9 @@ class PartitionSender:
         data = protocol.produce_request(corr, ctx.topic, self.partition, ctx.lease.token, b.batch)
         b.attempts += 1
         self._conn = conn
-        b.response = conn.send(protocol.PRODUCE, corr, data,
-                               timeout_ms=self._config.request_timeout_ms)
+        b.response = conn.send(
+            protocol.PRODUCE, corr, data, timeout_ms=self._config.request_timeout_ms
+        )
         b.response.add_done_callback(self._on_answer)
 
     def _on_answer(self, _fut: asyncio.Future[protocol.Response]) -> None:

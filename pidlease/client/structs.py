@@ -31,15 +31,17 @@ class BatchAck:
 
     __slots__ = ("base_offset", "base_sequence", "duplicate", "partition", "topic")
 
-    def __init__(self, topic: str, partition: int, base_offset: int, base_sequence: int,
-                 duplicate: bool) -> None:
+    def __init__(
+        self, topic: str, partition: int, base_offset: int, base_sequence: int, duplicate: bool
+    ) -> None:
         self.topic = topic
         self.partition = partition
-        self.base_offset = base_offset      # -1: a duplicate whose offsets are forgotten
+        self.base_offset = base_offset  # -1: a duplicate whose offsets are forgotten
         self.base_sequence = base_sequence
         self.duplicate = duplicate
 
     def metadata(self, i: int) -> RecordMetadata:
         off = self.base_offset + i if self.base_offset >= 0 else -1
-        return RecordMetadata(self.topic, self.partition, off, self.base_sequence + i,
-                              self.duplicate)
+        return RecordMetadata(
+            self.topic, self.partition, off, self.base_sequence + i, self.duplicate
+        )

@@ -35,7 +35,7 @@ DEV_SECRET = "pidlease-dev-secret"  # noqa: S105 - the servers' development defa
 
 @dataclass
 class Service:
-    kind: str           # "coordinator" | "partition_server"
+    kind: str  # "coordinator" | "partition_server"
     ident: int
     port: int
     env: dict[str, str]
@@ -43,7 +43,7 @@ class Service:
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0  # partition servers: their GET /metrics listener
-    tls: bool = False       # serves TLS (HTTPS for a coordinator)
+    tls: bool = False  # serves TLS (HTTPS for a coordinator)
 
     @property
     def metrics_url(self) -> str:
@@ -62,8 +62,14 @@ class Service:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _wait_tcp(port: int, proc: subprocess.Popen[bytes], timeout_s: float, what: str, log: Path,
-              ssl_context: ssl.SSLContext | None = None) -> None:
+def _wait_tcp(
+    port: int,
+    proc: subprocess.Popen[bytes],
+    timeout_s: float,
+    what: str,
+    log: Path,
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
     import socket
 
     deadline = time.monotonic() + timeout_s
@@ -86,48 +92,110 @@ def tail(path: Path, lines: int = 80) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def make_certs(out_dir: str | Path, *, hosts: tuple[str, ...] = ("127.0.0.1",),
-               days: int = 30) -> dict[str, Path]:
+def make_certs(
+    out_dir: str | Path, *, hosts: tuple[str, ...] = ("127.0.0.1",), days: int = 30
+) -> dict[str, Path]:
     """A throwaway CA and a server certificate it signs (subjectAltName: every IP or DNS
     name in ``hosts``), made with the ``openssl`` command line. Returns the paths of
     ``ca`` (the bundle clients trust), ``cert`` and ``key`` (the servers')."""
     openssl = shutil.which("openssl") or "/usr/bin/openssl"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"ca": out / "ca.pem", "ca_key": out / "ca.key", "cert": out / "server.pem",
-             "key": out / "server.key", "csr": out / "server.csr", "ext": out / "server.ext"}
-    san = ",".join(f"IP:{h}" if h.replace(".", "").isdigit() or ":" in h else f"DNS:{h}"
-                   for h in hosts)
-    paths["ext"].write_text(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
-                            "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    paths = {
+        "ca": out / "ca.pem",
+        "ca_key": out / "ca.key",
+        "cert": out / "server.pem",
+        "key": out / "server.key",
+        "csr": out / "server.csr",
+        "ext": out / "server.ext",
+    }
+    san = ",".join(
+        f"IP:{h}" if h.replace(".", "").isdigit() or ":" in h else f"DNS:{h}" for h in hosts
+    )
+    paths["ext"].write_text(
+        f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+    )
 
     def run(*args: str) -> None:
-        r = subprocess.run([openssl, *args], check=False, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [openssl, *args], check=False, capture_output=True, text=True, timeout=60
+        )
         if r.returncode != 0:
             raise RuntimeError(f"openssl {' '.join(args[:2])} failed: {r.stderr.strip()}")
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(paths["ca_key"]),
-        "-out", str(paths["ca"]), "-days", str(days), "-subj", "/CN=pidlease test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(paths["key"]), "-out", str(paths["csr"]),
-        "-subj", f"/CN={hosts[0]}")
-    run("x509", "-req", "-in", str(paths["csr"]), "-CA", str(paths["ca"]), "-CAkey", str(paths["ca_key"]),
-        "-CAcreateserial", "-out", str(paths["cert"]), "-days", str(days), "-extfile", str(paths["ext"]))
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(paths["ca_key"]),
+        "-out",
+        str(paths["ca"]),
+        "-days",
+        str(days),
+        "-subj",
+        "/CN=pidlease test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(paths["key"]),
+        "-out",
+        str(paths["csr"]),
+        "-subj",
+        f"/CN={hosts[0]}",
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(paths["csr"]),
+        "-CA",
+        str(paths["ca"]),
+        "-CAkey",
+        str(paths["ca_key"]),
+        "-CAcreateserial",
+        "-out",
+        str(paths["cert"]),
+        "-days",
+        str(days),
+        "-extfile",
+        str(paths["ext"]),
+    )
     for k in ("ca_key", "key"):
         paths[k].chmod(0o600)
     return {k: paths[k] for k in ("ca", "cert", "key")}
 
 
-def http_json(method: str, url: str, body: dict[str, Any] | None = None, timeout_s: float = 10.0,
-              *, ca_file: str | Path | None = None) -> tuple[int, dict[str, Any]]:
+def http_json(
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    timeout_s: float = 10.0,
+    *,
+    ca_file: str | Path | None = None,
+) -> tuple[int, dict[str, Any]]:
     """A tiny JSON HTTP call with no dependencies: (status, body). An ``https://`` URL is
     verified against ``ca_file`` (else ``PIDLEASE_TLS_CA_FILE``, else the system store)."""
     from pidlease.wire.tls import client_ssl_context
 
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
-    ctx = client_ssl_context(str(ca_file) if ca_file else None) if url.startswith("https:") else None
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"}
+    )
+    ctx = (
+        client_ssl_context(str(ca_file) if ca_file else None) if url.startswith("https:") else None
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as resp:
             return resp.status, json.loads(resp.read() or b"{}")
@@ -144,11 +212,21 @@ class LocalCluster:
     servers under ``data_dir``. ``zk_hosts`` may point at an existing ZooKeeper (tests pass
     a per-test chroot of a session-wide server); then no ZooKeeper is started."""
 
-    def __init__(self, data_dir: str | Path, *, servers: int = 1, coordinators: int = 1,
-                 zk_nodes: int = 1, zk_hosts: str | None = None, chroot: str = "/pidlease",
-                 secret: str = DEV_SECRET, env: dict[str, str] | None = None,
-                 coordinator_ports: list[int] | None = None,
-                 server_ports: list[int] | None = None, tls: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        servers: int = 1,
+        coordinators: int = 1,
+        zk_nodes: int = 1,
+        zk_hosts: str | None = None,
+        chroot: str = "/pidlease",
+        secret: str = DEV_SECRET,
+        env: dict[str, str] | None = None,
+        coordinator_ports: list[int] | None = None,
+        server_ports: list[int] | None = None,
+        tls: bool = False,
+    ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.zk: ZooKeeperCluster | None = None
@@ -175,6 +253,7 @@ class LocalCluster:
 
     def client_ssl_context(self) -> ssl.SSLContext | None:
         from pidlease.wire.tls import client_ssl_context
+
         return client_ssl_context(self.ca_file, use_env=False) if self.tls else None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -191,12 +270,21 @@ class LocalCluster:
 
     def common_env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({"PIDLEASE_ZK": self.zk_hosts, "PIDLEASE_LEASE_SECRET": self.secret,
-                    "PYTHONUNBUFFERED": "1"})
+        env.update(
+            {
+                "PIDLEASE_ZK": self.zk_hosts,
+                "PIDLEASE_LEASE_SECRET": self.secret,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if self.certs:
-            env.update({"PIDLEASE_TLS_CERTFILE": str(self.certs["cert"]),
-                        "PIDLEASE_TLS_KEYFILE": str(self.certs["key"]),
-                        "PIDLEASE_TLS_CA_FILE": str(self.certs["ca"])})
+            env.update(
+                {
+                    "PIDLEASE_TLS_CERTFILE": str(self.certs["cert"]),
+                    "PIDLEASE_TLS_KEYFILE": str(self.certs["key"]),
+                    "PIDLEASE_TLS_CA_FILE": str(self.certs["ca"]),
+                }
+            )
         env.update(self.base_env)
         return env
 
@@ -211,25 +299,53 @@ class LocalCluster:
             self.add_coordinator(i + 1, port, timeout_s=timeout_s)
         return self
 
-    def add_server(self, ident: int, port: int | None = None, *, start: bool = True,
-                   timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> Service:
+    def add_server(
+        self,
+        ident: int,
+        port: int | None = None,
+        *,
+        start: bool = True,
+        timeout_s: float = 60.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> Service:
         port = port or free_port()
         sdir = self.data_dir / f"server-{ident}"
         sdir.mkdir(parents=True, exist_ok=True)
-        svc = Service("partition_server", ident, port, {}, sdir / "server.log",
-                      extra_env=dict(extra_env or {}), metrics_port=free_port(), tls=self.tls)
+        svc = Service(
+            "partition_server",
+            ident,
+            port,
+            {},
+            sdir / "server.log",
+            extra_env=dict(extra_env or {}),
+            metrics_port=free_port(),
+            tls=self.tls,
+        )
         self.servers.append(svc)
         if start:
             self.start_service(svc, timeout_s)
         return svc
 
-    def add_coordinator(self, ident: int, port: int | None = None, *, timeout_s: float = 60.0,
-                        extra_env: dict[str, str] | None = None) -> Service:
+    def add_coordinator(
+        self,
+        ident: int,
+        port: int | None = None,
+        *,
+        timeout_s: float = 60.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> Service:
         port = port or free_port()
         cdir = self.data_dir / f"coordinator-{ident}"
         cdir.mkdir(parents=True, exist_ok=True)
-        svc = Service("coordinator", ident, port, {}, cdir / "coordinator.log",
-                      extra_env=dict(extra_env or {}), tls=self.tls)
+        svc = Service(
+            "coordinator",
+            ident,
+            port,
+            {},
+            cdir / "coordinator.log",
+            extra_env=dict(extra_env or {}),
+            tls=self.tls,
+        )
         self.coordinators.append(svc)
         self.start_service(svc, timeout_s)
         return svc
@@ -237,13 +353,23 @@ class LocalCluster:
     def _service_env(self, svc: Service) -> dict[str, str]:
         env = self.common_env()
         if svc.kind == "coordinator":
-            env.update({"PIDLEASE_HTTP_HOST": "127.0.0.1", "PIDLEASE_HTTP_PORT": str(svc.port),
-                        "PIDLEASE_COORDINATOR_ID": f"coordinator-{svc.ident}"})
+            env.update(
+                {
+                    "PIDLEASE_HTTP_HOST": "127.0.0.1",
+                    "PIDLEASE_HTTP_PORT": str(svc.port),
+                    "PIDLEASE_COORDINATOR_ID": f"coordinator-{svc.ident}",
+                }
+            )
         else:
-            env.update({"PIDLEASE_SERVER_ID": str(svc.ident), "PIDLEASE_HOST": "127.0.0.1",
-                        "PIDLEASE_PORT": str(svc.port),
-                        "PIDLEASE_METRICS_PORT": str(svc.metrics_port),
-                        "PIDLEASE_DATA_DIR": str(self.data_dir / f"server-{svc.ident}" / "data")})
+            env.update(
+                {
+                    "PIDLEASE_SERVER_ID": str(svc.ident),
+                    "PIDLEASE_HOST": "127.0.0.1",
+                    "PIDLEASE_PORT": str(svc.port),
+                    "PIDLEASE_METRICS_PORT": str(svc.metrics_port),
+                    "PIDLEASE_DATA_DIR": str(self.data_dir / f"server-{svc.ident}" / "data"),
+                }
+            )
         env.update(svc.extra_env)
         return env
 
@@ -252,13 +378,26 @@ class LocalCluster:
             return
         # The child keeps its own copy of the descriptor; ours closes once it is spawned.
         with open(svc.log_path, "ab") as log:
-            log.write(f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode())
+            log.write(
+                f"\n=== start {svc.kind} {svc.ident} at {time.strftime('%H:%M:%S')} ===\n".encode()
+            )
             log.flush()
-            svc.proc = subprocess.Popen([sys.executable, "-m", svc.kind], env=self._service_env(svc),
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-        _wait_tcp(svc.port, svc.proc, timeout_s, f"{svc.kind} {svc.ident}", svc.log_path,
-                  self.client_ssl_context())
+            svc.proc = subprocess.Popen(
+                [sys.executable, "-m", svc.kind],
+                env=self._service_env(svc),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _wait_tcp(
+            svc.port,
+            svc.proc,
+            timeout_s,
+            f"{svc.kind} {svc.ident}",
+            svc.log_path,
+            self.client_ssl_context(),
+        )
         if svc.kind == "coordinator":
             self._wait_healthy(svc, timeout_s)
 
@@ -267,7 +406,9 @@ class LocalCluster:
         last: object = None
         while time.monotonic() < deadline:
             try:
-                status, body = http_json("GET", svc.url + "/healthz", timeout_s=2, ca_file=self.ca_file)
+                status, body = http_json(
+                    "GET", svc.url + "/healthz", timeout_s=2, ca_file=self.ca_file
+                )
                 if status == 200:
                     return
                 last = body
@@ -314,19 +455,29 @@ class LocalCluster:
             self.zk.stop()
 
     def logs(self, lines: int = 60) -> str:
-        parts = [f"--- {s.kind} {s.ident} ({s.log_path}) ---\n{tail(s.log_path, lines)}"
-                 for s in self.coordinators + self.servers]
+        parts = [
+            f"--- {s.kind} {s.ident} ({s.log_path}) ---\n{tail(s.log_path, lines)}"
+            for s in self.coordinators + self.servers
+        ]
         if self.zk is not None:
             parts.append(self.zk.tail_logs(lines))
         return "\n".join(parts)
 
     # -- conveniences ----------------------------------------------------------------------
-    def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
-                     dedup: str = "strict") -> dict[str, Any]:
-        status, body = http_json("POST", self.coordinator_url + "/v1/topics",
-                                 {"name": name, "partitions": partitions,
-                                  "replication_factor": replication_factor, "dedup": dedup},
-                                 ca_file=self.ca_file)
+    def create_topic(
+        self, name: str, partitions: int = 1, replication_factor: int = 1, dedup: str = "strict"
+    ) -> dict[str, Any]:
+        status, body = http_json(
+            "POST",
+            self.coordinator_url + "/v1/topics",
+            {
+                "name": name,
+                "partitions": partitions,
+                "replication_factor": replication_factor,
+                "dedup": dedup,
+            },
+            ca_file=self.ca_file,
+        )
         if status != 200:
             raise RuntimeError(f"create topic {name}: {status} {body}")
         return body

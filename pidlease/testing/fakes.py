@@ -75,13 +75,15 @@ class FakePartitionServer:
 
     def __init__(self, topics: dict[str, tuple[int, str]]) -> None:
         self.lock = threading.Lock()
-        self.parts = {(t, p): _Partition(dedup) for t, (n, dedup) in topics.items() for p in range(n)}
-        self.fail_next: deque[int] = deque()   # error codes to answer produce requests with
-        self.fail_at: dict[int, int] = {}       # produce request number (from 1) -> error code
+        self.parts = {
+            (t, p): _Partition(dedup) for t, (n, dedup) in topics.items() for p in range(n)
+        }
+        self.fail_next: deque[int] = deque()  # error codes to answer produce requests with
+        self.fail_at: dict[int, int] = {}  # produce request number (from 1) -> error code
         self.answers: list[tuple[int, int]] = []  # (base sequence, error code) per produce
-        self.drop_after_append = 0              # append, then cut the connection, this many times
-        self.silent = False                     # read requests, never answer
-        self.silent_from = 0                    # from this produce request number on: silent
+        self.drop_after_append = 0  # append, then cut the connection, this many times
+        self.silent = False  # read requests, never answer
+        self.silent_from = 0  # from this produce request number on: silent
         self.produce_requests = 0
         self.tokens_seen: list[str] = []
         self.address = ""
@@ -135,9 +137,11 @@ class FakePartitionServer:
 
     def drop_all(self) -> None:
         """Cut every client connection from the server side."""
+
         def cut() -> None:
             for w in list(self._writers):
                 w.transport.abort()
+
         assert self._loop is not None
         self._loop.call_soon_threadsafe(cut)
 
@@ -213,10 +217,14 @@ class FakePartitionServer:
                 # a refusal of a batch the rules would have appended blocks the PID
                 if st is None or (h.generation >= st.generation and h.base_sequence > st.highwater):
                     old = part.blocked.get(h.pid)
-                    part.blocked[h.pid] = h.base_sequence if old is None else min(old, h.base_sequence)
+                    part.blocked[h.pid] = (
+                        h.base_sequence if old is None else min(old, h.base_sequence)
+                    )
             return P.produce_response(corr, inject, "injected")
         if part is None:
-            return P.produce_response(corr, errors.UnknownTopicOrPartition.code, "no such partition")
+            return P.produce_response(
+                corr, errors.UnknownTopicOrPartition.code, "no such partition"
+            )
         assert req.batch is not None
         h = P.validate_batch(req.batch)
         first, last = h.base_sequence, h.last_sequence
@@ -229,22 +237,36 @@ class FakePartitionServer:
             blocked = part.blocked.get(h.pid)
             hw = st.highwater if st is not None else -1
             if blocked is not None and first > blocked and first > hw:
-                return P.produce_response(corr, errors.SequenceUnknown.code, "earlier batch refused",
-                                          expected_sequence=blocked)
+                return P.produce_response(
+                    corr,
+                    errors.SequenceUnknown.code,
+                    "earlier batch refused",
+                    expected_sequence=blocked,
+                )
             if st is not None and last <= st.highwater:
                 for f, l, off in st.recent:
                     if f == first and l == last:
-                        return P.produce_response(corr, errors.DUPLICATE, "dup", base_offset=off,
-                                                  last_offset=off + h.count - 1)
+                        return P.produce_response(
+                            corr,
+                            errors.DUPLICATE,
+                            "dup",
+                            base_offset=off,
+                            last_offset=off + h.count - 1,
+                        )
                 if part.dedup == "monotonic" and st.recent and last >= st.recent[0][0]:
                     # monotonic: at or below H is not proof of a write (holes)
-                    return P.produce_response(corr, errors.OutOfOrderSequence.code, "never written",
-                                              expected_sequence=hw + 1)
+                    return P.produce_response(
+                        corr,
+                        errors.OutOfOrderSequence.code,
+                        "never written",
+                        expected_sequence=hw + 1,
+                    )
                 return P.produce_response(corr, errors.DUPLICATE, "dup")
             ok = first > hw if part.dedup == "monotonic" else first == hw + 1
             if st is not None and not ok:
-                return P.produce_response(corr, errors.OutOfOrderSequence.code, "ooo",
-                                          expected_sequence=hw + 1)
+                return P.produce_response(
+                    corr, errors.OutOfOrderSequence.code, "ooo", expected_sequence=hw + 1
+                )
         stored = bytearray(req.batch)
         base = part.next_offset
         P.set_base_offset(stored, base)
@@ -259,7 +281,9 @@ class FakePartitionServer:
         if self.drop_after_append > 0:
             self.drop_after_append -= 1
             return None
-        return P.produce_response(corr, errors.NONE, "", base_offset=base, last_offset=base + h.count - 1)
+        return P.produce_response(
+            corr, errors.NONE, "", base_offset=base, last_offset=base + h.count - 1
+        )
 
     def _fetch(self, req: P.Request) -> bytes:
         part = self.parts.get((req.topic, req.partition))
@@ -275,23 +299,29 @@ class FakePartitionServer:
                 break
             chunks.append(b)
             size += len(b)
-        return P.fetch_response(req.correlation_id, errors.NONE, "", high_watermark=part.next_offset,
-                                data=chunks)
+        return P.fetch_response(
+            req.correlation_id, errors.NONE, "", high_watermark=part.next_offset, data=chunks
+        )
 
 
 class FakeCoordinator:
     """The coordinator's HTTP API over one FakePartitionServer (all partitions lead there)."""
 
-    def __init__(self, server: FakePartitionServer, topics: dict[str, tuple[int, str]], *,
-                 expire_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        server: FakePartitionServer,
+        topics: dict[str, tuple[int, str]],
+        *,
+        expire_ms: int = 30_000,
+    ) -> None:
         self.server = server
         self.topics = topics
         self.expire_ms = expire_ms
         self.next_pid = 1000
-        self.pids: dict[int, int] = {}         # pid -> generation
+        self.pids: dict[int, int] = {}  # pid -> generation
         self.names: dict[str, int] = {}
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.fail_leases = 0                   # answer this many lease calls with 503
+        self.fail_leases = 0  # answer this many lease calls with 503
         self.leader_override: str | None = None
         self.lock = threading.Lock()
 
@@ -308,15 +338,24 @@ class FakeCoordinator:
             if path == "/v1/lease_pid":
                 if self.fail_leases > 0:
                     self.fail_leases -= 1
-                    return httpx.Response(503, json={"error": "COORDINATOR_UNAVAILABLE", "detail": "x"})
+                    return httpx.Response(
+                        503, json={"error": "COORDINATOR_UNAVAILABLE", "detail": "x"}
+                    )
                 status, out = self._lease(body)
                 return httpx.Response(status, json=out)
             if path == "/v1/lease_pid/batch":
                 if self.fail_leases > 0:
                     self.fail_leases -= 1
-                    return httpx.Response(503, json={"error": "COORDINATOR_UNAVAILABLE", "detail": "x"})
-                return httpx.Response(200, json={"error": "NONE", "responses": [
-                    self._lease(r)[1] for r in body["requests"]]})
+                    return httpx.Response(
+                        503, json={"error": "COORDINATOR_UNAVAILABLE", "detail": "x"}
+                    )
+                return httpx.Response(
+                    200,
+                    json={
+                        "error": "NONE",
+                        "responses": [self._lease(r)[1] for r in body["requests"]],
+                    },
+                )
             return httpx.Response(404, json={"error": "INVALID_REQUEST", "detail": "no route"})
 
     def _topic(self, name: str) -> httpx.Response:
@@ -324,11 +363,29 @@ class FakeCoordinator:
             return httpx.Response(404, json={"error": "UNKNOWN_TOPIC_OR_PARTITION", "detail": name})
         n, dedup = self.topics[name]
         addr = self.leader_override or self.server.address
-        return httpx.Response(200, json={
-            "error": "NONE", "name": name, "partitions": n, "replication_factor": 1, "dedup": dedup,
-            "partition_states": [{"partition": p, "leader": 1, "leader_address": addr, "leader_epoch": 0,
-                                  "replicas": [1], "isr": [1], "log_end_offset": 0, "high_watermark": 0}
-                                 for p in range(n)]})
+        return httpx.Response(
+            200,
+            json={
+                "error": "NONE",
+                "name": name,
+                "partitions": n,
+                "replication_factor": 1,
+                "dedup": dedup,
+                "partition_states": [
+                    {
+                        "partition": p,
+                        "leader": 1,
+                        "leader_address": addr,
+                        "leader_epoch": 0,
+                        "replicas": [1],
+                        "isr": [1],
+                        "log_end_offset": 0,
+                        "high_watermark": 0,
+                    }
+                    for p in range(n)
+                ],
+            },
+        )
 
     def takeover(self, name: str) -> tuple[int, int]:
         """Raise the generation of ``name``'s PID and fence every partition (as the real
@@ -367,14 +424,21 @@ class FakeCoordinator:
         gen = self.pids[pid]
         hw = self.server.highwater(req["topic"], req["partition"], pid)
         exp = req.get("expire_ms") or self.expire_ms
-        return 200, {"error": "NONE", "pid": pid, "generation": gen,
-                     "sequence_number": 0 if hw is None else hw + 1, "expire_ms": exp,
-                     "expires_at_ms": 0, "lease_token": f"tok-{pid}-{gen}-{len(self.requests)}"}
+        return 200, {
+            "error": "NONE",
+            "pid": pid,
+            "generation": gen,
+            "sequence_number": 0 if hw is None else hw + 1,
+            "expire_ms": exp,
+            "expires_at_ms": 0,
+            "lease_token": f"tok-{pid}-{gen}-{len(self.requests)}",
+        }
 
 
 @contextmanager
-def fake_cluster(topics: dict[str, tuple[int, str]], *,
-                 expire_ms: int = 30_000) -> Iterator[tuple[FakePartitionServer, FakeCoordinator]]:
+def fake_cluster(
+    topics: dict[str, tuple[int, str]], *, expire_ms: int = 30_000
+) -> Iterator[tuple[FakePartitionServer, FakeCoordinator]]:
     """A started FakePartitionServer holding ``topics`` (name -> (partitions, dedup mode))
     and a FakeCoordinator in front of it; the server is stopped on exit."""
     server = FakePartitionServer(topics).start()

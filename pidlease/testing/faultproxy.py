@@ -59,7 +59,9 @@ class FaultProxy:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> Self:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="fault-proxy", daemon=True
+        )
         self._thread.start()
         self._call(self._listen())
         return self

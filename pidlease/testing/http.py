@@ -34,8 +34,9 @@ class HttpConnection:
     """One keep-alive connection to ``base_url``; ``request`` reconnects when needed and
     raises ``ConnectionError`` (or ``OSError``/``asyncio.TimeoutError``) when it cannot."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 30.0, headers: dict[str, str] | None = None
+    ) -> None:
         u = urlsplit(base_url)
         self.extra_headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.host = u.hostname or "127.0.0.1"
@@ -46,7 +47,8 @@ class HttpConnection:
 
     async def _connect(self) -> None:
         self._r, self._w = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), self.timeout_s)
+            asyncio.open_connection(self.host, self.port), self.timeout_s
+        )
 
     async def close(self) -> None:
         if self._w is not None:
@@ -60,7 +62,9 @@ class HttpConnection:
     async def request(self, method: str, path: str, body: Any = None) -> Reply:
         started = time.perf_counter()
         try:
-            return await asyncio.wait_for(self._request(method, path, body, started), self.timeout_s)
+            return await asyncio.wait_for(
+                self._request(method, path, body, started), self.timeout_s
+            )
         except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
             await self.close()
             raise ConnectionError(f"{method} {path}: {exc!r}") from exc
@@ -70,9 +74,11 @@ class HttpConnection:
             await self._connect()
         assert self._r is not None and self._w is not None
         raw = b"" if body is None else json.dumps(body).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nhost: {self.host}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(raw)}\r\n"
-                f"{self.extra_headers}\r\n")
+        head = (
+            f"{method} {path} HTTP/1.1\r\nhost: {self.host}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(raw)}\r\n"
+            f"{self.extra_headers}\r\n"
+        )
         self._w.write(head.encode() + raw)
         await self._w.drain()
         status_line_and_headers = await self._r.readuntil(b"\r\n\r\n")
@@ -93,10 +99,18 @@ class HttpConnection:
         return Reply(status, json.loads(data) if data else {}, time.perf_counter() - started)
 
 
-async def run_many(base_url: str, bodies: list[dict[str, Any]], *, connections: int,
-                   path: str = "/v1/lease_pid", attempts_max: int = 100,
-                   retry_statuses: tuple[int, ...] = (503,), timeout_s: float = 30.0,
-                   on_reply: Any = None, headers: dict[str, str] | None = None) -> list[Reply]:
+async def run_many(
+    base_url: str,
+    bodies: list[dict[str, Any]],
+    *,
+    connections: int,
+    path: str = "/v1/lease_pid",
+    attempts_max: int = 100,
+    retry_statuses: tuple[int, ...] = (503,),
+    timeout_s: float = 30.0,
+    on_reply: Any = None,
+    headers: dict[str, str] | None = None,
+) -> list[Reply]:
     """POST every body with ``connections`` concurrent keep-alive connections; a lost
     connection or a retriable status is retried with a short backoff, at most
     ``attempts_max`` times per body. Returns the final reply of each body, in order.

@@ -68,16 +68,30 @@ class WireClient:
         self.produce_send(topic, partition, batch, token)
         return self.recv()
 
-    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20) -> P.Response:
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20
+    ) -> P.Response:
         c = self.next_corr()
         self.send(P.FETCH, P.fetch_request(c, topic, partition, offset, max_bytes), c)
         return self.recv()
 
-    def fence(self, topic: str, partition: int, pid: int, generation: int, token: str,
-              create_if_absent: bool = True) -> P.Response:
+    def fence(
+        self,
+        topic: str,
+        partition: int,
+        pid: int,
+        generation: int,
+        token: str,
+        create_if_absent: bool = True,
+    ) -> P.Response:
         c = self.next_corr()
-        self.send(P.FENCE, P.fence_request(c, topic, partition, pid, generation, token,
-                                           create_if_absent=create_if_absent), c)
+        self.send(
+            P.FENCE,
+            P.fence_request(
+                c, topic, partition, pid, generation, token, create_if_absent=create_if_absent
+            ),
+            c,
+        )
         return self.recv()
 
     def producer_state(self, topic: str, partition: int, pid: int) -> P.Response:
@@ -92,8 +106,9 @@ class WireClient:
         assert r.info is not None
         return r.info
 
-    def read_all(self, topic: str, partition: int, start: int = 0,
-                 max_rounds: int = 10_000) -> list[P.Record]:
+    def read_all(
+        self, topic: str, partition: int, start: int = 0, max_rounds: int = 10_000
+    ) -> list[P.Record]:
         """Every record (control ones included) from ``start`` up to the high watermark."""
         out: list[P.Record] = []
         offset = start
@@ -123,27 +138,44 @@ class WireClient:
         self.close()
 
 
-def batch(pid: int, generation: int, base_seq: int, values: Iterable[bytes],
-          key: bytes | None = None) -> bytes:
-    return P.encode_batch([(key, v) for v in values], pid=pid, generation=generation,
-                          base_sequence=base_seq, timestamp_ms=int(time.time() * 1000))
+def batch(
+    pid: int, generation: int, base_seq: int, values: Iterable[bytes], key: bytes | None = None
+) -> bytes:
+    return P.encode_batch(
+        [(key, v) for v in values],
+        pid=pid,
+        generation=generation,
+        base_sequence=base_seq,
+        timestamp_ms=int(time.time() * 1000),
+    )
 
 
 def token(secret: str, pid: int, generation: int, ttl_ms: int = 3_600_000) -> str:
     return make_token(secret.encode(), pid, generation, int(time.time() * 1000) + ttl_ms)
 
 
-def create_topic(zk_hosts: str, name: str, partitions: int = 1, *, dedup: str = "strict",
-                 leader: int = 1, replicas: list[int] | None = None) -> None:
+def create_topic(
+    zk_hosts: str,
+    name: str,
+    partitions: int = 1,
+    *,
+    dedup: str = "strict",
+    leader: int = 1,
+    replicas: list[int] | None = None,
+) -> None:
     """Write TopicSpec and PartitionState znodes as the coordinator would."""
     zk = connect_zk(zk_hosts)
     try:
-        zk.create(topic_path(name), TopicSpec(name, partitions, 1, dedup,
-                                              int(time.time() * 1000)).to_bytes())
+        zk.create(
+            topic_path(name),
+            TopicSpec(name, partitions, 1, dedup, int(time.time() * 1000)).to_bytes(),
+        )
         for p in range(partitions):
-            zk.create(partition_path(name, p), PartitionState(replicas or [leader], leader, 0,
-                                                              replicas or [leader]).to_bytes(),
-                      makepath=True)
+            zk.create(
+                partition_path(name, p),
+                PartitionState(replicas or [leader], leader, 0, replicas or [leader]).to_bytes(),
+                makepath=True,
+            )
     finally:
         zk.stop()
         zk.close()

@@ -19,8 +19,10 @@ from pathlib import Path
 ZK_JAR = Path("/usr/share/java/zookeeper.jar")
 SLF4J_JAR = Path("/usr/share/java/slf4j-simple.jar")
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-INSTALL_HINT = ("ZooKeeper is not installed. Install Debian's package with:\n"
-                "  sudo apt-get update && sudo apt-get install -y --no-install-recommends zookeeper")
+INSTALL_HINT = (
+    "ZooKeeper is not installed. Install Debian's package with:\n"
+    "  sudo apt-get update && sudo apt-get install -y --no-install-recommends zookeeper"
+)
 
 
 class ZooKeeperMissing(RuntimeError):
@@ -77,16 +79,24 @@ class ZkNode:
 class ZooKeeperCluster:
     """One standalone server (``nodes=1``) or an ensemble (``nodes=3``) on 127.0.0.1."""
 
-    def __init__(self, base_dir: str | Path, nodes: int = 1, *, client_ports: list[int] | None = None,
-                 heap_mb: int = 256) -> None:
+    def __init__(
+        self,
+        base_dir: str | Path,
+        nodes: int = 1,
+        *,
+        client_ports: list[int] | None = None,
+        heap_mb: int = 256,
+    ) -> None:
         check_installed()
         if nodes not in (1, 3):
             raise ValueError("nodes must be 1 or 3")
         self.base_dir = Path(base_dir)
         self.heap_mb = heap_mb
         ports = client_ports or [free_port() for _ in range(nodes)]
-        self.nodes = [ZkNode(i + 1, ports[i], free_port(), free_port(), self.base_dir / f"zk{i + 1}")
-                      for i in range(nodes)]
+        self.nodes = [
+            ZkNode(i + 1, ports[i], free_port(), free_port(), self.base_dir / f"zk{i + 1}")
+            for i in range(nodes)
+        ]
 
     @property
     def hosts(self) -> str:
@@ -107,7 +117,9 @@ class ZooKeeperCluster:
         ]
         if len(self.nodes) > 1:
             lines += ["initLimit=10", "syncLimit=5"]
-            lines += [f"server.{n.myid}=127.0.0.1:{n.peer_port}:{n.election_port}" for n in self.nodes]
+            lines += [
+                f"server.{n.myid}=127.0.0.1:{n.peer_port}:{n.election_port}" for n in self.nodes
+            ]
             (node.data_dir / "myid").write_text(f"{node.myid}\n")
         cfg = node.data_dir / "zoo.cfg"
         cfg.write_text("\n".join(lines) + "\n")
@@ -119,10 +131,20 @@ class ZooKeeperCluster:
         # The child keeps its own copy of the descriptor; ours closes once it is spawned.
         with open(node.log_path, "ab") as log:
             node.proc = subprocess.Popen(
-                ["java", f"-Xmx{self.heap_mb}m", "-Dzookeeper.admin.enableServer=false",
-                 "-cp", cp, MAIN_CLASS, str(cfg)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                [
+                    "java",
+                    f"-Xmx{self.heap_mb}m",
+                    "-Dzookeeper.admin.enableServer=false",
+                    "-cp",
+                    cp,
+                    MAIN_CLASS,
+                    str(cfg),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def start(self, timeout_s: float = 30.0) -> ZooKeeperCluster:
         for node in self.nodes:
@@ -142,7 +164,9 @@ class ZooKeeperCluster:
                 return
             for n in self.nodes:
                 if n.proc is not None and n.proc.poll() is not None and len(self.nodes) == 1:
-                    raise RuntimeError(f"ZooKeeper exited with {n.proc.returncode}:\n{self.tail_logs()}")
+                    raise RuntimeError(
+                        f"ZooKeeper exited with {n.proc.returncode}:\n{self.tail_logs()}"
+                    )
             time.sleep(0.1)
         raise TimeoutError(f"ZooKeeper not ready after {timeout_s}s:\n{self.tail_logs()}")
 

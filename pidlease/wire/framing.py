@@ -25,8 +25,18 @@ import socket
 import struct
 from collections.abc import Callable
 
-__all__ = ["HEADER_SIZE", "FRAME_SIZE_LIMIT", "FrameTooLarge", "FrameDecoder", "encode_frame",
-           "pack_header", "unpack_header", "check_size", "read_frame", "recv_frame"]
+__all__ = [
+    "HEADER_SIZE",
+    "FRAME_SIZE_LIMIT",
+    "FrameTooLarge",
+    "FrameDecoder",
+    "encode_frame",
+    "pack_header",
+    "unpack_header",
+    "check_size",
+    "read_frame",
+    "recv_frame",
+]
 
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size  # 4
@@ -114,7 +124,7 @@ class FrameDecoder:
             end = pos + 4 + size
             if end > n:
                 break
-            frames.append(bytes(buf[pos + 4:end]))
+            frames.append(bytes(buf[pos + 4 : end]))
             pos = end
         if pos:
             del buf[:pos]
@@ -131,8 +141,9 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     return await reader.readexactly(size)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int, *,
-               timeout_s: Callable[[], float] | None = None) -> bytes:
+def recv_frame(
+    sock: socket.socket, max_bytes: int, *, timeout_s: Callable[[], float] | None = None
+) -> bytes:
     """The next frame's body from a blocking socket. ``timeout_s``, when given, is called
     before every ``recv`` for the seconds left (one deadline over the whole frame); it may
     raise to give up. Raises FrameTooLarge, EOFError when the peer closes mid-frame, and
@@ -143,7 +154,9 @@ def recv_frame(sock: socket.socket, max_bytes: int, *,
     return recv_exact(sock, size, timeout_s=timeout_s)
 
 
-def recv_exact(sock: socket.socket, n: int, *, timeout_s: Callable[[], float] | None = None) -> bytes:
+def recv_exact(
+    sock: socket.socket, n: int, *, timeout_s: Callable[[], float] | None = None
+) -> bytes:
     """Exactly ``n`` bytes from a blocking socket (EOFError if it closes first)."""
     if n == 0:
         return b""

@@ -51,9 +51,15 @@ PRODUCER_STATE = 4
 METADATA = 5
 REPLICA_FETCH = 6
 EPOCH_END = 7
-API_NAMES = {PRODUCE: "produce", FETCH: "fetch", FENCE: "fence",
-             PRODUCER_STATE: "producer_state", METADATA: "metadata",
-             REPLICA_FETCH: "replica_fetch", EPOCH_END: "epoch_end"}
+API_NAMES = {
+    PRODUCE: "produce",
+    FETCH: "fetch",
+    FENCE: "fence",
+    PRODUCER_STATE: "producer_state",
+    METADATA: "metadata",
+    REPLICA_FETCH: "replica_fetch",
+    EPOCH_END: "epoch_end",
+}
 
 FLAG_CONTROL = 0x01
 FENCE_CREATE_IF_ABSENT = 0x01
@@ -70,27 +76,29 @@ _RESP_HEAD = struct.Struct(">IH")
 BATCH_HEADER = struct.Struct(">qIIBQIqIq")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 49
 _REC_HEAD = struct.Struct(">iI")
-REC_HEAD = _REC_HEAD                       # key_len (-1: no key), value_len
-_BATCH_LEAD = struct.Struct(">qII")       # base_offset, batch_len, crc
-_BATCH_TAIL = struct.Struct(">BQIqIq")    # flags .. timestamp_ms (the CRC covers these)
+REC_HEAD = _REC_HEAD  # key_len (-1: no key), value_len
+_BATCH_LEAD = struct.Struct(">qII")  # base_offset, batch_len, crc
+_BATCH_TAIL = struct.Struct(">BQIqIq")  # flags .. timestamp_ms (the CRC covers these)
 _CRC_START = 16
 # Fixed-size parts of responses.
-_PRODUCE_RESP = struct.Struct(">qqq")      # base_offset, last_offset, expected_sequence
-_FETCH_REQ = struct.Struct(">qI")          # offset, max_bytes
-_FETCH_RESP = struct.Struct(">qq")         # high_watermark, log_start_offset (then bytes)
-_FENCE_REQ = struct.Struct(">QIB")         # pid, generation, flags
-_FENCE_RESP = struct.Struct(">Bqq")        # existed, durable_highwater, fence_offset
+_PRODUCE_RESP = struct.Struct(">qqq")  # base_offset, last_offset, expected_sequence
+_FETCH_REQ = struct.Struct(">qI")  # offset, max_bytes
+_FETCH_RESP = struct.Struct(">qq")  # high_watermark, log_start_offset (then bytes)
+_FENCE_REQ = struct.Struct(">QIB")  # pid, generation, flags
+_FENCE_RESP = struct.Struct(">Bqq")  # existed, durable_highwater, fence_offset
 # Optional trailing i64s (docs/reliability.md, finding 6): a FENCE request's leased_since_ms, and the
 # dropped_last_use_max_ms of FENCE and PRODUCER_STATE answers. Absent reads as 0: unknown.
 _I64 = struct.Struct(">q")
-_STATE_REQ = struct.Struct(">Q")           # pid
-_STATE_RESP = struct.Struct(">BIqq")       # found, generation, durable_highwater, last_use_ms
+_STATE_REQ = struct.Struct(">Q")  # pid
+_STATE_RESP = struct.Struct(">BIqq")  # found, generation, durable_highwater, last_use_ms
 _PARTITION = struct.Struct(">I")
-_REPLICA_FETCH_REQ = struct.Struct(">Iiq2I")  # replica_id, leader_epoch, offset, max_bytes, max_wait_ms
-_REPLICA_FETCH_RESP = struct.Struct(">qiH")   # high_watermark, leader_epoch, epoch entries
-_EPOCH_ENTRY = struct.Struct(">iq")           # epoch, start_offset
-_EPOCH_END_REQ = struct.Struct(">Iii")        # replica_id, leader_epoch, epoch asked about
-_EPOCH_END_RESP = struct.Struct(">iq")        # epoch, end_offset
+_REPLICA_FETCH_REQ = struct.Struct(
+    ">Iiq2I"
+)  # replica_id, leader_epoch, offset, max_bytes, max_wait_ms
+_REPLICA_FETCH_RESP = struct.Struct(">qiH")  # high_watermark, leader_epoch, epoch entries
+_EPOCH_ENTRY = struct.Struct(">iq")  # epoch, start_offset
+_EPOCH_END_REQ = struct.Struct(">Iii")  # replica_id, leader_epoch, epoch asked about
+_EPOCH_END_RESP = struct.Struct(">iq")  # epoch, end_offset
 EPOCH_ENTRIES_MAX = 0xFFFF
 
 
@@ -148,8 +156,16 @@ def encode_record(key: bytes | None, value: bytes) -> bytes:
     return _REC_HEAD.pack(len(key), len(value)) + key + value
 
 
-def batch_from_records(body: bytes, count: int, *, pid: int, generation: int,
-                       base_sequence: int, timestamp_ms: int, flags: int = 0) -> bytes:
+def batch_from_records(
+    body: bytes,
+    count: int,
+    *,
+    pid: int,
+    generation: int,
+    base_sequence: int,
+    timestamp_ms: int,
+    flags: int = 0,
+) -> bytes:
     """A batch ready to send around ``body``, ``count`` records already encoded
     (``encode_record``) and concatenated. The producer encodes each record when it is
     sent and only this header when the batch closes."""
@@ -157,8 +173,16 @@ def batch_from_records(body: bytes, count: int, *, pid: int, generation: int,
     return _BATCH_LEAD.pack(0, len(tail) + 4, zlib.crc32(tail)) + tail
 
 
-def batch_from_parts(parts: Sequence[bytes], count: int, *, pid: int, generation: int,
-                     base_sequence: int, timestamp_ms: int, flags: int = 0) -> bytes:
+def batch_from_parts(
+    parts: Sequence[bytes],
+    count: int,
+    *,
+    pid: int,
+    generation: int,
+    base_sequence: int,
+    timestamp_ms: int,
+    flags: int = 0,
+) -> bytes:
     """``batch_from_records(b"".join(parts), ...)``, the same bytes, without building the
     body on its own first: the CRC runs over the parts in turn and the batch is one join."""
     tail_head = _BATCH_TAIL.pack(flags, pid, generation, base_sequence, count, timestamp_ms)
@@ -181,13 +205,26 @@ def encode_batch(
 ) -> bytes:
     """A batch ready to send (``base_offset`` 0). ``records`` are (key, value) pairs."""
     body = b"".join([encode_record(key, value) for key, value in records])
-    return batch_from_records(body, len(records), pid=pid, generation=generation,
-                              base_sequence=base_sequence, timestamp_ms=timestamp_ms, flags=flags)
+    return batch_from_records(
+        body,
+        len(records),
+        pid=pid,
+        generation=generation,
+        base_sequence=base_sequence,
+        timestamp_ms=timestamp_ms,
+        flags=flags,
+    )
 
 
 def encode_control_batch(*, pid: int, generation: int, timestamp_ms: int) -> bytes:
-    return encode_batch([(b"fence", b"")], pid=pid, generation=generation, base_sequence=-1,
-                        timestamp_ms=timestamp_ms, flags=FLAG_CONTROL)
+    return encode_batch(
+        [(b"fence", b"")],
+        pid=pid,
+        generation=generation,
+        base_sequence=-1,
+        timestamp_ms=timestamp_ms,
+        flags=FLAG_CONTROL,
+    )
 
 
 def decode_batch_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
@@ -205,10 +242,12 @@ def batch_crc_ok(buf: bytes | memoryview, header: BatchHeader, pos: int = 0) -> 
     end = pos + header.size
     if end > len(buf):
         return False
-    return zlib.crc32(memoryview(buf)[pos + _CRC_START:end]) == header.crc
+    return zlib.crc32(memoryview(buf)[pos + _CRC_START : end]) == header.crc
 
 
-def validate_batch(buf: bytes | memoryview, pos: int = 0, *, max_bytes: int | None = None) -> BatchHeader:
+def validate_batch(
+    buf: bytes | memoryview, pos: int = 0, *, max_bytes: int | None = None
+) -> BatchHeader:
     """Check one complete batch at ``pos``: lengths, checksum, field ranges and that its
     records parse to exactly ``count`` records filling the batch. Raises CorruptRecord."""
     h = decode_batch_header(buf, pos)
@@ -273,7 +312,7 @@ def _uniform_records_ok(buf: bytes | memoryview, p: int, end: int, count: int) -
     # dimensions) would make them count something else, so leave it to the walk.
     if mv.itemsize != 1 or mv.ndim != 1:
         return False
-    head = mv[p:p + 8].tobytes()
+    head = mv[p : p + 8].tobytes()
     klen, vlen = _REC_HEAD.unpack(head)
     if klen < -1:
         return False
@@ -288,12 +327,14 @@ def _uniform_records_ok(buf: bytes | memoryview, p: int, end: int, count: int) -
     for j in range(8):  # noqa: SIM110 - a plain loop: no generator on the fast path
         # j < 8 <= stride, so the slice holds exactly ``count`` bytes: offset j of
         # each record header and nothing from the records' keys or values.
-        if src[p + j:end:stride] != head[j:j + 1] * count:
+        if src[p + j : end : stride] != head[j : j + 1] * count:
             return False
     return True
 
 
-def iter_batches(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator[tuple[BatchHeader, int]]:
+def iter_batches(
+    buf: bytes | memoryview, *, check_crc: bool = True
+) -> Iterator[tuple[BatchHeader, int]]:
     """Yield (header, position) for each complete batch in ``buf``; raises CorruptRecord on
     a bad checksum, stops quietly at a trailing partial batch (a fetch may cut one)."""
     pos = 0
@@ -308,8 +349,9 @@ def iter_batches(buf: bytes | memoryview, *, check_crc: bool = True) -> Iterator
         pos += h.size
 
 
-def iter_records(buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str = "",
-                 partition: int = 0) -> Iterator[Record]:
+def iter_records(
+    buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str = "", partition: int = 0
+) -> Iterator[Record]:
     p = pos + BATCH_HEADER_SIZE
     mv = memoryview(buf)
     for i in range(h.count):
@@ -317,13 +359,23 @@ def iter_records(buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str =
         p += 8
         key = None
         if klen >= 0:
-            key = bytes(mv[p:p + klen])
+            key = bytes(mv[p : p + klen])
             p += klen
-        value = bytes(mv[p:p + vlen])
+        value = bytes(mv[p : p + vlen])
         p += vlen
         seq = -1 if h.is_control else h.base_sequence + i
-        yield Record(topic, partition, h.base_offset + i, h.pid, h.generation, seq, key, value,
-                     h.timestamp_ms, h.is_control)
+        yield Record(
+            topic,
+            partition,
+            h.base_offset + i,
+            h.pid,
+            h.generation,
+            seq,
+            key,
+            value,
+            h.timestamp_ms,
+            h.is_control,
+        )
 
 
 # --- primitive encoders -------------------------------------------------------------------
@@ -354,7 +406,7 @@ class Cursor:
         (n,) = self.take(_U16)
         if self.pos + n > len(self.buf):
             raise CorruptRecord("frame ends in the middle of a string")
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         try:
             return raw.decode()
@@ -362,7 +414,7 @@ class Cursor:
             raise CorruptRecord("string field is not UTF-8") from exc
 
     def rest(self) -> memoryview:
-        mv = memoryview(self.buf)[self.pos:]
+        mv = memoryview(self.buf)[self.pos :]
         self.pos = len(self.buf)
         return mv
 
@@ -375,51 +427,106 @@ def request(api_key: int, correlation_id: int, payload: bytes) -> bytes:
     return frame(_REQ_HEAD.pack(api_key, correlation_id) + payload)
 
 
-def produce_request(correlation_id: int, topic: str, partition: int, token: str, batch: bytes) -> bytes:
-    head = _REQ_HEAD.pack(PRODUCE, correlation_id) + pack_str(topic) + _PARTITION.pack(partition) + pack_str(token)
+def produce_request(
+    correlation_id: int, topic: str, partition: int, token: str, batch: bytes
+) -> bytes:
+    head = (
+        _REQ_HEAD.pack(PRODUCE, correlation_id)
+        + pack_str(topic)
+        + _PARTITION.pack(partition)
+        + pack_str(token)
+    )
     return pack_header(len(head) + len(batch)) + head + batch
 
 
-def fetch_request(correlation_id: int, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
-    return request(FETCH, correlation_id,
-                   pack_str(topic) + _PARTITION.pack(partition) + _FETCH_REQ.pack(offset, max_bytes))
+def fetch_request(
+    correlation_id: int, topic: str, partition: int, offset: int, max_bytes: int
+) -> bytes:
+    return request(
+        FETCH,
+        correlation_id,
+        pack_str(topic) + _PARTITION.pack(partition) + _FETCH_REQ.pack(offset, max_bytes),
+    )
 
 
-def fence_request(correlation_id: int, topic: str, partition: int, pid: int, generation: int,
-                  token: str, *, create_if_absent: bool, leased_since_ms: int = 0) -> bytes:
+def fence_request(
+    correlation_id: int,
+    topic: str,
+    partition: int,
+    pid: int,
+    generation: int,
+    token: str,
+    *,
+    create_if_absent: bool,
+    leased_since_ms: int = 0,
+) -> bytes:
     """``leased_since_ms``: no earlier than when the partition joined the PID's lease (by
     the server's clock); the server creates a fresh entry only if it dropped no PID used
     since. 0 = unknown (then the field is left out, as older coordinators send it)."""
     flags = FENCE_CREATE_IF_ABSENT if create_if_absent else 0
-    return request(FENCE, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
-                   + _FENCE_REQ.pack(pid, generation, flags) + pack_str(token)
-                   + _optional_i64(leased_since_ms))
+    return request(
+        FENCE,
+        correlation_id,
+        pack_str(topic)
+        + _PARTITION.pack(partition)
+        + _FENCE_REQ.pack(pid, generation, flags)
+        + pack_str(token)
+        + _optional_i64(leased_since_ms),
+    )
 
 
 def producer_state_request(correlation_id: int, topic: str, partition: int, pid: int) -> bytes:
-    return request(PRODUCER_STATE, correlation_id,
-                   pack_str(topic) + _PARTITION.pack(partition) + _STATE_REQ.pack(pid))
+    return request(
+        PRODUCER_STATE,
+        correlation_id,
+        pack_str(topic) + _PARTITION.pack(partition) + _STATE_REQ.pack(pid),
+    )
 
 
 def metadata_request(correlation_id: int) -> bytes:
     return request(METADATA, correlation_id, b"")
 
 
-def replica_fetch_request(correlation_id: int, topic: str, partition: int, *, replica_id: int,
-                          leader_epoch: int, offset: int, max_bytes: int, max_wait_ms: int) -> bytes:
+def replica_fetch_request(
+    correlation_id: int,
+    topic: str,
+    partition: int,
+    *,
+    replica_id: int,
+    leader_epoch: int,
+    offset: int,
+    max_bytes: int,
+    max_wait_ms: int,
+) -> bytes:
     """A follower's fetch: ``offset`` is its log end, every byte below it fsynced, which
     is what the leader counts towards the high watermark."""
-    return request(REPLICA_FETCH, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
-                   + _REPLICA_FETCH_REQ.pack(replica_id, leader_epoch, offset, max_bytes,
-                                             max_wait_ms))
+    return request(
+        REPLICA_FETCH,
+        correlation_id,
+        pack_str(topic)
+        + _PARTITION.pack(partition)
+        + _REPLICA_FETCH_REQ.pack(replica_id, leader_epoch, offset, max_bytes, max_wait_ms),
+    )
 
 
-def epoch_end_request(correlation_id: int, topic: str, partition: int, *, replica_id: int,
-                      leader_epoch: int, epoch: int) -> bytes:
-    """"Where does leader epoch ``epoch`` end in your log?" (a returning follower's question
+def epoch_end_request(
+    correlation_id: int,
+    topic: str,
+    partition: int,
+    *,
+    replica_id: int,
+    leader_epoch: int,
+    epoch: int,
+) -> bytes:
+    """ "Where does leader epoch ``epoch`` end in your log?" (a returning follower's question
     before it fetches; the answer is where its own log may diverge)."""
-    return request(EPOCH_END, correlation_id, pack_str(topic) + _PARTITION.pack(partition)
-                   + _EPOCH_END_REQ.pack(replica_id, leader_epoch, epoch))
+    return request(
+        EPOCH_END,
+        correlation_id,
+        pack_str(topic)
+        + _PARTITION.pack(partition)
+        + _EPOCH_END_REQ.pack(replica_id, leader_epoch, epoch),
+    )
 
 
 @dataclass(slots=True)
@@ -467,8 +574,9 @@ def decode_request(body: bytes | memoryview) -> Request:
     elif api_key == PRODUCER_STATE:
         (req.pid,) = c.take(_STATE_REQ)
     elif api_key == REPLICA_FETCH:
-        (req.replica_id, req.leader_epoch, req.offset, req.max_bytes,
-         req.max_wait_ms) = c.take(_REPLICA_FETCH_REQ)
+        (req.replica_id, req.leader_epoch, req.offset, req.max_bytes, req.max_wait_ms) = c.take(
+            _REPLICA_FETCH_REQ
+        )
     elif api_key == EPOCH_END:
         req.replica_id, req.leader_epoch, req.epoch = c.take(_EPOCH_END_REQ)
     if c.pos != len(body):
@@ -481,37 +589,86 @@ def response(correlation_id: int, error_code: int, detail: str, payload: bytes) 
     return frame(_RESP_HEAD.pack(correlation_id, error_code) + pack_str(detail[:1000]) + payload)
 
 
-def produce_response(corr: int, code: int, detail: str = "", *, base_offset: int = -1,
-                     last_offset: int = -1, expected_sequence: int = -1, leader: str = "") -> bytes:
-    return response(corr, code, detail,
-                    _PRODUCE_RESP.pack(base_offset, last_offset, expected_sequence) + pack_str(leader))
+def produce_response(
+    corr: int,
+    code: int,
+    detail: str = "",
+    *,
+    base_offset: int = -1,
+    last_offset: int = -1,
+    expected_sequence: int = -1,
+    leader: str = "",
+) -> bytes:
+    return response(
+        corr,
+        code,
+        detail,
+        _PRODUCE_RESP.pack(base_offset, last_offset, expected_sequence) + pack_str(leader),
+    )
 
 
-def fetch_response(corr: int, code: int, detail: str = "", *, high_watermark: int = -1,
-                   log_start_offset: int = 0, data: bytes | Sequence[bytes] = b"", leader: str = "") -> bytes:
+def fetch_response(
+    corr: int,
+    code: int,
+    detail: str = "",
+    *,
+    high_watermark: int = -1,
+    log_start_offset: int = 0,
+    data: bytes | Sequence[bytes] = b"",
+    leader: str = "",
+) -> bytes:
     """``data`` may be a list of buffers (whole stored batches) to avoid a join."""
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
     size = sum(len(x) for x in chunks)
-    head = _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + \
-        _FETCH_RESP.pack(high_watermark, log_start_offset) + pack_str(leader) + _U32.pack(size)
+    head = (
+        _RESP_HEAD.pack(corr, code)
+        + pack_str(detail[:1000])
+        + _FETCH_RESP.pack(high_watermark, log_start_offset)
+        + pack_str(leader)
+        + _U32.pack(size)
+    )
     return b"".join([pack_header(len(head) + size), head, *chunks])
 
 
-def fence_response(corr: int, code: int, detail: str = "", *, existed: bool = False,
-                   durable_highwater: int = -1, fence_offset: int = -1,
-                   dropped_last_use_max_ms: int = 0) -> bytes:
-    return response(corr, code, detail, _FENCE_RESP.pack(int(existed), durable_highwater, fence_offset)
-                    + _optional_i64(dropped_last_use_max_ms))
+def fence_response(
+    corr: int,
+    code: int,
+    detail: str = "",
+    *,
+    existed: bool = False,
+    durable_highwater: int = -1,
+    fence_offset: int = -1,
+    dropped_last_use_max_ms: int = 0,
+) -> bytes:
+    return response(
+        corr,
+        code,
+        detail,
+        _FENCE_RESP.pack(int(existed), durable_highwater, fence_offset)
+        + _optional_i64(dropped_last_use_max_ms),
+    )
 
 
-def producer_state_response(corr: int, code: int, detail: str = "", *, found: bool = False,
-                            generation: int = 0, durable_highwater: int = -1,
-                            last_use_ms: int = 0, dropped_last_use_max_ms: int = 0) -> bytes:
+def producer_state_response(
+    corr: int,
+    code: int,
+    detail: str = "",
+    *,
+    found: bool = False,
+    generation: int = 0,
+    durable_highwater: int = -1,
+    last_use_ms: int = 0,
+    dropped_last_use_max_ms: int = 0,
+) -> bytes:
     """``dropped_last_use_max_ms``: the newest last use of any PID the partition ever
     expired or evicted (with ``found`` false, whether "no state" may mean "state lost")."""
-    return response(corr, code, detail,
-                    _STATE_RESP.pack(int(found), generation, durable_highwater, last_use_ms)
-                    + _optional_i64(dropped_last_use_max_ms))
+    return response(
+        corr,
+        code,
+        detail,
+        _STATE_RESP.pack(int(found), generation, durable_highwater, last_use_ms)
+        + _optional_i64(dropped_last_use_max_ms),
+    )
 
 
 def _optional_i64(value: int) -> bytes:
@@ -519,27 +676,43 @@ def _optional_i64(value: int) -> bytes:
     return _I64.pack(value) if value else b""
 
 
-def metadata_response(corr: int, code: int, detail: str = "", *, info: dict[str, Any] | None = None) -> bytes:
+def metadata_response(
+    corr: int, code: int, detail: str = "", *, info: dict[str, Any] | None = None
+) -> bytes:
     blob = json.dumps(info or {}).encode()
     return response(corr, code, detail, _U32.pack(len(blob)) + blob)
 
 
-def replica_fetch_response(corr: int, code: int, detail: str = "", *, high_watermark: int = -1,
-                           leader_epoch: int = -1, epochs: Sequence[tuple[int, int]] = (),
-                           data: bytes | Sequence[bytes] = b"") -> bytes:
+def replica_fetch_response(
+    corr: int,
+    code: int,
+    detail: str = "",
+    *,
+    high_watermark: int = -1,
+    leader_epoch: int = -1,
+    epochs: Sequence[tuple[int, int]] = (),
+    data: bytes | Sequence[bytes] = b"",
+) -> bytes:
     """``epochs``: the leader's (epoch, start_offset) entries that the batches in ``data``
     fall in (so the follower's epoch history matches the leader's); at most 65535."""
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
     size = sum(len(x) for x in chunks)
     ep = b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in epochs[:EPOCH_ENTRIES_MAX])
-    head = _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + \
-        _REPLICA_FETCH_RESP.pack(high_watermark, leader_epoch, min(len(epochs), EPOCH_ENTRIES_MAX)) \
-        + ep + _U32.pack(size)
+    head = (
+        _RESP_HEAD.pack(corr, code)
+        + pack_str(detail[:1000])
+        + _REPLICA_FETCH_RESP.pack(
+            high_watermark, leader_epoch, min(len(epochs), EPOCH_ENTRIES_MAX)
+        )
+        + ep
+        + _U32.pack(size)
+    )
     return b"".join([pack_header(len(head) + size), head, *chunks])
 
 
-def epoch_end_response(corr: int, code: int, detail: str = "", *, epoch: int = -1,
-                       end_offset: int = -1) -> bytes:
+def epoch_end_response(
+    corr: int, code: int, detail: str = "", *, epoch: int = -1, end_offset: int = -1
+) -> bytes:
     return response(corr, code, detail, _EPOCH_END_RESP.pack(epoch, end_offset))
 
 

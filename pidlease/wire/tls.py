@@ -35,8 +35,9 @@ def _load_verify(ctx: ssl.SSLContext, ca_file: str) -> None:
         raise errors.ConfigError(f"cannot load the TLS CA bundle {ca_file!r}: {exc}") from exc
 
 
-def client_ssl_context(tls_ca_file: str | None = None, tls: bool = False, *,
-                       use_env: bool = True) -> ssl.SSLContext | None:
+def client_ssl_context(
+    tls_ca_file: str | None = None, tls: bool = False, *, use_env: bool = True
+) -> ssl.SSLContext | None:
     """The context a client connects to partition servers with, or None for plaintext.
     ``tls_ca_file``: trust this CA bundle; ``tls=True`` alone: the system trust store;
     neither: ``PIDLEASE_TLS_CA_FILE`` when set (``use_env``), else plaintext."""
@@ -64,8 +65,9 @@ def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(certfile, keyfile)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot load the TLS certificate {certfile!r} with key {keyfile!r}: "
-                         f"{exc}") from exc
+        raise ValueError(
+            f"cannot load the TLS certificate {certfile!r} with key {keyfile!r}: {exc}"
+        ) from exc
     return ctx
 
 
@@ -95,7 +97,9 @@ def find_cert_error(exc: BaseException | None) -> ssl.SSLCertVerificationError |
     return None
 
 
-def connect_error(address: str, exc: BaseException, what: str = "partition server") -> errors.PidleaseError:
+def connect_error(
+    address: str, exc: BaseException, what: str = "partition server"
+) -> errors.PidleaseError:
     """A failed connect as a pidlease error: a certificate the client does not trust is
     ``Unauthorized`` (not retriable: retrying cannot help), anything else is retriable."""
     cert = find_cert_error(exc)
@@ -103,8 +107,10 @@ def connect_error(address: str, exc: BaseException, what: str = "partition serve
         return errors.Unauthorized(
             f"TLS certificate verification of {what} {address} failed: "
             f"{cert.verify_message or cert} (is tls_ca_file the CA that signed its certificate, "
-            f"and does the certificate name {address.rpartition(':')[0]}?)")
+            f"and does the certificate name {address.rpartition(':')[0]}?)"
+        )
     if isinstance(exc, ssl.SSLError):
         return errors.ServerUnavailable(
-            f"TLS handshake with {what} {address} failed: {exc} (does it serve TLS?)")
+            f"TLS handshake with {what} {address} failed: {exc} (does it serve TLS?)"
+        )
     return errors.ServerUnavailable(f"cannot connect to {what} {address}: {exc or 'timed out'}")

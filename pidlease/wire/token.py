@@ -51,8 +51,10 @@ def verify_token(secret: bytes, token: str, pid: int, generation: int, now_ms: i
     if not hmac.compare_digest(sig, _sign(secret, tpid, tgen, exp)):
         raise Unauthorized("lease token signature is wrong (forged, or another cluster's secret)")
     if tpid != pid or tgen != generation:
-        raise Unauthorized(f"lease token is for pid {tpid} generation {tgen}, "
-                           f"not pid {pid} generation {generation}")
+        raise Unauthorized(
+            f"lease token is for pid {tpid} generation {tgen}, "
+            f"not pid {pid} generation {generation}"
+        )
     if now_ms >= exp:
         raise Unauthorized("lease token expired; renew the lease before it lapses")
     return exp

@@ -47,6 +47,7 @@ class LogRecord(Protocol):
 class Acked:
     """What a producer was told: this (pid, sequence) is at ``offset`` in ``partition``
     (offset -1 when a DUPLICATE answer no longer knew it)."""
+
     partition: int
     pid: int
     sequence_id: int
@@ -58,6 +59,7 @@ class Fence:
     """A takeover of ``pid`` to ``generation`` returned: from then on, no record of an
     older generation may be appended. ``offsets`` is each partition's log end offset
     read after the takeover returned (records at or beyond it came later)."""
+
     pid: int
     generation: int
     offsets: dict[int, int]
@@ -76,8 +78,13 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.acked_missing or self.duplicated or self.out_of_order
-                    or self.gaps or self.zombie_writes)
+        return not (
+            self.acked_missing
+            or self.duplicated
+            or self.out_of_order
+            or self.gaps
+            or self.zombie_writes
+        )
 
     def note(self, what: str) -> None:
         if len(self.examples) < EXAMPLES_MAX:
@@ -85,14 +92,21 @@ class CheckReport:
 
     def summary(self) -> str:
         head = "OK" if self.ok else "VIOLATIONS"
-        text = (f"{head}: records {self.records}, acked {self.acked}, acked-but-missing "
-                f"{self.acked_missing}, duplicated {self.duplicated}, out-of-order "
-                f"{self.out_of_order}, gaps {self.gaps}, zombie writes {self.zombie_writes}")
+        text = (
+            f"{head}: records {self.records}, acked {self.acked}, acked-but-missing "
+            f"{self.acked_missing}, duplicated {self.duplicated}, out-of-order "
+            f"{self.out_of_order}, gaps {self.gaps}, zombie writes {self.zombie_writes}"
+        )
         return text + "".join(f"\n  e.g. {e}" for e in self.examples)
 
 
-def check(partitions: Mapping[int, Sequence[LogRecord]], acked: Iterable[Acked],
-          fences: Iterable[Fence] = (), *, strict: bool = True) -> CheckReport:
+def check(
+    partitions: Mapping[int, Sequence[LogRecord]],
+    acked: Iterable[Acked],
+    fences: Iterable[Fence] = (),
+    *,
+    strict: bool = True,
+) -> CheckReport:
     """Check the logs (records of each partition in offset order) against ``acked``."""
     rep = CheckReport()
     where: dict[tuple[int, int, int], list[int]] = defaultdict(list)
@@ -106,21 +120,30 @@ def check(partitions: Mapping[int, Sequence[LogRecord]], acked: Iterable[Acked],
                 rep.zombie_writes += 1
                 rep.note(f"zombie record at {part}/{r.offset}: {r.value[:60]!r}")
             for f in fence_list:
-                if (r.pid == f.pid and r.generation < f.generation
-                        and r.offset >= f.offsets.get(part, 1 << 62)):
+                if (
+                    r.pid == f.pid
+                    and r.generation < f.generation
+                    and r.offset >= f.offsets.get(part, 1 << 62)
+                ):
                     rep.zombie_writes += 1
-                    rep.note(f"generation {r.generation} of pid {r.pid} at {part}/{r.offset} "
-                             f"after the fence to {f.generation}")
+                    rep.note(
+                        f"generation {r.generation} of pid {r.pid} at {part}/{r.offset} "
+                        f"after the fence to {f.generation}"
+                    )
             if r.pid == 0:
                 continue
             key = (part, r.pid, r.sequence_id)
             where[key].append(r.offset)
             if len(where[key]) > 1:
                 rep.duplicated += 1
-                rep.note(f"pid {r.pid} seq {r.sequence_id} in partition {part} at offsets {where[key]}")
+                rep.note(
+                    f"pid {r.pid} seq {r.sequence_id} in partition {part} at offsets {where[key]}"
+                )
             elif r.pid in last_seq and r.sequence_id < last_seq[r.pid]:
                 rep.out_of_order += 1
-                rep.note(f"pid {r.pid} seq {r.sequence_id} after {last_seq[r.pid]} at {part}/{r.offset}")
+                rep.note(
+                    f"pid {r.pid} seq {r.sequence_id} after {last_seq[r.pid]} at {part}/{r.offset}"
+                )
             last_seq[r.pid] = max(r.sequence_id, last_seq.get(r.pid, -1))
             seqs[r.pid].add(r.sequence_id)
         if strict:
@@ -137,8 +160,10 @@ def check(partitions: Mapping[int, Sequence[LogRecord]], acked: Iterable[Acked],
         offsets = where.get(key)
         if not offsets or (a.offset >= 0 and a.offset not in offsets):
             rep.acked_missing += 1
-            rep.note(f"acked pid {a.pid} seq {a.sequence_id} partition {a.partition} offset "
-                     f"{a.offset}: found at {offsets or 'nowhere'}")
+            rep.note(
+                f"acked pid {a.pid} seq {a.sequence_id} partition {a.partition} offset "
+                f"{a.offset}: found at {offsets or 'nowhere'}"
+            )
     return rep
 
 

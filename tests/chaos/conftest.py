@@ -22,15 +22,26 @@ from pidlease.testing.devcluster import LocalCluster
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("chaos")
-    group.addoption("--chaos-long", action="store_true", default=False,
-                    help="run the chaos suite's long form (more seeds, longer runs)")
-    group.addoption("--chaos-seed", type=int, default=None,
-                    help="replay one chaos seed (same as PIDLEASE_CHAOS_SEED)")
+    group.addoption(
+        "--chaos-long",
+        action="store_true",
+        default=False,
+        help="run the chaos suite's long form (more seeds, longer runs)",
+    )
+    group.addoption(
+        "--chaos-seed",
+        type=int,
+        default=None,
+        help="replay one chaos seed (same as PIDLEASE_CHAOS_SEED)",
+    )
 
 
 @pytest.fixture
 def chaos_long(request: pytest.FixtureRequest) -> bool:
-    return bool(request.config.getoption("--chaos-long", default=False) or os.environ.get("PIDLEASE_CHAOS_LONG"))
+    return bool(
+        request.config.getoption("--chaos-long", default=False)
+        or os.environ.get("PIDLEASE_CHAOS_LONG")
+    )
 
 
 @pytest.fixture

@@ -19,11 +19,14 @@ def mount(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def umount(path: Path) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(["umount", str(path)], check=False, capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["umount", str(path)], check=False, capture_output=True, text=True, timeout=30
+    )
     if r.returncode != 0:  # still busy a moment after the kill
         time.sleep(1)
-        r = subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True,
-                           text=True, timeout=30)
+        r = subprocess.run(
+            ["umount", "-l", str(path)], check=False, capture_output=True, text=True, timeout=30
+        )
     return r
 
 
@@ -35,8 +38,9 @@ def failed_count(futs: Sequence[Future[Any]]) -> int:
     return sum(f.done() and f.exception() is not None for f in futs)
 
 
-def wait_stalled(futs: Sequence[Future[Any]], *, stall_s: float, timeout_s: float,
-                 interval_s: float) -> None:
+def wait_stalled(
+    futs: Sequence[Future[Any]], *, stall_s: float, timeout_s: float, interval_s: float
+) -> None:
     """Return once no new acknowledgement came for ``stall_s`` (the disk is full), or after
     ``timeout_s`` whatever happened (the test's asserts say what)."""
     last, since, deadline = -1, time.monotonic(), time.monotonic() + timeout_s

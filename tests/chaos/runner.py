@@ -37,9 +37,14 @@ SEND_BURST = 50
 SEND_PAUSE_S = 0.02
 ZOMBIE_SENDS = 20
 RESOLVE_TIMEOUT_S = 180.0
-PRODUCER_KW: dict[str, int] = {"max_in_flight": 5, "linger_ms": 5, "batch_records_max": 200,
-                               "buffer_records_max": 5_000, "request_timeout_ms": 5_000,
-                               "start_timeout_ms": 120_000}
+PRODUCER_KW: dict[str, int] = {
+    "max_in_flight": 5,
+    "linger_ms": 5,
+    "batch_records_max": 200,
+    "buffer_records_max": 5_000,
+    "request_timeout_ms": 5_000,
+    "start_timeout_ms": 120_000,
+}
 # Every run has these (a 20 s run may otherwise miss them); the rest is random.
 REQUIRED_FAULTS = ("kill_zk_node", "zombie_takeover", "kill_server_torn")
 SERVER_ENV = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)}
@@ -61,19 +66,25 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return (self.report is not None and self.report.ok and not self.fatal
-                and self.zombie_refused == self.zombie_sends
-                and self.truncations_logged >= self.torn_tails)
+        return (
+            self.report is not None
+            and self.report.ok
+            and not self.fatal
+            and self.zombie_refused == self.zombie_sends
+            and self.truncations_logged >= self.torn_tails
+        )
 
     def summary(self) -> str:
         kinds: dict[str, int] = {}
         for f in self.faults:
             kinds[f.kind] = kinds.get(f.kind, 0) + 1
-        return (f"chaos seed={self.seed}: {len(self.faults)} faults {kinds}; sent {self.sent}, "
-                f"acked {self.acked}, failed {self.failed}, zombie sends {self.zombie_sends} "
-                f"refused {self.zombie_refused}, torn tails {self.torn_tails} (truncations logged "
-                f"{self.truncations_logged}), fatal {self.fatal}\n"
-                f"  {self.report.summary() if self.report else 'no check'}")
+        return (
+            f"chaos seed={self.seed}: {len(self.faults)} faults {kinds}; sent {self.sent}, "
+            f"acked {self.acked}, failed {self.failed}, zombie sends {self.zombie_sends} "
+            f"refused {self.zombie_refused}, torn tails {self.torn_tails} (truncations logged "
+            f"{self.truncations_logged}), fatal {self.fatal}\n"
+            f"  {self.report.summary() if self.report else 'no check'}"
+        )
 
 
 class Worker:
@@ -84,7 +95,7 @@ class Worker:
         self.idx = idx
         self.url = url
         self.partitions = partitions
-        self.lock = threading.Lock()   # held while sending; a takeover swaps the producer under it
+        self.lock = threading.Lock()  # held while sending; a takeover swaps the producer under it
         self.producer = Producer(url, TOPIC, producer_name=self.name, **PRODUCER_KW)  # type: ignore[arg-type]
         self.retired: list[Producer] = []
         self.futures: list[Future] = []
@@ -98,7 +109,9 @@ class Worker:
             with self.lock:
                 try:
                     for _ in range(SEND_BURST):
-                        self.futures.append(self.producer.send(b"w%d-%d" % (self.idx, n), key=b"k%d" % (n % 97)))
+                        self.futures.append(
+                            self.producer.send(b"w%d-%d" % (self.idx, n), key=b"k%d" % (n % 97))
+                        )
                         n += 1
                 except errors.PidleaseError as exc:
                     self.fatal = f"{self.name}: {exc!r}"
@@ -106,17 +119,31 @@ class Worker:
 
 
 class ChaosRun:
-    def __init__(self, cluster: LocalCluster, seed: int, duration_s: float, *, producers: int = 2,
-                 partitions: int = 4, server_proxies: list[FaultProxy] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        seed: int,
+        duration_s: float,
+        *,
+        producers: int = 2,
+        partitions: int = 4,
+        server_proxies: list[FaultProxy] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.seed = seed
         self.duration_s = duration_s
         self.partitions = partitions
         zk_nodes = len(cluster.zk.nodes) if cluster.zk is not None else 1
-        self.faults = make_schedule(seed, duration_s, servers=len(cluster.servers),
-                                    coordinators=len(cluster.coordinators), producers=producers,
-                                    zk_nodes=zk_nodes, session_expiry_s=SESSION_TIMEOUT_MS / 1000 * 2,
-                                    required=REQUIRED_FAULTS)
+        self.faults = make_schedule(
+            seed,
+            duration_s,
+            servers=len(cluster.servers),
+            coordinators=len(cluster.coordinators),
+            producers=producers,
+            zk_nodes=zk_nodes,
+            session_expiry_s=SESSION_TIMEOUT_MS / 1000 * 2,
+            required=REQUIRED_FAULTS,
+        )
         self.result = RunResult(seed, self.faults)
         self.proxy = FaultProxy(cluster.coordinators[0].address)
         self.server_proxies = server_proxies or []
@@ -126,8 +153,11 @@ class ChaosRun:
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> RunResult:
-        print(f"chaos seed={self.seed} duration={self.duration_s}s "
-              f"(replay: PIDLEASE_CHAOS_SEED={self.seed})", flush=True)
+        print(
+            f"chaos seed={self.seed} duration={self.duration_s}s "
+            f"(replay: PIDLEASE_CHAOS_SEED={self.seed})",
+            flush=True,
+        )
         for f in self.faults:
             print("  planned", f.describe(), flush=True)
         self.cluster.create_topic(TOPIC, partitions=self.partitions, dedup="strict")
@@ -147,7 +177,9 @@ class ChaosRun:
             for w in workers:
                 w.thread.join(RESOLVE_TIMEOUT_S)
                 if w.thread.is_alive():
-                    self.result.fatal.append(f"{w.name}: send still blocked after {RESOLVE_TIMEOUT_S}s")
+                    self.result.fatal.append(
+                        f"{w.name}: send still blocked after {RESOLVE_TIMEOUT_S}s"
+                    )
             self.collect(workers)
         finally:
             for w in workers:
@@ -155,9 +187,13 @@ class ChaosRun:
                     _close_quietly(p)
             self.proxy.close()
         self.result.truncations_logged = sum(
-            s.log_path.read_text(errors="replace").count("truncated ") for s in self.cluster.servers)
-        self.result.report = check(read_topic(self.cluster.coordinator_url, TOPIC, self.partitions),
-                                   self.acked, self.fences)
+            s.log_path.read_text(errors="replace").count("truncated ") for s in self.cluster.servers
+        )
+        self.result.report = check(
+            read_topic(self.cluster.coordinator_url, TOPIC, self.partitions),
+            self.acked,
+            self.fences,
+        )
         print(self.result.summary(), flush=True)
         return self.result
 
@@ -174,7 +210,9 @@ class ChaosRun:
                 try:
                     md = fut.result(timeout=max(0.1, deadline - time.monotonic()))
                 except FutureTimeout:
-                    self.result.fatal.append(f"{w.name}: a send unresolved after {RESOLVE_TIMEOUT_S}s")
+                    self.result.fatal.append(
+                        f"{w.name}: a send unresolved after {RESOLVE_TIMEOUT_S}s"
+                    )
                     break
                 except errors.PidleaseError:
                     self.result.failed += 1
@@ -257,8 +295,13 @@ class ChaosRun:
         segs = sorted(data.glob(f"{TOPIC}-*/*.log"), key=lambda p: p.stat().st_mtime)
         if not segs:
             return 0
-        batch = P.encode_batch([(b"torn", b"x" * 200)] * 10, pid=987654321, generation=1,
-                               base_sequence=0, timestamp_ms=int(time.time() * 1000))
+        batch = P.encode_batch(
+            [(b"torn", b"x" * 200)] * 10,
+            pid=987654321,
+            generation=1,
+            base_sequence=0,
+            timestamp_ms=int(time.time() * 1000),
+        )
         with open(segs[-1], "ab") as fh:
             fh.write(batch[: len(batch) // 2])
         return 1
@@ -274,7 +317,8 @@ class ChaosRun:
                 self.result.zombie_sends += 1
                 try:
                     self.zombie_futures.append(
-                        old.send(ZOMBIE_MARK + b"%d" % i, partition=i % self.partitions))
+                        old.send(ZOMBIE_MARK + b"%d" % i, partition=i % self.partitions)
+                    )
                 except errors.PidleaseError:
                     self.result.zombie_refused += 1
             # The zombie's own unresolved sends stay in w.futures: FENCED ones count as failed.
@@ -285,8 +329,11 @@ class ChaosRun:
         status, body = http_json("GET", f"{self.cluster.coordinator_url}/v1/topics/{TOPIC}")
         assert status == 200, body
         # -1 when the leader could not be asked: that partition's fence is then not checked
-        return {row["partition"]: row["log_end_offset"] for row in body["partition_states"]
-                if row["log_end_offset"] >= 0}
+        return {
+            row["partition"]: row["log_end_offset"]
+            for row in body["partition_states"]
+            if row["log_end_offset"] >= 0
+        }
 
 
 def _close_quietly(p: Producer) -> None:
@@ -296,8 +343,15 @@ def _close_quietly(p: Producer) -> None:
         pass
 
 
-def run_seed(data_dir: Path, seed: int, duration_s: float, *, zk_hosts: str | None, zk_nodes: int = 1,
-             servers: int = 2) -> tuple[RunResult, LocalCluster]:
+def run_seed(
+    data_dir: Path,
+    seed: int,
+    duration_s: float,
+    *,
+    zk_hosts: str | None,
+    zk_nodes: int = 1,
+    servers: int = 2,
+) -> tuple[RunResult, LocalCluster]:
     """Start a cluster, run one seeded scenario, stop the cluster (the caller prints its
     logs on failure)."""
     cluster = LocalCluster(data_dir, servers=0, zk_hosts=zk_hosts, zk_nodes=zk_nodes)
@@ -308,8 +362,11 @@ def run_seed(data_dir: Path, seed: int, duration_s: float, *, zk_hosts: str | No
             listen_port = free_port()
             proxy = FaultProxy(f"127.0.0.1:{listen_port}").start()
             proxies.append(proxy)
-            cluster.add_server(i + 1, listen_port,
-                               extra_env={**SERVER_ENV, "PIDLEASE_ADVERTISED_PORT": str(proxy.port)})
+            cluster.add_server(
+                i + 1,
+                listen_port,
+                extra_env={**SERVER_ENV, "PIDLEASE_ADVERTISED_PORT": str(proxy.port)},
+            )
         return ChaosRun(cluster, seed, duration_s, server_proxies=proxies).run(), cluster
     finally:
         cluster.stop()

@@ -30,28 +30,40 @@ def run_all(tmp_path: Path, chosen: list[int], duration_s: float, **kw: object) 
         results.append(result)
         if not result.ok:
             print(cluster.logs(40))
-            pytest.fail(f"chaos seed {seed} failed; replay with PIDLEASE_CHAOS_SEED={seed}\n"
-                        + result.summary())
+            pytest.fail(
+                f"chaos seed {seed} failed; replay with PIDLEASE_CHAOS_SEED={seed}\n"
+                + result.summary()
+            )
     total_faults = sum(len(r.faults) for r in results)
-    print(f"CHAOS TOTAL: {len(results)} scenarios, {total_faults} faults, "
-          f"{sum(r.acked for r in results)} acked, lost "
-          f"{sum(r.report.acked_missing for r in results if r.report)}, duplicated "
-          f"{sum(r.report.duplicated for r in results if r.report)}, zombie sends refused "
-          f"{sum(r.zombie_refused for r in results)}/{sum(r.zombie_sends for r in results)}")
+    print(
+        f"CHAOS TOTAL: {len(results)} scenarios, {total_faults} faults, "
+        f"{sum(r.acked for r in results)} acked, lost "
+        f"{sum(r.report.acked_missing for r in results if r.report)}, duplicated "
+        f"{sum(r.report.duplicated for r in results if r.report)}, zombie sends refused "
+        f"{sum(r.zombie_refused for r in results)}/{sum(r.zombie_sends for r in results)}"
+    )
     return results
 
 
 @pytest.mark.slow
-def test_chaos_single_zookeeper(zk_hosts: str, tmp_path: Path, chaos_long: bool,
-                                chaos_seed: int | None) -> None:
+def test_chaos_single_zookeeper(
+    zk_hosts: str, tmp_path: Path, chaos_long: bool, chaos_seed: int | None
+) -> None:
     cfg = LONG if chaos_long else SHORT
-    results = run_all(tmp_path, seeds(int(cfg["seeds"]), chaos_seed), cfg["duration_s"], zk_hosts=zk_hosts)
+    results = run_all(
+        tmp_path, seeds(int(cfg["seeds"]), chaos_seed), cfg["duration_s"], zk_hosts=zk_hosts
+    )
     assert all(r.acked > 0 for r in results), "producers made no progress"
 
 
 @pytest.mark.slow
 def test_chaos_zookeeper_ensemble(tmp_path: Path, chaos_long: bool, chaos_seed: int | None) -> None:
     cfg = LONG if chaos_long else SHORT
-    results = run_all(tmp_path, seeds(int(cfg["zk3_seeds"]), chaos_seed), cfg["duration_s"],
-                      zk_hosts=None, zk_nodes=3)
+    results = run_all(
+        tmp_path,
+        seeds(int(cfg["zk3_seeds"]), chaos_seed),
+        cfg["duration_s"],
+        zk_hosts=None,
+        zk_nodes=3,
+    )
     assert all(r.acked > 0 for r in results), "producers made no progress"

@@ -38,8 +38,14 @@ def test_tmpfs_full_then_grown(tmpfs_cluster, caplog) -> None:  # type: ignore[n
 def _run(cluster: LocalCluster, data: Path, caplog: pytest.LogCaptureFixture) -> None:
     svc = cluster.add_server(1, extra_env=SERVER_ENV)
     cluster.create_topic(TOPIC, partitions=1)
-    kw = {"max_in_flight": 5, "linger_ms": 5, "batch_records_max": 200, "request_timeout_ms": 5_000,
-          "retry_backoff_max_ms": 500, "buffer_records_max": N_RECORDS + 1}
+    kw = {
+        "max_in_flight": 5,
+        "linger_ms": 5,
+        "batch_records_max": 200,
+        "request_timeout_ms": 5_000,
+        "retry_backoff_max_ms": 500,
+        "buffer_records_max": N_RECORDS + 1,
+    }
     with Producer(cluster.coordinator_url, TOPIC, producer_name="tmpfs", **kw) as p:  # type: ignore[arg-type]
         futs = [p.send(VALUE + b"%d" % i) for i in range(N_RECORDS)]
         wait_stalled(futs, stall_s=5, timeout_s=WAIT_S, interval_s=0.2)
@@ -74,9 +80,11 @@ def _run(cluster: LocalCluster, data: Path, caplog: pytest.LogCaptureFixture) ->
     cluster.kill(svc)  # SIGKILL: recovery from what the tmpfs holds
     cluster.start_service(svc)
     rep2 = check(read_topic(cluster.coordinator_url, TOPIC, 1), acked)
-    print(f"OUTAGE tmpfs-full: acked before the disk filled {acked_full}/{N_RECORDS} "
-          f"(disk {df.used}/{df.total} bytes used), failed {failed_full}, server alive "
-          f"{alive_full}, readable while full {readable_full}, producer retries {retries_full}, "
-          f"server log: {disk_lines[0][24:220]!r} ({len(disk_lines)} lines); after remount "
-          f"size=64m: acked {len(metas)}, {rep.summary()}; after SIGKILL + restart: {rep2.summary()}")
+    print(
+        f"OUTAGE tmpfs-full: acked before the disk filled {acked_full}/{N_RECORDS} "
+        f"(disk {df.used}/{df.total} bytes used), failed {failed_full}, server alive "
+        f"{alive_full}, readable while full {readable_full}, producer retries {retries_full}, "
+        f"server log: {disk_lines[0][24:220]!r} ({len(disk_lines)} lines); after remount "
+        f"size=64m: acked {len(metas)}, {rep.summary()}; after SIGKILL + restart: {rep2.summary()}"
+    )
     assert rep2.ok, rep2.summary()

@@ -31,8 +31,8 @@ from pidlease.client.producer import Producer, RecordMetadata
 TOPIC = "tmpfs-mono"
 PRODUCERS = 3
 BYTES_PER_PRODUCER = 4 * 1024 * 1024  # 12 MiB of values in all: more than the 8 MiB disk
-STALL_S = 4.0       # no new acks for this long while full: the disk is full
-WAIT_S = 40.0       # each phase's bound
+STALL_S = 4.0  # no new acks for this long while full: the disk is full
+WAIT_S = 40.0  # each phase's bound
 
 
 def plan(rng: random.Random, budget: int) -> list[tuple[int, int, int]]:
@@ -62,10 +62,17 @@ def _run(cluster: LocalCluster, data: Path, seed: int) -> None:
     cluster.create_topic(TOPIC, partitions=1, dedup="monotonic")
     plans = [plan(rng, BYTES_PER_PRODUCER) for _ in range(PRODUCERS)]
     total = sum(c for p in plans for _, c, _ in p)
-    kw = {"max_in_flight": 5, "linger_ms": 2, "request_timeout_ms": 5_000,
-          "retry_backoff_max_ms": 300, "buffer_records_max": total + 1}
-    producers = [Producer(cluster.coordinator_url, TOPIC, producer_name=f"mono-{i}", **kw)  # type: ignore[arg-type]
-                 for i in range(PRODUCERS)]
+    kw = {
+        "max_in_flight": 5,
+        "linger_ms": 2,
+        "request_timeout_ms": 5_000,
+        "retry_backoff_max_ms": 300,
+        "buffer_records_max": total + 1,
+    }
+    producers = [
+        Producer(cluster.coordinator_url, TOPIC, producer_name=f"mono-{i}", **kw)  # type: ignore[arg-type]
+        for i in range(PRODUCERS)
+    ]
     try:
         futs: list[list[Future[RecordMetadata]]] = [[] for _ in producers]
         # Interleave the producers batch by batch, each batch one run of contiguous ids.
@@ -74,8 +81,9 @@ def _run(cluster: LocalCluster, data: Path, seed: int) -> None:
                 if j < len(plans[i]):
                     first, count, vlen = plans[i][j]
                     value = rng.randbytes(vlen)
-                    futs[i].extend(p.send(value, partition=0, sequence_id=first + k)
-                                   for k in range(count))
+                    futs[i].extend(
+                        p.send(value, partition=0, sequence_id=first + k) for k in range(count)
+                    )
         every = [f for fs in futs for f in fs]
         wait_stalled(every, stall_s=STALL_S, timeout_s=WAIT_S, interval_s=0.1)
         acked_full, failed_full = acked_count(every), failed_count(every)
@@ -93,13 +101,16 @@ def _run(cluster: LocalCluster, data: Path, seed: int) -> None:
             p.close()
     acked = []
     for i, fs in enumerate(futs):
-        acked.extend(Acked(m.partition, pids[i], m.sequence_id, m.offset)
-                     for m in (f.result() for f in fs))
+        acked.extend(
+            Acked(m.partition, pids[i], m.sequence_id, m.offset) for m in (f.result() for f in fs)
+        )
     dups = sum(m.duplicate for m in metas)
     rep = check(read_topic(cluster.coordinator_url, TOPIC, 1), acked, strict=False)
-    print(f"MONOTONIC tmpfs-full: {PRODUCERS} producers, {sum(len(p) for p in plans)} batches, "
-          f"{total} records; acked before the disk filled {acked_full} (disk {df.used}/"
-          f"{df.total} bytes used), producer retries {retries}, answered DUPLICATE "
-          f"{dups}; after remount size=64m: {rep.summary()} (seed {seed})")
+    print(
+        f"MONOTONIC tmpfs-full: {PRODUCERS} producers, {sum(len(p) for p in plans)} batches, "
+        f"{total} records; acked before the disk filled {acked_full} (disk {df.used}/"
+        f"{df.total} bytes used), producer retries {retries}, answered DUPLICATE "
+        f"{dups}; after remount size=64m: {rep.summary()} (seed {seed})"
+    )
     assert rep.acked == total
     assert rep.ok, rep.summary()

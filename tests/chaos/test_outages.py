@@ -50,7 +50,9 @@ def test_zookeeper_lost_then_back(tmp_path: Path) -> None:
         cluster.add_server(1, extra_env=SERVER_ENV)
         cluster.create_topic("zkloss", partitions=2)
         futs: list[Future] = []
-        with Producer(cluster.coordinator_url, "zkloss", producer_name="zk-loss", **PRODUCER_KW) as p:  # type: ignore[arg-type]
+        with Producer(
+            cluster.coordinator_url, "zkloss", producer_name="zk-loss", **PRODUCER_KW
+        ) as p:  # type: ignore[arg-type]
             futs += [p.send(b"before-%d" % i) for i in range(2000)]
             p.flush()
             assert cluster.zk is not None
@@ -61,19 +63,27 @@ def test_zookeeper_lost_then_back(tmp_path: Path) -> None:
             time.sleep(5)
             acked_during = acked_count(during)
             t0 = time.monotonic()
-            status, body = http_json("POST", cluster.coordinator_url + "/v1/lease_pid",
-                                     {"topic": "zkloss", "partition": 0, "pid": -1}, timeout_s=60)
+            status, body = http_json(
+                "POST",
+                cluster.coordinator_url + "/v1/lease_pid",
+                {"topic": "zkloss", "partition": 0, "pid": -1},
+                timeout_s=60,
+            )
             lease_s = time.monotonic() - t0
             h_status, _ = http_json("GET", cluster.coordinator_url + "/healthz", timeout_s=60)
             assert status == 503 and body["error"] == "COORDINATOR_UNAVAILABLE", (status, body)
             cluster.zk.restart(60)
             acked, failed = wait_resolved(futs, WAIT_S)
             pid = p.pid
-        rep = check(read_topic(cluster.coordinator_url, "zkloss", 2),
-                    [Acked(m.partition, pid, m.sequence_id, m.offset) for m in acked])
-        print(f"OUTAGE zookeeper-lost: appends acked while ZooKeeper was down {acked_during}/2000; "
-              f"new lease -> {status} {body['error']} in {lease_s:.1f}s; /healthz -> {h_status}; "
-              f"after ZooKeeper came back: acked {len(acked)}, failed {failed}; {rep.summary()}")
+        rep = check(
+            read_topic(cluster.coordinator_url, "zkloss", 2),
+            [Acked(m.partition, pid, m.sequence_id, m.offset) for m in acked],
+        )
+        print(
+            f"OUTAGE zookeeper-lost: appends acked while ZooKeeper was down {acked_during}/2000; "
+            f"new lease -> {status} {body['error']} in {lease_s:.1f}s; /healthz -> {h_status}; "
+            f"after ZooKeeper came back: acked {len(acked)}, failed {failed}; {rep.summary()}"
+        )
         assert failed == 0 and rep.ok, rep.summary()
     except BaseException:
         print(cluster.logs(60))
@@ -103,7 +113,9 @@ def test_full_disk_then_space_freed(make_cluster) -> None:  # type: ignore[no-un
         acked_when_full = acked_count(futs)
         failed_when_full = failed_count(futs)
         alive = svc.alive
-        readable = sum(1 for _ in read_topic(cluster.coordinator_url, "full", 1)[0]) if alive else -1
+        readable = (
+            sum(1 for _ in read_topic(cluster.coordinator_url, "full", 1)[0]) if alive else -1
+        )
         log = svc.log_path.read_text(errors="replace")
         disk_lines = [ln[24:200] for ln in log.splitlines() if " WARNING " in ln or " ERROR " in ln]
         retries_when_full = p.stats.get("retries", -1)
@@ -111,11 +123,15 @@ def test_full_disk_then_space_freed(make_cluster) -> None:  # type: ignore[no-un
         cluster.start_service(svc)  # the operator freed space: no limit now
         acked, failed = wait_resolved(futs, WAIT_S)
         pid = p.pid
-    rep = check(read_topic(cluster.coordinator_url, "full", 1),
-                [Acked(m.partition, pid, m.sequence_id, m.offset) for m in acked])
-    print(f"OUTAGE full-disk: acked before the disk filled {acked_when_full}/20000, failed then "
-          f"{failed_when_full}; server alive while full: {alive}; records readable while full: "
-          f"{readable}; producer retries {retries_when_full}; server warnings/errors: {disk_lines[:3]}; after space freed: acked "
-          f"{len(acked)}, failed {failed}; {rep.summary()}")
+    rep = check(
+        read_topic(cluster.coordinator_url, "full", 1),
+        [Acked(m.partition, pid, m.sequence_id, m.offset) for m in acked],
+    )
+    print(
+        f"OUTAGE full-disk: acked before the disk filled {acked_when_full}/20000, failed then "
+        f"{failed_when_full}; server alive while full: {alive}; records readable while full: "
+        f"{readable}; producer retries {retries_when_full}; server warnings/errors: {disk_lines[:3]}; after space freed: acked "
+        f"{len(acked)}, failed {failed}; {rep.summary()}"
+    )
     assert acked_when_full < len(futs), "the size limit never filled the disk"
     assert failed == 0 and rep.ok, rep.summary()

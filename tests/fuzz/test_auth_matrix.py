@@ -21,11 +21,18 @@ from pidlease.wire.token import make_token
 
 API_TOKEN = "s3cret-api-token"
 UNAUTHORIZED = errors.Unauthorized.code
-ROUTES = [("GET", "/v1/topics", None), ("POST", "/v1/topics", {"name": "t2", "partitions": 1}),
-          ("POST", "/v1/lease_pid", {"topic": "orders", "partition": 0, "pid": -1}),
-          ("POST", "/v1/lease_pid/batch", {"requests": [{"topic": "orders", "partition": 0, "pid": -1}]}), ("GET", "/v1/pids", None),
-          ("GET", "/healthz", None), ("GET", "/metrics", None), ("GET", "/openapi.json", None),
-          ("GET", "/dashboard", None), ("GET", "/dashboard/data", None)]
+ROUTES = [
+    ("GET", "/v1/topics", None),
+    ("POST", "/v1/topics", {"name": "t2", "partitions": 1}),
+    ("POST", "/v1/lease_pid", {"topic": "orders", "partition": 0, "pid": -1}),
+    ("POST", "/v1/lease_pid/batch", {"requests": [{"topic": "orders", "partition": 0, "pid": -1}]}),
+    ("GET", "/v1/pids", None),
+    ("GET", "/healthz", None),
+    ("GET", "/metrics", None),
+    ("GET", "/openapi.json", None),
+    ("GET", "/dashboard", None),
+    ("GET", "/dashboard/data", None),
+]
 # needs the token: /v1 and the dashboard (page and data); open: health, metrics, schema
 GUARDED = ("/v1/", "/dashboard")
 
@@ -52,12 +59,20 @@ def test_api_token_matrix(make_cluster) -> None:  # type: ignore[no-untyped-def]
     url = cluster.coordinator_url
     status, answer = http_json("POST", url + "/v1/topics", {"name": "orders", "partitions": 1})
     assert status == 401 and answer["error"] == "UNAUTHORIZED", answer
-    assert call(url, "POST", "/v1/topics", {"name": "orders", "partitions": 1},
-                f"Bearer {API_TOKEN}") == 200
+    assert (
+        call(url, "POST", "/v1/topics", {"name": "orders", "partitions": 1}, f"Bearer {API_TOKEN}")
+        == 200
+    )
     rows = []
     for method, path, body in ROUTES:
-        got = {name: call(url, method, path, body, auth) for name, auth in
-               [("none", None), ("wrong", "Bearer nope"), ("right", f"Bearer {API_TOKEN}")]}
+        got = {
+            name: call(url, method, path, body, auth)
+            for name, auth in [
+                ("none", None),
+                ("wrong", "Bearer nope"),
+                ("right", f"Bearer {API_TOKEN}"),
+            ]
+        }
         rows.append(f"| {method} {path} | {got['none']} | {got['wrong']} | {got['right']} |")
         assert all(s < 500 for s in got.values()), (path, got)
         if path.startswith(GUARDED):
@@ -65,8 +80,10 @@ def test_api_token_matrix(make_cluster) -> None:  # type: ignore[no-untyped-def]
             assert got["right"] in (200, 409), (path, got)
         else:
             assert set(got.values()) == {200}, (path, got)
-    print("AUTH MATRIX (API token configured)\n| route | no token | wrong token | right token |\n"
-          + "\n".join(rows))
+    print(
+        "AUTH MATRIX (API token configured)\n| route | no token | wrong token | right token |\n"
+        + "\n".join(rows)
+    )
     with pytest.raises(errors.Unauthorized):
         Producer(url, "orders", api_token="nope", start_timeout_ms=10_000)
     with Producer(url, "orders", api_token=API_TOKEN) as p:
@@ -75,9 +92,11 @@ def test_api_token_matrix(make_cluster) -> None:  # type: ignore[no-untyped-def]
     # (a raw socket, so the client is not racing the early answer with a 2 MiB send)
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(b"POST /v1/topics HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  b"authorization: Bearer " + API_TOKEN.encode() + b"\r\n"
-                  b"content-length: 2097152\r\n\r\n" + b"{" * 1024)
+        s.sendall(
+            b"POST /v1/topics HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + API_TOKEN.encode() + b"\r\n"
+            b"content-length: 2097152\r\n\r\n" + b"{" * 1024
+        )
         status_line = s.recv(4096).split(b"\r\n", 1)[0]
     assert status_line.split()[1] == b"413", status_line
 
@@ -105,18 +124,21 @@ def test_lease_token_matrix(make_cluster, zk_hosts: str) -> None:  # type: ignor
             seq = 0 if name == "valid" else 1
             r = c.produce("auth", 0, batch(pid, gen, seq, [name.encode()]), tok)
             f = c.fence("auth", 0, pid, gen, tok)
-            rows.append(f"| {name} | {errors.error_for_code(r.error_code).name if r.error_code else 'OK'} "
-                        f"| {errors.error_for_code(f.error_code).name if f.error_code else 'OK'} |")
+            rows.append(
+                f"| {name} | {errors.error_for_code(r.error_code).name if r.error_code else 'OK'} "
+                f"| {errors.error_for_code(f.error_code).name if f.error_code else 'OK'} |"
+            )
             if name == "valid":
                 assert r.error_code == 0, r
             else:
                 assert r.error_code == UNAUTHORIZED, (name, r)
                 assert f.error_code == UNAUTHORIZED, (name, f)
         r0 = c.produce("auth", 0, batch(0, 0, 0, [b"pid-0"]), "")
-        rows.append(f"| PID 0 (not idempotent), no token | "
-                    f"{errors.error_for_code(r0.error_code).name if r0.error_code else 'OK'} | - |")
+        rows.append(
+            f"| PID 0 (not idempotent), no token | "
+            f"{errors.error_for_code(r0.error_code).name if r0.error_code else 'OK'} | - |"
+        )
         values = [rec.value for rec in c.read_all("auth", 0) if not rec.is_control]
     print("LEASE TOKEN MATRIX\n| token | PRODUCE | FENCE |\n" + "\n".join(rows))
     assert b"valid" in values
     assert not any(v in values for v in [n.encode() for n in cases if n != "valid"]), values
-

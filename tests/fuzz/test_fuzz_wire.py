@@ -33,8 +33,12 @@ ENV = {"PIDLEASE_FRAME_BYTES_MAX": str(FRAME_MAX), "PIDLEASE_BATCH_BYTES_MAX": s
 TOPIC = "fuzz"
 COUNTS: dict[str, int] = {}
 _U32 = struct.Struct(">I")
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def valid_bodies() -> list[bytes]:
@@ -46,8 +50,9 @@ def valid_bodies() -> list[bytes]:
         P.fence_request(3, TOPIC, 0, 77, 1, tok, create_if_absent=True),
         P.producer_state_request(4, TOPIC, 0, 77),
         P.metadata_request(5),
-        P.replica_fetch_request(6, TOPIC, 0, replica_id=9, leader_epoch=0, offset=0,
-                                max_bytes=4096, max_wait_ms=0),
+        P.replica_fetch_request(
+            6, TOPIC, 0, replica_id=9, leader_epoch=0, offset=0, max_bytes=4096, max_wait_ms=0
+        ),
         P.epoch_end_request(7, TOPIC, 0, replica_id=9, leader_epoch=0, epoch=0),
     ]
     return [f[4:] for f in frames]  # without the length prefix
@@ -60,7 +65,10 @@ def server(make_module_cluster: Any) -> Iterator[tuple]:
         create_topic(cluster.zk_hosts, TOPIC)
         svc = cluster.servers[0]
         with WireClient(svc.address) as c:
-            assert c.produce(TOPIC, 0, batch(5, 1, 0, [b"keep"]), token(DEV_SECRET, 5, 1)).error_code == 0
+            assert (
+                c.produce(TOPIC, 0, batch(5, 1, 0, [b"keep"]), token(DEV_SECRET, 5, 1)).error_code
+                == 0
+            )
         yield cluster, svc
     finally:
         print(f"FUZZ WIRE COUNTS: {COUNTS}")
@@ -87,7 +95,9 @@ def exchange(address: str, data: bytes) -> None:
         except ConnectionResetError:
             return
         except TimeoutError:
-            pytest.fail(f"server neither answered nor closed within {ANSWER_TIMEOUT_S}s: {data[:80]!r}")
+            pytest.fail(
+                f"server neither answered nor closed within {ANSWER_TIMEOUT_S}s: {data[:80]!r}"
+            )
     pos = 0
     while pos + 4 <= len(buf):  # whatever it answered is well-framed
         (n,) = _U32.unpack_from(buf, pos)
@@ -110,8 +120,10 @@ def count(name: str) -> None:
 
 
 @settings(max_examples=EXAMPLES * 10, deadline=None, database=None)
-@given(st.binary(max_size=512) | st.sampled_from(valid_bodies()).flatmap(
-    lambda b: st.integers(0, len(b)).map(lambda i: b[:i])))
+@given(
+    st.binary(max_size=512)
+    | st.sampled_from(valid_bodies()).flatmap(lambda b: st.integers(0, len(b)).map(lambda i: b[:i]))
+)
 def test_decoder_raises_only_corrupt_record(body: bytes) -> None:
     count("decoder")
     try:
@@ -149,7 +161,7 @@ def mutated(draw: st.DrawFn) -> bytes:
         elif op == "insert":
             b[i:i] = draw(st.binary(min_size=1, max_size=16))
         elif op == "delete" and b:
-            del b[i:i + draw(st.integers(1, 8))]
+            del b[i : i + draw(st.integers(1, 8))]
     return bytes(b)
 
 

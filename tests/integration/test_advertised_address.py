@@ -41,9 +41,15 @@ def test_produce_through_a_faulty_advertised_proxy_exactly_once(make_cluster) ->
 
         def produce() -> None:
             try:
-                with Producer(cluster.coordinator_url, topic=TOPIC, producer_name="proxied",
-                              max_in_flight=5, batch_records_max=200, request_timeout_ms=2_000,
-                              retry_backoff_max_ms=500) as p:
+                with Producer(
+                    cluster.coordinator_url,
+                    topic=TOPIC,
+                    producer_name="proxied",
+                    max_in_flight=5,
+                    batch_records_max=200,
+                    request_timeout_ms=2_000,
+                    retry_backoff_max_ms=500,
+                ) as p:
                     pid[0] = p.pid
                     t0 = time.monotonic()
                     for i in range(N_RECORDS):
@@ -71,11 +77,16 @@ def test_produce_through_a_faulty_advertised_proxy_exactly_once(make_cluster) ->
         assert not failure, failure
         metas = [f.result(timeout=0) for f in futures]  # raises if any record failed
         assert len(metas) == N_RECORDS
-        report = verify_topic(cluster.coordinator_url, TOPIC,
-                              acked=[(m.partition, pid[0], m.sequence_id) for m in metas])
-        print(f"ADVERTISED proxy faults {faults}: {report.summary()}; producer stats {stats}; "
-              f"proxy connections accepted {proxy.connections_accepted}, dropped "
-              f"{proxy.connections_dropped}")
+        report = verify_topic(
+            cluster.coordinator_url,
+            TOPIC,
+            acked=[(m.partition, pid[0], m.sequence_id) for m in metas],
+        )
+        print(
+            f"ADVERTISED proxy faults {faults}: {report.summary()}; producer stats {stats}; "
+            f"proxy connections accepted {proxy.connections_accepted}, dropped "
+            f"{proxy.connections_dropped}"
+        )
         assert report.ok, report.summary()
         assert report.total("records") == N_RECORDS
         assert proxy.connections_dropped >= 3  # the faults did cut live connections

@@ -21,8 +21,18 @@ def test_topics_produce_consume_pids_verify(make_cluster, tmp_path: Path) -> Non
     c = make_cluster(servers=2)
     url = c.coordinator_url
 
-    r = cli("topic", "create", "orders", "--partitions", "2", "--replication-factor", "1",
-            "--dedup", "strict", url=url)
+    r = cli(
+        "topic",
+        "create",
+        "orders",
+        "--partitions",
+        "2",
+        "--replication-factor",
+        "1",
+        "--dedup",
+        "strict",
+        url=url,
+    )
     assert r.returncode == 0, r.stderr
     assert "created topic orders" in r.stdout and "PARTITION" in r.stdout
     again = cli("topic", "create", "orders", "--partitions", "2", url=url)
@@ -40,10 +50,21 @@ def test_topics_produce_consume_pids_verify(make_cluster, tmp_path: Path) -> Non
     assert "pidlease topic list" in missing.stderr  # says what to do
 
     lines = "".join(f"cust-{i % 5}:order {i}\n" for i in range(200))
-    r = cli("produce", "orders", "--key-separator", ":", "--producer-name", "loader", url=url, stdin=lines)
+    r = cli(
+        "produce",
+        "orders",
+        "--key-separator",
+        ":",
+        "--producer-name",
+        "loader",
+        url=url,
+        stdin=lines,
+    )
     assert r.returncode == 0, r.stderr
     assert "200 new, 0 duplicates, 0 failed" in r.stdout
-    nosep = cli("produce", "orders", "--key-separator", ":", url=url, stdin="ok:1\nno separator here\n")
+    nosep = cli(
+        "produce", "orders", "--key-separator", ":", url=url, stdin="ok:1\nno separator here\n"
+    )
     assert nosep.returncode == 1 and "line 2 has no key separator" in nosep.stderr
 
     consumed = []
@@ -52,8 +73,9 @@ def test_topics_produce_consume_pids_verify(make_cluster, tmp_path: Path) -> Non
         assert r.returncode == 0, r.stderr
         consumed += [json.loads(x) for x in r.stdout.splitlines()]
     assert len(consumed) == 201
-    assert sorted(x["value"] for x in consumed if x["key"].startswith("cust-")) == \
-        sorted(f"order {i}" for i in range(200))
+    assert sorted(x["value"] for x in consumed if x["key"].startswith("cust-")) == sorted(
+        f"order {i}" for i in range(200)
+    )
     assert {x["key"] for x in consumed if x["value"] == "order 7"} == {"cust-2"}
     few = cli("consume", "orders", "--partition", "0", "--from", "3", "--max", "2", url=url)
     offsets = [int(line.split("\t")[0]) for line in few.stdout.splitlines()]
@@ -72,13 +94,26 @@ def test_topics_produce_consume_pids_verify(make_cluster, tmp_path: Path) -> Non
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "EXACTLY-ONCE: OK" in ok.stdout
     acked = tmp_path / "acked.jsonl"
-    acked.write_text(json.dumps({"partition": 0, "pid": loader[0]["pid"], "sequence_id": 10**6}) + "\n")
+    acked.write_text(
+        json.dumps({"partition": 0, "pid": loader[0]["pid"], "sequence_id": 10**6}) + "\n"
+    )
     bad_verify = cli("verify", "orders", "--acked", str(acked), url=url)
     assert bad_verify.returncode == 1
-    assert "EXACTLY-ONCE: VIOLATED" in bad_verify.stdout and "is not in the log" in bad_verify.stdout
+    assert (
+        "EXACTLY-ONCE: VIOLATED" in bad_verify.stdout and "is not in the log" in bad_verify.stdout
+    )
 
     # a rerun under the same producer name takes the PID over: same pid, new generation
-    r2 = cli("produce", "orders", "--producer-name", "loader", "--partition", "1", url=url, stdin="late\n")
+    r2 = cli(
+        "produce",
+        "orders",
+        "--producer-name",
+        "loader",
+        "--partition",
+        "1",
+        url=url,
+        stdin="late\n",
+    )
     assert r2.returncode == 0 and f"as pid {loader[0]['pid']} generation" in r2.stdout
     assert f"generation {loader[0]['generation']} " not in r2.stdout
 
@@ -103,7 +138,9 @@ def _alive(pid: int) -> bool:
 def test_dev_up_detach_and_down(tmp_path: Path) -> None:
     data = tmp_path / "dev"
     port = free_port()
-    up = cli("dev", "up", "--servers", "2", "--detach", "--data-dir", str(data), "--port", str(port))
+    up = cli(
+        "dev", "up", "--servers", "2", "--detach", "--data-dir", str(data), "--port", str(port)
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     url = f"http://127.0.0.1:{port}"
     try:
@@ -129,8 +166,22 @@ def test_dev_up_detach_and_down(tmp_path: Path) -> None:
 def test_dev_up_foreground_stops_on_dev_down(tmp_path: Path) -> None:
     data = tmp_path / "fg"
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pidlease.cli", "dev", "up", "--data-dir", str(data),
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pidlease.cli",
+            "dev",
+            "up",
+            "--data-dir",
+            str(data),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         seen = []
@@ -157,6 +208,7 @@ def test_dev_up_foreground_stops_on_dev_down(tmp_path: Path) -> None:
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
     import socket
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"exited with {proc.returncode}"
@@ -171,11 +223,40 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float =
 def test_service_commands_run_the_services(zk_hosts: str, tmp_path: Path) -> None:
     sport, cport = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIDLEASE_")}
-    server = subprocess.Popen([sys.executable, "-m", "pidlease.cli", "partition-server", "--zk", zk_hosts,
-                               "--port", str(sport), "--server-id", "7", "--data-dir", str(tmp_path / "s7")],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    coord = subprocess.Popen([sys.executable, "-m", "pidlease.cli", "coordinator", "--zk", zk_hosts,
-                              "--port", str(cport)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pidlease.cli",
+            "partition-server",
+            "--zk",
+            zk_hosts,
+            "--port",
+            str(sport),
+            "--server-id",
+            "7",
+            "--data-dir",
+            str(tmp_path / "s7"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    coord = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pidlease.cli",
+            "coordinator",
+            "--zk",
+            zk_hosts,
+            "--port",
+            str(cport),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_listening(sport, server)
         _wait_listening(cport, coord)

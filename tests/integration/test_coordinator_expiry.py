@@ -29,8 +29,12 @@ def test_unrenewed_lease_lapses_and_a_takeover_by_name_keeps_the_pid(make_cluste
     assert status == 200 and short["expire_ms"] == 400
     _, steady = lease_pid(cluster, expire_ms=600_000)
     # 400 ms lease: expiring once at most 200 ms are left, lapsed after.
-    wait_for(lambda: short["pid"] in pid_states(cluster, "lapsed"), WAIT_S,
-             "the short lease to lapse", interval_s=0.1)
+    wait_for(
+        lambda: short["pid"] in pid_states(cluster, "lapsed"),
+        WAIT_S,
+        "the short lease to lapse",
+        interval_s=0.1,
+    )
     assert steady["pid"] in pid_states(cluster, "active")
     assert steady["pid"] not in pid_states(cluster, "lapsed")
 
@@ -52,20 +56,29 @@ def test_unrenewed_lease_lapses_and_a_takeover_by_name_keeps_the_pid(make_cluste
 
 
 def test_past_retention_the_pid_is_unknown_swept_and_the_name_rebound(make_cluster: Any) -> None:
-    cluster: LocalCluster = make_cluster(servers=1, env={
-        "PIDLEASE_PID_RETENTION_MS": "1000", "PIDLEASE_PID_SWEEP_INTERVAL_MS": "200"})
+    cluster: LocalCluster = make_cluster(
+        servers=1,
+        env={"PIDLEASE_PID_RETENTION_MS": "1000", "PIDLEASE_PID_SWEEP_INTERVAL_MS": "200"},
+    )
     cluster.create_topic("orders", 1)
     _, old = lease_pid(cluster, producer_name="job", expire_ms=200)
     zk = connect_zk(cluster.zk_hosts)
     try:
         # Polled with a read: a renew while still retained would push the expiry out.
-        wait_for(lambda: http_json(
-            "GET", cluster.coordinator_url + f"/v1/pids/{old['pid']}")[0] == 404, WAIT_S,
-            "UNKNOWN_PID past retention", interval_s=0.1)
+        wait_for(
+            lambda: http_json("GET", cluster.coordinator_url + f"/v1/pids/{old['pid']}")[0] == 404,
+            WAIT_S,
+            "UNKNOWN_PID past retention",
+            interval_s=0.1,
+        )
         status, body = lease_pid(cluster, pid=old["pid"], generation=old["generation"])
         assert (status, body["error"]) == (404, "UNKNOWN_PID")
-        wait_for(lambda: zk.exists(pid_path(old["pid"])) is None, WAIT_S,
-                 "the sweeper to delete the record", interval_s=0.1)
+        wait_for(
+            lambda: zk.exists(pid_path(old["pid"])) is None,
+            WAIT_S,
+            "the sweeper to delete the record",
+            interval_s=0.1,
+        )
         assert zk.exists(name_path("job")) is None, "the name binding went with it"
         status, body = http_json("GET", cluster.coordinator_url + f"/v1/pids/{old['pid']}")
         assert (status, body["error"]) == (404, "UNKNOWN_PID")

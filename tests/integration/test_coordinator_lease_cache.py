@@ -27,19 +27,21 @@ def metric(url: str, name: str) -> float:
 
 
 def test_stale_cached_record_is_rechecked(make_cluster: Any) -> None:
-    cluster: LocalCluster = make_cluster(servers=1, coordinators=2,
-                                         )
+    cluster: LocalCluster = make_cluster(
+        servers=1,
+        coordinators=2,
+    )
     cluster.create_topic("orders", 2)
     a, b = (c.url for c in cluster.coordinators)
 
-    status, first = lease_pid(a, expire_ms=60_000)               # cached by A
+    status, first = lease_pid(a, expire_ms=60_000)  # cached by A
     assert status == 200
     pid, g0 = first["pid"], first["generation"]
-    status, renewed = lease_pid(a, pid=pid, generation=g0)         # A renews from its cache
+    status, renewed = lease_pid(a, pid=pid, generation=g0)  # A renews from its cache
     assert status == 200 and renewed["kind"] == "renew"
     assert metric(a, "pidlease_pid_record_cache_hits_total") >= 1
 
-    status, took = lease_pid(b, pid=pid)                           # B takes over: generation g0+1
+    status, took = lease_pid(b, pid=pid)  # B takes over: generation g0+1
     assert status == 200 and took["generation"] == g0 + 1
 
     # A still caches generation g0. A renewal with g0 must be FENCED (the CAS on A's stale
@@ -83,13 +85,21 @@ def test_concurrent_new_and_renew_through_batched_writes(make_cluster: Any) -> N
     # once, then once more through the creator (whose cache is now stale by one version).
     for flip in (1, 0):
         for k, u in enumerate(urls):
-            mine = replies[k * 300:(k + 1) * 300]
+            mine = replies[k * 300 : (k + 1) * 300]
             target = urls[(k + flip) % 2]
-            renew = [{"topic": "orders", "partition": i % 4, "pid": r.body["pid"],
-                      "generation": r.body["generation"]} for i, r in enumerate(mine)]
+            renew = [
+                {
+                    "topic": "orders",
+                    "partition": i % 4,
+                    "pid": r.body["pid"],
+                    "generation": r.body["generation"],
+                }
+                for i, r in enumerate(mine)
+            ]
             got = asyncio.run(run_many(target, renew, connections=32))
-            assert all(r.status == 200 and r.body["kind"] == "renew" for r in got), \
-                [r.body for r in got if r.status != 200][:3]
+            assert all(r.status == 200 and r.body["kind"] == "renew" for r in got), [
+                r.body for r in got if r.status != 200
+            ][:3]
     # The writes really were group-committed (fewer ZooKeeper requests than writes).
     batches = sum(metric(u, "pidlease_zk_write_batches_total") for u in urls)
     batched = sum(metric(u, "pidlease_zk_batched_writes_total") for u in urls)

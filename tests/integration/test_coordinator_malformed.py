@@ -26,8 +26,12 @@ def cluster(make_module_cluster: Any) -> LocalCluster:
 @pytest.fixture(scope="module")
 def named(cluster: LocalCluster) -> dict[str, Any]:
     """A PID taken over once, so its first generation is stale."""
-    _, first = http_json("POST", cluster.coordinator_url + "/v1/lease_pid", {**L, "producer_name": "m"})
-    _, second = http_json("POST", cluster.coordinator_url + "/v1/lease_pid", {**L, "producer_name": "m"})
+    _, first = http_json(
+        "POST", cluster.coordinator_url + "/v1/lease_pid", {**L, "producer_name": "m"}
+    )
+    _, second = http_json(
+        "POST", cluster.coordinator_url + "/v1/lease_pid", {**L, "producer_name": "m"}
+    )
     return {"pid": first["pid"], "stale": first["generation"], "current": second["generation"]}
 
 
@@ -50,15 +54,50 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ("pid-negative", "POST", "/v1/lease_pid", {**L, "pid": -7}, 422, "INVALID_REQUEST"),
     ("pid-2**63", "POST", "/v1/lease_pid", {**L, "pid": 2**63}, 422, "INVALID_REQUEST"),
     ("pid-overflow-64", "POST", "/v1/lease_pid", {**L, "pid": 2**64 + 1}, 422, "INVALID_REQUEST"),
-    ("pid-missing", "POST", "/v1/lease_pid", {"topic": "orders", "partition": 0}, 422, "INVALID_REQUEST"),
-    ("generation-negative", "POST", "/v1/lease_pid", {**L, "pid": 5, "generation": -1}, 422, "INVALID_REQUEST"),
-    ("generation-2**31", "POST", "/v1/lease_pid", {**L, "pid": 5, "generation": 2**31}, 422, "INVALID_REQUEST"),
-    ("generation-with-new-pid", "POST", "/v1/lease_pid", {**L, "generation": 3}, 422, "INVALID_REQUEST"),
+    (
+        "pid-missing",
+        "POST",
+        "/v1/lease_pid",
+        {"topic": "orders", "partition": 0},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "generation-negative",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "pid": 5, "generation": -1},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "generation-2**31",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "pid": 5, "generation": 2**31},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "generation-with-new-pid",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "generation": 3},
+        422,
+        "INVALID_REQUEST",
+    ),
     ("expire-0", "POST", "/v1/lease_pid", {**L, "expire_ms": 0}, 422, "INVALID_REQUEST"),
     ("expire-overflow", "POST", "/v1/lease_pid", {**L, "expire_ms": 2**63}, 422, "INVALID_REQUEST"),
     ("expire-str", "POST", "/v1/lease_pid", {**L, "expire_ms": "60000"}, 422, "INVALID_REQUEST"),
     ("name-empty", "POST", "/v1/lease_pid", {**L, "producer_name": ""}, 422, "INVALID_REQUEST"),
-    ("name-256", "POST", "/v1/lease_pid", {**L, "producer_name": "n" * 256}, 422, "INVALID_REQUEST"),
+    (
+        "name-256",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "producer_name": "n" * 256},
+        422,
+        "INVALID_REQUEST",
+    ),
     ("name-int", "POST", "/v1/lease_pid", {**L, "producer_name": 5}, 422, "INVALID_REQUEST"),
     ("topic-missing", "POST", "/v1/lease_pid", {"partition": 0, "pid": -1}, 422, "INVALID_REQUEST"),
     ("topic-int", "POST", "/v1/lease_pid", {**L, "topic": 7}, 422, "INVALID_REQUEST"),
@@ -69,27 +108,122 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
     ("not-json", "POST", "/v1/lease_pid", b'{"topic": "orders",', 400, "INVALID_REQUEST"),
     ("ten-mb", "POST", "/v1/lease_pid", b"x" * TEN_MB, 413, "INVALID_REQUEST"),
     ("ten-mb-streamed", "POST", "/v1/lease_pid", STREAMED_10MB, 413, "INVALID_REQUEST"),
-    ("unknown-topic", "POST", "/v1/lease_pid", {**L, "topic": "nope"}, 404, "UNKNOWN_TOPIC_OR_PARTITION"),
-    ("partition-past-end", "POST", "/v1/lease_pid", {**L, "partition": 2}, 404, "UNKNOWN_TOPIC_OR_PARTITION"),
-    ("unknown-pid", "POST", "/v1/lease_pid", {**L, "pid": 10**15, "generation": 1}, 404, "UNKNOWN_PID"),
-    ("stale-generation", "POST", "/v1/lease_pid",
-     lambda n: {**L, "pid": n["pid"], "generation": n["stale"]}, 409, "FENCED"),
-    ("never-issued-generation", "POST", "/v1/lease_pid",
-     lambda n: {**L, "pid": n["pid"], "generation": n["current"] + 1}, 400, "INVALID_REQUEST"),
-    ("name-of-other-pid", "POST", "/v1/lease_pid",
-     lambda n: {**L, "pid": n["pid"], "producer_name": "other"}, 400, "INVALID_REQUEST"),
+    (
+        "unknown-topic",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "topic": "nope"},
+        404,
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    ),
+    (
+        "partition-past-end",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "partition": 2},
+        404,
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    ),
+    (
+        "unknown-pid",
+        "POST",
+        "/v1/lease_pid",
+        {**L, "pid": 10**15, "generation": 1},
+        404,
+        "UNKNOWN_PID",
+    ),
+    (
+        "stale-generation",
+        "POST",
+        "/v1/lease_pid",
+        lambda n: {**L, "pid": n["pid"], "generation": n["stale"]},
+        409,
+        "FENCED",
+    ),
+    (
+        "never-issued-generation",
+        "POST",
+        "/v1/lease_pid",
+        lambda n: {**L, "pid": n["pid"], "generation": n["current"] + 1},
+        400,
+        "INVALID_REQUEST",
+    ),
+    (
+        "name-of-other-pid",
+        "POST",
+        "/v1/lease_pid",
+        lambda n: {**L, "pid": n["pid"], "producer_name": "other"},
+        400,
+        "INVALID_REQUEST",
+    ),
     ("batch-empty-object", "POST", "/v1/lease_pid/batch", {}, 422, "INVALID_REQUEST"),
     ("batch-no-requests", "POST", "/v1/lease_pid/batch", {"requests": []}, 422, "INVALID_REQUEST"),
     ("batch-not-list", "POST", "/v1/lease_pid/batch", {"requests": "all"}, 422, "INVALID_REQUEST"),
-    ("batch-bad-item", "POST", "/v1/lease_pid/batch", {"requests": [L, {**L, "pid": 0}]}, 422, "INVALID_REQUEST"),
-    ("batch-too-many", "POST", "/v1/lease_pid/batch", {"requests": [L] * 1001}, 400, "INVALID_REQUEST"),
+    (
+        "batch-bad-item",
+        "POST",
+        "/v1/lease_pid/batch",
+        {"requests": [L, {**L, "pid": 0}]},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "batch-too-many",
+        "POST",
+        "/v1/lease_pid/batch",
+        {"requests": [L] * 1001},
+        400,
+        "INVALID_REQUEST",
+    ),
     ("topic-no-partitions", "POST", "/v1/topics", {"name": "x"}, 422, "INVALID_REQUEST"),
-    ("topic-0-partitions", "POST", "/v1/topics", {"name": "x", "partitions": 0}, 422, "INVALID_REQUEST"),
-    ("topic-10001-partitions", "POST", "/v1/topics", {"name": "x", "partitions": 10_001}, 422, "INVALID_REQUEST"),
-    ("topic-bad-dedup", "POST", "/v1/topics", {"name": "x", "partitions": 1, "dedup": "sometimes"}, 422, "INVALID_REQUEST"),
-    ("topic-bad-name", "POST", "/v1/topics", {"name": "a b", "partitions": 1}, 422, "INVALID_REQUEST"),
-    ("topic-rf-over-live", "POST", "/v1/topics", {"name": "x", "partitions": 1, "replication_factor": 2}, 400, "INVALID_REQUEST"),
-    ("topic-exists", "POST", "/v1/topics", {"name": "orders", "partitions": 1}, 409, "TOPIC_EXISTS"),
+    (
+        "topic-0-partitions",
+        "POST",
+        "/v1/topics",
+        {"name": "x", "partitions": 0},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "topic-10001-partitions",
+        "POST",
+        "/v1/topics",
+        {"name": "x", "partitions": 10_001},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "topic-bad-dedup",
+        "POST",
+        "/v1/topics",
+        {"name": "x", "partitions": 1, "dedup": "sometimes"},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "topic-bad-name",
+        "POST",
+        "/v1/topics",
+        {"name": "a b", "partitions": 1},
+        422,
+        "INVALID_REQUEST",
+    ),
+    (
+        "topic-rf-over-live",
+        "POST",
+        "/v1/topics",
+        {"name": "x", "partitions": 1, "replication_factor": 2},
+        400,
+        "INVALID_REQUEST",
+    ),
+    (
+        "topic-exists",
+        "POST",
+        "/v1/topics",
+        {"name": "orders", "partitions": 1},
+        409,
+        "TOPIC_EXISTS",
+    ),
     ("describe-unknown-topic", "GET", "/v1/topics/nope", None, 404, "UNKNOWN_TOPIC_OR_PARTITION"),
     ("unknown-route", "GET", "/v2/everything", None, 404, "INVALID_REQUEST"),
     ("wrong-method", "DELETE", "/v1/lease_pid", None, 405, "INVALID_REQUEST"),
@@ -101,10 +235,18 @@ CASES: list[tuple[str, str, str, Any, int, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body", "status", "error"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_malformed_request_gets_its_4xx(cluster: LocalCluster, named: dict[str, Any], method: str,
-                                        path: str, body: Any, status: int, error: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "error"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_malformed_request_gets_its_4xx(
+    cluster: LocalCluster,
+    named: dict[str, Any],
+    method: str,
+    path: str,
+    body: Any,
+    status: int,
+    error: str,
+) -> None:
     json_type = {"content-type": "application/json"}
     kw: dict[str, Any] = {}
     if body is STREAMED_10MB:

@@ -13,8 +13,8 @@ from pidlease.wire.cluster import PID_BLOCK, connect_zk
 from pidlease.testing.devcluster import LocalCluster, http_json
 
 PER_COORDINATOR = 5_000
-CONNECTIONS = 250          # concurrent keep-alive connections per coordinator
-KILL_AFTER = 1_500         # answers from the victim before it is killed
+CONNECTIONS = 250  # concurrent keep-alive connections per coordinator
+KILL_AFTER = 1_500  # answers from the victim before it is killed
 RUN_TIMEOUT_S = 600
 LEASE = {"topic": "orders", "partition": 0, "pid": -1}
 
@@ -42,10 +42,20 @@ async def _lease_all(cluster: LocalCluster) -> dict[str, Any]:
     # A request that dies with the victim is resent on a new connection until the
     # restarted process answers: the client sees every one of its 5,000 leases through.
     survivor, restarted = await asyncio.gather(
-        run_many(cluster.coordinators[0].url, [LEASE] * PER_COORDINATOR, connections=CONNECTIONS,
-                 attempts_max=400),
-        run_many(victim.url, [LEASE] * PER_COORDINATOR, connections=CONNECTIONS,
-                 attempts_max=400, on_reply=victim_replied))
+        run_many(
+            cluster.coordinators[0].url,
+            [LEASE] * PER_COORDINATOR,
+            connections=CONNECTIONS,
+            attempts_max=400,
+        ),
+        run_many(
+            victim.url,
+            [LEASE] * PER_COORDINATOR,
+            connections=CONNECTIONS,
+            attempts_max=400,
+            on_reply=victim_replied,
+        ),
+    )
     facts["elapsed_s"] = time.monotonic() - started
     await asyncio.wait_for(chaos_task, 120)
     return {"replies": survivor + restarted, **facts}
@@ -79,5 +89,7 @@ def test_two_coordinators_10000_leases_with_a_sigkill_all_distinct(make_cluster:
     assert max(pids) < counter
     status, body = http_json("POST", cluster.coordinators[1].url + "/v1/lease_pid", LEASE)
     assert status == 200 and body["pid"] not in set(pids)
-    print(f"10,000 leases on 2 coordinators with a SIGKILL after "
-          f"{out['victim_answers_before_kill']} answers: {out['elapsed_s']:.1f} s")
+    print(
+        f"10,000 leases on 2 coordinators with a SIGKILL after "
+        f"{out['victim_answers_before_kill']} answers: {out['elapsed_s']:.1f} s"
+    )

@@ -36,17 +36,24 @@ P1_TOKEN = "p1-producer-token-0001"
 P2_TOKEN = "p2-producer-token-0001"
 LEGACY_TOKEN = "legacy-admin-token-0001"
 
-CALLERS: dict[str, str | None] = {"none": None, "wrong": "not-a-configured-token",
-                                  "producer": P1_TOKEN, "admin": ADMIN_TOKEN,
-                                  "legacy api_token": LEGACY_TOKEN}
+CALLERS: dict[str, str | None] = {
+    "none": None,
+    "wrong": "not-a-configured-token",
+    "producer": P1_TOKEN,
+    "admin": ADMIN_TOKEN,
+    "legacy api_token": LEGACY_TOKEN,
+}
 
 
 def auth_env(tmp_path: Any, **extra: str) -> dict[str, str]:
     tokens_file = tmp_path / "principals.txt"
     tokens_file.write_text(f"# producers kept out of the environment\np2:producer:{P2_TOKEN}\n")
-    return {"PIDLEASE_API_TOKEN": LEGACY_TOKEN,
-            "PIDLEASE_API_TOKENS": f"ops:admin:{ADMIN_TOKEN},p1:producer:{P1_TOKEN}",
-            "PIDLEASE_API_TOKENS_FILE": str(tokens_file), **extra}
+    return {
+        "PIDLEASE_API_TOKEN": LEGACY_TOKEN,
+        "PIDLEASE_API_TOKENS": f"ops:admin:{ADMIN_TOKEN},p1:producer:{P1_TOKEN}",
+        "PIDLEASE_API_TOKENS_FILE": str(tokens_file),
+        **extra,
+    }
 
 
 _clients: list[httpx.Client] = []
@@ -74,8 +81,10 @@ def lease(c: httpx.Client, **body: Any) -> httpx.Response:
 def state_of(admin: httpx.Client) -> tuple[Any, ...]:
     """What a refused call must not change: topics, and every PID's generation and expiry."""
     topics = sorted(t["name"] for t in admin.get("/v1/topics").json()["topics"])
-    pids = sorted((p["pid"], p["generation"], p["expires_at_ms"], p["owner"])
-                  for p in admin.get("/v1/pids").json()["pids"])
+    pids = sorted(
+        (p["pid"], p["generation"], p["expires_at_ms"], p["owner"])
+        for p in admin.get("/v1/pids").json()["pids"]
+    )
     return tuple(topics), tuple(pids)
 
 
@@ -103,13 +112,27 @@ def test_scope_matrix(make_cluster, tmp_path) -> None:  # type: ignore[no-untype
     assert own.status_code == 200, own.text
     own_pid = own.json()["pid"]
     routes: list[tuple[str, str, str, Any]] = [
-        (PRODUCER, "POST", "/v1/lease_pid", lambda who: {"topic": "orders", "partition": 0, "pid": -1}),
-        (PRODUCER, "POST", "/v1/lease_pid/batch",
-         lambda who: {"requests": [{"topic": "orders", "partition": 1, "pid": -1}]}),
+        (
+            PRODUCER,
+            "POST",
+            "/v1/lease_pid",
+            lambda who: {"topic": "orders", "partition": 0, "pid": -1},
+        ),
+        (
+            PRODUCER,
+            "POST",
+            "/v1/lease_pid/batch",
+            lambda who: {"requests": [{"topic": "orders", "partition": 1, "pid": -1}]},
+        ),
         (PRODUCER, "GET", "/v1/topics", None),
         (PRODUCER, "GET", "/v1/topics/orders", None),
         (PRODUCER, "GET", f"/v1/pids/{own_pid}", None),
-        (ADMIN, "POST", "/v1/topics", lambda who: {"name": f"t-{who.replace(' ', '-')}", "partitions": 1}),
+        (
+            ADMIN,
+            "POST",
+            "/v1/topics",
+            lambda who: {"name": f"t-{who.replace(' ', '-')}", "partitions": 1},
+        ),
         (ADMIN, "GET", "/v1/pids", None),
         (ADMIN, "GET", "/v1/servers", None),
         (ADMIN, "GET", "/v1/coordinators", None),
@@ -128,8 +151,11 @@ def test_scope_matrix(make_cluster, tmp_path) -> None:  # type: ignore[no-untype
             before = state_of(admin) if want_status != 200 else None
             with client(url, token) as c:
                 r = c.request(method, path, json=body(caller) if body else None)
-            got_error = r.json().get("error") if r.headers.get("content-type", "").startswith(
-                "application/json") else None
+            got_error = (
+                r.json().get("error")
+                if r.headers.get("content-type", "").startswith("application/json")
+                else None
+            )
             cells.append(f"{r.status_code} {got_error or ''}".strip())
             assert r.status_code == want_status, (caller, method, path, r.status_code, r.text)
             if want_error and r.headers["content-type"].startswith("application/json"):
@@ -167,8 +193,10 @@ def test_producer_cannot_touch_another_principals_pid(make_cluster, tmp_path) ->
         "takeover by pid": lease(p2, pid=pid),
         "takeover by name": lease(p2, producer_name="job-a"),
         "read": p2.get(f"/v1/pids/{pid}"),
-        "batch item": p2.post("/v1/lease_pid/batch", json={"requests": [
-            {"topic": "orders", "partition": 0, "pid": pid}]}),
+        "batch item": p2.post(
+            "/v1/lease_pid/batch",
+            json={"requests": [{"topic": "orders", "partition": 0, "pid": pid}]},
+        ),
     }
     for what, r in refused.items():
         body = r.json()
@@ -189,8 +217,9 @@ def test_producer_cannot_touch_another_principals_pid(make_cluster, tmp_path) ->
         with pytest.raises(errors.Forbidden):
             sdk.pids()
     after = admin.get(f"/v1/pids/{pid}").json()
-    assert (after["generation"], after["expires_at_ms"]) == (gen, first["expires_at_ms"]), \
+    assert (after["generation"], after["expires_at_ms"]) == (gen, first["expires_at_ms"]), (
         "a refused renew/takeover changed the PID"
+    )
 
     # the owner renews and takes over its own PID; an admin may take over anyone's
     assert lease(p1, pid=pid, generation=gen).json()["kind"] == "renew"
@@ -201,8 +230,12 @@ def test_producer_cannot_touch_another_principals_pid(make_cluster, tmp_path) ->
     assert lease(p1, producer_name="job-a").json()["generation"] == gen + 3
     assert lease(admin, pid=pid, generation=gen + 3).json()["kind"] == "renew"
     for who in (p1, admin):
-        item = who.post("/v1/lease_pid/batch", json={"requests": [
-            {"topic": "orders", "partition": 0, "pid": pid, "generation": gen + 3}]}).json()
+        item = who.post(
+            "/v1/lease_pid/batch",
+            json={
+                "requests": [{"topic": "orders", "partition": 0, "pid": pid, "generation": gen + 3}]
+            },
+        ).json()
         assert item["responses"][0]["kind"] == "renew", item
         assert who.get(f"/v1/pids/{pid}").json()["owner"] == "p1"
     assert lease(admin, pid=pid).json()["generation"] == gen + 4
@@ -258,15 +291,25 @@ def _zk_counts(zk_hosts: str, principal: str) -> tuple[int, int]:
 
 def _bodies(n: int, prefix: str) -> list[dict[str, Any]]:
     # half anonymous new PIDs, half new producer names: both create a PID
-    return [{"topic": "orders", "partition": 0, "pid": -1,
-             **({"producer_name": f"{prefix}-{i}"} if i % 2 else {})} for i in range(n)]
+    return [
+        {
+            "topic": "orders",
+            "partition": 0,
+            "pid": -1,
+            **({"producer_name": f"{prefix}-{i}"} if i % 2 else {}),
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.mark.slow
 def test_pid_limit_is_exact_across_two_coordinators(make_cluster, tmp_path, zk_hosts) -> None:  # type: ignore[no-untyped-def]
     limit = 7
-    cl = make_cluster(servers=1, coordinators=2,
-                      env=auth_env(tmp_path, PIDLEASE_PIDS_MAX_PER_PRINCIPAL=str(limit)))
+    cl = make_cluster(
+        servers=1,
+        coordinators=2,
+        env=auth_env(tmp_path, PIDLEASE_PIDS_MAX_PER_PRINCIPAL=str(limit)),
+    )
     urls = [c.url for c in cl.coordinators]
     admin = client(urls[0], ADMIN_TOKEN)
     assert admin.post("/v1/topics", json={"name": "orders", "partitions": 1}).status_code == 200
@@ -276,7 +319,8 @@ def test_pid_limit_is_exact_across_two_coordinators(make_cluster, tmp_path, zk_h
         auth = {"authorization": f"Bearer {token}"}
         a, b = await asyncio.gather(
             run_many(urls[0], bodies[:half], connections=8, headers=auth, **kw),
-            run_many(urls[1], bodies[half:], connections=8, headers=auth, **kw))
+            run_many(urls[1], bodies[half:], connections=8, headers=auth, **kw),
+        )
         return a + b
 
     replies = asyncio.run(both(_bodies(40, "p1-job"), P1_TOKEN))
@@ -285,8 +329,14 @@ def test_pid_limit_is_exact_across_two_coordinators(make_cluster, tmp_path, zk_h
     assert len(ok) == limit and len(refused) == 40 - limit, [(r.status, r.body) for r in replies]
     for r in refused:
         assert r.body["error"] == "PID_LIMIT_EXCEEDED"
-        for word in ("'p1'", f"holds {limit}", f"is {limit}", "pids_max_per_principal",
-                     "producer names", "retention"):
+        for word in (
+            "'p1'",
+            f"holds {limit}",
+            f"is {limit}",
+            "pids_max_per_principal",
+            "producer names",
+            "retention",
+        ):
             assert word in r.body["detail"], r.body
     assert _zk_counts(zk_hosts, "p1") == (limit, limit)
     # renewals and takeovers never count; another principal has its own allowance
@@ -314,9 +364,17 @@ def test_pid_limit_is_exact_across_two_coordinators(make_cluster, tmp_path, zk_h
         auth = {"authorization": f"Bearer {P2_TOKEN}"}
         bodies = _bodies(30, "p2-job")
         await asyncio.gather(
-            run_many(urls[0], bodies[:15], connections=8, headers=auth, attempts_max=3,
-                     on_reply=on_reply, timeout_s=10),
-            run_many(urls[1], bodies[15:], connections=8, headers=auth))
+            run_many(
+                urls[0],
+                bodies[:15],
+                connections=8,
+                headers=auth,
+                attempts_max=3,
+                on_reply=on_reply,
+                timeout_s=10,
+            ),
+            run_many(urls[1], bodies[15:], connections=8, headers=auth),
+        )
 
     asyncio.run(killed_mid_run())
     p2 = client(urls[1], P2_TOKEN)
@@ -329,9 +387,16 @@ def test_pid_limit_is_exact_across_two_coordinators(make_cluster, tmp_path, zk_h
 
 @pytest.mark.slow
 def test_a_pid_swept_past_retention_frees_its_slot(make_cluster, tmp_path, zk_hosts) -> None:  # type: ignore[no-untyped-def]
-    cl = make_cluster(servers=1, env=auth_env(
-        tmp_path, PIDLEASE_PIDS_MAX_PER_PRINCIPAL="1", PIDLEASE_PID_RETENTION_MS="0",
-        PIDLEASE_PID_SWEEP_INTERVAL_MS="100", PIDLEASE_LEASE_EXPIRE_MS_MIN="100"))
+    cl = make_cluster(
+        servers=1,
+        env=auth_env(
+            tmp_path,
+            PIDLEASE_PIDS_MAX_PER_PRINCIPAL="1",
+            PIDLEASE_PID_RETENTION_MS="0",
+            PIDLEASE_PID_SWEEP_INTERVAL_MS="100",
+            PIDLEASE_LEASE_EXPIRE_MS_MIN="100",
+        ),
+    )
     url = cl.coordinator_url
     admin, p1 = client(url, ADMIN_TOKEN), client(url, P1_TOKEN)
     assert admin.post("/v1/topics", json={"name": "orders", "partitions": 1}).status_code == 200

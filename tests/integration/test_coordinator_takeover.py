@@ -17,12 +17,25 @@ from pidlease.testing.devcluster import LocalCluster, http_json
 from tests.helpers import lease_pid
 
 
-def produce(w: WireClient, lease_body: dict[str, Any], partition: int, seq: int, n: int = 1,
-            generation: int | None = None, token: str | None = None) -> P.Response:
-    batch = P.encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)], pid=lease_body["pid"],
-                           generation=lease_body["generation"] if generation is None else generation,
-                           base_sequence=seq, timestamp_ms=int(time.time() * 1000))
-    return w.produce("orders", partition, batch, lease_body["lease_token"] if token is None else token)
+def produce(
+    w: WireClient,
+    lease_body: dict[str, Any],
+    partition: int,
+    seq: int,
+    n: int = 1,
+    generation: int | None = None,
+    token: str | None = None,
+) -> P.Response:
+    batch = P.encode_batch(
+        [(None, b"v%d" % (seq + i)) for i in range(n)],
+        pid=lease_body["pid"],
+        generation=lease_body["generation"] if generation is None else generation,
+        base_sequence=seq,
+        timestamp_ms=int(time.time() * 1000),
+    )
+    return w.produce(
+        "orders", partition, batch, lease_body["lease_token"] if token is None else token
+    )
 
 
 def test_50_concurrent_takeovers_get_50_distinct_generations(make_cluster: Any) -> None:
@@ -96,9 +109,14 @@ def test_takeover_fences_every_partition_before_answering(make_cluster: Any) -> 
 
 
 def test_partition_that_forgot_the_pid_answers_unknown_pid_not_zero(make_cluster: Any) -> None:
-    cluster: LocalCluster = make_cluster(servers=1, env={
-        "PIDLEASE_PID_EXPIRE_MS": "1500", "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
-        "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
+    cluster: LocalCluster = make_cluster(
+        servers=1,
+        env={
+            "PIDLEASE_PID_EXPIRE_MS": "1500",
+            "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
+            "PIDLEASE_PID_EXPIRE_CHECK_MS": "100",
+        },
+    )
     cluster.create_topic("orders", 1)
     _, a = lease_pid(cluster)
     w = WireClient(cluster.servers[0].address)
@@ -124,15 +142,21 @@ def test_partition_that_forgot_the_pid_answers_unknown_pid_not_zero(make_cluster
 
 
 def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
-        make_cluster: Any) -> None:
+    make_cluster: Any,
+) -> None:
     """Issue 12, finding 6: the PID wrote and died before its first renewal, so no leader
     ever reported state for it (the partition is not "seen"); once the server expired it, a
     takeover must not create a fresh entry and answer sequence 0 (a replayable source would
     write its records again), and neither may a renewal. A PID leased and never written is
     still taken over at 0."""
-    cluster: LocalCluster = make_cluster(servers=1, env={
-        "PIDLEASE_PID_EXPIRE_MS": "1500", "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
-        "PIDLEASE_PID_EXPIRE_CHECK_MS": "100"})
+    cluster: LocalCluster = make_cluster(
+        servers=1,
+        env={
+            "PIDLEASE_PID_EXPIRE_MS": "1500",
+            "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
+            "PIDLEASE_PID_EXPIRE_CHECK_MS": "100",
+        },
+    )
     cluster.create_topic("orders", 3)
     # expire_ms below the server's pid_expire_ms: the server keeps state at least that long.
     status, a = lease_pid(cluster, producer_name="replayer", expire_ms=1000)

@@ -38,9 +38,15 @@ def own_zk(tmp_path: Path) -> Iterator[ZooKeeperCluster]:
 @pytest.fixture
 def cluster(own_zk: ZooKeeperCluster, tmp_path: Path) -> Iterator[LocalCluster]:
     hosts = own_zk.hosts + "/outage"
-    c = LocalCluster(tmp_path / "cluster", servers=1, zk_hosts=hosts, env={
-        "PIDLEASE_ZK_REQUEST_TIMEOUT_MS": str(ZK_REQUEST_TIMEOUT_MS),
-        "PIDLEASE_ZK_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)})
+    c = LocalCluster(
+        tmp_path / "cluster",
+        servers=1,
+        zk_hosts=hosts,
+        env={
+            "PIDLEASE_ZK_REQUEST_TIMEOUT_MS": str(ZK_REQUEST_TIMEOUT_MS),
+            "PIDLEASE_ZK_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+        },
+    )
     c.start()
     try:
         c.create_topic("orders", 1)
@@ -51,8 +57,12 @@ def cluster(own_zk: ZooKeeperCluster, tmp_path: Path) -> Iterator[LocalCluster]:
 
 def lease(c: LocalCluster, body: dict[str, Any] = LEASE) -> tuple[int, dict[str, Any]]:
     # The client's own timeout bounds the wait: a coordinator that hung would fail here.
-    return http_json("POST", c.coordinator_url + "/v1/lease_pid", body,
-                     timeout_s=ZK_REQUEST_TIMEOUT_MS / 1000 + 5)
+    return http_json(
+        "POST",
+        c.coordinator_url + "/v1/lease_pid",
+        body,
+        timeout_s=ZK_REQUEST_TIMEOUT_MS / 1000 + 5,
+    )
 
 
 def lease_ok(c: LocalCluster, body: dict[str, Any] = LEASE) -> tuple[int, dict[str, Any]] | None:
@@ -71,7 +81,8 @@ def registration_owner(c: LocalCluster) -> int | None:
 
 
 def test_zookeeper_down_is_503_and_leasing_resumes_when_it_is_back(
-        own_zk: ZooKeeperCluster, cluster: LocalCluster) -> None:
+    own_zk: ZooKeeperCluster, cluster: LocalCluster
+) -> None:
     coordinator_pid = cluster.coordinators[0].proc.pid  # type: ignore[union-attr]
     status, first = lease(cluster)
     assert status == 200
@@ -85,17 +96,32 @@ def test_zookeeper_down_is_503_and_leasing_resumes_when_it_is_back(
         assert (status, body["error"]) == (503, "COORDINATOR_UNAVAILABLE"), body
         assert body["detail"]
     for method, path, body in [
-            ("POST", "/v1/lease_pid", {**LEASE, "pid": first["pid"], "generation": first["generation"]}),
-            ("POST", "/v1/lease_pid", {**LEASE, "producer_name": "steady"}),
-            ("POST", "/v1/topics", {"name": "later", "partitions": 1}),
-            ("GET", "/v1/pids", None), ("GET", f"/v1/pids/{first['pid']}", None),
-            ("GET", "/v1/topics", None), ("GET", "/healthz", None)]:
-        status, got = http_json(method, cluster.coordinator_url + path, body,
-                                timeout_s=ZK_REQUEST_TIMEOUT_MS / 1000 + 5)
+        (
+            "POST",
+            "/v1/lease_pid",
+            {**LEASE, "pid": first["pid"], "generation": first["generation"]},
+        ),
+        ("POST", "/v1/lease_pid", {**LEASE, "producer_name": "steady"}),
+        ("POST", "/v1/topics", {"name": "later", "partitions": 1}),
+        ("GET", "/v1/pids", None),
+        ("GET", f"/v1/pids/{first['pid']}", None),
+        ("GET", "/v1/topics", None),
+        ("GET", "/healthz", None),
+    ]:
+        status, got = http_json(
+            method, cluster.coordinator_url + path, body, timeout_s=ZK_REQUEST_TIMEOUT_MS / 1000 + 5
+        )
         assert (status, got["error"]) == (503, "COORDINATOR_UNAVAILABLE"), (path, got)
-    status, batch = http_json("POST", cluster.coordinator_url + "/v1/lease_pid/batch",
-                              {"requests": [LEASE, LEASE]}, timeout_s=ZK_REQUEST_TIMEOUT_MS / 1000 + 5)
-    assert status == 200 and [r["error"] for r in batch["responses"]] == ["COORDINATOR_UNAVAILABLE"] * 2
+    status, batch = http_json(
+        "POST",
+        cluster.coordinator_url + "/v1/lease_pid/batch",
+        {"requests": [LEASE, LEASE]},
+        timeout_s=ZK_REQUEST_TIMEOUT_MS / 1000 + 5,
+    )
+    assert (
+        status == 200
+        and [r["error"] for r in batch["responses"]] == ["COORDINATOR_UNAVAILABLE"] * 2
+    )
 
     own_zk.restart()
     resumed = poll(lambda: lease_ok(cluster), what="leasing to resume")
@@ -124,6 +150,8 @@ def test_expired_session_re_registers_and_keeps_leasing(cluster: LocalCluster) -
     assert owner_after != owner_before
     status, second = poll(lambda: lease_ok(cluster), what="leasing after the new session")
     assert second["pid"] != first["pid"]
-    status, renewed = lease(cluster, {**LEASE, "pid": first["pid"], "generation": first["generation"]})
+    status, renewed = lease(
+        cluster, {**LEASE, "pid": first["pid"], "generation": first["generation"]}
+    )
     assert status == 200 and renewed["kind"] == "renew" and renewed["sequence_number"] == 0
     assert "registration 2" in cluster.coordinators[0].log_path.read_text()

@@ -34,8 +34,13 @@ def newest_segment(server_data: Path, topic: str, partition: int) -> Path:
 
 def tear_tail(seg: Path, pid: int, generation: int) -> int:
     """Append the first half of a plausible next batch: what a crash mid-write leaves."""
-    batch = P.encode_batch([(b"torn", b"x" * 200)] * 10, pid=pid, generation=generation,
-                           base_sequence=10**9, timestamp_ms=int(time.time() * 1000))
+    batch = P.encode_batch(
+        [(b"torn", b"x" * 200)] * 10,
+        pid=pid,
+        generation=generation,
+        base_sequence=10**9,
+        timestamp_ms=int(time.time() * 1000),
+    )
     partial = batch[: len(batch) // 2]
     with open(seg, "ab") as f:
         f.write(partial)
@@ -44,8 +49,12 @@ def tear_tail(seg: Path, pid: int, generation: int) -> int:
 
 def unanswered_batches(p: Producer) -> int:
     """Batches written to the server whose answer has not arrived (SDK internals)."""
-    return sum(1 for s in p._engine._senders for b in s.in_flight
-               if b.response is not None and not b.response.done())
+    return sum(
+        1
+        for s in p._engine._senders
+        for b in s.in_flight
+        if b.response is not None and not b.response.done()
+    )
 
 
 @pytest.mark.slow
@@ -56,8 +65,13 @@ def test_sigkill_during_pipelined_produce(make_cluster, tmp_path: Path, torn: bo
     svc = cluster.servers[0]
     server_data = cluster.data_dir / f"server-{svc.ident}" / "data"
     futures = []
-    with Producer(cluster.coordinator_url, topic=TOPIC, producer_name="crash-test", max_in_flight=5,
-                  batch_records_max=500) as p:
+    with Producer(
+        cluster.coordinator_url,
+        topic=TOPIC,
+        producer_name="crash-test",
+        max_in_flight=5,
+        batch_records_max=500,
+    ) as p:
         for i in range(RECORDS):
             futures.append(p.send(b"value-%d" % i, key=b"key-%d" % (i % 101)))
             if i == 40_000:
@@ -104,11 +118,29 @@ def test_sigkill_during_pipelined_produce(make_cluster, tmp_path: Path, torn: bo
 
     # and the command line agrees
     acked_file = tmp_path / "acked.jsonl"
-    acked_file.write_text("".join(json.dumps({"partition": a, "pid": b, "sequence_id": c}) + "\n"
-                                  for a, b, c in acked))
-    out = subprocess.run([sys.executable, "-m", "pidlease.cli", "verify", TOPIC, "--acked", str(acked_file),
-                          "--coordinator", cluster.coordinator_url], capture_output=True, text=True,
-                         timeout=300, env={**os.environ}, check=False)
+    acked_file.write_text(
+        "".join(
+            json.dumps({"partition": a, "pid": b, "sequence_id": c}) + "\n" for a, b, c in acked
+        )
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pidlease.cli",
+            "verify",
+            TOPIC,
+            "--acked",
+            str(acked_file),
+            "--coordinator",
+            cluster.coordinator_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "EXACTLY-ONCE: OK" in out.stdout
     assert f"acked {RECORDS}, present {RECORDS}, missing 0" in out.stdout

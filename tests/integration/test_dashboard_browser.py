@@ -25,17 +25,26 @@ from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster
 from tests.helpers import leased
 
-pytest.importorskip("playwright.sync_api", reason="pip install playwright (driver only; no browser download)")
+pytest.importorskip(
+    "playwright.sync_api", reason="pip install playwright (driver only; no browser download)"
+)
 from playwright.sync_api import Page, sync_playwright
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 WAIT_MS = 45_000
-LEASE_MS = 10_000   # expiring once 5 s are left (min(window 30 s, 10 s / 2))
+LEASE_MS = 10_000  # expiring once 5 s are left (min(window 30 s, 10 s / 2))
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                                reason="Debian's chromium is not installed")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed"
+)
 
 # Records, per PID row, every state its cell shows, in order (consecutive repeats dropped).
 RECORD_STATES = """() => {
@@ -73,8 +82,12 @@ def page(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Page]:
     with sync_playwright() as pw:
         # A persistent context is how Playwright takes a fresh --user-data-dir.
         ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=FLAGS, viewport={"width": 1400, "height": 1100})
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1400, "height": 1100},
+        )
         pg = ctx.pages[0] if ctx.pages else ctx.new_page()
         pg.set_default_timeout(WAIT_MS)
         try:
@@ -93,8 +106,9 @@ def state_cell(page: Page, pid: int) -> Any:
     return page.locator(f'#pids tbody tr[data-pid="{pid}"] td[data-col="state"]')
 
 
-def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
-                                                  tmp_path: Path) -> None:
+def test_dashboard_lifecycle_takeover_sort_filter(
+    make_cluster: Any, page: Page, tmp_path: Path
+) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
     cluster.create_topic("orders", 2)
     origin = cluster.coordinator_url
@@ -103,8 +117,14 @@ def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
     loads: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type in ("error", "warning") else None)
+    page.on(
+        "console",
+        lambda m: (
+            problems.append(f"console {m.type}: {m.text}")
+            if m.type in ("error", "warning")
+            else None
+        ),
+    )
     page.on("load", lambda: loads.append("load"))
 
     steady = leased(cluster, partition=1, producer_name="steady-loader", expire_ms=600_000)
@@ -162,9 +182,11 @@ def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
     zombie = page.locator(f'#events li[data-kind="fenced_append"][data-pid="{pid}"]')
     zombie.wait_for()
     assert "refused FENCED" in zombie.inner_text() and "server 1" in zombie.inner_text()
-    page.wait_for_function("() => document.querySelector("
-                           "'#servers tbody tr[data-server=\"1\"] td[data-col=\"7\"]')"
-                           "?.textContent === '1'")
+    page.wait_for_function(
+        "() => document.querySelector("
+        '\'#servers tbody tr[data-server="1"] td[data-col="7"]\')'
+        "?.textContent === '1'"
+    )
 
     # Filter by text and by state; sort by pid both ways.
     rows = page.locator("#pids tbody tr")
@@ -178,11 +200,15 @@ def test_dashboard_lifecycle_takeover_sort_filter(make_cluster: Any, page: Page,
     page.wait_for_function("() => document.querySelectorAll('#pids tbody tr').length === 2")
     page.click('th[data-sort="pid"]')
     want = sorted([pid, steady["pid"]])
-    page.wait_for_function(f"() => [...document.querySelectorAll('#pids tbody tr')]"
-                           f".map(r => +r.dataset.pid).join() === '{want[0]},{want[1]}'")
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('#pids tbody tr')]"
+        f".map(r => +r.dataset.pid).join() === '{want[0]},{want[1]}'"
+    )
     page.click('th[data-sort="pid"]')
-    page.wait_for_function(f"() => [...document.querySelectorAll('#pids tbody tr')]"
-                           f".map(r => +r.dataset.pid).join() === '{want[1]},{want[0]}'")
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll('#pids tbody tr')]"
+        f".map(r => +r.dataset.pid).join() === '{want[1]},{want[0]}'"
+    )
     assert page.get_attribute('th[data-sort="pid"]', "aria-sort") == "descending"
 
     # The servers panel lists the live server with the PIDs it tracks (the takeover's

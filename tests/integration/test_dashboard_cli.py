@@ -38,8 +38,15 @@ def test_pids_filters_table_and_json(make_cluster: Any) -> None:
     table = cli("pids", url=url)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["PID", "NAME", "GENERATION", "STATE", "EXPIRES_IN", "LAST_USE",
-                                "PARTITIONS(topic/p@highwater)"]
+    assert lines[0].split() == [
+        "PID",
+        "NAME",
+        "GENERATION",
+        "STATE",
+        "EXPIRES_IN",
+        "LAST_USE",
+        "PARTITIONS(topic/p@highwater)",
+    ]
     assert [ln.split()[1] for ln in lines[1:4]] == ["gone", "minutely", "hourly"]
     assert lines[1].split()[3] == "lapsed" and lines[3].split()[3] == "active"
     assert lines[-1] == "3 PIDs: 2 active, 0 expiring, 1 lapsed"

@@ -23,10 +23,10 @@ from pidlease.cli.verify import audit
 
 TOPICS = 200
 PARTITIONS = 2
-RECORDS = 400             # per topic, 200 per partition
-BATCH_RECORDS = 8         # 25 batches per partition, 5 in flight at a time
-CONCURRENT = 30           # topics being created and produced to at once
-PACE_S = 0.01             # between two batches' worth of sends
+RECORDS = 400  # per topic, 200 per partition
+BATCH_RECORDS = 8  # 25 batches per partition, 5 in flight at a time
+CONCURRENT = 30  # topics being created and produced to at once
+PACE_S = 0.01  # between two batches' worth of sends
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "2"}
 
 
@@ -34,11 +34,19 @@ Acked = tuple[int, list[RecordMetadata]]  # the producer's pid, its records' met
 
 
 async def _one_topic(url: str, http: httpx.AsyncClient, name: str, dedup: str) -> Acked:
-    r = await http.post(url + "/v1/topics", json={"name": name, "partitions": PARTITIONS,
-                                                  "replication_factor": 1, "dedup": dedup})
+    r = await http.post(
+        url + "/v1/topics",
+        json={"name": name, "partitions": PARTITIONS, "replication_factor": 1, "dedup": dedup},
+    )
     assert r.status_code == 200, r.text
-    p = await AsyncProducer.create(url, name, max_in_flight=5, linger_ms=1,
-                                   batch_records_max=BATCH_RECORDS, delivery_timeout_ms=60_000)
+    p = await AsyncProducer.create(
+        url,
+        name,
+        max_in_flight=5,
+        linger_ms=1,
+        batch_records_max=BATCH_RECORDS,
+        delivery_timeout_ms=60_000,
+    )
     try:
         futs = []
         for i in range(RECORDS):
@@ -61,13 +69,18 @@ async def _produce_all(url: str, names: list[tuple[str, str]]) -> dict[str, Acke
             return await _one_topic(url, http, name, dedup)
 
     async with httpx.AsyncClient(timeout=30) as http:
-        results = await asyncio.gather(*(bounded(http, n, d) for n, d in names),
-                                       return_exceptions=True)
-    failed = [(n, repr(r)) for (n, _), r in zip(names, results, strict=True)
-              if isinstance(r, BaseException)]
+        results = await asyncio.gather(
+            *(bounded(http, n, d) for n, d in names), return_exceptions=True
+        )
+    failed = [
+        (n, repr(r))
+        for (n, _), r in zip(names, results, strict=True)
+        if isinstance(r, BaseException)
+    ]
     assert not failed, f"{len(failed)} of {len(names)} producers failed, e.g. {failed[:5]}"
-    return {n: r for (n, _), r in zip(names, results, strict=True)
-            if not isinstance(r, BaseException)}
+    return {
+        n: r for (n, _), r in zip(names, results, strict=True) if not isinstance(r, BaseException)
+    }
 
 
 def _read_log(addresses: list[str], topic: str, partition: int) -> list[P.Record]:
@@ -90,13 +103,19 @@ def test_200_fresh_topics_produced_to_at_once(make_cluster) -> None:  # type: ig
         pid, metas = acked[name]
         assert len(metas) == RECORDS and not any(m.duplicate for m in metas), name
         logs = {q: _read_log(addresses, name, q) for q in range(PARTITIONS)}
-        report = audit(name, PARTITIONS, dedup, lambda q: iter(logs[q]),
-                       acked=[(m.partition, pid, m.sequence_id) for m in metas])
+        report = audit(
+            name,
+            PARTITIONS,
+            dedup,
+            lambda q: iter(logs[q]),
+            acked=[(m.partition, pid, m.sequence_id) for m in metas],
+        )
         assert report.ok, report.summary()
         for q, recs in logs.items():
             # Exactly the sends, in the order sent, at the offsets the producer was told.
-            assert [r.value for r in recs] == \
-                [b"%s-%d" % (name.encode(), i) for i in range(q, RECORDS, PARTITIONS)], (name, q)
+            assert [r.value for r in recs] == [
+                b"%s-%d" % (name.encode(), i) for i in range(q, RECORDS, PARTITIONS)
+            ], (name, q)
             assert [r.sequence_id for r in recs] == list(range(len(recs))), (name, q)
             assert [m.offset for m in metas if m.partition == q] == [r.offset for r in recs]
     print(f"{TOPICS} fresh topics x {RECORDS} records produced in {took_s:.1f} s")

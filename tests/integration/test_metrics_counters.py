@@ -21,8 +21,13 @@ WAIT_S = 60
 
 def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
     rng = random.Random()
-    n, k, m, f, s = (rng.randint(3, 9), rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 6),
-                     rng.randint(1, 3))
+    n, k, m, f, s = (
+        rng.randint(3, 9),
+        rng.randint(1, 5),
+        rng.randint(1, 4),
+        rng.randint(1, 6),
+        rng.randint(1, 3),
+    )
     # Forced retries resend k distinct acked batches (answered DUPLICATE): at most n of them.
     k = min(k, n)
     print(f"appends {n}, forced retries {k}, gaps {m}, zombie appends {f}, stale leases {s}")
@@ -38,16 +43,16 @@ def test_scraped_counters_match_what_the_test_did(make_cluster: Any) -> None:
     with WireClient(svc.address) as c:
         acks = [c.produce("m", 0, b, tok) for b in sent]
         assert [a.error_code for a in acks] == [0] * n
-        for b in rng.sample(sent, k):                      # forced retries of acked batches
+        for b in rng.sample(sent, k):  # forced retries of acked batches
             assert c.produce("m", 0, b, tok).error_code == errors.DUPLICATE
-        for j in range(m):                                 # a gap: expected 2n
+        for j in range(m):  # a gap: expected 2n
             r = c.produce("m", 0, batch(pid, gen, 2 * n + 5 + j, [b"gap"]), tok)
             assert r.error_code == errors.OutOfOrderSequence.code
-        for _ in range(s):                                 # stale renewals, refused by the coordinator
+        for _ in range(s):  # stale renewals, refused by the coordinator
             leased(cluster, topic="m", expect=409, pid=pid, generation=gen - 1)
         taken = leased(cluster, topic="m", producer_name="counted", expire_ms=600_000)
         assert taken["kind"] == "takeover" and taken["generation"] == gen + 1
-        for _ in range(f):                                 # the zombie keeps writing
+        for _ in range(f):  # the zombie keeps writing
             r = c.produce("m", 0, batch(pid, gen, 2 * n, [b"zombie"]), tok)
             assert r.error_code == errors.ProducerFenced.code
 
@@ -98,8 +103,16 @@ def test_replicated_topic_reports_follower_lag(make_cluster: Any) -> None:
     def caught_up() -> bool:
         got = scrape_metrics(leader.metrics_url)
         try:
-            lags = [sample(got, "pidlease_server_replica_lag_offsets", topic="r", partition="0",
-                           replica=str(r)) for r in followers]
+            lags = [
+                sample(
+                    got,
+                    "pidlease_server_replica_lag_offsets",
+                    topic="r",
+                    partition="0",
+                    replica=str(r),
+                )
+                for r in followers
+            ]
         except KeyError:
             return False
         return lags == [0, 0] and sample(got, "pidlease_server_under_replicated_partitions") == 0

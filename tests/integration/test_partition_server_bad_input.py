@@ -19,8 +19,11 @@ from pidlease.testing.devcluster import DEV_SECRET
 
 FRAME_MAX = 64 * 1024
 BATCH_MAX = 16 * 1024
-ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1", "PIDLEASE_FRAME_BYTES_MAX": str(FRAME_MAX),
-       "PIDLEASE_BATCH_BYTES_MAX": str(BATCH_MAX)}
+ENV = {
+    "PIDLEASE_FSYNC_INTERVAL_MS": "1",
+    "PIDLEASE_FRAME_BYTES_MAX": str(FRAME_MAX),
+    "PIDLEASE_BATCH_BYTES_MAX": str(BATCH_MAX),
+}
 CORRUPT, TOO_LARGE = errors.CorruptRecord.code, errors.RecordTooLarge.code
 INVALID = errors.InvalidRequest.code
 
@@ -34,8 +37,9 @@ def recrc(b: bytearray) -> bytearray:
     return b
 
 
-def produce_frame(corr: int, batch_bytes: bytes, topic: str = "bad", partition: int = 0,
-                  tok: str = "") -> bytes:
+def produce_frame(
+    corr: int, batch_bytes: bytes, topic: str = "bad", partition: int = 0, tok: str = ""
+) -> bytes:
     return P.produce_request(corr, topic, partition, tok, batch_bytes)
 
 
@@ -71,13 +75,23 @@ def cases() -> list[tuple[str, bytes, int]]:
         ("unknown api key", P.request(99, 12, b"\0\0"), CORRUPT),
         ("topic string runs past the frame", P.request(P.PRODUCE, 13, b"\0\xff" + b"a"), CORRUPT),
         ("topic not utf-8", P.request(P.FETCH, 14, b"\0\2\xff\xfe" + bytes(16)), CORRUPT),
-        ("extra bytes after fetch", fetch[:4 - 4] + P.frame(fetch[4:] + b"\1"), CORRUPT),
+        ("extra bytes after fetch", fetch[: 4 - 4] + P.frame(fetch[4:] + b"\1"), CORRUPT),
         ("negative fetch offset", P.fetch_request(16, "bad", 0, -1, 100), INVALID),
-        ("fence of pid 0", P.fence_request(17, "bad", 0, 0, 1, "x", create_if_absent=True), INVALID),
-        ("unknown partition", produce_frame(18, bytes(good), partition=7),
-         errors.UnknownTopicOrPartition.code),
-        ("unknown topic", P.producer_state_request(19, "nope", 0, 1),
-         errors.UnknownTopicOrPartition.code),
+        (
+            "fence of pid 0",
+            P.fence_request(17, "bad", 0, 0, 1, "x", create_if_absent=True),
+            INVALID,
+        ),
+        (
+            "unknown partition",
+            produce_frame(18, bytes(good), partition=7),
+            errors.UnknownTopicOrPartition.code,
+        ),
+        (
+            "unknown topic",
+            P.producer_state_request(19, "nope", 0, 1),
+            errors.UnknownTopicOrPartition.code,
+        ),
     ]
 
 
@@ -87,7 +101,9 @@ def server(make_cluster, zk_hosts):  # type: ignore[no-untyped-def]
     create_topic(zk_hosts, "bad")
     svc = cluster.servers[0]
     with WireClient(svc.address) as c:  # something in the log to protect
-        assert c.produce("bad", 0, batch(5, 1, 0, [b"keep"]), token(DEV_SECRET, 5, 1)).error_code == 0
+        assert (
+            c.produce("bad", 0, batch(5, 1, 0, [b"keep"]), token(DEV_SECRET, 5, 1)).error_code == 0
+        )
     return cluster, svc, cluster.data_dir / "server-1" / "data"
 
 

@@ -49,12 +49,14 @@ def test_produce_then_fetch_returns_records_in_order(one_server, zk_hosts) -> No
     tok = token(DEV_SECRET, 7, 3)
     with WireClient(svc.address) as c:
         for i in range(5):
-            c.produce_send("t", 0, batch(7, 3, i * 10, [f"v{i}-{j}".encode() for j in range(10)]),
-                           tok)
+            c.produce_send(
+                "t", 0, batch(7, 3, i * 10, [f"v{i}-{j}".encode() for j in range(10)]), tok
+            )
         results = [c.recv() for _ in range(5)]
         assert [r.error_code for r in results] == [0] * 5
-        assert [(r.base_offset, r.last_offset) for r in results] == \
-            [(i * 10, i * 10 + 9) for i in range(5)]
+        assert [(r.base_offset, r.last_offset) for r in results] == [
+            (i * 10, i * 10 + 9) for i in range(5)
+        ]
         recs = c.read_all("t", 0)
     assert [r.value for r in recs] == [f"v{i}-{j}".encode() for i in range(5) for j in range(10)]
     assert [r.sequence_id for r in recs] == list(range(50))
@@ -91,8 +93,11 @@ def test_not_leader_names_the_leader(one_server, zk_hosts) -> None:
 
 
 def test_fsync_per_batch_mode_with_segment_rolls(make_cluster, zk_hosts) -> None:
-    cluster = make_cluster(servers=1, coordinators=0,
-                           env={"PIDLEASE_FSYNC": "batch", "PIDLEASE_SEGMENT_BYTES_MAX": "4096"})
+    cluster = make_cluster(
+        servers=1,
+        coordinators=0,
+        env={"PIDLEASE_FSYNC": "batch", "PIDLEASE_SEGMENT_BYTES_MAX": "4096"},
+    )
     svc = cluster.servers[0]
     create_topic(zk_hosts, "fb")
     tok = token(DEV_SECRET, 12, 0)
@@ -100,13 +105,15 @@ def test_fsync_per_batch_mode_with_segment_rolls(make_cluster, zk_hosts) -> None
         for i in range(60):
             c.produce_send("fb", 0, batch(12, 0, i * 2, [b"%04d" % i * 50, b"y"]), tok)
         rs = [c.recv() for _ in range(60)]
-        assert [r.error_code for r in rs] == [0] * 60, \
-            [(i, r.error_code, r.detail) for i, r in enumerate(rs) if r.error_code]
+        assert [r.error_code for r in rs] == [0] * 60, [
+            (i, r.error_code, r.detail) for i, r in enumerate(rs) if r.error_code
+        ]
         assert [r.base_offset for r in rs] == list(range(0, 120, 2))
         md = c.metadata()["partitions"][0]
         assert md["high_watermark"] == md["log_end_offset"] == 120
-        assert [r.sequence_id for r in c.read_all("fb", 0) if r.value == b"y"] == \
-            list(range(1, 120, 2))
+        assert [r.sequence_id for r in c.read_all("fb", 0) if r.value == b"y"] == list(
+            range(1, 120, 2)
+        )
     segs = list((cluster.data_dir / "server-1" / "data" / "fb-0").glob("*.log"))
     assert len(segs) >= 4  # 60 batches of ~270 bytes in 4 KiB segments
     cluster.kill(svc)

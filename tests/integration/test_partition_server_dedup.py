@@ -18,7 +18,9 @@ def server(make_cluster):  # type: ignore[no-untyped-def]
     return cluster, cluster.servers[0]
 
 
-def test_duplicate_answers_original_offsets_for_last_k_batches_after_sigkill(server, zk_hosts) -> None:
+def test_duplicate_answers_original_offsets_for_last_k_batches_after_sigkill(
+    server, zk_hosts
+) -> None:
     cluster, svc = server
     create_topic(zk_hosts, "d")
     pid, gen = 41, 5
@@ -71,8 +73,14 @@ def test_tokens_are_checked_for_idempotent_appends(server, zk_hosts) -> None:
     create_topic(zk_hosts, "u")
     with WireClient(svc.address) as c:
         b = batch(3, 2, 0, [b"x"])
-        for tok in ("", "garbage", token("other-secret", 3, 2), token(DEV_SECRET, 4, 2),
-                    token(DEV_SECRET, 3, 1), token(DEV_SECRET, 3, 2, ttl_ms=-1)):
+        for tok in (
+            "",
+            "garbage",
+            token("other-secret", 3, 2),
+            token(DEV_SECRET, 4, 2),
+            token(DEV_SECRET, 3, 1),
+            token(DEV_SECRET, 3, 2, ttl_ms=-1),
+        ):
             assert c.produce("u", 0, b, tok).error_code == errors.Unauthorized.code, tok
         assert c.produce("u", 0, batch(0, 0, 0, [b"pid0"])).error_code == 0
         assert c.produce("u", 0, b, token(DEV_SECRET, 3, 2)).error_code == 0
@@ -99,21 +107,30 @@ def test_fence_blocks_the_zombie(server, zk_hosts) -> None:
         # append (base 0, old generation) is refused too
         r = c.fence("f", 0, 500, 4, token(DEV_SECRET, 500, 4), create_if_absent=True)
         assert r.error_code == 0 and not r.existed and r.durable_highwater == -1
-        assert c.produce("f", 0, batch(500, 3, 0, [b"z"]), token(DEV_SECRET, 500, 3)).error_code \
+        assert (
+            c.produce("f", 0, batch(500, 3, 0, [b"z"]), token(DEV_SECRET, 500, 3)).error_code
             == errors.ProducerFenced.code
+        )
         r = c.fence("f", 0, 501, 4, token(DEV_SECRET, 501, 4), create_if_absent=False)
         assert r.error_code == 0 and not r.existed and r.fence_offset == -1
         assert not c.producer_state("f", 0, 501).found
     cluster.kill(svc)
     cluster.start_service(svc)
     with WireClient(svc.address) as c:
-        assert c.produce("f", 0, batch(pid, 10, 3, [b"zombie"]), old).error_code == \
-            errors.ProducerFenced.code
+        assert (
+            c.produce("f", 0, batch(pid, 10, 3, [b"zombie"]), old).error_code
+            == errors.ProducerFenced.code
+        )
         st = c.producer_state("f", 0, pid)
         assert (st.generation, st.durable_highwater) == (11, 2)
         recs = c.read_all("f", 0)
-        assert [(r.value, r.is_control) for r in recs] == \
-            [(b"a", False), (b"b", False), (b"", True), (b"c", False), (b"", True)]
+        assert [(r.value, r.is_control) for r in recs] == [
+            (b"a", False),
+            (b"b", False),
+            (b"", True),
+            (b"c", False),
+            (b"", True),
+        ]
         assert [r.generation for r in recs] == [10, 10, 11, 11, 4]
 
 
@@ -123,8 +140,10 @@ def test_dedup_modes(server, zk_hosts, mode: str) -> None:
     create_topic(zk_hosts, "m", dedup=mode)
     tok = token(DEV_SECRET, 5, 0)
     with WireClient(svc.address) as c:
-        codes = [c.produce("m", 0, batch(5, 0, s, [b"%d" % s]), tok).error_code
-                 for s in (10, 20, 15, 20, 30)]
+        codes = [
+            c.produce("m", 0, batch(5, 0, s, [b"%d" % s]), tok).error_code
+            for s in (10, 20, 15, 20, 30)
+        ]
     if mode == "monotonic":
         # 15 is below the highwater but was never written (between the kept batches 10 and
         # 20): not a DUPLICATE ("a refusal leaves no hole", docs/protocol.md), and never appendable

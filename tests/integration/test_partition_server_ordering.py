@@ -30,18 +30,19 @@ GAP_S = 0.0005
 def _create_now(zk: KazooClient, name: str, dedup: str, partitions: int = 1) -> None:
     """Create a topic the way the coordinator does, with a client already connected, so
     the caller's first frame follows the last znode within a millisecond."""
-    zk.create(topic_path(name), TopicSpec(name, partitions, 1, dedup,
-                                          int(time.time() * 1000)).to_bytes())
+    zk.create(
+        topic_path(name), TopicSpec(name, partitions, 1, dedup, int(time.time() * 1000)).to_bytes()
+    )
     for p in range(partitions):
-        zk.create(partition_path(name, p), PartitionState([1], 1, 0, [1]).to_bytes(),
-                  makepath=True)
+        zk.create(partition_path(name, p), PartitionState([1], 1, 0, [1]).to_bytes(), makepath=True)
 
 
 def _blast(c: WireClient, topic: str, tok: str) -> list[P.Response]:
     """BATCHES two-record batches of one producer, pipelined, then every answer."""
     for i in range(BATCHES):
-        c.produce_send(topic, 0, batch(PID, GEN, i * 2, [b"%d" % (i * 2), b"%d" % (i * 2 + 1)]),
-                       tok)
+        c.produce_send(
+            topic, 0, batch(PID, GEN, i * 2, [b"%d" % (i * 2), b"%d" % (i * 2 + 1)]), tok
+        )
         time.sleep(GAP_S)
     return [c.recv() for _ in range(BATCHES)]
 
@@ -90,8 +91,10 @@ def test_refused_batch_holds_back_the_later_ones_until_resent(make_cluster, zk_h
         r = c.produce("later", 0, b1, tok)
         assert r.error_code == errors.UnknownTopicOrPartition.code
         assert "resend from sequence 0" in r.detail
-        assert errors.error_for_code(r.error_code).retriable or \
-            r.error_code == errors.UnknownTopicOrPartition.code  # what the SDK retries
+        assert (
+            errors.error_for_code(r.error_code).retriable
+            or r.error_code == errors.UnknownTopicOrPartition.code
+        )  # what the SDK retries
         assert c.read_all("later", 0) == []  # batch 1 never reached the log
         # Another producer on the same connection is not held back.
         tok9 = token(DEV_SECRET, 9, 0)
@@ -114,8 +117,9 @@ def _wait_known(address: str, topic: str) -> None:
 
 
 @pytest.mark.parametrize("dedup", ["strict", "monotonic"])
-def test_guard_lets_go_once_the_refused_range_is_written_elsewhere(make_cluster, zk_hosts,
-                                                                   dedup) -> None:
+def test_guard_lets_go_once_the_refused_range_is_written_elsewhere(
+    make_cluster, zk_hosts, dedup
+) -> None:
     """The producer resent the refused batch on another connection (another leader in a
     real cluster): the first connection must not hold its later batches back forever."""
     cluster = make_cluster(servers=1, coordinators=0, env={"PIDLEASE_FSYNC_INTERVAL_MS": "1"})
@@ -123,8 +127,7 @@ def test_guard_lets_go_once_the_refused_range_is_written_elsewhere(make_cluster,
     tok = token(DEV_SECRET, PID, GEN)
     b0 = batch(PID, GEN, 0, [b"a", b"b"])
     with WireClient(svc.address) as c:
-        assert c.produce("elsewhere", 0, b0, tok).error_code == \
-            errors.UnknownTopicOrPartition.code
+        assert c.produce("elsewhere", 0, b0, tok).error_code == errors.UnknownTopicOrPartition.code
         create_topic(zk_hosts, "elsewhere", dedup=dedup)
         _wait_known(svc.address, "elsewhere")
         with WireClient(svc.address) as d:
@@ -141,8 +144,10 @@ def test_guard_never_holds_a_topic_without_dedup(make_cluster, zk_hosts) -> None
     svc = cluster.servers[0]
     tok = token(DEV_SECRET, PID, GEN)
     with WireClient(svc.address) as c:
-        assert c.produce("nodedup", 0, batch(PID, GEN, 0, [b"a"]), tok).error_code == \
-            errors.UnknownTopicOrPartition.code
+        assert (
+            c.produce("nodedup", 0, batch(PID, GEN, 0, [b"a"]), tok).error_code
+            == errors.UnknownTopicOrPartition.code
+        )
         create_topic(zk_hosts, "nodedup", dedup="off")
         _wait_known(svc.address, "nodedup")
         assert c.produce("nodedup", 0, batch(PID, GEN, 1, [b"b"]), tok).error_code == 0

@@ -18,8 +18,11 @@ from pidlease.testing.devcluster import DEV_SECRET
 from tests.helpers import scrape_metrics
 
 IDLE_MS = 1500
-ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1", "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION": "2",
-       "PIDLEASE_PID_EVICT_IDLE_MIN_MS": str(IDLE_MS)}
+ENV = {
+    "PIDLEASE_FSYNC_INTERVAL_MS": "1",
+    "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION": "2",
+    "PIDLEASE_PID_EVICT_IDLE_MIN_MS": str(IDLE_MS),
+}
 
 
 @pytest.fixture
@@ -47,9 +50,13 @@ def test_limit_refuses_a_new_pid_until_one_is_idle_long_enough(server, zk_hosts)
         r = c.produce("lim", 0, batch(3, gen, 0, [b"p3-0"]), tok[3])
         assert r.error_code == errors.TooManyPids.code == 24
         assert errors.error_for_code(r.error_code).retriable
-        for words in ("lim-0", "tracked_pids_max_per_partition=2",
-                      f"pid_evict_idle_min_ms={IDLE_MS}", "producer names",
-                      "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION"):
+        for words in (
+            "lim-0",
+            "tracked_pids_max_per_partition=2",
+            f"pid_evict_idle_min_ms={IDLE_MS}",
+            "producer names",
+            "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION",
+        ):
             assert words in r.detail, (words, r.detail)
         # the tracked producers carry on; PID 2 keeps busy, PID 1 goes idle
         assert send(c, 1) == 0 and send(c, 2) == 0

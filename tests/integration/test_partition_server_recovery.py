@@ -36,8 +36,9 @@ def test_torn_tail_after_sigkill_is_truncated_and_reported(make_cluster, zk_host
     acked = []
     with WireClient(svc.address) as c:
         for i in range(20):
-            c.produce_send("torn", 0, batch(pid, gen, i * 4, [b"r%d-%d" % (i, j) for j in range(4)]),
-                           tok)
+            c.produce_send(
+                "torn", 0, batch(pid, gen, i * 4, [b"r%d-%d" % (i, j) for j in range(4)]), tok
+            )
         for _ in range(20):
             r = c.recv()
             assert r.error_code == 0
@@ -46,7 +47,7 @@ def test_torn_tail_after_sigkill_is_truncated_and_reported(make_cluster, zk_host
     good_size = active_segment(data_dir(cluster), "torn", 0).stat().st_size
     nxt = bytearray(batch(pid, gen, 80, [b"never-acked"] * 3))
     P.set_base_offset(nxt, 80)
-    partial = bytes(nxt[:cut if isinstance(cut, int) else len(nxt) // 2])
+    partial = bytes(nxt[: cut if isinstance(cut, int) else len(nxt) // 2])
     seg = tear_tail(data_dir(cluster), "torn", 0, partial)
     cluster.start_service(svc)
     text = svc.log_path.read_text()
@@ -72,7 +73,7 @@ def test_recovery_uses_the_snapshot_and_replays_only_the_rest(make_cluster, zk_h
     with WireClient(svc.address) as c:
         for i in range(25):
             tok = token(DEV_SECRET, 100 + i % 5, 1)
-            seq = (i // 5)
+            seq = i // 5
             r = c.produce("snap", i % 5 % 2, batch(100 + i % 5, 1, seq, [b"x"]), tok)
             assert r.error_code == 0, r.detail
     snaps_dir = data_dir(cluster) / "snapshots"
@@ -164,8 +165,12 @@ def test_every_acked_batch_survives_sigkill_under_pipelined_load(make_cluster, z
 
 
 def test_pid_state_expires_after_disuse(make_cluster, zk_hosts) -> None:
-    env = dict(ENV, PIDLEASE_PID_EXPIRE_MS="300", PIDLEASE_ALLOW_SHORT_PID_EXPIRE="1",
-               PIDLEASE_PID_EXPIRE_CHECK_MS="50")
+    env = dict(
+        ENV,
+        PIDLEASE_PID_EXPIRE_MS="300",
+        PIDLEASE_ALLOW_SHORT_PID_EXPIRE="1",
+        PIDLEASE_PID_EXPIRE_CHECK_MS="50",
+    )
     cluster = make_cluster(servers=1, coordinators=0, env=env)
     svc = cluster.servers[0]
     create_topic(zk_hosts, "exp")
@@ -182,11 +187,21 @@ def test_pid_state_expires_after_disuse(make_cluster, zk_hosts) -> None:
 
 
 def test_refuses_a_pid_expiry_below_the_lease_maximum(tmp_path: Path) -> None:
-    env = dict(os.environ, PIDLEASE_PID_EXPIRE_MS="1000", PIDLEASE_DATA_DIR=str(tmp_path),
-               PIDLEASE_ZK="127.0.0.1:1/none")
+    env = dict(
+        os.environ,
+        PIDLEASE_PID_EXPIRE_MS="1000",
+        PIDLEASE_DATA_DIR=str(tmp_path),
+        PIDLEASE_ZK="127.0.0.1:1/none",
+    )
     env.pop("PIDLEASE_ALLOW_SHORT_PID_EXPIRE", None)
-    p = subprocess.run([sys.executable, "-m", "partition_server"], env=env, capture_output=True,
-                       text=True, timeout=60, check=False)
+    p = subprocess.run(
+        [sys.executable, "-m", "partition_server"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert p.returncode == 2
     assert "PIDLEASE_ALLOW_SHORT_PID_EXPIRE" in p.stderr
 

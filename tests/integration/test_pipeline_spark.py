@@ -32,15 +32,21 @@ SPARK_PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def spark() -> Any:
-    session = build_session("local[2,4]", app_name="pidlease-tests",
-                            conf={"spark.sql.shuffle.partitions": "4"})
+    session = build_session(
+        "local[2,4]", app_name="pidlease-tests", conf={"spark.sql.shuffle.partitions": "4"}
+    )
     yield session
     session.stop()
 
 
 def _writer(df: Any, url: str, topic: str, job: str, report: Path, **options: Any) -> Any:
-    w = (df.write.format("pidlease").option("coordinator", url).option("topic", topic)
-         .option("job_name", job).option("report_path", str(report)))
+    w = (
+        df.write.format("pidlease")
+        .option("coordinator", url)
+        .option("topic", topic)
+        .option("job_name", job)
+        .option("report_path", str(report))
+    )
     for k, v in options.items():
         w = w.option(k, str(v))
     return w.mode("append")
@@ -59,19 +65,30 @@ def _ids_in_topic(spark: Any, url: str, topic: str, path: str) -> Any:
 
 
 def test_million_rows_exactly_once_through_a_failed_task_and_a_speculative_copy(
-        spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
     cluster = make_cluster(servers=2)
     cluster.create_topic("orders", partitions=4)
     url = cluster.coordinator_url
     df = spark.range(ROWS, numPartitions=SPARK_PARTITIONS).selectExpr(
-        "id", "concat('customer-', CAST(id % 997 AS STRING)) AS customer", "id * 3 AS amount")
+        "id", "concat('customer-', CAST(id % 997 AS STRING)) AS customer", "id * 3 AS amount"
+    )
     per_task = ROWS // SPARK_PARTITIONS
     report_path = tmp_path / "job.json"
     # Partitions 0, 1, 3 fail on attempt 0 after half their rows; partition 2 gets a
     # speculative copy started when the original is half-way.
-    _writer(df, url, "orders", "nightly-orders", report_path, key_column="customer",
-            fail_after_rows_once=per_task // 2, fail_partitions="0,1,3",
-            speculate_partition=2, expire_ms=600_000).save()
+    _writer(
+        df,
+        url,
+        "orders",
+        "nightly-orders",
+        report_path,
+        key_column="customer",
+        fail_after_rows_once=per_task // 2,
+        fail_partitions="0,1,3",
+        speculate_partition=2,
+        expire_ms=600_000,
+    ).save()
 
     [report] = job_report.load(report_path)
     assert report["committed"] and report["rows"] == ROWS
@@ -93,13 +110,22 @@ def test_million_rows_exactly_once_through_a_failed_task_and_a_speculative_copy(
     audit = run_audit(spark, url, "orders", tmp_path / "audit")
     assert (audit["records"], audit["duplicates"], audit["gaps"], audit["ok"]) == (ROWS, 0, 0, True)
     assert audit["pids"] == SPARK_PARTITIONS
-    assert sorted(u["producer_name"] for u in audit["pid_usage"]) == \
-        [f"nightly-orders:{k}" for k in range(SPARK_PARTITIONS)]
+    assert sorted(u["producer_name"] for u in audit["pid_usage"]) == [
+        f"nightly-orders:{k}" for k in range(SPARK_PARTITIONS)
+    ]
     # The leases (10 min asked for) of the closed producers are running out, not gone.
-    assert all(u["state"] in ("active", "expiring") and u["last_use_ms"] > 0
-               and 0 < u["time_to_expiry_ms"] <= 600_000 for u in audit["pid_usage"])
+    assert all(
+        u["state"] in ("active", "expiring")
+        and u["last_use_ms"] > 0
+        and 0 < u["time_to_expiry_ms"] <= 600_000
+        for u in audit["pid_usage"]
+    )
     assert {f.name for f in (tmp_path / "audit").iterdir()} == {
-        "report.json", "partitions.parquet", "producers.parquet", "duplicates.parquet"}
+        "report.json",
+        "partitions.parquet",
+        "producers.parquet",
+        "duplicates.parquet",
+    }
 
     # The same job again appends nothing: every row is at or below its durable highwater.
     before = _log_end_offsets(url, "orders")
@@ -118,10 +144,16 @@ def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_pa
     cluster.create_topic("pairs", partitions=2)
     url = cluster.coordinator_url
     df = spark.range(3000, numPartitions=3).selectExpr(
-        "CAST(id AS STRING) AS key", "concat('value-', CAST(id AS STRING)) AS value")
+        "CAST(id AS STRING) AS key", "concat('value-', CAST(id AS STRING)) AS value"
+    )
     _writer(df, url, "pairs", "pairs-job", tmp_path / "r.json", partitioning="spark").save()
-    got = (spark.read.format("pidlease").option("coordinator", url).option("topic", "pairs")
-           .option("split_records", "700").load())
+    got = (
+        spark.read.format("pidlease")
+        .option("coordinator", url)
+        .option("topic", "pairs")
+        .option("split_records", "700")
+        .load()
+    )
     assert got.rdd.getNumPartitions() >= 4  # 1000/2000 records cut into ranges of 700
     rows = got.orderBy("partition", "offset").collect()
     assert len(rows) == 3000
@@ -131,7 +163,7 @@ def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_pa
         spark_partition, position = divmod(i, 1000)
         assert r.topic == "pairs" and r.value == f"value-{i}".encode()
         assert r.partition == spark_partition % 2  # partitioning=spark: k mod N
-        assert r.sequence_id == position           # the row's position in its Spark partition
+        assert r.sequence_id == position  # the row's position in its Spark partition
         assert r.pid > 0 and r.timestamp is not None
     # Spark partitions 0 and 2 share topic partition 0 as two PIDs, in sequence order each.
     p0 = [r for r in rows if r.partition == 0]
@@ -145,7 +177,8 @@ def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_pa
 
 
 def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
-        spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
     cluster = make_cluster(servers=1)
     cluster.create_topic("events", partitions=2, dedup="monotonic")
     url = cluster.coordinator_url
@@ -154,16 +187,28 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     files, per_file = 3, 2000
     for f in range(files):
         with open(source / f"part-{f}.json", "w") as out:
-            out.writelines(json.dumps({"event_id": f * per_file + i, "user": f"u{i % 17}"}) + "\n" for i in range(per_file))
+            out.writelines(
+                json.dumps({"event_id": f * per_file + i, "user": f"u{i % 17}"}) + "\n"
+                for i in range(per_file)
+            )
     checkpoint = tmp_path / "checkpoint"
     reports = tmp_path / "stream.jsonl"
 
     def run(**faults: Any) -> None:
-        stream = (spark.readStream.schema("event_id BIGINT, user STRING")
-                  .option("maxFilesPerTrigger", 1).json(str(source)))
-        w = (stream.writeStream.format("pidlease").option("coordinator", url).option("topic", "events")
-             .option("key_column", "user").option("checkpointLocation", str(checkpoint))
-             .option("report_path", str(reports)).trigger(availableNow=True))
+        stream = (
+            spark.readStream.schema("event_id BIGINT, user STRING")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+        )
+        w = (
+            stream.writeStream.format("pidlease")
+            .option("coordinator", url)
+            .option("topic", "events")
+            .option("key_column", "user")
+            .option("checkpointLocation", str(checkpoint))
+            .option("report_path", str(reports))
+            .trigger(availableNow=True)
+        )
         for k, v in faults.items():
             w = w.option(k, str(v))
         q = w.start()
@@ -188,7 +233,9 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     assert first["appended"] == per_file and first["skipped"] == 0
     assert replayed_1["skipped"] == 500 and replayed_1["appended"] == per_file - 500
     assert replayed_2["skipped"] == per_file and replayed_2["appended"] == 0
-    assert any(r["batch_id"] == 2 and not r["committed"] and r["appended"] == per_file for r in lines)
+    assert any(
+        r["batch_id"] == 2 and not r["committed"] and r["appended"] == per_file for r in lines
+    )
 
     total = files * per_file
     assert tuple(_ids_in_topic(spark, url, "events", "$.event_id")) == (total, total, 0, total - 1)
@@ -198,7 +245,8 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
 
 
 def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
-        spark: Any, make_cluster: Any, tmp_path: Path) -> None:
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
     cluster = make_cluster(servers=1)
     cluster.create_topic("strict-topic", partitions=1)
     cluster.create_topic("loose", partitions=1, dedup="off")
@@ -213,8 +261,13 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
     stream = spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
     with pytest.raises(Exception, match="must be\\s+monotonic"):
         # Spark may plan the sink in start() or in the first micro-batch.
-        q = (stream.writeStream.format("pidlease").option("coordinator", url).option("topic", "strict-topic")
-             .option("checkpointLocation", str(tmp_path / "ck")).start())
+        q = (
+            stream.writeStream.format("pidlease")
+            .option("coordinator", url)
+            .option("topic", "strict-topic")
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
         try:
             q.awaitTermination(120)
         finally:
@@ -222,8 +275,9 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
     assert _log_end_offsets(url, "strict-topic") == [0]
 
 
-def test_publish_and_audit_commands(spark: Any, make_cluster: Any, tmp_path: Path,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_publish_and_audit_commands(
+    spark: Any, make_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pidlease.client.producer import Producer
     from pipeline.cli import main
 
@@ -234,19 +288,40 @@ def test_publish_and_audit_commands(spark: Any, make_cluster: Any, tmp_path: Pat
     data.mkdir()
     for f in range(2):
         with open(data / f"orders-{f}.json", "w") as out:
-            out.writelines(json.dumps({"order_id": i, "customer": f"c{i % 13}", "amount": i / 4}) + "\n" for i in range(f * 1500, (f + 1) * 1500))
-    publish = ["publish", "--input", str(data), "--format", "json", "--topic", "orders",
-               "--key-column", "customer", "--coordinator", url, "--progress-interval", "0.2"]
+            out.writelines(
+                json.dumps({"order_id": i, "customer": f"c{i % 13}", "amount": i / 4}) + "\n"
+                for i in range(f * 1500, (f + 1) * 1500)
+            )
+    publish = [
+        "publish",
+        "--input",
+        str(data),
+        "--format",
+        "json",
+        "--topic",
+        "orders",
+        "--key-column",
+        "customer",
+        "--coordinator",
+        url,
+        "--progress-interval",
+        "0.2",
+    ]
     assert main(publish, spark=spark) == 0
     out, err = capsys.readouterr()
     assert "3000 rows, 3000 appended, 0 skipped" in out
     assert "[publish" in err and "done" in err  # progress lines
-    assert main(publish, spark=spark) == 0      # same input, same default job name
+    assert main(publish, spark=spark) == 0  # same input, same default job name
     assert "3000 rows, 0 appended, 3000 skipped" in capsys.readouterr()[0]
 
     audit_dir = tmp_path / "audit"
-    assert main(["audit", "--topic", "orders", "--out", str(audit_dir), "--coordinator", url],
-                spark=spark) == 0
+    assert (
+        main(
+            ["audit", "--topic", "orders", "--out", str(audit_dir), "--coordinator", url],
+            spark=spark,
+        )
+        == 0
+    )
     out = capsys.readouterr()[0]
     assert "3000 records from" in out and "EXACTLY-ONCE: OK" in out
     report = json.loads((audit_dir / "report.json").read_text())
@@ -261,14 +336,34 @@ def test_publish_and_audit_commands(spark: Any, make_cluster: Any, tmp_path: Pat
             for i in range(5):
                 p.send(b"again", partition=0, sequence_id=i)
             p.flush()
-    assert main(["audit", "--topic", "loose", "--out", str(tmp_path / "loose"), "--coordinator", url],
-                spark=spark) == 1
+    assert (
+        main(
+            ["audit", "--topic", "loose", "--out", str(tmp_path / "loose"), "--coordinator", url],
+            spark=spark,
+        )
+        == 1
+    )
     out = capsys.readouterr()[0]
     assert "VIOLATED - 5 duplicates" in out
     dup = json.loads((tmp_path / "loose" / "report.json").read_text())["duplicate_examples"]
     assert [(d["sequence_id"], d["copies"]) for d in dup] == [(i, 2) for i in range(5)]
 
     # Errors are one line saying what is wrong, not a JVM stack.
-    assert main(["publish", "--input", str(data), "--format", "json", "--topic", "absent",
-                 "--coordinator", url], spark=spark) == 1
+    assert (
+        main(
+            [
+                "publish",
+                "--input",
+                str(data),
+                "--format",
+                "json",
+                "--topic",
+                "absent",
+                "--coordinator",
+                url,
+            ],
+            spark=spark,
+        )
+        == 1
+    )
     assert "topic 'absent' does not exist" in capsys.readouterr()[1].splitlines()[-1]

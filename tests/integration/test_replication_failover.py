@@ -27,8 +27,11 @@ from tests.helpers import wait_for
 
 TOPIC = "orders"
 # Short session and lag times keep the test fast; the rules do not depend on them.
-ENV = {"PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000", "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
-       "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200"}
+ENV = {
+    "PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000",
+    "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
+    "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200",
+}
 
 
 def state(cluster: LocalCluster, partition: int = 0) -> dict[str, Any]:
@@ -39,12 +42,14 @@ def state(cluster: LocalCluster, partition: int = 0) -> dict[str, Any]:
 
 def live_leader(cluster: LocalCluster, not_: int | None = None) -> int:
     """The leader once it is a live server other than ``not_`` and answers for the topic."""
+
     def ready() -> int | None:
         st = state(cluster)
         sid = st["leader"]
         if sid == not_ or not cluster.server(sid).alive or st["high_watermark"] < 0:
             return None
         return sid
+
     return wait_for(ready, 30, f"a live leader other than {not_}")
 
 
@@ -62,8 +67,13 @@ class ProducerThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            with Producer(self.cluster.coordinator_url, topic=TOPIC, producer_name=self.pname,
-                          max_in_flight=5, batch_records_max=250) as p:
+            with Producer(
+                self.cluster.coordinator_url,
+                topic=TOPIC,
+                producer_name=self.pname,
+                max_in_flight=5,
+                batch_records_max=250,
+            ) as p:
                 self.pid = p.pid
                 t0 = time.monotonic()
                 for i in range(self.n):
@@ -81,8 +91,14 @@ class ProducerThread(threading.Thread):
 
 def acked_progress(threads: list[ProducerThread], more: int, timeout_s: float, what: str) -> None:
     start = sum(t.acked() for t in threads)
-    wait_for(lambda: sum(t.acked() for t in threads) >= start + more
-             or all(not t.is_alive() for t in threads), timeout_s, what)
+    wait_for(
+        lambda: (
+            sum(t.acked() for t in threads) >= start + more
+            or all(not t.is_alive() for t in threads)
+        ),
+        timeout_s,
+        what,
+    )
 
 
 def audit(cluster: LocalCluster, threads: list[ProducerThread], tmp_path: Any) -> None:
@@ -95,8 +111,10 @@ def audit(cluster: LocalCluster, threads: list[ProducerThread], tmp_path: Any) -
     total = sum(t.n for t in threads)
     report = verify_topic(cluster.coordinator_url, TOPIC, acked=acked)
     print(report.summary())
-    print(f"resent batches {sum(t.stats.get('batches_resent', 0) for t in threads)}, records "
-          f"acked as DUPLICATE {sum(1 for _, m in metas if m.duplicate)}")
+    print(
+        f"resent batches {sum(t.stats.get('batches_resent', 0) for t in threads)}, records "
+        f"acked as DUPLICATE {sum(1 for _, m in metas if m.duplicate)}"
+    )
     assert report.ok, report.summary()
     assert report.total("records") == total and report.total("acked_missing") == 0
     by_offset = {r.offset: r for r in Reader(cluster.coordinator_url, TOPIC, 0)}
@@ -105,12 +123,27 @@ def audit(cluster: LocalCluster, threads: list[ProducerThread], tmp_path: Any) -
             r = by_offset[m.offset]
             assert (r.pid, r.sequence_id) == (pid, m.sequence_id)
     acked_file = tmp_path / "acked.jsonl"
-    acked_file.write_text("".join(f'{{"partition": 0, "pid": {b}, "sequence_id": {c}}}\n'
-                                  for _, b, c in acked))
-    out = subprocess.run([sys.executable, "-m", "pidlease.cli", "verify", TOPIC, "--acked",
-                          str(acked_file), "--coordinator", cluster.coordinator_url],
-                         capture_output=True, text=True, timeout=120, env={**os.environ},
-                         check=False)
+    acked_file.write_text(
+        "".join(f'{{"partition": 0, "pid": {b}, "sequence_id": {c}}}\n' for _, b, c in acked)
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pidlease.cli",
+            "verify",
+            TOPIC,
+            "--acked",
+            str(acked_file),
+            "--coordinator",
+            cluster.coordinator_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"acked {total}, present {total}, missing 0" in out.stdout
 
@@ -118,6 +151,7 @@ def audit(cluster: LocalCluster, threads: list[ProducerThread], tmp_path: Any) -
 def replicas_identical(cluster: LocalCluster) -> int:
     """Once every replica is back in sync with the same log end, their logs are the same
     batches, byte for byte. Returns the batch count."""
+
     def settled() -> bool:
         st = state(cluster)
         if sorted(st["isr"]) != [1, 2, 3]:
@@ -129,9 +163,12 @@ def replicas_identical(cluster: LocalCluster) -> int:
             p = next(x for x in info["partitions"] if x["topic"] == TOPIC)
             ends.add((p["log_end_offset"], p["high_watermark"]))
         return len(ends) == 1
+
     wait_for(settled, 60, "all three replicas in sync at the same log end")
-    logs = [log_batches(cluster.data_dir / f"server-{s.ident}" / "data", TOPIC, 0)
-            for s in cluster.servers]
+    logs = [
+        log_batches(cluster.data_dir / f"server-{s.ident}" / "data", TOPIC, 0)
+        for s in cluster.servers
+    ]
     assert logs[0] == logs[1] == logs[2], [len(x) for x in logs]
     return len(logs[0])
 
@@ -146,6 +183,7 @@ def test_leader_sigkilled_twice_during_three_pipelined_producers(make_cluster, t
         t.start()
     killed = []
     total = sum(t.n for t in threads)
+
     def acked_at_least(n: int) -> Callable[[], bool]:
         return lambda: sum(t.acked() for t in threads) >= n
 
@@ -174,7 +212,9 @@ def test_leader_sigkilled_twice_during_three_pipelined_producers(make_cluster, t
 
 
 @pytest.mark.slow
-def test_follower_cut_off_leaves_and_rejoins_then_survives_the_leaders_death(make_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_follower_cut_off_leaves_and_rejoins_then_survives_the_leaders_death(
+    make_cluster, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     cluster: LocalCluster = make_cluster(servers=3, env=ENV)
     # Server 2 fetches from server 1 through a proxy we can cut, like a broken link.
     proxy = FaultProxy(cluster.server(1).address).start()
@@ -189,8 +229,11 @@ def test_follower_cut_off_leaves_and_rejoins_then_survives_the_leaders_death(mak
         proxy.blackhole(10)  # drops the open connections, then a dead link for 10 s
         wait_for(lambda: sorted(state(cluster)["isr"]) == [1, 3], 10, "server 2 out of sync")
         acked_progress(threads, 5_000, 30, "acks go on without server 2")
-        wait_for(lambda: sorted(state(cluster)["isr"]) == [1, 2, 3], 30,
-                 "server 2 back in sync after the cut")
+        wait_for(
+            lambda: sorted(state(cluster)["isr"]) == [1, 2, 3],
+            30,
+            "server 2 back in sync after the cut",
+        )
         assert proxy.connections_dropped > 0
         # Make the rejoined server the only possible successor, then kill the leader: it
         # must hold every acked record, including those acked while it was cut off.

@@ -60,8 +60,12 @@ def test_async_producer(make_cluster) -> None:  # type: ignore[no-untyped-def]
     assert [m.offset for m in metas] == list(range(500))
 
 
-@pytest.mark.parametrize("zombie_partition", [0, 1], ids=["written-partition", "leased-only-partition"])
-def test_zombie_is_fenced_though_the_new_owner_sent_nothing(make_cluster, zombie_partition: int) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "zombie_partition", [0, 1], ids=["written-partition", "leased-only-partition"]
+)
+def test_zombie_is_fenced_though_the_new_owner_sent_nothing(
+    make_cluster, zombie_partition: int
+) -> None:  # type: ignore[no-untyped-def]
     c = make_cluster(servers=1)
     c.create_topic("z", partitions=2)
     a = Producer(c.coordinator_url, topic="z", producer_name="X")
@@ -84,7 +88,9 @@ def test_zombie_is_fenced_though_the_new_owner_sent_nothing(make_cluster, zombie
     recs = list(Reader(c.coordinator_url, "z", 0, include_control=True))
     data = [r for r in recs if not r.is_control]
     assert [r.value for r in data] == [b"a-0", b"b-1"]
-    assert any(r.is_control and r.generation == b.generation for r in recs), "fence record in the log"
+    assert any(r.is_control and r.generation == b.generation for r in recs), (
+        "fence record in the log"
+    )
 
 
 def test_retry_of_any_of_the_last_k_batches_returns_its_original_offsets(make_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -95,11 +101,21 @@ def test_retry_of_any_of_the_last_k_batches_returns_its_original_offsets(make_cl
         leader = lc.topic("k").leader_address(0)
     assert leader
     pid, gen = lease.pid, lease.generation
-    batches = [P.encode_batch([(None, b"b%d-%d" % (k, j)) for j in range(3)], pid=pid, generation=gen,
-                              base_sequence=3 * k, timestamp_ms=1) for k in range(8)]
+    batches = [
+        P.encode_batch(
+            [(None, b"b%d-%d" % (k, j)) for j in range(3)],
+            pid=pid,
+            generation=gen,
+            base_sequence=3 * k,
+            timestamp_ms=1,
+        )
+        for k in range(8)
+    ]
 
     def produce(conn: BlockingConnection, batch: bytes) -> P.Response:
-        return conn.request(P.PRODUCE, lambda corr: P.produce_request(corr, "k", 0, lease.lease_token, batch))
+        return conn.request(
+            P.PRODUCE, lambda corr: P.produce_request(corr, "k", 0, lease.lease_token, batch)
+        )
 
     with BlockingConnection(leader) as conn:
         first = []
@@ -115,8 +131,9 @@ def test_retry_of_any_of_the_last_k_batches_returns_its_original_offsets(make_cl
         # older ones are still duplicates (nothing appended), offsets no longer known
         r = produce(conn, batches[0])
         assert r.error_code == errors.DUPLICATE and r.base_offset == -1
-    assert [x.value for x in Reader(c.coordinator_url, "k", 0)] == \
-        [b"b%d-%d" % (k, j) for k in range(8) for j in range(3)]
+    assert [x.value for x in Reader(c.coordinator_url, "k", 0)] == [
+        b"b%d-%d" % (k, j) for k in range(8) for j in range(3)
+    ]
 
 
 def _block_loop_then_drop(p: Producer, block_s: float) -> None:

@@ -40,5 +40,7 @@ def test_ensemble_survives_the_leader_being_killed(tmp_path: Path) -> None:
 
 def test_missing_install_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(zkserver, "ZK_JAR", Path("/nonexistent/zookeeper.jar"))
-    with pytest.raises(zkserver.ZooKeeperMissing, match="apt-get install -y --no-install-recommends zookeeper"):
+    with pytest.raises(
+        zkserver.ZooKeeperMissing, match="apt-get install -y --no-install-recommends zookeeper"
+    ):
         ZooKeeperCluster("/tmp/unused", 1)

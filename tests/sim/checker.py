@@ -39,8 +39,10 @@ def check(w: World) -> None:
         part = srv.broker.partitions.get(key) if srv is not None else None
         if part is None:
             if any(lin.acked for lin in lins):
-                w.violation(f"{key[0]}-{key[1]}: acked records but no partition on its leader "
-                            f"{ps.leader} after recovery")
+                w.violation(
+                    f"{key[0]}-{key[1]}: acked records but no partition on its leader "
+                    f"{ps.leader} after recovery"
+                )
             continue
         _check_partition(w, key, part, lins)
         if len(ps.replicas) > 1:
@@ -52,7 +54,7 @@ def _batches_below(part, end: int) -> list[bytes]:
     for chunk in part.log.read(0, 1 << 40, end):
         for h, pos in P.iter_batches(chunk):
             if h.base_offset + h.count <= end:
-                out.append(bytes(chunk[pos:pos + h.size]))
+                out.append(bytes(chunk[pos : pos + h.size]))
     return out
 
 
@@ -65,18 +67,22 @@ def _check_replicas(w: World, key: tuple[str, int], replicas: list[int]) -> None
         if part is not None:
             parts.append((sid, part))
     for i, (sa, a) in enumerate(parts):
-        for sb, b in parts[i + 1:]:
+        for sb, b in parts[i + 1 :]:
             end = min(a.high_watermark, b.high_watermark)
             w.checks += 1
             if _batches_below(a, end) != _batches_below(b, end):
-                w.violation(f"{key[0]}-{key[1]}: servers {sa} and {sb} differ below the high "
-                            f"watermark {end}")
+                w.violation(
+                    f"{key[0]}-{key[1]}: servers {sa} and {sb} differ below the high "
+                    f"watermark {end}"
+                )
 
 
 def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
     name = f"{key[0]}-{key[1]} ({lins[0].mode}, R{w.topics[key[0]].replication_factor})"
     seen: dict[bytes, int] = defaultdict(int)
-    by_pid: dict[int, list[tuple[int, int, int, bool]]] = defaultdict(list)  # (gen, base, count, ctl)
+    by_pid: dict[int, list[tuple[int, int, int, bool]]] = defaultdict(
+        list
+    )  # (gen, base, count, ctl)
     for chunk in part.log.read(0, 1 << 40, part.log.next_offset):
         for h, pos in P.iter_batches(chunk):
             w.checks += 1
@@ -87,16 +93,19 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
                 seen[rec.value] += 1
                 parts = rec.value.split(b"/")
                 if len(parts) >= 3 and int(parts[2]) != rec.sequence_id:
-                    w.violation(f"{name}: record {rec.value!r} stored with sequence "
-                                f"{rec.sequence_id}")
+                    w.violation(
+                        f"{name}: record {rec.value!r} stored with sequence {rec.sequence_id}"
+                    )
     for lin in lins:
         dedup = lin.mode != "off"
         for value, (offset, dup) in lin.acked.items():
             w.checks += 1
             n = seen.get(value, 0)
             if n == 0:
-                w.violation(f"{name}: acked record {value.decode()} ({'DUPLICATE' if dup else 'OK'}"
-                            f" at offset {offset}) is not in the log")
+                w.violation(
+                    f"{name}: acked record {value.decode()} ({'DUPLICATE' if dup else 'OK'}"
+                    f" at offset {offset}) is not in the log"
+                )
             elif n > 1 and dedup:
                 w.violation(f"{name}: record {value.decode()} is in the log {n} times")
         if not dedup:
@@ -109,14 +118,20 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
                 fence_gen = max(fence_gen, gen)
                 continue
             if gen < fence_gen:
-                w.violation(f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] of "
-                            f"generation {gen} after the fence of generation {fence_gen}")
+                w.violation(
+                    f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] of "
+                    f"generation {gen} after the fence of generation {fence_gen}"
+                )
             if base <= last:
-                w.violation(f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
-                            f"sequence {last}: not in sequence order")
+                w.violation(
+                    f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
+                    f"sequence {last}: not in sequence order"
+                )
             elif lin.mode == "strict" and base != last + 1:
-                w.violation(f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
-                            f"sequence {last}: a gap on a strict topic")
+                w.violation(
+                    f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
+                    f"sequence {last}: a gap on a strict topic"
+                )
             last = max(last, base + count - 1)
     for lin in lins:
         if lin.mode == "off":

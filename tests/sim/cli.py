@@ -22,7 +22,9 @@ def replay_command(seed: int) -> str:
 
 
 def describe_failure(r: Result) -> str:
-    lines = [f"seed {r.seed} FAILED ({len(r.failures)} problem(s)); replay: {replay_command(r.seed)}"]
+    lines = [
+        f"seed {r.seed} FAILED ({len(r.failures)} problem(s)); replay: {replay_command(r.seed)}"
+    ]
     lines += [f"  - {f}" for f in r.failures[:8]]
     if len(r.failures) > 8:
         lines.append(f"  ... and {len(r.failures) - 8} more")
@@ -73,13 +75,16 @@ class Totals:
     def line(self) -> str:
         secs = time.perf_counter() - self.t0
         n = max(self.runs, 1)
-        return (f"{self.runs} seeds in {secs:.1f}s ({self.runs / max(secs, 1e-9) * 60:.0f} seeds/min), "
-                f"{self.faults / n:.1f} faults/run, {self.checks / n:.0f} invariant checks/run, "
-                f"{self.acked / n:.0f} acked records/run, {len(self.failed)} failed")
+        return (
+            f"{self.runs} seeds in {secs:.1f}s ({self.runs / max(secs, 1e-9) * 60:.0f} seeds/min), "
+            f"{self.faults / n:.1f} faults/run, {self.checks / n:.0f} invariant checks/run, "
+            f"{self.acked / n:.0f} acked records/run, {len(self.failed)} failed"
+        )
 
 
-def run_many(seeds: int, start: int, minutes: float | None, stop_on_failure: bool,
-             out: object = sys.stdout) -> Totals:
+def run_many(
+    seeds: int, start: int, minutes: float | None, stop_on_failure: bool, out: object = sys.stdout
+) -> Totals:
     tot = Totals()
     deadline = None if minutes is None else time.perf_counter() + minutes * 60
     last_report = time.perf_counter()
@@ -99,15 +104,20 @@ def run_many(seeds: int, start: int, minutes: float | None, stop_on_failure: boo
     if tot.failed:
         print("failing seeds: " + " ".join(map(str, tot.failed)), file=out)  # type: ignore[call-overload]
         for k, seeds in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
-            print(f"  {k}: {len(seeds)} seeds, first {seeds[0]} (seeds run to find it: "
-                  f"{seeds[0] - start + 1}); e.g. {' '.join(map(str, seeds[:10]))}",
-                  file=out)  # type: ignore[call-overload]
+            print(
+                f"  {k}: {len(seeds)} seeds, first {seeds[0]} (seeds run to find it: "
+                f"{seeds[0] - start + 1}); e.g. {' '.join(map(str, seeds[:10]))}",
+                file=out,
+            )  # type: ignore[call-overload]
     return tot
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run many seeds")
     run.add_argument("--seeds", type=int, default=1000)
@@ -125,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {r.seed}: plan {r.plan}")
     if args.verbose:
         print("\n".join(r.trace))
-    print(f"seed {r.seed}: {'ok' if r.ok else 'FAILED'}; faults {r.faults}, {r.checks} invariant "
-          f"checks, {r.batches} batches, {r.acked} acked records, {r.virtual_s:.3f}s virtual, "
-          f"{r.wall_s:.3f}s wall")
+    print(
+        f"seed {r.seed}: {'ok' if r.ok else 'FAILED'}; faults {r.faults}, {r.checks} invariant "
+        f"checks, {r.batches} batches, {r.acked} acked records, {r.virtual_s:.3f}s virtual, "
+        f"{r.wall_s:.3f}s wall"
+    )
     if not r.ok:
         print(describe_failure(r))
     return 0 if r.ok else 1

@@ -23,11 +23,11 @@ from tests.sim.loop import NODE, Node
 
 @dataclass
 class DiskFaults:
-    enospc_from: float = -1.0      # virtual seconds; writes fail in [from, until) ...
+    enospc_from: float = -1.0  # virtual seconds; writes fail in [from, until) ...
     enospc_until: float = -1.0
-    enospc_p: float = 0.0          # ... with this probability each
-    eio_write_p: float = 0.0       # any write, any time
-    fsync_fail_p: float = 0.0      # any fsync of a log segment
+    enospc_p: float = 0.0  # ... with this probability each
+    eio_write_p: float = 0.0  # any write, any time
+    fsync_fail_p: float = 0.0  # any fsync of a log segment
 
 
 class DiskShim:
@@ -40,7 +40,7 @@ class DiskShim:
         self._trace = trace
         self.fd_path: dict[int, str] = {}
         self.fd_node: dict[int, Node | None] = {}
-        self.synced: dict[str, int] = {}   # path -> bytes known on the platter
+        self.synced: dict[str, int] = {}  # path -> bytes known on the platter
         self.injected = 0
         self.fsyncs = 0
 
@@ -77,8 +77,12 @@ class DiskShim:
 
     def fsync(self, fd: int) -> None:
         p = self.fd_path.get(fd)
-        if p is not None and p.endswith(".log") and self.faults.fsync_fail_p \
-                and self._rng.random() < self.faults.fsync_fail_p:
+        if (
+            p is not None
+            and p.endswith(".log")
+            and self.faults.fsync_fail_p
+            and self._rng.random() < self.faults.fsync_fail_p
+        ):
             self.injected += 1
             self._trace("disk", f"fsync of {self._name(fd)} fails (EIO)")
             raise OSError(errno.EIO, "Input/output error (sim fsync)")
@@ -126,8 +130,7 @@ class DiskShim:
                 if synced >= size:
                     continue
                 r = self._rng.random()
-                keep = synced if r < 0.4 else size if r < 0.6 else \
-                    self._rng.randint(synced, size)
+                keep = synced if r < 0.4 else size if r < 0.6 else self._rng.randint(synced, size)
                 if keep < size:
                     _os.truncate(p, keep)
                     notes.append(f"{'/'.join(p.split('/')[-2:])}: {size}->{keep} (synced {synced})")

@@ -76,8 +76,13 @@ class SimLoop(asyncio.BaseEventLoop):
         # blocks) in the middle of the run.
         self.tasks: list[asyncio.Task[Any]] = []
 
-    def create_task(self, coro: Any, *, name: str | None = None,  # type: ignore[override]
-                    context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+    def create_task(
+        self,
+        coro: Any,
+        *,
+        name: str | None = None,  # type: ignore[override]
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[Any]:
         t = super().create_task(coro, name=name, context=context)
         t._log_destroy_pending = False  # type: ignore[attr-defined]
         self.tasks.append(t)
@@ -107,26 +112,43 @@ class SimLoop(asyncio.BaseEventLoop):
         pass
 
     # -- node-aware scheduling ---------------------------------------------------------
-    def call_soon(self, callback: Callable[..., Any], *args: Any,  # type: ignore[override]
-                  context: contextvars.Context | None = None) -> asyncio.Handle:
-        node = (context.get(NODE) if context is not None else NODE.get())
+    def call_soon(
+        self,
+        callback: Callable[..., Any],
+        *args: Any,  # type: ignore[override]
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        node = context.get(NODE) if context is not None else NODE.get()
         if node is not None:
             return super().call_soon(_guarded, node, callback, *args, context=context)
         return super().call_soon(callback, *args, context=context)
 
-    def call_at(self, when: float, callback: Callable[..., Any], *args: Any,  # type: ignore[override]
-                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
-        node = (context.get(NODE) if context is not None else NODE.get())
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[..., Any],
+        *args: Any,  # type: ignore[override]
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        node = context.get(NODE) if context is not None else NODE.get()
         if node is not None:
             return super().call_at(when, _guarded, node, callback, *args, context=context)
         return super().call_at(when, callback, *args, context=context)
 
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any,  # type: ignore[override]
-                             context: contextvars.Context | None = None) -> asyncio.Handle:
+    def call_soon_threadsafe(
+        self,
+        callback: Callable[..., Any],
+        *args: Any,  # type: ignore[override]
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
         return self.call_soon(callback, *args, context=context)
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any],  # type: ignore[override]
-                        *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(
+        self,
+        executor: Any,
+        func: Callable[..., Any],  # type: ignore[override]
+        *args: Any,
+    ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self.create_future()
 
         def run() -> None:

@@ -63,8 +63,15 @@ class SimWriter:
 
 
 class Conn:
-    def __init__(self, net: SimNetwork, cid: int, client: str, server: str,
-                 server_node: Node, client_node: Node | None) -> None:
+    def __init__(
+        self,
+        net: SimNetwork,
+        cid: int,
+        client: str,
+        server: str,
+        server_node: Node,
+        client_node: Node | None,
+    ) -> None:
         self.net = net
         self.cid = cid
         self.client = client
@@ -101,8 +108,9 @@ class Conn:
 
 
 class SimNetwork:
-    def __init__(self, rng: random.Random, trace: Callable[[str, str], None],
-                 world_ctx: contextvars.Context) -> None:
+    def __init__(
+        self, rng: random.Random, trace: Callable[[str, str], None], world_ctx: contextvars.Context
+    ) -> None:
         self.rng = rng
         self.trace = trace
         self.world_ctx = world_ctx
@@ -139,8 +147,9 @@ class SimNetwork:
         self.conns.append(conn)
         ctx = contextvars.copy_context()
         ctx.run(NODE.set, node)
-        asyncio.get_running_loop().create_task(handler(conn.readers[1], conn.writers[1]),
-                                               context=ctx)
+        asyncio.get_running_loop().create_task(
+            handler(conn.readers[1], conn.writers[1]), context=ctx
+        )
         return conn.readers[0], conn.writers[0]
 
     async def open_connection(self, host: str, port: int, **_: Any) -> tuple[Any, Any]:

@@ -36,15 +36,33 @@ if TYPE_CHECKING:
 
 _U32 = struct.Struct(">I")
 
-RETRIABLE = {errors.SequenceUnknown.code, errors.NotLeader.code, errors.ServerUnavailable.code,
-             errors.TooManyPids.code, errors.UnknownTopicOrPartition.code,
-             errors.CoordinatorUnavailable.code}
+RETRIABLE = {
+    errors.SequenceUnknown.code,
+    errors.NotLeader.code,
+    errors.ServerUnavailable.code,
+    errors.TooManyPids.code,
+    errors.UnknownTopicOrPartition.code,
+    errors.CoordinatorUnavailable.code,
+}
 CONSEQUENCE = {errors.OutOfOrderSequence.code, errors.UnknownPid.code}
-CODE_NAMES = {c.code: c.name for c in (
-    errors.SequenceUnknown, errors.NotLeader, errors.ServerUnavailable, errors.TooManyPids,
-    errors.UnknownTopicOrPartition, errors.OutOfOrderSequence, errors.UnknownPid,
-    errors.ProducerFenced, errors.Unauthorized, errors.InvalidRequest, errors.CorruptRecord,
-    errors.PidleaseError, errors.RecordTooLarge)}
+CODE_NAMES = {
+    c.code: c.name
+    for c in (
+        errors.SequenceUnknown,
+        errors.NotLeader,
+        errors.ServerUnavailable,
+        errors.TooManyPids,
+        errors.UnknownTopicOrPartition,
+        errors.OutOfOrderSequence,
+        errors.UnknownPid,
+        errors.ProducerFenced,
+        errors.Unauthorized,
+        errors.InvalidRequest,
+        errors.CorruptRecord,
+        errors.PidleaseError,
+        errors.RecordTooLarge,
+    )
+}
 CODE_NAMES[0] = "OK"
 CODE_NAMES[errors.DUPLICATE] = "DUPLICATE"
 
@@ -75,12 +93,12 @@ class Lineage:
     batches_total: int
     max_in_flight: int
     records_max: int
-    holes: bool                               # monotonic: explicit ids with gaps
-    gap_s: float = 0.0                        # mean time between new batches (linger)
-    sent: int = 0                             # batches built so far, all holders
+    holes: bool  # monotonic: explicit ids with gaps
+    gap_s: float = 0.0  # mean time between new batches (linger)
+    sent: int = 0  # batches built so far, all holders
     next_seq: int = 0
     instances: int = 0
-    failed: str = ""                          # an unexpected fatal answer
+    failed: str = ""  # an unexpected fatal answer
     finished: bool = False
     acked: dict[bytes, tuple[int, bool]] = field(default_factory=dict)  # value -> offset, dup
     fences: list[tuple[int, int]] = field(default_factory=list)  # (generation, fence offset)
@@ -127,8 +145,8 @@ class Producer:
         self.conn: Connection | None = None
         self.corr = 0
         self.fenced = False
-        self.superseded = False   # a newer holder exists: stop building new batches
-        self.next_ready = 0.0     # when the next batch's records are there
+        self.superseded = False  # a newer holder exists: stop building new batches
+        self.next_ready = 0.0  # when the next batch's records are there
         self.reconnect = False
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -173,8 +191,17 @@ class Producer:
         while True:
             conn = self.conn or await self._connect()
             corr = self._next_corr()
-            conn.writer.write(P.fence_request(corr, lin.topic, lin.partition, lin.pid,
-                                              self.generation, self.token, create_if_absent=True))
+            conn.writer.write(
+                P.fence_request(
+                    corr,
+                    lin.topic,
+                    lin.partition,
+                    lin.pid,
+                    self.generation,
+                    self.token,
+                    create_if_absent=True,
+                )
+            )
             try:
                 r = P.decode_response(P.FENCE, await conn.read_frame())
             except (ConnectionError, asyncio.IncompleteReadError):
@@ -188,8 +215,9 @@ class Producer:
                     lin.next_seq = r.durable_highwater + 1
                 else:
                     lin.next_seq = max(lin.next_seq, r.durable_highwater + 1)
-                self._trace(f"fenced in at offset {r.fence_offset}, durable highwater "
-                            f"{r.durable_highwater}")
+                self._trace(
+                    f"fenced in at offset {r.fence_offset}, durable highwater {r.durable_highwater}"
+                )
                 return True
             if r.error_code in RETRIABLE:
                 if r.error_code == errors.NotLeader.code:
@@ -212,11 +240,17 @@ class Producer:
         if lin.mode == "monotonic" and lin.holes and self.rng.random() < 0.3:
             base += self.rng.randint(1, 5)
         lin.next_seq = base + count
-        values = [f"{lin.name}/{self.generation}/{base + i}/".encode()
-                  + b"x" * self.rng.randint(0, 8) for i in range(count)]
-        data = P.encode_batch([(None, v) for v in values], pid=lin.pid,
-                              generation=self.generation, base_sequence=base,
-                              timestamp_ms=self.w.clock_ms())
+        values = [
+            f"{lin.name}/{self.generation}/{base + i}/".encode() + b"x" * self.rng.randint(0, 8)
+            for i in range(count)
+        ]
+        data = P.encode_batch(
+            [(None, v) for v in values],
+            pid=lin.pid,
+            generation=self.generation,
+            base_sequence=base,
+            timestamp_ms=self.w.clock_ms(),
+        )
         return Batch(base, count, values, data)
 
     async def _send_all(self) -> None:
@@ -233,15 +267,20 @@ class Producer:
             trouble = False
             while True:
                 more = not self.superseded and lin.sent < lin.batches_total
-                while not trouble and more and len(self.window) < lin.max_in_flight \
-                        and self.next_ready <= loop.time():
+                while (
+                    not trouble
+                    and more
+                    and len(self.window) < lin.max_in_flight
+                    and self.next_ready <= loop.time()
+                ):
                     b = self._build()
                     if b is None:
                         break
                     self.window.append(b)
                     outstanding.append((self._send(conn, b), b))
-                    self.next_ready = loop.time() + self.rng.expovariate(1 / lin.gap_s) \
-                        if lin.gap_s else 0.0
+                    self.next_ready = (
+                        loop.time() + self.rng.expovariate(1 / lin.gap_s) if lin.gap_s else 0.0
+                    )
                     more = not self.superseded and lin.sent < lin.batches_total
                 can_send = not trouble and more and len(self.window) < lin.max_in_flight
                 wait = max(self.next_ready - loop.time(), 0.0) if can_send else None
@@ -261,8 +300,10 @@ class Producer:
                 corr, b = outstanding.popleft()
                 r = P.decode_response(P.PRODUCE, body)
                 if r.correlation_id != corr:
-                    self.w.violation(f"{self.tag}: answer {r.correlation_id} came when "
-                                     f"{corr} was due (one connection answers in order)")
+                    self.w.violation(
+                        f"{self.tag}: answer {r.correlation_id} came when "
+                        f"{corr} was due (one connection answers in order)"
+                    )
                 verdict = self._answer(conn, b, r)
                 if verdict == "fatal":
                     return
@@ -289,8 +330,9 @@ class Producer:
         corr = self._next_corr()
         if self.w.verbose:
             self._trace(f"send [{b.base}..{b.base + b.count - 1}] as request {corr}")
-        conn.writer.write(P.produce_request(corr, self.lin.topic, self.lin.partition,
-                                            self.token, b.data))
+        conn.writer.write(
+            P.produce_request(corr, self.lin.topic, self.lin.partition, self.token, b.data)
+        )
         return corr
 
     def _answer(self, conn: Connection, b: Batch, r: P.Response) -> str:
@@ -303,7 +345,8 @@ class Producer:
                     self.w.violation(
                         f"{self.tag}: batch {seqs} appended at offset {r.base_offset}, before "
                         f"the batch sent ahead of it on the same connection (offset "
-                        f"{conn.last_ok_offset}): requests applied out of order")
+                        f"{conn.last_ok_offset}): requests applied out of order"
+                    )
                 conn.last_ok_offset = r.last_offset
             if not b.done:
                 b.done = True

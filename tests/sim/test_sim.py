@@ -27,8 +27,9 @@ LONG_SECONDS = 3600.0
 
 @pytest.fixture
 def sim_long(request: pytest.FixtureRequest) -> bool:
-    return bool(request.config.getoption("--sim-long", default=False)
-                or os.environ.get("PIDLEASE_SIM_LONG"))
+    return bool(
+        request.config.getoption("--sim-long", default=False) or os.environ.get("PIDLEASE_SIM_LONG")
+    )
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -67,7 +68,8 @@ def _run(seeds: int, start: int, seconds: float) -> None:
     assert tot.runs > 0
     assert not tot.failed, (
         f"{len(tot.failed)} of {tot.runs} seeds failed; replay one with "
-        f"`{replay_command(tot.failed[0])}`\n{out.getvalue()[-6000:]}")
+        f"`{replay_command(tot.failed[0])}`\n{out.getvalue()[-6000:]}"
+    )
 
 
 def test_simulation_short_form(sim_long: bool) -> None:

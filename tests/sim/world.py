@@ -55,7 +55,7 @@ from tests.sim.zk import FakeZk, FakeZkClient
 
 SECRET = "sim-secret"
 EPOCH_MS = 1_700_000_000_000
-DEADLINE_S = 60.0           # virtual; a run not done by then is stuck (a liveness failure)
+DEADLINE_S = 60.0  # virtual; a run not done by then is stuck (a liveness failure)
 _TMP_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -97,9 +97,15 @@ class ServerNode:
 
     def settings(self) -> ServerSettings:
         if self._settings is None:  # pydantic-settings reads the environment: once
-            self._settings = ServerSettings(zk="sim", lease_secret=SECRET, server_id=self.sid,
-                                            host=self.host, port=self.port,
-                                            data_dir=self.data_dir, **self.w.server_opts)
+            self._settings = ServerSettings(
+                zk="sim",
+                lease_secret=SECRET,
+                server_id=self.sid,
+                host=self.host,
+                port=self.port,
+                data_dir=self.data_dir,
+                **self.w.server_opts,
+            )
         return self._settings
 
     def start(self) -> None:
@@ -122,9 +128,12 @@ class ServerNode:
             a = await loop.run_in_executor(None, srv.registry.read_now)
             srv.broker.recover(a)
             rec = srv.broker.recovery
-            w.trace("server", f"{node.name} recovered: snapshot {rec['snapshot']}, "
-                    f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
-                    f"{rec['truncations']} truncations")
+            w.trace(
+                "server",
+                f"{node.name} recovered: snapshot {rec['snapshot']}, "
+                f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
+                f"{rec['truncations']} truncations",
+            )
             srv.registry.on_change = srv.broker.apply_assignment
             srv.address = self.address
             await srv.registry.register(self.host, self.port)
@@ -232,9 +241,11 @@ class World:
         self.checks += 1
         on_disk = self.disk.durable_end(part.log)
         if part.flushed_end > on_disk or part.high_watermark > on_disk:
-            self.violation(f"{part.topic}-{part.partition}: {what} leaves flushed_end "
-                           f"{part.flushed_end} / high watermark {part.high_watermark} above "
-                           f"what is fsynced ({on_disk})")
+            self.violation(
+                f"{part.topic}-{part.partition}: {what} leaves flushed_end "
+                f"{part.flushed_end} / high watermark {part.high_watermark} above "
+                f"what is fsynced ({on_disk})"
+            )
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
@@ -245,8 +256,12 @@ class World:
             saved.append((obj, name, getattr(obj, name)))
             setattr(obj, name, value)
 
-        for mod in (partition_server.log, partition_server.flusher,
-                    partition_server.atomic_file, partition_server.broker):
+        for mod in (
+            partition_server.log,
+            partition_server.flusher,
+            partition_server.atomic_file,
+            partition_server.broker,
+        ):
             put(mod, "os", self.disk)
         # Recovery runs a full gc pass and freezes the heap (a production speed-up for
         # millions of long-lived objects); here it would only cost ~5 ms per boot.
@@ -257,8 +272,12 @@ class World:
         # long a connection remembers a partition a re-read did not find: on the wall
         # clock a whole run lasts under a second, so no request re-read ZooKeeper again).
         vtime = _VirtualTime(self)
-        for mod in (partition_server.log, partition_server.replication,
-                    partition_server.registry, partition_server.server):
+        for mod in (
+            partition_server.log,
+            partition_server.replication,
+            partition_server.registry,
+            partition_server.server,
+        ):
             put(mod, "time", vtime)
         put(partition_server.log, "_last_write_failure_log_s", -1e9)
         orig_mark, orig_set_hw = Partition.mark_durable, Partition.set_high_watermark
@@ -341,8 +360,9 @@ class World:
             spec = TopicSpec(f"t{i}", rng.choice([1, 1, 2]), rf, mode)
             created = 0.0 if i < n_topics else rng.uniform(0.005, 0.15)
             self.topics[spec.name] = spec
-            plan.setdefault("topics", []).append(f"{spec.name}:{mode}x{spec.partitions}R{rf}"
-                                                  f"@{created * 1000:.0f}ms")
+            plan.setdefault("topics", []).append(
+                f"{spec.name}:{mode}x{spec.partitions}R{rf}@{created * 1000:.0f}ms"
+            )
             if created == 0.0:
                 self._create_topic(spec)
             else:
@@ -355,14 +375,21 @@ class World:
 
     def _plan_lineage(self, spec: TopicSpec, partition: int, start: float) -> None:
         rng = self.rng
-        lin = Lineage(name=f"L{len(self.lineages)}", topic=spec.name, partition=partition,
-                      mode=spec.dedup, pid=1000 + len(self.lineages),
-                      generation=rng.randint(1, 50),
-                      # some PIDs write a batch or three and go idle: more PIDs per
-                      # partition, longer snapshot captures
-                      batches_total=rng.choice([rng.randint(1, 3), rng.randint(5, 40)]),
-                      max_in_flight=rng.choice([1, 2, 3, 5, 5]), records_max=rng.choice([1, 3, 5]),
-                      holes=rng.random() < 0.5, gap_s=rng.choice([0.0, 0.0005, 0.002]))
+        lin = Lineage(
+            name=f"L{len(self.lineages)}",
+            topic=spec.name,
+            partition=partition,
+            mode=spec.dedup,
+            pid=1000 + len(self.lineages),
+            generation=rng.randint(1, 50),
+            # some PIDs write a batch or three and go idle: more PIDs per
+            # partition, longer snapshot captures
+            batches_total=rng.choice([rng.randint(1, 3), rng.randint(5, 40)]),
+            max_in_flight=rng.choice([1, 2, 3, 5, 5]),
+            records_max=rng.choice([1, 3, 5]),
+            holes=rng.random() < 0.5,
+            gap_s=rng.choice([0.0, 0.0005, 0.002]),
+        )
         self.lineages.append(lin)
         self.world_later(start, self._start_producer, lin, False)
         if rng.random() < 0.2:
@@ -390,9 +417,13 @@ class World:
         z.create(topic_path(spec.name), spec.to_bytes(), makepath=True)
         for p in range(spec.partitions):
             replicas = self.rng.sample(range(1, self.n_servers + 1), spec.replication_factor)
-            z.create(partition_path(spec.name, p),
-                     PartitionState(replicas=replicas, leader=replicas[0],
-                                    isr=list(replicas)).to_bytes(), makepath=True)
+            z.create(
+                partition_path(spec.name, p),
+                PartitionState(
+                    replicas=replicas, leader=replicas[0], isr=list(replicas)
+                ).to_bytes(),
+                makepath=True,
+            )
         self.trace("zk", f"topic {spec.name} created ({spec.dedup}, {spec.partitions} partitions)")
 
     def _plan_faults(self) -> None:
@@ -409,8 +440,7 @@ class World:
             f.enospc_from = rng.uniform(0, horizon)
             f.enospc_until = f.enospc_from + rng.uniform(0.005, 0.15)
             f.enospc_p = rng.choice([0.3, 0.7, 1.0])
-            plan["enospc"] = (round(f.enospc_from * 1000), round(f.enospc_until * 1000),
-                              f.enospc_p)
+            plan["enospc"] = (round(f.enospc_from * 1000), round(f.enospc_until * 1000), f.enospc_p)
         if rng.random() < 0.15:
             self.faults.eio_write_p = rng.choice([0.005, 0.02])
             plan["eio_write_p"] = self.faults.eio_write_p
@@ -482,10 +512,15 @@ class World:
             if all(lin.finished or lin.failed for lin in self.lineages):
                 break
         else:
-            stuck = [f"{lin.name}({lin.topic}-{lin.partition}, sent {lin.sent})"
-                     for lin in self.lineages if not (lin.finished or lin.failed)]
-            self.violation(f"stuck: producers not done after {DEADLINE_S:.0f}s of virtual "
-                           f"time: {', '.join(stuck)}")
+            stuck = [
+                f"{lin.name}({lin.topic}-{lin.partition}, sent {lin.sent})"
+                for lin in self.lineages
+                if not (lin.finished or lin.failed)
+            ]
+            self.violation(
+                f"stuck: producers not done after {DEADLINE_S:.0f}s of virtual "
+                f"time: {', '.join(stuck)}"
+            )
         for lin in self.lineages:
             if lin.failed:
                 self.violation(f"producer {lin.name} ({lin.mode}) failed: {lin.failed}")
@@ -511,6 +546,7 @@ class World:
         else:
             self.trace("world", "not settled after the final restart; checking anyway")
         from tests.sim.checker import check
+
         check(self)
 
     def _settled(self) -> bool:
@@ -522,8 +558,11 @@ class World:
                 ps = PartitionState.from_bytes(z.data)
                 srv = self.servers[ps.leader].server if ps.leader in self.servers else None
                 part = srv.broker.partitions.get((name, p)) if srv is not None else None
-                if part is None or part.role != "leader" or \
-                        part.high_watermark < part.log.next_offset:
+                if (
+                    part is None
+                    or part.role != "leader"
+                    or part.high_watermark < part.log.next_offset
+                ):
                     return False
         return True
 
@@ -594,8 +633,9 @@ class _TraceHandler(logging.Handler):
         node = NODE.get()
         # Wall-clock durations differ between runs of one seed; nothing else does.
         msg = _WALL_TIME.sub("#s", record.getMessage())
-        self.world.trace("log", f"[{node.name if node else '-'}] {record.levelname} "
-                         f"{record.name}: {msg}")
+        self.world.trace(
+            "log", f"[{node.name if node else '-'}] {record.levelname} {record.name}: {msg}"
+        )
 
 
 _WALL_TIME = re.compile(r"\b\d+\.\d+s\b")
@@ -621,8 +661,9 @@ def run_seed(seed: int, *, verbose: bool = False) -> Result:
     try:
         with warnings.catch_warnings():
             # A killed node's coroutines that never started (a wait_for's inner one).
-            warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
-                                    category=RuntimeWarning)
+            warnings.filterwarnings(
+                "ignore", message="coroutine .* was never awaited", category=RuntimeWarning
+            )
             was_enabled = gc.isenabled()
             gc.disable()  # collections at allocation-dependent moments: not in a run
             try:
@@ -648,6 +689,7 @@ def _run(seed: int, verbose: bool) -> Result:
                 w.violation(f"simulation stalled: {exc}")
             except Exception as exc:  # noqa: BLE001 - report the seed, not a traceback only
                 import traceback
+
                 w.violation(f"harness error: {type(exc).__name__}: {exc}")
                 w.trace_lines.append(traceback.format_exc())
     finally:

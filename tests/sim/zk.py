@@ -60,7 +60,9 @@ class FakeZk:
 
     def children(self, path: str) -> list[str]:
         pre = path.rstrip("/") + "/"
-        return sorted(p[len(pre):] for p in self.nodes if p.startswith(pre) and "/" not in p[len(pre):])
+        return sorted(
+            p[len(pre) :] for p in self.nodes if p.startswith(pre) and "/" not in p[len(pre) :]
+        )
 
     def create(self, path: str, data: bytes, owner: int = 0, makepath: bool = False) -> None:
         if path in self.nodes:
@@ -135,16 +137,18 @@ class FakeZkClient:
         loop = asyncio.get_running_loop()
         for fn in list(self.listeners):
             self.ctx.run(fn, KazooState.LOST)
-            loop.call_later(0.005 + self.zk.rng.random() * 0.02, fn, KazooState.CONNECTED,
-                            context=self.ctx)
+            loop.call_later(
+                0.005 + self.zk.rng.random() * 0.02, fn, KazooState.CONNECTED, context=self.ctx
+            )
 
     def _maybe_fail(self, write: bool) -> None:
         p = self.zk.write_fail_p if write else self.zk.read_fail_p
         if p and self.zk.rng.random() < p:
             if write:
                 self.failed_writes += 1
-            self.zk.trace("zk", f"{self.name}: a {'write' if write else 'read'} fails "
-                          "(ConnectionLoss)")
+            self.zk.trace(
+                "zk", f"{self.name}: a {'write' if write else 'read'} fails (ConnectionLoss)"
+            )
             raise ConnectionLoss()
 
     # -- kazoo calls -------------------------------------------------------------------------
@@ -175,8 +179,9 @@ class FakeZkClient:
             self.zk._child_watches.setdefault(path, []).append((self, watch))
         return self.zk.children(path)
 
-    def create(self, path: str, data: bytes = b"", ephemeral: bool = False,
-               makepath: bool = False) -> str:
+    def create(
+        self, path: str, data: bytes = b"", ephemeral: bool = False, makepath: bool = False
+    ) -> str:
         self.zk.ops += 1
         self._maybe_fail(True)
         self.zk.create(path, data, self.session if ephemeral else 0, makepath)

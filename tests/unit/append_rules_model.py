@@ -105,12 +105,12 @@ class AppendRulesModel:
 
     def __init__(self, mode: str, batches_kept: int = 5) -> None:
         self.mode = mode
-        self.batches_kept = batches_kept        # K of the contract
+        self.batches_kept = batches_kept  # K of the contract
         self.log: list[Stored] = []
-        self.durable_end = 0                    # log offsets below this are fsynced
-        self.lives: dict[int, Life] = {}        # PIDs known to the partition
+        self.durable_end = 0  # log offsets below this are fsynced
+        self.lives: dict[int, Life] = {}  # PIDs known to the partition
         self.refusals: dict[int, Refusal] = {}  # monotonic only
-        self._clock = 0                         # orders refusals against takeovers
+        self._clock = 0  # orders refusals against takeovers
         self._refused: dict[int, list[tuple[int, int]]] = {}  # pid -> (clock, base) of each
         self._last_takeover: dict[int, int] = {}
 
@@ -137,7 +137,7 @@ class AppendRulesModel:
 
     def kept(self, pid: int) -> list[Stored]:
         """The last K data batches: the ones whose offsets a DUPLICATE answer still knows."""
-        return self._data(pid)[-self.batches_kept:]
+        return self._data(pid)[-self.batches_kept :]
 
     def written_offsets(self, pid: int, base: int, last: int) -> tuple[int, int] | None:
         """(offset of ``base``, offset of ``last``) when every sequence of the range was
@@ -174,12 +174,19 @@ class AppendRulesModel:
         if pid not in self.lives:  # rows 3 and 4 (row 2 needs a stored generation)
             if self.mode == "strict":
                 if base == 0:
-                    return only("PID unknown, base 0 (strict) -> OK, entry created",
-                                Answer(Outcome.APPEND))
-                return only("PID unknown, strict, base > 0 -> UNKNOWN_PID",
-                            Answer(Outcome.UNKNOWN_PID))
-            return self._after_refusals(pid, base, only(
-                "PID unknown, any base (monotonic) -> OK, entry created", Answer(Outcome.APPEND)))
+                    return only(
+                        "PID unknown, base 0 (strict) -> OK, entry created", Answer(Outcome.APPEND)
+                    )
+                return only(
+                    "PID unknown, strict, base > 0 -> UNKNOWN_PID", Answer(Outcome.UNKNOWN_PID)
+                )
+            return self._after_refusals(
+                pid,
+                base,
+                only(
+                    "PID unknown, any base (monotonic) -> OK, entry created", Answer(Outcome.APPEND)
+                ),
+            )
         if gen < self.generation(pid):  # row 2
             return only("generation < stored generation -> FENCED", Answer(Outcome.FENCED))
         return self._after_refusals(pid, base, self._by_sequence(pid, base, last))
@@ -193,26 +200,37 @@ class AppendRulesModel:
         blocked = Answer(Outcome.SEQUENCE_UNKNOWN)
         row = f"monotonic: refusal at sequence {r.base} not resent -> refused (retriable)"
         if r.maybe_forgotten:
-            return Expectation(f"{row}; or, if the partition no longer holds it, {rows.row}",
-                               (blocked, *rows.answers), refusal_probe=True)
+            return Expectation(
+                f"{row}; or, if the partition no longer holds it, {rows.row}",
+                (blocked, *rows.answers),
+                refusal_probe=True,
+            )
         return only(row, blocked)
 
     def _by_sequence(self, pid: int, base: int, last: int) -> Expectation:
         h, dh = self.highwater(pid), self.durable_highwater(pid)
         if base == h + 1 or (self.mode == "monotonic" and base > h):
-            return only("base == H+1 (monotonic: base > H) -> OK, newer generation adopted",
-                        Answer(Outcome.APPEND))  # row 5
+            return only(
+                "base == H+1 (monotonic: base > H) -> OK, newer generation adopted",
+                Answer(Outcome.APPEND),
+            )  # row 5
         if last <= dh:  # row 6
             return self._duplicate(pid, base, last, h)
         if last <= h:  # row 7
             # no expected sequence: the row gives none for this answer
-            return only("at or below H, above the durable highwater -> SEQUENCE_UNKNOWN",
-                        Answer(Outcome.SEQUENCE_UNKNOWN))
+            return only(
+                "at or below H, above the durable highwater -> SEQUENCE_UNKNOWN",
+                Answer(Outcome.SEQUENCE_UNKNOWN),
+            )
         if base > h + 1:  # row 8
-            return only("base > H+1 (strict) -> OUT_OF_ORDER_SEQUENCE, expected H+1",
-                        Answer(Outcome.OUT_OF_ORDER, h + 1))
-        return only("a batch straddling H -> OUT_OF_ORDER_SEQUENCE, expected H+1",
-                    Answer(Outcome.OUT_OF_ORDER, h + 1))
+            return only(
+                "base > H+1 (strict) -> OUT_OF_ORDER_SEQUENCE, expected H+1",
+                Answer(Outcome.OUT_OF_ORDER, h + 1),
+            )
+        return only(
+            "a batch straddling H -> OUT_OF_ORDER_SEQUENCE, expected H+1",
+            Answer(Outcome.OUT_OF_ORDER, h + 1),
+        )
 
     def _duplicate(self, pid: int, base: int, last: int, h: int) -> Expectation:
         """Row 6, whole batch at or below the durable highwater: "DUPLICATE, with the
@@ -223,18 +241,23 @@ class AppendRulesModel:
         the expected next sequence)."""
         for b in self.kept(pid):
             if (b.base, b.last) == (base, last):
-                return only("whole batch <= durable highwater, a kept batch -> DUPLICATE with "
-                            "the offsets it was first written at",
-                            Answer(Outcome.DUPLICATE, offsets=(b.offset, b.offset + b.count - 1)))
+                return only(
+                    "whole batch <= durable highwater, a kept batch -> DUPLICATE with "
+                    "the offsets it was first written at",
+                    Answer(Outcome.DUPLICATE, offsets=(b.offset, b.offset + b.count - 1)),
+                )
         written = self.written_offsets(pid, base, last)
         # Not one of the last K batches: "else offset -1". A table that still works the
         # offsets out (a part of a kept batch) tells the truth too, so that is allowed.
-        dup = (Answer(Outcome.DUPLICATE, offsets=(-1, -1)),
-               *((Answer(Outcome.DUPLICATE, offsets=written),) if written else ()))
+        dup = (
+            Answer(Outcome.DUPLICATE, offsets=(-1, -1)),
+            *((Answer(Outcome.DUPLICATE, offsets=written),) if written else ()),
+        )
         if self.mode == "strict":
             # no holes in strict: everything at or below H was written
-            return Expectation("whole batch <= durable highwater, not a kept batch -> "
-                               "DUPLICATE, offset -1", dup)
+            return Expectation(
+                "whole batch <= durable highwater, not a kept batch -> DUPLICATE, offset -1", dup
+            )
         # Monotonic. Sequences from the oldest kept batch up: the table knows every batch
         # written there, so a hole in that part is provably never written. Sequences below
         # it: "older than every kept batch", trusted as written only "on a PID with no
@@ -242,18 +265,27 @@ class AppendRulesModel:
         ooo = Answer(Outcome.OUT_OF_ORDER, h + 1)
         edge = self.kept(pid)[0].base
         if last >= edge and self.written_offsets(pid, max(base, edge), last) is None:
-            return only("monotonic: DUPLICATE only for a range the partition wrote; this one "
-                        "has a never-written hole among the kept batches -> "
-                        "OUT_OF_ORDER_SEQUENCE", ooo)
+            return only(
+                "monotonic: DUPLICATE only for a range the partition wrote; this one "
+                "has a never-written hole among the kept batches -> "
+                "OUT_OF_ORDER_SEQUENCE",
+                ooo,
+            )
         refusals = self._refused.get(pid, [])
         if last < edge and not refusals:
-            return Expectation("monotonic: whole batch <= durable highwater, older than every "
-                               "kept batch, no refusal since -> DUPLICATE, offset -1", dup)
+            return Expectation(
+                "monotonic: whole batch <= durable highwater, older than every "
+                "kept batch, no refusal since -> DUPLICATE, offset -1",
+                dup,
+            )
         if base >= edge or not refusals:
             # a written range that is not one kept batch (part of one, several, or reaching
             # below the oldest, trusted part): the contract names DUPLICATE for neither
-            return Expectation("monotonic: written (or trusted) range that is not a kept "
-                               "batch -> DUPLICATE or OUT_OF_ORDER", (*dup, ooo))
+            return Expectation(
+                "monotonic: written (or trusted) range that is not a kept "
+                "batch -> DUPLICATE or OUT_OF_ORDER",
+                (*dup, ooo),
+            )
         # "no refusal since" read in time (any refusal of the PID since) or by cause (a
         # refusal at base r can leave unwritten only sequences >= r), and "a takeover
         # clears this" read as clearing that memory too or not: the text leaves both open,
@@ -261,15 +293,23 @@ class AppendRulesModel:
         # refusal may have left unwritten.
         takeover = self._last_takeover.get(pid, -1)
         if all(r > min(last, edge - 1) or t < takeover for t, r in refusals):
-            return Expectation("monotonic: reaches below every kept batch, no refusal at or "
-                               "below it since the last takeover -> DUPLICATE or OUT_OF_ORDER",
-                               (*dup, ooo))
+            return Expectation(
+                "monotonic: reaches below every kept batch, no refusal at or "
+                "below it since the last takeover -> DUPLICATE or OUT_OF_ORDER",
+                (*dup, ooo),
+            )
         if written is not None:
-            return Expectation("monotonic: reaches below every kept batch after a refusal, "
-                               "written -> DUPLICATE or OUT_OF_ORDER", (*dup, ooo))
-        return only("monotonic: reaches below every kept batch after a refusal and was never "
-                    "written -> OUT_OF_ORDER_SEQUENCE (DUPLICATE only for a range the "
-                    "partition wrote)", ooo)
+            return Expectation(
+                "monotonic: reaches below every kept batch after a refusal, "
+                "written -> DUPLICATE or OUT_OF_ORDER",
+                (*dup, ooo),
+            )
+        return only(
+            "monotonic: reaches below every kept batch after a refusal and was never "
+            "written -> OUT_OF_ORDER_SEQUENCE (DUPLICATE only for a range the "
+            "partition wrote)",
+            ooo,
+        )
 
     def fence_outcomes(self, pid: int, gen: int, create_if_absent: bool) -> set[FenceOutcome]:
         if self.mode == "off":
@@ -281,8 +321,13 @@ class AppendRulesModel:
                 allowed.add(FenceOutcome.APPEND)
             return allowed
         g = self.generation(pid)
-        return {FenceOutcome.FENCED if gen < g else FenceOutcome.SAME if gen == g
-                else FenceOutcome.APPEND}
+        return {
+            FenceOutcome.FENCED
+            if gen < g
+            else FenceOutcome.SAME
+            if gen == g
+            else FenceOutcome.APPEND
+        }
 
     # -- what happened --------------------------------------------------------------------
     def observe(self, pid: int, exp: Expectation, got: Decision) -> None:
@@ -370,5 +415,6 @@ class AppendRulesModel:
         return out
 
     def seqs_in_log(self, pid: int) -> list[int]:
-        return [s for b in self.log if b.pid == pid and b.is_data
-                for s in range(b.base, b.last + 1)]
+        return [
+            s for b in self.log if b.pid == pid and b.is_data for s in range(b.base, b.last + 1)
+        ]

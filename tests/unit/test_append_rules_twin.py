@@ -17,8 +17,15 @@ from partition_server.producer_state import FenceOutcome, Outcome, ProducerState
 
 PIDS = st.sampled_from((0, 1, 2, 3, 4))
 op = st.one_of(
-    st.tuples(st.just("send"), PIDS, st.integers(1, 3), st.integers(0, 12), st.integers(1, 3),
-              st.booleans(), st.booleans()),
+    st.tuples(
+        st.just("send"),
+        PIDS,
+        st.integers(1, 3),
+        st.integers(0, 12),
+        st.integers(1, 3),
+        st.booleans(),
+        st.booleans(),
+    ),
     st.tuples(st.just("fence"), PIDS, st.integers(1, 3), st.booleans()),
     st.tuples(st.just("durable"), st.integers(0, 40)),
     st.tuples(st.just("expire"), st.integers(0, 1)),
@@ -27,11 +34,17 @@ op = st.one_of(
 
 
 @settings(max_examples=1000, deadline=None)
-@given(mode=st.sampled_from(("strict", "monotonic", "off")), pids_max=st.integers(1, 4),
-       ops=st.lists(op, max_size=50))
-def test_fast_twin_answers_as_the_rules(mode: str, pids_max: int, ops: list[tuple[Any, ...]]) -> None:
-    t = ProducerStateTable(mode=mode, batches_kept=3, pids_max=pids_max,
-                           evict_idle_min_ms=30, expire_ms=60)
+@given(
+    mode=st.sampled_from(("strict", "monotonic", "off")),
+    pids_max=st.integers(1, 4),
+    ops=st.lists(op, max_size=50),
+)
+def test_fast_twin_answers_as_the_rules(
+    mode: str, pids_max: int, ops: list[tuple[Any, ...]]
+) -> None:
+    t = ProducerStateTable(
+        mode=mode, batches_kept=3, pids_max=pids_max, evict_idle_min_ms=30, expire_ms=60
+    )
     now = 0
     offset = 0
     for o in ops:

@@ -12,8 +12,13 @@ from pidlease.cli.demo import schedule
 
 
 def test_durations() -> None:
-    assert [parse_duration_ms(x) for x in ("500ms", "30s", "5m", "1h", "2d")] == \
-        [500, 30_000, 300_000, 3_600_000, 172_800_000]
+    assert [parse_duration_ms(x) for x in ("500ms", "30s", "5m", "1h", "2d")] == [
+        500,
+        30_000,
+        300_000,
+        3_600_000,
+        172_800_000,
+    ]
     for bad in ("5", "5x", "-1s", "1.5h", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_duration_ms(bad)
@@ -28,9 +33,20 @@ def test_table_aligns_columns() -> None:
 def test_parser_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIDLEASE_COORDINATOR", "http://127.0.0.1:9999")
     args = build_parser().parse_args(["consume", "t", "--partition", "2", "--from", "7"])
-    assert (args.coordinator, args.partition, args.from_offset, args.max) == ("http://127.0.0.1:9999", 2, 7, None)
+    assert (args.coordinator, args.partition, args.from_offset, args.max) == (
+        "http://127.0.0.1:9999",
+        2,
+        7,
+        None,
+    )
     up = build_parser().parse_args(["dev", "up"])
-    assert (up.servers, up.port, up.data_dir, up.detach, up.zk_nodes) == (1, 8470, "pidlease-data", False, 1)
+    assert (up.servers, up.port, up.data_dir, up.detach, up.zk_nodes) == (
+        1,
+        8470,
+        "pidlease-data",
+        False,
+        1,
+    )
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["dev", "up", "--zk-nodes", "2"])
     assert e.value.code == 2
@@ -54,7 +70,21 @@ def test_unreachable_coordinator_is_one_clear_line(capsys: pytest.CaptureFixture
 
 
 def test_dev_up_rejects_bad_sizes(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
-    assert main(["dev", "up", "--servers", "1", "--replication-factor", "3", "--data-dir", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "dev",
+                "up",
+                "--servers",
+                "1",
+                "--replication-factor",
+                "3",
+                "--data-dir",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     assert "raise --servers" in capsys.readouterr().err
 
 

@@ -22,10 +22,17 @@ def _private_writes(path: Path) -> list[str]:
             continue
         for target in targets:
             for sub in ast.walk(target):
-                own = isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and \
-                    sub.value.id in ("self", "cls")
-                if (isinstance(sub, ast.Attribute) and sub.attr.startswith("_")
-                        and not sub.attr.startswith("__") and not own):
+                own = (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id in ("self", "cls")
+                )
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and sub.attr.startswith("_")
+                    and not sub.attr.startswith("__")
+                    and not own
+                ):
                     out.append(f"{path.name}:{node.lineno}: {ast.unparse(target)}")
     return out
 

@@ -20,8 +20,11 @@ DEPLOY = ROOT / "deploy"
 
 
 def known_settings() -> set[str]:
-    return {"PIDLEASE_" + n.upper() for s in (CoordinatorSettings, ServerSettings)
-            for n in s.model_fields}
+    return {
+        "PIDLEASE_" + n.upper()
+        for s in (CoordinatorSettings, ServerSettings)
+        for n in s.model_fields
+    }
 
 
 def test_example_settings_are_all_real() -> None:

@@ -26,11 +26,20 @@ ONE_SHOT = {"topics"}
 CLI_ENV = {"PIDLEASE_COORDINATOR", "PIDLEASE_ZK"}
 
 
-def compose(*args: str, file: Path = ROOT / "docker-compose.yml") -> subprocess.CompletedProcess[str]:
+def compose(
+    *args: str, file: Path = ROOT / "docker-compose.yml"
+) -> subprocess.CompletedProcess[str]:
     assert COMPOSE is not None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIDLEASE_", "COMPOSE_"))}
-    return subprocess.run([COMPOSE, "-f", str(file), *args], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=file.parent, check=False)
+    return subprocess.run(
+        [COMPOSE, "-f", str(file), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=file.parent,
+        check=False,
+    )
 
 
 def services() -> dict[str, str]:
@@ -38,8 +47,11 @@ def services() -> dict[str, str]:
     services at two spaces, their keys at four)."""
     out = compose("config")
     assert out.returncode == 0, out.stderr
-    text = out.stdout.split("\nservices:\n", 1)[1] if not out.stdout.startswith("services:") \
+    text = (
+        out.stdout.split("\nservices:\n", 1)[1]
+        if not out.stdout.startswith("services:")
         else out.stdout.split("services:\n", 1)[1]
+    )
     text = re.split(r"^\S", text, maxsplit=1, flags=re.MULTILINE)[0]  # up to the next top-level key
     blocks = re.split(r"^  (\S+):\n", text, flags=re.MULTILINE)[1:]
     return dict(zip(blocks[::2], blocks[1::2], strict=True))
@@ -66,11 +78,25 @@ def test_the_validator_is_real(tmp_path: Path) -> None:
 
 def test_the_services_the_issue_asks_for() -> None:
     got = services()
-    assert set(got) == {"zk1", "zk2", "zk3", "server1", "server2", "server3", "coordinator1",
-                        "coordinator2", "topics", "spark-master", "spark-worker"}
+    assert set(got) == {
+        "zk1",
+        "zk2",
+        "zk3",
+        "server1",
+        "server2",
+        "server3",
+        "coordinator1",
+        "coordinator2",
+        "topics",
+        "spark-master",
+        "spark-worker",
+    }
     for zk in ("zk1", "zk2", "zk3"):
-        assert re.search(r"ZOO_SERVERS: server\.1=zk1:2888:3888;2181 server\.2=zk2:2888:3888;2181 "
-                         r"server\.3=zk3:2888:3888;2181", got[zk]), zk
+        assert re.search(
+            r"ZOO_SERVERS: server\.1=zk1:2888:3888;2181 server\.2=zk2:2888:3888;2181 "
+            r"server\.3=zk3:2888:3888;2181",
+            got[zk],
+        ), zk
         assert f"ZOO_MY_ID: '{zk[-1]}'" in got[zk]
     assert "--replication-factor 3" in got["topics"]
     assert "spark://spark-master:7077" in got["spark-worker"]
@@ -84,11 +110,17 @@ def test_images_come_from_this_dockerfile_and_every_daemon_has_a_health_check() 
         assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
     for name, block in services().items():
         if not name.startswith("zk"):
-            m = re.search(r"^    build:\n      context: (\S+)\n      target: (\S+)$", block, flags=re.MULTILINE)
+            m = re.search(
+                r"^    build:\n      context: (\S+)\n      target: (\S+)$",
+                block,
+                flags=re.MULTILINE,
+            )
             assert m, f"{name} is not built from the Dockerfile"
             assert Path(m.group(1)).resolve() == ROOT and m.group(2) in targets, name
         if name not in ONE_SHOT:
-            assert re.search(r"^    healthcheck:\n(      .*\n)*      test:", block, flags=re.MULTILINE), name
+            assert re.search(
+                r"^    healthcheck:\n(      .*\n)*      test:", block, flags=re.MULTILINE
+            ), name
 
 
 def test_ports_are_published_on_loopback_only() -> None:

@@ -39,16 +39,19 @@ def test_the_list_form_gives_named_principals_with_scopes() -> None:
     assert a.by_token("tok-admin-") is None and a.by_token("") is None
 
 
-@pytest.mark.parametrize("entry, complaint", [
-    ("p1:producer", "expected name:scope:token"),
-    ("p1", "expected name:scope:token"),
-    ("p 1:producer:long-enough", "principal name"),
-    (":producer:long-enough", "principal name"),
-    ("p1:root:long-enough", "scope 'root'"),
-    ("p1:producer:short", "at least 8"),
-    ("p1:producer:has space in it", "without spaces"),
-    ("anonymous:admin:long-enough", "reserved"),
-])
+@pytest.mark.parametrize(
+    "entry, complaint",
+    [
+        ("p1:producer", "expected name:scope:token"),
+        ("p1", "expected name:scope:token"),
+        ("p 1:producer:long-enough", "principal name"),
+        (":producer:long-enough", "principal name"),
+        ("p1:root:long-enough", "scope 'root'"),
+        ("p1:producer:short", "at least 8"),
+        ("p1:producer:has space in it", "without spaces"),
+        ("anonymous:admin:long-enough", "reserved"),
+    ],
+)
 def test_a_malformed_entry_is_refused_with_where_and_what(entry: str, complaint: str) -> None:
     with pytest.raises(auth.PrincipalConfigError) as err:
         auth.parse_list(f"ok:admin:fine-token-1,{entry}")
@@ -68,8 +71,11 @@ def test_the_file_form_skips_comments_and_names_the_bad_line(tmp_path: Any) -> N
     f = tmp_path / "tokens"
     f.write_text("# ops\n\nops:admin:file-admin-token\n  p9:producer:file-prod-token\n")
     got = auth.build_principals(api_token="legacy-token", api_tokens_file=str(f))
-    assert [(p.name, p.scope) for p in got] == [("admin", "admin"), ("ops", "admin"),
-                                                ("p9", "producer")]
+    assert [(p.name, p.scope) for p in got] == [
+        ("admin", "admin"),
+        ("ops", "admin"),
+        ("p9", "producer"),
+    ]
     f.write_text("ops:admin:file-admin-token\n\np9:writer:file-prod-token\n")
     with pytest.raises(auth.PrincipalConfigError, match=r"line 3: .*scope 'writer'"):
         auth.parse_file(f)
@@ -88,7 +94,9 @@ def test_settings_refuse_a_malformed_principal_at_start(monkeypatch: pytest.Monk
     monkeypatch.setenv("PIDLEASE_API_TOKENS", "p1:producer:good-token-1")
     monkeypatch.setenv("PIDLEASE_API_TOKEN", "legacy")
     assert [(p.name, p.scope) for p in CoordinatorSettings().principals()] == [
-        ("admin", "admin"), ("p1", "producer")]
+        ("admin", "admin"),
+        ("p1", "producer"),
+    ]
 
 
 def test_bearer_header_parsing() -> None:
@@ -101,29 +109,32 @@ def test_bearer_header_parsing() -> None:
 
 
 # -- the scope table ---------------------------------------------------------------------------
-@pytest.mark.parametrize("method, path, scope", [
-    ("POST", "/v1/lease_pid", "producer"),
-    ("POST", "/v1/lease_pid/batch", "producer"),
-    ("GET", "/v1/topics", "producer"),
-    ("GET", "/v1/topics/orders", "producer"),
-    ("GET", "/v1/pids/42", "producer"),
-    ("POST", "/v1/topics", "admin"),
-    ("GET", "/v1/pids", "admin"),
-    ("GET", "/v1/servers", "admin"),
-    ("GET", "/v1/coordinators", "admin"),
-    ("GET", "/v1/lease_pid", "admin"),        # wrong method: not a producer route
-    ("GET", "/v1/topics/a/b", "admin"),       # not one segment
-    ("GET", "/v1/topics/", "admin"),
-    ("GET", "/v1/whatever", "admin"),
-    ("GET", "/v1", "admin"),
-    ("GET", "/dashboard", "admin"),
-    ("GET", "/dashboard/data", "admin"),
-    ("GET", "/dashboard/static/dashboard.js", None),
-    ("GET", "/healthz", None),
-    ("GET", "/metrics", None),
-    ("GET", "/openapi.json", None),
-    ("GET", "/v1x", None),
-])
+@pytest.mark.parametrize(
+    "method, path, scope",
+    [
+        ("POST", "/v1/lease_pid", "producer"),
+        ("POST", "/v1/lease_pid/batch", "producer"),
+        ("GET", "/v1/topics", "producer"),
+        ("GET", "/v1/topics/orders", "producer"),
+        ("GET", "/v1/pids/42", "producer"),
+        ("POST", "/v1/topics", "admin"),
+        ("GET", "/v1/pids", "admin"),
+        ("GET", "/v1/servers", "admin"),
+        ("GET", "/v1/coordinators", "admin"),
+        ("GET", "/v1/lease_pid", "admin"),  # wrong method: not a producer route
+        ("GET", "/v1/topics/a/b", "admin"),  # not one segment
+        ("GET", "/v1/topics/", "admin"),
+        ("GET", "/v1/whatever", "admin"),
+        ("GET", "/v1", "admin"),
+        ("GET", "/dashboard", "admin"),
+        ("GET", "/dashboard/data", "admin"),
+        ("GET", "/dashboard/static/dashboard.js", None),
+        ("GET", "/healthz", None),
+        ("GET", "/metrics", None),
+        ("GET", "/openapi.json", None),
+        ("GET", "/v1x", None),
+    ],
+)
 def test_scope_table(method: str, path: str, scope: str | None) -> None:
     assert auth.required_scope(method, path) == scope
 
@@ -161,8 +172,15 @@ class TxStore(FakeStore):
     def count_owned_pids(self, principal: str) -> int:
         return sum(owner_of(r) == principal for r, _ in self.get_pids(self.list_pid_ids()))
 
-    def create_pid_counted(self, record: PidRecord, name: str | None, name_version: int | None,
-                           principal: str, count: int, count_version: int | None) -> str:
+    def create_pid_counted(
+        self,
+        record: PidRecord,
+        name: str | None,
+        name_version: int | None,
+        principal: str,
+        count: int,
+        count_version: int | None,
+    ) -> str:
         with self.lock:
             if name is not None:
                 cur = self.nodes.get(cluster.name_path(name))
@@ -175,8 +193,10 @@ class TxStore(FakeStore):
             self.nodes[cluster.pid_path(record.pid)] = (record.to_bytes(), 0)
             if name is not None:
                 old = self.nodes.get(cluster.name_path(name))
-                self.nodes[cluster.name_path(name)] = (str(record.pid).encode(),
-                                                       0 if old is None else old[1] + 1)
+                self.nodes[cluster.name_path(name)] = (
+                    str(record.pid).encode(),
+                    0 if old is None else old[1] + 1,
+                )
             self.nodes[cpath] = (str(count).encode(), 0 if cur is None else cur[1] + 1)
             return "ok"
 
@@ -191,8 +211,11 @@ class TxStore(FakeStore):
             return True
 
 
-PRINCIPALS = [auth.Principal("p1", "producer"), auth.Principal("p2", "producer"),
-              auth.Principal("ops", "admin")]
+PRINCIPALS = [
+    auth.Principal("p1", "producer"),
+    auth.Principal("p2", "producer"),
+    auth.Principal("ops", "admin"),
+]
 OPS = st.one_of(
     st.tuples(st.just("lease"), st.integers(0, 2), st.one_of(st.none(), st.sampled_from("abcd"))),
     st.tuples(st.just("wait"), st.integers(1, 400), st.none()),
@@ -205,10 +228,21 @@ OPS = st.one_of(
 def test_the_count_always_equals_the_pids_a_principal_owns(limit: int, ops: list[Any]) -> None:
     now = [1_000_000]
     store = TxStore()
-    cfg = CoordinatorSettings(zk="x", pids_max_per_principal=limit, lease_expire_ms_min=100,
-                              lease_expire_ms_default=100, pid_retention_ms=100)
-    svc = LeaseService(cfg, store, PidAllocator(store, 3), None, Metrics(),  # type: ignore[arg-type]
-                       clock_ms=lambda: now[0])
+    cfg = CoordinatorSettings(
+        zk="x",
+        pids_max_per_principal=limit,
+        lease_expire_ms_min=100,
+        lease_expire_ms_default=100,
+        pid_retention_ms=100,
+    )
+    svc = LeaseService(
+        cfg,
+        store,
+        PidAllocator(store, 3),
+        None,
+        Metrics(),  # type: ignore[arg-type]
+        clock_ms=lambda: now[0],
+    )
     try:
         for op, arg, name in ops:
             if op == "wait":
@@ -248,31 +282,50 @@ def _guarded(principals: str) -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         who = scope["state"]["principal"]
         body = json.dumps({"error": "NONE", "principal": who.name if who else None}).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
-    return Guard(app, bytes_max=4096, principals=auth.parse_list(principals),
-                 on_unexpected=lambda exc: (503, {"error": "COORDINATOR_UNAVAILABLE"}))
+    return Guard(
+        app,
+        bytes_max=4096,
+        principals=auth.parse_list(principals),
+        on_unexpected=lambda exc: (503, {"error": "COORDINATOR_UNAVAILABLE"}),
+    )
 
 
 def _get(guard: Any, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
     async def go() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guard),
-                                     base_url="http://127.0.0.1") as c:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=guard), base_url="http://127.0.0.1"
+        ) as c:
             return await c.get(path, headers=headers or {})
+
     return asyncio.run(go())
 
 
 def test_guard_answers_401_403_and_passes_the_principal_on() -> None:
     g = _guarded("ops:admin:admin-token-1,p1:producer:prod-token-1")
-    assert _get(g, "/v1/topics", {"authorization": "Bearer prod-token-1"}).json()["principal"] == "p1"
+    assert (
+        _get(g, "/v1/topics", {"authorization": "Bearer prod-token-1"}).json()["principal"] == "p1"
+    )
     r = _get(g, "/v1/pids", {"authorization": "Bearer prod-token-1"})
     assert r.status_code == 403 and r.json()["error"] == "FORBIDDEN"
     assert r.json()["needed_scope"] == "admin" and "needs scope 'admin'" in r.json()["detail"]
-    assert _get(g, "/v1/pids", {"authorization": "Bearer admin-token-1"}).json()["principal"] == "ops"
-    for headers in ({}, {"authorization": "Bearer nope-nope-1"}, {"authorization": "admin-token-1"},
-                    {"authorization": "Bearer \x7f\x01"}):
+    assert (
+        _get(g, "/v1/pids", {"authorization": "Bearer admin-token-1"}).json()["principal"] == "ops"
+    )
+    for headers in (
+        {},
+        {"authorization": "Bearer nope-nope-1"},
+        {"authorization": "admin-token-1"},
+        {"authorization": "Bearer \x7f\x01"},
+    ):
         r = _get(g, "/v1/topics", headers)
         assert (r.status_code, r.json()["error"]) == (401, "UNAUTHORIZED"), headers
     assert _get(g, "/healthz").json()["principal"] is None  # open: no principal needed
@@ -284,7 +337,7 @@ def test_guard_dashboard_cookie_is_checked_and_only_for_the_dashboard() -> None:
     assert _get(g, "/dashboard/data", cookie).json()["principal"] == "ops"
     assert _get(g, "/v1/pids", cookie).status_code == 401
     assert _get(g, "/dashboard", {"cookie": f"{auth.COOKIE_NAME}=prod-token-1"}).status_code == 403
-    for junk in ("=;;=\"", f"{auth.COOKIE_NAME}=", f"{auth.COOKIE_NAME}=\"unterminated", "\x00"):
+    for junk in ('=;;="', f"{auth.COOKIE_NAME}=", f'{auth.COOKIE_NAME}="unterminated', "\x00"):
         r = _get(g, "/dashboard", {"cookie": junk})
         assert r.status_code == 401, junk
     r = _get(g, "/dashboard?token=admin-token-1")

@@ -58,32 +58,60 @@ async def call(app: Any, body: bytes, content_type: str) -> tuple[int, Any]:
         return r.status_code, r.text
 
 
-scalars = st.one_of(st.integers(min_value=-2**70, max_value=2**70), st.sampled_from([-1, 0, 1, 7, 8, 2**63 - 1]),
-                    st.floats(allow_nan=False), st.text(max_size=12), st.booleans(), st.none())
+scalars = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([-1, 0, 1, 7, 8, 2**63 - 1]),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.booleans(),
+    st.none(),
+)
 bodies = st.fixed_dictionaries(
     {"topic": st.one_of(st.sampled_from(["orders", "t", "", "a/b", ".."]), scalars)},
-    optional={"partition": st.one_of(st.integers(-3, 2**32), scalars),
-              "pid": st.one_of(st.sampled_from([-1, 7, 8, 42]), scalars),
-              "generation": st.one_of(st.integers(-2, 2**33), scalars),
-              "expire_ms": st.one_of(st.integers(-5, 2**64), scalars),
-              "producer_name": st.one_of(st.sampled_from(["job", ".", "", "x" * 300]), scalars),
-              "extra": scalars})
+    optional={
+        "partition": st.one_of(st.integers(-3, 2**32), scalars),
+        "pid": st.one_of(st.sampled_from([-1, 7, 8, 42]), scalars),
+        "generation": st.one_of(st.integers(-2, 2**33), scalars),
+        "expire_ms": st.one_of(st.integers(-5, 2**64), scalars),
+        "producer_name": st.one_of(st.sampled_from(["job", ".", "", "x" * 300]), scalars),
+        "extra": scalars,
+    },
+)
 valid = st.fixed_dictionaries(
-    {"topic": st.sampled_from(["orders", "t-1"]), "partition": st.integers(0, 5),
-     "pid": st.sampled_from([-1, 7, 8, 42])},
+    {
+        "topic": st.sampled_from(["orders", "t-1"]),
+        "partition": st.integers(0, 5),
+        "pid": st.sampled_from([-1, 7, 8, 42]),
+    },
     optional={"expire_ms": st.integers(1, 10**9), "producer_name": st.sampled_from(["job", "b"])},
-).flatmap(lambda b: st.just(b) if b["pid"] == -1 else st.one_of(
-    st.just(b), st.integers(0, 1000).map(lambda g: {**b, "generation": g})))
-raw = st.one_of(valid.map(lambda b: json.dumps(b).encode()),
-                valid.map(lambda b: json.dumps(b).encode()),
-                bodies.map(lambda b: json.dumps(b).encode()),
-                st.binary(max_size=40),
-                st.sampled_from([b"", b"[]", b"null", b'{"topic": "t", "partition": 0, "pid": -1',
-                                 b'{"topic":"t","partition":0,"pid":-1,"pid":5}']))
+).flatmap(
+    lambda b: (
+        st.just(b)
+        if b["pid"] == -1
+        else st.one_of(st.just(b), st.integers(0, 1000).map(lambda g: {**b, "generation": g}))
+    )
+)
+raw = st.one_of(
+    valid.map(lambda b: json.dumps(b).encode()),
+    valid.map(lambda b: json.dumps(b).encode()),
+    bodies.map(lambda b: json.dumps(b).encode()),
+    st.binary(max_size=40),
+    st.sampled_from(
+        [
+            b"",
+            b"[]",
+            b"null",
+            b'{"topic": "t", "partition": 0, "pid": -1',
+            b'{"topic":"t","partition":0,"pid":-1,"pid":5}',
+        ]
+    ),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(body=raw, content_type=st.sampled_from(["application/json", "application/json; charset=utf-8"]))
+@given(
+    body=raw, content_type=st.sampled_from(["application/json", "application/json; charset=utf-8"])
+)
 def test_short_path_answers_exactly_as_the_route(body: bytes, content_type: str) -> None:
     fast_calls: list[Any] = []
     slow_calls: list[Any] = []
@@ -97,8 +125,9 @@ def test_short_path_answers_exactly_as_the_route(body: bytes, content_type: str)
 def test_short_path_is_taken_for_a_good_request() -> None:
     calls: list[Any] = []
     app = make_app(True, calls)
-    status, body = asyncio.run(call(app, b'{"topic": "orders", "partition": 1, "pid": -1}',
-                                    "application/json"))
+    status, body = asyncio.run(
+        call(app, b'{"topic": "orders", "partition": 1, "pid": -1}', "application/json")
+    )
     assert status == 200 and body["topic"] == "orders" and body["principal"] == "anonymous"
     # the middleware instance is built lazily by Starlette; find it and check it served it
     stack = app.middleware_stack

@@ -41,7 +41,6 @@ class TestClient:
         pass
 
 
-
 def make_client(**settings: Any) -> TestClient:
     s = CoordinatorSettings(zk="127.0.0.1:1/none", request_bytes_max=4096, **settings)
     return TestClient(create_app(coordinator=Coordinator(s), start=False))
@@ -57,31 +56,34 @@ def client() -> Iterator[TestClient]:
 GOOD = {"topic": "t", "partition": 0, "pid": -1}
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({**GOOD, "partition": "5"}, "partition"),
-    ({**GOOD, "partition": True}, "partition"),
-    ({**GOOD, "partition": 1.0}, "partition"),
-    ({**GOOD, "partition": -1}, "partition"),
-    ({**GOOD, "partition": 2**31}, "partition"),
-    ({**GOOD, "pid": 0}, "pid"),
-    ({**GOOD, "pid": -2}, "pid"),
-    ({**GOOD, "pid": 2**63}, "pid"),
-    ({**GOOD, "pid": 2**64 + 5}, "pid"),
-    ({**GOOD, "pid": 5, "generation": -1}, "generation"),
-    ({**GOOD, "pid": 5, "generation": 2**31}, "generation"),
-    ({**GOOD, "generation": 4}, "body"),
-    ({**GOOD, "expire_ms": 0}, "expire_ms"),
-    ({**GOOD, "expire_ms": 2**63}, "expire_ms"),
-    ({**GOOD, "producer_name": ""}, "producer_name"),
-    ({**GOOD, "producer_name": "x" * 256}, "producer_name"),
-    ({**GOOD, "producer_name": ".."}, "producer_name"),
-    ({**GOOD, "topic": "a/b"}, "topic"),
-    ({**GOOD, "topic": ""}, "topic"),
-    ({**GOOD, "surprise": 1}, "surprise"),
-    ({"partition": 0, "pid": -1}, "topic"),
-    ([1, 2], "body"),
-    (None, "body"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**GOOD, "partition": "5"}, "partition"),
+        ({**GOOD, "partition": True}, "partition"),
+        ({**GOOD, "partition": 1.0}, "partition"),
+        ({**GOOD, "partition": -1}, "partition"),
+        ({**GOOD, "partition": 2**31}, "partition"),
+        ({**GOOD, "pid": 0}, "pid"),
+        ({**GOOD, "pid": -2}, "pid"),
+        ({**GOOD, "pid": 2**63}, "pid"),
+        ({**GOOD, "pid": 2**64 + 5}, "pid"),
+        ({**GOOD, "pid": 5, "generation": -1}, "generation"),
+        ({**GOOD, "pid": 5, "generation": 2**31}, "generation"),
+        ({**GOOD, "generation": 4}, "body"),
+        ({**GOOD, "expire_ms": 0}, "expire_ms"),
+        ({**GOOD, "expire_ms": 2**63}, "expire_ms"),
+        ({**GOOD, "producer_name": ""}, "producer_name"),
+        ({**GOOD, "producer_name": "x" * 256}, "producer_name"),
+        ({**GOOD, "producer_name": ".."}, "producer_name"),
+        ({**GOOD, "topic": "a/b"}, "topic"),
+        ({**GOOD, "topic": ""}, "topic"),
+        ({**GOOD, "surprise": 1}, "surprise"),
+        ({"partition": 0, "pid": -1}, "topic"),
+        ([1, 2], "body"),
+        (None, "body"),
+    ],
+)
 def test_malformed_lease_is_invalid_request(client: TestClient, body: Any, field: str) -> None:
     r = client.post("/v1/lease_pid", json=body)
     assert r.status_code == 422, r.text
@@ -91,7 +93,9 @@ def test_malformed_lease_is_invalid_request(client: TestClient, body: Any, field
 
 
 def test_non_json_body(client: TestClient) -> None:
-    r = client.post("/v1/lease_pid", content=b"{not json", headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/lease_pid", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
     assert r.json()["error"] == "INVALID_REQUEST" and "not valid JSON" in r.json()["detail"]
     r = client.post("/v1/lease_pid", content=b"topic=t", headers={"content-type": "text/plain"})
@@ -99,7 +103,9 @@ def test_non_json_body(client: TestClient) -> None:
 
 
 def test_oversized_bodies_are_413(client: TestClient) -> None:
-    r = client.post("/v1/lease_pid", content=b"x" * 5000, headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/lease_pid", content=b"x" * 5000, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413 and r.json()["error"] == "INVALID_REQUEST"
 
     async def chunks() -> AsyncIterator[bytes]:  # no content-length: counted as it streams
@@ -110,10 +116,17 @@ def test_oversized_bodies_are_413(client: TestClient) -> None:
     assert r.status_code == 413 and r.json()["error"] == "INVALID_REQUEST"
 
 
-@pytest.mark.parametrize("body", [
-    {}, {"requests": []}, {"requests": {}}, {"requests": [{**GOOD, "pid": 0}]},
-    {"requests": [GOOD, {"topic": "t"}]}, {"requests": [GOOD], "extra": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"requests": []},
+        {"requests": {}},
+        {"requests": [{**GOOD, "pid": 0}]},
+        {"requests": [GOOD, {"topic": "t"}]},
+        {"requests": [GOOD], "extra": 1},
+    ],
+)
 def test_bad_batches(client: TestClient, body: Any) -> None:
     r = client.post("/v1/lease_pid/batch", json=body)
     assert r.status_code == 422 and r.json()["error"] == "INVALID_REQUEST"
@@ -126,37 +139,61 @@ def test_batch_over_the_limit() -> None:
     c.close()
 
 
-@pytest.mark.parametrize("body", [
-    {"name": "t"}, {"name": "t", "partitions": 0}, {"name": "t", "partitions": 10_001},
-    {"name": "t", "partitions": "3"}, {"name": "a b", "partitions": 1},
-    {"name": "t", "partitions": 1, "dedup": "sometimes"},
-    {"name": "t", "partitions": 1, "replication_factor": 0},
-    {"name": "..", "partitions": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "t"},
+        {"name": "t", "partitions": 0},
+        {"name": "t", "partitions": 10_001},
+        {"name": "t", "partitions": "3"},
+        {"name": "a b", "partitions": 1},
+        {"name": "t", "partitions": 1, "dedup": "sometimes"},
+        {"name": "t", "partitions": 1, "replication_factor": 0},
+        {"name": "..", "partitions": 1},
+    ],
+)
 def test_bad_topics(client: TestClient, body: Any) -> None:
     r = client.post("/v1/topics", json=body)
     assert r.status_code == 422 and r.json()["error"] == "INVALID_REQUEST"
 
 
-@pytest.mark.parametrize(("method", "path", "status"), [
-    ("GET", "/nope", 404), ("DELETE", "/v1/lease_pid", 405), ("GET", "/v1/pids/0", 422),
-    ("GET", "/v1/pids/abc", 422), ("GET", f"/v1/pids/{2**63}", 422),
-    ("GET", "/v1/pids?state=dead", 422), ("GET", "/v1/pids?limit=0", 422),
-    ("GET", "/v1/topics/a%20b", 400),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/nope", 404),
+        ("DELETE", "/v1/lease_pid", 405),
+        ("GET", "/v1/pids/0", 422),
+        ("GET", "/v1/pids/abc", 422),
+        ("GET", f"/v1/pids/{2**63}", 422),
+        ("GET", "/v1/pids?state=dead", 422),
+        ("GET", "/v1/pids?limit=0", 422),
+        ("GET", "/v1/topics/a%20b", 400),
+    ],
+)
 def test_routes_and_params(client: TestClient, method: str, path: str, status: int) -> None:
     r = client.request(method, path)
     assert r.status_code == status, r.text
     assert r.json()["error"] == "INVALID_REQUEST" and r.json()["detail"]
 
 
-@pytest.mark.parametrize(("method", "path", "body"), [
-    ("POST", "/v1/lease_pid", GOOD), ("POST", "/v1/lease_pid/batch", {"requests": [GOOD]}),
-    ("POST", "/v1/topics", {"name": "t", "partitions": 1}), ("GET", "/v1/topics", None),
-    ("GET", "/v1/topics/t", None), ("GET", "/v1/pids", None), ("GET", "/v1/pids/5", None),
-    ("GET", "/v1/servers", None), ("GET", "/healthz", None), ("GET", "/dashboard", None),
-])
-def test_zookeeper_down_is_503_never_500(client: TestClient, method: str, path: str, body: Any) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/lease_pid", GOOD),
+        ("POST", "/v1/lease_pid/batch", {"requests": [GOOD]}),
+        ("POST", "/v1/topics", {"name": "t", "partitions": 1}),
+        ("GET", "/v1/topics", None),
+        ("GET", "/v1/topics/t", None),
+        ("GET", "/v1/pids", None),
+        ("GET", "/v1/pids/5", None),
+        ("GET", "/v1/servers", None),
+        ("GET", "/healthz", None),
+        ("GET", "/dashboard", None),
+    ],
+)
+def test_zookeeper_down_is_503_never_500(
+    client: TestClient, method: str, path: str, body: Any
+) -> None:
     r = client.request(method, path, json=body)
     if path.endswith("/batch"):
         assert r.status_code == 200

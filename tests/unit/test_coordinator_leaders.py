@@ -54,7 +54,7 @@ class FakeLeader:
                         return
                     buf += chunk
                 n = _U32.unpack_from(buf)[0]
-                body, buf = buf[4:4 + n], buf[4 + n:]
+                body, buf = buf[4 : 4 + n], buf[4 + n :]
                 out = self.reply(P.decode_request(body))
                 if out is not None:
                     conn.sendall(out)
@@ -74,8 +74,14 @@ class FakeLeader:
 
 
 def state_reply(req: P.Request) -> bytes:
-    return P.producer_state_response(req.correlation_id, 0, found=True, generation=7,
-                                     durable_highwater=req.pid * 10, last_use_ms=1)
+    return P.producer_state_response(
+        req.correlation_id,
+        0,
+        found=True,
+        generation=7,
+        durable_highwater=req.pid * 10,
+        last_use_ms=1,
+    )
 
 
 @pytest.fixture
@@ -102,8 +108,15 @@ def test_round_trip_and_connection_reuse(client: LeaderClient, leader: FakeLeade
 def test_fence_and_metadata_round_trip(client: LeaderClient) -> None:
     def reply(req: P.Request) -> bytes:
         if req.api_key == P.FENCE:
-            assert (req.pid, req.generation, req.flags, req.token) == (5, 9, P.FENCE_CREATE_IF_ABSENT, "tok")
-            return P.fence_response(req.correlation_id, 0, existed=True, durable_highwater=3, fence_offset=11)
+            assert (req.pid, req.generation, req.flags, req.token) == (
+                5,
+                9,
+                P.FENCE_CREATE_IF_ABSENT,
+                "tok",
+            )
+            return P.fence_response(
+                req.correlation_id, 0, existed=True, durable_highwater=3, fence_offset=11
+            )
         return P.metadata_response(req.correlation_id, 0, info={"partitions": []})
 
     f = FakeLeader(reply)
@@ -115,7 +128,9 @@ def test_fence_and_metadata_round_trip(client: LeaderClient) -> None:
         f.close()
 
 
-def test_a_connection_closed_while_idle_is_replaced(client: LeaderClient, leader: FakeLeader) -> None:
+def test_a_connection_closed_while_idle_is_replaced(
+    client: LeaderClient, leader: FakeLeader
+) -> None:
     client.producer_state(leader.address, "t", 0, 1)
     leader.drop_connections()
     time.sleep(0.05)  # let the FIN arrive, as it would between two leases

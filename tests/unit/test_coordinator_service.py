@@ -42,8 +42,9 @@ class FakeLeaders:
     def expire(self, topic: str, partition: int, pid: int, last_use_ms: int) -> None:
         with self.lock:
             del self.state[(topic, partition, pid)]
-            self.dropped[(topic, partition)] = max(self.dropped.get((topic, partition), 0),
-                                                   last_use_ms)
+            self.dropped[(topic, partition)] = max(
+                self.dropped.get((topic, partition), 0), last_use_ms
+            )
 
     def producer_state(self, address: str, topic: str, partition: int, pid: int) -> Response:
         with self.lock:
@@ -54,13 +55,32 @@ class FakeLeaders:
             dropped = self.dropped.get((topic, partition), 0)
         if st is None:
             return Response(1, 0, "", found=False, dropped_last_use_max_ms=dropped)
-        return Response(1, 0, "", found=True, generation=st[0], durable_highwater=st[1],
-                        dropped_last_use_max_ms=dropped)
+        return Response(
+            1,
+            0,
+            "",
+            found=True,
+            generation=st[0],
+            durable_highwater=st[1],
+            dropped_last_use_max_ms=dropped,
+        )
 
-    def fence(self, address: str, topic: str, partition: int, pid: int, generation: int,
-              token: str, *, create_if_absent: bool, leased_since_ms: int = 0) -> Response:
+    def fence(
+        self,
+        address: str,
+        topic: str,
+        partition: int,
+        pid: int,
+        generation: int,
+        token: str,
+        *,
+        create_if_absent: bool,
+        leased_since_ms: int = 0,
+    ) -> Response:
         with self.lock:
-            self.calls.append(("fence", address, topic, partition, pid, generation, create_if_absent))
+            self.calls.append(
+                ("fence", address, topic, partition, pid, generation, create_if_absent)
+            )
             self.leased_since.append(leased_since_ms)
             if address in self.down:
                 raise CoordinatorUnavailable(f"{address} unreachable")
@@ -71,26 +91,45 @@ class FakeLeaders:
                 return Response(1, ProducerFenced.code, "older generation")
             # The server's rule (partition.py fence): no fresh entry where a PID used since
             # this one's lease began was dropped.
-            if st is None and (not create_if_absent or
-                               not (leased_since_ms <= 0 or dropped < leased_since_ms)):
-                return Response(1, 0, "", existed=False, durable_highwater=-1,
-                                dropped_last_use_max_ms=dropped)
+            if st is None and (
+                not create_if_absent or not (leased_since_ms <= 0 or dropped < leased_since_ms)
+            ):
+                return Response(
+                    1, 0, "", existed=False, durable_highwater=-1, dropped_last_use_max_ms=dropped
+                )
             self.state[key] = (generation, st[1] if st else -1)
-            return Response(1, 0, "", existed=st is not None,
-                            durable_highwater=st[1] if st else -1,
-                            fence_offset=100, dropped_last_use_max_ms=dropped)
+            return Response(
+                1,
+                0,
+                "",
+                existed=st is not None,
+                durable_highwater=st[1] if st else -1,
+                fence_offset=100,
+                dropped_last_use_max_ms=dropped,
+            )
 
 
 @pytest.fixture
 def env() -> Any:
-    settings = CoordinatorSettings(zk="x", pid_block_size=10, lease_expire_ms_default=1_000,
-                                   lease_expire_ms_min=100, pid_retention_ms=10_000,
-                                   lease_expiring_window_ms=300)
+    settings = CoordinatorSettings(
+        zk="x",
+        pid_block_size=10,
+        lease_expire_ms_default=1_000,
+        lease_expire_ms_min=100,
+        pid_retention_ms=10_000,
+        lease_expiring_window_ms=300,
+    )
     store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
     store.add_topic("t", 4)
     store.add_server(1, 9001)
-    svc = LeaseService(settings, store, PidAllocator(store, 10), leaders, Metrics(),  # type: ignore[arg-type]
-                       clock_ms=clock)
+    svc = LeaseService(
+        settings,
+        store,
+        PidAllocator(store, 10),
+        leaders,
+        Metrics(),  # type: ignore[arg-type]
+        clock_ms=clock,
+    )
     yield svc, store, leaders, clock
     svc.close()
 
@@ -108,8 +147,10 @@ def test_new_pid_is_sequence_zero_without_any_leader_call(env: Any) -> None:
     assert (r.kind, r.record.pid, r.sequence_number) == (LeaseKind.NEW, 1, 0)
     assert 0 <= r.record.generation < 2**30
     assert leaders.calls == []
-    assert verify_token(b"pidlease-dev-secret", r.lease_token, 1, r.record.generation, clock.now) == \
-        clock.now + 1_000
+    assert (
+        verify_token(b"pidlease-dev-secret", r.lease_token, 1, r.record.generation, clock.now)
+        == clock.now + 1_000
+    )
 
 
 def test_renew_reads_durable_highwater_and_marks_seen(env: Any) -> None:
@@ -231,8 +272,11 @@ def test_takeover_fences_every_partition_before_answering(env: Any) -> None:
     t = lease(svc, pid=pid, partition=2)
     assert (t.kind, t.record.generation, t.sequence_number) == (LeaseKind.TAKEOVER, gen + 1, 0)
     fences = sorted(c for c in leaders.calls if c[0] == "fence")
-    assert [(c[3], c[5], c[6]) for c in fences] == [(0, gen + 1, False), (1, gen + 1, True),
-                                                    (2, gen + 1, True)]
+    assert [(c[3], c[5], c[6]) for c in fences] == [
+        (0, gen + 1, False),
+        (1, gen + 1, True),
+        (2, gen + 1, True),
+    ]
     assert all(leaders.state[("t", p, pid)][0] == gen + 1 for p in range(3))
     # The old generation is now fenced at the coordinator too.
     with pytest.raises(ProducerFenced):
@@ -361,4 +405,8 @@ def test_batch_answers_each_item_even_when_one_breaks(env: Any) -> None:
 
     svc._lease = flaky
     out = svc.lease_batch([LeaseRequest("t", 0), LeaseRequest("t", 1), LeaseRequest("nope", 0)])
-    assert [o["error"] for o in out] == ["NONE", "COORDINATOR_UNAVAILABLE", "UNKNOWN_TOPIC_OR_PARTITION"]
+    assert [o["error"] for o in out] == [
+        "NONE",
+        "COORDINATOR_UNAVAILABLE",
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    ]

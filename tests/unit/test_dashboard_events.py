@@ -16,8 +16,16 @@ from pidlease.errors import ProducerFenced, UnknownPid
 
 
 def server_event(server: int, seq: int, t: int, kind: str = "duplicate") -> dict[str, Any]:
-    return {"id": f"{server}:100:{seq}", "kind": kind, "time_ms": t, "server_id": server,
-            "topic": "t", "partition": 0, "pid": 9, "generation": 1}
+    return {
+        "id": f"{server}:100:{seq}",
+        "kind": kind,
+        "time_ms": t,
+        "server_id": server,
+        "topic": "t",
+        "partition": 0,
+        "pid": 9,
+        "generation": 1,
+    }
 
 
 def test_ring_is_bounded_and_newest_first() -> None:
@@ -34,26 +42,34 @@ def test_ring_is_bounded_and_newest_first() -> None:
 
 def test_server_feeds_merge_once_and_interleave_by_time() -> None:
     log = EventLog("c1", clock_ms=lambda: 150)
-    feed1 = [server_event(1, i, 100 + i * 100) for i in range(3)]    # 100, 200, 300
+    feed1 = [server_event(1, i, 100 + i * 100) for i in range(3)]  # 100, 200, 300
     assert log.merge(feed1) == 3
-    assert log.merge(feed1 + [server_event(1, 3, 400)]) == 1         # re-read: only the new one
-    assert log.merge([server_event(2, 0, 50)]) == 1                  # same seq, other server
-    log.add("takeover", pid=9)                                       # at 150
+    assert log.merge(feed1 + [server_event(1, 3, 400)]) == 1  # re-read: only the new one
+    assert log.merge([server_event(2, 0, 50)]) == 1  # same seq, other server
+    log.add("takeover", pid=9)  # at 150
     got = log.recent()
     assert [e["time_ms"] for e in got] == [400, 300, 200, 150, 100, 50]
     assert got[-1]["source"] == "server 2" and got[-1]["id"] == "s:2:100:0"
-    assert log.merge([{"kind": "duplicate"}]) == 0                   # no id: not trusted
+    assert log.merge([{"kind": "duplicate"}]) == 0  # no id: not trusted
 
 
 def record(pid: int, generation: int) -> PidRecord:
-    return PidRecord(pid=pid, generation=generation, expire_ms=1000, expires_at_ms=5000,
-                     last_use_ms=4000, created_ms=1, producer_name="job:0",
-                     partitions={"t/0": {"seen": True}, "t/1": {"seen": False}})
+    return PidRecord(
+        pid=pid,
+        generation=generation,
+        expire_ms=1000,
+        expires_at_ms=5000,
+        last_use_ms=4000,
+        created_ms=1,
+        producer_name="job:0",
+        partitions={"t/0": {"seen": True}, "t/1": {"seen": False}},
+    )
 
 
 @pytest.fixture
 def service(monkeypatch: pytest.MonkeyPatch) -> ObservedLeaseService:
     """The observed service over a stand-in for the real lease flows."""
+
     def fake_lease(self: LeaseService, req: LeaseRequest) -> LeaseResult:
         if req.generation is not None and req.generation < 7:
             raise ProducerFenced(f"generation {req.generation} < 7")
@@ -84,7 +100,12 @@ def test_takeovers_and_fenced_leases_are_recorded(service: ObservedLeaseService)
 
 
 def test_batched_leases_are_observed_too(service: ObservedLeaseService) -> None:
-    out = service.lease_batch([LeaseRequest("t", 0, 5), LeaseRequest("t", 0, 5, generation=1),
-                               LeaseRequest("t", 0, 5, generation=7)])
+    out = service.lease_batch(
+        [
+            LeaseRequest("t", 0, 5),
+            LeaseRequest("t", 0, 5, generation=1),
+            LeaseRequest("t", 0, 5, generation=7),
+        ]
+    )
     assert [r["error"] for r in out] == ["NONE", "FENCED", "NONE"]
     assert sorted(e["kind"] for e in service.events.recent()) == ["fenced_lease", "takeover"]

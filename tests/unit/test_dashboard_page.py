@@ -19,15 +19,34 @@ from partition_server.metrics import parse_text, sample
 NOW = 1_800_000_000_000
 
 
-def view(pid: int, expires_in_ms: int, *, expire_ms: int = 60_000, name: str | None = None,
-         state: str | None = None) -> dict[str, Any]:
+def view(
+    pid: int,
+    expires_in_ms: int,
+    *,
+    expire_ms: int = 60_000,
+    name: str | None = None,
+    state: str | None = None,
+) -> dict[str, Any]:
     if state is None:
-        state = ("lapsed" if expires_in_ms <= 0 else
-                 "expiring" if expires_in_ms <= min(30_000, expire_ms // 2) else "active")
-    return {"producer_name": name, "pid": pid, "generation": 3, "expire_ms": expire_ms,
-            "expires_at_ms": NOW + expires_in_ms, "expires_in_ms": expires_in_ms,
-            "last_use_ms": NOW - 1000, "created_ms": NOW - 5000, "state": state,
-            "partitions": [{"topic": "orders", "partition": 0, "highwater": 7, "seen": True}]}
+        state = (
+            "lapsed"
+            if expires_in_ms <= 0
+            else "expiring"
+            if expires_in_ms <= min(30_000, expire_ms // 2)
+            else "active"
+        )
+    return {
+        "producer_name": name,
+        "pid": pid,
+        "generation": 3,
+        "expire_ms": expire_ms,
+        "expires_at_ms": NOW + expires_in_ms,
+        "expires_in_ms": expires_in_ms,
+        "last_use_ms": NOW - 1000,
+        "created_ms": NOW - 5000,
+        "state": state,
+        "partitions": [{"topic": "orders", "partition": 0, "highwater": 7, "seen": True}],
+    }
 
 
 def test_timeline_puts_every_running_lease_in_exactly_one_bucket() -> None:
@@ -47,8 +66,9 @@ def test_rows_show_running_leases_soonest_first_then_the_most_recently_lapsed() 
 
 def test_first_paint_escapes_what_producers_call_themselves() -> None:
     evil = '<script>alert("x")</script>'
-    html = D.render_page([view(1, -5, name=evil)], {"active": 0, "expiring": 0, "lapsed": 1},
-                         NOW, "coord<1>", 1)
+    html = D.render_page(
+        [view(1, -5, name=evil)], {"active": 0, "expiring": 0, "lapsed": 1}, NOW, "coord<1>", 1
+    )
     assert "<script>alert" not in html and "&lt;script&gt;" in html
     assert "coord&lt;1&gt;" in html
     assert 'class="lapsed"' in html and 'id="count-lapsed">1<' in html
@@ -60,7 +80,9 @@ def test_every_element_the_script_uses_is_on_the_page() -> None:
     js = (D.STATIC_DIR / "dashboard.js").read_text()
     html = D.render_page([], {"active": 0, "expiring": 0, "lapsed": 0}, NOW, "c", 0)
     ids = set(re.findall(r'\$\("([\w-]+)"\)', js)) | {f"count-{s}" for s in D.STATES}
-    assert ids and all(f'id="{i}"' in html for i in ids), sorted(i for i in ids if f'id="{i}"' not in html)
+    assert ids and all(f'id="{i}"' in html for i in ids), sorted(
+        i for i in ids if f'id="{i}"' not in html
+    )
     assert "http://" not in js.replace("http://www.w3.org/2000/svg", "") and "https://" not in js
 
 
@@ -87,18 +109,36 @@ def client() -> tuple[TestClient, Coordinator, list[int], FakeFleet]:
         return pids
 
     fleet = FakeFleet()
-    coord.dashboard = D.Dashboard(list_pids, fleet, coord.events,  # type: ignore[arg-type]
-                                  clock_ms=lambda: NOW, coordinator_id="c1",
-                                  expiring_window_ms=30_000, refresh_ms=60_000)
+    coord.dashboard = D.Dashboard(
+        list_pids,
+        fleet,
+        coord.events,  # type: ignore[arg-type]
+        clock_ms=lambda: NOW,
+        coordinator_id="c1",
+        expiring_window_ms=30_000,
+        refresh_ms=60_000,
+    )
     return TestClient(create_app(coordinator=coord, start=False)), coord, scans, fleet
 
 
 def test_data_counts_rows_timeline_servers_and_events(client: Any) -> None:
     c, coord, scans, fleet = client
     coord.events.add("takeover", pid=2, generation=4, fenced_generation=3)
-    coord.events.merge([{"id": "1:5:1", "kind": "duplicate", "time_ms": NOW + 1, "server_id": 1,
-                         "pid": 2, "topic": "orders", "partition": 0, "base_sequence": 0,
-                         "count": 1}])
+    coord.events.merge(
+        [
+            {
+                "id": "1:5:1",
+                "kind": "duplicate",
+                "time_ms": NOW + 1,
+                "server_id": 1,
+                "pid": 2,
+                "topic": "orders",
+                "partition": 0,
+                "base_sequence": 0,
+                "count": 1,
+            }
+        ]
+    )
     r = c.get("/dashboard/data?horizon_ms=60000")
     assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
     body = r.json()
@@ -123,7 +163,11 @@ def test_page_assets_and_headers(client: Any) -> None:
     for src in re.findall(r'(?:src|href)="([^"]+)"', page.text):
         asset = c.get(src)
         assert asset.status_code == 200 and asset.content, src
-    assert c.get("/dashboard/static/dashboard.js").headers["content-type"].startswith("text/javascript")
+    assert (
+        c.get("/dashboard/static/dashboard.js")
+        .headers["content-type"]
+        .startswith("text/javascript")
+    )
     for bad in ("/dashboard/static/app.py", "/dashboard/static/..%2Fapp.py", "/dashboard/static/"):
         r = c.get(bad)
         assert r.status_code == 404 and r.json()["error"] == "INVALID_REQUEST", bad
@@ -138,8 +182,9 @@ def test_metrics_show_pids_per_state_only_once_a_snapshot_exists(client: Any) ->
 
 
 def test_without_zookeeper_the_data_is_503_not_500() -> None:
-    c = TestClient(create_app(coordinator=Coordinator(CoordinatorSettings(zk="127.0.0.1:1/none")),
-                              start=False))
+    c = TestClient(
+        create_app(coordinator=Coordinator(CoordinatorSettings(zk="127.0.0.1:1/none")), start=False)
+    )
     r = c.get("/dashboard/data")
     assert r.status_code == 503 and r.json()["error"] == "COORDINATOR_UNAVAILABLE"
 

@@ -68,7 +68,10 @@ def test_a_duplicate_code_or_name_fails_at_definition() -> None:
 def test_a_subclass_without_a_name_of_its_own_keeps_its_parents_identity() -> None:
     class Mine(errors.NotLeader):
         pass
-    assert Mine.code == errors.NotLeader.code and errors.ERRORS_BY_CODE[Mine.code] is errors.NotLeader
+
+    assert (
+        Mine.code == errors.NotLeader.code and errors.ERRORS_BY_CODE[Mine.code] is errors.NotLeader
+    )
     assert Mine.invalid_metadata and Mine.retriable
 
 
@@ -90,26 +93,44 @@ def test_config_error_is_a_value_error_and_not_a_server_answer() -> None:
 
 # The SDK's modules (the tooling, devcluster/zkserver/faultproxy/devctl/demo/cli, raises
 # its own errors for its own users).
-SDK_MODULES = ("client.connection", "client.leader_pool", "client.lease_client",
-               "client.lease_keeper", "client.partitioner", "client.producer", "wire.protocol",
-               "client.reader", "client.record_future", "client.record_run", "client.sender",
-               "client.config", "client.retry", "client.structs",
-               "wire.tls", "wire.token", "cli.verify")
+SDK_MODULES = (
+    "client.connection",
+    "client.leader_pool",
+    "client.lease_client",
+    "client.lease_keeper",
+    "client.partitioner",
+    "client.producer",
+    "wire.protocol",
+    "client.reader",
+    "client.record_future",
+    "client.record_run",
+    "client.sender",
+    "client.config",
+    "client.retry",
+    "client.structs",
+    "wire.tls",
+    "wire.token",
+    "cli.verify",
+)
 # Raised by the SDK and not in the tree, each for a reason: the concurrent.futures.Future
 # contract (RecordFuture.result), attribute lookup, and programming errors inside the SDK.
 NOT_IN_TREE = {
-    ("client.record_future", "TimeoutError"), ("client.record_future", "CancelledError"),
+    ("client.record_future", "TimeoutError"),
+    ("client.record_future", "CancelledError"),
     ("client.record_future", "AttributeError"),
     ("client.partitioner", "ValueError"),  # Partitioner(0): the producer never builds one
     # a lifecycle move that is not a transition (ProducerState, SenderState): a bug in the SDK
-    ("client.producer", "RuntimeError"), ("client.sender", "RuntimeError"),
-    ("wire.protocol", "ValueError"),       # encoding a string over 65535 bytes: a caller's bug
-    ("wire.tls", "ValueError"),            # server_ssl_context / peer_ssl_context: the servers' side
+    ("client.producer", "RuntimeError"),
+    ("client.sender", "RuntimeError"),
+    ("wire.protocol", "ValueError"),  # encoding a string over 65535 bytes: a caller's bug
+    ("wire.tls", "ValueError"),  # server_ssl_context / peer_ssl_context: the servers' side
 }
 
 
 def _raised_names(module: str) -> set[str]:
-    tree = ast.parse(Path(errors.__file__).parent.joinpath(*module.split(".")).with_suffix(".py").read_text())
+    tree = ast.parse(
+        Path(errors.__file__).parent.joinpath(*module.split(".")).with_suffix(".py").read_text()
+    )
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:

@@ -44,7 +44,7 @@ def test_one_frame_split_at_every_byte() -> None:
 def test_byte_at_a_time() -> None:
     d = FrameDecoder(100)
     data = encode_frame(b"ab") + encode_frame(b"") + encode_frame(b"cde")
-    out = [f for i in range(len(data)) for f in d.feed(data[i:i + 1])]
+    out = [f for i in range(len(data)) for f in d.feed(data[i : i + 1])]
     assert out == [b"ab", b"", b"cde"]
 
 
@@ -92,8 +92,10 @@ def test_limit_is_checked() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(bodies=st.lists(st.binary(max_size=300), max_size=20),
-       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30))
+@given(
+    bodies=st.lists(st.binary(max_size=300), max_size=20),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
+)
 def test_round_trip_under_any_chunking(bodies: list[bytes], cuts: list[int]) -> None:
     stream = b"".join(encode_frame(b) for b in bodies)
     points = sorted({min(c, len(stream)) for c in cuts})
@@ -130,7 +132,8 @@ def test_recv_frame_on_a_socket() -> None:
         b.settimeout(10)
         big = b"y" * 300_000  # more than a socket buffer: arrives in several recvs
         sender = threading.Thread(
-            target=a.sendall, args=(encode_frame(b"hi") + encode_frame(big) + pack_header(50),))
+            target=a.sendall, args=(encode_frame(b"hi") + encode_frame(big) + pack_header(50),)
+        )
         sender.start()
         assert recv_frame(b, 1 << 20) == b"hi"
         assert recv_frame(b, 1 << 20, timeout_s=lambda: 10.0) == big

@@ -50,8 +50,9 @@ def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
             yield node
 
 
-def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool,
-             known: dict[str, Path]) -> Iterator[str]:
+def _targets(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: dict[str, Path]
+) -> Iterator[str]:
     if isinstance(node, ast.Import):
         for alias in node.names:
             yield alias.name
@@ -120,8 +121,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def forbidden_server_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    return sorted((m, t) for m, targets in graph.items() if m.split(".")[0] in SERVERS
-                  for t in targets if any(t == n or t.startswith(n + ".") for n in NOT_FOR_SERVERS))
+    return sorted(
+        (m, t)
+        for m, targets in graph.items()
+        if m.split(".")[0] in SERVERS
+        for t in targets
+        if any(t == n or t.startswith(n + ".") for n in NOT_FOR_SERVERS)
+    )
 
 
 def test_the_graph_sees_the_known_edges() -> None:
@@ -129,7 +135,7 @@ def test_the_graph_sees_the_known_edges() -> None:
     g = import_graph()
     assert "pidlease.client.sender" in g["pidlease.client.producer"]
     assert "pidlease.wire.protocol" in g["partition_server.server"]
-    assert "pidlease.errors" in g["pidlease.client.sender"]   # `from pidlease import errors`
+    assert "pidlease.errors" in g["pidlease.client.sender"]  # `from pidlease import errors`
     assert len(g) > 80
 
 
@@ -148,5 +154,8 @@ if __name__ == "__main__":
         print("cycle:", " <-> ".join(comp))
     for m, t in forbidden_server_imports(g):
         print(f"forbidden: {m} imports {t}")
-    print(f"{len(g)} modules, {sum(map(len, g.values()))} imports, "
-          f"{len(found)} cycles" if found else f"{len(g)} modules, no cycles")
+    print(
+        f"{len(g)} modules, {sum(map(len, g.values()))} imports, {len(found)} cycles"
+        if found
+        else f"{len(g)} modules, no cycles"
+    )

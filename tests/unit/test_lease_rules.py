@@ -15,19 +15,37 @@ from pidlease.wire.cluster import PidRecord
 from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
 from pidlease.wire.protocol import MAX_GENERATION
 
-LIMITS = ExpiryLimits(default_ms=1_000, min_ms=100, max_ms=10_000, retention_ms=5_000,
-                      expiring_window_ms=300)
+LIMITS = ExpiryLimits(
+    default_ms=1_000, min_ms=100, max_ms=10_000, retention_ms=5_000, expiring_window_ms=300
+)
 
 
-def rec(pid: int = 7, generation: int = 10, expires_at_ms: int = 2_000, expire_ms: int = 1_000,
-        name: str | None = None, partitions: dict | None = None) -> PidRecord:
-    return PidRecord(pid=pid, generation=generation, producer_name=name, expire_ms=expire_ms,
-                     expires_at_ms=expires_at_ms, last_use_ms=expires_at_ms - expire_ms,
-                     partitions=partitions or {})
+def rec(
+    pid: int = 7,
+    generation: int = 10,
+    expires_at_ms: int = 2_000,
+    expire_ms: int = 1_000,
+    name: str | None = None,
+    partitions: dict | None = None,
+) -> PidRecord:
+    return PidRecord(
+        pid=pid,
+        generation=generation,
+        producer_name=name,
+        expire_ms=expire_ms,
+        expires_at_ms=expires_at_ms,
+        last_use_ms=expires_at_ms - expire_ms,
+        partitions=partitions or {},
+    )
 
 
-def req(pid: int = 7, generation: int | None = None, name: str | None = None,
-        expire_ms: int | None = None, partition: int = 0) -> LeaseRequest:
+def req(
+    pid: int = 7,
+    generation: int | None = None,
+    name: str | None = None,
+    expire_ms: int | None = None,
+    partition: int = 0,
+) -> LeaseRequest:
     return LeaseRequest("t", partition, pid, expire_ms, generation, name)
 
 
@@ -37,7 +55,10 @@ def test_new_pid_without_name() -> None:
 
 
 def test_known_name_is_a_takeover_and_new_name_is_new() -> None:
-    assert leases.classify(req(pid=-1, name="job"), rec(name="job"), 1_000, LIMITS) is LeaseKind.TAKEOVER
+    assert (
+        leases.classify(req(pid=-1, name="job"), rec(name="job"), 1_000, LIMITS)
+        is LeaseKind.TAKEOVER
+    )
     assert leases.classify(req(pid=-1, name="job"), None, 1_000, LIMITS) is LeaseKind.NEW
 
 
@@ -66,7 +87,10 @@ def test_unknown_and_past_retention_pid() -> None:
 
 
 def test_a_lapsed_lease_within_retention_can_still_be_renewed() -> None:
-    assert leases.classify(req(generation=10), rec(expires_at_ms=2_000), 3_000, LIMITS) is LeaseKind.RENEW
+    assert (
+        leases.classify(req(generation=10), rec(expires_at_ms=2_000), 3_000, LIMITS)
+        is LeaseKind.RENEW
+    )
 
 
 def test_name_mismatch_and_generation_with_new_pid_are_invalid() -> None:
@@ -82,8 +106,10 @@ def test_takeover_raises_generation_and_adds_partition() -> None:
     assert out.generation == 11
     assert out.expire_ms == 100  # clamped up to the minimum
     assert out.expires_at_ms == 5_100
-    assert out.partitions == {"t/0": {"seen": True, "highwater": 4},
-                              "t/3": {"seen": False, "added_ms": 5_000}}
+    assert out.partitions == {
+        "t/0": {"seen": True, "highwater": 4},
+        "t/3": {"seen": False, "added_ms": 5_000},
+    }
     assert r.partitions == {"t/0": {"seen": True, "highwater": 4}}, "input record untouched"
 
 
@@ -93,8 +119,15 @@ def test_takeover_at_the_last_generation_is_refused() -> None:
 
 
 def test_renew_keeps_generation_and_pushes_expiry() -> None:
-    out = leases.renewed(rec(generation=10, expires_at_ms=2_000), req(expire_ms=10**18), 1_500, LIMITS)
-    assert (out.generation, out.expire_ms, out.expires_at_ms, out.last_use_ms) == (10, 10_000, 11_500, 1_500)
+    out = leases.renewed(
+        rec(generation=10, expires_at_ms=2_000), req(expire_ms=10**18), 1_500, LIMITS
+    )
+    assert (out.generation, out.expire_ms, out.expires_at_ms, out.last_use_ms) == (
+        10,
+        10_000,
+        11_500,
+        1_500,
+    )
 
 
 @given(st.one_of(st.none(), st.integers(min_value=1, max_value=2**63 - 1)))
@@ -117,17 +150,61 @@ def test_unseen_partition_that_may_have_lost_the_state_is_unknown_pid() -> None:
     # Issue 12, finding 6: the partition dropped a PID used at 5_000; this PID's lease of it
     # began at 4_000 (by the server's clock), so the dropped state may have been its own.
     with pytest.raises(UnknownPid):
-        leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
-                             dropped_last_use_max_ms=5_000, leased_since_ms=4_000)
+        leases.next_sequence(
+            7,
+            "t/0",
+            seen=False,
+            found=False,
+            durable_highwater=-1,
+            dropped_last_use_max_ms=5_000,
+            leased_since_ms=4_000,
+        )
     with pytest.raises(UnknownPid):
-        leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
-                             dropped_last_use_max_ms=5_000, leased_since_ms=5_000)
-    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
-                                dropped_last_use_max_ms=5_000, leased_since_ms=5_001) == 0
-    assert leases.next_sequence(7, "t/0", seen=False, found=False, durable_highwater=-1,
-                                dropped_last_use_max_ms=5_000, leased_since_ms=0) == 0
-    assert leases.next_sequence(7, "t/0", seen=False, found=True, durable_highwater=3,
-                                dropped_last_use_max_ms=5_000, leased_since_ms=4_000) == 4
+        leases.next_sequence(
+            7,
+            "t/0",
+            seen=False,
+            found=False,
+            durable_highwater=-1,
+            dropped_last_use_max_ms=5_000,
+            leased_since_ms=5_000,
+        )
+    assert (
+        leases.next_sequence(
+            7,
+            "t/0",
+            seen=False,
+            found=False,
+            durable_highwater=-1,
+            dropped_last_use_max_ms=5_000,
+            leased_since_ms=5_001,
+        )
+        == 0
+    )
+    assert (
+        leases.next_sequence(
+            7,
+            "t/0",
+            seen=False,
+            found=False,
+            durable_highwater=-1,
+            dropped_last_use_max_ms=5_000,
+            leased_since_ms=0,
+        )
+        == 0
+    )
+    assert (
+        leases.next_sequence(
+            7,
+            "t/0",
+            seen=False,
+            found=True,
+            durable_highwater=3,
+            dropped_last_use_max_ms=5_000,
+            leased_since_ms=4_000,
+        )
+        == 4
+    )
 
 
 def test_leased_since_comes_from_added_ms_or_the_pid_creation() -> None:
@@ -138,12 +215,18 @@ def test_leased_since_comes_from_added_ms_or_the_pid_creation() -> None:
     assert leases.leased_since(None, "t/0", 60_000) == 0
     assert leases.leased_since(r, "t/0", 10**9) == 1, "never 0 (= unknown) for a known one"
     assert leases.renewed(r, req(partition=2), 7_000, LIMITS).partitions["t/2"] == {
-        "seen": False, "added_ms": 7_000}
+        "seen": False,
+        "added_ms": 7_000,
+    }
 
 
 def test_mark_nothing_lost_moves_added_ms_of_an_unseen_partition_only_forward() -> None:
-    r = rec(partitions={"t/0": {"seen": False, "added_ms": 1_000},
-                        "t/1": {"seen": True, "highwater": 4}})
+    r = rec(
+        partitions={
+            "t/0": {"seen": False, "added_ms": 1_000},
+            "t/1": {"seen": True, "highwater": 4},
+        }
+    )
     out = leases.mark_nothing_lost(r, "t/0", 9_000)
     assert out.partitions["t/0"] == {"seen": False, "added_ms": 9_000}
     assert r.partitions["t/0"]["added_ms"] == 1_000, "input record untouched"
@@ -152,18 +235,21 @@ def test_mark_nothing_lost_moves_added_ms_of_an_unseen_partition_only_forward() 
     assert leases.mark_nothing_lost(r, "t/7", 9_000) is r
 
 
-@pytest.mark.parametrize(("left_ms", "expire_ms", "window_ms", "state"), [
-    (1_000, 1_000, 30_000, LeaseState.ACTIVE),
-    (501, 1_000, 30_000, LeaseState.ACTIVE),
-    (500, 1_000, 30_000, LeaseState.EXPIRING),    # half the lease is below the window
-    (1, 1_000, 30_000, LeaseState.EXPIRING),
-    (0, 1_000, 30_000, LeaseState.LAPSED),
-    (-5, 1_000, 30_000, LeaseState.LAPSED),
-    (30_000, 60_000, 30_000, LeaseState.EXPIRING),  # the window is the smaller bound
-    (30_001, 60_000, 30_000, LeaseState.ACTIVE),
-    (300, 1_000, 300, LeaseState.EXPIRING),
-    (301, 1_000, 300, LeaseState.ACTIVE),
-])
+@pytest.mark.parametrize(
+    ("left_ms", "expire_ms", "window_ms", "state"),
+    [
+        (1_000, 1_000, 30_000, LeaseState.ACTIVE),
+        (501, 1_000, 30_000, LeaseState.ACTIVE),
+        (500, 1_000, 30_000, LeaseState.EXPIRING),  # half the lease is below the window
+        (1, 1_000, 30_000, LeaseState.EXPIRING),
+        (0, 1_000, 30_000, LeaseState.LAPSED),
+        (-5, 1_000, 30_000, LeaseState.LAPSED),
+        (30_000, 60_000, 30_000, LeaseState.EXPIRING),  # the window is the smaller bound
+        (30_001, 60_000, 30_000, LeaseState.ACTIVE),
+        (300, 1_000, 300, LeaseState.EXPIRING),
+        (301, 1_000, 300, LeaseState.ACTIVE),
+    ],
+)
 def test_lease_state(left_ms: int, expire_ms: int, window_ms: int, state: LeaseState) -> None:
     r = rec(expires_at_ms=10_000, expire_ms=expire_ms)
     assert leases.lease_state(r, 10_000 - left_ms, window_ms) is state
@@ -191,7 +277,9 @@ class LeaseMachine(RuleBasedStateMachine):
         m = self.model.get(pid)
         return m is not None and self.now < m[1] + LIMITS.retention_ms
 
-    def _sut(self, r: LeaseRequest, record: PidRecord | None, gen0: int) -> tuple[str, PidRecord | None]:
+    def _sut(
+        self, r: LeaseRequest, record: PidRecord | None, gen0: int
+    ) -> tuple[str, PidRecord | None]:
         try:
             kind = leases.classify(r, record, self.now, LIMITS)
         except ProducerFenced:
@@ -211,8 +299,11 @@ class LeaseMachine(RuleBasedStateMachine):
             self.bindings[r.producer_name] = out.pid
         return kind.value, out
 
-    @rule(name=st.one_of(st.none(), st.sampled_from(NAMES)), gen0=st.integers(0, 2**30 - 1),
-          expire_ms=st.one_of(st.none(), st.integers(1, 20_000)))
+    @rule(
+        name=st.one_of(st.none(), st.sampled_from(NAMES)),
+        gen0=st.integers(0, 2**30 - 1),
+        expire_ms=st.one_of(st.none(), st.integers(1, 20_000)),
+    )
     def lease_new(self, name: str | None, gen0: int, expire_ms: int | None) -> None:
         r = LeaseRequest("t", 0, -1, expire_ms, None, name)
         bound = self.bindings.get(name) if name else None
@@ -234,8 +325,11 @@ class LeaseMachine(RuleBasedStateMachine):
         assert out.expires_at_ms == self.model[out.pid][1]
 
     @precondition(lambda self: bool(self.model))
-    @rule(data=st.data(), delta=st.sampled_from([None, -1, 0, 1]),
-          expire_ms=st.one_of(st.none(), st.integers(1, 20_000)))
+    @rule(
+        data=st.data(),
+        delta=st.sampled_from([None, -1, 0, 1]),
+        expire_ms=st.one_of(st.none(), st.integers(1, 20_000)),
+    )
     def lease_pid(self, data: st.DataObject, delta: int | None, expire_ms: int | None) -> None:
         pid = data.draw(st.sampled_from(sorted(self.model)))
         m = self.model[pid]
@@ -281,5 +375,9 @@ class LeaseMachine(RuleBasedStateMachine):
 
 
 TestLeaseMachine = LeaseMachine.TestCase
-TestLeaseMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
-                                     suppress_health_check=[HealthCheck.too_slow])
+TestLeaseMachine.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

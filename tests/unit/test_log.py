@@ -16,8 +16,13 @@ from pidlease.errors import CorruptRecord, ServerUnavailable
 
 
 def mk(seq: int, n: int = 2, pid: int = 1, size: int = 10) -> bytes:
-    return P.encode_batch([(None, bytes([seq % 256]) * size) for _ in range(n)], pid=pid,
-                          generation=0, base_sequence=seq, timestamp_ms=1)
+    return P.encode_batch(
+        [(None, bytes([seq % 256]) * size) for _ in range(n)],
+        pid=pid,
+        generation=0,
+        base_sequence=seq,
+        timestamp_ms=1,
+    )
 
 
 def put(lg: PartitionLog, b: bytes) -> int:
@@ -70,8 +75,9 @@ def test_segments_roll_and_reopen_rebuilds_the_index(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tail", ["half header", "half batch", "bad checksum", "wrong offset"])
-def test_torn_tail_is_truncated_and_reported(tmp_path: Path, tail: str,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_tail_is_truncated_and_reported(
+    tmp_path: Path, tail: str, caplog: pytest.LogCaptureFixture
+) -> None:
     lg = fill(tmp_path, 5)
     seg = lg.segments[-1].path
     good = seg.stat().st_size
@@ -81,7 +87,7 @@ def test_torn_tail_is_truncated_and_reported(tmp_path: Path, tail: str,
     if tail == "half header":
         b = b[:20]
     elif tail == "half batch":
-        b = b[:len(b) - 7]
+        b = b[: len(b) - 7]
     elif tail == "bad checksum":
         b[-1] ^= 0xFF
     else:
@@ -100,7 +106,8 @@ def test_torn_tail_is_truncated_and_reported(tmp_path: Path, tail: str,
 
 
 def test_corrupt_batch_before_the_verified_range_is_caught_on_read(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     lg = fill(tmp_path, 5)
     seg, pos = lg.segments[0].path, lg.segments[0].positions[2]
     lg.close()
@@ -147,7 +154,7 @@ def test_failed_write_is_cut_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     def half_then_full(fd: int, data: bytes) -> int:
         calls["n"] += 1
         if calls["n"] == 1:
-            return real_write(fd, bytes(data[:len(data) // 2]))
+            return real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "write", half_then_full)

@@ -24,8 +24,13 @@ def scrape(m: M.ServerMetrics) -> dict[Any, float]:
 def test_each_outcome_counts_once_and_only_fenced_and_duplicates_become_events() -> None:
     rng = random.Random(7)
     m = M.ServerMetrics(3, clock_ms=lambda: 1000)
-    want = {"FENCED": 0, "DUPLICATE": 0, "OUT_OF_ORDER_SEQUENCE": 0, "UNKNOWN_PID": 0,
-            "SEQUENCE_UNKNOWN": 0}
+    want = {
+        "FENCED": 0,
+        "DUPLICATE": 0,
+        "OUT_OF_ORDER_SEQUENCE": 0,
+        "UNKNOWN_PID": 0,
+        "SEQUENCE_UNKNOWN": 0,
+    }
     records = 0
     for i in range(500):
         if rng.random() < 0.3:
@@ -48,9 +53,16 @@ def test_each_outcome_counts_once_and_only_fenced_and_duplicates_become_events()
     kinds = [e["kind"] for e in m.events]
     assert kinds.count("fenced_append") == min(want["FENCED"], len(kinds))
     assert set(kinds) <= {"fenced_append", "duplicate", "fence"}
-    assert m.events[-1] == {"id": m.events[-1]["id"], "kind": "fence", "time_ms": 1000,
-                            "server_id": 3, "topic": "t", "partition": 0, "pid": 5,
-                            "generation": 9}
+    assert m.events[-1] == {
+        "id": m.events[-1]["id"],
+        "kind": "fence",
+        "time_ms": 1000,
+        "server_id": 3,
+        "topic": "t",
+        "partition": 0,
+        "pid": 5,
+        "generation": 9,
+    }
 
 
 def test_the_event_feed_is_bounded_and_ids_never_repeat() -> None:
@@ -98,8 +110,12 @@ def test_histogram_buckets_are_cumulative() -> None:
 def test_labelled_gauges_escape_and_a_broken_gauge_hides_nothing_else() -> None:
     m = M.ServerMetrics(1)
     odd = 'we"ird\\topic\nname'
-    m.gauge("pidlease_server_tracked_pids_by_partition", "per partition",
-            lambda: {(odd, "0"): 4, ("plain", "1"): 2.5}, labels=("topic", "partition"))
+    m.gauge(
+        "pidlease_server_tracked_pids_by_partition",
+        "per partition",
+        lambda: {(odd, "0"): 4, ("plain", "1"): 2.5},
+        labels=("topic", "partition"),
+    )
 
     def broken() -> float:
         raise RuntimeError("bug")
@@ -108,8 +124,10 @@ def test_labelled_gauges_escape_and_a_broken_gauge_hides_nothing_else() -> None:
     m.gauge("pidlease_server_tracked_pids", "total", lambda: 6)
     s = scrape(m)
     assert M.sample(s, "pidlease_server_tracked_pids_by_partition", topic=odd, partition="0") == 4
-    assert M.sample(s, "pidlease_server_tracked_pids_by_partition", topic="plain",
-                    partition="1") == 2.5
+    assert (
+        M.sample(s, "pidlease_server_tracked_pids_by_partition", topic="plain", partition="1")
+        == 2.5
+    )
     assert M.sample(s, "pidlease_server_tracked_pids") == 6
     assert not any(name == "pidlease_server_broken" for name, _ in s)
     assert m.summary()["tracked_pids"] == 6
@@ -152,7 +170,9 @@ async def _http(port: int, raw: bytes) -> bytes:
     return data
 
 
-def test_listener_serves_metrics_and_refuses_everything_else(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listener_serves_metrics_and_refuses_everything_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(L, "REQUEST_TIMEOUT_S", 0.3)
     m = M.ServerMetrics(1)
     m.refused("FENCED", "t", 0, pid=1, generation=0, base_sequence=0, count=1)
@@ -166,8 +186,9 @@ def test_listener_serves_metrics_and_refuses_everything_else(monkeypatch: pytest
                 "health": await _http(lst.port, b"GET /healthz HTTP/1.1\r\n\r\n"),
                 "post": await _http(lst.port, b"POST /metrics HTTP/1.1\r\n\r\n"),
                 "other": await _http(lst.port, b"GET /nope HTTP/1.1\r\n\r\n"),
-                "huge": await _http(lst.port, b"GET /metrics HTTP/1.1\r\nX: "
-                                    + b"a" * 20_000 + b"\r\n\r\n"),
+                "huge": await _http(
+                    lst.port, b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n"
+                ),
                 "silent": await _http(lst.port, b"GET /metr"),
             }
             assert lst.scrapes == 1
@@ -195,16 +216,28 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
         st = ProducerStateTable()
         for pid in range(1, pids + 1):
             st.apply_append(pid, 0, 0, 1, pid, 0, durable=True)
-        return SimpleNamespace(topic=topic, partition=p, role=role, hosted=True, state=st,
-                               isr=kw.get("isr"), log=SimpleNamespace(next_offset=kw.get("end", 0)))
+        return SimpleNamespace(
+            topic=topic,
+            partition=p,
+            role=role,
+            hosted=True,
+            state=st,
+            isr=kw.get("isr"),
+            log=SimpleNamespace(next_offset=kw.get("end", 0)),
+        )
 
     isr = InSyncReplicas(1, [1, 2, 3], [1, 2], now_ms=1_000)
-    isr.record_fetch(2, 90, 100, now_ms=4_000)   # 10 behind, not caught up since 1 s
+    isr.record_fetch(2, 90, 100, now_ms=4_000)  # 10 behind, not caught up since 1 s
     broker = SimpleNamespace(
-        partitions={("a", 0): part("a", 0, "leader", 3, isr=isr, end=100),
-                    ("a", 1): part("a", 1, "follower", 2),
-                    ("b", 0): part("b", 0, "leader", 0)},
-        clock_ms=lambda: 6_000, _last_snapshot_ms=1_500, snapshots_taken=4)
+        partitions={
+            ("a", 0): part("a", 0, "leader", 3, isr=isr, end=100),
+            ("a", 1): part("a", 1, "follower", 2),
+            ("b", 0): part("b", 0, "leader", 0),
+        },
+        clock_ms=lambda: 6_000,
+        _last_snapshot_ms=1_500,
+        snapshots_taken=4,
+    )
     broker.partitions[("a", 1)].state.expired_total = 7
     broker.partitions[("a", 0)].state.refused_total = 3
     broker.partitions[("b", 0)].state.evicted_total = 2
@@ -219,9 +252,18 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
     assert M.sample(s, "pidlease_server_pids_expired_total") == 7
     assert M.sample(s, "pidlease_server_pids_evicted_total") == 2
     assert M.sample(s, "pidlease_server_pid_limit_refusals_total") == 3
-    assert M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="2") == 10
-    assert M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="3") == -1
-    assert M.sample(s, "pidlease_server_replica_lag_seconds", topic="a", partition="0", replica="3") == 5
+    assert (
+        M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="2")
+        == 10
+    )
+    assert (
+        M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="3")
+        == -1
+    )
+    assert (
+        M.sample(s, "pidlease_server_replica_lag_seconds", topic="a", partition="0", replica="3")
+        == 5
+    )
     assert M.sample(s, "pidlease_server_under_replicated_partitions") == 1
     assert 0 < M.sample(s, "pidlease_server_producer_state_bytes") < 100_000
     assert M.sample(s, "process_resident_memory_bytes") > 0

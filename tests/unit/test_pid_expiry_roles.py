@@ -44,8 +44,9 @@ def follower(tmp_path: Path, clock: ManualClock, **limits: Any) -> Partition:
 
 
 def broker(tmp_path: Path, clock: ManualClock, part: Partition) -> Broker:
-    s = ServerSettings(data_dir=str(tmp_path / "server"), pid_expire_ms=EXPIRE_MS,
-                       allow_short_pid_expire=True)
+    s = ServerSettings(
+        data_dir=str(tmp_path / "server"), pid_expire_ms=EXPIRE_MS, allow_short_pid_expire=True
+    )
     b = Broker(s, None, clock_ms=clock)  # type: ignore[arg-type]  # no registry needed here
     b.partitions[("t", 0)] = part
     return b
@@ -53,7 +54,8 @@ def broker(tmp_path: Path, clock: ManualClock, part: Partition) -> Broker:
 
 # -- finding 7 ----------------------------------------------------------------------------
 def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     clock = ManualClock()
     part = follower(tmp_path, clock)
     b = broker(tmp_path, clock, part)
@@ -77,8 +79,7 @@ def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
     part.close()
 
 
-def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(
-        tmp_path: Path) -> None:
+def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(tmp_path: Path) -> None:
     clock = ManualClock()
     part = follower(tmp_path, clock, pids_max=1, evict_idle_min_ms=1_000)
     assert append_fetched(part, stored([batch(7, 0)]), [(1, 0)]) == 1
@@ -117,7 +118,10 @@ def test_raise_last_use_keeps_lru_order_and_later_times() -> None:
         t.apply_append(pid, 0, 0, 1, pid, lu, durable=True)
     t.raise_last_use(500)
     assert [(pid, t.get(pid).last_use_ms) for pid in t.pids()] == [  # type: ignore[union-attr]
-        (1, 500), (2, 500), (3, 900)]
+        (1, 500),
+        (2, 500),
+        (3, 900),
+    ]
     assert t.expire(500 + EXPIRE_MS, EXPIRE_MS) == 2 and t.pids() == [3]
     empty = ProducerStateTable()
     empty.raise_last_use(5)  # nothing to do, no error
@@ -145,7 +149,7 @@ def test_drops_raise_the_horizon_and_a_rebuild_keeps_it() -> None:
     assert t.dropped_last_use_max_ms == 1_000
     t.apply_append(3, 0, 0, 1, 2, 1_200, durable=True)  # room for 3: 2 (idle 150 ms) goes
     assert 2 not in t and t.dropped_last_use_max_ms == 1_050
-    t.clear()                                # a rebuild from the log: drops stay dropped
+    t.clear()  # a rebuild from the log: drops stay dropped
     assert t.dropped_last_use_max_ms == 1_050
     t.note_dropped(900)
     assert t.dropped_last_use_max_ms == 1_050
@@ -169,24 +173,29 @@ def test_fence_creates_an_entry_only_for_a_pid_leased_after_the_horizon(tmp_path
         assert outcome is FenceOutcome.APPEND and (await fut)[2] == 1
         await part.flusher.wait_idle()
         part.close()
+
     asyncio.run(go())
 
 
 def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     snap = Snapshot(77_000, {("t", 0): PartitionImage(0, 0, [], 0, 42_000)})
     assert decode(encode(snap)) == snap
     # The PLSNAP03 layout: no horizon field; read as the file's created_ms.
     raw = encode(Snapshot(77_000, {("t", 0): PartitionImage(0, 0, [], 0, 0)}))
     body = bytearray(raw[20:])
     head = 8 + 4 + 2 + 1 + 4 + 8 + 8 + 8  # created, count, topic, partition .. truncations
-    del body[head:head + 8]
+    del body[head : head + 8]
     old = MAGIC_V3 + struct.pack(">IQ", zlib.crc32(body), len(body)) + bytes(body)
     assert decode(old).partitions[("t", 0)].dropped_last_use_max_ms == 77_000
     # Recovery takes it from the snapshot, even when the rows are not trusted (a cut).
     part = open_part(
-        tmp_path, hw=None, clock_ms=ManualClock(),
-        snapshot=PartitionImage(0, 0, [], truncations=5, dropped_last_use_max_ms=42_000))
+        tmp_path,
+        hw=None,
+        clock_ms=ManualClock(),
+        snapshot=PartitionImage(0, 0, [], truncations=5, dropped_last_use_max_ms=42_000),
+    )
     assert part.state.dropped_last_use_max_ms == 42_000
     part.close()
 
@@ -200,22 +209,27 @@ def test_capture_records_the_horizon(tmp_path: Path) -> None:
         img = await part.capture()
         assert img.dropped_last_use_max_ms == 123 and img.rows == []
         part.close()
+
     asyncio.run(go())
 
 
 # -- the rules as properties ----------------------------------------------------------------
-_OPS = st.lists(st.one_of(
-    st.tuples(st.just("append"), st.integers(1, 12), st.integers(0, 40)),
-    st.tuples(st.just("expire"), st.just(0), st.integers(0, 40)),
-    st.tuples(st.just("lead"), st.just(0), st.integers(0, 40)),
-    st.tuples(st.just("follow"), st.just(0), st.just(0)),
-), max_size=60)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 12), st.integers(0, 40)),
+        st.tuples(st.just("expire"), st.just(0), st.integers(0, 40)),
+        st.tuples(st.just("lead"), st.just(0), st.integers(0, 40)),
+        st.tuples(st.just("follow"), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
 
 
 @given(_OPS, st.integers(1, 6), st.sampled_from(["strict", "monotonic"]))
 @settings(max_examples=300, deadline=None)
 def test_only_a_leader_drops_and_the_horizon_is_the_newest_dropped_last_use(
-        ops: list[tuple[str, int, int]], pids_max: int, mode: str) -> None:
+    ops: list[tuple[str, int, int]], pids_max: int, mode: str
+) -> None:
     """A reference model written from the rules, not the table: a PID's last use is the
     latest time it was applied (or the time its replica became leader); a follower never
     loses a PID; the horizon is the largest last use any lost PID had when it went."""

@@ -20,14 +20,17 @@ from partition_server.testing import open_part
 IDLE = 1_000
 
 
-def table(mode: str = "strict", pids_max: int = 2, expire_ms: int | None = None,
-          k: int = 5) -> ProducerStateTable:
-    return ProducerStateTable(mode=mode, batches_kept=k, pids_max=pids_max,
-                              evict_idle_min_ms=IDLE, expire_ms=expire_ms)
+def table(
+    mode: str = "strict", pids_max: int = 2, expire_ms: int | None = None, k: int = 5
+) -> ProducerStateTable:
+    return ProducerStateTable(
+        mode=mode, batches_kept=k, pids_max=pids_max, evict_idle_min_ms=IDLE, expire_ms=expire_ms
+    )
 
 
-def write(t: ProducerStateTable, pid: int, base: int, count: int, offset: int, now: int,
-          gen: int = 1) -> None:
+def write(
+    t: ProducerStateTable, pid: int, base: int, count: int, offset: int, now: int, gen: int = 1
+) -> None:
     d = t.check_append(pid, gen, base, count, now)
     assert d.outcome is Outcome.APPEND, d
     t.apply_append(pid, gen, base, count, offset, now)
@@ -41,8 +44,12 @@ def test_full_table_refuses_a_new_pid_and_changes_nothing() -> None:
     before = (t.export_rows(), t.pids(), t.evicted_total)
     d = t.check_append(3, 1, 0, 1, now_ms=IDLE - 1)  # PID 1 idle 999 ms: not enough
     assert d.outcome is Outcome.TOO_MANY_PIDS
-    for words in ("tracked_pids_max_per_partition=2", "pid_evict_idle_min_ms=1000",
-                  "producer names", "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION"):
+    for words in (
+        "tracked_pids_max_per_partition=2",
+        "pid_evict_idle_min_ms=1000",
+        "producer names",
+        "PIDLEASE_TRACKED_PIDS_MAX_PER_PARTITION",
+    ):
         assert words in d.detail, (words, d.detail)
     assert (t.export_rows(), t.pids(), t.evicted_total) == before
     assert t.refused_total == 1
@@ -75,7 +82,7 @@ def test_idle_enough_pid_is_evicted_and_later_gets_unknown_pid_never_a_duplicate
 def test_in_flight_pid_is_never_evicted() -> None:
     t = table()
     t.apply_append(1, 1, 0, 1, 5, now_ms=0)  # at offset 5, not durable yet
-    write(t, 2, 0, 1, 0, now=5 * IDLE)      # durable up to offset 1 only
+    write(t, 2, 0, 1, 0, now=5 * IDLE)  # durable up to offset 1 only
     assert t.check_append(3, 1, 0, 1, now_ms=5 * IDLE).outcome is Outcome.TOO_MANY_PIDS
     t.mark_durable(6)
     assert t.check_append(3, 1, 0, 1, now_ms=5 * IDLE).outcome is Outcome.APPEND
@@ -87,9 +94,9 @@ def test_eviction_follows_last_use_not_creation() -> None:
     t = table(pids_max=3)
     for pid in (1, 2, 3):
         write(t, pid, 0, 1, pid, now=pid)
-    t.touch(1, 50)                   # PRODUCER_STATE (a lease renewal) refreshes PID 1
+    t.touch(1, 50)  # PRODUCER_STATE (a lease renewal) refreshes PID 1
     write(t, 4, 0, 1, 10, now=IDLE + 10)
-    assert t.pids() == [3, 1, 4]     # 2 was the least recently used
+    assert t.pids() == [3, 1, 4]  # 2 was the least recently used
     write(t, 5, 0, 1, 11, now=IDLE + 10)
     assert t.pids() == [1, 4, 5] and t.evicted_total == 2
 
@@ -127,13 +134,20 @@ def test_replay_and_fences_never_refuse() -> None:
 
 
 def _partition(tmp_path: Path, pids_max: int, clock: list[int]) -> Partition:
-    return open_part(tmp_path, hw=None, pids_max=pids_max, clock_ms=lambda: clock[0],
-                     evict_idle_min_ms=IDLE, expire_ms=10**9)
+    return open_part(
+        tmp_path,
+        hw=None,
+        pids_max=pids_max,
+        clock_ms=lambda: clock[0],
+        evict_idle_min_ms=IDLE,
+        expire_ms=10**9,
+    )
 
 
 def _batch(pid: int, base: int) -> tuple[memoryview, BatchHeader]:
-    raw = batch_from_records(encode_record(None, b"v"), 1, pid=pid, generation=1,
-                             base_sequence=base, timestamp_ms=0)
+    raw = batch_from_records(
+        encode_record(None, b"v"), 1, pid=pid, generation=1, base_sequence=base, timestamp_ms=0
+    )
     return memoryview(raw), validate_batch(raw)
 
 
@@ -168,9 +182,9 @@ def test_compact_and_flat_batch_forms_round_trip(k: int) -> None:
     t = ProducerStateTable(mode="monotonic", batches_kept=k, pids_max=100)
     shapes = {
         1: [(0, 3, 0), (4, 1, 10), (5, 2, 20), (7, 1, 30), (8, 1, 40), (9, 5, 50)],  # compact
-        2: [(0, 1, 1), (5, 1, 2), (6, 1, 3)],                                        # a hole
-        3: [(0, 1, 4), (1, 1, 2**33), (2, 1, 2**33 + 1)],                            # far offsets
-        4: [(0, 1, 2**33 + 2), (1, 2**40, 2**33 + 3)],                              # a vast batch
+        2: [(0, 1, 1), (5, 1, 2), (6, 1, 3)],  # a hole
+        3: [(0, 1, 4), (1, 1, 2**33), (2, 1, 2**33 + 1)],  # far offsets
+        4: [(0, 1, 2**33 + 2), (1, 2**40, 2**33 + 3)],  # a vast batch
     }
     for pid, batches in shapes.items():
         for base, count, off in batches:

@@ -17,29 +17,45 @@ from pipeline.faults import hooks_for, wants_twin
 def test_write_settings_with_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PIDLEASE_COORDINATOR", raising=False)
     s = WriteSettings.parse({"topic": "orders", "job_name": "nightly"})
-    assert (s.coordinator, s.topic, s.job_name, s.routing) == (DEFAULT_COORDINATOR, "orders", "nightly",
-                                                               Routing.AUTO)
+    assert (s.coordinator, s.topic, s.job_name, s.routing) == (
+        DEFAULT_COORDINATOR,
+        "orders",
+        "nightly",
+        Routing.AUTO,
+    )
     assert s.key_column is None and s.report_path is None and s.faults == Faults()
 
 
 def test_options_are_case_insensitive_and_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIDLEASE_COORDINATOR", "http://127.0.0.1:1")
-    s = WriteSettings.parse({"Topic": "t", "JOB_NAME": "j", "key_column": "c", "partitioning": "SPARK",
-                             "linger_ms": "0", "max_in_flight": "9", "fail_after_rows_once": "10",
-                             "fail_partitions": "1, 3"})
+    s = WriteSettings.parse(
+        {
+            "Topic": "t",
+            "JOB_NAME": "j",
+            "key_column": "c",
+            "partitioning": "SPARK",
+            "linger_ms": "0",
+            "max_in_flight": "9",
+            "fail_after_rows_once": "10",
+            "fail_partitions": "1, 3",
+        }
+    )
     assert s.coordinator == "http://127.0.0.1:1"
     assert (s.key_column, s.routing, s.linger_ms, s.max_in_flight) == ("c", Routing.SPARK, 0, 9)
     assert s.faults.fail_after_rows_once == 10 and s.faults.fail_partitions == frozenset({1, 3})
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"job_name": "j"}, "topic is required"),
-    ({"topic": "t"}, "job_name is required"),
-    ({"topic": "t", "job_name": "j", "max_in_flight": "0"}, "max_in_flight"),
-    ({"topic": "t", "job_name": "j", "linger_ms": "soon"}, "must be an integer"),
-    ({"topic": "t", "job_name": "j", "partitioning": "random"}, "auto, spark or key"),
-    ({"topic": "t", "job_name": "j", "fail_partitions": "a,b"}, "comma-separated"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"job_name": "j"}, "topic is required"),
+        ({"topic": "t"}, "job_name is required"),
+        ({"topic": "t", "job_name": "j", "max_in_flight": "0"}, "max_in_flight"),
+        ({"topic": "t", "job_name": "j", "linger_ms": "soon"}, "must be an integer"),
+        ({"topic": "t", "job_name": "j", "partitioning": "random"}, "auto, spark or key"),
+        ({"topic": "t", "job_name": "j", "fail_partitions": "a,b"}, "comma-separated"),
+    ],
+)
 def test_bad_write_options_say_which(options: dict, match: str) -> None:
     with pytest.raises(OptionError, match=match):
         WriteSettings.parse(options)
@@ -50,7 +66,9 @@ def test_a_stream_may_leave_the_job_name_to_the_query_id() -> None:
 
 
 def test_read_settings() -> None:
-    s = ReadSettings.parse({"topic": "t", "coordinator": "http://127.0.0.1:2", "split_records": "10"})
+    s = ReadSettings.parse(
+        {"topic": "t", "coordinator": "http://127.0.0.1:2", "split_records": "10"}
+    )
     assert (s.coordinator, s.topic, s.split_records) == ("http://127.0.0.1:2", "t", 10)
     with pytest.raises(OptionError):
         ReadSettings.parse({"topic": "t", "split_records": "0"})

@@ -32,7 +32,13 @@ def test_job_report_adds_up_tasks_and_counts_failed_ones(tmp_path: Path) -> None
     twin.fenced_attempts.append({"sent": 5})
     msgs = [_commit(0, 1, rows=10, skipped=5, sent=5, appended=4, duplicates=1), twin, None]
     r = job_report.summarize(msgs, topic="t", committed=False)
-    assert (r["rows"], r["skipped"], r["sent"], r["appended"], r["duplicates"]) == (20, 9, 11, 10, 1)
+    assert (r["rows"], r["skipped"], r["sent"], r["appended"], r["duplicates"]) == (
+        20,
+        9,
+        11,
+        10,
+        1,
+    )
     assert (r["tasks"], r["failed_tasks"], r["retried_tasks"], r["fenced_attempts"]) == (3, 1, 1, 1)
     assert r["producers"] == ["j:0", "j:1"]
     assert "ABORTED" in job_report.one_line(r)
@@ -41,32 +47,67 @@ def test_job_report_adds_up_tasks_and_counts_failed_ones(tmp_path: Path) -> None
     assert job_report.load(path) == [r]
     lines = tmp_path / "stream.jsonl"
     for b in range(2):
-        job_report.save(job_report.summarize(msgs[:1], topic="t", committed=True, batch_id=b),
-                        str(lines), append=True)
+        job_report.save(
+            job_report.summarize(msgs[:1], topic="t", committed=True, batch_id=b),
+            str(lines),
+            append=True,
+        )
     assert [x["batch_id"] for x in job_report.load(lines)] == [0, 1]
 
 
 def _group(partition: int, pid: int, records: int, distinct: int, first: int, last: int) -> dict:
-    return {"partition": partition, "pid": pid, "records": records, "distinct_sequences": distinct,
-            "first_sequence": first, "last_sequence": last, "first_offset": 0,
-            "last_offset": records - 1, "first_timestamp_ms": 1, "last_timestamp_ms": 2}
+    return {
+        "partition": partition,
+        "pid": pid,
+        "records": records,
+        "distinct_sequences": distinct,
+        "first_sequence": first,
+        "last_sequence": last,
+        "first_offset": 0,
+        "last_offset": records - 1,
+        "first_timestamp_ms": 1,
+        "last_timestamp_ms": 2,
+    }
 
 
-PIDS = [{"pid": 5, "producer_name": "j:0", "generation": 3, "state": "active", "last_use_ms": 900,
-         "expires_at_ms": 61_000}]
+PIDS = [
+    {
+        "pid": 5,
+        "producer_name": "j:0",
+        "generation": 3,
+        "state": "active",
+        "last_use_ms": 900,
+        "expires_at_ms": 61_000,
+    }
+]
 
 
 def test_audit_counts_duplicates_and_gaps_per_pid_and_partition() -> None:
-    groups = [_group(0, 5, 100, 100, 0, 99), _group(1, 5, 12, 10, 0, 9), _group(1, 6, 8, 8, 0, 9),
-              _group(0, 0, 4, 1, -1, -1)]
-    r = build_report(topic="t", dedup="strict", partitions=3, groups=groups, duplicate_examples=[],
-                     pids=PIDS, now_ms=1000)
+    groups = [
+        _group(0, 5, 100, 100, 0, 99),
+        _group(1, 5, 12, 10, 0, 9),
+        _group(1, 6, 8, 8, 0, 9),
+        _group(0, 0, 4, 1, -1, -1),
+    ]
+    r = build_report(
+        topic="t",
+        dedup="strict",
+        partitions=3,
+        groups=groups,
+        duplicate_examples=[],
+        pids=PIDS,
+        now_ms=1000,
+    )
     assert (r["records"], r["unchecked_records"], r["duplicates"], r["gaps"]) == (124, 4, 2, 2)
     assert [p["records"] for p in r["partitions"]] == [104, 20, 0]
     assert [(p["duplicates"], p["gaps"]) for p in r["partitions"]] == [(0, 0), (2, 2), (0, 0)]
     assert not r["ok"]
     five, six = r["pid_usage"]
-    assert (five["producer_name"], five["records"], five["time_to_expiry_ms"]) == ("j:0", 112, 60_000)
+    assert (five["producer_name"], five["records"], five["time_to_expiry_ms"]) == (
+        "j:0",
+        112,
+        60_000,
+    )
     assert [p["partition"] for p in five["partitions"]] == [0, 1]
     assert six["state"] == "unknown" and six["time_to_expiry_ms"] is None
     assert "VIOLATED" in summary(r)
@@ -74,22 +115,54 @@ def test_audit_counts_duplicates_and_gaps_per_pid_and_partition() -> None:
 
 def test_gaps_are_allowed_on_monotonic_topics_but_duplicates_are_not() -> None:
     holes = [_group(0, 5, 3, 3, 0, 2**33)]
-    r = build_report(topic="t", dedup="monotonic", partitions=1, groups=holes, duplicate_examples=[],
-                     pids=PIDS, now_ms=0)
+    r = build_report(
+        topic="t",
+        dedup="monotonic",
+        partitions=1,
+        groups=holes,
+        duplicate_examples=[],
+        pids=PIDS,
+        now_ms=0,
+    )
     assert r["gaps"] == 2**33 + 1 - 3 and r["ok"]
     dup = [_group(0, 5, 3, 2, 0, 1)]
-    assert not build_report(topic="t", dedup="monotonic", partitions=1, groups=dup,
-                            duplicate_examples=[], pids=PIDS, now_ms=0)["ok"]
+    assert not build_report(
+        topic="t",
+        dedup="monotonic",
+        partitions=1,
+        groups=dup,
+        duplicate_examples=[],
+        pids=PIDS,
+        now_ms=0,
+    )["ok"]
 
 
 def test_audit_report_files_round_trip(tmp_path: Path) -> None:
-    r = build_report(topic="t", dedup="strict", partitions=2, groups=[_group(1, 5, 3, 2, 0, 1)],
-                     duplicate_examples=[{"partition": 1, "pid": 5, "sequence_id": 1, "copies": 2,
-                                          "first_offset": 1, "last_offset": 2}],
-                     pids=PIDS, now_ms=1000)
+    r = build_report(
+        topic="t",
+        dedup="strict",
+        partitions=2,
+        groups=[_group(1, 5, 3, 2, 0, 1)],
+        duplicate_examples=[
+            {
+                "partition": 1,
+                "pid": 5,
+                "sequence_id": 1,
+                "copies": 2,
+                "first_offset": 1,
+                "last_offset": 2,
+            }
+        ],
+        pids=PIDS,
+        now_ms=1000,
+    )
     files = write_report(r, tmp_path / "out")
-    assert sorted(f.name for f in files) == ["duplicates.parquet", "partitions.parquet",
-                                            "producers.parquet", "report.json"]
+    assert sorted(f.name for f in files) == [
+        "duplicates.parquet",
+        "partitions.parquet",
+        "producers.parquet",
+        "report.json",
+    ]
     assert json.loads((tmp_path / "out" / "report.json").read_text())["duplicates"] == 1
     producers = pq.read_table(tmp_path / "out" / "producers.parquet").to_pylist()
     assert producers[0]["producer_name"] == "j:0" and producers[0]["duplicates"] == 1
@@ -97,8 +170,12 @@ def test_audit_report_files_round_trip(tmp_path: Path) -> None:
 
 
 def test_read_ranges_split_large_partitions() -> None:
-    assert plan_ranges([5, 0, 12], 5) == [OffsetRange(0, 0, 5), OffsetRange(2, 0, 5),
-                                          OffsetRange(2, 5, 10), OffsetRange(2, 10, 12)]
+    assert plan_ranges([5, 0, 12], 5) == [
+        OffsetRange(0, 0, 5),
+        OffsetRange(2, 0, 5),
+        OffsetRange(2, 5, 10),
+        OffsetRange(2, 10, 12),
+    ]
     assert plan_ranges([-1], 5) == [OffsetRange(0, 0, -1)]
     assert plan_ranges([0, 0], 5) == [OffsetRange(0, 0, 0)]
 
@@ -113,6 +190,10 @@ def test_cli_help_and_default_job_name(capsys: pytest.CaptureFixture[str]) -> No
     assert e.value.code == 2
     a = default_job_name("t", "data/in", "parquet")
     assert a == default_job_name("t", "data/in", "parquet")
-    assert a != default_job_name("t", "data/other", "parquet") != default_job_name("t", "data/in", "csv")
+    assert (
+        a
+        != default_job_name("t", "data/other", "parquet")
+        != default_job_name("t", "data/in", "csv")
+    )
     args = parser().parse_args(["audit", "--topic", "t", "--out", "d"])
     assert (args.master, args.topic, args.out) == ("local[*]", "t", "d")

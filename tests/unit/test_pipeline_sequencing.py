@@ -77,18 +77,36 @@ rows_strategy = st.lists(st.one_of(st.none(), st.integers(0, 20)), max_size=60)
 
 
 @settings(max_examples=200, deadline=None)
-@given(keys=rows_strategy, partitions=st.integers(1, 5), spark_partition=st.integers(0, 9),
-       routing=st.sampled_from([Routing.AUTO, Routing.SPARK]), batch_id=st.one_of(st.none(), st.integers(0, 99)),
-       data=st.data())
-def test_resume_sends_exactly_what_is_not_durable(keys: list[int | None], partitions: int, spark_partition: int,
-                                                  routing: Routing, batch_id: int | None,
-                                                  data: st.DataObject) -> None:
+@given(
+    keys=rows_strategy,
+    partitions=st.integers(1, 5),
+    spark_partition=st.integers(0, 9),
+    routing=st.sampled_from([Routing.AUTO, Routing.SPARK]),
+    batch_id=st.one_of(st.none(), st.integers(0, 99)),
+    data=st.data(),
+)
+def test_resume_sends_exactly_what_is_not_durable(
+    keys: list[int | None],
+    partitions: int,
+    spark_partition: int,
+    routing: Routing,
+    batch_id: int | None,
+    data: st.DataObject,
+) -> None:
     rows = _rows(keys)
 
     def attempt(resume: Resume) -> list:
         seq = BatchSequencer(partitions) if batch_id is None else StreamSequencer(batch_id)
-        return list(plan(rows, routing=routing, spark_partition=spark_partition, partitions=partitions,
-                         sequencer=seq, resume=resume))
+        return list(
+            plan(
+                rows,
+                routing=routing,
+                spark_partition=spark_partition,
+                partitions=partitions,
+                sequencer=seq,
+                resume=resume,
+            )
+        )
 
     first = attempt(Resume({}))
     assert not any(r.written for r in first)
@@ -108,8 +126,9 @@ def test_resume_sends_exactly_what_is_not_durable(keys: list[int | None], partit
     written_before = {r.position for r in first if r.sequence <= durable.get(r.topic_partition, -1)}
     second = attempt(Resume(durable))
     # The retry plans the very same records (a replayable source) ...
-    assert [(r.topic_partition, r.sequence, r.value) for r in second] == \
-           [(r.topic_partition, r.sequence, r.value) for r in first]
+    assert [(r.topic_partition, r.sequence, r.value) for r in second] == [
+        (r.topic_partition, r.sequence, r.value) for r in first
+    ]
     # ... and skips exactly the durable ones: together every row once.
     sent_now = {r.position for r in second if not r.written}
     assert sent_now.isdisjoint(written_before)

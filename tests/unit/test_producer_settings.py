@@ -31,8 +31,13 @@ def test_settings_are_keyword_only_with_the_configs_defaults() -> None:
     for f in dataclasses.fields(ProducerConfig):
         p = params[f.name]
         assert p.kind is p.KEYWORD_ONLY and p.default == f.default, f.name
-    contract = {"producer_name": None, "expire_ms": None, "max_in_flight": 5, "linger_ms": 5,
-                "delivery_timeout_ms": None}
+    contract = {
+        "producer_name": None,
+        "expire_ms": None,
+        "max_in_flight": 5,
+        "linger_ms": 5,
+        "delivery_timeout_ms": None,
+    }
     assert {n: params[n].default for n in contract} == contract
 
 
@@ -43,8 +48,16 @@ def test_a_setting_passed_by_position_or_misspelt_is_refused_by_python() -> None
         Producer("http://127.0.0.1:1", "t", lingerms=5)  # type: ignore[call-arg]
 
 
-@pytest.mark.parametrize("setting", [{"max_in_flight": "5"}, {"linger_ms": None}, {"batch_records_max": True},
-                                     {"retry_backoff_ms": 2000}, {"delivery_timeout_ms": 0}])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"max_in_flight": "5"},
+        {"linger_ms": None},
+        {"batch_records_max": True},
+        {"retry_backoff_ms": 2000},
+        {"delivery_timeout_ms": 0},
+    ],
+)
 def test_a_bad_value_is_a_config_error(setting: dict[str, object]) -> None:
     with pytest.raises(errors.ConfigError, match="producer setting"):
         AsyncProducer("http://127.0.0.1:1", "t", **setting)  # type: ignore[arg-type]

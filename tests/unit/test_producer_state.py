@@ -13,8 +13,16 @@ def table(mode: str = "strict", k: int = 5, pids_max: int = 1000) -> ProducerSta
     return ProducerStateTable(mode=mode, batches_kept=k, pids_max=pids_max)
 
 
-def append(t: ProducerStateTable, pid: int, gen: int, base: int, count: int, offset: int,
-           now_ms: int = 0, durable: bool = True) -> None:
+def append(
+    t: ProducerStateTable,
+    pid: int,
+    gen: int,
+    base: int,
+    count: int,
+    offset: int,
+    now_ms: int = 0,
+    durable: bool = True,
+) -> None:
     assert t.check_append(pid, gen, base, count).outcome is Outcome.APPEND
     t.apply_append(pid, gen, base, count, offset, now_ms)
     if durable:
@@ -182,7 +190,14 @@ def test_rows_round_trip_keeps_rules_identical() -> None:
     u = table(k=2)
     u.load_rows(t.export_rows())
     assert u.export_rows() == t.export_rows()
-    for args in ((8, 3, 2, 1), (8, 3, 3, 1), (8, 3, 4, 1), (8, 2, 4, 1), (9, 1, 0, 1), (9, 2, 0, 1)):
+    for args in (
+        (8, 3, 2, 1),
+        (8, 3, 3, 1),
+        (8, 3, 4, 1),
+        (8, 2, 4, 1),
+        (9, 1, 0, 1),
+        (9, 2, 0, 1),
+    ):
         assert u.check_append(*args) == t.check_append(*args)
 
 
@@ -193,8 +208,8 @@ def test_unknown_mode_is_refused() -> None:
 
 def test_group_commit_boundary_between_two_pending_batches() -> None:
     t = table()
-    append(t, 1, 0, 0, 2, 0, durable=False)   # offsets 0-1
-    append(t, 1, 0, 2, 2, 2, durable=False)   # offsets 2-3
+    append(t, 1, 0, 0, 2, 0, durable=False)  # offsets 0-1
+    append(t, 1, 0, 2, 2, 2, durable=False)  # offsets 2-3
     t.mark_durable(2)  # the flush covered only the first batch
     assert t.get(1).durable_highwater == 1  # type: ignore[union-attr]
     assert t.check_append(1, 0, 0, 2).outcome is Outcome.DUPLICATE

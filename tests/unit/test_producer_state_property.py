@@ -72,8 +72,13 @@ def rebuild(mode: str, log: list[Stored], snap: tuple[int, list[Row]] | None) ->
         if b.offset < start:
             continue
         # the very function recovery replays stored batch headers with
-        replay_batch(t, BatchHeader(b.offset, 0, 0, FLAG_CONTROL if b.base < 0 else 0, b.pid,
-                                    b.gen, b.base, b.count, 0), 0)
+        replay_batch(
+            t,
+            BatchHeader(
+                b.offset, 0, 0, FLAG_CONTROL if b.base < 0 else 0, b.pid, b.gen, b.base, b.count, 0
+            ),
+            0,
+        )
     return t
 
 
@@ -125,15 +130,25 @@ class Producer:
         return out
 
 
-SEND_VARIANTS = ["new"] * 5 + ["resend"] * 3 + ["retry", "recent", "hole", "sub", "straddle",
-                                                "zombie"]
-send_op = st.tuples(st.just("send"), st.sampled_from(PIDS), st.sampled_from(SEND_VARIANTS),
-                    st.integers(0, 31),
-                    # refused with a retriable error (disk full, NOT_LEADER...) if the rules
-                    # let it through
-                    st.sampled_from([False, False, False, True]))
+SEND_VARIANTS = (
+    ["new"] * 5 + ["resend"] * 3 + ["retry", "recent", "hole", "sub", "straddle", "zombie"]
+)
+send_op = st.tuples(
+    st.just("send"),
+    st.sampled_from(PIDS),
+    st.sampled_from(SEND_VARIANTS),
+    st.integers(0, 31),
+    # refused with a retriable error (disk full, NOT_LEADER...) if the rules
+    # let it through
+    st.sampled_from([False, False, False, True]),
+)
 op = st.one_of(
-    send_op, send_op, send_op, send_op, send_op, send_op,
+    send_op,
+    send_op,
+    send_op,
+    send_op,
+    send_op,
+    send_op,
     st.tuples(st.just("flush"), st.sampled_from([0.0, 0.5, 1.0, 1.0])),
     st.tuples(st.just("flush"), st.floats(0, 1)),
     st.tuples(st.just("fence"), st.sampled_from(PIDS), st.booleans()),
@@ -148,7 +163,8 @@ def op_lists(ops: st.SearchStrategy[Op], most: int) -> st.SearchStrategy[list[Op
     for refusals, resends and the K-window to meet), drawn as runs of steps so that the
     shrinker can still drop any of them."""
     return st.lists(st.lists(ops, min_size=1, max_size=8), max_size=most // 4).map(
-        lambda runs: [o for run in runs for o in run][:most])
+        lambda runs: [o for run in runs for o in run][:most]
+    )
 
 
 # the explain phase adds nothing to the printed trace and mangles the falsifying example
@@ -174,14 +190,18 @@ class Harness:
         self.trace.append(f"{len(self.trace) + 1:3}. {line}")
 
     def fail(self, what: str) -> None:
-        raise AssertionError(f"{what}\n--- operation trace ({self.mode}, K={K}) ---\n"
-                             + "\n".join(self.trace)
-                             + f"\n--- replay: run({self.mode!r}, {self.ops!r}"
-                             + ("" if self.compare else ", compare=False") + ")")
+        raise AssertionError(
+            f"{what}\n--- operation trace ({self.mode}, K={K}) ---\n"
+            + "\n".join(self.trace)
+            + f"\n--- replay: run({self.mode!r}, {self.ops!r}"
+            + ("" if self.compare else ", compare=False")
+            + ")"
+        )
 
     # -- operations ------------------------------------------------------------------------
-    def send(self, pid: int, gen: int, base: int, count: int, batch: Batch | None,
-             refuse: bool, why: str) -> None:
+    def send(
+        self, pid: int, gen: int, base: int, count: int, batch: Batch | None, refuse: bool, why: str
+    ) -> None:
         """Check a batch and act on the answer as the partition does. ``batch`` is the
         producer's own batch, whose OK or DUPLICATE acknowledges its records; None for a
         range it never sent as a batch (a hole, a part, a straddle, a zombie): the contract
@@ -193,13 +213,17 @@ class Harness:
         got = self.table.check_append(pid, gen, base, count)
         readable = append_rules.check_append(self.table, pid, gen, base, count)
         if readable != got:  # the table's inline check is the fast twin of the rules module
-            self.fail(f"pid {pid} seq {base}..{base + count - 1}: the table answered {got}, "
-                      f"append_rules.check_append {readable}")
+            self.fail(
+                f"pid {pid} seq {base}..{base + count - 1}: the table answered {got}, "
+                f"append_rules.check_append {readable}"
+            )
         line = f"send pid {pid} gen {gen} seq {base}..{base + count - 1} ({why}): {fmt(got)}"
         self.note(line if not self.compare else f"{line}; contract: {exp}")
         if self.compare and not exp.allows(got):
-            self.fail(f"pid {pid} seq {base}..{base + count - 1}: the table answered {fmt(got)}, "
-                      f"the contract says {exp}")
+            self.fail(
+                f"pid {pid} seq {base}..{base + count - 1}: the table answered {fmt(got)}, "
+                f"the contract says {exp}"
+            )
         self.model.observe(pid, exp, got)
         if got.outcome is Outcome.APPEND:
             if refuse:
@@ -216,8 +240,10 @@ class Harness:
     def refuse(self, pid: int, gen: int, base: int, count: int) -> None:
         self.model.refuse(pid, base)
         noted = note_refused(self.table, pid, gen, base, count)
-        self.note("     refused with a retriable error, not written"
-                  + (" (note_refused)" if noted else " (table has no note_refused)"))
+        self.note(
+            "     refused with a retriable error, not written"
+            + (" (note_refused)" if noted else " (table has no note_refused)")
+        )
 
     def ack(self, pid: int, batch: Batch) -> None:
         batch.state = "acked"
@@ -283,8 +309,10 @@ class Harness:
         got = self.table.check_fence(pid, p.gen, create)
         self.note(f"takeover: fence pid {pid} gen {p.gen} create_if_absent={create}: {got.name}")
         if self.compare and got not in allowed:
-            self.fail(f"fence pid {pid}: the table answered {got.name}, the model allows "
-                      f"{sorted(a.name for a in allowed)}")
+            self.fail(
+                f"fence pid {pid}: the table answered {got.name}, the model allows "
+                f"{sorted(a.name for a in allowed)}"
+            )
         if self.model.fence(pid, p.gen, got) is not None:
             self.table.apply_fence(pid, p.gen, 0)
         # the fence is answered once everything before it is durable; the new holder
@@ -305,8 +333,10 @@ class Harness:
         self.model.restart()
         self.waiting = {o: w for o, w in self.waiting.items() if o < self.model.durable_end}
         self.table = rebuild(self.mode, self.model.log, self.snap if from_snapshot else None)
-        self.note(f"restart ({'snapshot + ' if from_snapshot else ''}log replay): the log is "
-                  f"cut at offset {self.model.durable_end}")
+        self.note(
+            f"restart ({'snapshot + ' if from_snapshot else ''}log replay): the log is "
+            f"cut at offset {self.model.durable_end}"
+        )
         for p in self.producers.values():
             self.resend_open(p, "resend after reconnect")
 
@@ -339,8 +369,10 @@ class Harness:
             in_log = self.model.seqs_in_log(pid)
             missing = self.acked[pid] - set(in_log)
             if missing:  # "no acknowledged record is ever missing from the log"
-                self.fail(f"pid {pid}: acknowledged sequences {sorted(missing)} are not in "
-                          f"the log (log holds {in_log})")
+                self.fail(
+                    f"pid {pid}: acknowledged sequences {sorted(missing)} are not in "
+                    f"the log (log holds {in_log})"
+                )
             # "a producer's records in one partition appear in the log in sequence order,
             # with no duplicates" (off topics make no such promise)
             if self.mode != "off" and any(a >= b for a, b in zip(in_log, in_log[1:])):
@@ -353,12 +385,17 @@ class Harness:
             return
         for pid in self.model.lives:
             e = self.table.get(pid)
-            want = (self.model.generation(pid), self.model.highwater(pid),
-                    self.model.durable_highwater(pid))
+            want = (
+                self.model.generation(pid),
+                self.model.highwater(pid),
+                self.model.durable_highwater(pid),
+            )
             got = None if e is None else (e.generation, e.highwater, e.durable_highwater)
             if got != want:
-                self.fail(f"pid {pid}: (generation, highwater, durable highwater) is {got} "
-                          f"in the table, {want} by the log")
+                self.fail(
+                    f"pid {pid}: (generation, highwater, durable highwater) is {got} "
+                    f"in the table, {want} by the log"
+                )
 
     def finish(self) -> None:
         """A rebuild from the whole log equals the live table (PIDs the log holds)."""
@@ -368,8 +405,9 @@ class Harness:
         again = rebuild(self.mode, self.model.log, None)
         order = again.pids()
         live = [r for r in self.table.export_rows() if r[0] in order]
-        if [r[:3] + (r[4],) for r in again.export_rows()] != \
-                [r[:3] + (r[4],) for r in sorted(live, key=lambda r: order.index(r[0]))]:
+        if [r[:3] + (r[4],) for r in again.export_rows()] != [
+            r[:3] + (r[4],) for r in sorted(live, key=lambda r: order.index(r[0]))
+        ]:
             self.fail(f"rebuilt from the log {again.export_rows()} != live {live}")
 
 
@@ -422,13 +460,15 @@ EXPIRE = 40
 class LimitedReference:
     def __init__(self, mode: str) -> None:
         self.model = AppendRulesModel(mode, K)
-        self.lru: list[int] = []           # least recently used first
+        self.lru: list[int] = []  # least recently used first
         self.last_use: dict[int, int] = {}
         self.life_starts: dict[int, set[int]] = {}  # offsets where a PID's lives began
 
     def in_flight(self, pid: int) -> bool:
-        return any(b.is_data and b.offset + b.count > self.model.durable_end
-                   for b in self.model.lives[pid].batches)
+        return any(
+            b.is_data and b.offset + b.count > self.model.durable_end
+            for b in self.model.lives[pid].batches
+        )
 
     def evictable(self, now: int) -> int | None:
         for pid in self.lru:
@@ -443,16 +483,19 @@ class LimitedReference:
         new = pid not in self.model.lives
         # a new PID's batch the rules let through (APPEND), or refuse while an earlier
         # refusal of it is held (SEQUENCE_UNKNOWN)
-        admissible = any(a.outcome in (Outcome.APPEND, Outcome.SEQUENCE_UNKNOWN)
-                         for a in exp.answers)
+        admissible = any(
+            a.outcome in (Outcome.APPEND, Outcome.SEQUENCE_UNKNOWN) for a in exp.answers
+        )
         if not (new and admissible) or len(self.lru) < LIMIT or self.evictable(now) is not None:
             return exp
         tmp = Answer(Outcome.TOO_MANY_PIDS)
         if exp.answers == (Answer(Outcome.APPEND),):
             return only("new PID, no room in the tracked-PID limit -> TOO_MANY_PIDS", tmp)
         # a refusal held for the PID may answer first: both are retriable refusals
-        return Expectation(f"{exp.row}; or no room -> TOO_MANY_PIDS",
-                           (*[a for a in exp.answers if a.outcome is not Outcome.APPEND], tmp))
+        return Expectation(
+            f"{exp.row}; or no room -> TOO_MANY_PIDS",
+            (*[a for a in exp.answers if a.outcome is not Outcome.APPEND], tmp),
+        )
 
     def touch(self, pid: int, now: int) -> None:
         if pid in self.model.lives:
@@ -477,12 +520,20 @@ class LimitedReference:
         self.last_use[pid] = now
 
 
-limited_send = st.tuples(st.just("send"), st.sampled_from(LIMIT_PIDS), st.integers(1, 3),
-                         st.sampled_from(["next", "next", "next", "retry", "recent", "gap",
-                                          "overlap", "old_gen", "first"]),
-                         st.integers(0, 7))
+limited_send = st.tuples(
+    st.just("send"),
+    st.sampled_from(LIMIT_PIDS),
+    st.integers(1, 3),
+    st.sampled_from(
+        ["next", "next", "next", "retry", "recent", "gap", "overlap", "old_gen", "first"]
+    ),
+    st.integers(0, 7),
+)
 limited_op = st.one_of(
-    limited_send, limited_send, limited_send, limited_send,
+    limited_send,
+    limited_send,
+    limited_send,
+    limited_send,
     st.tuples(st.just("flush"), st.sampled_from([0.0, 0.5, 1.0, 1.0])),
     st.tuples(st.just("fence"), st.sampled_from(LIMIT_PIDS), st.booleans()),
     st.tuples(st.just("tick"), st.sampled_from([1, 5, 10, 25, 45])),
@@ -493,8 +544,9 @@ limited_op = st.one_of(
 def run_limited(mode: str, ops: list[Op]) -> None:
     ref = LimitedReference(mode)
     model = ref.model
-    sut = ProducerStateTable(mode=mode, batches_kept=K, pids_max=LIMIT, evict_idle_min_ms=IDLE,
-                             expire_ms=EXPIRE)
+    sut = ProducerStateTable(
+        mode=mode, batches_kept=K, pids_max=LIMIT, evict_idle_min_ms=IDLE, expire_ms=EXPIRE
+    )
     now = 0
     gens = {pid: 3 for pid in LIMIT_PIDS}
     nexts = {pid: 0 for pid in LIMIT_PIDS}
@@ -502,8 +554,9 @@ def run_limited(mode: str, ops: list[Op]) -> None:
     trace: list[str] = []
 
     def fail(what: str) -> None:
-        raise AssertionError(f"{what}\n--- operation trace ({mode}, K={K}, limit {LIMIT}) ---\n"
-                             + "\n".join(trace))
+        raise AssertionError(
+            f"{what}\n--- operation trace ({mode}, K={K}, limit {LIMIT}) ---\n" + "\n".join(trace)
+        )
 
     for o in ops:
         kind = o[0]
@@ -536,7 +589,7 @@ def run_limited(mode: str, ops: list[Op]) -> None:
                 sent[pid].append((base, count))
                 nexts[pid] = base + count
             elif got.outcome in (Outcome.DUPLICATE, Outcome.SEQUENCE_UNKNOWN):
-                ref.touch(pid, now)   # what the partition does on these answers
+                ref.touch(pid, now)  # what the partition does on these answers
                 sut.touch(pid, now)
             elif got.outcome is Outcome.TOO_MANY_PIDS:
                 model.refuse(pid, base)  # a retriable refusal like any other
@@ -554,8 +607,10 @@ def run_limited(mode: str, ops: list[Op]) -> None:
             got_f = sut.check_fence(pid, gens[pid], create)
             trace[-1] += f": {got_f.name}"
             if got_f not in allowed:
-                fail(f"fence pid {pid}: the table answered {got_f.name}, the model allows "
-                     f"{sorted(a.name for a in allowed)}")
+                fail(
+                    f"fence pid {pid}: the table answered {got_f.name}, the model allows "
+                    f"{sorted(a.name for a in allowed)}"
+                )
             if got_f is FenceOutcome.APPEND:
                 ref.writing(pid, now)
                 model.fence(pid, gens[pid], got_f)

@@ -12,16 +12,27 @@ from hypothesis import strategies as st
 from pidlease.wire import protocol as p
 from pidlease.errors import CorruptRecord
 
-records_st = st.lists(st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50)),
-                      min_size=1, max_size=20)
+records_st = st.lists(
+    st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50)),
+    min_size=1,
+    max_size=20,
+)
 
 
 @given(records_st, st.integers(1, 2**63 - 1), st.integers(0, 2**31 - 1), st.integers(0, 2**40))
 def test_batch_round_trip(records, pid, gen, base):
-    raw = bytearray(p.encode_batch(records, pid=pid, generation=gen, base_sequence=base, timestamp_ms=7))
+    raw = bytearray(
+        p.encode_batch(records, pid=pid, generation=gen, base_sequence=base, timestamp_ms=7)
+    )
     p.set_base_offset(raw, 1000)
     h = p.validate_batch(raw)
-    assert (h.pid, h.generation, h.base_sequence, h.count, h.base_offset) == (pid, gen, base, len(records), 1000)
+    assert (h.pid, h.generation, h.base_sequence, h.count, h.base_offset) == (
+        pid,
+        gen,
+        base,
+        len(records),
+        1000,
+    )
     recs = list(p.iter_records(raw, h, 0, "t", 3))
     assert [(r.key, r.value) for r in recs] == records
     assert [r.offset for r in recs] == list(range(1000, 1000 + len(records)))
@@ -29,7 +40,9 @@ def test_batch_round_trip(records, pid, gen, base):
 
 
 def test_base_offset_is_outside_the_checksum():
-    raw = bytearray(p.encode_batch([(None, b"x")], pid=1, generation=0, base_sequence=0, timestamp_ms=0))
+    raw = bytearray(
+        p.encode_batch([(None, b"x")], pid=1, generation=0, base_sequence=0, timestamp_ms=0)
+    )
     p.set_base_offset(raw, 2**40)
     p.validate_batch(raw)
 
@@ -37,8 +50,15 @@ def test_base_offset_is_outside_the_checksum():
 @given(st.data())
 @settings(max_examples=200)
 def test_any_flipped_byte_after_offset_is_refused(data):
-    raw = bytearray(p.encode_batch([(b"k", b"value-1"), (None, b"v2")], pid=5, generation=1,
-                                   base_sequence=0, timestamp_ms=0))
+    raw = bytearray(
+        p.encode_batch(
+            [(b"k", b"value-1"), (None, b"v2")],
+            pid=5,
+            generation=1,
+            base_sequence=0,
+            timestamp_ms=0,
+        )
+    )
     i = data.draw(st.integers(8, len(raw) - 1))
     raw[i] ^= data.draw(st.integers(1, 255))
     with pytest.raises(CorruptRecord):
@@ -46,8 +66,11 @@ def test_any_flipped_byte_after_offset_is_refused(data):
 
 
 def test_count_mismatch_with_valid_crc_is_refused():
-    raw = bytearray(p.encode_batch([(None, b"a"), (None, b"b")], pid=5, generation=1,
-                                   base_sequence=0, timestamp_ms=0))
+    raw = bytearray(
+        p.encode_batch(
+            [(None, b"a"), (None, b"b")], pid=5, generation=1, base_sequence=0, timestamp_ms=0
+        )
+    )
     struct.pack_into(">I", raw, 37, 3)  # claim 3 records, fix the checksum
     struct.pack_into(">I", raw, 12, __import__("zlib").crc32(bytes(raw[16:])))
     with pytest.raises(CorruptRecord, match="record"):
@@ -55,7 +78,9 @@ def test_count_mismatch_with_valid_crc_is_refused():
 
 
 def test_oversized_batch_is_refused():
-    raw = p.encode_batch([(None, b"x" * 1000)], pid=1, generation=0, base_sequence=0, timestamp_ms=0)
+    raw = p.encode_batch(
+        [(None, b"x" * 1000)], pid=1, generation=0, base_sequence=0, timestamp_ms=0
+    )
     with pytest.raises(CorruptRecord, match="over the limit"):
         p.validate_batch(raw, max_bytes=500)
 
@@ -91,7 +116,9 @@ def test_request_response_round_trip(api):
         p.PRODUCE: p.produce_response(11, 0, base_offset=5, last_offset=9, expected_sequence=-1),
         p.FETCH: p.fetch_response(11, 0, high_watermark=7, data=[batch, batch]),
         p.FENCE: p.fence_response(11, 0, existed=True, durable_highwater=41, fence_offset=50),
-        p.PRODUCER_STATE: p.producer_state_response(11, 0, found=True, generation=8, durable_highwater=41),
+        p.PRODUCER_STATE: p.producer_state_response(
+            11, 0, found=True, generation=8, durable_highwater=41
+        ),
         p.METADATA: p.metadata_response(11, 0, info={"server_id": 1}),
     }
     resp = p.decode_response(api, responses[api][4:])
@@ -108,8 +135,9 @@ def test_fence_and_producer_state_optional_trailing_fields():
     # leased_since_ms and dropped_last_use_max_ms (docs/reliability.md, finding 6): read when present,
     # 0 when absent (an older peer), and left out when 0 (frames as older versions sent).
     old = p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True)
-    new = p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True,
-                          leased_since_ms=1_700_000_000_000)
+    new = p.fence_request(
+        11, "orders", 2, 3, 8, "tok", create_if_absent=True, leased_since_ms=1_700_000_000_000
+    )
     assert new[4:].startswith(old[4:]) and len(new) == len(old) + 8
     assert p.decode_request(old[4:]).leased_since_ms == 0
     assert p.decode_request(new[4:]).leased_since_ms == 1_700_000_000_000
@@ -144,30 +172,62 @@ def test_apis_before_replication_are_byte_for_byte_unchanged():
     # The digest of these frames as the protocol encoded them before REPLICA_FETCH and
     # EPOCH_END existed (commit 416a769): adding APIs must not move a byte of the old ones.
     import hashlib
+
     b = p.encode_batch([(b"k", b"v")], pid=3, generation=2, base_sequence=0, timestamp_ms=5)
-    frames = [p.produce_request(11, "orders", 2, "tok", b), p.fetch_request(11, "orders", 2, 99, 4096),
-              p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True),
-              p.producer_state_request(11, "orders", 2, 3), p.metadata_request(11),
-              p.produce_response(11, 0, base_offset=5, last_offset=9, leader="h:1"),
-              p.fetch_response(11, 21, "x", high_watermark=7, data=[b], leader="h:1"),
-              p.fence_response(11, 0, existed=True, durable_highwater=41, fence_offset=50),
-              p.producer_state_response(11, 0, found=True, generation=8, durable_highwater=41,
-                                        last_use_ms=9)]
+    frames = [
+        p.produce_request(11, "orders", 2, "tok", b),
+        p.fetch_request(11, "orders", 2, 99, 4096),
+        p.fence_request(11, "orders", 2, 3, 8, "tok", create_if_absent=True),
+        p.producer_state_request(11, "orders", 2, 3),
+        p.metadata_request(11),
+        p.produce_response(11, 0, base_offset=5, last_offset=9, leader="h:1"),
+        p.fetch_response(11, 21, "x", high_watermark=7, data=[b], leader="h:1"),
+        p.fence_response(11, 0, existed=True, durable_highwater=41, fence_offset=50),
+        p.producer_state_response(
+            11, 0, found=True, generation=8, durable_highwater=41, last_use_ms=9
+        ),
+    ]
     digest = hashlib.sha256(b"".join(frames)).hexdigest()
     assert digest == "4d61450e5a3e80737149168e7e08d79cd061b3f25bbbdc9a351c760b02b92d84"
 
 
 def test_replication_requests_and_responses_round_trip():
     batch = p.encode_batch([(None, b"v")], pid=3, generation=2, base_sequence=0, timestamp_ms=0)
-    raw = p.replica_fetch_request(12, "orders", 4, replica_id=3, leader_epoch=7, offset=1234,
-                                  max_bytes=1 << 20, max_wait_ms=500)
+    raw = p.replica_fetch_request(
+        12,
+        "orders",
+        4,
+        replica_id=3,
+        leader_epoch=7,
+        offset=1234,
+        max_bytes=1 << 20,
+        max_wait_ms=500,
+    )
     req = p.decode_request(raw[4:])
-    assert (req.api_key, req.correlation_id, req.topic, req.partition) == (p.REPLICA_FETCH, 12, "orders", 4)
-    assert (req.replica_id, req.leader_epoch, req.offset, req.max_bytes, req.max_wait_ms) == \
-        (3, 7, 1234, 1 << 20, 500)
-    resp = p.decode_response(p.REPLICA_FETCH, p.replica_fetch_response(
-        12, 0, high_watermark=1200, leader_epoch=7, epochs=[(5, 900), (7, 1210)],
-        data=[batch, batch])[4:])
+    assert (req.api_key, req.correlation_id, req.topic, req.partition) == (
+        p.REPLICA_FETCH,
+        12,
+        "orders",
+        4,
+    )
+    assert (req.replica_id, req.leader_epoch, req.offset, req.max_bytes, req.max_wait_ms) == (
+        3,
+        7,
+        1234,
+        1 << 20,
+        500,
+    )
+    resp = p.decode_response(
+        p.REPLICA_FETCH,
+        p.replica_fetch_response(
+            12,
+            0,
+            high_watermark=1200,
+            leader_epoch=7,
+            epochs=[(5, 900), (7, 1210)],
+            data=[batch, batch],
+        )[4:],
+    )
     assert (resp.high_watermark, resp.leader_epoch, resp.epochs) == (1200, 7, [(5, 900), (7, 1210)])
     assert bytes(resp.data) == batch + batch
     err = p.decode_response(p.REPLICA_FETCH, p.replica_fetch_response(12, 21, "not me")[4:])

@@ -88,10 +88,10 @@ def _check_same(raw: bytes, *, prefix: bytes = b"", suffix: bytes = b"", max_byt
 def _batch(body: bytes, count: int, *, control: bool = False) -> bytes:
     # batch_from_records fills in batch_len and the CRC over whatever body/count it gets.
     if control:
-        return p.batch_from_records(body, count, pid=5, generation=2, base_sequence=-1,
-                                    timestamp_ms=9, flags=p.FLAG_CONTROL)
-    return p.batch_from_records(body, count, pid=5, generation=2, base_sequence=100,
-                                timestamp_ms=9)
+        return p.batch_from_records(
+            body, count, pid=5, generation=2, base_sequence=-1, timestamp_ms=9, flags=p.FLAG_CONTROL
+        )
+    return p.batch_from_records(body, count, pid=5, generation=2, base_sequence=100, timestamp_ms=9)
 
 
 def _body(records) -> tuple[bytes, list[int]]:
@@ -117,7 +117,13 @@ def uniform_records(draw):
     vlen = draw(st.integers(0, 40))
     out = []
     for _ in range(n):
-        key = None if kind == "none" else b"" if kind == "empty" else draw(st.binary(min_size=klen, max_size=klen))
+        key = (
+            None
+            if kind == "none"
+            else b""
+            if kind == "empty"
+            else draw(st.binary(min_size=klen, max_size=klen))
+        )
         out.append((key, draw(st.binary(min_size=vlen, max_size=vlen))))
     return out
 
@@ -160,7 +166,7 @@ def test_mutated_record_headers_agree(records, data):
         what = data.draw(st.sampled_from(["klen", "vlen", "both", "byte"]))
         klen, vlen = _REC_HEAD.unpack_from(body, at)
         if what in ("klen", "both"):
-            klen = data.draw(st.one_of(st.integers(-4, 60), st.integers(-2**31, 2**31 - 1)))
+            klen = data.draw(st.one_of(st.integers(-4, 60), st.integers(-(2**31), 2**31 - 1)))
         if what in ("vlen", "both"):
             vlen = data.draw(st.one_of(st.integers(0, 80), st.integers(0, 2**32 - 1)))
         struct.pack_into(">iI", body, at, klen, vlen)
@@ -176,11 +182,14 @@ def test_resized_bodies_and_counts_agree(records, data):
     how = data.draw(st.sampled_from(["truncate", "extend", "count", "all"]))
     count = len(records)
     if how in ("truncate", "all") and body:
-        body = body[:data.draw(st.integers(0, len(body) - 1))]
+        body = body[: data.draw(st.integers(0, len(body) - 1))]
     if how in ("extend", "all"):
         # extra bytes may themselves look like a record of the same shape
-        extra = data.draw(st.one_of(st.binary(min_size=1, max_size=20),
-                                    st.just(body[:len(body) // max(count, 1)])))
+        extra = data.draw(
+            st.one_of(
+                st.binary(min_size=1, max_size=20), st.just(body[: len(body) // max(count, 1)])
+            )
+        )
         body += extra
     if how in ("count", "all"):
         count = data.draw(st.integers(0, count + 3))
@@ -229,5 +238,6 @@ def test_negative_and_odd_positions_agree():
         whole = prefix + raw
         for pos in (len(prefix), len(prefix) - len(whole), -len(raw)):
             for buf in (whole, memoryview(whole)):
-                assert _outcome(p.validate_batch, buf, pos, None) == \
-                    _outcome(_reference_validate_batch, buf, pos, None)
+                assert _outcome(p.validate_batch, buf, pos, None) == _outcome(
+                    _reference_validate_batch, buf, pos, None
+                )

@@ -59,7 +59,6 @@ def test_bounded_then_overflowed() -> None:
     assert g.overflowed and len(g) == 2
 
 
-
 def test_the_refused_range_grows_with_every_batch_held_back() -> None:
     """Sim seed 3030 (monotonic, R=2): batches 5..9 resent to a new leader whose log held
     5 and 6 of an earlier attempt, not 7. 5 was refused (NOT_LEADER, a transition), the
@@ -68,14 +67,14 @@ def test_the_refused_range_grows_with_every_batch_held_back() -> None:
     (OUT_OF_ORDER_SEQUENCE, the producer failed). The range the producer must resend runs
     to the last batch held back, so a later batch passes only once all of it is written."""
     g = RefusalGuard()
-    g.note(K, 1, 5, 5, NL)             # refused at dispatch
-    g.note(K, 1, 6, 6, NL)             # held back by the guard (the server notes it)
+    g.note(K, 1, 5, 5, NL)  # refused at dispatch
+    g.note(K, 1, 6, 6, NL)  # held back by the guard (the server notes it)
     g.note(K, 1, 7, 7, NL)
     r = g.get(K)
     assert r is not None and (r.base_sequence, r.last_sequence, r.code) == (5, 7, NL)
     g.note(K, 1, 3, 4, errors.ServerUnavailable.code)  # a lower refusal keeps the range's end
     r = g.get(K)
     assert r is not None and (r.base_sequence, r.last_sequence) == (3, 7)
-    g.note(K, 2, 9, 9, NL)             # a newer generation's refusal starts over
+    g.note(K, 2, 9, 9, NL)  # a newer generation's refusal starts over
     r = g.get(K)
     assert r is not None and (r.generation, r.base_sequence, r.last_sequence) == (2, 9, 9)

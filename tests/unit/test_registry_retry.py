@@ -15,7 +15,8 @@ from pidlease.wire.cluster import TopicSpec
 
 
 def test_a_failed_read_is_read_again_and_learns_what_was_created_meanwhile(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(registry_mod, "READ_RETRY_S", 0.05, raising=False)
 
     async def go() -> None:

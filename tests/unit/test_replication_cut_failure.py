@@ -36,16 +36,19 @@ class FailingDisk:
 
         def fail(*_args: Any) -> None:
             raise OSError(errno.EIO, f"Input/output error (test {name})")
+
         return fail
 
 
 @pytest.mark.parametrize("call", ["fsync", "ftruncate"])
 def test_a_failed_cut_calls_the_fsync_error_policy_and_lowers_the_flushed_end(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
     async def go() -> None:
         failures: list[BaseException] = []
-        flusher = Flusher(mode="batch", interval_ms=0, executor=InlineExecutor(),
-                          on_error=failures.append)
+        flusher = Flusher(
+            mode="batch", interval_ms=0, executor=InlineExecutor(), on_error=failures.append
+        )
         part = open_part(tmp_path, flusher)
         part.become_follower(1, 2, "127.0.0.1:1")
         append_fetched(part, stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0), (2, 2)])

@@ -63,7 +63,8 @@ def on_disk(directory: Path) -> list[tuple[int, int]]:
 
 
 def test_a_failed_save_in_become_leader_changes_nothing_and_the_retry_saves(
-        tmp_path: Path, disk: FullDisk) -> None:
+    tmp_path: Path, disk: FullDisk
+) -> None:
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         part.become_follower(1, 1, "127.0.0.1:1")
@@ -121,9 +122,11 @@ def test_a_failed_save_in_a_cut_changes_nothing(tmp_path: Path, disk: FullDisk) 
 
 
 def test_one_partition_whose_epochs_cannot_be_saved_does_not_stop_the_others(
-        tmp_path: Path, disk: FullDisk) -> None:
+    tmp_path: Path, disk: FullDisk
+) -> None:
     """The registry's change handler applies every partition's assignment: one that
     raises must leave the others applied, and the handler must keep working."""
+
     async def go() -> None:
         s = ServerSettings(data_dir=str(tmp_path / "server"), server_id=1)
         registry = Registry("unused:2181", 1)
@@ -131,8 +134,9 @@ def test_one_partition_whose_epochs_cannot_be_saved_does_not_stop_the_others(
         broker.replicas.started = True  # serving (start() would run its maintenance task)
         a = Assignment(topics={"t": TopicSpec("t", 2, replication_factor=2)})
         for p in (0, 1):
-            a.partitions[("t", p)] = PartitionState(leader=1, leader_epoch=1, replicas=[1, 2],
-                                                    isr=[1, 2])
+            a.partitions[("t", p)] = PartitionState(
+                leader=1, leader_epoch=1, replicas=[1, 2], isr=[1, 2]
+            )
         disk.full.add("t-0")
         registry.on_change = broker.apply_assignment
         registry._read_all = lambda: a  # type: ignore[method-assign]

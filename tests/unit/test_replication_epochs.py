@@ -54,10 +54,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def test_end_offset_for_answers_the_largest_epoch_at_or_below() -> None:
     h = history_of([0] * 10 + [2] * 5 + [5] * 3)
     assert h.end_offset_for(0, 18) == (0, 10)
-    assert h.end_offset_for(1, 18) == (0, 10)   # epoch 1 unknown: epoch 0 ends at 10
+    assert h.end_offset_for(1, 18) == (0, 10)  # epoch 1 unknown: epoch 0 ends at 10
     assert h.end_offset_for(2, 18) == (2, 15)
     assert h.end_offset_for(4, 18) == (2, 15)
-    assert h.end_offset_for(5, 18) == (5, 18)   # the current epoch ends at the log end
+    assert h.end_offset_for(5, 18) == (5, 18)  # the current epoch ends at the log end
     assert h.end_offset_for(9, 18) == (5, 18)
     assert EpochHistory([(3, 0)]).end_offset_for(2, 7) == (-1, -1)
 
@@ -119,7 +119,9 @@ def two_logs(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
 
 @given(two_logs())
 @settings(max_examples=400)
-def test_reconciliation_cuts_exactly_at_the_common_prefix(logs: tuple[list[int], list[int], int]) -> None:
+def test_reconciliation_cuts_exactly_at_the_common_prefix(
+    logs: tuple[list[int], list[int], int],
+) -> None:
     leader, follower, leader_epoch = logs
     assert reconcile(follower, leader, leader_epoch) == common_prefix(follower, leader)
 

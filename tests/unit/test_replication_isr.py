@@ -13,8 +13,8 @@ def test_high_watermark_is_the_smallest_end_among_the_in_sync_set() -> None:
     assert s.high_watermark(100) == -1
     s.record_fetch(3, 90, 100, 1)
     assert s.high_watermark(100) == 80
-    assert s.high_watermark(70) == 70   # the leader's own fsynced end bounds it too
-    s.set_isr([1, 3])                   # 2 left the set: it no longer holds anything back
+    assert s.high_watermark(70) == 70  # the leader's own fsynced end bounds it too
+    s.set_isr([1, 3])  # 2 left the set: it no longer holds anything back
     assert s.high_watermark(100) == 90
 
 

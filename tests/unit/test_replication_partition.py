@@ -47,7 +47,7 @@ def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
         assert not fut.done() and part.high_watermark == 0
         assert outcome(part, 7, 0, 3) is Outcome.SEQUENCE_UNKNOWN  # not committed yet
         part.record_replica_fetch(2, 3)
-        assert not fut.done()                    # 3 has not fetched
+        assert not fut.done()  # 3 has not fetched
         part.record_replica_fetch(3, 3)
         assert fut.done() and fut.result() == (0, 2) and part.high_watermark == 3
         assert outcome(part, 7, 0, 3) is Outcome.DUPLICATE
@@ -67,8 +67,10 @@ def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
-def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(tmp_path: Path) -> None:
-    write_log(tmp_path, [b(1, 0, 2), b(1, 2, 2), b(2, 0)])   # offsets 0-1, 2-3, 4
+def test_recovery_counts_only_below_the_checkpointed_high_watermark_as_durable(
+    tmp_path: Path,
+) -> None:
+    write_log(tmp_path, [b(1, 0, 2), b(1, 2, 2), b(2, 0)])  # offsets 0-1, 2-3, 4
 
     async def go() -> None:
         part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=2)
@@ -109,16 +111,18 @@ def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path)
     asyncio.run(go())
 
 
-def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots(tmp_path: Path) -> None:
+def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots(
+    tmp_path: Path,
+) -> None:
     async def go() -> None:
         part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 1, "127.0.0.1:1")
         append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
         await part.wait_flushed(part.log.next_offset)
         part.set_high_watermark(2)
-        image = await part.capture()          # rows say pid 1 is at sequence 5
+        image = await part.capture()  # rows say pid 1 is at sequence 5
         assert image.covered_to == 6 and image.truncations == 0
-        end = part.truncate_to(3)             # inside the second batch: it goes whole
+        end = part.truncate_to(3)  # inside the second batch: it goes whole
         assert end == 2 and part.log.next_offset == 2 and part.epochs.truncations == 1
         assert part.state.get(1).highwater == 1  # type: ignore[union-attr]
         assert outcome(part, 1, 2, 2) is Outcome.APPEND
@@ -129,7 +133,7 @@ def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots
         await close(part)
         again = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES, hw=2, snapshot=image)
         e1 = again.state.get(1)
-        assert e1 is not None and e1.highwater == 2       # not the snapshot's 5
+        assert e1 is not None and e1.highwater == 2  # not the snapshot's 5
         assert again.state.get(9) is not None
         assert again.epochs.truncations == 1
         await close(again)

@@ -27,7 +27,7 @@ def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) 
         append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(2, 0)])), [(1, 0)])
         await part.wait_flushed(5)
         part.set_high_watermark(2)
-        assert part.state.pids() == [1, 2]      # the capture exports pid 1, then yields
+        assert part.state.pids() == [1, 2]  # the capture exports pid 1, then yields
 
         async def fetcher_session() -> None:
             # The next session with a new leader: its epoch 2 began at 2, so pid 1's
@@ -49,8 +49,12 @@ def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) 
 
         loaded = store.load_newest()
         assert loaded is not None
-        again = open_part(tmp_path / "data", Flusher(mode="batch", interval_ms=0), hw=2,
-                          snapshot=loaded[0].partitions[("t", 0)])
+        again = open_part(
+            tmp_path / "data",
+            Flusher(mode="batch", interval_ms=0),
+            hw=2,
+            snapshot=loaded[0].partitions[("t", 0)],
+        )
         # pid 1's resend of the cut sequences 2-3 must be written, not answered DUPLICATE
         assert outcome(again, 1, 2, 2) is Outcome.APPEND
         assert outcome(again, 2, 0, 1) is Outcome.APPEND
@@ -67,9 +71,11 @@ def test_a_snapshot_leaves_out_a_partition_cut_below_what_it_waits_for(tmp_path:
     """The snapshot waits until each captured end is fsynced. A cut below that end (the
     follower's fetcher reconciling meanwhile) may leave it unreachable: the snapshot must
     neither wait for it forever nor keep that image."""
+
     async def go() -> None:
-        settings = ServerSettings(data_dir=str(tmp_path), fsync="interval",
-                                  fsync_interval_ms=10_000, server_id=1)
+        settings = ServerSettings(
+            data_dir=str(tmp_path), fsync="interval", fsync_interval_ms=10_000, server_id=1
+        )
         broker = Broker(settings, Registry("127.0.0.1:1", 1))
         a = open_part(tmp_path, broker.flusher)
         c = open_part(tmp_path, broker.flusher, partition=1)
@@ -90,7 +96,7 @@ def test_a_snapshot_leaves_out_a_partition_cut_below_what_it_waits_for(tmp_path:
         await asyncio.wait_for(broker.snapshot_now(), 10)
         loaded = broker.snapshots.load_newest()
         assert loaded is not None
-        assert ("t", 0) not in loaded[0].partitions   # replayed from its log at recovery
+        assert ("t", 0) not in loaded[0].partitions  # replayed from its log at recovery
         assert loaded[0].partitions[("t", 1)].covered_to == 6
         await broker.flusher.wait_idle()
         for p in (a, c):

@@ -26,10 +26,17 @@ def test_no_batch_goes_to_a_new_leader_while_an_earlier_one_is_unanswered() -> N
     coord = FakeCoordinator(old, TOPICS)
 
     async def main() -> list:
-        async with AsyncProducer("http://fake", "mono", http_transport=coord.transport(),  # type: ignore[arg-type]
-                                 linger_ms=0, max_in_flight=5, batch_records_max=1,
-                                 retry_backoff_ms=1, retry_backoff_max_ms=5,
-                                 metadata_refresh_min_ms=0) as p:
+        async with AsyncProducer(
+            "http://fake",
+            "mono",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+            max_in_flight=5,
+            batch_records_max=1,
+            retry_backoff_ms=1,
+            retry_backoff_max_ms=5,
+            metadata_refresh_min_ms=0,
+        ) as p:
             old.silent = True  # the old leader reads batch 0 and never answers it
             futs = [await p.send(b"r0")]
             await wait_until(lambda: old.produce_requests >= 1)

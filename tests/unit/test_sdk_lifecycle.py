@@ -53,7 +53,7 @@ def test_async_producer_new_open_closing_closed(fake) -> None:  # type: ignore[n
         assert {state(s) for s in p._senders} == {SenderState.CLOSING}
         await closing
         assert state(p) is ProducerState.CLOSED
-        await p.close()   # idempotent
+        await p.close()  # idempotent
         with pytest.raises(ProducerClosed, match="closed"):
             await p.send(b"late")
         with pytest.raises(RuntimeError, match="closed -> open is not a transition"):
@@ -90,11 +90,11 @@ def test_a_sender_moves_only_along_its_transitions(fake) -> None:  # type: ignor
         assert state(s) is SenderState.RUNNING
         with pytest.raises(RuntimeError, match="running -> running is not a transition"):
             s._move_to(SenderState.RUNNING)
-    assert state(s) is SenderState.CLOSING   # closed, its task ended
+    assert state(s) is SenderState.CLOSING  # closed, its task ended
     assert s.task is not None and s.task.done()
     s.fail_all(errors.ProducerClosed("late"))
     assert state(s) is SenderState.FAILED
-    s.close()   # a failed sender stays failed
+    s.close()  # a failed sender stays failed
     assert state(s) is SenderState.FAILED
     with pytest.raises(RuntimeError, match="failed -> closing is not a transition"):
         s._move_to(SenderState.CLOSING)

@@ -28,15 +28,23 @@ def _plan(rng: random.Random, batches: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("code", [errors.ServerUnavailable.code, errors.TooManyPids.code,
-                                  errors.NotLeader.code])
+@pytest.mark.parametrize(
+    "code", [errors.ServerUnavailable.code, errors.TooManyPids.code, errors.NotLeader.code]
+)
 def test_refused_batch_is_resent_first_and_nothing_is_lost(fake, code: int) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
     plan = _plan(random.Random(code), 120)
     refused_at = (3, 17, 18, 40)  # the 3rd request is the first batch's third: a full window
     srv.fail_at = dict.fromkeys(refused_at, code)
-    with Producer("http://fake", topic="mono", http_transport=coord.transport(),  # type: ignore[arg-type]
-                  max_in_flight=5, linger_ms=0, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
+    with Producer(
+        "http://fake",
+        topic="mono",
+        http_transport=coord.transport(),  # type: ignore[arg-type]
+        max_in_flight=5,
+        linger_ms=0,
+        retry_backoff_ms=1,
+        retry_backoff_max_ms=5,
+    ) as p:
         futs = [p.send(b"s%d" % s, sequence_id=s) for batch in plan for s in batch]
         p.flush()
         metas = [f.result(5) for f in futs]
@@ -70,8 +78,15 @@ def test_a_later_batch_answered_duplicate_is_resolved_only_when_written(fake) ->
     plan = _plan(random.Random(7), 40)
     srv.drop_after_append = 2
     srv.fail_at = {6: errors.ServerUnavailable.code}
-    with Producer("http://fake", topic="mono", http_transport=coord.transport(),  # type: ignore[arg-type]
-                  max_in_flight=5, linger_ms=0, retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
+    with Producer(
+        "http://fake",
+        topic="mono",
+        http_transport=coord.transport(),  # type: ignore[arg-type]
+        max_in_flight=5,
+        linger_ms=0,
+        retry_backoff_ms=1,
+        retry_backoff_max_ms=5,
+    ) as p:
         futs = [p.send(b"s%d" % s, sequence_id=s) for batch in plan for s in batch]
         p.flush()
         metas = [f.result(5) for f in futs]

@@ -27,7 +27,10 @@ def test_partitioner_is_the_documented_crc32_and_round_robin() -> None:
     assert partition_for_key(b"order-17", 7) == zlib.crc32(b"order-17") % 7
     # values pinned so a change of hash is caught (other languages' clients must agree)
     assert [partition_for_key(k, 3) for k in (b"a", b"b", b"customer-1")] == [
-        zlib.crc32(b"a") % 3, zlib.crc32(b"b") % 3, zlib.crc32(b"customer-1") % 3]
+        zlib.crc32(b"a") % 3,
+        zlib.crc32(b"b") % 3,
+        zlib.crc32(b"customer-1") % 3,
+    ]
     assert zlib.crc32(b"a") == 0xE8B7BE43
     rr = Partitioner(3, start=1)
     assert [rr.partition(None) for _ in range(5)] == [1, 2, 0, 1, 2]
@@ -50,16 +53,20 @@ def _mock(status: int, body: object) -> httpx.MockTransport:
         if isinstance(body, (dict, list)):
             return httpx.Response(status, json=body)
         return httpx.Response(status, text=str(body))
+
     return httpx.MockTransport(handler)
 
 
-@pytest.mark.parametrize("status,body,exc", [
-    (409, {"error": "FENCED", "detail": "stale"}, errors.ProducerFenced),
-    (404, {"error": "UNKNOWN_PID", "detail": "gone"}, errors.UnknownPid),
-    (503, {"error": "COORDINATOR_UNAVAILABLE", "detail": "zk"}, errors.CoordinatorUnavailable),
-    (500, "<html>oops</html>", errors.CoordinatorUnavailable),
-    (422, "not json", errors.InvalidRequest),
-])
+@pytest.mark.parametrize(
+    "status,body,exc",
+    [
+        (409, {"error": "FENCED", "detail": "stale"}, errors.ProducerFenced),
+        (404, {"error": "UNKNOWN_PID", "detail": "gone"}, errors.UnknownPid),
+        (503, {"error": "COORDINATOR_UNAVAILABLE", "detail": "zk"}, errors.CoordinatorUnavailable),
+        (500, "<html>oops</html>", errors.CoordinatorUnavailable),
+        (422, "not json", errors.InvalidRequest),
+    ],
+)
 def test_lease_client_maps_errors(status: int, body: object, exc: type) -> None:
     with LeaseClient("http://c", transport=_mock(status, body)) as c, pytest.raises(exc):
         c.lease("t", 0, -1)
@@ -71,6 +78,7 @@ def test_lease_client_maps_errors(status: int, body: object, exc: type) -> None:
                 await ac.lease("t", 0, -1)
         finally:
             await ac.close()
+
     asyncio.run(run())
 
 
@@ -78,24 +86,39 @@ def test_lease_client_unreachable_is_coordinator_unavailable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connection refused
-        with LeaseClient(f"http://127.0.0.1:{port}", request_timeout_ms=2000) as c, \
-                pytest.raises(errors.CoordinatorUnavailable, match="is it running"):
+        with (
+            LeaseClient(f"http://127.0.0.1:{port}", request_timeout_ms=2000) as c,
+            pytest.raises(errors.CoordinatorUnavailable, match="is it running"),
+        ):
             c.topic("t")
 
 
 def test_lease_batch_keeps_per_request_errors() -> None:
-    answer = {"error": "NONE", "responses": [
-        {"error": "NONE", "pid": 5, "generation": 2, "sequence_number": 9, "expire_ms": 1000,
-         "expires_at_ms": 1, "lease_token": "t"},
-        {"error": "COORDINATOR_UNAVAILABLE", "detail": "leader down"}]}
+    answer = {
+        "error": "NONE",
+        "responses": [
+            {
+                "error": "NONE",
+                "pid": 5,
+                "generation": 2,
+                "sequence_number": 9,
+                "expire_ms": 1000,
+                "expires_at_ms": 1,
+                "lease_token": "t",
+            },
+            {"error": "COORDINATOR_UNAVAILABLE", "detail": "leader down"},
+        ],
+    }
 
     async def run() -> list:
         ac = AsyncLeaseClient("http://c", transport=_mock(200, answer))
         try:
-            return await ac.lease_batch([{"topic": "t", "partition": 0, "pid": 5},
-                                         {"topic": "t", "partition": 1, "pid": 5}])
+            return await ac.lease_batch(
+                [{"topic": "t", "partition": 0, "pid": 5}, {"topic": "t", "partition": 1, "pid": 5}]
+            )
         finally:
             await ac.close()
+
     got = asyncio.run(run())
     assert got[0].sequence_number == 9 and got[0].partition == 0
     assert isinstance(got[1], errors.CoordinatorUnavailable)
@@ -132,6 +155,7 @@ def test_connection_request_timeout_aborts_and_fails_everything_outstanding() ->
             w.close()
         server.close()
         await server.wait_closed()
+
     asyncio.run(run())
 
 
@@ -142,6 +166,7 @@ def test_connection_to_nothing_is_server_unavailable() -> None:
             port = s.getsockname()[1]
             with pytest.raises(errors.ServerUnavailable, match="cannot connect"):
                 await Connection.open(f"127.0.0.1:{port}")
+
     asyncio.run(run())
 
 
@@ -149,7 +174,9 @@ def test_connection_to_nothing_is_server_unavailable() -> None:
 TOPICS = {"r": (2, "strict")}
 
 
-def _append_control(srv: FakePartitionServer, topic: str, partition: int, pid: int, gen: int) -> None:
+def _append_control(
+    srv: FakePartitionServer, topic: str, partition: int, pid: int, gen: int
+) -> None:
     with srv.lock:
         part = srv.parts[(topic, partition)]
         b = bytearray(P.encode_control_batch(pid=pid, generation=gen, timestamp_ms=0))
@@ -160,7 +187,9 @@ def _append_control(srv: FakePartitionServer, topic: str, partition: int, pid: i
 
 def test_reader_reads_from_an_offset_and_skips_control_records(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
-    with Producer("http://fake", topic="r", http_transport=coord.transport(), batch_records_max=7) as p:
+    with Producer(
+        "http://fake", topic="r", http_transport=coord.transport(), batch_records_max=7
+    ) as p:
         for i in range(30):
             p.send(b"v%d" % i, partition=0)
         p.flush()
@@ -171,7 +200,9 @@ def test_reader_reads_from_an_offset_and_skips_control_records(fake) -> None:  #
     assert [r.sequence_id for r in recs] == list(range(30))
     mid = list(Reader("http://fake", "r", 0, 12, http_transport=coord.transport()))
     assert [r.offset for r in mid] == list(range(12, 30))  # starts inside a batch
-    with Reader("http://fake", "r", 0, 0, include_control=True, http_transport=coord.transport()) as rd:
+    with Reader(
+        "http://fake", "r", 0, 0, include_control=True, http_transport=coord.transport()
+    ) as rd:
         allr = list(rd)
         assert rd.position == 31
     assert allr[-1].is_control and allr[-1].offset == 30 and allr[-1].sequence_id == -1
@@ -184,19 +215,30 @@ def test_reader_small_fetch_size_grows_to_fit_a_batch(fake) -> None:  # type: ig
         for i in range(50):
             p.send(b"x" * 100, partition=1)
         p.flush()
-    recs = list(Reader("http://fake", "r", 1, 0, fetch_bytes_max=1024, http_transport=coord.transport()))
+    recs = list(
+        Reader("http://fake", "r", 1, 0, fetch_bytes_max=1024, http_transport=coord.transport())
+    )
     assert len(recs) == 50
 
 
 def test_reader_follows_a_lost_connection(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
-    with Producer("http://fake", topic="r", http_transport=coord.transport(), batch_records_max=5) as p:
+    with Producer(
+        "http://fake", topic="r", http_transport=coord.transport(), batch_records_max=5
+    ) as p:
         for i in range(40):
             p.send(b"%-100d" % i, partition=0)  # ~600-byte batches: one per 1 KiB fetch
         p.flush()
     sleeps: list[float] = []
-    rd = Reader("http://fake", "r", 0, 0, fetch_bytes_max=1024, http_transport=coord.transport(),
-                sleep=sleeps.append)
+    rd = Reader(
+        "http://fake",
+        "r",
+        0,
+        0,
+        fetch_bytes_max=1024,
+        http_transport=coord.transport(),
+        sleep=sleeps.append,
+    )
     it = iter(rd)
     first = [next(it) for _ in range(3)]
     srv.drop_all()

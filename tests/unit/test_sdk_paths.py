@@ -28,9 +28,12 @@ SEEDS = range(8)
 
 
 def _settings(rng: random.Random) -> dict[str, Any]:
-    return {"batch_records_max": rng.choice([5, 37, 1000]),
-            "batch_bytes_max": rng.choice([2048, 9000, 64 * 1024]),
-            "linger_ms": 60_000, "rng": random.Random(rng.random())}
+    return {
+        "batch_records_max": rng.choice([5, 37, 1000]),
+        "batch_bytes_max": rng.choice([2048, 9000, 64 * 1024]),
+        "linger_ms": 60_000,
+        "rng": random.Random(rng.random()),
+    }
 
 
 def _value(rng: random.Random) -> Any:
@@ -54,7 +57,7 @@ def own_numbering_ops(seed: int) -> list[tuple[Any, ...]]:
         elif r < 0.03:
             ops.append(("send", b"v", None, rng.choice([3, -1, True, "0"]), None))
         elif r < 0.035:
-            ops.append(("send", b"v", None, None, 5))   # an explicit id: the wrong mode
+            ops.append(("send", b"v", None, None, 5))  # an explicit id: the wrong mode
         else:
             key = rng.randbytes(rng.randrange(1, 9)) if rng.random() < 0.1 else None
             part = rng.randrange(3) if rng.random() < 0.05 else None
@@ -78,7 +81,7 @@ def explicit_ops(seed: int) -> list[tuple[Any, ...]]:
         elif r < 0.06 and acked >= 0:
             ops.append(("send", b"again", None, None, rng.randrange(acked + 1)))
         else:
-            nxt += rng.randrange(2, 5) if r < 0.12 else 1   # a hole now and then
+            nxt += rng.randrange(2, 5) if r < 0.12 else 1  # a hole now and then
             ops.append(("send", _value(rng), None, None, nxt - 1))
     return ops
 
@@ -103,15 +106,21 @@ def _log(srv: FakePartitionServer, topic: str) -> list[list[tuple[Any, ...]]]:
     return out
 
 
-def _run_blocking(readable: bool, topic: str, ops: list[tuple[Any, ...]], settings: dict[str, Any],
-                  monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any], bool]:
+def _run_blocking(
+    readable: bool,
+    topic: str,
+    ops: list[tuple[Any, ...]],
+    settings: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[Any], list[Any], bool]:
     monkeypatch.setattr(producer_module, "READABLE_PATH", readable)
     srv = FakePartitionServer(TOPICS).start()
     try:
         coord = FakeCoordinator(srv, TOPICS)
         results: list[Any] = []
-        with Producer("http://fake", topic=topic, http_transport=coord.transport(),
-                      **settings) as p:
+        with Producer(
+            "http://fake", topic=topic, http_transport=coord.transport(), **settings
+        ) as p:
             for op in ops:
                 if op[0] == "flush":
                     p.flush()
@@ -121,22 +130,28 @@ def _run_blocking(readable: bool, topic: str, ops: list[tuple[Any, ...]], settin
                 except errors.PidleaseError as exc:
                     results.append(exc)
             p.flush()
-            inline = p._fast   # the inline case was open to sends (never on the readable path)
+            inline = p._fast  # the inline case was open to sends (never on the readable path)
         return [_outcome(r) for r in results], _log(srv, topic), inline
     finally:
         srv.stop()
 
 
-def _run_async(readable: bool, topic: str, ops: list[tuple[Any, ...]], settings: dict[str, Any],
-               monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any]]:
+def _run_async(
+    readable: bool,
+    topic: str,
+    ops: list[tuple[Any, ...]],
+    settings: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[Any], list[Any]]:
     monkeypatch.setattr(producer_module, "READABLE_PATH", readable)
     srv = FakePartitionServer(TOPICS).start()
 
     async def main() -> list[Any]:
         coord = FakeCoordinator(srv, TOPICS)
         out: list[Any] = []
-        async with AsyncProducer("http://fake", topic=topic, http_transport=coord.transport(),
-                                 **settings) as p:
+        async with AsyncProducer(
+            "http://fake", topic=topic, http_transport=coord.transport(), **settings
+        ) as p:
             for op in ops:
                 if op[0] == "flush":
                     await p.flush()
@@ -146,9 +161,14 @@ def _run_async(readable: bool, topic: str, ops: list[tuple[Any, ...]], settings:
                 except errors.PidleaseError as exc:
                     out.append(exc)
             await p.flush()
-        return [("raised", type(r).__name__, str(r)) if isinstance(r, BaseException)
-                else ("failed", type(r.exception()).__name__) if r.exception() is not None
-                else r.result() for r in out]
+        return [
+            ("raised", type(r).__name__, str(r))
+            if isinstance(r, BaseException)
+            else ("failed", type(r.exception()).__name__)
+            if r.exception() is not None
+            else r.result()
+            for r in out
+        ]
 
     try:
         return asyncio.run(main()), _log(srv, topic)
@@ -157,20 +177,22 @@ def _run_async(readable: bool, topic: str, ops: list[tuple[Any, ...]], settings:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_blocking_producer_fast_and_readable_paths_agree(seed: int,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocking_producer_fast_and_readable_paths_agree(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ops = own_numbering_ops(seed)
     fast = _run_blocking(False, "t", ops, _settings(random.Random(seed)), monkeypatch)
     readable = _run_blocking(True, "t", ops, _settings(random.Random(seed)), monkeypatch)
-    assert fast[0] == readable[0]          # every send: its metadata or its error
-    assert fast[1] == readable[1]          # the log: the same batches
-    assert fast[2] and not readable[2]     # and the two runs did take different paths
+    assert fast[0] == readable[0]  # every send: its metadata or its error
+    assert fast[1] == readable[1]  # the log: the same batches
+    assert fast[2] and not readable[2]  # and the two runs did take different paths
     assert sum(1 for o in fast[0] if not isinstance(o, tuple)) > 250
 
 
 @pytest.mark.parametrize("seed", SEEDS[:4])
-def test_blocking_producer_paths_agree_with_explicit_ids(seed: int,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocking_producer_paths_agree_with_explicit_ids(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ops = explicit_ops(seed)
     fast = _run_blocking(False, "mono", ops, _settings(random.Random(seed)), monkeypatch)
     readable = _run_blocking(True, "mono", ops, _settings(random.Random(seed)), monkeypatch)
@@ -179,8 +201,9 @@ def test_blocking_producer_paths_agree_with_explicit_ids(seed: int,
 
 
 @pytest.mark.parametrize("seed", SEEDS[:4])
-def test_async_producer_fast_and_readable_paths_agree(seed: int,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_producer_fast_and_readable_paths_agree(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for topic, ops in (("t", own_numbering_ops(seed)), ("mono", explicit_ops(seed))):
         fast = _run_async(False, topic, ops, _settings(random.Random(seed)), monkeypatch)
         readable = _run_async(True, topic, ops, _settings(random.Random(seed)), monkeypatch)

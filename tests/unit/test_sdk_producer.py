@@ -50,6 +50,7 @@ def test_send_many_keyed_and_unkeyed(fake) -> None:  # type: ignore[no-untyped-d
         for i, m in enumerate(metas):
             if i % 2:  # keyed records follow the stable hash
                 import zlib
+
                 assert m.partition == zlib.crc32(b"k%d" % i) % 3
         counts = Counter(m.partition for m in metas)
         assert [p.last_sequence_id(i) for i in range(3)] == [counts[i] - 1 for i in range(3)]
@@ -58,8 +59,9 @@ def test_send_many_keyed_and_unkeyed(fake) -> None:  # type: ignore[no-untyped-d
     # the first lease is by pid -1 on partition 0, the rest renew with pid+generation
     leases = [b for path, b in coord.requests if path.startswith("/v1/lease")]
     assert leases[0] == {"topic": "t", "partition": 0, "pid": -1}
-    assert leases[1]["requests"] == [{"topic": "t", "partition": q, "pid": 1000, "generation": 7}
-                                     for q in (1, 2)]
+    assert leases[1]["requests"] == [
+        {"topic": "t", "partition": q, "pid": 1000, "generation": 7} for q in (1, 2)
+    ]
 
 
 def test_append_lost_answer_is_resent_and_answered_duplicate_with_original_offsets(fake) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +79,9 @@ def test_append_lost_answer_is_resent_and_answered_duplicate_with_original_offse
     assert all(m.offset >= 0 for m in dups)
     recs = srv.records("one", 0)
     assert len(recs) == 2500
-    assert [r.value for r in recs] == [b"a%d" % i for i in range(500)] + [b"b%d" % i for i in range(2000)]
+    assert [r.value for r in recs] == [b"a%d" % i for i in range(500)] + [
+        b"b%d" % i for i in range(2000)
+    ]
     assert_exactly_once(srv, "one", 1, metas)
 
 
@@ -95,8 +99,15 @@ def test_drop_connections_midstream(fake) -> None:  # type: ignore[no-untyped-de
     assert_exactly_once(srv, "t", 3, metas)
 
 
-@pytest.mark.parametrize("code", [errors.SequenceUnknown.code, errors.NotLeader.code,
-                                  errors.ServerUnavailable.code, errors.UnknownTopicOrPartition.code])
+@pytest.mark.parametrize(
+    "code",
+    [
+        errors.SequenceUnknown.code,
+        errors.NotLeader.code,
+        errors.ServerUnavailable.code,
+        errors.UnknownTopicOrPartition.code,
+    ],
+)
 def test_retriable_answers_are_retried(fake, code: int) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
     with make(coord, topic="one", batch_records_max=20) as p:
@@ -141,9 +152,14 @@ def test_real_out_of_order_is_fatal(fake) -> None:  # type: ignore[no-untyped-de
         p.close()
 
 
-@pytest.mark.parametrize("code,exc", [(errors.ProducerFenced.code, errors.ProducerFenced),
-                                      (errors.Unauthorized.code, errors.Unauthorized),
-                                      (errors.InvalidRequest.code, errors.InvalidRequest)])
+@pytest.mark.parametrize(
+    "code,exc",
+    [
+        (errors.ProducerFenced.code, errors.ProducerFenced),
+        (errors.Unauthorized.code, errors.Unauthorized),
+        (errors.InvalidRequest.code, errors.InvalidRequest),
+    ],
+)
 def test_fatal_answers_fail_the_producer(fake, code: int, exc: type) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
     p = make(coord, topic="one")
@@ -222,7 +238,10 @@ def test_explicit_sequence_ids_monotonic_holes_make_separate_batches(fake) -> No
     with srv.lock:
         batches = list(srv.parts[("mono", 0)].batches)
     from pidlease.wire import protocol as P
-    runs = [(P.decode_batch_header(b).base_sequence, P.decode_batch_header(b).count) for b in batches]
+
+    runs = [
+        (P.decode_batch_header(b).base_sequence, P.decode_batch_header(b).count) for b in batches
+    ]
     assert runs == [(0, 3), (10, 2), (50, 4), (1000, 1), (2000, 1)]
 
 
@@ -309,7 +328,9 @@ def test_async_producer_surface(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
 
     async def main() -> list:
-        async with AsyncProducer("http://fake", "t", http_transport=coord.transport(), linger_ms=1) as p:
+        async with AsyncProducer(
+            "http://fake", "t", http_transport=coord.transport(), linger_ms=1
+        ) as p:
             assert p.pid > 0
             one = await p.send_and_wait(b"first", key=b"k")
             futs = [await p.send(b"v%d" % i, partition=2) for i in range(300)]
@@ -361,14 +382,15 @@ def test_buffer_bound_with_several_partitions_and_threads(fake) -> None:  # type
     assert sum(len(srv.records("t", i)) for i in range(3)) == 6000
     assert_exactly_once(srv, "t", 3, metas)
     assert sorted((m.partition, m.sequence_id) for m in metas) == sorted(
-        (q, s) for q in range(3) for s in range(Counter(m.partition for m in metas)[q]))
+        (q, s) for q in range(3) for s in range(Counter(m.partition for m in metas)[q])
+    )
 
 
 def test_records_linger_without_flush_and_keep_admission_order(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
     with make(coord, topic="one", linger_ms=20, batch_records_max=10) as p:
-        futs = [p.send(b"r%d" % i) for i in range(25)]   # 2 full runs and an open one
-        assert [f.result(5).sequence_id for f in futs] == list(range(25))   # no flush
+        futs = [p.send(b"r%d" % i) for i in range(25)]  # 2 full runs and an open one
+        assert [f.result(5).sequence_id for f in futs] == list(range(25))  # no flush
         late = p.send(b"late", key=b"k")
         assert late.result(5).sequence_id == 25
     assert [r.value for r in srv.records("one", 0)] == [b"r%d" % i for i in range(25)] + [b"late"]

@@ -39,8 +39,9 @@ def test_resolve_gives_each_record_its_metadata() -> None:
     assert all(isinstance(f, cf.Future) and not f.done() for f in futs)
     resolve_run(cond, run, BatchAck("t", 2, 100, 7, False))
     assert all(f.done() for f in futs)
-    assert [f.result(0) for f in futs] == [RecordMetadata("t", 2, 100 + i, 7 + i, False)
-                                           for i in range(3)]
+    assert [f.result(0) for f in futs] == [
+        RecordMetadata("t", 2, 100 + i, 7 + i, False) for i in range(3)
+    ]
     assert futs[0].result() is futs[0].result()  # built once
 
 
@@ -49,11 +50,11 @@ def test_duplicate_without_offsets_and_failure() -> None:
     resolve_run(cond, first, BatchAck("t", 0, -1, 5, True))
     assert futs[0].result() == RecordMetadata("t", 0, -1, 5, True)
     err = RuntimeError("fenced")
-    fail_all(cond, [first, second], err)   # the resolved one keeps its result
+    fail_all(cond, [first, second], err)  # the resolved one keeps its result
     assert futs[0].exception() is None and futs[1].exception() is err
     with pytest.raises(RuntimeError):
         futs[1].result()
-    resolve_run(cond, second, BatchAck("t", 0, 0, 0, False))   # failed stays failed
+    resolve_run(cond, second, BatchAck("t", 0, 0, 0, False))  # failed stays failed
     assert futs[1].exception() is err
 
 
@@ -110,32 +111,40 @@ def test_module_wait_as_completed_and_asyncio() -> None:
 
     async def main() -> RecordMetadata:
         c, (r,), fs = make_runs(1)
-        asyncio.get_running_loop().call_later(0.02, resolve_run, c, r, BatchAck("t", 0, 3, 3, False))
+        asyncio.get_running_loop().call_later(
+            0.02, resolve_run, c, r, BatchAck("t", 0, 3, 3, False)
+        )
         return await asyncio.wrap_future(fs[0])
+
     assert asyncio.run(main()).offset == 3
 
 
 def test_record_run_limits_and_contiguity() -> None:
-    value = b"x" * 92                              # 100 bytes encoded
+    value = b"x" * 92  # 100 bytes encoded
     run = RecordRun(0.0, -1, 3, BATCH_HEADER_SIZE + 250)
     assert run.add(None, value, 1, -1) and run.add(None, value, 2, -1)
-    assert not run.add(None, value, 3, -1)        # over bytes
+    assert not run.add(None, value, 3, -1)  # over bytes
     assert run.add(None, b"", 3, -1) and not run.add(None, b"", 4, -1)  # over count
     assert run.full(8) and run.count == 3 and run.futures == [1, 2, 3]
     ex = RecordRun(0.0, 5, 10, 10_000)
-    assert ex.add(None, value, 1, 5) and ex.add(None, value, 2, 6) and not ex.add(None, value, 3, 8)  # a hole
+    assert (
+        ex.add(None, value, 1, 5) and ex.add(None, value, 2, 6) and not ex.add(None, value, 3, 8)
+    )  # a hole
     assert ex.last_seq == 6 and ex.size == BATCH_HEADER_SIZE + 2 * 100
     keyed = RecordRun(0.0, -1, 10, 10_000)
     assert keyed.add(b"key", value, 1, -1) and keyed.size == BATCH_HEADER_SIZE + 103
 
 
-@pytest.mark.parametrize("records", [
-    [(None, b"a" * 100)] * 7,                                   # uniform: one head, joined
-    [(None, b"a" * n) for n in (0, 5, 100, 3, 3)],              # lengths vary
-    [(None, b"v1"), (b"k", b"v2"), (b"", b""), (None, b"")],    # keys, empty key and value
-    [(None, b"ab"), (None, b""), (None, b"abcd")],              # total as if uniform, lengths not
-    [(None, b"ab"), (None, b"ab"), (None, b"a")],                # uniform until the last
-])
+@pytest.mark.parametrize(
+    "records",
+    [
+        [(None, b"a" * 100)] * 7,  # uniform: one head, joined
+        [(None, b"a" * n) for n in (0, 5, 100, 3, 3)],  # lengths vary
+        [(None, b"v1"), (b"k", b"v2"), (b"", b""), (None, b"")],  # keys, empty key and value
+        [(None, b"ab"), (None, b""), (None, b"abcd")],  # total as if uniform, lengths not
+        [(None, b"ab"), (None, b"ab"), (None, b"a")],  # uniform until the last
+    ],
+)
 def test_record_run_batch_is_encode_batch(records: list[tuple[bytes | None, bytes]]) -> None:
     run = RecordRun(0.0, -1, 1000, 1 << 20)
     for k, v in records:
@@ -146,8 +155,9 @@ def test_record_run_batch_is_encode_batch(records: list[tuple[bytes | None, byte
     h = protocol.validate_batch(got)
     assert h.count == len(records) and h.size == len(got) == run.size
     parts = [protocol.encode_record(k, v) for k, v in records]
-    assert protocol.batch_from_parts(parts, len(parts), **kw) == \
-        protocol.batch_from_records(b"".join(parts), len(parts), **kw)
+    assert protocol.batch_from_parts(parts, len(parts), **kw) == protocol.batch_from_records(
+        b"".join(parts), len(parts), **kw
+    )
 
 
 def test_the_future_internals_this_module_uses_are_there() -> None:
@@ -156,11 +166,19 @@ def test_the_future_internals_this_module_uses_are_there() -> None:
     import concurrent.futures._base as base
 
     assert (base.PENDING, base.FINISHED, base.CANCELLED, base.CANCELLED_AND_NOTIFIED) == (
-        "PENDING", "FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED")
+        "PENDING",
+        "FINISHED",
+        "CANCELLED",
+        "CANCELLED_AND_NOTIFIED",
+    )
     plain = cf.Future()  # type: ignore[var-annotated]
-    assert {"_condition", "_state", "_result", "_exception", "_waiters",
-            "_done_callbacks"} <= set(vars(plain))
+    assert {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"} <= set(
+        vars(plain)
+    )
     assert callable(cf.Future._invoke_callbacks)  # type: ignore[attr-defined]
-    for waiter in (base._AsCompletedWaiter(), base._FirstCompletedWaiter(),
-                   base._AllCompletedWaiter(1, stop_on_exception=False)):
+    for waiter in (
+        base._AsCompletedWaiter(),
+        base._FirstCompletedWaiter(),
+        base._AllCompletedWaiter(1, stop_on_exception=False),
+    ):
         assert callable(waiter.add_result) and callable(waiter.add_exception)

@@ -14,8 +14,12 @@ TOPICS = {"one": (1, "strict")}
 def test_too_many_pids_is_retried_with_backoff(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
     assert errors.TooManyPids.retriable and errors.TooManyPids.code == 24
-    with Producer("http://fake", topic="one", http_transport=coord.transport(),  # type: ignore[arg-type]
-                  batch_records_max=20) as p:
+    with Producer(
+        "http://fake",
+        topic="one",
+        http_transport=coord.transport(),  # type: ignore[arg-type]
+        batch_records_max=20,
+    ) as p:
         srv.fail_next.extend([errors.TooManyPids.code] * 3)
         futs = [p.send(b"r%d" % i) for i in range(100)]
         p.flush()

@@ -15,7 +15,9 @@ from pidlease.cli.verify import Runs, audit, load_acked
 
 
 def recs(*pid_seqs: tuple[int, int]) -> list[Record]:
-    return [Record("t", 0, off, pid, 1, seq, None, b"", 0) for off, (pid, seq) in enumerate(pid_seqs)]
+    return [
+        Record("t", 0, off, pid, 1, seq, None, b"", 0) for off, (pid, seq) in enumerate(pid_seqs)
+    ]
 
 
 def run(log: list[Record], dedup: str = "strict", acked=None):  # type: ignore[no-untyped-def]
@@ -84,4 +86,8 @@ def test_shuffled_log_counts_out_of_order_not_duplicates() -> None:
     seqs = list(range(100))
     random.Random(3).shuffle(seqs)
     r = run(recs(*[(5, s) for s in seqs]))
-    assert r.partitions[0].duplicates == 0 and r.partitions[0].out_of_order > 0 and r.partitions[0].gaps == 0
+    assert (
+        r.partitions[0].duplicates == 0
+        and r.partitions[0].out_of_order > 0
+        and r.partitions[0].gaps == 0
+    )

@@ -29,12 +29,19 @@ def test_waiting_for_answers_before_a_resend_does_not_spin(monkeypatch) -> None:
     srv = FakePartitionServer(TOPICS).start()
     coord = FakeCoordinator(srv, TOPICS)
     srv.fail_at = {1: errors.ServerUnavailable.code}  # the first batch is refused at once
-    srv.silent_from = 2                               # the next ones wait for their answers
+    srv.silent_from = 2  # the next ones wait for their answers
 
     async def main() -> list:
-        async with AsyncProducer("http://fake", "mono", http_transport=coord.transport(),  # type: ignore[arg-type]
-                                 linger_ms=0, max_in_flight=5, batch_records_max=1,
-                                 retry_backoff_ms=1, retry_backoff_max_ms=5) as p:
+        async with AsyncProducer(
+            "http://fake",
+            "mono",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+            max_in_flight=5,
+            batch_records_max=1,
+            retry_backoff_ms=1,
+            retry_backoff_max_ms=5,
+        ) as p:
             futs = [await p.send(b"r%d" % i) for i in range(5)]
             await wait_until(lambda: srv.produce_requests >= 5)
             before = turns[0]

@@ -12,8 +12,12 @@ def test_the_sdk_retries_every_code_the_guard_answers() -> None:
     """A held-back batch is answered with the code of the refusal that holds it: the SDK
     must retry it (and so resend in order), never fail the producer."""
     assert errors.UnknownTopicOrPartition.code in S._GUARDED_CODES
-    assert {errors.NotLeader.code, errors.ServerUnavailable.code, errors.TooManyPids.code,
-            errors.SequenceUnknown.code} <= S._GUARDED_CODES
+    assert {
+        errors.NotLeader.code,
+        errors.ServerUnavailable.code,
+        errors.TooManyPids.code,
+        errors.SequenceUnknown.code,
+    } <= S._GUARDED_CODES
     for code in S._GUARDED_CODES:
         assert _retriable(errors.error_for_code(code, "held back")), code
 

@@ -30,10 +30,21 @@ def rows(*r: tuple) -> list:  # type: ignore[type-arg]
 
 
 def sample() -> Snapshot:
-    return Snapshot(123, {("orders", 0): PartitionImage(38, 40, rows(
-        (7, 3, 19, 1000, [0, 9, 0, 10, 19, 20]), (8, 0, -1, 1001, []),
-        (2**63 - 1, 2**31 - 1, 2**62, 2**62, [-1, -1, 5]))),
-        ("a-b.c", 3): PartitionImage(0, 0, [])})
+    return Snapshot(
+        123,
+        {
+            ("orders", 0): PartitionImage(
+                38,
+                40,
+                rows(
+                    (7, 3, 19, 1000, [0, 9, 0, 10, 19, 20]),
+                    (8, 0, -1, 1001, []),
+                    (2**63 - 1, 2**31 - 1, 2**62, 2**62, [-1, -1, 5]),
+                ),
+            ),
+            ("a-b.c", 3): PartitionImage(0, 0, []),
+        },
+    )
 
 
 def test_round_trip() -> None:
@@ -79,6 +90,7 @@ def test_store_keeps_the_last_two_and_falls_back_to_an_older_valid_one(tmp_path:
 
 def _write_log(tmp_path: Path, batches: list[bytes]) -> int:
     from partition_server.log import PartitionLog
+
     lg, _ = PartitionLog.open(tmp_path / "t-0", 1 << 20)
     for b in batches:
         buf = bytearray(b)
@@ -93,15 +105,26 @@ def _recover(tmp_path: Path, snap: PartitionImage | None) -> tuple[Partition, in
     async def go() -> tuple[Partition, int]:
         fl = Flusher(mode="interval", interval_ms=1)
         part, _, replayed = Partition.recover(
-            tmp_path, "t", 0, mode="strict", segment_bytes_max=1 << 20, batches_kept=5,
-            pids_max=100, flusher=fl, clock_ms=lambda: 5, snapshot=snap)
+            tmp_path,
+            "t",
+            0,
+            mode="strict",
+            segment_bytes_max=1 << 20,
+            batches_kept=5,
+            pids_max=100,
+            flusher=fl,
+            clock_ms=lambda: 5,
+            snapshot=snap,
+        )
         return part, replayed
+
     return asyncio.run(go())
 
 
 def b(pid: int, gen: int, seq: int, n: int = 1) -> bytes:
-    return P.encode_batch([(None, b"v")] * n, pid=pid, generation=gen, base_sequence=seq,
-                          timestamp_ms=1)
+    return P.encode_batch(
+        [(None, b"v")] * n, pid=pid, generation=gen, base_sequence=seq, timestamp_ms=1
+    )
 
 
 def test_recovery_replays_only_after_the_snapshot_offset(tmp_path: Path) -> None:
@@ -130,8 +153,9 @@ def test_log_shorter_than_snapshot_is_rebuilt_from_zero(tmp_path: Path) -> None:
 
 def test_log_between_replay_from_and_covered_to_is_also_rebuilt(tmp_path: Path) -> None:
     _write_log(tmp_path, [b(1, 0, 0, 2), b(3, 4, 0)])  # ends at 3
-    snap = PartitionImage(2, 4, rows((1, 0, 1, 0, [0, 1, 0]), (3, 4, 0, 0, [0, 0, 2]),
-                                     (9, 0, 0, 0, [0, 0, 3])))
+    snap = PartitionImage(
+        2, 4, rows((1, 0, 1, 0, [0, 1, 0]), (3, 4, 0, 0, [0, 0, 2]), (9, 0, 0, 0, [0, 0, 3]))
+    )
     part, replayed = _recover(tmp_path, snap)
     assert replayed == 2 and part.state.get(9) is None
     part.close()
@@ -144,8 +168,12 @@ def test_log_between_replay_from_and_covered_to_is_also_rebuilt(tmp_path: Path) 
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 3), st.booleans()), max_size=40),
-       st.integers(0, 40), st.lists(st.integers(0, 40), max_size=4), st.integers(1, 3))
+@given(
+    st.lists(st.tuples(st.integers(1, 6), st.integers(1, 3), st.booleans()), max_size=40),
+    st.integers(0, 40),
+    st.lists(st.integers(0, 40), max_size=4),
+    st.integers(1, 3),
+)
 def test_fuzzy_capture_then_replay_equals_full_replay(sends, start, cuts, chunk) -> None:  # type: ignore[no-untyped-def]
     live = ProducerStateTable(batches_kept=2)
     headers: list[P.BatchHeader] = []

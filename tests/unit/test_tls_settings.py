@@ -35,8 +35,8 @@ def test_coordinator_needs_both_files(tmp_path) -> None:  # type: ignore[no-unty
 
 def test_client_context_sources(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv(TLS_CA_FILE_ENV, raising=False)
-    assert client_ssl_context() is None                      # plaintext
-    ctx = client_ssl_context(tls=True)                       # the system store
+    assert client_ssl_context() is None  # plaintext
+    ctx = client_ssl_context(tls=True)  # the system store
     assert isinstance(ctx, ssl.SSLContext) and ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
     assert ctx.check_hostname and ctx.verify_mode == ssl.CERT_REQUIRED
     with pytest.raises(errors.ConfigError, match="cannot load the TLS CA bundle"):
@@ -64,10 +64,12 @@ def test_certificate_failures_are_not_retriable() -> None:
     other = _transport_error("https://127.0.0.1:1", httpx.ConnectError("refused"))
     assert isinstance(other, errors.CoordinatorUnavailable) and other.retriable
     assert isinstance(connect_error("h:1", cert), errors.Unauthorized)
-    assert isinstance(connect_error("h:1", ssl.SSLError(1, "wrong version number")),
-                      errors.ServerUnavailable)
-    assert isinstance(connect_error("h:1", ConnectionRefusedError(111, "refused")),
-                      errors.ServerUnavailable)
+    assert isinstance(
+        connect_error("h:1", ssl.SSLError(1, "wrong version number")), errors.ServerUnavailable
+    )
+    assert isinstance(
+        connect_error("h:1", ConnectionRefusedError(111, "refused")), errors.ServerUnavailable
+    )
 
 
 def test_https_lease_client_uses_the_given_ca(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

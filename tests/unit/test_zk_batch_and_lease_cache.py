@@ -33,7 +33,9 @@ class FakeZk:
         self.gate.set()
         self.down = False
 
-    def _op(self, nodes: dict[str, tuple[bytes, int]], op: tuple[str, str, bytes, int | None]) -> Any:
+    def _op(
+        self, nodes: dict[str, tuple[bytes, int]], op: tuple[str, str, bytes, int | None]
+    ) -> Any:
         kind, path, data, version = op
         if kind == "create":
             if path in nodes:
@@ -94,6 +96,7 @@ def wait(zk: FakeZk) -> Any:
         if isinstance(done.value, Exception):
             raise done.value
         return done.value
+
     return w
 
 
@@ -101,7 +104,7 @@ def test_writes_queued_behind_one_in_flight_go_out_as_one_multi() -> None:
     zk = FakeZk()
     b = WriteBatcher(zk, wait(zk), batch_max=64)
     try:
-        zk.gate.clear()                      # the first write blocks "in ZooKeeper"
+        zk.gate.clear()  # the first write blocks "in ZooKeeper"
         first = b.submit("/pids/1", b"a", None)
         # While it is in flight, 20 more arrive.
         futs = [b.submit(f"/pids/{i}", b"x", None) for i in range(2, 22)]
@@ -110,7 +113,7 @@ def test_writes_queued_behind_one_in_flight_go_out_as_one_multi() -> None:
         assert first.result(5) is True
         assert all(f.result(5) is True for f in futs)
         assert set(zk.nodes) == {f"/pids/{i}" for i in range(1, 22)}
-        assert zk.requests < 21, zk.multi_sizes     # fewer requests than writes
+        assert zk.requests < 21, zk.multi_sizes  # fewer requests than writes
         assert max(zk.multi_sizes) >= 2
     finally:
         b.stop()
@@ -124,10 +127,10 @@ def test_one_failing_write_does_not_fail_its_batch_neighbours() -> None:
         zk.gate.clear()
         blocker = b.submit("/pids/100", b"z", None)
         good = [b.submit(f"/pids/{i}", b"n", None) for i in range(10, 15)]
-        dup = b.submit("/pids/5", b"again", None)          # exists: NodeExistsError
-        stale = b.submit("/pids/5", b"cas", 2)              # version moved: BadVersionError
-        fresh = b.submit("/pids/5", b"cas", 3)              # right version: applies
-        gone = b.submit("/pids/6", b"cas", 0)               # NoNodeError
+        dup = b.submit("/pids/5", b"again", None)  # exists: NodeExistsError
+        stale = b.submit("/pids/5", b"cas", 2)  # version moved: BadVersionError
+        fresh = b.submit("/pids/5", b"cas", 3)  # right version: applies
+        gone = b.submit("/pids/6", b"cas", 0)  # NoNodeError
         zk.gate.set()
         assert blocker.result(5) and all(f.result(5) for f in good)
         with pytest.raises(NodeExistsError):
@@ -164,11 +167,11 @@ def test_record_cache_is_bounded_lru_and_never_goes_back_a_version() -> None:
     c = RecordCache(3)
     for pid in (1, 2, 3):
         c.put(record(pid, 0), 0)
-    assert c.get(1) is not None          # 1 is now the newest
-    c.put(record(4, 0), 0)               # evicts 2, the least recently used
+    assert c.get(1) is not None  # 1 is now the newest
+    c.put(record(4, 0), 0)  # evicts 2, the least recently used
     assert c.get(2) is None and len(c) == 3
     c.put(record(1, 7), 5)
-    c.put(record(1, 6), 4)               # an older version arriving late is ignored
+    c.put(record(1, 6), 4)  # an older version arriving late is ignored
     got = c.get(1)
     assert got is not None and got[1] == 5 and got[0].generation == 7
     c.drop(1)
