@@ -26,8 +26,8 @@ from typing import Any
 
 import psutil
 
-from pidlease.testing.http import Reply, run_many
 from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.http import Reply, run_many
 
 
 def zk_writes(url: str) -> int:

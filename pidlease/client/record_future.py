@@ -169,7 +169,7 @@ class RecordFuture(Future[RecordMetadata]):
             return self._outcome()
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
-                raise TimeoutError()
+                raise TimeoutError
             return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -178,7 +178,7 @@ class RecordFuture(Future[RecordMetadata]):
             return out if isinstance(out, BaseException) else None
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
-                raise TimeoutError()
+                raise TimeoutError
             if self._state != FINISHED:
                 raise CancelledError()
             if self._own == FINISHED:

@@ -131,7 +131,7 @@ class WireClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> WireClient:  # noqa: PYI034
+    def __enter__(self) -> WireClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,11 +25,11 @@ from checker import ZOMBIE_MARK, Acked, CheckReport, Fence, check, read_topic
 from schedule import Fault, make_schedule
 
 from pidlease import errors
-from pidlease.wire import protocol as P
+from pidlease.client.producer import Producer
 from pidlease.testing.devcluster import LocalCluster, Service, http_json
 from pidlease.testing.faultproxy import FaultProxy
-from pidlease.client.producer import Producer
 from pidlease.testing.zkserver import free_port
+from pidlease.wire import protocol as P
 
 TOPIC = "chaos"
 SESSION_TIMEOUT_MS = 2_000

@@ -19,8 +19,8 @@ from checker import Acked, check, read_topic
 from fulldisk import acked_count, failed_count, mount, wait_stalled
 from runner import SERVER_ENV
 
-from pidlease.testing.devcluster import LocalCluster
 from pidlease.client.producer import Producer
+from pidlease.testing.devcluster import LocalCluster
 
 TOPIC = "tmpfs"
 N_RECORDS = 50_000  # ~11 MiB of batches: more than the 8 MiB disk

@@ -25,8 +25,8 @@ from checker import Acked, check, read_topic
 from fulldisk import acked_count, failed_count, mount, wait_stalled
 from runner import SERVER_ENV
 
-from pidlease.testing.devcluster import LocalCluster
 from pidlease.client.producer import Producer, RecordMetadata
+from pidlease.testing.devcluster import LocalCluster
 
 TOPIC = "tmpfs-mono"
 PRODUCERS = 3

@@ -23,8 +23,8 @@ from fulldisk import acked_count, failed_count, wait_stalled
 from runner import PRODUCER_KW, SERVER_ENV, SESSION_TIMEOUT_MS
 
 from pidlease import errors
-from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.client.producer import Producer
+from pidlease.testing.devcluster import LocalCluster, http_json
 
 WAIT_S = 120.0
 

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.testing.devcluster import DEV_SECRET, http_json
 from pidlease.client.producer import Producer
+from pidlease.testing.devcluster import DEV_SECRET, http_json
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease.wire.token import make_token
 
 API_TOKEN = "s3cret-api-token"

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET, LocalCluster
+from pidlease.testing.wire import WireClient, batch, create_topic, token
+from pidlease.wire import protocol as P
 
 EXAMPLES = int(os.environ.get("PIDLEASE_FUZZ_EXAMPLES", "300"))
 ANSWER_TIMEOUT_S = 10.0

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from pidlease.cli.verify import verify_topic
+from pidlease.client.producer import Producer
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.faultproxy import FaultProxy
-from pidlease.client.producer import Producer
-from pidlease.cli.verify import verify_topic
 from pidlease.testing.zkserver import free_port
 
 TOPIC = "proxied"

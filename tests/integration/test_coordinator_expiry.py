@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from pidlease.wire.cluster import connect_zk, name_path, pid_path
 from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.wire.cluster import connect_zk, name_path, pid_path
 from tests.helpers import lease_pid, wait_for
 
 WAIT_S = 60

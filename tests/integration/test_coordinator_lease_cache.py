@@ -13,9 +13,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from pidlease.testing.devcluster import LocalCluster
 from pidlease.testing.http import run_many
 from pidlease.wire import cluster as cluster_layout
-from pidlease.testing.devcluster import LocalCluster
 from tests.helpers import lease_pid
 
 

@@ -8,9 +8,9 @@ import asyncio
 import time
 from typing import Any
 
+from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.http import Reply, run_many
 from pidlease.wire.cluster import PID_BLOCK, connect_zk
-from pidlease.testing.devcluster import LocalCluster, http_json
 
 PER_COORDINATOR = 5_000
 CONNECTIONS = 250  # concurrent keep-alive connections per coordinator

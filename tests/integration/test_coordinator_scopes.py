@@ -24,12 +24,12 @@ import httpx
 import pytest
 
 from coordinator.store import principal_path
-from pidlease.testing.http import Reply, run_many
-from pidlease.wire import cluster as layout
 from pidlease import errors
-from pidlease.wire.cluster import connect_zk
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import Producer
+from pidlease.testing.http import Reply, run_many
+from pidlease.wire import cluster as layout
+from pidlease.wire.cluster import connect_zk
 
 ADMIN_TOKEN = "ops-admin-token-0001"
 P1_TOKEN = "p1-producer-token-0001"

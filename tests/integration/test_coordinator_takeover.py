@@ -9,11 +9,11 @@ import asyncio
 import time
 from typing import Any
 
+from pidlease import errors
+from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.http import run_many
 from pidlease.testing.wire import WireClient
-from pidlease import errors
 from pidlease.wire import protocol as P
-from pidlease.testing.devcluster import LocalCluster, http_json
 from tests.helpers import lease_pid
 
 

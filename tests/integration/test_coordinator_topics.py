@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pidlease.testing.wire import WireClient
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.wire import WireClient
+from pidlease.wire import protocol as P
 
 
 def test_create_list_describe(make_cluster: Any) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pidlease.wire.cluster import COORDINATORS, connect_zk
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.zkserver import ZooKeeperCluster
+from pidlease.wire.cluster import COORDINATORS, connect_zk
 from tests.helpers import wait_for
 
 ZK_REQUEST_TIMEOUT_MS = 2_000

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pidlease.wire import protocol as P
+from pidlease.cli.verify import verify_topic
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
-from pidlease.cli.verify import verify_topic
+from pidlease.wire import protocol as P
 from tests.helpers import wait_for
 
 RECORDS = 100_000

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from pidlease.testing.wire import WireClient, batch, token
 from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.wire import WireClient, batch, token
 from tests.helpers import leased
 
 pytest.importorskip(

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+
 import httpx
 
+from pidlease.cli.verify import audit
+from pidlease.client.producer import AsyncProducer, RecordMetadata
 from pidlease.testing.wire import WireClient
 from pidlease.wire import protocol as P
-from pidlease.client.producer import AsyncProducer, RecordMetadata
-from pidlease.cli.verify import audit
 
 TOPICS = 200
 PARTITIONS = 2

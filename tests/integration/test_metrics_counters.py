@@ -11,9 +11,9 @@ import random
 from typing import Any
 
 from partition_server.metrics import sample
-from pidlease.testing.wire import WireClient, batch
 from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster, http_json
+from pidlease.testing.wire import WireClient, batch
 from tests.helpers import leased, scrape_metrics, wait_for
 
 WAIT_S = 60

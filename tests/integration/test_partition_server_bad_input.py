@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET
+from pidlease.testing.wire import WireClient, batch, create_topic, token
+from pidlease.wire import protocol as P
 
 FRAME_MAX = 64 * 1024
 BATCH_MAX = 16 * 1024

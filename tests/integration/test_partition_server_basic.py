@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
-from pidlease.wire.cluster import ServerInfo, connect_zk, server_path
 from pidlease.testing.devcluster import DEV_SECRET
+from pidlease.testing.wire import WireClient, batch, create_topic, token
+from pidlease.wire.cluster import ServerInfo, connect_zk, server_path
 
 SHORT = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.testing.devcluster import DEV_SECRET
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

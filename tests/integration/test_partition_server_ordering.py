@@ -14,11 +14,11 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
+from pidlease.testing.devcluster import DEV_SECRET
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState, TopicSpec, connect_zk, partition_path, topic_path
-from pidlease.testing.devcluster import DEV_SECRET
 
 BATCHES = 150
 PID, GEN = 41, 2

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from partition_server.metrics import sample
-from pidlease.testing.wire import WireClient, batch, create_topic, token
 from pidlease import errors
 from pidlease.testing.devcluster import DEV_SECRET
+from pidlease.testing.wire import WireClient, batch, create_topic, token
 from tests.helpers import scrape_metrics
 
 IDLE_MS = 1500

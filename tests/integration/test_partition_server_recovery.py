@@ -15,9 +15,9 @@ import pytest
 
 from partition_server.testing import active_segment, tear_tail
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.testing.devcluster import DEV_SECRET
 from pidlease.testing.wire import WireClient, batch, create_topic, token
+from pidlease.wire import protocol as P
 
 ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}
 

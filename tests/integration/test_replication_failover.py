@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from partition_server.testing import log_batches
+from pidlease.cli.verify import verify_topic
+from pidlease.client.producer import Producer
+from pidlease.client.reader import Reader
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.faultproxy import FaultProxy
 from pidlease.testing.wire import WireClient
-from pidlease.client.producer import Producer
-from pidlease.client.reader import Reader
-from pidlease.cli.verify import verify_topic
 from tests.helpers import wait_for
 
 TOPIC = "orders"
@@ -269,8 +269,8 @@ def test_a_leader_restarted_at_once_hands_over_and_catches_up(make_cluster, tmp_
 
 @pytest.mark.slow
 def test_takeover_right_after_a_failover_fences_through_the_new_leader(make_cluster) -> None:  # type: ignore[no-untyped-def]
-    from pidlease.testing.wire import batch, token
     from pidlease import errors
+    from pidlease.testing.wire import batch, token
 
     cluster: LocalCluster = make_cluster(servers=3, env=ENV)
     cluster.create_topic(TOPIC, partitions=1, replication_factor=3)

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.client.connection import BlockingConnection
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import AsyncProducer, Producer
 from pidlease.client.reader import Reader
+from pidlease.wire import protocol as P
 
 
 def test_produce_and_read_back(make_cluster) -> None:  # type: ignore[no-untyped-def]

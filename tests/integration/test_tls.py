@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 
 from pidlease import errors
-from pidlease.wire import protocol
+from pidlease.cli.verify import verify_topic
 from pidlease.client.connection import BlockingConnection, Connection
-from pidlease.testing.devcluster import LocalCluster, http_json, make_certs
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
+from pidlease.testing.devcluster import LocalCluster, http_json, make_certs
+from pidlease.wire import protocol
 from pidlease.wire.tls import TLS_CA_FILE_ENV, client_ssl_context
-from pidlease.cli.verify import verify_topic
 from tests.helpers import wait_for
 
 TOPIC = "secure"

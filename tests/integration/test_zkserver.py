@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from pidlease.testing import zkserver
-from pidlease.wire.cluster import ALL_ROOTS, connect_zk
 from pidlease.testing.zkserver import ZooKeeperCluster
+from pidlease.wire.cluster import ALL_ROOTS, connect_zk
 
 
 def test_standalone_with_chroot_is_created_on_connect(zookeeper: ZooKeeperCluster) -> None:

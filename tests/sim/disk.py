@@ -12,9 +12,9 @@ that loses power leaves behind."""
 from __future__ import annotations
 
 import errno
-from bisect import bisect_right
 import os as _os
 import random
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 

@@ -41,10 +41,8 @@ from partition_server.settings import ServerSettings
 from pidlease.wire.cluster import (
     ALL_ROOTS,
     PartitionState,
-    ServerInfo,
     TopicSpec,
     partition_path,
-    server_path,
     topic_path,
 )
 from tests.sim.disk import DiskFaults, DiskShim

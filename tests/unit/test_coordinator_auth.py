@@ -22,10 +22,10 @@ from coordinator.metrics import Metrics
 from coordinator.service import LeaseService
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import principal_path
+from coordinator.testing import FakeStore
+from pidlease.errors import Forbidden, PidLimitExceeded
 from pidlease.wire import cluster
 from pidlease.wire.cluster import PidRecord, TopicSpec
-from pidlease.errors import Forbidden, PidLimitExceeded
-from coordinator.testing import FakeStore
 
 # -- parsing -----------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from coordinator.leaders import LeaderClient
-from pidlease.wire import protocol as P
 from pidlease.errors import CoordinatorUnavailable
+from pidlease.wire import protocol as P
 
 _U32 = struct.Struct(">I")
 

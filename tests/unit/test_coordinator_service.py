@@ -13,16 +13,16 @@ from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.metrics import Metrics
 from coordinator.service import LeaseService
 from coordinator.settings import CoordinatorSettings
-from pidlease.wire import cluster
+from coordinator.testing import FakeStore
 from pidlease.errors import (
     CoordinatorUnavailable,
     ProducerFenced,
     UnknownPid,
     UnknownTopicOrPartition,
 )
+from pidlease.wire import cluster
 from pidlease.wire.protocol import Response
 from pidlease.wire.token import verify_token
-from coordinator.testing import FakeStore
 from tests.helpers import ManualClock
 
 

@@ -11,8 +11,8 @@ import pytest
 from coordinator.events import EventLog, ObservedLeaseService
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.service import LeaseResult, LeaseService
-from pidlease.wire.cluster import PidRecord
 from pidlease.errors import ProducerFenced, UnknownPid
+from pidlease.wire.cluster import PidRecord
 
 
 def server_event(server: int, seq: int, t: int, kind: str = "duplicate") -> dict[str, Any]:

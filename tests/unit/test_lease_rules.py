@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from coordinator import leases
 from coordinator.leases import ExpiryLimits, LeaseKind, LeaseRequest, LeaseState
-from pidlease.wire.cluster import PidRecord
 from pidlease.errors import InvalidRequest, ProducerFenced, UnknownPid
+from pidlease.wire.cluster import PidRecord
 from pidlease.wire.protocol import MAX_GENERATION
 
 LIMITS = ExpiryLimits(

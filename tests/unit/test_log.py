@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from partition_server.log import PartitionLog
-from pidlease.wire import protocol as P
 from pidlease.errors import CorruptRecord, ServerUnavailable
+from pidlease.wire import protocol as P
 
 
 def mk(seq: int, n: int = 2, pid: int = 1, size: int = 10) -> bytes:

@@ -30,7 +30,8 @@ from partition_server.producer_state import FenceOutcome, Outcome, ProducerState
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import MAGIC_V3, PartitionImage, Snapshot, decode, encode
-from partition_server.testing import b as batch, open_part, stored
+from partition_server.testing import b as batch
+from partition_server.testing import open_part, stored
 from tests.helpers import ManualClock
 
 EXPIRE_MS = 10_000

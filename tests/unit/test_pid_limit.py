@@ -13,9 +13,9 @@ import pytest
 
 from partition_server.partition import Partition, replay_batch
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
+from partition_server.testing import open_part
 from pidlease.errors import TooManyPids
 from pidlease.wire.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
-from partition_server.testing import open_part
 
 IDLE = 1_000
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from append_rules_model import AppendRulesModel, Answer, Expectation, Stored, only
+from append_rules_model import Answer, AppendRulesModel, Expectation, Stored, only
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -548,8 +548,8 @@ def run_limited(mode: str, ops: list[Op]) -> None:
         mode=mode, batches_kept=K, pids_max=LIMIT, evict_idle_min_ms=IDLE, expire_ms=EXPIRE
     )
     now = 0
-    gens = {pid: 3 for pid in LIMIT_PIDS}
-    nexts = {pid: 0 for pid in LIMIT_PIDS}
+    gens = dict.fromkeys(LIMIT_PIDS, 3)
+    nexts = dict.fromkeys(LIMIT_PIDS, 0)
     sent: dict[int, list[tuple[int, int]]] = {pid: [] for pid in LIMIT_PIDS}
     trace: list[str] = []
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidlease.wire import protocol as p
 from pidlease.errors import CorruptRecord
+from pidlease.wire import protocol as p
 
 records_st = st.lists(
     st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50)),

@@ -14,8 +14,8 @@ import struct
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pidlease.wire import protocol as p
 from pidlease.errors import CorruptRecord
+from pidlease.wire import protocol as p
 from pidlease.wire.protocol import (
     _REC_HEAD,
     BATCH_HEADER_SIZE,

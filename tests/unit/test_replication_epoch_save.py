@@ -25,8 +25,8 @@ from partition_server.flusher import Flusher
 from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
-from pidlease.wire.cluster import PartitionState, TopicSpec
 from partition_server.testing import b, open_part, stored
+from pidlease.wire.cluster import PartitionState, TopicSpec
 
 
 class FullDisk:

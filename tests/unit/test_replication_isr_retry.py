@@ -17,9 +17,9 @@ from partition_server.flusher import Flusher
 from partition_server.isr import InSyncReplicas
 from partition_server.partition import Partition
 from partition_server.replication import ReplicaManager
+from partition_server.testing import FakeZk, InlineExecutor, b, open_part, settle
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
-from partition_server.testing import FakeZk, InlineExecutor, b, open_part, settle
 from tests.helpers import ManualClock
 
 LAG_MS = 10_000

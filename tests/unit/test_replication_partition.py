@@ -13,9 +13,9 @@ from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.replica_fetcher import append_fetched
-from pidlease.wire import protocol as P
-from pidlease.errors import CorruptRecord, NotLeader
 from partition_server.testing import b, open_part, outcome, stored
+from pidlease.errors import CorruptRecord, NotLeader
+from pidlease.wire import protocol as P
 
 SEGMENT_BYTES = 4096
 

@@ -8,11 +8,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client.producer import AsyncProducer, Producer, ProducerClosed, ProducerState
 from pidlease.client.sender import SenderState
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 TOPICS = {"t": (2, "strict")}
 

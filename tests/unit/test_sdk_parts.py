@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from pidlease import errors
-from pidlease.wire import protocol as P
 from pidlease.client.connection import Connection, split_address
 from pidlease.client.lease_client import AsyncLeaseClient, LeaseClient
 from pidlease.client.partitioner import Partitioner, partition_for_key
@@ -21,6 +20,7 @@ from pidlease.client.producer import Producer
 from pidlease.client.reader import Reader
 from pidlease.client.sender import Backoff
 from pidlease.testing.fakes import FakePartitionServer
+from pidlease.wire import protocol as P
 
 
 def test_partitioner_is_the_documented_crc32_and_round_robin() -> None:

@@ -16,11 +16,11 @@ import random
 from typing import Any
 
 import pytest
-from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 from pidlease import errors
 from pidlease.client import producer as producer_module
 from pidlease.client.producer import AsyncProducer, Producer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 from pidlease.wire import protocol as P
 
 TOPICS = {"t": (3, "strict"), "mono": (1, "monotonic")}

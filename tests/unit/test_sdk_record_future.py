@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from pidlease.wire import protocol
-from pidlease.wire.protocol import BATCH_HEADER_SIZE
 from pidlease.client.record_future import BatchAck, fail_all, fail_run, future_class, resolve_run
 from pidlease.client.record_run import RecordRun
 from pidlease.client.sender import RecordMetadata
+from pidlease.wire import protocol
+from pidlease.wire.protocol import BATCH_HEADER_SIZE
 
 
 def make_runs(*sizes: int) -> tuple[threading.Condition, list[RecordRun], list[cf.Future]]:  # type: ignore[type-arg]

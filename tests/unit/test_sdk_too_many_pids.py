@@ -4,7 +4,6 @@ retries every error whose class says ``retriable``)."""
 
 from __future__ import annotations
 
-
 from pidlease import errors
 from pidlease.client.producer import Producer
 

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pidlease import errors
-from pidlease.wire.protocol import Record
 from pidlease.cli.verify import Runs, audit, load_acked
+from pidlease.wire.protocol import Record
 
 
 def recs(*pid_seqs: tuple[int, int]) -> list[Record]:

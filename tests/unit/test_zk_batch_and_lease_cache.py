@@ -12,8 +12,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, Roll
 
 from coordinator.lease_cache import AddressCache, RecordCache
 from coordinator.zk_batch import WriteBatcher
-from pidlease.wire.cluster import PidRecord
 from pidlease.errors import CoordinatorUnavailable
+from pidlease.wire.cluster import PidRecord
 
 
 class Done:
