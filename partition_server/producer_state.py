@@ -42,9 +42,9 @@ then holds more than the limit until PIDs become evictable.
 Dropping state (expiry, eviction) is the leader's alone (``drops_allowed``, kept by the
 partition from its role): a follower's last-use times come only from replicated appends,
 never from the renewals the leader sees, so a follower dropping on its own clock could
-forget a live producer before it takes over (docs/reliability.md, finding 7). A follower applies what
-the log holds and may exceed the limit; on becoming leader, ``raise_last_use`` gives every
-PID a full expiry period from then.
+forget a live producer before it takes over (docs/reliability.md, finding 7). A follower
+applies what the log holds and may exceed the limit; on becoming leader, ``raise_last_use``
+gives every PID a full expiry period from then.
 
 What was dropped leaves a trace: ``dropped_last_use_max_ms``, the largest last use of any
 PID this partition ever expired or evicted (kept in snapshots). A PID whose lease of this

@@ -1,7 +1,7 @@
 """Snapshots: one file per server holding, for every partition, its producer state and
-the offsets that say which part of the log that state covers (the
-producer state with the offset vector of all the server's partitions). Recovery loads the newest valid one and replays
-each log from the partition's ``replay_from`` offset.
+the offsets that say which part of the log that state covers (the producer state with the
+offset vector of all the server's partitions). Recovery loads the newest valid one and
+replays each log from the partition's ``replay_from`` offset.
 
 Rows are captured in chunks while appends go on (so 1M PIDs never stall the event loop for
 seconds): ``replay_from`` is the log end when the capture began, ``covered_to`` the log end

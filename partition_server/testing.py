@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, ConnectionLoss  # type: ignore[import-untyped]
+from kazoo.exceptions import BadVersionError, ConnectionLoss
 
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, dir_name
@@ -145,12 +145,12 @@ class FakeZk:
     def set(self, path: str, data: bytes, version: int = -1) -> None:
         self.sets += 1
         if version != self.version:
-            raise BadVersionError()
+            raise BadVersionError
         if self.fail_sets:
             self.fail_sets -= 1
             if self.land_failed:
                 self.raw, self.version = data, self.version + 1
-            raise ConnectionLoss()
+            raise ConnectionLoss
         self.raw, self.version = data, self.version + 1
 
 

@@ -58,14 +58,14 @@ class _Protocol(asyncio.Protocol):
             frames = self.decoder.feed(data)
         except FrameTooLarge as exc:
             for body in exc.frames:  # the answers before it are whole: hand them over
-                self.conn._on_frame(body)
-            self.conn._die(f"server sent a frame of {exc.size} bytes, over the limit")
+                self.conn.frame_received(body)
+            self.conn.lost(f"server sent a frame of {exc.size} bytes, over the limit")
             return
         for body in frames:
-            self.conn._on_frame(body)
+            self.conn.frame_received(body)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn._die(f"connection to {self.conn.address} lost" + (f": {exc}" if exc else ""))
+        self.conn.lost(f"connection to {self.conn.address} lost" + (f": {exc}" if exc else ""))
 
 
 class Connection:
@@ -143,7 +143,7 @@ class Connection:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[protocol.Response] = loop.create_future()
         if self._transport is not None and self._transport.is_closing():
-            self._die(f"connection to {self.address} is closing")
+            self.lost(f"connection to {self.address} is closing")
         if self._closed_reason is not None or self._transport is None:
             fut.set_exception(ServerUnavailable(self._closed_reason or "connection is not open"))
             return fut
@@ -169,23 +169,24 @@ class Connection:
         """Cut the connection at once, as a network failure would (no goodbye)."""
         if self._transport is not None:
             self._transport.abort()
-        self._die(reason)
+        self.lost(reason)
 
     async def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
             _shut(self._transport)
-        self._die("connection closed by the client")
+        self.lost("connection closed by the client")
         await asyncio.sleep(0)  # let the transport's connection_lost run before the loop may close
 
     # -- internals ----------------------------------------------------------------------
-    def _on_frame(self, body: bytes) -> None:
+    def frame_received(self, body: bytes) -> None:
+        """One whole frame from the transport half (``_Protocol``): match it to its request."""
         if len(body) < 4:
-            self._die("server sent a frame too short to hold a correlation id")
+            self.lost("server sent a frame too short to hold a correlation id")
             return
         corr = protocol.peek_correlation_id(body)
         entry = self._waiting.pop(corr, None)
         if entry is None:
-            self._die(f"server answered unknown correlation id {corr}")
+            self.lost(f"server answered unknown correlation id {corr}")
             return
         api_key, fut, timer = entry
         if timer is not None:
@@ -194,7 +195,7 @@ class Connection:
             resp = protocol.decode_response(api_key, body)
         except (CorruptRecord, ValueError) as exc:
             fut.set_exception(ServerUnavailable(f"malformed answer from {self.address}: {exc}"))
-            self._die(f"malformed answer from {self.address}")
+            self.lost(f"malformed answer from {self.address}")
             return
         if not fut.done():
             fut.set_result(resp)
@@ -203,7 +204,9 @@ class Connection:
         if corr in self._waiting:
             self.abort(f"no answer from {self.address} within {timeout_ms} ms")
 
-    def _die(self, reason: str) -> None:
+    def lost(self, reason: str) -> None:
+        """The connection is gone (or given up) for ``reason``: close it and fail every
+        request still waiting with ``ServerUnavailable`` naming the reason."""
         if self._closed_reason is None:
             self._closed_reason = reason
         if self._transport is not None and not self._transport.is_closing():

@@ -34,7 +34,7 @@ from pidlease.errors import (
 from pidlease.wire.tls import client_ssl_context, find_cert_error
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
-API_TOKEN_ENV = "PIDLEASE_API_TOKEN"
+API_TOKEN_ENV = "PIDLEASE_API_TOKEN"  # noqa: S105 - the variable's name, not a secret
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 
 
@@ -150,7 +150,7 @@ def parse_batch(
     if not isinstance(answers, list) or len(answers) != len(requests):
         raise CoordinatorUnavailable("batch lease answer does not hold one response per request")
     out: list[Lease | PidleaseError] = []
-    for req, ans in zip(requests, answers):
+    for req, ans in zip(requests, answers, strict=True):
         try:
             out.append(parse_lease(ans, req["topic"], req["partition"]))
         except PidleaseError as exc:

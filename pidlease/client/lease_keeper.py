@@ -14,6 +14,7 @@ partitions wait (``token_ok`` is False) until a renewal succeeds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -112,7 +113,7 @@ class LeaseKeeper:
             except errors.PidleaseError as exc:
                 answers = [exc] * len(todo)
             last: errors.PidleaseError | None = None
-            for p, ans in zip(todo, answers):
+            for p, ans in zip(todo, answers, strict=True):
                 if isinstance(ans, Lease):
                     leases[p] = ans
                     self._take(ans, sent_at)
@@ -145,10 +146,8 @@ class LeaseKeeper:
         while not self._stopped:
             delay_s = max(0.0, (self._renew_at - self.clock_ms()) / 1000)
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):  # woken early or the renewal is due
                 await asyncio.wait_for(self._wake.wait(), delay_s)
-            except TimeoutError:
-                pass
             if self._stopped:
                 return
             if self.clock_ms() < self._renew_at:

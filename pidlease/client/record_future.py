@@ -132,7 +132,7 @@ class RecordFuture(Future[RecordMetadata]):
         # Only reached for attributes never set: the base class's lists, made on first
         # use (under the shared Condition, as the base class uses them), and the future is
         # noted on its run so that resolving the run reaches its waiters and callbacks.
-        if name == "_waiters" or name == "_done_callbacks":
+        if name in {"_waiters", "_done_callbacks"}:
             made: list[Any] = []
             object.__setattr__(self, name, made)
             run = self.record_run
@@ -149,7 +149,7 @@ class RecordFuture(Future[RecordMetadata]):
 
     def _outcome(self) -> Any:
         if self._state != FINISHED:
-            raise CancelledError()
+            raise CancelledError
         r = self._result
         if r is not None:
             return r
@@ -180,7 +180,7 @@ class RecordFuture(Future[RecordMetadata]):
             if not self._condition.wait_for(self._settled, timeout):
                 raise TimeoutError
             if self._state != FINISHED:
-                raise CancelledError()
+                raise CancelledError
             if self._own == FINISHED:
                 return self._exception
             out = self.record_run.outcome
@@ -205,7 +205,7 @@ def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> 
         run.state = FINISHED
         if run.watched:
             for f in dict.fromkeys(run.watched):
-                if f._own in _SETTLED:
+                if f._own in _SETTLED:  # noqa: SLF001 - RecordFuture's own module
                     continue  # cancelled (or set) by the user: stays so
                 d = f.__dict__
                 for w in d.get("_waiters", ()):
@@ -217,7 +217,7 @@ def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> 
                     with_callbacks.append(f)
         condition.notify_all()
     for f in with_callbacks:
-        f._invoke_callbacks()
+        f._invoke_callbacks()  # noqa: SLF001 - Future's private protocol, see the top
 
 
 def resolve_run(condition: threading.Condition, run: RunState, ack: BatchAck) -> None:

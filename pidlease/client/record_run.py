@@ -151,7 +151,9 @@ class RecordRun(RunState):
                 return [head, head.join(values)]
             return [
                 b"".join(
-                    itertools.chain.from_iterable(zip(map(_head_no_key, map(len, values)), values))
+                    itertools.chain.from_iterable(
+                        zip(map(_head_no_key, map(len, values)), values, strict=True)
+                    )
                 )
             ]
         parts = []

@@ -374,7 +374,8 @@ class PartitionSender:
         )
         self.ctx.on_fatal(
             DeliveryTimeout(
-                f"partition {self.partition}: no acknowledgement within delivery_timeout_ms={limit}{last}"
+                f"partition {self.partition}: no acknowledgement within "
+                f"delivery_timeout_ms={limit}{last}"
             )
         )
         return True

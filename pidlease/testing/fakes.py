@@ -244,8 +244,8 @@ class FakePartitionServer:
                     expected_sequence=blocked,
                 )
             if st is not None and last <= st.highwater:
-                for f, l, off in st.recent:
-                    if f == first and l == last:
+                for f, lst, off in st.recent:
+                    if f == first and lst == last:
                         return P.produce_response(
                             corr,
                             errors.DUPLICATE,

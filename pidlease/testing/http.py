@@ -13,6 +13,7 @@ many bodies over many such connections with retries. It checks nothing itself: e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -53,10 +54,8 @@ class HttpConnection:
     async def close(self) -> None:
         if self._w is not None:
             self._w.close()
-            try:
+            with contextlib.suppress(OSError):  # the peer may have reset it first
                 await self._w.wait_closed()
-            except OSError:
-                pass
         self._r = self._w = None
 
     async def request(self, method: str, path: str, body: Any = None) -> Reply:

@@ -86,8 +86,8 @@ _FETCH_REQ = struct.Struct(">qI")  # offset, max_bytes
 _FETCH_RESP = struct.Struct(">qq")  # high_watermark, log_start_offset (then bytes)
 _FENCE_REQ = struct.Struct(">QIB")  # pid, generation, flags
 _FENCE_RESP = struct.Struct(">Bqq")  # existed, durable_highwater, fence_offset
-# Optional trailing i64s (docs/reliability.md, finding 6): a FENCE request's leased_since_ms, and the
-# dropped_last_use_max_ms of FENCE and PRODUCER_STATE answers. Absent reads as 0: unknown.
+# Optional trailing i64s (docs/reliability.md, finding 6): a FENCE request's leased_since_ms,
+# and the dropped_last_use_max_ms of FENCE and PRODUCER_STATE answers. Absent reads as 0: unknown.
 _I64 = struct.Struct(">q")
 _STATE_REQ = struct.Struct(">Q")  # pid
 _STATE_RESP = struct.Struct(">BIqq")  # found, generation, durable_highwater, last_use_ms

@@ -80,7 +80,7 @@ def make_schedule(
             "zk"
             if kind == "kill_zk_node"
             else "producer"
-            if kind in ("zombie_takeover",)
+            if kind == "zombie_takeover"
             else "coordinator"
             if "coordinator" in kind
             else "producer"

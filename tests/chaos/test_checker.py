@@ -56,7 +56,8 @@ def test_ack_at_wrong_offset_is_caught() -> None:
 
 
 def test_zombie_mark_and_old_generation_after_fence_are_caught() -> None:
-    recs = log(0, 1, gen=1) + [
+    recs = [
+        *log(0, 1, gen=1),
         Rec(2, 7, 2, 2),
         Rec(3, 7, 1, 3),
         Rec(4, 9, 5, 0, ZOMBIE_MARK + b"x"),

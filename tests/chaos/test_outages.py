@@ -130,7 +130,8 @@ def test_full_disk_then_space_freed(make_cluster) -> None:  # type: ignore[no-un
     print(
         f"OUTAGE full-disk: acked before the disk filled {acked_when_full}/20000, failed then "
         f"{failed_when_full}; server alive while full: {alive}; records readable while full: "
-        f"{readable}; producer retries {retries_when_full}; server warnings/errors: {disk_lines[:3]}; after space freed: acked "
+        f"{readable}; producer retries {retries_when_full}; "
+        f"server warnings/errors: {disk_lines[:3]}; after space freed: acked "
         f"{len(acked)}, failed {failed}; {rep.summary()}"
     )
     assert acked_when_full < len(futs), "the size limit never filled the disk"

@@ -10,6 +10,7 @@ Example counts: ``PIDLEASE_FUZZ_EXAMPLES`` (default 300 per socket phase, 3000 i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -126,10 +127,8 @@ def count(name: str) -> None:
 )
 def test_decoder_raises_only_corrupt_record(body: bytes) -> None:
     count("decoder")
-    try:
+    with contextlib.suppress(errors.CorruptRecord):  # the one error it may raise
         P.decode_request(body)
-    except errors.CorruptRecord:
-        pass
 
 
 @FUZZ

@@ -84,7 +84,7 @@ def test_concurrent_new_and_renew_through_batched_writes(make_cluster: Any) -> N
     # Each PID renewed through the other coordinator than the one that created it, all at
     # once, then once more through the creator (whose cache is now stale by one version).
     for flip in (1, 0):
-        for k, u in enumerate(urls):
+        for k in range(len(urls)):
             mine = replies[k * 300 : (k + 1) * 300]
             target = urls[(k + flip) % 2]
             renew = [

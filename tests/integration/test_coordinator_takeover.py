@@ -202,7 +202,7 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
     # A dedup=off topic tracks nothing, so its FENCE never creates an entry either: that
     # alone must not read as "state lost".
     cluster.create_topic("loose", 1, dedup="off")
-    status, c = lease_pid(cluster, topic="loose", producer_name="loose-writer", expire_ms=1000)
+    status, _ = lease_pid(cluster, topic="loose", producer_name="loose-writer", expire_ms=1000)
     assert status == 200
     status, t = lease_pid(cluster, topic="loose", producer_name="loose-writer")
     assert (status, t["kind"], t["sequence_number"]) == (200, "takeover", 0), t

@@ -75,7 +75,7 @@ def test_sigkill_during_pipelined_produce(make_cluster, tmp_path: Path, torn: bo
         for i in range(RECORDS):
             futures.append(p.send(b"value-%d" % i, key=b"key-%d" % (i % 101)))
             if i == 40_000:
-                wait_for(lambda: futures[10_000].done(), interval_s=0.01)  # the pipeline is running
+                wait_for(futures[10_000].done, interval_s=0.01)  # the pipeline is running
                 # Freeze the server so the batches sent from now on are certainly in
                 # flight, unanswered, when it dies (a fast producer may otherwise have had
                 # every answer already, and a kill between batches tests no resend).

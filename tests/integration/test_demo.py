@@ -36,7 +36,8 @@ def test_demo_small(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert text.count("SIGKILL server") == 2 and text.count("dropped all connections") == 4
     assert "EXACTLY-ONCE: OK" in text
     m = re.search(
-        r"RESULT: records acked (\d+), present (\d+), in log (\d+), duplicates (\d+), missing (\d+)",
+        r"RESULT: records acked (\d+), present (\d+), in log (\d+), "
+        r"duplicates (\d+), missing (\d+)",
         text,
     )
     assert m, text

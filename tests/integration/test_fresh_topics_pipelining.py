@@ -108,7 +108,7 @@ def test_200_fresh_topics_produced_to_at_once(make_cluster) -> None:  # type: ig
             name,
             PARTITIONS,
             dedup,
-            lambda q: iter(logs[q]),
+            lambda q, logs=logs: iter(logs[q]),
             acked=[(m.partition, pid, m.sequence_id) for m in metas],
         )
         assert report.ok, report.summary()

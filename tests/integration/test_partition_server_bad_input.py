@@ -149,7 +149,7 @@ def test_oversized_frame_is_refused_and_the_connection_closed(server) -> None:
         c.send_raw(struct.pack(">IBI", FRAME_MAX + 1, P.PRODUCE, 77) + b"x" * 100)
         r = c.recv(P.PRODUCE)
         assert (r.correlation_id, r.error_code) == (77, TOO_LARGE)
-        with pytest.raises((ConnectionError, OSError)):
+        with pytest.raises((ConnectionError, OSError)):  # noqa: PT012 - a bounded read loop
             for _ in range(3):  # the server closed; the next read sees EOF
                 c.metadata()
     with WireClient(svc.address) as c:

@@ -54,7 +54,7 @@ def test_torn_tail_after_sigkill_is_truncated_and_reported(make_cluster, zk_host
     assert f"truncated {len(partial)} bytes at offset 80 of segment {seg.name}" in text
     assert seg.stat().st_size == good_size
     with WireClient(svc.address) as c:
-        recs = [r for r in c.read_all("torn", 0)]
+        recs = list(c.read_all("torn", 0))
         assert [r.value for r in recs] == [b"r%d-%d" % (i, j) for i in range(20) for j in range(4)]
         assert [r.offset for r in recs] == list(range(80))
         # the producer's state came back too: a retry of an acked batch is DUPLICATE with its

@@ -13,6 +13,7 @@ servers; certificates made by ``openssl`` through ``LocalCluster(tls=True)``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -150,17 +151,15 @@ def test_plaintext_garbage_and_wrong_ca_are_refused_cleanly(make_cluster, tmp_pa
     # 1. A plaintext client on the TLS port: a clean connection error, not a hang.
     with (
         BlockingConnection(svc.address, timeout_ms=15_000) as plain,
-        pytest.raises(errors.ServerUnavailable, match="closed the connection|failed"),
+        pytest.raises(errors.ServerUnavailable, match=r"closed the connection|failed"),
     ):
         plain.request(protocol.METADATA, protocol.metadata_request)
     # 2. Garbage: a frame-shaped request and random bytes where a ClientHello belongs.
     for junk in (protocol.metadata_request(1), bytes(range(256)) * 4):
         with socket.create_connection(("127.0.0.1", svc.port), timeout=15) as s:
             s.sendall(junk)
-            try:
-                assert s.recv(100) == b""  # closed by the server (or reset)
-            except ConnectionResetError:
-                pass
+            with contextlib.suppress(ConnectionResetError):  # closed by the server, or reset
+                assert s.recv(100) == b""
     wait_for(
         lambda: len(_handshake_lines(svc.log_path)) >= before + 3,
         15,
@@ -229,7 +228,7 @@ def test_plaintext_garbage_and_wrong_ca_are_refused_cleanly(make_cluster, tmp_pa
     base = [sys.executable, "-m", "pidlease.cli"]
     coord = ["--coordinator", cluster.coordinator_url]
     out = subprocess.run(
-        base + ["consume", TOPIC, *coord, "--tls-ca-file", str(cluster.ca_file)],
+        [*base, "consume", TOPIC, *coord, "--tls-ca-file", str(cluster.ca_file)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -238,7 +237,7 @@ def test_plaintext_garbage_and_wrong_ca_are_refused_cleanly(make_cluster, tmp_pa
     )
     assert out.returncode == 0 and out.stdout.split("\n")[3].endswith("new"), out
     out = subprocess.run(
-        base + ["verify", TOPIC, *coord, "--tls-ca-file", str(cluster.ca_file)],
+        [*base, "verify", TOPIC, *coord, "--tls-ca-file", str(cluster.ca_file)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -247,7 +246,7 @@ def test_plaintext_garbage_and_wrong_ca_are_refused_cleanly(make_cluster, tmp_pa
     )
     assert out.returncode == 0, out
     out = subprocess.run(
-        base + ["verify", TOPIC, *coord, "--tls-ca-file", wrong],
+        [*base, "verify", TOPIC, *coord, "--tls-ca-file", wrong],
         capture_output=True,
         text=True,
         timeout=60,
