@@ -1,6 +1,6 @@
 """A monotonic topic on a disk that fills and then grows (docs/reliability.md, finding 2): a
-partition server's data dir is an 8 MiB tmpfs (``mount -t tmpfs``, needs root; skipped with the reason
-otherwise). Producers pipeline (``max_in_flight`` 5) batches of mixed sizes with explicit
+partition server's data dir is an 8 MiB tmpfs (``mount -t tmpfs``, needs root; skipped with
+the reason otherwise). Producers pipeline (``max_in_flight`` 5) batches of mixed sizes with explicit
 sequence ids, a hole between every two batches, as a replayable source does.
 
 Once the disk is full, a large batch N fails to be written (ENOSPC: SERVER_UNAVAILABLE,
