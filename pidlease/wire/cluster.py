@@ -59,20 +59,47 @@ def _dump(obj: Any) -> bytes:
     return json.dumps(asdict(obj), separators=(",", ":")).encode()
 
 
+RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # a week, as Kafka's log.retention.hours
+SEGMENT_MS_DEFAULT = 7 * 24 * 3600 * 1000  # an idle active segment rolls after a week
+
+
 @dataclass
 class TopicSpec:
+    """A topic's record. The log settings (retention, segments, min in-sync replicas) may
+    change after creation (``PATCH /v1/topics/{name}``); every replica picks them up from
+    this record. -1 means "no limit"; a ``segment_bytes`` or ``min_insync_replicas`` of 0
+    means "the default" (the server's ``segment_bytes_max``; ``default_min_insync``)."""
+
     name: str
     partitions: int
     replication_factor: int = 1
     dedup: str = "strict"
     created_ms: int = 0
+    retention_ms: int = RETENTION_MS_DEFAULT
+    retention_bytes: int = -1
+    segment_bytes: int = 0
+    segment_ms: int = SEGMENT_MS_DEFAULT
+    min_insync_replicas: int = 0
 
     def to_bytes(self) -> bytes:
         return _dump(self)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> TopicSpec:
-        return cls(**json.loads(raw))
+        # Records written before a field existed read it as its default, and a field
+        # added by a newer version is ignored (a mixed-version cluster during an upgrade).
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in json.loads(raw).items() if k in known})
+
+    @property
+    def min_insync(self) -> int:
+        """The in-sync replicas a produce needs: the topic's setting, else 1 for R <= 2 and
+        2 for R >= 3."""
+        return self.min_insync_replicas or default_min_insync(self.replication_factor)
+
+
+def default_min_insync(replication_factor: int) -> int:
+    return 1 if replication_factor <= 2 else 2
 
 
 @dataclass
