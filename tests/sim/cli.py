@@ -103,10 +103,10 @@ def run_many(
     print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
     if tot.failed:
         print("failing seeds: " + " ".join(map(str, tot.failed)), file=out)  # type: ignore[call-overload]
-        for k, seeds in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
+        for k, hit in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
             print(
-                f"  {k}: {len(seeds)} seeds, first {seeds[0]} (seeds run to find it: "
-                f"{seeds[0] - start + 1}); e.g. {' '.join(map(str, seeds[:10]))}",
+                f"  {k}: {len(hit)} seeds, first {hit[0]} (seeds run to find it: "
+                f"{hit[0] - start + 1}); e.g. {' '.join(map(str, hit[:10]))}",
                 file=out,
             )  # type: ignore[call-overload]
     return tot

@@ -11,6 +11,7 @@ that loses power leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os as _os
 import random
@@ -104,10 +105,8 @@ class DiskShim:
 
     def close_all(self) -> None:
         for fd in list(self.fd_path):
-            try:
+            with contextlib.suppress(OSError):
                 self.close(fd)
-            except OSError:
-                pass
 
     def _exit(self, code: int) -> None:  # the flusher's default error handler: never here
         raise AssertionError(f"os._exit({code}) reached the simulation")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import gc
 import logging
 import os
@@ -329,16 +330,16 @@ class World:
     def plan(self) -> None:
         rng = self.rng
         plan = self.result.plan
-        self.server_opts = dict(
-            fsync=rng.choice(["batch", "interval"]),
-            fsync_interval_ms=rng.choice([0, 1, 2, 5]),
-            segment_bytes_max=rng.choice([4096, 8192, 1 << 20]),
-            snapshot_interval_batches=rng.choice([3, 10, 40, 10_000]),
-            snapshot_interval_ms=rng.choice([10, 50, 200, 30_000]),
-            snapshots_kept=rng.choice([1, 2]),
-            inflight_requests_max_per_connection=rng.choice([2, 5, 1000]),
-            pid_expire_check_ms=1000,
-        )
+        self.server_opts = {
+            "fsync": rng.choice(["batch", "interval"]),
+            "fsync_interval_ms": rng.choice([0, 1, 2, 5]),
+            "segment_bytes_max": rng.choice([4096, 8192, 1 << 20]),
+            "snapshot_interval_batches": rng.choice([3, 10, 40, 10_000]),
+            "snapshot_interval_ms": rng.choice([10, 50, 200, 30_000]),
+            "snapshots_kept": rng.choice([1, 2]),
+            "inflight_requests_max_per_connection": rng.choice([2, 5, 1000]),
+            "pid_expire_check_ms": 1000,
+        }
         self.n_servers = 3 if rng.random() < 0.5 else 1
         if self.n_servers > 1:
             self.server_opts.update(
@@ -639,7 +640,12 @@ class _TraceHandler(logging.Handler):
 _WALL_TIME = re.compile(r"\b\d+\.\d+s\b")
 
 
-_frozen = False
+@functools.cache
+def _freeze_imports() -> None:
+    """Once a process: modules and everything imported so far live as long as the process,
+    so keep them out of the per-run collection in run_seed (10 ms a run otherwise)."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_seed(seed: int, *, verbose: bool = False) -> Result:
@@ -647,13 +653,7 @@ def run_seed(seed: int, *, verbose: bool = False) -> Result:
     # The run's objects hold cycles (tasks, futures, streams); collect them at the end,
     # quietly (closing a killed node's coroutines runs finally blocks that cannot await
     # any more), so no later gc pass finds them in the middle of the next run.
-    global _frozen
-    if not _frozen:
-        # Modules and everything imported so far live as long as the process: keep them
-        # out of the per-run collection below (10 ms a run otherwise).
-        gc.collect()
-        gc.freeze()
-        _frozen = True
+    _freeze_imports()
     hook = sys.unraisablehook
     sys.unraisablehook = lambda _u: None
     try:

@@ -66,11 +66,11 @@ class FakeZk:
 
     def create(self, path: str, data: bytes, owner: int = 0, makepath: bool = False) -> None:
         if path in self.nodes:
-            raise NodeExistsError()
+            raise NodeExistsError
         parent = self._parent(path)
         if parent not in self.nodes:
             if not makepath:
-                raise NoNodeError()
+                raise NoNodeError
             self.create(parent, b"", 0, True)
         self.nodes[path] = _Znode(data, 0, owner)
         self._fire(self._data_watches, path, "CREATED")
@@ -79,9 +79,9 @@ class FakeZk:
     def set(self, path: str, data: bytes, version: int = -1) -> Stat:
         z = self.nodes.get(path)
         if z is None:
-            raise NoNodeError()
-        if version != -1 and version != z.version:
-            raise BadVersionError()
+            raise NoNodeError
+        if version not in (-1, z.version):
+            raise BadVersionError
         z.data = data
         z.version += 1
         self._fire(self._data_watches, path, "CHANGED")
@@ -90,9 +90,9 @@ class FakeZk:
     def delete(self, path: str, version: int = -1) -> None:
         z = self.nodes.get(path)
         if z is None:
-            raise NoNodeError()
-        if version != -1 and version != z.version:
-            raise BadVersionError()
+            raise NoNodeError
+        if version not in (-1, z.version):
+            raise BadVersionError
         del self.nodes[path]
         self._fire(self._data_watches, path, "DELETED")
         self._fire(self._child_watches, self._parent(path), "CHILD")
@@ -149,7 +149,7 @@ class FakeZkClient:
             self.zk.trace(
                 "zk", f"{self.name}: a {'write' if write else 'read'} fails (ConnectionLoss)"
             )
-            raise ConnectionLoss()
+            raise ConnectionLoss
 
     # -- kazoo calls -------------------------------------------------------------------------
     def get(self, path: str, watch: Callable[..., Any] | None = None) -> tuple[bytes, Stat]:
@@ -157,7 +157,7 @@ class FakeZkClient:
         self._maybe_fail(False)
         z = self.zk.nodes.get(path)
         if z is None:
-            raise NoNodeError()
+            raise NoNodeError
         if watch is not None:
             self.zk._data_watches.setdefault(path, []).append((self, watch))
         return z.data, Stat(z.version, z.owner)
@@ -174,7 +174,7 @@ class FakeZkClient:
         self.zk.ops += 1
         self._maybe_fail(False)
         if path not in self.zk.nodes:
-            raise NoNodeError()
+            raise NoNodeError
         if watch is not None:
             self.zk._child_watches.setdefault(path, []).append((self, watch))
         return self.zk.children(path)

@@ -1,5 +1,5 @@
-"""Reference model of one partition's append rules, written from the append rules (docs/protocol.md, PRODUCE)
-(the table, row by row, and the monotonic paragraph under it), NOT from
+"""Reference model of one partition's append rules, written from the append rules
+(docs/protocol.md, PRODUCE: the table, row by row, and the monotonic paragraph under it), NOT from
 ``partition_server/append_rules.py`` or ``partition_server/producer_state.py``.
 
 The model is the specification the property tests hold the table to. It keeps the ground
@@ -14,6 +14,7 @@ run at scale.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from partition_server.append_rules import Decision, FenceOutcome, Outcome
@@ -408,7 +409,7 @@ class AppendRulesModel:
         out = []
         for pid, life in self.lives.items():
             seqs = [s for b in life.batches if b.is_data for s in range(b.base, b.last + 1)]
-            if any(a >= b for a, b in zip(seqs, seqs[1:])):
+            if any(a >= b for a, b in itertools.pairwise(seqs)):
                 out.append(f"pid {pid}: sequences not increasing in the log: {seqs}")
             if self.mode == "strict" and seqs != list(range(len(seqs))):
                 out.append(f"pid {pid}: strict log has a gap: {seqs}")

@@ -65,7 +65,7 @@ def exported_names() -> set[str]:
     coordinator = Metrics()
     names = {name for name, _ in parse_text(server.render())}
     names |= {name for name, _ in parse_text(coordinator.render())}
-    names |= {m for m in re.findall(r"^# TYPE (\S+)", server.render(), flags=re.MULTILINE)}
+    names |= set(re.findall(r"^# TYPE (\S+)", server.render(), flags=re.MULTILINE))
     # Gauges the coordinator registers in app.py, and the histogram families.
     app = (ROOT / "coordinator" / "app.py").read_text()
     names |= set(re.findall(r'"(pidlease_[a-z_]+)"', app))

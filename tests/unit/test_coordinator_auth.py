@@ -40,7 +40,7 @@ def test_the_list_form_gives_named_principals_with_scopes() -> None:
 
 
 @pytest.mark.parametrize(
-    "entry, complaint",
+    ("entry", "complaint"),
     [
         ("p1:producer", "expected name:scope:token"),
         ("p1", "expected name:scope:token"),
@@ -110,7 +110,7 @@ def test_bearer_header_parsing() -> None:
 
 # -- the scope table ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "method, path, scope",
+    ("method", "path", "scope"),
     [
         ("POST", "/v1/lease_pid", "producer"),
         ("POST", "/v1/lease_pid/batch", "producer"),
@@ -260,12 +260,14 @@ def test_the_count_always_equals_the_pids_a_principal_owns(limit: int, ops: list
                                 svc.lease(LeaseRequest("t", 0, producer_name=name), who)
                         continue  # a takeover: needs partition leaders, tested elsewhere
                 held = store.count_owned_pids(who.name)
-                try:
-                    svc.lease(LeaseRequest("t", 0, producer_name=name), who)
-                    assert held < limit, "a new PID past the limit"
-                except PidLimitExceeded as exc:
-                    assert held >= limit, exc.detail
-                    assert exc.extra == {"principal": who.name, "count": held, "limit": limit}
+                request = LeaseRequest("t", 0, producer_name=name)
+                if held < limit:
+                    svc.lease(request, who)  # under the limit: a new PID, never a refusal
+                else:
+                    with pytest.raises(PidLimitExceeded) as refused:  # no new PID past the limit
+                        svc.lease(request, who)
+                    extra = refused.value.extra
+                    assert extra == {"principal": who.name, "count": held, "limit": limit}
             for p in PRINCIPALS:
                 counted = store.get_principal_count(p.name)
                 owned = store.count_owned_pids(p.name)

@@ -190,7 +190,7 @@ def test_expired_state_on_a_seen_partition_is_unknown_pid_not_zero(env: Any) -> 
 # never had it marked seen; if the server then expired the PID, "no state" there must not
 # restart the partition at sequence 0. The env's clock skew allowance is the default 60 s.
 def test_takeover_of_an_unseen_partition_that_dropped_the_pid_is_unknown_pid(env: Any) -> None:
-    svc, store, leaders, clock = env
+    svc, _store, leaders, clock = env
     r = lease(svc, producer_name="job")
     pid = r.record.pid
     leaders.state[("t", 0, pid)] = (r.record.generation, 7)  # wrote 0..7, never renewed

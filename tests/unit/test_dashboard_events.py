@@ -44,7 +44,7 @@ def test_server_feeds_merge_once_and_interleave_by_time() -> None:
     log = EventLog("c1", clock_ms=lambda: 150)
     feed1 = [server_event(1, i, 100 + i * 100) for i in range(3)]  # 100, 200, 300
     assert log.merge(feed1) == 3
-    assert log.merge(feed1 + [server_event(1, 3, 400)]) == 1  # re-read: only the new one
+    assert log.merge([*feed1, server_event(1, 3, 400)]) == 1  # re-read: only the new one
     assert log.merge([server_event(2, 0, 50)]) == 1  # same seq, other server
     log.add("takeover", pid=9)  # at 150
     got = log.recent()

@@ -50,9 +50,9 @@ def test_wire_lookups_give_the_class_of_each_code_and_name() -> None:
 
 
 def test_a_duplicate_code_or_name_fails_at_definition() -> None:
-    with pytest.raises(TypeError, match="code 21 .* taken by NotLeader"):
+    with pytest.raises(TypeError, match=r"code 21 .* taken by NotLeader"):
         type("Again", (errors.PidleaseError,), {"name": "AGAIN", "code": 21})
-    with pytest.raises(TypeError, match="name 'FENCED' .* taken by ProducerFenced"):
+    with pytest.raises(TypeError, match=r"name 'FENCED' .* taken by ProducerFenced"):
         type("Fenced2", (errors.PidleaseError,), {"name": "FENCED", "code": 99})
     with pytest.raises(TypeError, match="name 'PRODUCER_CLOSED'"):
         type("Closed2", (errors.PidleaseError,), {"name": "PRODUCER_CLOSED", "wire": False})

@@ -85,9 +85,9 @@ def test_oversize_raises_at_the_header_with_the_frames_before_it() -> None:
 
 
 def test_limit_is_checked() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"max_bytes must be in \[0, \d+\], not -1"):
         FrameDecoder(-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"not {FRAME_SIZE_LIMIT + 1}$"):
         FrameDecoder(FRAME_SIZE_LIMIT + 1)
 
 

@@ -134,7 +134,7 @@ def test_labelled_gauges_escape_and_a_broken_gauge_hides_nothing_else() -> None:
 
 
 def test_parse_text_refuses_garbage() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a sample: 'just_a_name_and_no_value'"):
         M.parse_text("just_a_name_and_no_value")
 
 

@@ -208,8 +208,8 @@ def test_compact_and_flat_batch_forms_round_trip(k: int) -> None:
 def test_slots_and_rings_are_reused() -> None:
     t = ProducerStateTable(batches_kept=3, pids_max=10, evict_idle_min_ms=0)
     for round_ in range(5):
-        for pid in range(1, 11):
-            pid += round_ * 100
+        for n in range(1, 11):
+            pid = n + round_ * 100
             for b in range(4):
                 t.apply_append(pid, 1, b, 1, round_ * 1000 + pid * 4 + b, round_, durable=True)
         assert len(t) == 10

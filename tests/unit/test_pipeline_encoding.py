@@ -76,7 +76,7 @@ def test_key_bytes_of_common_types() -> None:
 
 
 @pytest.mark.parametrize(
-    "columns,key,match",
+    ("columns", "key", "match"),
     [
         ([("id", "long")], "customer", "not a column"),
         ([("value", "long")], None, "binary or string"),

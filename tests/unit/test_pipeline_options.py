@@ -46,7 +46,7 @@ def test_options_are_case_insensitive_and_typed(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize(
-    "options,match",
+    ("options", "match"),
     [
         ({"job_name": "j"}, "topic is required"),
         ({"topic": "t"}, "job_name is required"),

@@ -56,11 +56,11 @@ def test_stream_sequence_is_batch_id_and_position() -> None:
     assert stream_sequence(0, 0) == 0
     assert stream_sequence(3, 17) == 3 * 2**32 + 17
     assert stream_sequence(1, 0) > stream_sequence(0, STREAM_POSITIONS_MAX - 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"at most 2\*\*32 rows"):
         stream_sequence(0, STREAM_POSITIONS_MAX)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch id -1 is outside"):
         stream_sequence(-1, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"batch id {2**31} is outside"):
         StreamSequencer(2**31)  # would overflow a 63-bit sequence
 
 

@@ -1,6 +1,6 @@
-"""One test per row of the append rules table (docs/protocol.md, PRODUCE) (the rows the partition's pure
-producer state decides; NOT_LEADER and UNAUTHORIZED are the server's and are tested over
-the wire), plus fences, durability, expiry and the snapshot round trip."""
+"""One test per row of the append rules table (docs/protocol.md, PRODUCE) (the rows the
+partition's pure producer state decides; NOT_LEADER and UNAUTHORIZED are the server's and are
+tested over the wire), plus fences, durability, expiry and the snapshot round trip."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def test_rows_round_trip_keeps_rules_identical() -> None:
 
 
 def test_unknown_mode_is_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"dedup mode must be one of .*, not 'sometimes'"):
         ProducerStateTable(mode="sometimes")
 
 

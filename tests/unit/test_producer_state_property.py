@@ -1,8 +1,8 @@
 """Property test: the producer-state table against the contract's append rules.
 
 The reference model (``append_rules_model.py``) is the specification. It is written from
-the append rules (docs/protocol.md, PRODUCE), the table row by row and the monotonic paragraph under it
-("a refusal leaves no hole"), and never from ``partition_server/producer_state.py`` or
+the append rules (docs/protocol.md, PRODUCE), the table row by row and the monotonic paragraph
+under it ("a refusal leaves no hole"), and never from ``partition_server/producer_state.py`` or
 ``append_rules.py``: the previous model was derived from the same reading as the code and
 agreed with its monotonic bug (DUPLICATE for a range the partition never wrote, after a
 retriable refusal). Every answer of the table's inline ``check_append`` (the fast twin) is
@@ -24,6 +24,7 @@ guarantees alone, whatever the answers. A failure prints the whole operation tra
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -375,7 +376,7 @@ class Harness:
                 )
             # "a producer's records in one partition appear in the log in sequence order,
             # with no duplicates" (off topics make no such promise)
-            if self.mode != "off" and any(a >= b for a, b in zip(in_log, in_log[1:])):
+            if self.mode != "off" and any(a >= b for a, b in itertools.pairwise(in_log)):
                 self.fail(f"pid {pid}: the log holds its sequences as {in_log}")
         if self.mode != "off":
             bad = self.model.log_violations()
@@ -405,8 +406,8 @@ class Harness:
         again = rebuild(self.mode, self.model.log, None)
         order = again.pids()
         live = [r for r in self.table.export_rows() if r[0] in order]
-        if [r[:3] + (r[4],) for r in again.export_rows()] != [
-            r[:3] + (r[4],) for r in sorted(live, key=lambda r: order.index(r[0]))
+        if [(*r[:3], r[4]) for r in again.export_rows()] != [
+            (*r[:3], r[4]) for r in sorted(live, key=lambda r: order.index(r[0]))
         ]:
             self.fail(f"rebuilt from the log {again.export_rows()} != live {live}")
 

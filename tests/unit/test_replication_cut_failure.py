@@ -1,5 +1,5 @@
-"""A follower's cut whose ftruncate or fsync fails (docs/reliability.md, finding 9, found by the simulation,
-seed 1426): ``PartitionLog.truncate_to`` raised out of ``Partition.truncate_to`` midway,
+"""A follower's cut whose ftruncate or fsync fails (docs/reliability.md, finding 9, found by the
+simulation, seed 1426): ``PartitionLog.truncate_to`` raised out of ``Partition.truncate_to`` midway,
 with the truncation counted and the file maybe cut but ``flushed_end`` still at the old
 end; the fetcher took the OSError for a session error, refetched, and batches fetched
 after the cut counted as fsynced below that stale end. A failed fsync or truncate follows
@@ -58,7 +58,7 @@ def test_a_failed_cut_calls_the_fsync_error_policy_and_lowers_the_flushed_end(
         disk = FailingDisk()
         monkeypatch.setattr(log_module, "os", disk)
         disk.failing = call
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match=f"test {call}"):  # the injected failure, unwrapped
             part.truncate_to(3)  # the batch holding 3 starts at 2: the log ends at 2
         assert part.flushed_end <= 2, f"flushed_end {part.flushed_end} above the cut at 2"
         assert part.high_watermark <= 2

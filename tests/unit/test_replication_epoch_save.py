@@ -1,4 +1,5 @@
-"""A leader-epoch file that cannot be saved (docs/reliability.md, finding 8, found by the simulation).
+"""A leader-epoch file that cannot be saved (docs/reliability.md, finding 8, found by the
+simulation).
 
 ``become_leader``, a follower's cut and its fetched batches each change the epoch history
 in memory and then save ``leader-epochs``. When the save fails (ENOSPC, any OSError), the
@@ -71,7 +72,7 @@ def test_a_failed_save_in_become_leader_changes_nothing_and_the_retry_saves(
         append_fetched(part, stored([b(1, 0, 2)]), [(1, 0)])
         assert on_disk(part.log.dir) == [(1, 0)]
         disk.full.add("t-0")
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match=r"No space left on device \(test\)"):
             part.become_leader(2, 2, [1, 2], [1, 2])
         assert part.role == "follower" and part.leader_epoch == 1
         assert part.epochs.entries == [(1, 0)], "the epoch stayed in memory, not on disk"
@@ -90,7 +91,7 @@ def test_a_failed_save_of_fetched_epochs_changes_nothing(tmp_path: Path, disk: F
         part.become_follower(1, 2, "127.0.0.1:1")
         append_fetched(part, stored([b(1, 0, 2)]), [(1, 0)])
         disk.full.add("t-0")
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match=r"No space left on device \(test\)"):
             append_fetched(part, stored([b(1, 2, 2)], 2), [(2, 2)])
         assert part.epochs.entries == [(1, 0)] and part.log.next_offset == 2
         disk.full.clear()
@@ -108,7 +109,7 @@ def test_a_failed_save_in_a_cut_changes_nothing(tmp_path: Path, disk: FullDisk) 
         append_fetched(part, stored([b(1, 0, 2), b(1, 2, 2)]), [(1, 0), (2, 2)])
         before = (list(part.epochs.entries), part.epochs.truncations)
         disk.full.add("t-0")
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match=r"No space left on device \(test\)"):
             part.truncate_to(2)
         assert (part.epochs.entries, part.epochs.truncations) == before
         assert part.log.next_offset == 4

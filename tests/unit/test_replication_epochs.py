@@ -83,9 +83,9 @@ def test_assign_refuses_to_go_backwards_and_drops_empty_epochs() -> None:
     h = EpochHistory()
     assert h.assign(0, 0) and not h.assign(0, 5)
     h.assign(3, 10)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="epoch 2 is older than the latest 3"):
         h.assign(2, 20)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="epoch 4 would start at 9, before epoch 3's start 10"):
         h.assign(4, 9)
     h.assign(4, 10)  # epoch 3 wrote nothing
     assert h.entries == [(0, 0), (4, 10)]

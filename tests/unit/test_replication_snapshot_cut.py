@@ -1,6 +1,6 @@
-"""Snapshots of a follower whose log is cut while they are taken (docs/reliability.md, finding 4): an
-image must never mix producer state from before a cut with a truncation count from after
-it, or recovery trusts rows that describe batches no longer in the log (a cut batch
+"""Snapshots of a follower whose log is cut while they are taken (docs/reliability.md,
+finding 4): an image must never mix producer state from before a cut with a truncation count
+from after it, or recovery trusts rows that describe batches no longer in the log (a cut batch
 answered DUPLICATE, never committed) and skips batches the rows do not describe (a resend
 appended twice)."""
 

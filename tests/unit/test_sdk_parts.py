@@ -35,7 +35,7 @@ def test_partitioner_is_the_documented_crc32_and_round_robin() -> None:
     rr = Partitioner(3, start=1)
     assert [rr.partition(None) for _ in range(5)] == [1, 2, 0, 1, 2]
     assert rr.partition(b"a") == rr.partition(b"a")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one partition"):
         Partitioner(0)
 
 
@@ -58,7 +58,7 @@ def _mock(status: int, body: object) -> httpx.MockTransport:
 
 
 @pytest.mark.parametrize(
-    "status,body,exc",
+    ("status", "body", "exc"),
     [
         (409, {"error": "FENCED", "detail": "stale"}, errors.ProducerFenced),
         (404, {"error": "UNKNOWN_PID", "detail": "gone"}, errors.UnknownPid),
@@ -212,7 +212,7 @@ def test_reader_reads_from_an_offset_and_skips_control_records(fake) -> None:  #
 def test_reader_small_fetch_size_grows_to_fit_a_batch(fake) -> None:  # type: ignore[no-untyped-def]
     _srv, coord = fake
     with Producer("http://fake", topic="r", http_transport=coord.transport()) as p:
-        for i in range(50):
+        for _ in range(50):
             p.send(b"x" * 100, partition=1)
         p.flush()
     recs = list(
@@ -257,5 +257,5 @@ def test_reader_bad_arguments() -> None:
 
 def test_reader_partition_out_of_range(fake) -> None:  # type: ignore[no-untyped-def]
     _srv, coord = fake
-    with pytest.raises(errors.ConfigError, match="partitions 0..1"):
+    with pytest.raises(errors.ConfigError, match=r"partitions 0\.\.1"):
         list(Reader("http://fake", "r", 5, http_transport=coord.transport()))

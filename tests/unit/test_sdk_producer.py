@@ -153,7 +153,7 @@ def test_real_out_of_order_is_fatal(fake) -> None:  # type: ignore[no-untyped-de
 
 
 @pytest.mark.parametrize(
-    "code,exc",
+    ("code", "exc"),
     [
         (errors.ProducerFenced.code, errors.ProducerFenced),
         (errors.Unauthorized.code, errors.Unauthorized),

@@ -78,8 +78,9 @@ def test_runs_match_a_set(xs: list[int]) -> None:
     assert runs.count == len(seen)
     assert all((x in runs) == (x in seen) for x in range(-1, 62))
     assert runs.missing() == (max(seen) - min(seen) + 1 - len(seen) if seen else 0)
-    assert all(s <= e for s, e in zip(runs.starts, runs.ends))
-    assert all(e + 1 < s for e, s in zip(runs.ends, runs.starts[1:]))
+    assert all(s <= e for s, e in zip(runs.starts, runs.ends, strict=True))  # one end a start
+    # each run ends more than one below the next one's start (the last run has no next)
+    assert all(e + 1 < s for e, s in zip(runs.ends, runs.starts[1:], strict=False))
 
 
 def test_shuffled_log_counts_out_of_order_not_duplicates() -> None:

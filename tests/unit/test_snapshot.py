@@ -187,7 +187,7 @@ def test_fuzzy_capture_then_replay_equals_full_replay(sends, start, cuts, chunk)
     def end() -> int:
         return headers[-1].base_offset + headers[-1].count if headers else 0
 
-    for i, (pid, count, fence) in enumerate(sends + [(0, 0, False)]):
+    for i, (pid, count, fence) in enumerate([*sends, (0, 0, False)]):
         if i == start:  # the capture begins: remember the PIDs known now
             replay_from, pending = end(), live.pids()
         if i > start and pending and (i in cuts or i == len(sends)):

@@ -46,7 +46,7 @@ def test_client_context_sources(tmp_path, monkeypatch) -> None:  # type: ignore[
     with pytest.raises(errors.ConfigError, match="cannot load the TLS CA bundle"):
         client_ssl_context(str(bad))
     monkeypatch.setenv(TLS_CA_FILE_ENV, str(tmp_path / "missing.pem"))
-    with pytest.raises(errors.ConfigError, match="missing.pem"):  # the env is used
+    with pytest.raises(errors.ConfigError, match=r"missing\.pem"):  # the env is used
         client_ssl_context()
     assert client_ssl_context(use_env=False) is None
     with pytest.raises(errors.ConfigError, match="tls must be True or False"):

@@ -14,7 +14,7 @@ def test_valid_token_verifies_and_returns_expiry():
 
 
 @pytest.mark.parametrize(
-    "token,pid,gen,now,why",
+    ("token", "pid", "gen", "now", "why"),
     [
         ("", 42, 7, 0, "needs the lease token"),
         ("garbage", 42, 7, 0, "malformed"),
