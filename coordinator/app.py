@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.allocator import PidAllocator
@@ -32,12 +33,19 @@ from coordinator.guard import Guard
 from coordinator.housekeeper import Housekeeper
 from coordinator.leaders import LeaderClient
 from coordinator.metrics import Metrics
-from coordinator.schemas import LeaseBatchBody, LeaseBody, TopicBody
+from coordinator.schemas import (
+    LOG_SETTINGS,
+    LeaseBatchBody,
+    LeaseBody,
+    TopicAlterBody,
+    TopicBody,
+)
 from coordinator.service import wall_clock_ms
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from coordinator.topics import Topics
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
+from pidlease.wire.cluster import topic_name_problem
 from pidlease.wire.protocol import MAX_PID
 from pidlease.wire.tls import peer_ssl_context
 
@@ -246,7 +254,39 @@ def create_app(
     # -- topics ----------------------------------------------------------------------------
     @app.post("/v1/topics", summary="Create a topic")
     def create_topic(body: TopicBody) -> dict[str, Any]:
-        return coord.topics.create(body.name, body.partitions, body.replication_factor, body.dedup)
+        return coord.topics.create(
+            body.name, body.partitions, body.replication_factor, body.dedup, body.log_settings()
+        )
+
+    @app.patch(
+        "/v1/topics/{name}",
+        summary="Change a topic's log settings (retention, segments, min in-sync replicas)",
+    )
+    def alter_topic(
+        name: str = Path(min_length=1, max_length=200),
+        body: Annotated[dict[str, Any] | None, Body()] = None,
+    ) -> dict[str, Any]:
+        problem = topic_name_problem(name)
+        if problem:
+            raise InvalidRequest(problem)
+        if not body:
+            raise InvalidRequest(
+                f"nothing to change: the body names none of {', '.join(LOG_SETTINGS)}"
+            )
+        # A fixed field (partitions, dedup, ...) or an unknown one is a 400 of its own, not
+        # a schema error: the caller asked for something PATCH never does.
+        others = sorted(k for k in body if k not in LOG_SETTINGS)
+        if others:
+            raise InvalidRequest(
+                f"{', '.join(others)} cannot be changed with PATCH; it changes only "
+                f"{', '.join(LOG_SETTINGS)}",
+                problems=[{"field": k, "problem": "not changeable"} for k in others],
+            )
+        try:
+            changes = TopicAlterBody.model_validate(body).changes()
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from exc
+        return coord.topics.alter(name, changes)
 
     @app.get("/v1/topics")
     def list_topics() -> dict[str, Any]:
@@ -254,8 +294,6 @@ def create_app(
 
     @app.get("/v1/topics/{name}")
     def describe_topic(name: str = Path(min_length=1, max_length=200)) -> dict[str, Any]:
-        from pidlease.wire.cluster import topic_name_problem
-
         problem = topic_name_problem(name)
         if problem:
             raise InvalidRequest(problem)

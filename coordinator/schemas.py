@@ -7,16 +7,54 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from coordinator.leases import LeaseRequest
-from pidlease.wire.cluster import PRODUCER_NAME_MAX, TOPIC_NAME_MAX, topic_name_problem
+from pidlease.wire.cluster import (
+    PRODUCER_NAME_MAX,
+    RETENTION_MS_DEFAULT,
+    SEGMENT_MS_DEFAULT,
+    TOPIC_NAME_MAX,
+    topic_name_problem,
+)
 from pidlease.wire.protocol import MAX_GENERATION, MAX_PID
 
 INT64_MAX = 2**63 - 1
 PARTITION_MAX = 2**31 - 1
 TOPIC_PARTITIONS_MAX = 10_000
 REPLICATION_FACTOR_MAX = 16
+SEGMENT_BYTES_MIN = 4096
+SEGMENT_BYTES_MAX = 1 << 30  # 1 GiB: a segment is read and indexed whole at recovery
+
+# The topic settings that may change after creation (PATCH /v1/topics/{name}); the others
+# (partitions, replication factor, dedup) are fixed for a topic's life.
+LOG_SETTINGS = (
+    "retention_ms",
+    "retention_bytes",
+    "segment_bytes",
+    "segment_ms",
+    "min_insync_replicas",
+)
+
+
+def log_setting_problem(field: str, value: int) -> str | None:
+    """Why ``value`` is not a valid ``field`` (one of LOG_SETTINGS), or None when it is.
+    The holes the ranges leave (a retention of 0, a 10-byte segment) would delete or roll
+    on every write, so they are refused rather than clamped."""
+    if field in ("retention_ms", "retention_bytes") and value == 0:
+        return f"{field} must be -1 (no limit) or at least 1, not 0"
+    if field == "segment_ms" and value == 0:
+        return "segment_ms must be -1 (never roll by time) or at least 1, not 0"
+    if (
+        field == "segment_bytes"
+        and value != 0
+        and not (SEGMENT_BYTES_MIN <= value <= SEGMENT_BYTES_MAX)
+    ):
+        return (
+            f"segment_bytes must be 0 (the server's segment_bytes_max) or "
+            f"{SEGMENT_BYTES_MIN}..{SEGMENT_BYTES_MAX} (1 GiB), not {value}"
+        )
+    return None
 
 
 class _Strict(BaseModel):
@@ -79,11 +117,35 @@ class LeaseBatchBody(_Strict):
     requests: list[LeaseBody] = Field(min_length=1)
 
 
-class TopicBody(_Strict):
+_RETENTION_MS = "-1 keeps forever"
+_RETENTION_BYTES = "per partition; -1 is no limit"
+_SEGMENT_BYTES = "0 is the server's segment_bytes_max; else 4096..1 GiB"
+_SEGMENT_MS = "an active segment this old rolls; -1 never"
+_MIN_INSYNC = "0 is the default (1 for R <= 2, 2 for R >= 3); else 1..replication_factor"
+
+
+class _LogSettingsChecks(_Strict):
+    """The checks the five log settings share between creation and PATCH."""
+
+    @field_validator(*LOG_SETTINGS, check_fields=False)
+    @classmethod
+    def _log_setting(cls, v: int | None, info: ValidationInfo) -> int | None:
+        problem = None if v is None else log_setting_problem(str(info.field_name), v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
+class TopicBody(_LogSettingsChecks):
     name: str = Field(min_length=1, max_length=TOPIC_NAME_MAX)
     partitions: int = Field(ge=1, le=TOPIC_PARTITIONS_MAX)
     replication_factor: int = Field(1, ge=1, le=REPLICATION_FACTOR_MAX)
     dedup: Literal["strict", "monotonic", "off"] = "strict"
+    retention_ms: int = Field(RETENTION_MS_DEFAULT, ge=-1, le=INT64_MAX, description=_RETENTION_MS)
+    retention_bytes: int = Field(-1, ge=-1, le=INT64_MAX, description=_RETENTION_BYTES)
+    segment_bytes: int = Field(0, ge=0, le=SEGMENT_BYTES_MAX, description=_SEGMENT_BYTES)
+    segment_ms: int = Field(SEGMENT_MS_DEFAULT, ge=-1, le=INT64_MAX, description=_SEGMENT_MS)
+    min_insync_replicas: int = Field(0, ge=0, le=REPLICATION_FACTOR_MAX, description=_MIN_INSYNC)
 
     @field_validator("name")
     @classmethod
@@ -92,3 +154,40 @@ class TopicBody(_Strict):
         if problem:
             raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _min_insync_fits(self) -> TopicBody:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas {self.min_insync_replicas} is more than "
+                f"replication_factor {self.replication_factor}"
+            )
+        return self
+
+    def log_settings(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in LOG_SETTINGS}
+
+
+class TopicAlterBody(_LogSettingsChecks):
+    """``PATCH /v1/topics/{name}``: the settings to change; a field left out keeps its
+    value. Other topic fields are refused before this model sees them (``app.py``), with
+    a 400 that says they are fixed."""
+
+    retention_ms: int | None = Field(None, ge=-1, le=INT64_MAX, description=_RETENTION_MS)
+    retention_bytes: int | None = Field(None, ge=-1, le=INT64_MAX, description=_RETENTION_BYTES)
+    segment_bytes: int | None = Field(None, ge=0, le=SEGMENT_BYTES_MAX, description=_SEGMENT_BYTES)
+    segment_ms: int | None = Field(None, ge=-1, le=INT64_MAX, description=_SEGMENT_MS)
+    min_insync_replicas: int | None = Field(
+        None, ge=0, le=REPLICATION_FACTOR_MAX, description=_MIN_INSYNC
+    )
+
+    @field_validator(*LOG_SETTINGS, mode="before")
+    @classmethod
+    def _not_null(cls, v: object) -> object:
+        # null would read as "left out": say so instead of silently changing nothing.
+        if v is None:
+            raise ValueError("null is not a setting; leave the field out to keep its value")
+        return v
+
+    def changes(self) -> dict[str, int]:
+        return {f: v for f in LOG_SETTINGS if (v := getattr(self, f)) is not None}

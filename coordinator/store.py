@@ -388,6 +388,23 @@ class Store:
         got = self._get(cluster.topic_path(name))
         return None if got is None or not got[0] else TopicSpec.from_bytes(got[0])
 
+    def get_topic_versioned(self, name: str) -> tuple[TopicSpec, int] | None:
+        """The spec and its znode version (the compare-and-set token of ``cas_topic``)."""
+        got = self._get(cluster.topic_path(name))
+        if got is None or not got[0]:
+            return None
+        return TopicSpec.from_bytes(got[0]), got[1].version
+
+    def cas_topic(self, spec: TopicSpec, version: int) -> bool:
+        """Replace a topic's spec if nobody changed it since ``version`` was read."""
+        self._check()
+        data = _checked(spec.to_bytes(), f"the spec of topic {spec.name!r}")
+        try:
+            self._wait(self.zk.set_async(cluster.topic_path(spec.name), data, version), write=True)
+        except (BadVersionError, NoNodeError):
+            return False
+        return True
+
     def list_topic_names(self) -> list[str]:
         """Every topic znode, including ones still being created (get_topic says None)."""
         return sorted(self._children(cluster.TOPICS))

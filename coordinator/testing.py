@@ -103,6 +103,13 @@ class FakeStore:
         got = self._get(cluster.topic_path(name))
         return None if got is None else TopicSpec.from_bytes(got[0])
 
+    def get_topic_versioned(self, name: str) -> tuple[TopicSpec, int] | None:
+        got = self._get(cluster.topic_path(name))
+        return None if got is None else (TopicSpec.from_bytes(got[0]), got[1])
+
+    def cas_topic(self, spec: TopicSpec, version: int) -> bool:
+        return self._cas(cluster.topic_path(spec.name), spec.to_bytes(), version)
+
     def get_partition_states(
         self, topic: str, partitions: list[int]
     ) -> list[PartitionState | None]:

@@ -1,21 +1,43 @@
 """Topics as the coordinator manages them: creation (replica assignment over the live
-partition servers, one ZooKeeper transaction), listing and description (partition states
-from ZooKeeper, offsets from each leader's METADATA).
+partition servers, one ZooKeeper transaction), changes to the log settings (a
+compare-and-set on the topic's znode, which every replica watches), listing and
+description (partition states from ZooKeeper, offsets and sizes from each leader's
+METADATA).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from coordinator.leaders import LeaderClient
+from coordinator.schemas import LOG_SETTINGS
 from coordinator.store import Store
 from pidlease import errors
-from pidlease.errors import InvalidRequest, UnknownTopicOrPartition
-from pidlease.wire.cluster import DEDUP_MODES, PartitionState, TopicSpec, topic_name_problem, tp_key
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, UnknownTopicOrPartition
+from pidlease.wire.cluster import (
+    DEDUP_MODES,
+    PartitionState,
+    TopicSpec,
+    topic_name_problem,
+    tp_key,
+)
 
 log = logging.getLogger("coordinator.topics")
+
+# Compare-and-set attempts for one PATCH: each lost one means another writer changed the
+# topic between our read and our write; more than a few in a row is a storm, not bad luck.
+ALTER_ATTEMPTS = 10
+# What a partition row says before its leader answers, or when the leader does not report
+# a value yet (an older server: no log start means nothing was ever deleted).
+_UNKNOWN_OFFSETS = {
+    "log_start_offset": -1,
+    "log_end_offset": -1,
+    "high_watermark": -1,
+    "size_bytes": -1,
+}
 
 
 def assign_replicas(
@@ -35,19 +57,16 @@ def assign_replicas(
     return out
 
 
-def offsets_from_metadata(
-    info: dict[str, Any] | None, topic: str, partition: int
-) -> tuple[int, int]:
-    """(log_end_offset, high_watermark) for one partition out of a leader's METADATA blob.
-    Accepts a map keyed "topic/partition" or a list of entries with topic and partition."""
+def _metadata_entry(info: dict[str, Any] | None, topic: str, partition: int) -> Any:
+    """One partition's entry of a leader's METADATA blob: a map keyed "topic/partition" or
+    a list of entries with topic and partition."""
     if not info:
-        return -1, -1
+        return None
     parts = info.get("partitions")
-    entry: Any = None
     if isinstance(parts, dict):
-        entry = parts.get(tp_key(topic, partition))
-    elif isinstance(parts, list):
-        entry = next(
+        return parts.get(tp_key(topic, partition))
+    if isinstance(parts, list):
+        return next(
             (
                 e
                 for e in parts
@@ -57,11 +76,37 @@ def offsets_from_metadata(
             ),
             None,
         )
+    return None
+
+
+def _int_or(value: Any, default: int) -> int:
+    # bool is an int to Python, never an offset.
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def log_from_metadata(info: dict[str, Any] | None, topic: str, partition: int) -> dict[str, int]:
+    """``log_start_offset``, ``log_end_offset``, ``high_watermark`` and ``size_bytes`` of one
+    partition from its leader's METADATA blob; all -1 when the leader did not answer or
+    does not know the partition. A leader that answers but does not report the log start
+    or the size yet gives 0 (nothing was deleted) and -1 (unknown)."""
+    entry = _metadata_entry(info, topic, partition)
     if not isinstance(entry, dict):
-        return -1, -1
-    leo = entry.get("log_end_offset", entry.get("next_offset", -1))
-    hw = entry.get("high_watermark", entry.get("high_watermark_offset", leo))
-    return (leo if isinstance(leo, int) else -1), (hw if isinstance(hw, int) else -1)
+        return dict(_UNKNOWN_OFFSETS)
+    leo = _int_or(entry.get("log_end_offset", entry.get("next_offset")), -1)
+    hw = _int_or(entry.get("high_watermark", entry.get("high_watermark_offset")), leo)
+    return {
+        "log_start_offset": _int_or(entry.get("log_start_offset"), 0),
+        "log_end_offset": leo,
+        "high_watermark": hw,
+        "size_bytes": _int_or(entry.get("size_bytes"), -1),
+    }
+
+
+def settings_of(spec: TopicSpec) -> dict[str, int]:
+    """The log settings as stored, plus the in-sync replica count a 0 stands for."""
+    out = {f: getattr(spec, f) for f in LOG_SETTINGS}
+    out["min_insync_replicas_effective"] = spec.min_insync
+    return out
 
 
 class Topics:
@@ -74,8 +119,14 @@ class Topics:
         self._parallelism = metadata_parallelism
 
     def create(
-        self, name: str, partitions: int, replication_factor: int, dedup: str
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        dedup: str,
+        settings: dict[str, int] | None = None,
     ) -> dict[str, Any]:
+        """``settings``: any of LOG_SETTINGS, already range-checked by the schema."""
         problem = topic_name_problem(name)
         if problem:
             raise InvalidRequest(problem)
@@ -93,9 +144,47 @@ class Topics:
             replication_factor=replication_factor,
             dedup=dedup,
             created_ms=self.clock_ms(),
+            **(settings or {}),
         )
         self.store.create_topic(spec, assign_replicas(live, partitions, replication_factor))
         return self.describe(name, with_offsets=False)
+
+    def alter(self, name: str, changes: dict[str, int]) -> dict[str, Any]:
+        """Change some of the log settings (``changes``: a non-empty subset of LOG_SETTINGS,
+        range-checked by the schema) by compare-and-set on the topic's znode, so a
+        concurrent change is never lost; answers the settings as stored afterwards. The
+        partition servers watch that znode and apply the new spec without a restart."""
+        unknown = sorted(set(changes) - set(LOG_SETTINGS))
+        if unknown or not changes:
+            raise InvalidRequest(
+                f"only {', '.join(LOG_SETTINGS)} can be changed"
+                + (f"; not {', '.join(unknown)}" if unknown else "")
+            )
+        for _ in range(ALTER_ATTEMPTS):
+            got = self.store.get_topic_versioned(name)
+            if got is None:
+                raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
+            spec, version = got
+            want = changes.get("min_insync_replicas", 0)
+            if want > spec.replication_factor:
+                raise InvalidRequest(
+                    f"min_insync_replicas {want} is more than the topic's replication_factor "
+                    f"{spec.replication_factor}"
+                )
+            new = dataclasses.replace(spec)
+            for field, value in changes.items():
+                setattr(new, field, value)
+            if new == spec or self.store.cas_topic(new, version):
+                if new != spec:
+                    log.info(
+                        "topic %s: %s",
+                        name,
+                        ", ".join(f"{k} {getattr(spec, k)} -> {v}" for k, v in changes.items()),
+                    )
+                return {"error": "NONE", "name": name, **settings_of(new)}
+        raise CoordinatorUnavailable(
+            f"topic {name!r} changed under {ALTER_ATTEMPTS} attempts in a row; retry"
+        )
 
     def list(self) -> list[dict[str, Any]]:
         out = []
@@ -132,13 +221,16 @@ class Topics:
                         "leader_epoch": -1,
                         "replicas": [],
                         "isr": [],
-                        "log_end_offset": -1,
-                        "high_watermark": -1,
+                        **_UNKNOWN_OFFSETS,
                     }
                 )
                 continue
             info = servers.get(st.leader)
-            leo, hw = offsets_from_metadata(metadata.get(st.leader), name, p)
+            offsets = (
+                log_from_metadata(metadata.get(st.leader), name, p)
+                if with_offsets
+                else dict(_UNKNOWN_OFFSETS)
+            )
             rows.append(
                 {
                     "partition": p,
@@ -147,8 +239,7 @@ class Topics:
                     "leader_epoch": st.leader_epoch,
                     "replicas": st.replicas,
                     "isr": st.isr,
-                    "log_end_offset": leo,
-                    "high_watermark": hw,
+                    **offsets,
                 }
             )
         return {
@@ -158,6 +249,7 @@ class Topics:
             "replication_factor": spec.replication_factor,
             "dedup": spec.dedup,
             "created_ms": spec.created_ms,
+            **settings_of(spec),
             "partition_states": rows,
         }
 

@@ -1,0 +1,292 @@
+"""A topic's log settings at the coordinator without ZooKeeper: the schema's bounds, types
+and huge numbers on ``POST /v1/topics`` and ``PATCH /v1/topics/{name}`` (a refused call
+names the field and changes nothing), the compare-and-set of a PATCH against a concurrent
+writer, and the per-partition log columns read from a leader's METADATA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coordinator.app import Coordinator, create_app
+from coordinator.schemas import LOG_SETTINGS, TopicAlterBody, TopicBody
+from coordinator.settings import CoordinatorSettings
+from coordinator.testing import FakeStore
+from coordinator.topics import ALTER_ATTEMPTS, Topics, log_from_metadata
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, UnknownTopicOrPartition
+from pidlease.wire import cluster
+from pidlease.wire.cluster import RETENTION_MS_DEFAULT, SEGMENT_MS_DEFAULT, TopicSpec
+from tests.unit.test_coordinator_http import TestClient
+
+GiB = 1 << 30
+BAD_VALUES: list[tuple[str, Any]] = [
+    ("retention_ms", 0),
+    ("retention_ms", -2),
+    ("retention_ms", "7d"),
+    ("retention_ms", "1000"),
+    ("retention_ms", 1000.0),
+    ("retention_ms", True),
+    ("retention_ms", 2**63),
+    ("retention_ms", 2**64 + 5),
+    ("retention_ms", 10**400),
+    ("retention_bytes", 0),
+    ("retention_bytes", -5),
+    ("retention_bytes", 2**63),
+    ("retention_bytes", [1]),
+    ("segment_bytes", -1),
+    ("segment_bytes", 1),
+    ("segment_bytes", 4095),
+    ("segment_bytes", GiB + 1),
+    ("segment_bytes", 2**70),
+    ("segment_ms", 0),
+    ("segment_ms", -2),
+    ("segment_ms", 2**63),
+    ("min_insync_replicas", -1),
+    ("min_insync_replicas", 17),
+    ("min_insync_replicas", "2"),
+]
+
+
+class Spy(FakeStore):
+    """FakeStore whose topic compare-and-set lets ``rivals`` other writers in first: each
+    of them changes the topic (segment_ms + 1) just before our write lands."""
+
+    def __init__(self, rivals: int = 0) -> None:
+        super().__init__()
+        self.rivals = rivals
+        self.cas_calls = 0
+
+    def cas_topic(self, spec: TopicSpec, version: int) -> bool:
+        self.cas_calls += 1
+        if self.rivals:
+            self.rivals -= 1
+            cur, v = self.get_topic_versioned(spec.name) or (spec, version)
+            cur.segment_ms += 1
+            assert super().cas_topic(cur, v)
+        return super().cas_topic(spec, version)
+
+
+def stored(store: FakeStore, name: str = "t") -> TopicSpec:
+    got = store.get_topic(name)
+    assert got is not None
+    return got
+
+
+@pytest.fixture
+def app_and_store() -> tuple[TestClient, FakeStore]:
+    s = CoordinatorSettings(zk="127.0.0.1:1/none", request_bytes_max=4096)
+    coord = Coordinator(s)
+    store = FakeStore()
+    store.add_topic("t", 2)
+    coord.topics = Topics(store, None, lambda: 0)  # type: ignore[arg-type]
+    return TestClient(create_app(coordinator=coord, start=False)), store
+
+
+# -- the schema ------------------------------------------------------------------------------
+def test_creation_defaults_match_the_spec_defaults() -> None:
+    body = TopicBody.model_validate({"name": "t", "partitions": 1})
+    assert body.log_settings() == {
+        "retention_ms": RETENTION_MS_DEFAULT,
+        "retention_bytes": -1,
+        "segment_bytes": 0,
+        "segment_ms": SEGMENT_MS_DEFAULT,
+        "min_insync_replicas": 0,
+    }
+    spec = TopicSpec("t", 1)
+    assert body.log_settings() == {f: getattr(spec, f) for f in LOG_SETTINGS}
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"retention_ms": -1, "retention_bytes": -1, "segment_ms": -1},
+        {"retention_ms": 1, "retention_bytes": 1, "segment_ms": 1},
+        {"retention_ms": 2**63 - 1, "retention_bytes": 2**63 - 1, "segment_ms": 2**63 - 1},
+        {"segment_bytes": 0},
+        {"segment_bytes": 4096},
+        {"segment_bytes": GiB},
+        {"min_insync_replicas": 0},
+        {"min_insync_replicas": 3},
+    ],
+)
+def test_good_values_pass(settings: dict[str, int]) -> None:
+    body = TopicBody.model_validate(
+        {"name": "t", "partitions": 1, "replication_factor": 3, **settings}
+    )
+    assert {k: getattr(body, k) for k in settings} == settings
+    assert TopicAlterBody.model_validate(settings).changes() == settings
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_VALUES)
+def test_create_refuses_a_bad_value_naming_the_field(
+    app_and_store: tuple[TestClient, FakeStore], field: str, value: Any
+) -> None:
+    client, _ = app_and_store
+    r = client.post("/v1/topics", json={"name": "new", "partitions": 1, field: value})
+    assert 400 <= r.status_code < 500, r.text
+    body = r.json()
+    assert body["error"] == "INVALID_REQUEST"
+    assert field in body["detail"], body
+
+
+def test_create_refuses_min_insync_over_the_replication_factor(
+    app_and_store: tuple[TestClient, FakeStore],
+) -> None:
+    client, _ = app_and_store
+    r = client.post(
+        "/v1/topics",
+        json={"name": "new", "partitions": 1, "replication_factor": 2, "min_insync_replicas": 3},
+    )
+    assert (r.status_code, r.json()["error"]) == (422, "INVALID_REQUEST")
+    assert "min_insync_replicas 3 is more than replication_factor 2" in r.json()["detail"]
+
+
+# -- PATCH -----------------------------------------------------------------------------------
+def test_patch_changes_only_the_named_settings(
+    app_and_store: tuple[TestClient, FakeStore],
+) -> None:
+    client, store = app_and_store
+    before = stored(store)
+    r = client.request("PATCH", "/v1/topics/t", json={"retention_ms": 3_600_000})
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "error": "NONE",
+        "name": "t",
+        "retention_ms": 3_600_000,
+        "retention_bytes": -1,
+        "segment_bytes": 0,
+        "segment_ms": SEGMENT_MS_DEFAULT,
+        "min_insync_replicas": 0,
+        "min_insync_replicas_effective": 1,
+    }
+    after = stored(store)
+    assert after.retention_ms == 3_600_000
+    after.retention_ms = before.retention_ms
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({}, 400, "nothing to change"),
+        (None, 400, "nothing to change"),
+        ({"partitions": 4}, 400, "partitions cannot be changed"),
+        ({"dedup": "off", "retention_ms": 5}, 400, "dedup cannot be changed"),
+        ({"replication_factor": 3}, 400, "replication_factor cannot be changed"),
+        ({"name": "u"}, 400, "name cannot be changed"),
+        ({"retention": 5}, 400, "retention cannot be changed"),
+        ({"retention_ms": None}, 422, "retention_ms"),
+        ({"retention_ms": 0}, 422, "retention_ms"),
+        ({"segment_bytes": 100}, 422, "segment_bytes"),
+        ({"segment_ms": 2**64}, 422, "segment_ms"),
+        ({"retention_bytes": "1GiB"}, 422, "retention_bytes"),
+        ({"min_insync_replicas": 2}, 400, "replication_factor 1"),
+    ],
+)
+def test_patch_refusals_change_nothing(
+    app_and_store: tuple[TestClient, FakeStore], body: Any, status: int, says: str
+) -> None:
+    client, store = app_and_store
+    before = store.nodes[cluster.topic_path("t")]
+    r = client.request("PATCH", "/v1/topics/t", json=body)
+    assert (r.status_code, r.json()["error"]) == (status, "INVALID_REQUEST"), r.text
+    assert says in r.json()["detail"]
+    assert store.nodes[cluster.topic_path("t")] == before
+
+
+def test_patch_of_a_body_that_is_not_an_object(
+    app_and_store: tuple[TestClient, FakeStore],
+) -> None:
+    client, _ = app_and_store
+    r = client.request("PATCH", "/v1/topics/t", json=[1, 2])
+    assert 400 <= r.status_code < 500 and r.json()["error"] == "INVALID_REQUEST"
+    r = client.request(
+        "PATCH",
+        "/v1/topics/t",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert (r.status_code, r.json()["error"]) == (400, "INVALID_REQUEST")
+
+
+def test_patch_of_an_unknown_or_misnamed_topic(
+    app_and_store: tuple[TestClient, FakeStore],
+) -> None:
+    client, _ = app_and_store
+    r = client.request("PATCH", "/v1/topics/nope", json={"retention_ms": 5})
+    assert (r.status_code, r.json()["error"]) == (404, "UNKNOWN_TOPIC_OR_PARTITION")
+    r = client.request("PATCH", "/v1/topics/a%20b", json={"retention_ms": 5})
+    assert (r.status_code, r.json()["error"]) == (400, "INVALID_REQUEST")
+
+
+def test_alter_retries_past_concurrent_writers_and_keeps_their_change() -> None:
+    store = Spy(rivals=3)
+    store.add_topic("t", 1)
+    topics = Topics(store, None, lambda: 0)  # type: ignore[arg-type]
+    out = topics.alter("t", {"retention_bytes": 1 << 20})
+    spec = stored(store)
+    assert store.cas_calls == 4
+    assert (spec.retention_bytes, spec.segment_ms) == (1 << 20, SEGMENT_MS_DEFAULT + 3)
+    assert out["retention_bytes"] == 1 << 20 and out["segment_ms"] == SEGMENT_MS_DEFAULT + 3
+
+
+def test_alter_gives_up_after_bounded_attempts() -> None:
+    store = Spy(rivals=10**6)
+    store.add_topic("t", 1)
+    topics = Topics(store, None, lambda: 0)  # type: ignore[arg-type]
+    with pytest.raises(CoordinatorUnavailable, match="attempts in a row"):
+        topics.alter("t", {"retention_ms": 5})
+    assert store.cas_calls == ALTER_ATTEMPTS
+    assert stored(store).retention_ms == RETENTION_MS_DEFAULT
+
+
+def test_alter_without_a_change_writes_nothing() -> None:
+    store = Spy()
+    store.add_topic("t", 1)
+    topics = Topics(store, None, lambda: 0)  # type: ignore[arg-type]
+    topics.alter("t", {"retention_bytes": -1})
+    assert store.cas_calls == 0
+    with pytest.raises(InvalidRequest, match="only retention_ms"):
+        topics.alter("t", {})
+    with pytest.raises(InvalidRequest, match="not partitions"):
+        topics.alter("t", {"partitions": 3})
+    with pytest.raises(UnknownTopicOrPartition):
+        topics.alter("u", {"retention_ms": 5})
+
+
+# -- the log columns -------------------------------------------------------------------------
+def test_log_columns_from_metadata() -> None:
+    new = {
+        "partitions": [
+            {
+                "topic": "t",
+                "partition": 0,
+                "log_start_offset": 40,
+                "log_end_offset": 90,
+                "high_watermark": 80,
+                "size_bytes": 5000,
+            }
+        ]
+    }
+    assert log_from_metadata(new, "t", 0) == {
+        "log_start_offset": 40,
+        "log_end_offset": 90,
+        "high_watermark": 80,
+        "size_bytes": 5000,
+    }
+    # A server that does not report the log start or size yet: nothing deleted, size unknown.
+    old = {"partitions": [{"topic": "t", "partition": 0, "log_end_offset": 7}]}
+    assert log_from_metadata(old, "t", 0) == {
+        "log_start_offset": 0,
+        "log_end_offset": 7,
+        "high_watermark": 7,
+        "size_bytes": -1,
+    }
+    unknown = dict.fromkeys(
+        ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes"), -1
+    )
+    assert log_from_metadata(None, "t", 0) == unknown
+    assert log_from_metadata(new, "t", 1) == unknown
+    odd = {"partitions": {"t/0": {"log_end_offset": True, "size_bytes": "big"}}}
+    assert log_from_metadata(odd, "t", 0) == {**unknown, "log_start_offset": 0}
