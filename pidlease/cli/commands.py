@@ -9,13 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pidlease import errors
+from pidlease.cli.units import (
+    exact_bytes,
+    exact_ms,
+    human_bytes,
+    parse_duration_ms,
+    parse_retention_bytes,
+    parse_retention_ms,
+    parse_segment_bytes,
+    parse_segment_ms,
+)
+from pidlease.cli.units import human_ms as _human_ms
 
 ENV_COORDINATOR = "PIDLEASE_COORDINATOR"
 ENV_ZK = "PIDLEASE_ZK"
@@ -25,6 +36,7 @@ EPILOG = """\
 examples:
   pidlease dev up --servers 3 --detach          # a local cluster on 127.0.0.1, coordinator :8470
   pidlease topic create orders --partitions 3 --replication-factor 1 --dedup strict
+  pidlease topic alter orders --retention 1d --retention-bytes 10GiB
   seq 1 1000 | pidlease produce orders --producer-name loader
   printf 'alice:hello\\nbob:hi\\n' | pidlease produce orders --key-separator :
   pidlease consume orders --partition 0 --from 0 --max 10
@@ -37,26 +49,39 @@ Every command that talks to a cluster takes --coordinator URL (env PIDLEASE_COOR
 default http://127.0.0.1:8470); commands that run a service take --zk HOSTS (env PIDLEASE_ZK).
 """
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_duration_ms(text: str) -> int:
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration; use e.g. 500ms, 30s, 5m, 1h, 2d"
-        )
-    return int(m.group(1)) * _UNIT_MS[m.group(2)]
-
-
-def _human_ms(ms: int) -> str:
-    sign = "-" if ms < 0 else ""
-    ms = abs(ms)
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms >= size:
-            return f"{sign}{ms / size:.1f}{unit}"
-    return f"{sign}{ms}ms"
+# Topic log settings: (flag, API field, parser, help); the same flags on create and alter.
+LOG_SETTING_FLAGS: tuple[tuple[str, str, Callable[[str], int], str], ...] = (
+    (
+        "--retention",
+        "retention_ms",
+        parse_retention_ms,
+        "delete whole old segments older than this: 7d, 12h, 30m, or forever",
+    ),
+    (
+        "--retention-bytes",
+        "retention_bytes",
+        parse_retention_bytes,
+        "per partition, delete old segments beyond this size: 1GiB, 500MB, or unlimited",
+    ),
+    (
+        "--segment-bytes",
+        "segment_bytes",
+        parse_segment_bytes,
+        "roll the active segment at this size, 4KiB..1GiB, or default (the server's)",
+    ),
+    (
+        "--segment-ms",
+        "segment_ms",
+        parse_segment_ms,
+        "roll the active segment when this old: 1h, 1d, or never",
+    ),
+    (
+        "--min-insync-replicas",
+        "min_insync_replicas",
+        int,
+        "in-sync replicas a produce needs, 1..replication factor (0: 1 for R<=2, 2 for R>=3)",
+    ),
+)
 
 
 def _table(rows: list[list[Any]], header: list[str]) -> str:
@@ -128,11 +153,27 @@ def cmd_partition_server(args: argparse.Namespace) -> int:
 
 
 # -- topics ----------------------------------------------------------------------------------
+def _settings_line(body: dict[str, Any]) -> str:
+    if "retention_ms" not in body:  # an older coordinator
+        return "log settings: not reported by this coordinator"
+    insync = body.get("min_insync_replicas", 0)
+    effective = body.get("min_insync_replicas_effective", insync)
+    segment_bytes = body.get("segment_bytes", 0)
+    return (
+        f"retention {exact_ms(body['retention_ms'])}, "
+        f"retention bytes {exact_bytes(body.get('retention_bytes', -1))} per partition, "
+        f"segment bytes {exact_bytes(segment_bytes) if segment_bytes else 'server default'}, "
+        f"segment age {exact_ms(body.get('segment_ms', -1), minus_one='never')}, "
+        f"min in-sync replicas {insync or f'default ({effective})'}"
+    )
+
+
 def _print_topic(body: dict[str, Any]) -> None:
     print(
         f"topic {body['name']}: {body['partitions']} partitions, replication factor "
         f"{body.get('replication_factor', 1)}, dedup {body.get('dedup', 'strict')}"
     )
+    print(_settings_line(body))
     rows = [
         [
             p["partition"],
@@ -141,16 +182,24 @@ def _print_topic(body: dict[str, Any]) -> None:
             p.get("leader_epoch"),
             ",".join(map(str, p.get("replicas", []))),
             ",".join(map(str, p.get("isr", []))),
+            p.get("log_start_offset", -1),
             p.get("log_end_offset"),
             p.get("high_watermark"),
+            human_bytes(int(p.get("size_bytes", -1))),
         ]
         for p in body.get("partition_states", [])
     ]
-    print(
-        _table(
-            rows, ["PARTITION", "LEADER", "ADDRESS", "EPOCH", "REPLICAS", "ISR", "LOG_END", "HW"]
-        )
-    )
+    header = ["PARTITION", "LEADER", "ADDRESS", "EPOCH", "REPLICAS", "ISR"]
+    print(_table(rows, [*header, "LOG_START", "LOG_END", "HW", "SIZE"]))
+
+
+def _log_settings(args: argparse.Namespace) -> dict[str, int]:
+    """The log settings given on the command line, by API field."""
+    return {
+        field: getattr(args, field)
+        for _, field, _, _ in LOG_SETTING_FLAGS
+        if getattr(args, field, None) is not None
+    }
 
 
 def cmd_topic_create(args: argparse.Namespace) -> int:
@@ -160,12 +209,28 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
             partitions=args.partitions,
             replication_factor=args.replication_factor,
             dedup=args.dedup,
+            **_log_settings(args),
         )
     if args.json:
         print(json.dumps(body))
     else:
         print(f"created topic {args.name}")
         _print_topic(body)
+    return 0
+
+
+def cmd_topic_alter(args: argparse.Namespace) -> int:
+    settings = _log_settings(args)
+    if not settings:
+        flags = ", ".join(flag for flag, _, _, _ in LOG_SETTING_FLAGS)
+        print(f"error: nothing to change; give at least one of {flags}", file=sys.stderr)
+        return 2
+    with _client(args) as c:
+        body = c.alter_topic(args.name, **settings)
+    if args.json:
+        print(json.dumps(body))
+    else:
+        print(f"altered topic {args.name}: {_settings_line(body)}")
     return 0
 
 
@@ -466,8 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", help="log directory (env PIDLEASE_DATA_DIR)")
     s.set_defaults(func=cmd_partition_server)
 
-    t = sub.add_parser("topic", help="create, list, describe topics")
-    tsub = t.add_subparsers(dest="topic_command", metavar="create|list|describe", required=True)
+    t = sub.add_parser("topic", help="create, alter, list, describe topics")
+    tsub = t.add_subparsers(
+        dest="topic_command", metavar="create|alter|list|describe", required=True
+    )
     tc = tsub.add_parser(
         "create",
         help="create a topic",
@@ -482,10 +549,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="strict",
         help="strict: sequences must be contiguous; monotonic: increasing, holes allowed",
     )
+    ta = tsub.add_parser(
+        "alter",
+        help="change a topic's retention, segment or min in-sync settings",
+        epilog="example: pidlease topic alter orders --retention 1d --retention-bytes 10GiB\n"
+        "durations: 500ms, 30s, 5m, 1h, 7d (or forever / never / -1); sizes: bytes or "
+        "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (or unlimited / -1)",
+        formatter_class=fmt,
+    )
+    ta.add_argument("name")
+    for p in (tc, ta):
+        for flag, field, parse, help_text in LOG_SETTING_FLAGS:
+            metavar = "N" if parse is int else "SIZE" if "bytes" in field else "DURATION"
+            p.add_argument(flag, dest=field, type=parse, metavar=metavar, help=help_text)
     tl = tsub.add_parser("list", help="list topics")
-    td = tsub.add_parser("describe", help="partitions, leaders, offsets of a topic")
+    td = tsub.add_parser("describe", help="partitions, leaders, offsets, settings of a topic")
     td.add_argument("name")
-    for p, f in ((tc, cmd_topic_create), (tl, cmd_topic_list), (td, cmd_topic_describe)):
+    for p, f in (
+        (tc, cmd_topic_create),
+        (ta, cmd_topic_alter),
+        (tl, cmd_topic_list),
+        (td, cmd_topic_describe),
+    ):
         coord(p)
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(func=f)
