@@ -133,6 +133,7 @@ def test_scope_matrix(make_cluster, tmp_path) -> None:  # type: ignore[no-untype
             "/v1/topics",
             lambda who: {"name": f"t-{who.replace(' ', '-')}", "partitions": 1},
         ),
+        (ADMIN, "PATCH", "/v1/topics/orders", lambda who: {"retention_ms": 3_600_000}),
         (ADMIN, "GET", "/v1/pids", None),
         (ADMIN, "GET", "/v1/servers", None),
         (ADMIN, "GET", "/v1/coordinators", None),

@@ -70,10 +70,14 @@ def test_create_list_describe(make_cluster: Any) -> None:
         "leader_epoch",
         "replicas",
         "isr",
+        "log_start_offset",
         "log_end_offset",
         "high_watermark",
+        "size_bytes",
     }
-    assert (row["log_end_offset"], row["high_watermark"]) == (3, 3)
+    assert (row["log_start_offset"], row["log_end_offset"], row["high_watermark"]) == (0, 3, 3)
+    # -1 from a server that does not report sizes yet; else the three records' bytes.
+    assert row["size_bytes"] == -1 or row["size_bytes"] > 0
     assert row["leader_address"] == leader
 
 

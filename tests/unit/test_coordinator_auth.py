@@ -118,6 +118,7 @@ def test_bearer_header_parsing() -> None:
         ("GET", "/v1/topics/orders", "producer"),
         ("GET", "/v1/pids/42", "producer"),
         ("POST", "/v1/topics", "admin"),
+        ("PATCH", "/v1/topics/orders", "admin"),  # reading a topic is a producer's, changing not
         ("GET", "/v1/pids", "admin"),
         ("GET", "/v1/servers", "admin"),
         ("GET", "/v1/coordinators", "admin"),
