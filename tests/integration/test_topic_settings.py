@@ -175,8 +175,17 @@ def test_cli_create_alter_describe(secured: tuple[LocalCluster, Any]) -> None:
     )
     assert (spec.segment_ms, spec.min_insync_replicas) == (3_600_000, 1)
 
-    r = cli("topic", "alter", "clitopic", "--retention", "forever", "--segment-ms", "never",
-            *auth, url=url)  # fmt: skip
+    r = cli(
+        "topic",
+        "alter",
+        "clitopic",
+        "--retention",
+        "forever",
+        "--segment-ms",
+        "never",
+        *auth,
+        url=url,
+    )
     assert r.returncode == 0, r.stderr
     assert "retention forever" in r.stdout and "segment age never" in r.stdout
     spec2, _ = znode(zk, "clitopic")
