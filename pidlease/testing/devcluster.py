@@ -465,8 +465,15 @@ class LocalCluster:
 
     # -- conveniences ----------------------------------------------------------------------
     def create_topic(
-        self, name: str, partitions: int = 1, replication_factor: int = 1, dedup: str = "strict"
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        dedup: str = "strict",
+        **settings: int,
     ) -> dict[str, Any]:
+        """``settings``: log settings (``retention_ms``, ``retention_bytes``,
+        ``segment_bytes``, ``segment_ms``, ``min_insync_replicas``)."""
         status, body = http_json(
             "POST",
             self.coordinator_url + "/v1/topics",
@@ -475,11 +482,21 @@ class LocalCluster:
                 "partitions": partitions,
                 "replication_factor": replication_factor,
                 "dedup": dedup,
+                **settings,
             },
             ca_file=self.ca_file,
         )
         if status != 200:
             raise RuntimeError(f"create topic {name}: {status} {body}")
+        return body
+
+    def alter_topic(self, name: str, **settings: int) -> dict[str, Any]:
+        """``PATCH /v1/topics/{name}``: change some log settings; the answer's settings."""
+        status, body = http_json(
+            "PATCH", f"{self.coordinator_url}/v1/topics/{name}", settings, ca_file=self.ca_file
+        )
+        if status != 200:
+            raise RuntimeError(f"alter topic {name}: {status} {body}")
         return body
 
     def __enter__(self) -> LocalCluster:

@@ -80,6 +80,12 @@ def test_create_list_describe(make_cluster: Any) -> None:
     assert row["size_bytes"] == -1 or row["size_bytes"] > 0
     assert row["leader_address"] == leader
 
+    # The test cluster's conveniences pass log settings through.
+    tuned = cluster.create_topic("tuned", retention_bytes=1 << 20, segment_bytes=1 << 16)
+    assert (tuned["retention_bytes"], tuned["segment_bytes"]) == (1 << 20, 1 << 16)
+    altered = cluster.alter_topic("tuned", segment_ms=-1)
+    assert (altered["retention_bytes"], altered["segment_ms"]) == (1 << 20, -1)
+
 
 def test_ten_thousand_partitions_appear_whole(make_cluster: Any) -> None:
     cluster: LocalCluster = make_cluster(servers=1)
