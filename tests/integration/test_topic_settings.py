@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -134,6 +135,26 @@ def test_create_patch_describe_and_refusals(secured: tuple[LocalCluster, Any]) -
     assert (status, body_out["error"]) == (401, "UNAUTHORIZED")
     after = zk.get(layout.topic_path("logs"))
     assert (after[0], after[1].version) == (before[0], before[1].version)
+
+    # Concurrent PATCHes of different settings: each is a compare-and-set on the znode
+    # version, so none overwrites another with the value it read.
+    for round_ in range(3):
+        targets = {
+            "retention_ms": 1000 + round_,
+            "retention_bytes": 5000 + round_,
+            "segment_bytes": 8192 + round_,
+            "segment_ms": 2000 + round_,
+            "min_insync_replicas": 1,
+        }
+        with ThreadPoolExecutor(len(targets)) as pool:
+            answers = list(
+                pool.map(
+                    lambda kv: call(c, "PATCH", "/v1/topics/logs", dict([kv])), targets.items()
+                )
+            )
+        assert all(status == 200 for status, _ in answers), answers
+        spec3, _ = znode(zk, "logs")
+        assert {k: getattr(spec3, k) for k in targets} == targets
 
     # Creation refuses bad settings, naming the field, and creates nothing.
     status, body_out = call(
