@@ -28,8 +28,15 @@ from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
 from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
+from partition_server.retention import LogPolicy
 from partition_server.snapshot import PartitionImage
-from pidlease.errors import NotLeader, PidleaseError, ServerUnavailable, TooManyPids
+from pidlease.errors import (
+    NotLeader,
+    OffsetOutOfRange,
+    PidleaseError,
+    ServerUnavailable,
+    TooManyPids,
+)
 from pidlease.wire.protocol import BatchHeader, encode_control_batch, set_base_offset
 
 log = logging.getLogger("partition_server.partition")
@@ -111,6 +118,7 @@ class Partition:
         checkpoint_hw: int | None = None,
         evict_idle_min_ms: int | None = None,
         expire_ms: int | None = None,
+        policy: LogPolicy | None = None,
     ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
@@ -156,7 +164,20 @@ class Partition:
             verify_from_offset=from_offset,
             on_batch=replay,
             replay_from_offset=from_offset,
+            policy=policy,
+            clock_ms=clock_ms,
         )
+        if plog.log_start_offset > from_offset:
+            # Retention deletes only below the newest snapshot's replay_from, so this is a
+            # missing or older snapshot: PIDs only the deleted segments held are not known.
+            log.warning(
+                "%s-%d: the log starts at %d, above the snapshot's replay offset %d; "
+                "producer state of the deleted segments is not recovered",
+                topic,
+                partition,
+                plog.log_start_offset,
+                from_offset,
+            )
         if plog.next_offset < covered_to:
             log.warning(
                 "%s-%d: log ends at %d, before the snapshot's offset %d; rebuilding "
@@ -227,7 +248,7 @@ class Partition:
         buf = bytearray(batch)
         set_base_offset(buf, self.log.next_offset)
         try:
-            base = self.log.append(buf, h.count)
+            base = self.log.append(buf, h.count, h.timestamp_ms)
         except ServerUnavailable:
             self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
             raise
@@ -269,7 +290,7 @@ class Partition:
         if outcome is FenceOutcome.APPEND:
             buf = bytearray(encode_control_batch(pid=pid, generation=generation, timestamp_ms=now))
             set_base_offset(buf, self.log.next_offset)
-            fence_offset = self.log.append(buf, 1)
+            fence_offset = self.log.append(buf, 1, now)
             self.state.apply_fence(pid, generation, now)
             self.batches_appended += 1
             self._wake_data_waiters()
@@ -364,8 +385,19 @@ class Partition:
 
     # -- reads -----------------------------------------------------------------------------
     def fetch(self, offset: int, max_bytes: int) -> list[bytes]:
-        """For readers: committed batches only."""
+        """For readers: committed batches only. OffsetOutOfRange below the log start."""
+        self.check_offset(offset)
         return self.log.read(offset, max_bytes, self.high_watermark)
+
+    def check_offset(self, offset: int) -> None:
+        start = self.log.log_start_offset
+        if offset < start:
+            raise OffsetOutOfRange(
+                f"offset {offset} of {self.topic}-{self.partition} was deleted by retention; "
+                f"the log holds {start} to {self.high_watermark}",
+                earliest=start,
+                latest=self.high_watermark,
+            )
 
     def producer_state(self, pid: int) -> tuple[bool, int, int, int]:
         """(found, generation, durable_highwater, last_use_ms); refreshes last use."""
@@ -468,6 +500,7 @@ class Partition:
     def replica_read(self, offset: int, max_bytes: int) -> list[bytes]:
         """For followers: everything written, durable here or not (they fsync it
         themselves; what counts as acked is decided by the high watermark)."""
+        self.check_offset(offset)
         return self.log.read(offset, max_bytes, self.log.next_offset)
 
     # -- replication: the follower's side --------------------------------------------------
@@ -543,8 +576,9 @@ class Partition:
             "topic": self.topic,
             "partition": self.partition,
             "role": self.role,
-            "log_start_offset": 0,
+            "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.next_offset,
+            "size_bytes": self.log.size_bytes,
             "high_watermark": self.high_watermark,
             "tracked_pids": len(self.state),
         }

@@ -113,7 +113,7 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
     now = part.clock_ms()
     state = part.state
     for h, pos in batches:
-        part.log.append(bytes(data[pos : pos + h.size]), h.count)
+        part.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
         if h.is_control:
             state.apply_fence(h.pid, h.generation, now)
             continue
