@@ -27,7 +27,13 @@ from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
-from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
+from partition_server.producer_state import (
+    Decision,
+    FenceOutcome,
+    Outcome,
+    ProducerStateTable,
+    Row,
+)
 from partition_server.retention import LogPolicy
 from partition_server.snapshot import PartitionImage
 from pidlease.errors import (
@@ -527,6 +533,7 @@ class Partition:
         # Count the cut first: a crash right after must not trust older snapshot rows. A
         # failed save (full disk) leaves the history and the log as they were (only the
         # ends above are lowered; a flush raises them again): the next session retries.
+        kept = self._rows_below_log_start()
         with self.epochs.change():
             self.epochs.truncations += 1
             self.epochs.truncate_to(offset)
@@ -548,14 +555,26 @@ class Partition:
         )
         if self._flush_waiters:
             self.flusher.note_write(self)  # the flush they counted on may be stale now
-        self.rebuild_state()
+        self.rebuild_state(kept)
         return end
 
-    def rebuild_state(self) -> None:
-        """Producer state from the whole log; batches above the high watermark pending."""
+    def _rows_below_log_start(self) -> list[Row]:
+        """Rows of the PIDs with no batch in the log left by retention: their state came
+        from deleted segments only, all below the cut and committed, so it stays exact
+        through a rebuild that can replay only from the log start."""
+        if self.log.log_start_offset == 0:
+            return []
+        in_log = {h.pid for h in self.log.iter_headers(0)}
+        return self.state.export_rows([p for p in self.state.pids() if p not in in_log])
+
+    def rebuild_state(self, kept: list[Row] | None = None) -> None:
+        """Producer state from the log (and ``kept``, the rows of PIDs whose batches
+        retention deleted); batches above the high watermark pending."""
         now = self.clock_ms()
         state = self.state
         state.clear()
+        if kept:
+            state.load_rows(kept)
         hw = self.high_watermark
         for h in self.log.iter_headers(0):
             if h.is_control:

@@ -15,9 +15,10 @@ from partition_server.broker import Broker
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.registry import Assignment
+from partition_server.replica_fetcher import append_fetched
 from partition_server.retention import LOG_START_FILE, LogPolicy, read_log_start
 from partition_server.settings import ServerSettings
-from partition_server.testing import open_part, outcome
+from partition_server.testing import open_part, outcome, stored
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState, TopicSpec
@@ -284,6 +285,38 @@ def test_segments_roll_by_size_and_age_and_a_new_assignment_changes_the_policy(
         clock.now += 1
         await fill(part, 7, range(13, 14), clock.now)
         assert len(part.log.segments) == 3  # 1 s old at this append: rolled
+        await shut(part)
+
+    asyncio.run(go())
+
+
+def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_path: Path) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    def old(pid: int, seq: int) -> bytes:
+        return bytes(raw_batch(pid, seq, OLD_TS))
+
+    async def go() -> None:
+        part = open_part(tmp_path, clock_ms=clock, policy=policy)
+        part.become_follower(2, 1, "127.0.0.1:1")
+        b = make_broker(tmp_path, clock, part)
+        batches = [old(7, s) for s in range(3)] + [old(8, s) for s in range(20)]
+        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+        await part.wait_flushed(23)
+        part.set_high_watermark(23)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        assert part.log.log_start_offset > 3  # PID 7's batches are gone
+        # A suffix above the high watermark that the new leader does not have, then cut.
+        extra = [bytes(raw_batch(8, 20, clock.now)), bytes(raw_batch(9, 0, clock.now))]
+        assert append_fetched(part, stored(extra, start=23), [(1, 0)]) == 2
+        await part.wait_flushed(25)
+        assert part.truncate_to(23) == 23
+        assert outcome(part, 7, 3, 1) is Outcome.APPEND  # not UNKNOWN_PID
+        assert outcome(part, 7, 2, 1) is Outcome.DUPLICATE
+        assert outcome(part, 8, 20, 1) is Outcome.APPEND  # the cut batch is gone
+        assert part.state.get(9) is None
         await shut(part)
 
     asyncio.run(go())
