@@ -333,6 +333,24 @@ class PartitionLog:
             self._dir_dirty = True
         return n, sum(s.size for s in gone)
 
+    def restart_at(self, offset: int) -> None:
+        """Drop every segment and go on with an empty log at ``offset``, beyond the end (a
+        follower whose whole log is below its leader's log start). The log start is
+        persisted first: a crash midway reopens the old log or an empty one at
+        ``offset``, and either is fetched on from the leader."""
+        assert offset > self.next_offset, (offset, self.next_offset)
+        write_log_start(self.dir, offset)
+        for seg in self.segments:
+            self._dirty_fds.pop(seg.fd, None)
+            self._retired_fds.append(seg.fd)
+            seg.path.unlink()
+        self.segments.clear()
+        self._segment_bases.clear()
+        self.next_offset = self.log_start_offset = offset
+        self._new_segment(offset)
+        os.fsync(self._dir_fd)
+        log.warning("%s: the log now starts (empty) at offset %d", self.dir.name, offset)
+
     def truncate_to(self, offset: int) -> int:
         """Cut the log back so it ends at the start of the batch holding ``offset`` (a
         follower dropping a suffix that diverges from its leader's). Returns the new end.

@@ -558,6 +558,31 @@ class Partition:
         self.rebuild_state(kept)
         return end
 
+    def restart_at(self, offset: int) -> None:
+        """The leader's log starts at ``offset``, beyond this replica's end: drop the whole
+        log and go on from there (retention there deleted what this replica lacks). Every
+        batch here is below the leader's log start, so committed: the producer state
+        stays, all of it durable. PIDs that wrote only in the skipped range are not known
+        here (they are in the leader's snapshots, not in any log)."""
+        log.warning(
+            "%s-%d: log ends at %d, below the leader's log start %d: starting over there; "
+            "producer state of PIDs that wrote only in between is not on this replica",
+            self.topic,
+            self.partition,
+            self.log.next_offset,
+            offset,
+        )
+        try:
+            self.log.restart_at(offset)
+        except OSError as exc:
+            self.flusher.fatal(exc)  # as in truncate_to: never go on with a log in doubt
+            raise
+        self.flushed_end = offset
+        self.high_watermark = offset
+        self.state.mark_durable(offset)
+        _resolve(self._flush_waiters, offset)
+        _resolve(self._waiters, offset)
+
     def _rows_below_log_start(self) -> list[Row]:
         """Rows of the PIDs with no batch in the log left by retention: their state came
         from deleted segments only, all below the cut and committed, so it stays exact

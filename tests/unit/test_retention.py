@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.registry import Assignment
 from partition_server.replica_fetcher import append_fetched
+from partition_server.replication import ReplicaManager
 from partition_server.retention import LOG_START_FILE, LogPolicy, read_log_start
 from partition_server.settings import ServerSettings
 from partition_server.testing import open_part, outcome, stored
@@ -318,5 +320,73 @@ def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_pat
         assert outcome(part, 8, 20, 1) is Outcome.APPEND  # the cut batch is gone
         assert part.state.get(9) is None
         await shut(part)
+
+    asyncio.run(go())
+
+
+def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        # The leader: retention took its old segments.
+        lead = open_part(tmp_path / "leader", clock_ms=clock, policy=policy)
+        lead.hosted = True
+        lead.become_leader(1, 1, [1, 2], [1])
+        b = make_broker(tmp_path / "leader", clock, lead)
+        for seq in range(20):
+            append(lead, 8, seq, OLD_TS)
+        await lead.wait_durable(lead.log.next_offset)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        start, end = lead.log.log_start_offset, lead.log.next_offset
+        settings = SimpleNamespace(
+            server_id=1,
+            routes={},
+            replica_lag_time_max_ms=10_000,
+            replica_fetch_wait_max_ms=0,
+            fetch_bytes_max=1 << 20,
+        )
+        registry = SimpleNamespace(zk=None, refresh=lambda: None, assignment=None)
+        mgr = ReplicaManager(settings, registry, {("t", 0): lead}, tmp_path, clock_ms=clock)  # type: ignore[arg-type]
+        req = P.Request(
+            P.REPLICA_FETCH, 1, "t", 0, offset=2, max_bytes=1 << 20, replica_id=2, leader_epoch=1
+        )
+        resp = P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, lead))[4:])
+        assert resp.error_code == errors.OffsetOutOfRange.code
+        assert resp.high_watermark == start  # where the follower starts over
+        # The follower: two batches of PID 7, then down while the leader moved on.
+        fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
+        fol.become_follower(1, 1, "127.0.0.1:1")
+        assert (
+            append_fetched(
+                fol, stored([bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]), [(1, 0)]
+            )
+            == 2
+        )
+        await fol.wait_flushed(2)
+        fol.set_high_watermark(2)
+        fol.restart_at(start)
+        assert (fol.log.log_start_offset, fol.log.next_offset, fol.high_watermark) == (start,) * 3
+        assert segment_files(tmp_path / "follower") == [f"{start:020d}.log"]
+        assert outcome(fol, 7, 1, 1) is Outcome.DUPLICATE  # its own state stays
+        data = lead.replica_read(start, 1 << 20)
+        assert append_fetched(fol, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert fol.log.next_offset == end
+        await fol.flusher.wait_idle()
+        fol.close()
+        again = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
+        assert (again.log.log_start_offset, again.log.next_offset) == (start, end)
+        await shut(again)
+        # A new replica (no epochs yet) starts at the log start too, inside epoch 1.
+        new = open_part(tmp_path / "new", clock_ms=clock, policy=policy)
+        new.become_follower(1, 1, "127.0.0.1:1")
+        new.restart_at(start)
+        assert append_fetched(new, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert new.epochs.entries == [(1, start)] and new.log.next_offset == end
+        await shut(new)
+        await shut(lead)
 
     asyncio.run(go())
