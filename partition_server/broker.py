@@ -391,6 +391,10 @@ class Broker:
             "partitions": parts,
             "tracked_pids_total": sum(x["tracked_pids"] for x in parts),
             "recovery": self.recovery,
+            "retention": {
+                "segments_deleted": self.segments_deleted,
+                "bytes_deleted": self.bytes_deleted,
+            },
             "replica_fetchers": self.replicas.describe(),
         }
 

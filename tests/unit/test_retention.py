@@ -168,11 +168,14 @@ def test_retention_bytes_bounds_the_size(tmp_path: Path) -> None:
         part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
         b = make_broker(tmp_path, clock, part)
         await fill(part, 7, range(60), clock.now)  # recent: only the size limit applies
-        assert part.log.size_bytes > 2 * limit
+        before = part.log.size_bytes
+        assert before > 2 * limit
         await b.snapshot_now()
         assert await retain(b, clock.now) > 0
         size = part.log.size_bytes
         assert limit <= size <= limit + SEG
+        md = b.metadata(1, "here")["retention"]
+        assert md["segments_deleted"] > 0 and md["bytes_deleted"] == before - size
         assert size == sum(p.stat().st_size for p in (tmp_path / "t-0").glob("*.log"))
         await shut(part)
 
