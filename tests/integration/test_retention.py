@@ -112,3 +112,93 @@ def test_short_retention_deletes_old_segments_and_an_idle_producer_resumes(
         assert r.error_code == 0, r.detail
         r = c.produce("r", 0, batch(8, 1, seq8, [b"y"]), busy)
         assert r.error_code == 0, r.detail
+
+
+def test_r3_every_replica_deletes_and_an_idle_producer_resumes_after_a_failover(
+    make_cluster, zk_hosts
+) -> None:  # type: ignore[no-untyped-def]
+    env = {
+        **ENV,
+        "PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000",
+        "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
+        "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200",
+    }
+    cluster = make_cluster(servers=3, coordinators=0, env=env)
+    spec = TopicSpec(
+        "r3",
+        1,
+        replication_factor=3,
+        created_ms=int(time.time() * 1000),
+        retention_ms=1_500,
+        segment_bytes=SEG,
+    )
+    zk = connect_zk(zk_hosts)
+    try:
+        zk.create(topic_path("r3"), spec.to_bytes())
+        zk.create(
+            partition_path("r3", 0),
+            PartitionState([1, 2, 3], 1, 0, [1, 2, 3]).to_bytes(),
+            makepath=True,
+        )
+    finally:
+        zk.stop()
+        zk.close()
+    idle, busy = token(DEV_SECRET, 7, 1), token(DEV_SECRET, 8, 1)
+    leader = cluster.server(1)
+
+    def entries() -> list[dict[str, Any]]:
+        out = []
+        for svc in cluster.servers:
+            if svc.alive:
+                with WireClient(svc.address) as c:
+                    out.append(entry(c, "r3"))
+        return out
+
+    with WireClient(leader.address) as c:
+        r = wait_for(
+            lambda: (
+                (r := c.produce("r3", 0, batch(7, 1, 0, [b"idle-0"]), idle)).error_code == 0 and r
+            ),
+            30,
+            "the leader to take produces",
+            interval_s=0.2,
+        )
+        for seq in range(1, 5):
+            r = c.produce("r3", 0, batch(7, 1, seq, [b"idle-%d" % seq]), idle)
+            assert r.error_code == 0, r.detail
+        seq8 = 0
+
+        def all_deleted() -> bool:
+            nonlocal seq8
+            r = c.produce("r3", 0, batch(8, 1, seq8, [b"y" * 500]), busy)
+            assert r.error_code == 0, r.detail
+            seq8 += 1
+            es = entries()
+            return len(es) == 3 and all(e["log_start_offset"] >= 5 for e in es)
+
+        wait_for(all_deleted, 60, "retention on every replica past PID 7's batches", interval_s=0.2)
+    cluster.kill(leader)
+
+    def new_leader() -> Any:
+        for svc in cluster.servers:
+            if svc.alive:
+                with WireClient(svc.address) as c:
+                    if entry(c, "r3")["role"] == "leader":
+                        return svc
+        return None
+
+    svc = wait_for(new_leader, 60, "a new leader", ignore=(OSError,))
+    with WireClient(svc.address) as c:
+        r = wait_for(
+            lambda: (
+                (r := c.produce("r3", 0, batch(7, 1, 4, [b"idle-4"]), idle)).error_code
+                not in (errors.NotLeader.code, errors.SequenceUnknown.code)
+                and r
+            ),
+            30,
+            "the new leader to answer",
+            interval_s=0.2,
+        )
+        assert r.error_code == errors.DUPLICATE, (r.error_code, r.detail)
+        r = c.produce("r3", 0, batch(7, 1, 5, [b"idle-5"]), idle)
+        assert r.error_code == 0, r.detail
