@@ -260,8 +260,11 @@ class Broker:
             loop = asyncio.get_running_loop()
             path, nbytes = await loop.run_in_executor(None, self.snapshots.write, snap)
             self.snapshots_taken += 1
-            for key, img in snap.partitions.items():
-                self._snapshot_replay_from[key] = (img.replay_from, img.truncations)
+            # What recovery would use now: the newest file (a partition left out of it,
+            # cut while it was taken, is rebuilt from its log and so may lose no segment).
+            self._snapshot_replay_from = {
+                k: (img.replay_from, img.truncations) for k, img in snap.partitions.items()
+            }
             log.info(
                 "snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
                 path.name,
@@ -315,6 +318,8 @@ class Broker:
             replay_from, truncations = self._snapshot_replay_from.get(key, (0, -1))
             if truncations != part.epochs.truncations:
                 replay_from = 0  # cut since that snapshot: recovery would not use it
+                # and would rebuild from the log start: a new snapshot closes that window.
+                want_snapshot = want_snapshot or part.log.log_start_offset > 0
             n, blocked = segments_to_delete(
                 part.log.segment_infos(),
                 part.log.policy,

@@ -199,7 +199,9 @@ class Partition:
                 replay(h)
         epochs.settle(plog.next_offset)
         if checkpoint_hw is not None:
-            checkpoint_hw = min(max(checkpoint_hw, 0), plog.next_offset)
+            # Retention deleted only below the high watermark of its time, so the log start
+            # is committed even when the checkpoint lags behind it.
+            checkpoint_hw = min(max(checkpoint_hw, plog.log_start_offset), plog.next_offset)
             # Batches above the last known high watermark may not be on the in-sync
             # replicas: in flight again, never DUPLICATE, until the high watermark passes.
             for h in plog.iter_headers(checkpoint_hw):
