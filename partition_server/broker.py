@@ -1,7 +1,9 @@
 """The partitions of this server as a whole: recovery at startup (newest valid snapshot +
 log replay), which partitions it hosts and leads (from the registry's Assignment; roles of
 replicated partitions are decided by ``replication.ReplicaManager``), periodic snapshots
-of durable state, and PID expiry."""
+of durable state, PID expiry, and retention (``retention.py``: each replica applies its
+topic's policy to its own log; only below the newest snapshot's ``replay_from``, so
+producer state never needs a deleted segment)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from partition_server.flusher import Flusher
 from partition_server.partition import Partition, parse_dir_name, wall_clock_ms
 from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager, is_replicated
+from partition_server.retention import LogPolicy, segments_to_delete
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
 from pidlease.wire.cluster import DEDUP_MODES
@@ -58,6 +61,12 @@ class Broker:
             note_append=self.note_append,
         )
         self._checkpoint_hws: dict[Key, int] = {}
+        # Per partition, the newest snapshot on disk: (replay_from, truncation count).
+        # Retention deletes only below that replay_from, and only while the count still
+        # matches (recovery does not trust a snapshot taken before a cut).
+        self._snapshot_replay_from: dict[Key, tuple[int, int]] = {}
+        self.segments_deleted = 0
+        self.bytes_deleted = 0
 
     # -- recovery --------------------------------------------------------------------------
     def _mode(self, topic: str, a: Assignment | None = None) -> str:
@@ -67,6 +76,9 @@ class Broker:
             log.warning("topic %s has unknown dedup mode %r; using strict", topic, mode)
             mode = "strict"
         return mode
+
+    def _policy(self, topic: str, a: Assignment | None = None) -> LogPolicy:
+        return LogPolicy.from_spec((a or self.assignment).topics.get(topic))
 
     def _open(
         self, key: Key, snapshot: PartitionImage | None, a: Assignment | None = None
@@ -86,6 +98,7 @@ class Broker:
             clock_ms=self.clock_ms,
             snapshot=snapshot,
             checkpoint_hw=self._checkpoint_hws.get(key, 0) if replicated else None,
+            policy=self._policy(key[0], a),
         )
         if replicated:
             part.role = "follower"  # until the replica manager decides
@@ -105,6 +118,9 @@ class Broker:
         self.replicas.note_startup(a)
         loaded = self.snapshots.load_newest()
         snap_parts = loaded[0].partitions if loaded else {}
+        self._snapshot_replay_from = {
+            k: (img.replay_from, img.truncations) for k, img in snap_parts.items()
+        }
         t_snap = time.perf_counter() - t0
         replayed = truncations = batches = 0
         for d in sorted(self.data_dir.iterdir()):
@@ -175,6 +191,10 @@ class Broker:
             if mode != part.state.mode:
                 log.warning("topic %s dedup mode %s -> %s", key[0], part.state.mode, mode)
                 part.state.mode = mode
+            policy = self._policy(key[0], a)
+            if policy != part.log.policy:
+                log.info("partition %s-%d: log policy %s", key[0], key[1], policy)
+                part.log.policy = policy
             if is_replicated(ps):
                 self.replicas.apply_guarded(key, part, ps, a)
                 continue
@@ -240,6 +260,11 @@ class Broker:
             loop = asyncio.get_running_loop()
             path, nbytes = await loop.run_in_executor(None, self.snapshots.write, snap)
             self.snapshots_taken += 1
+            # What recovery would use now: the newest file (a partition left out of it,
+            # cut while it was taken, is rebuilt from its log and so may lose no segment).
+            self._snapshot_replay_from = {
+                k: (img.replay_from, img.truncations) for k, img in snap.partitions.items()
+            }
             log.info(
                 "snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
                 path.name,
@@ -252,8 +277,16 @@ class Broker:
 
     async def maintain(self) -> None:
         """Background: time-based snapshots and PID expiry. Runs until cancelled."""
-        tick_s = min(self.s.snapshot_interval_ms, self.s.pid_expire_check_ms, 1000) / 1000
-        last_expiry_ms = self.clock_ms()
+        tick_s = (
+            min(
+                self.s.snapshot_interval_ms,
+                self.s.pid_expire_check_ms,
+                self.s.retention_check_ms,
+                1000,
+            )
+            / 1000
+        )
+        last_expiry_ms = last_retention_ms = self.clock_ms()
         while True:
             await asyncio.sleep(tick_s)
             now = self.clock_ms()
@@ -265,6 +298,73 @@ class Broker:
             if now - last_expiry_ms >= self.s.pid_expire_check_ms:
                 last_expiry_ms = now
                 self.expire_pids(now)
+            if now - last_retention_ms >= self.s.retention_check_ms:
+                last_retention_ms = now
+                try:
+                    await self.apply_retention(now)
+                except OSError as exc:  # a full disk, say: the next round tries again
+                    log.error("retention failed: %s", exc)
+
+    async def apply_retention(self, now_ms: int) -> int:
+        """Delete the closed segments each hosted partition's policy lets go (leaders and
+        followers alike). Deletion waits for a snapshot where the newest one's
+        ``replay_from`` is below them (one is started then). Returns segments deleted."""
+        deleted = 0
+        want_snapshot = False
+        loop = asyncio.get_running_loop()
+        for key, part in list(self.partitions.items()):
+            if not part.hosted or part.role == "none":
+                continue
+            replay_from, truncations = self._snapshot_replay_from.get(key, (0, -1))
+            if truncations != part.epochs.truncations:
+                replay_from = 0  # cut since that snapshot: recovery would not use it
+                # and would rebuild from the log start: a new snapshot closes that window.
+                want_snapshot = want_snapshot or part.log.log_start_offset > 0
+            n, blocked = segments_to_delete(
+                part.log.segment_infos(),
+                part.log.policy,
+                now_ms,
+                high_watermark=part.high_watermark,
+                replay_from=replay_from,
+            )
+            want_snapshot = want_snapshot or blocked > 0
+            if n == 0:
+                continue
+            start = part.log.segments[n].base_offset
+            await loop.run_in_executor(None, part.log.persist_log_start, start)
+            deleted += self._delete_below(key, part, start)
+        if want_snapshot:
+            self._start_snapshot()
+        return deleted
+
+    def _delete_below(self, key: Key, part: Partition, start: int) -> int:
+        """Second half of a deletion, after ``start`` is persisted as the log start."""
+        plog = part.log
+        bases = [s.base_offset for s in plog.segments]
+        if (
+            part is not self.partitions.get(key)
+            or start not in bases[1:]
+            or start > part.high_watermark
+        ):
+            # Closed, or cut back while the log start was written: say where it starts now
+            # (an open must not remove segments below a start that no longer holds).
+            if bases and part is self.partitions.get(key):
+                plog.persist_log_start(bases[0])
+            return 0
+        n, nbytes = plog.delete_below(start)
+        # The unlinked files' fds are closed, and their space freed, at the next flush.
+        part.flusher.note_write(part)
+        self.segments_deleted += n
+        self.bytes_deleted += nbytes
+        log.info(
+            "partition %s-%d: retention deleted %d segments (%d bytes); log starts at %d",
+            key[0],
+            key[1],
+            n,
+            nbytes,
+            start,
+        )
+        return n
 
     def expire_pids(self, now_ms: int) -> int:
         """Expire PIDs unused for pid_expire_ms in the partitions this server leads. A
@@ -296,6 +396,10 @@ class Broker:
             "partitions": parts,
             "tracked_pids_total": sum(x["tracked_pids"] for x in parts),
             "recovery": self.recovery,
+            "retention": {
+                "segments_deleted": self.segments_deleted,
+                "bytes_deleted": self.bytes_deleted,
+            },
             "replica_fetchers": self.replicas.describe(),
         }
 

@@ -8,6 +8,11 @@ batch) lives in memory and is rebuilt by scanning at open; 16 bytes per batch.
 
 Durability is not decided here: the log remembers which files were written since the last
 ``take_dirty()`` and the flusher fsyncs them.
+
+Retention (``retention.py``) removes whole segments from the old end; ``log_start_offset``
+is then the base of the first segment left, persisted before any file goes. The active
+segment rolls at ``policy.segment_bytes`` (else ``segment_bytes_max``) and, at the next
+append, once it is ``policy.segment_ms`` old.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from partition_server.retention import LogPolicy, SegmentInfo, read_log_start, write_log_start
 from pidlease.errors import CorruptRecord, ServerUnavailable
 from pidlease.wire.protocol import BATCH_HEADER_SIZE, BatchHeader, batch_crc_ok, decode_batch_header
 
@@ -37,7 +43,16 @@ def segment_name(base_offset: int) -> str:
 class Segment:
     """One segment file; its fd is opened read/write with O_APPEND."""
 
-    __slots__ = ("base_offset", "fd", "offsets", "path", "positions", "size")
+    __slots__ = (
+        "base_offset",
+        "fd",
+        "first_append_ms",
+        "max_timestamp_ms",
+        "offsets",
+        "path",
+        "positions",
+        "size",
+    )
 
     def __init__(self, base_offset: int, path: Path, fd: int, size: int) -> None:
         self.base_offset = base_offset
@@ -46,6 +61,8 @@ class Segment:
         self.size = size
         self.offsets = array("q")  # base offset of each batch
         self.positions = array("q")  # file position of each batch
+        self.max_timestamp_ms = -1  # newest batch timestamp (retention by time)
+        self.first_append_ms = -1  # when its first batch came (rolling by age)
 
     def batch_end(self, i: int) -> int:
         """File position just after batch ``i``."""
@@ -77,9 +94,19 @@ def _open_fd(path: Path) -> int:
 class PartitionLog:
     """Segments of one partition. Open with :meth:`open`, which recovers the tail."""
 
-    def __init__(self, directory: Path, segment_bytes_max: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        segment_bytes_max: int,
+        *,
+        policy: LogPolicy | None = None,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
         self.dir = directory
         self.segment_bytes_max = segment_bytes_max
+        self.policy = policy or LogPolicy()
+        self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.log_start_offset = 0
         self.segments: list[Segment] = []
         self._segment_bases: list[int] = []
         self.next_offset = 0
@@ -98,13 +125,17 @@ class PartitionLog:
         verify_from_offset: int = 0,
         on_batch: Callable[[BatchHeader], None] | None = None,
         replay_from_offset: int = 0,
+        policy: LogPolicy | None = None,
+        clock_ms: Callable[[], int] | None = None,
     ) -> tuple[PartitionLog, OpenReport]:
         """Open (or create) the log in ``directory``. Batches at or after
         ``verify_from_offset`` are fully validated (checksum, records); the first bad or
         partial batch and everything after it is truncated and reported. ``on_batch`` gets
-        the header of every batch at or after ``replay_from_offset``, in log order."""
+        the header of every batch at or after ``replay_from_offset``, in log order.
+        Segments below the persisted log start (left by a crash during a deletion) are
+        removed first."""
         directory.mkdir(parents=True, exist_ok=True)
-        self = cls(directory, segment_bytes_max)
+        self = cls(directory, segment_bytes_max, policy=policy, clock_ms=clock_ms)
         self._dir_fd = os.open(directory, os.O_RDONLY)
         report = OpenReport()
         paths = sorted(
@@ -112,6 +143,12 @@ class PartitionLog:
             for p in directory.iterdir()
             if p.name.endswith(SEGMENT_SUFFIX) and p.name[:-4].isdigit()
         )
+        start = read_log_start(directory)
+        while len(paths) > 1 and int(paths[1].name[:-4]) <= start:
+            log.info("%s: removing %s, below the log start %d", directory.name, paths[0], start)
+            paths.pop(0).unlink()
+        if paths and int(paths[0].name[:-4]) < start and paths[0].stat().st_size == 0:
+            paths.pop(0).unlink()  # an empty active segment the log start passed
         expected = None
         for i, path in enumerate(paths):
             base = int(path.name[:-4])
@@ -129,7 +166,11 @@ class PartitionLog:
                 self._drop_segments(paths[i + 1 :], report, "after a truncated segment")
                 break
         if not self.segments:
-            self._new_segment(0)
+            self.next_offset = start
+            self._new_segment(start)
+        self.log_start_offset = self.segments[0].base_offset
+        if self.segments[-1].offsets:
+            self.segments[-1].first_append_ms = self._first_timestamp(self.segments[-1])
         report.segments = len(self.segments)
         if report.truncations:
             os.fsync(self.segments[-1].fd)
@@ -176,6 +217,7 @@ class PartitionLog:
                 break
             seg.offsets.append(h.base_offset)
             seg.positions.append(pos)
+            seg.max_timestamp_ms = max(seg.max_timestamp_ms, h.timestamp_ms)
             if on_batch is not None and h.base_offset >= replay_from:
                 on_batch(h)
             pos += h.size
@@ -215,12 +257,19 @@ class PartitionLog:
             )
             p.unlink()
 
+    def _first_timestamp(self, seg: Segment) -> int:
+        """The active segment's age after a restart: its first batch's timestamp (no
+        later than now, so a producer's fast clock cannot keep it open forever)."""
+        h = decode_batch_header(os.pread(seg.fd, BATCH_HEADER_SIZE, seg.positions[0]))
+        return min(h.timestamp_ms, self.clock_ms())
+
     # -- append ----------------------------------------------------------------------------
-    def append(self, batch: bytes | bytearray, count: int) -> int:
+    def append(self, batch: bytes | bytearray, count: int, timestamp_ms: int = -1) -> int:
         """Write one batch whose ``base_offset`` is already ``next_offset``; returns it.
-        On a write error the segment is cut back so the log stays whole."""
+        ``timestamp_ms`` is the batch header's (retention by time). On a write error the
+        segment is cut back so the log stays whole."""
         active = self.segments[-1]
-        if active.size > 0 and active.size + len(batch) > self.segment_bytes_max:
+        if active.size > 0 and self._should_roll(active, len(batch)):
             active = self._new_segment(self.next_offset)
         base = self.next_offset
         pos = active.size
@@ -239,9 +288,68 @@ class PartitionLog:
         active.offsets.append(base)
         active.positions.append(pos)
         active.size += len(batch)
+        active.max_timestamp_ms = max(active.max_timestamp_ms, timestamp_ms)
+        if active.first_append_ms < 0:
+            active.first_append_ms = self.clock_ms()
         self.next_offset = base + count
         self._dirty_fds[active.fd] = None
         return base
+
+    def _should_roll(self, active: Segment, size: int) -> bool:
+        limit = self.policy.segment_bytes or self.segment_bytes_max
+        if active.size + size > limit:
+            return True
+        age_max = self.policy.segment_ms
+        return age_max >= 0 and self.clock_ms() - active.first_append_ms >= age_max
+
+    # -- retention -------------------------------------------------------------------------
+    def segment_infos(self) -> list[SegmentInfo]:
+        ends = [s.base_offset for s in self.segments[1:]] + [self.next_offset]
+        return [
+            SegmentInfo(s.base_offset, end, s.size, s.max_timestamp_ms)
+            for s, end in zip(self.segments, ends, strict=True)
+        ]
+
+    def persist_log_start(self, offset: int) -> None:
+        """Blocking (fsyncs): record the log start before segments below it go."""
+        write_log_start(self.dir, offset)
+
+    def delete_below(self, offset: int) -> tuple[int, int]:
+        """Remove the segments wholly below ``offset`` (the base of a segment, already
+        persisted as the log start; never the active one). Returns (segments, bytes). As
+        in ``truncate_to``, their fds stay open until the next ``take_dirty``."""
+        n = 0
+        while n < len(self.segments) - 1 and self.segments[n + 1].base_offset <= offset:
+            n += 1
+        gone = self.segments[:n]
+        for seg in gone:
+            self._dirty_fds.pop(seg.fd, None)
+            self._retired_fds.append(seg.fd)
+            seg.path.unlink()
+        del self.segments[:n]
+        del self._segment_bases[:n]
+        if n:
+            self.log_start_offset = self.segments[0].base_offset
+            self._dir_dirty = True
+        return n, sum(s.size for s in gone)
+
+    def restart_at(self, offset: int) -> None:
+        """Drop every segment and go on with an empty log at ``offset``, beyond the end (a
+        follower whose whole log is below its leader's log start). The log start is
+        persisted first: a crash midway reopens the old log or an empty one at
+        ``offset``, and either is fetched on from the leader."""
+        assert offset > self.next_offset, (offset, self.next_offset)
+        write_log_start(self.dir, offset)
+        for seg in self.segments:
+            self._dirty_fds.pop(seg.fd, None)
+            self._retired_fds.append(seg.fd)
+            seg.path.unlink()
+        self.segments.clear()
+        self._segment_bases.clear()
+        self.next_offset = self.log_start_offset = offset
+        self._new_segment(offset)
+        os.fsync(self._dir_fd)
+        log.warning("%s: the log now starts (empty) at offset %d", self.dir.name, offset)
 
     def truncate_to(self, offset: int) -> int:
         """Cut the log back so it ends at the start of the batch holding ``offset`` (a
@@ -251,7 +359,7 @@ class PartitionLog:
         stops the server; a reused number would fsync some other file)."""
         if offset >= self.next_offset:
             return self.next_offset
-        si, bi = self._locate(max(offset, 0))
+        si, bi = self._locate(max(offset, self.log_start_offset))
         for seg in self.segments[si + 1 :]:
             self._dirty_fds.pop(seg.fd, None)
             self._retired_fds.append(seg.fd)
@@ -274,7 +382,7 @@ class PartitionLog:
         """Where :meth:`truncate_to` with ``offset`` makes the log end (nothing changes)."""
         if offset >= self.next_offset:
             return self.next_offset
-        si, bi = self._locate(max(offset, 0))
+        si, bi = self._locate(max(offset, self.log_start_offset))
         return self.segments[si].offsets[bi]
 
     def _new_segment(self, base_offset: int) -> Segment:
@@ -368,7 +476,7 @@ class PartitionLog:
         """Headers of stored batches from the one holding ``from_offset`` (to rebuild state)."""
         if from_offset >= self.next_offset:
             return
-        si, bi = self._locate(max(from_offset, 0))
+        si, bi = self._locate(max(from_offset, self.log_start_offset))
         for seg in self.segments[si:]:
             for i in range(bi, len(seg.offsets)):
                 yield decode_batch_header(os.pread(seg.fd, BATCH_HEADER_SIZE, seg.positions[i]))

@@ -27,9 +27,22 @@ from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
 from partition_server.log import OpenReport, PartitionLog
-from partition_server.producer_state import Decision, FenceOutcome, Outcome, ProducerStateTable
+from partition_server.producer_state import (
+    Decision,
+    FenceOutcome,
+    Outcome,
+    ProducerStateTable,
+    Row,
+)
+from partition_server.retention import LogPolicy
 from partition_server.snapshot import PartitionImage
-from pidlease.errors import NotLeader, PidleaseError, ServerUnavailable, TooManyPids
+from pidlease.errors import (
+    NotLeader,
+    OffsetOutOfRange,
+    PidleaseError,
+    ServerUnavailable,
+    TooManyPids,
+)
 from pidlease.wire.protocol import BatchHeader, encode_control_batch, set_base_offset
 
 log = logging.getLogger("partition_server.partition")
@@ -111,6 +124,7 @@ class Partition:
         checkpoint_hw: int | None = None,
         evict_idle_min_ms: int | None = None,
         expire_ms: int | None = None,
+        policy: LogPolicy | None = None,
     ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
@@ -156,7 +170,20 @@ class Partition:
             verify_from_offset=from_offset,
             on_batch=replay,
             replay_from_offset=from_offset,
+            policy=policy,
+            clock_ms=clock_ms,
         )
+        if plog.log_start_offset > from_offset:
+            # Retention deletes only below the newest snapshot's replay_from, so this is a
+            # missing or older snapshot: PIDs only the deleted segments held are not known.
+            log.warning(
+                "%s-%d: the log starts at %d, above the snapshot's replay offset %d; "
+                "producer state of the deleted segments is not recovered",
+                topic,
+                partition,
+                plog.log_start_offset,
+                from_offset,
+            )
         if plog.next_offset < covered_to:
             log.warning(
                 "%s-%d: log ends at %d, before the snapshot's offset %d; rebuilding "
@@ -172,7 +199,9 @@ class Partition:
                 replay(h)
         epochs.settle(plog.next_offset)
         if checkpoint_hw is not None:
-            checkpoint_hw = min(max(checkpoint_hw, 0), plog.next_offset)
+            # Retention deleted only below the high watermark of its time, so the log start
+            # is committed even when the checkpoint lags behind it.
+            checkpoint_hw = min(max(checkpoint_hw, plog.log_start_offset), plog.next_offset)
             # Batches above the last known high watermark may not be on the in-sync
             # replicas: in flight again, never DUPLICATE, until the high watermark passes.
             for h in plog.iter_headers(checkpoint_hw):
@@ -227,7 +256,7 @@ class Partition:
         buf = bytearray(batch)
         set_base_offset(buf, self.log.next_offset)
         try:
-            base = self.log.append(buf, h.count)
+            base = self.log.append(buf, h.count, h.timestamp_ms)
         except ServerUnavailable:
             self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
             raise
@@ -269,7 +298,7 @@ class Partition:
         if outcome is FenceOutcome.APPEND:
             buf = bytearray(encode_control_batch(pid=pid, generation=generation, timestamp_ms=now))
             set_base_offset(buf, self.log.next_offset)
-            fence_offset = self.log.append(buf, 1)
+            fence_offset = self.log.append(buf, 1, now)
             self.state.apply_fence(pid, generation, now)
             self.batches_appended += 1
             self._wake_data_waiters()
@@ -364,8 +393,19 @@ class Partition:
 
     # -- reads -----------------------------------------------------------------------------
     def fetch(self, offset: int, max_bytes: int) -> list[bytes]:
-        """For readers: committed batches only."""
+        """For readers: committed batches only. OffsetOutOfRange below the log start."""
+        self.check_offset(offset)
         return self.log.read(offset, max_bytes, self.high_watermark)
+
+    def check_offset(self, offset: int) -> None:
+        start = self.log.log_start_offset
+        if offset < start:
+            raise OffsetOutOfRange(
+                f"offset {offset} of {self.topic}-{self.partition} was deleted by retention; "
+                f"the log holds {start} to {self.high_watermark}",
+                earliest=start,
+                latest=self.high_watermark,
+            )
 
     def producer_state(self, pid: int) -> tuple[bool, int, int, int]:
         """(found, generation, durable_highwater, last_use_ms); refreshes last use."""
@@ -468,6 +508,7 @@ class Partition:
     def replica_read(self, offset: int, max_bytes: int) -> list[bytes]:
         """For followers: everything written, durable here or not (they fsync it
         themselves; what counts as acked is decided by the high watermark)."""
+        self.check_offset(offset)
         return self.log.read(offset, max_bytes, self.log.next_offset)
 
     # -- replication: the follower's side --------------------------------------------------
@@ -494,6 +535,7 @@ class Partition:
         # Count the cut first: a crash right after must not trust older snapshot rows. A
         # failed save (full disk) leaves the history and the log as they were (only the
         # ends above are lowered; a flush raises them again): the next session retries.
+        kept = self._rows_below_log_start()
         with self.epochs.change():
             self.epochs.truncations += 1
             self.epochs.truncate_to(offset)
@@ -515,14 +557,51 @@ class Partition:
         )
         if self._flush_waiters:
             self.flusher.note_write(self)  # the flush they counted on may be stale now
-        self.rebuild_state()
+        self.rebuild_state(kept)
         return end
 
-    def rebuild_state(self) -> None:
-        """Producer state from the whole log; batches above the high watermark pending."""
+    def restart_at(self, offset: int) -> None:
+        """The leader's log starts at ``offset``, beyond this replica's end: drop the whole
+        log and go on from there (retention there deleted what this replica lacks). Every
+        batch here is below the leader's log start, so committed: the producer state
+        stays, all of it durable. PIDs that wrote only in the skipped range are not known
+        here (they are in the leader's snapshots, not in any log)."""
+        log.warning(
+            "%s-%d: log ends at %d, below the leader's log start %d: starting over there; "
+            "producer state of PIDs that wrote only in between is not on this replica",
+            self.topic,
+            self.partition,
+            self.log.next_offset,
+            offset,
+        )
+        try:
+            self.log.restart_at(offset)
+        except OSError as exc:
+            self.flusher.fatal(exc)  # as in truncate_to: never go on with a log in doubt
+            raise
+        self.flushed_end = offset
+        self.high_watermark = offset
+        self.state.mark_durable(offset)
+        _resolve(self._flush_waiters, offset)
+        _resolve(self._waiters, offset)
+
+    def _rows_below_log_start(self) -> list[Row]:
+        """Rows of the PIDs with no batch in the log left by retention: their state came
+        from deleted segments only, all below the cut and committed, so it stays exact
+        through a rebuild that can replay only from the log start."""
+        if self.log.log_start_offset == 0:
+            return []
+        in_log = {h.pid for h in self.log.iter_headers(0)}
+        return self.state.export_rows([p for p in self.state.pids() if p not in in_log])
+
+    def rebuild_state(self, kept: list[Row] | None = None) -> None:
+        """Producer state from the log (and ``kept``, the rows of PIDs whose batches
+        retention deleted); batches above the high watermark pending."""
         now = self.clock_ms()
         state = self.state
         state.clear()
+        if kept:
+            state.load_rows(kept)
         hw = self.high_watermark
         for h in self.log.iter_headers(0):
             if h.is_control:
@@ -543,8 +622,9 @@ class Partition:
             "topic": self.topic,
             "partition": self.partition,
             "role": self.role,
-            "log_start_offset": 0,
+            "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.next_offset,
+            "size_bytes": self.log.size_bytes,
             "high_watermark": self.high_watermark,
             "tracked_pids": len(self.state),
         }

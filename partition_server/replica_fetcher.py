@@ -104,16 +104,18 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
         for epoch, first in epochs:
             latest = part.epochs.latest_epoch
             if (latest is None or epoch > latest) and max(first, start) < end:
-                if first < start:
+                if first < start and start != part.log.log_start_offset:
                     raise CorruptRecord(
                         f"leader says epoch {epoch} starts at {first}, inside "
                         f"this replica's log (ends {start}); reconcile again"
                     )
-                part.epochs.assign(epoch, first)
+                # An empty log restarted at the leader's log start (restart_at) holds the
+                # epoch from there on: nothing below it is here.
+                part.epochs.assign(epoch, max(first, start))
     now = part.clock_ms()
     state = part.state
     for h, pos in batches:
-        part.log.append(bytes(data[pos : pos + h.size]), h.count)
+        part.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
         if h.is_control:
             state.apply_fence(h.pid, h.generation, now)
             continue
@@ -296,6 +298,9 @@ class ReplicaFetcher:
                 ),
                 timeout_s,
             )
+            if resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark > offset:
+                part.restart_at(resp.high_watermark)  # the leader's log start (replication.py)
+                continue
             if resp.error_code != errors.NONE:
                 raise errors.error_for_code(resp.error_code, resp.detail)
             if resp.leader_epoch != self.epoch:

@@ -282,6 +282,15 @@ class ReplicaManager:
                     f"(ends {part.log.next_offset}); reconcile with EPOCH_END first"
                 ),
             )
+        if req.offset < part.log.log_start_offset:
+            # The follower lacks what retention deleted here: it starts over at the log
+            # start, which this answer carries in its high watermark field.
+            return P.replica_fetch_response(
+                corr,
+                errors.OffsetOutOfRange.code,
+                f"offset {req.offset} is below this leader's log start {part.log.log_start_offset}",
+                high_watermark=part.log.log_start_offset,
+            )
         assert part.isr is not None
         part.record_replica_fetch(rid, req.offset)
         joiners = part.isr.joiners(part.high_watermark)

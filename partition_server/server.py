@@ -530,12 +530,22 @@ class PartitionServer:
         if req.offset < 0:
             raise InvalidRequest(f"fetch offset must be >= 0, got {req.offset}")
         max_bytes = min(max(req.max_bytes, 1), self.s.fetch_bytes_max)
-        chunks = part.fetch(req.offset, max_bytes)
+        try:
+            chunks = part.fetch(req.offset, max_bytes)
+        except errors.OffsetOutOfRange as exc:
+            # The bounds travel in the response's own fields (earliest, latest).
+            return P.fetch_response(
+                req.correlation_id,
+                exc.code,
+                exc.detail,
+                high_watermark=exc.latest,
+                log_start_offset=exc.earliest,
+            )
         return P.fetch_response(
             req.correlation_id,
             0,
             high_watermark=part.high_watermark,
-            log_start_offset=0,
+            log_start_offset=part.log.log_start_offset,
             data=chunks,
         )
 

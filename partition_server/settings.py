@@ -34,6 +34,14 @@ class ServerSettings(BaseSettings):
             "snapshot files kept (recovery falls back to an older one when the newest is damaged)"
         ),
     )
+    retention_check_ms: int = Field(
+        default=30_000,
+        ge=10,
+        description=(
+            "how often each partition's retention (the topic's retention_ms and "
+            "retention_bytes) deletes old closed segments"
+        ),
+    )
     duplicate_batches_kept: int = Field(default=5, ge=1, le=1000)
     pid_expire_ms: int = Field(default=604_800_000, ge=1)
     allow_short_pid_expire: bool = Field(

@@ -23,6 +23,7 @@ have a name but no code; they are in ``CLIENT_ERRORS_BY_NAME``, not in the wire 
     ├── RecordTooLarge            RECORD_TOO_LARGE           11 fatal
     ├── Forbidden                 FORBIDDEN                  12 fatal (API token lacks the scope)
     ├── PidLimitExceeded          PID_LIMIT_EXCEEDED         13 fatal (PIDs per principal)
+    ├── OffsetOutOfRange          OFFSET_OUT_OF_RANGE        14 fatal (below the log start)
     ├── SequenceUnknown           SEQUENCE_UNKNOWN           20 retriable
     ├── NotLeader                 NOT_LEADER                 21 retriable, invalid_metadata
     ├── CoordinatorUnavailable    COORDINATOR_UNAVAILABLE    22 retriable
@@ -177,6 +178,24 @@ class PidLimitExceeded(PidleaseError):
     leasing new PIDs, or wait for old ones to pass retention."""
 
     name, code, http_status = "PID_LIMIT_EXCEEDED", 13, 429
+
+
+class OffsetOutOfRange(PidleaseError):
+    """A read below the partition's log start (retention deleted those records). Carries
+    ``earliest`` (the log start) and ``latest`` (the high watermark) in ``extra``; fatal to
+    that reader: start again from ``earliest`` on purpose, records were skipped."""
+
+    name, code, http_status = "OFFSET_OUT_OF_RANGE", 14, 416
+
+    @property
+    def earliest(self) -> int:
+        v = self.extra.get("earliest")
+        return v if isinstance(v, int) else -1
+
+    @property
+    def latest(self) -> int:
+        v = self.extra.get("latest")
+        return v if isinstance(v, int) else -1
 
 
 class SequenceUnknown(PidleaseError):

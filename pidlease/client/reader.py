@@ -8,7 +8,9 @@ reader asks the coordinator which server leads the partition, fetches whole stor
 but are skipped unless ``include_control``. When the leader is lost (connection error,
 NOT_LEADER), it looks the leader up again and retries with backoff for up to
 ``retry_timeout_ms``. With ``stop_at_end`` (the default) iteration ends at the high
-watermark seen by the last fetch; without it the reader polls for new records.
+watermark seen by the last fetch; without it the reader polls for new records. A position
+below the partition's log start (records retention deleted) raises ``OffsetOutOfRange``
+with the ``earliest`` and ``latest`` offsets: fatal to that reader.
 
 It is blocking (one plain socket, no event loop). Sockets are opened per iteration and
 closed when it ends (or when an abandoned iterator is garbage-collected); ``close()`` or a
@@ -110,8 +112,13 @@ class Reader:
             if got_batch:
                 continue
             if self.position < resp.log_start_offset:
-                self.position = resp.log_start_offset  # older records were deleted
-                continue
+                # Records were deleted under this reader: skipping them silently would lose
+                # them without a word (servers answer OFFSET_OUT_OF_RANGE themselves).
+                raise errors.OffsetOutOfRange(
+                    f"offset {self.position} is below the log start {resp.log_start_offset}",
+                    earliest=resp.log_start_offset,
+                    latest=resp.high_watermark,
+                )
             if len(data) and self.position < resp.high_watermark:
                 # One batch is bigger than what we asked for: ask for more.
                 if self._fetch_bytes >= self._fetch_bytes_max:
@@ -139,6 +146,12 @@ class Reader:
                 )
                 if resp.error_code == errors.NONE:
                     return resp
+                if resp.error_code == errors.OffsetOutOfRange.code:
+                    raise errors.OffsetOutOfRange(
+                        resp.detail,
+                        earliest=resp.log_start_offset,
+                        latest=resp.high_watermark,
+                    )
                 exc = errors.error_for_code(resp.error_code, resp.detail, leader=resp.leader)
                 raise exc
             except errors.PidleaseError as exc:

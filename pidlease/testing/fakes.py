@@ -62,6 +62,7 @@ class _Partition:
     dedup: str = "strict"
     batches: list[bytes] = field(default_factory=list)  # stored batch bytes with base_offset set
     next_offset: int = 0
+    log_start_offset: int = 0  # below it: OFFSET_OUT_OF_RANGE, as retention leaves a log
     pids: dict[int, _PidState] = field(default_factory=dict)
     # monotonic: pid -> lowest base sequence refused by an injected retriable error (the
     # contract's "a refusal leaves no hole")
@@ -285,10 +286,27 @@ class FakePartitionServer:
             corr, errors.NONE, "", base_offset=base, last_offset=base + h.count - 1
         )
 
+    def delete_below(self, topic: str, partition: int, offset: int) -> None:
+        """Drop the stored batches wholly below ``offset``, as retention would."""
+        with self.lock:
+            part = self.parts[(topic, partition)]
+            part.batches = [
+                b for b in part.batches if P.decode_batch_header(b).last_offset >= offset
+            ]
+            part.log_start_offset = P.decode_batch_header(part.batches[0]).base_offset
+
     def _fetch(self, req: P.Request) -> bytes:
         part = self.parts.get((req.topic, req.partition))
         if part is None:
             return P.fetch_response(req.correlation_id, errors.UnknownTopicOrPartition.code, "no")
+        if req.offset < part.log_start_offset:
+            return P.fetch_response(
+                req.correlation_id,
+                errors.OffsetOutOfRange.code,
+                "below the log start",
+                high_watermark=part.next_offset,
+                log_start_offset=part.log_start_offset,
+            )
         chunks: list[bytes] = []
         size = 0
         for b in part.batches:
@@ -300,7 +318,12 @@ class FakePartitionServer:
             chunks.append(b)
             size += len(b)
         return P.fetch_response(
-            req.correlation_id, errors.NONE, "", high_watermark=part.next_offset, data=chunks
+            req.correlation_id,
+            errors.NONE,
+            "",
+            high_watermark=part.next_offset,
+            log_start_offset=part.log_start_offset,
+            data=chunks,
         )
 
 

@@ -248,6 +248,29 @@ def test_reader_follows_a_lost_connection(fake) -> None:  # type: ignore[no-unty
     assert sleeps, "the reader should have retried after the cut"
 
 
+def test_reader_below_the_log_start_gets_offset_out_of_range_with_both_bounds(fake) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    with Producer(
+        "http://fake", topic="r", http_transport=coord.transport(), batch_records_max=5
+    ) as p:
+        for i in range(20):
+            p.send(b"v%d" % i, partition=0)
+        p.flush()
+    srv.delete_below("r", 0, 10)
+    start = srv.parts[("r", 0)].log_start_offset
+    assert 0 < start <= 10
+    with pytest.raises(errors.OffsetOutOfRange) as ei:
+        list(Reader("http://fake", "r", 0, 0, http_transport=coord.transport(), sleep=_no_sleep))
+    assert (ei.value.earliest, ei.value.latest) == (start, 20)
+    assert not ei.value.retriable and ei.value.http_status == 416
+    recs = list(Reader("http://fake", "r", 0, start, http_transport=coord.transport()))
+    assert [r.offset for r in recs] == list(range(start, 20))
+
+
+def _no_sleep(_s: float) -> None:
+    raise AssertionError("OFFSET_OUT_OF_RANGE is fatal to the reader: no retry")
+
+
 def test_reader_bad_arguments() -> None:
     with pytest.raises(errors.ConfigError):
         Reader("http://c", "t", partition=-1)

@@ -1,0 +1,404 @@
+"""Retention (issue 13): whole closed segments go from the old end by age and by size,
+never the active one, never past the high watermark, never below the newest snapshot's
+``replay_from`` (so producer state never needs a deleted segment); the log start is
+persisted and survives a reopen and a crash mid-deletion; a read below it is
+OFFSET_OUT_OF_RANGE with both bounds. Real files in tmp_path, an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from partition_server.broker import Broker
+from partition_server.partition import Partition
+from partition_server.producer_state import Outcome
+from partition_server.registry import Assignment
+from partition_server.replica_fetcher import append_fetched
+from partition_server.replication import ReplicaManager
+from partition_server.retention import LOG_START_FILE, LogPolicy, read_log_start
+from partition_server.settings import ServerSettings
+from partition_server.testing import open_part, outcome, stored
+from pidlease import errors
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState, TopicSpec
+from tests.helpers import ManualClock
+
+SEG = 4096
+OLD_TS = 1_000  # batch timestamps far older than the clock's now
+HOUR_MS = 3_600_000
+
+
+def raw_batch(pid: int, seq: int, ts: int) -> bytearray:
+    return bytearray(
+        P.encode_batch(
+            [(None, b"x" * 600)], pid=pid, generation=0, base_sequence=seq, timestamp_ms=ts
+        )
+    )
+
+
+def append(part: Partition, pid: int, seq: int, ts: int) -> tuple[Outcome, int]:
+    raw = raw_batch(pid, seq, ts)
+    d, _ = part.append(memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None)
+    return d.outcome, part.log.next_offset
+
+
+def segment_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "t-0").glob("*.log"))
+
+
+def make_broker(tmp_path: Path, clock: ManualClock, part: Partition) -> Broker:
+    s = ServerSettings(data_dir=str(tmp_path))
+    b = Broker(s, None, clock_ms=clock)  # type: ignore[arg-type]  # no registry needed here
+    b.partitions[("t", 0)] = part
+    part.hosted = True
+    return b
+
+
+async def fill(part: Partition, pid: int, seqs: range, ts: int) -> None:
+    for seq in seqs:
+        o, _ = append(part, pid, seq, ts)
+        assert o is Outcome.APPEND
+    await part.wait_durable(part.log.next_offset)
+
+
+async def retain(b: Broker, now: int) -> int:
+    """One retention round; a snapshot it asks for is awaited."""
+    n = await b.apply_retention(now)
+    if b._snapshot_task is not None:
+        await b._snapshot_task
+    return n
+
+
+async def shut(part: Partition) -> None:
+    await part.flusher.wait_idle()
+    part.close()
+
+
+def reopen(tmp_path: Path, clock: ManualClock, b: Broker, **kw: object) -> Partition:
+    loaded = b.snapshots.load_newest()
+    snap = loaded[0].partitions.get(("t", 0)) if loaded else None
+    return open_part(tmp_path, hw=None, clock_ms=clock, snapshot=snap, **kw)
+
+
+def test_retention_ms_deletes_old_closed_segments_keeps_the_active_one_and_the_start_persists(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        b = make_broker(tmp_path, clock, part)
+        await fill(part, 7, range(20), OLD_TS)
+        n_files = len(segment_files(tmp_path))
+        assert n_files >= 4
+        # No snapshot yet: recovery would replay from 0, so nothing may go; one is taken.
+        assert await b.apply_retention(clock.now) == 0
+        assert b._snapshot_task is not None
+        await b._snapshot_task
+        assert len(segment_files(tmp_path)) == n_files
+        # A recent segment stays while the old ones go.
+        await fill(part, 7, range(20, 30), clock.now)
+        await b.snapshot_now()
+        before = part.log.segment_infos()
+        deleted = await retain(b, clock.now)
+        old = [s for s in before[:-1] if s.max_timestamp_ms < clock.now - HOUR_MS]
+        assert deleted == len(old) >= n_files - 1
+        start = old[-1].end_offset
+        assert part.log.log_start_offset == start == read_log_start(tmp_path / "t-0")
+        assert segment_files(tmp_path)[0] == f"{start:020d}.log"
+        assert part.log.segments[0].max_timestamp_ms == clock.now
+        # The active segment stays even when it is old enough to go.
+        clock.now += 2 * HOUR_MS
+        await retain(b, clock.now)
+        assert len(part.log.segments) == 1 and part.log.segments[0].size > 0
+        start = part.log.log_start_offset
+        end = part.log.next_offset
+        with pytest.raises(errors.OffsetOutOfRange) as ei:
+            part.fetch(start - 1, 1 << 20)
+        assert (ei.value.earliest, ei.value.latest) == (start, end)
+        assert ei.value.http_status == 416 and not ei.value.retriable
+        assert part.fetch(start, 1 << 20)
+        assert part.metadata()["log_start_offset"] == start
+        assert part.metadata()["size_bytes"] == part.log.size_bytes > 0
+        await shut(part)
+        again = reopen(tmp_path, clock, b, policy=policy)
+        assert again.log.log_start_offset == start and again.log.next_offset == end
+        with pytest.raises(errors.OffsetOutOfRange):
+            again.fetch(0, 1 << 20)
+        assert outcome(again, 7, 30, 1) is Outcome.APPEND
+        await shut(again)
+
+    asyncio.run(go())
+
+
+def test_never_past_the_high_watermark(tmp_path: Path) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=0, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=0, clock_ms=clock, policy=policy)
+        part.become_leader(1, 1, [1, 2], [1, 2])
+        b = make_broker(tmp_path, clock, part)
+        for seq in range(20):
+            append(part, 7, seq, OLD_TS)
+        await part.wait_flushed(part.log.next_offset)
+        await b.snapshot_now()
+        assert part.high_watermark == 0
+        assert await retain(b, clock.now) == 0  # follower 2 has nothing: nothing is committed
+        infos = part.log.segment_infos()
+        part.record_replica_fetch(2, infos[1].end_offset)  # commits the first two segments
+        assert part.high_watermark == infos[1].end_offset
+        assert await retain(b, clock.now) == 2
+        assert part.log.log_start_offset == infos[2].base_offset
+        await shut(part)
+        # The high-watermark checkpoint may lag behind a deletion: the log start is
+        # committed all the same.
+        again = open_part(tmp_path, hw=0, clock_ms=clock, policy=policy)
+        assert again.high_watermark == infos[2].base_offset
+        await shut(again)
+
+    asyncio.run(go())
+
+
+def test_retention_bytes_bounds_the_size(tmp_path: Path) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    limit = 3 * SEG
+    policy = LogPolicy(retention_bytes=limit, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        b = make_broker(tmp_path, clock, part)
+        await fill(part, 7, range(60), clock.now)  # recent: only the size limit applies
+        before = part.log.size_bytes
+        assert before > 2 * limit
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        size = part.log.size_bytes
+        assert limit <= size <= limit + SEG
+        md = b.metadata(1, "here")["retention"]
+        assert md["segments_deleted"] > 0 and md["bytes_deleted"] == before - size
+        assert size == sum(p.stat().st_size for p in (tmp_path / "t-0").glob("*.log"))
+        await shut(part)
+
+    asyncio.run(go())
+
+
+def test_deletion_waits_for_a_snapshot_whose_replay_from_is_above_the_segments(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        b = make_broker(tmp_path, clock, part)
+        await fill(part, 7, range(6), OLD_TS)
+        await b.snapshot_now()
+        replay_from = part.log.next_offset
+        await fill(part, 7, range(6, 30), OLD_TS)
+        taken = b.snapshots_taken
+        # Only the segments wholly below the snapshot's replay_from may go ...
+        n = await b.apply_retention(clock.now)
+        assert all(s.end_offset > replay_from for s in part.log.segment_infos())
+        assert part.log.log_start_offset <= replay_from
+        # ... and being blocked asks for a snapshot, after which the rest goes.
+        assert b._snapshot_task is not None
+        await b._snapshot_task
+        assert b.snapshots_taken == taken + 1
+        n += await retain(b, clock.now)
+        assert len(part.log.segments) == 1 and n >= 3
+        await shut(part)
+
+    asyncio.run(go())
+
+
+def test_a_pid_whose_segments_all_went_keeps_its_state_across_a_reopen(tmp_path: Path) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        b = make_broker(tmp_path, clock, part)
+        await fill(part, 7, range(5), OLD_TS)  # PID 7 then idles
+        await fill(part, 8, range(20), OLD_TS)
+        await fill(part, 8, range(20, 30), clock.now)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        first = part.log.segments[0].base_offset
+        assert first > 5, "PID 7's batches are all deleted"
+        await shut(part)
+        again = reopen(tmp_path, clock, b, policy=policy)
+        assert again.log.log_start_offset == first
+        assert outcome(again, 7, 5, 1) is Outcome.APPEND  # no UNKNOWN_PID, no restart at 0
+        assert outcome(again, 7, 4, 1) is Outcome.DUPLICATE
+        o, _ = append(again, 7, 5, clock.now)
+        assert o is Outcome.APPEND
+        await shut(again)
+
+    asyncio.run(go())
+
+
+def test_a_crash_between_persisting_the_start_and_unlinking_is_repaired_at_open(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        await fill(part, 7, range(20), OLD_TS)
+        infos = part.log.segment_infos()
+        end = part.log.next_offset
+        part.log.persist_log_start(infos[2].base_offset)  # and the process dies here
+        await shut(part)
+        assert len(segment_files(tmp_path)) == len(infos)
+        again = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        assert again.log.log_start_offset == infos[2].base_offset
+        assert len(segment_files(tmp_path)) == len(infos) - 2
+        assert again.log.next_offset == end
+        await shut(again)
+        # A damaged log-start file is ignored: the first segment is the start.
+        (tmp_path / "t-0" / LOG_START_FILE).write_bytes(b"junk")
+        third = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        assert third.log.log_start_offset == infos[2].base_offset
+        await shut(third)
+
+    asyncio.run(go())
+
+
+def test_segments_roll_by_size_and_age_and_a_new_assignment_changes_the_policy(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, segment_bytes_max=1 << 20)
+        b = make_broker(tmp_path, clock, part)
+        await fill(part, 7, range(10), clock.now)
+        assert len(part.log.segments) == 1  # the default policy: the server's size only
+        spec = TopicSpec("t", 1, segment_bytes=SEG, segment_ms=1_000, retention_ms=-1)
+        b.apply_assignment(
+            Assignment(topics={"t": spec}, partitions={("t", 0): PartitionState([1], 1)})
+        )
+        assert part.log.policy == LogPolicy(-1, -1, SEG, 1_000)
+        await fill(part, 7, range(10, 11), clock.now)
+        assert len(part.log.segments) == 2  # over SEG: rolled
+        await fill(part, 7, range(11, 12), clock.now)
+        assert len(part.log.segments) == 2
+        clock.now += 999
+        await fill(part, 7, range(12, 13), clock.now)
+        assert len(part.log.segments) == 2
+        clock.now += 1
+        await fill(part, 7, range(13, 14), clock.now)
+        assert len(part.log.segments) == 3  # 1 s old at this append: rolled
+        await shut(part)
+
+    asyncio.run(go())
+
+
+def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_path: Path) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    def old(pid: int, seq: int) -> bytes:
+        return bytes(raw_batch(pid, seq, OLD_TS))
+
+    async def go() -> None:
+        part = open_part(tmp_path, clock_ms=clock, policy=policy)
+        part.become_follower(2, 1, "127.0.0.1:1")
+        b = make_broker(tmp_path, clock, part)
+        batches = [old(7, s) for s in range(3)] + [old(8, s) for s in range(20)]
+        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+        await part.wait_flushed(23)
+        part.set_high_watermark(23)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        assert part.log.log_start_offset > 3  # PID 7's batches are gone
+        # A suffix above the high watermark that the new leader does not have, then cut.
+        extra = [bytes(raw_batch(8, 20, clock.now)), bytes(raw_batch(9, 0, clock.now))]
+        assert append_fetched(part, stored(extra, start=23), [(1, 0)]) == 2
+        await part.wait_flushed(25)
+        assert part.truncate_to(23) == 23
+        assert outcome(part, 7, 3, 1) is Outcome.APPEND  # not UNKNOWN_PID
+        assert outcome(part, 7, 2, 1) is Outcome.DUPLICATE
+        assert outcome(part, 8, 20, 1) is Outcome.APPEND  # the cut batch is gone
+        assert part.state.get(9) is None
+        # Recovery would not trust the snapshot from before the cut: take a new one soon.
+        taken = b.snapshots_taken
+        assert await retain(b, clock.now) == 0
+        assert b.snapshots_taken == taken + 1
+        await shut(part)
+
+    asyncio.run(go())
+
+
+def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        # The leader: retention took its old segments.
+        lead = open_part(tmp_path / "leader", clock_ms=clock, policy=policy)
+        lead.hosted = True
+        lead.become_leader(1, 1, [1, 2], [1])
+        b = make_broker(tmp_path / "leader", clock, lead)
+        for seq in range(20):
+            append(lead, 8, seq, OLD_TS)
+        await lead.wait_durable(lead.log.next_offset)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        start, end = lead.log.log_start_offset, lead.log.next_offset
+        settings = SimpleNamespace(
+            server_id=1,
+            routes={},
+            replica_lag_time_max_ms=10_000,
+            replica_fetch_wait_max_ms=0,
+            fetch_bytes_max=1 << 20,
+        )
+        registry = SimpleNamespace(zk=None, refresh=lambda: None, assignment=None)
+        mgr = ReplicaManager(settings, registry, {("t", 0): lead}, tmp_path, clock_ms=clock)  # type: ignore[arg-type]
+        req = P.Request(
+            P.REPLICA_FETCH, 1, "t", 0, offset=2, max_bytes=1 << 20, replica_id=2, leader_epoch=1
+        )
+        resp = P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, lead))[4:])
+        assert resp.error_code == errors.OffsetOutOfRange.code
+        assert resp.high_watermark == start  # where the follower starts over
+        # The follower: two batches of PID 7, then down while the leader moved on.
+        fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
+        fol.become_follower(1, 1, "127.0.0.1:1")
+        assert (
+            append_fetched(
+                fol, stored([bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]), [(1, 0)]
+            )
+            == 2
+        )
+        await fol.wait_flushed(2)
+        fol.set_high_watermark(2)
+        fol.restart_at(start)
+        assert (fol.log.log_start_offset, fol.log.next_offset, fol.high_watermark) == (start,) * 3
+        assert segment_files(tmp_path / "follower") == [f"{start:020d}.log"]
+        assert outcome(fol, 7, 1, 1) is Outcome.DUPLICATE  # its own state stays
+        data = lead.replica_read(start, 1 << 20)
+        assert append_fetched(fol, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert fol.log.next_offset == end
+        await fol.flusher.wait_idle()
+        fol.close()
+        again = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
+        assert (again.log.log_start_offset, again.log.next_offset) == (start, end)
+        await shut(again)
+        # A new replica (no epochs yet) starts at the log start too, inside epoch 1.
+        new = open_part(tmp_path / "new", clock_ms=clock, policy=policy)
+        new.become_follower(1, 1, "127.0.0.1:1")
+        new.restart_at(start)
+        assert append_fetched(new, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert new.epochs.entries == [(1, start)] and new.log.next_offset == end
+        await shut(new)
+        await shut(lead)
+
+    asyncio.run(go())
