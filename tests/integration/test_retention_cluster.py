@@ -45,8 +45,16 @@ def create_short_retention_topic(zk_hosts: str, name: str) -> None:
 
 
 def entry(c: WireClient, topic: str) -> dict[str, Any]:
+    e = entry_or_none(c, topic)
+    assert e is not None, f"{topic} not in the server's METADATA"
+    return e
+
+
+def entry_or_none(c: WireClient, topic: str) -> dict[str, Any] | None:
+    """The partition's METADATA entry, or None while the server has not opened it yet (a
+    follower learns its assignment from ZooKeeper a moment after the leader)."""
     md = c.metadata()
-    return next(p for p in md["partitions"] if p["topic"] == topic)
+    return next((p for p in md["partitions"] if p["topic"] == topic), None)
 
 
 def test_short_retention_deletes_old_segments_and_an_idle_producer_resumes(
@@ -151,7 +159,9 @@ def test_r3_every_replica_deletes_and_an_idle_producer_resumes_after_a_failover(
         for svc in cluster.servers:
             if svc.alive:
                 with WireClient(svc.address) as c:
-                    out.append(entry(c, "r3"))
+                    e = entry_or_none(c, "r3")
+                if e is not None:
+                    out.append(e)
         return out
 
     with WireClient(leader.address) as c:
@@ -183,7 +193,8 @@ def test_r3_every_replica_deletes_and_an_idle_producer_resumes_after_a_failover(
         for svc in cluster.servers:
             if svc.alive:
                 with WireClient(svc.address) as c:
-                    if entry(c, "r3")["role"] == "leader":
+                    e = entry_or_none(c, "r3")
+                    if e is not None and e["role"] == "leader":
                         return svc
         return None
 
