@@ -171,6 +171,13 @@ def test_log_metrics_after_retention_deleted_segments(make_cluster: Any) -> None
         size,
     )
     assert (row["segments_deleted"], row["bytes_deleted"]) == (deleted, deleted_bytes)
+    # The dashboard's log table reads the same leader METADATA the same way.
+    _, data = http_json("GET", cluster.coordinator_url + "/dashboard/data")
+    (log_row,) = [x for x in data["logs"] if x["topic"] == "aged"]
+    assert log_row["leader"] == svc.ident
+    fields = ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes")
+    fields += ("segments_deleted", "bytes_deleted")
+    assert [log_row[k] for k in fields] == [row[k] for k in fields]
     r = cli("topic", "describe", "aged", url=cluster.coordinator_url)
     assert r.returncode == 0, r.stderr
     assert "DELETED" in r.stdout and f"{int(deleted)} (" in r.stdout
