@@ -4,9 +4,10 @@ JSON it polls.
 The page is rendered on the server first (every value escaped), so it is useful without
 JavaScript and a reload always shows the truth; ``static/dashboard.js`` then polls
 ``/dashboard/data`` every second and updates the table, the counts, the expiry timeline,
-the servers and the events in place, and ticks "expires in" and the state between polls
-with the same rule as ``leases.lease_state``. Assets come from ``coordinator/static``,
-served by the coordinator itself; the Content-Security-Policy allows nothing else.
+the servers, the partition logs and the events in place, and ticks "expires in" and the
+state between polls with the same rule as ``leases.lease_state``. Assets come from
+``coordinator/static``, served by the coordinator itself; the Content-Security-Policy
+allows nothing else.
 
 One ZooKeeper scan of the PIDs and one METADATA round to the servers serve every viewer
 for ``REFRESH_MS``: a wall of open dashboards costs the same as one.
@@ -30,6 +31,7 @@ log = logging.getLogger("coordinator.dashboard")
 REFRESH_MS = 1000  # how stale a shared snapshot may be
 ROWS_MAX = 2000  # PID rows sent to a browser (counts and timeline cover all)
 EVENTS_SHOWN = 50
+LOG_ROWS_MAX = 2000  # partition logs sent to a browser, by topic and partition
 TIMELINE_BUCKETS = 30
 HORIZON_MS_DEFAULT = 300_000
 HORIZON_MS_MIN, HORIZON_MS_MAX = 10_000, 7 * 86_400_000
@@ -86,6 +88,19 @@ def timeline(
         "later": later,
         "lapsed": lapsed,
     }
+
+
+def log_rows(servers: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """One row per partition from the logs its leader reports, by topic and partition. Two
+    servers both claiming a partition (a failover in progress) show the newer epoch's."""
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for s in servers:
+        for row in s.get("logs") or ():
+            key = (row["topic"], row["partition"])
+            old = best.get(key)
+            if old is None or row.get("leader_epoch", -1) > old.get("leader_epoch", -1):
+                best[key] = {**row, "leader": s.get("id")}
+    return [best[k] for k in sorted(best)][:limit]
 
 
 def order_rows(pids: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -153,6 +168,7 @@ class Dashboard:
         now, pids = self.pids()
         servers = self.servers()
         rows = order_rows(pids, ROWS_MAX)
+        logs = log_rows(servers, LOG_ROWS_MAX + 1)
         return {
             "error": "NONE",
             "coordinator_id": self.coordinator_id,
@@ -165,7 +181,10 @@ class Dashboard:
             "counts": {s: sum(1 for p in pids if p["state"] == s) for s in STATES},
             "pids": rows,
             "timeline": timeline(pids, horizon_ms),
-            "servers": servers,
+            # The logs travel once, in their own table, not again inside each server.
+            "servers": [{k: v for k, v in s.items() if k != "logs"} for s in servers],
+            "logs": logs[:LOG_ROWS_MAX],
+            "logs_truncated": len(logs) > LOG_ROWS_MAX,
             "events": self.events.recent(EVENTS_SHOWN),
         }
 
@@ -259,6 +278,10 @@ updated <span id="updated">at load</span> <span id="status" class="ok"></span></
 <th>tracked PIDs</th><th>PID state memory</th><th>resident memory</th><th>snapshot age</th>
 <th>fenced appends</th><th>duplicates</th><th>out of order</th></tr></thead><tbody></tbody></table>
 </section>
+<section class="panel"><h2>Partition logs</h2>
+<table id="logs"><thead><tr><th>topic</th><th>partition</th><th>leader</th><th>log start</th>
+<th>log end</th><th>high watermark</th><th>size</th><th>retention deleted</th></tr></thead>
+<tbody></tbody></table><p id="logs-note" class="note"></p></section>
 <section class="panel"><h2>Recent fenced and duplicate events</h2>
 <ol id="events" class="events"></ol></section>
 <noscript><p>Without JavaScript this page does not update itself; reload it.</p></noscript>

@@ -1,7 +1,8 @@
 """The partition servers as the dashboard sees them: for every live server (``/servers`` in
 ZooKeeper) its METADATA answer, asked in parallel with the leader-call deadline, boiled
 down to what an operator watches: partitions led and followed, tracked PIDs and their
-estimated memory, resident memory, snapshot age, fenced appends and duplicates. The
+estimated memory, resident memory, snapshot age, fenced appends and duplicates, and the
+log (start, end, high watermark, size) of each partition it leads. The
 servers' own event feeds are merged into the coordinator's ``EventLog`` on the way.
 
 A server that does not answer is listed as unreachable with the reason, never dropped:
@@ -19,6 +20,7 @@ from typing import Any
 from coordinator.events import EventLog
 from coordinator.leaders import LeaderClient
 from coordinator.store import Store
+from coordinator.topics import log_from_metadata
 from pidlease import errors
 from pidlease.errors import PidleaseError
 
@@ -26,6 +28,7 @@ log = logging.getLogger("coordinator.fleet")
 
 SERVERS_MAX = 1000  # one page of servers; a bigger fleet shows the first ones
 TOP_PARTITIONS = 5  # partitions listed per server, by tracked PIDs
+LOGS_MAX = 1000  # partition logs listed per server (the dashboard caps the total again)
 # Figures copied from a server's ``ops`` summary (partition_server/metrics.py).
 _FIGURES = (
     "fenced_appends",
@@ -117,4 +120,26 @@ class Fleet:
         }
         for key in _FIGURES:
             out[key] = ops.get(key)
+        out["logs"] = _leader_logs(parts)
         return out
+
+
+def _leader_logs(parts: list[Any]) -> list[dict[str, Any]]:
+    """The log of each partition a server leads, read the way the topics API reads it
+    (``log_from_metadata``), so the dashboard and ``GET /v1/topics/{name}`` agree."""
+    out = []
+    for p in parts:
+        if not isinstance(p, dict) or p.get("role") != "leader":
+            continue
+        topic, partition = p.get("topic"), p.get("partition")
+        if not isinstance(topic, str) or not isinstance(partition, int):
+            continue
+        row: dict[str, Any] = {"topic": topic, "partition": partition}
+        row.update(log_from_metadata({"partitions": [p]}, topic, partition))
+        epoch = p.get("leader_epoch")  # replicated partitions only: it orders two claims
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            row["leader_epoch"] = epoch
+        out.append(row)
+        if len(out) >= LOGS_MAX:
+            break
+    return out

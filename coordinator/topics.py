@@ -88,18 +88,25 @@ def log_from_metadata(info: dict[str, Any] | None, topic: str, partition: int) -
     """``log_start_offset``, ``log_end_offset``, ``high_watermark`` and ``size_bytes`` of one
     partition from its leader's METADATA blob; all -1 when the leader did not answer or
     does not know the partition. A leader that answers but does not report the log start
-    or the size yet gives 0 (nothing was deleted) and -1 (unknown)."""
+    or the size yet gives 0 (nothing was deleted) and -1 (unknown). ``segments_deleted``
+    and ``bytes_deleted`` (what retention removed on that leader since its process
+    started) are added only when the leader reports them."""
     entry = _metadata_entry(info, topic, partition)
     if not isinstance(entry, dict):
         return dict(_UNKNOWN_OFFSETS)
     leo = _int_or(entry.get("log_end_offset", entry.get("next_offset")), -1)
     hw = _int_or(entry.get("high_watermark", entry.get("high_watermark_offset")), leo)
-    return {
+    out = {
         "log_start_offset": _int_or(entry.get("log_start_offset"), 0),
         "log_end_offset": leo,
         "high_watermark": hw,
         "size_bytes": _int_or(entry.get("size_bytes"), -1),
     }
+    for field in ("segments_deleted", "bytes_deleted"):
+        value = _int_or(entry.get(field), -1)
+        if value >= 0:
+            out[field] = value
+    return out
 
 
 def settings_of(spec: TopicSpec) -> dict[str, int]:

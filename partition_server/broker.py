@@ -67,6 +67,10 @@ class Broker:
         self._snapshot_replay_from: dict[Key, tuple[int, int]] = {}
         self.segments_deleted = 0
         self.bytes_deleted = 0
+        # Per partition (segments, bytes) retention deleted since this process started:
+        # METADATA and /metrics report them per partition. Kept when a partition leaves
+        # (bounded by the partitions ever hosted) so a counter never goes back.
+        self.deleted_by_partition: dict[Key, tuple[int, int]] = {}
 
     # -- recovery --------------------------------------------------------------------------
     def _mode(self, topic: str, a: Assignment | None = None) -> str:
@@ -356,6 +360,8 @@ class Broker:
         part.flusher.note_write(part)
         self.segments_deleted += n
         self.bytes_deleted += nbytes
+        segs, byts = self.deleted_by_partition.get(key, (0, 0))
+        self.deleted_by_partition[key] = (segs + n, byts + nbytes)
         log.info(
             "partition %s-%d: retention deleted %d segments (%d bytes); log starts at %d",
             key[0],
@@ -389,7 +395,12 @@ class Broker:
 
     # -- reporting and shutdown ------------------------------------------------------------
     def metadata(self, server_id: int, address: str) -> dict[str, Any]:
-        parts = [p.metadata() for _, p in sorted(self.partitions.items())]
+        parts = []
+        for key, p in sorted(self.partitions.items()):
+            entry = p.metadata()
+            segs, byts = self.deleted_by_partition.get(key, (0, 0))
+            entry.update(segments_deleted=segs, bytes_deleted=byts)
+            parts.append(entry)
         return {
             "server_id": server_id,
             "address": address,

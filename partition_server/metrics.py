@@ -335,8 +335,9 @@ def estimate_state_bytes(table: Any, sample_max: int = 64) -> int:
 
 def watch_broker(m: ServerMetrics, broker: Any) -> None:
     """Register the gauges read from a ``Broker`` at scrape time: tracked PIDs and their
-    memory, partitions by role, snapshot age, PID expiry, and (leaders of replicated
-    partitions) each follower's lag. Duck-typed, so a fake broker can stand in."""
+    memory, partitions by role, snapshot age, PID expiry, (leaders of replicated
+    partitions) each follower's lag, and each hosted partition's log: size, start, end,
+    segments, and what retention deleted. Duck-typed, so a fake broker can stand in."""
 
     def parts() -> list[Any]:
         return [p for p in broker.partitions.values() if getattr(p, "hosted", True)]
@@ -372,6 +373,19 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
 
     def under_replicated() -> int:
         return sum(1 for p in leaders_with_followers() if len(p.isr.isr) < len(p.isr.replicas))
+
+    def per_partition(fn: Callable[[Any], float]) -> Callable[[], dict[LabelValues, float]]:
+        # Followers too: retention runs on every replica and each one's disk fills alone.
+        return lambda: {(p.topic, str(p.partition)): fn(p) for p in parts()}
+
+    def deleted(index: int) -> Callable[[], dict[LabelValues, float]]:
+        # Hosted partitions only (the cardinality of the other per-partition series); the
+        # broker keeps the totals of one that leaves, so a return resumes the counter.
+        def one(p: Any) -> float:
+            by_key = getattr(broker, "deleted_by_partition", {})
+            return float(by_key.get((p.topic, p.partition), (0, 0))[index])
+
+        return per_partition(one)
 
     g = m.gauge
     g(
@@ -444,6 +458,45 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "pidlease_server_under_replicated_partitions",
         "Partitions this server leads whose in-sync set is smaller than their replica set.",
         under_replicated,
+    )
+    tp = ("topic", "partition")
+    g(
+        "pidlease_server_log_size_bytes",
+        "Bytes of log segments on disk per hosted partition (what retention_bytes bounds).",
+        per_partition(lambda p: p.log.size_bytes),
+        labels=tp,
+    )
+    g(
+        "pidlease_server_log_start_offset",
+        "First offset still in the log per hosted partition (retention moves it up).",
+        per_partition(lambda p: p.log.log_start_offset),
+        labels=tp,
+    )
+    g(
+        "pidlease_server_log_end_offset",
+        "Offset the next record gets per hosted partition.",
+        per_partition(lambda p: p.log.next_offset),
+        labels=tp,
+    )
+    g(
+        "pidlease_server_log_segments",
+        "Segment files per hosted partition, the active one included.",
+        per_partition(lambda p: len(p.log.segments)),
+        labels=tp,
+    )
+    g(
+        "pidlease_server_log_segments_deleted_total",
+        "Segments retention deleted per hosted partition since this process started.",
+        deleted(0),
+        labels=tp,
+        kind="counter",
+    )
+    g(
+        "pidlease_server_log_bytes_deleted_total",
+        "Bytes of segments retention deleted per hosted partition since this process started.",
+        deleted(1),
+        labels=tp,
+        kind="counter",
     )
 
 

@@ -189,6 +189,24 @@
     tbody.replaceChildren(...rows);
   }
 
+  // Offsets and sizes as the topics API gives them: -1 is "the leader did not say".
+  const known = (n) => (n === null || n === undefined || n < 0 ? "?" : String(n));
+  function renderLogs() {
+    const rows = data.logs.map((p) => {
+      const tr = el("tr", { "data-topic": p.topic, "data-partition": String(p.partition) });
+      const deleted = p.segments_deleted === undefined
+        ? "?" : `${p.segments_deleted} segments (${bytes(p.bytes_deleted)})`;
+      const cells = [p.topic, String(p.partition), `server ${p.leader}`, known(p.log_start_offset),
+        known(p.log_end_offset), known(p.high_watermark),
+        p.size_bytes < 0 ? "?" : bytes(p.size_bytes), deleted];
+      cells.forEach((text, i) => tr.appendChild(el("td", { "data-col": String(i) }, text)));
+      return tr;
+    });
+    $("logs").tBodies[0].replaceChildren(...rows);
+    setText($("logs-note"), data.logs_truncated ? `first ${data.logs.length} partitions shown`
+      : (data.logs.length ? "" : "no partition leader reported a log yet"));
+  }
+
   function eventText(e) {
     const who = `pid ${e.pid}${e.producer_name ? ` (${e.producer_name})` : ""}`;
     const where = e.topic !== undefined ? ` on ${e.topic}/${e.partition}` : "";
@@ -240,6 +258,7 @@
       renderTable();
       renderTimeline();
       renderServers();
+      renderLogs();
       renderEvents();
       $("status").className = "ok";
       setText($("status"), "live");

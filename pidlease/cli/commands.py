@@ -186,11 +186,20 @@ def _print_topic(body: dict[str, Any]) -> None:
             p.get("log_end_offset"),
             p.get("high_watermark"),
             human_bytes(int(p.get("size_bytes", -1))),
+            _deleted_cell(p),
         ]
         for p in body.get("partition_states", [])
     ]
     header = ["PARTITION", "LEADER", "ADDRESS", "EPOCH", "REPLICAS", "ISR"]
-    print(_table(rows, [*header, "LOG_START", "LOG_END", "HW", "SIZE"]))
+    print(_table(rows, [*header, "LOG_START", "LOG_END", "HW", "SIZE", "DELETED"]))
+
+
+def _deleted_cell(p: dict[str, Any]) -> str:
+    """What retention deleted on the leader since it started, as "segments (bytes)": one
+    column for both keeps the table narrow; "-" when the leader does not report it."""
+    if "segments_deleted" not in p:
+        return "-"
+    return f"{p['segments_deleted']} ({human_bytes(int(p.get('bytes_deleted', -1)))})"
 
 
 def _log_settings(args: argparse.Namespace) -> dict[str, int]:

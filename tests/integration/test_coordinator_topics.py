@@ -74,7 +74,10 @@ def test_create_list_describe(make_cluster: Any) -> None:
         "log_end_offset",
         "high_watermark",
         "size_bytes",
+        "segments_deleted",
+        "bytes_deleted",
     }
+    assert (row["segments_deleted"], row["bytes_deleted"]) == (0, 0)  # nothing retention took
     assert (row["log_start_offset"], row["log_end_offset"], row["high_watermark"]) == (0, 3, 3)
     # -1 from a server that does not report sizes yet; else the three records' bytes.
     assert row["size_bytes"] == -1 or row["size_bytes"] > 0

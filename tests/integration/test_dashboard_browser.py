@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pidlease import errors
-from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.wire import WireClient, batch, token
 from tests.helpers import leased
 
@@ -216,6 +216,27 @@ def test_dashboard_lifecycle_takeover_sort_filter(
     server = page.locator('#servers tbody tr[data-server="1"]')
     server.wait_for()
     assert "unreachable" not in server.inner_text()
+
+    # The partition logs panel: one row per partition of "orders", each with what the
+    # topics API says of its log (nothing is written any more, so the figures hold).
+    _, desc = http_json("GET", origin + "/v1/topics/orders")
+    for st in desc["partition_states"]:
+        want = [
+            "orders",
+            str(st["partition"]),
+            "server 1",
+            str(st["log_start_offset"]),
+            str(st["log_end_offset"]),
+            str(st["high_watermark"]),
+        ]
+        page.wait_for_function(
+            "([p, want]) => [...(document.querySelector("
+            '`#logs tbody tr[data-topic="orders"][data-partition="${p}"]`)?.cells || [])]'
+            ".slice(0, 6).map(c => c.textContent).join('|') === want.join('|')",
+            arg=[st["partition"], want],
+        )
+    log_row = page.locator('#logs tbody tr[data-topic="orders"][data-partition="0"]')
+    assert "0 segments" in log_row.inner_text()  # retention took nothing (7-day default)
 
     page.fill("#filter", "")
     page.click('th[data-sort="expires_at_ms"]')

@@ -14,7 +14,7 @@ from partition_server.metrics import sample
 from pidlease import errors
 from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.wire import WireClient, batch
-from tests.helpers import leased, scrape_metrics, wait_for
+from tests.helpers import cli, leased, scrape_metrics, wait_for
 
 WAIT_S = 60
 
@@ -121,3 +121,63 @@ def test_replicated_topic_reports_follower_lag(make_cluster: Any) -> None:
     for r in followers:
         got = scrape_metrics(cluster.server(r).metrics_url)
         assert sample(got, "pidlease_server_partitions", role="follower") == 1
+
+
+RETENTION_ENV = {
+    "PIDLEASE_FSYNC_INTERVAL_MS": "1",
+    "PIDLEASE_RETENTION_CHECK_MS": "100",
+    "PIDLEASE_SNAPSHOT_INTERVAL_MS": "200",
+}
+
+
+def test_log_metrics_after_retention_deleted_segments(make_cluster: Any) -> None:
+    """Tiny segments and a short retention: once writes stop and every closed segment has
+    aged out, /metrics, the topics API and ``topic describe`` agree on the log start, end,
+    size and what was deleted, and the size plus the deleted bytes is every byte written."""
+    cluster: LocalCluster = make_cluster(servers=1, env=RETENTION_ENV)
+    cluster.create_topic("aged", 1, retention_ms=1_500, segment_bytes=4096)
+    svc = cluster.servers[0]
+    at = {"topic": "aged", "partition": "0"}
+    n = random.randint(30, 45)
+    lease = leased(cluster, topic="aged", producer_name="ager", expire_ms=600_000)
+    pid, gen, tok = lease["pid"], lease["generation"], lease["lease_token"]
+    sent = [batch(pid, gen, i, [b"x" * 500]) for i in range(n)]
+    with WireClient(svc.address) as c:
+        for b in sent:
+            assert c.produce("aged", 0, b, tok).error_code == 0
+
+    def settled() -> dict[Any, float] | None:
+        got = scrape_metrics(svc.metrics_url)
+        try:
+            done = sample(got, "pidlease_server_log_segments", **at) == 1
+        except KeyError:
+            return None
+        return got if done else None
+
+    got = wait_for(settled, WAIT_S, "retention to leave only the active segment", interval_s=0.2)
+    deleted = sample(got, "pidlease_server_log_segments_deleted_total", **at)
+    deleted_bytes = sample(got, "pidlease_server_log_bytes_deleted_total", **at)
+    size = sample(got, "pidlease_server_log_size_bytes", **at)
+    start = sample(got, "pidlease_server_log_start_offset", **at)
+    assert deleted >= 1 and deleted_bytes > 0 and 0 < start < n
+    assert sample(got, "pidlease_server_log_end_offset", **at) == n
+    assert size + deleted_bytes == sum(len(b) for b in sent)
+
+    _, desc = http_json("GET", cluster.coordinator_url + "/v1/topics/aged")
+    row = desc["partition_states"][0]
+    assert (row["log_start_offset"], row["log_end_offset"], row["size_bytes"]) == (
+        start,
+        n,
+        size,
+    )
+    assert (row["segments_deleted"], row["bytes_deleted"]) == (deleted, deleted_bytes)
+    # The dashboard's log table reads the same leader METADATA the same way.
+    _, data = http_json("GET", cluster.coordinator_url + "/dashboard/data")
+    (log_row,) = [x for x in data["logs"] if x["topic"] == "aged"]
+    assert log_row["leader"] == svc.ident
+    fields = ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes")
+    fields += ("segments_deleted", "bytes_deleted")
+    assert [log_row[k] for k in fields] == [row[k] for k in fields]
+    r = cli("topic", "describe", "aged", url=cluster.coordinator_url)
+    assert r.returncode == 0, r.stderr
+    assert "DELETED" in r.stdout and f"{int(deleted)} (" in r.stdout

@@ -216,6 +216,7 @@ def test_cli_create_alter_describe(secured: tuple[LocalCluster, Any]) -> None:
     assert r.returncode == 0, r.stderr
     assert "retention forever, retention bytes 1GiB per partition" in r.stdout
     assert "LOG_START" in r.stdout and "SIZE" in r.stdout
+    assert "DELETED" in r.stdout and "0 (0B)" in r.stdout  # nothing deleted yet
     described = json.loads(cli("topic", "describe", "clitopic", "--json", *auth, url=url).stdout)
     assert described["retention_ms"] == -1 and described["segment_bytes"] == 256 << 20
 

@@ -13,6 +13,7 @@ from test_coordinator_http import TestClient
 
 from coordinator import dashboard as D
 from coordinator.app import Coordinator, create_app
+from coordinator.events import EventLog
 from coordinator.settings import CoordinatorSettings
 from partition_server.metrics import parse_text, sample
 
@@ -192,3 +193,73 @@ def test_without_zookeeper_the_data_is_503_not_500() -> None:
 def test_missing_assets_cost_the_live_updates_not_the_coordinator(tmp_path: Any) -> None:
     assert D.load_static(tmp_path / "not-there") == {}
     assert set(D.load_static()) == {"dashboard.js", "dashboard.css", "favicon.svg"}
+
+
+def test_partition_logs_table_one_row_per_partition_from_its_newest_leader() -> None:
+    """The leaders' METADATA, read as the topics API reads it (followers and junk
+    skipped); a partition two servers claim shows the newer epoch's figures; the logs
+    travel in their own table, not again inside each server's row."""
+    from coordinator.fleet import _leader_logs
+
+    def entry(topic: str, p: int, role: str, epoch: int, **kw: Any) -> dict[str, Any]:
+        base = {"topic": topic, "partition": p, "role": role, "leader_epoch": epoch}
+        return {**base, "log_end_offset": 50, "high_watermark": 40, **kw}
+
+    one = _leader_logs(
+        [
+            entry(
+                "b",
+                0,
+                "leader",
+                1,
+                log_start_offset=10,
+                size_bytes=999,
+                segments_deleted=2,
+                bytes_deleted=8192,
+            ),
+            entry("a", 1, "follower", 1),
+            entry("a", 0, "leader", 3, size_bytes=5),
+            {"topic": 7, "partition": 0, "role": "leader"},
+            "junk",
+        ]
+    )
+    two = _leader_logs([entry("a", 0, "leader", 4, log_start_offset=20, size_bytes=6)])
+    assert [(r["topic"], r["partition"]) for r in one] == [("b", 0), ("a", 0)]
+    assert one[0] == {
+        "topic": "b",
+        "partition": 0,
+        "log_start_offset": 10,
+        "log_end_offset": 50,
+        "high_watermark": 40,
+        "size_bytes": 999,
+        "segments_deleted": 2,
+        "bytes_deleted": 8192,
+        "leader_epoch": 1,
+    }
+    servers = [
+        {"id": 1, "reachable": True, "logs": one},
+        {"id": 2, "reachable": True, "logs": two},
+        {"id": 3, "reachable": False, "error": "no answer in time"},
+    ]
+    rows = D.log_rows(servers, 10)
+    assert [(r["topic"], r["partition"], r["leader"]) for r in rows] == [("a", 0, 2), ("b", 0, 1)]
+    assert rows[0]["log_start_offset"] == 20 and "segments_deleted" not in rows[0]
+    assert D.log_rows(servers, 1) == rows[:1]
+
+    class LogFleet(FakeFleet):
+        def survey(self) -> list[dict[str, Any]]:
+            return servers
+
+    dash = D.Dashboard(
+        list,
+        LogFleet(),  # type: ignore[arg-type]  # duck-typed stand-in
+        EventLog("coordinator c1"),
+        clock_ms=lambda: NOW,
+        coordinator_id="c1",
+        expiring_window_ms=30_000,
+    )
+    body = dash.data()
+    assert body["logs"] == rows and body["logs_truncated"] is False
+    assert all("logs" not in s for s in body["servers"]) and len(body["servers"]) == 3
+    page = D.render_page([], {"active": 0, "expiring": 0, "lapsed": 0}, NOW, "c", 0)
+    assert '<table id="logs">' in page and "log start" in page and "high watermark" in page

@@ -268,3 +268,77 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
     assert 0 < M.sample(s, "pidlease_server_producer_state_bytes") < 100_000
     assert M.sample(s, "process_resident_memory_bytes") > 0
     assert m.summary()["tracked_pids"] == 5 and m.summary()["snapshot_age_seconds"] == 4.5
+
+
+def test_log_gauges_and_retention_counters_per_partition_from_a_real_broker(
+    tmp_path: Any,
+) -> None:
+    """Size, start, end and segments per partition match the log on disk, and what
+    retention deletes is counted per partition, in /metrics and in METADATA alike."""
+    from partition_server.broker import Broker
+    from partition_server.retention import LogPolicy
+    from partition_server.settings import ServerSettings
+    from partition_server.testing import open_part
+    from pidlease.wire import protocol as P
+    from tests.helpers import ManualClock
+
+    seg = 4096
+    clock = ManualClock(100 * 3_600_000)
+    policy = LogPolicy(retention_bytes=2 * seg, segment_bytes=seg)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        part.hosted = True
+        b = Broker(ServerSettings(data_dir=str(tmp_path)), None, clock_ms=clock)  # type: ignore[arg-type]
+        b.partitions[("t", 0)] = part
+        m = M.ServerMetrics(1)
+        M.watch_broker(m, b)
+        for seq in range(40):
+            raw = bytearray(
+                P.encode_batch(
+                    [(None, b"x" * 600)],
+                    pid=7,
+                    generation=0,
+                    base_sequence=seq,
+                    timestamp_ms=clock.now,
+                )
+            )
+            part.append(memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None)
+        await part.wait_durable(part.log.next_offset)
+        s = scrape(m)
+        at = {"topic": "t", "partition": "0"}
+        before = part.log.size_bytes
+        assert M.sample(s, "pidlease_server_log_size_bytes", **at) == before > 4 * seg
+        assert M.sample(s, "pidlease_server_log_start_offset", **at) == 0
+        assert M.sample(s, "pidlease_server_log_end_offset", **at) == part.log.next_offset == 40
+        segments = len(part.log.segments)
+        assert M.sample(s, "pidlease_server_log_segments", **at) == segments > 4
+        assert M.sample(s, "pidlease_server_log_segments_deleted_total", **at) == 0
+        assert M.sample(s, "pidlease_server_log_bytes_deleted_total", **at) == 0
+
+        await b.snapshot_now()
+        n = await b.apply_retention(clock.now)
+        assert n > 0
+        s = scrape(m)
+        after = part.log.size_bytes
+        assert M.sample(s, "pidlease_server_log_size_bytes", **at) == after < before
+        assert (
+            M.sample(s, "pidlease_server_log_start_offset", **at) == part.log.log_start_offset > 0
+        )
+        assert M.sample(s, "pidlease_server_log_end_offset", **at) == 40
+        assert M.sample(s, "pidlease_server_log_segments", **at) == segments - n
+        assert M.sample(s, "pidlease_server_log_segments_deleted_total", **at) == n
+        assert M.sample(s, "pidlease_server_log_bytes_deleted_total", **at) == before - after
+        entry = b.metadata(1, "here")["partitions"][0]
+        assert (entry["segments_deleted"], entry["bytes_deleted"]) == (n, before - after)
+        assert entry["log_start_offset"] == part.log.log_start_offset
+        # A partition that leaves takes its series with it (bounded cardinality) ...
+        del b.partitions[("t", 0)]
+        assert not any(name.startswith("pidlease_server_log_") for name, _ in scrape(m))
+        # ... and one that comes back resumes its counters rather than restart them.
+        b.partitions[("t", 0)] = part
+        assert M.sample(scrape(m), "pidlease_server_log_segments_deleted_total", **at) == n
+        await part.flusher.wait_idle()
+        part.close()
+
+    asyncio.run(go())

@@ -290,3 +290,13 @@ def test_log_columns_from_metadata() -> None:
     assert log_from_metadata(new, "t", 1) == unknown
     odd = {"partitions": {"t/0": {"log_end_offset": True, "size_bytes": "big"}}}
     assert log_from_metadata(odd, "t", 0) == {**unknown, "log_start_offset": 0}
+    # Retention's counters show only when the leader reports them (as counts).
+    counted = {"partitions": [{**new["partitions"][0], "segments_deleted": 3, "bytes_deleted": 9}]}
+    assert log_from_metadata(counted, "t", 0) == {
+        **log_from_metadata(new, "t", 0),
+        "segments_deleted": 3,
+        "bytes_deleted": 9,
+    }
+    bad = {"partitions": {"t/0": {"segments_deleted": -2, "bytes_deleted": False}}}
+    assert "segments_deleted" not in log_from_metadata(bad, "t", 0)
+    assert "bytes_deleted" not in log_from_metadata(bad, "t", 0)
