@@ -757,12 +757,11 @@ class _VirtualTime:
 
 GAP_RECOVERY = "recovery rebuilt producer state from the log start"
 GAP_SKIPPED = "a follower started over at its leader's log start"
-# The warnings partition.py logs when recovery rebuilds producer state from the log start
-# (the first known gap): the templates, matched exactly.
-_REBUILD_TEMPLATES = (
-    "above the snapshot's replay offset",
-    "rebuilding producer state from offset 0",
-)
+# The warnings partition.py logs when recovery does not trust the snapshot (a cut after it,
+# or a log ending before its covered_to) and rebuilds producer state from the log start:
+# the first known gap. Not "the log starts above the snapshot's replay offset" alone: with
+# a trusted snapshot that is retention deleting above replay_from, a bug.
+_REBUILD_TEMPLATES = ("rebuilding producer state from offset 0",)
 
 
 def _note_rebuild(world: World, record: logging.LogRecord) -> None:
