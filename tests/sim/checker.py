@@ -10,6 +10,15 @@ checksums) and assert:
 - no data batch of a generation older than a fence that precedes it in the log (no fenced
   write admitted);
 - each record's value names the sequence the batch gave it (nothing mixed up).
+
+Retention deletes the old end of a log: the simulation keeps every batch a deletion took
+(``World.deleted``, from any server), so these checks run on the partition's whole
+history: the batches kept aside below the log start of the replica read, then what its
+log holds. That history must have no hole below the log start (nothing went without a
+deletion that kept it), and an acked record may be missing from the log only when it was
+deleted by retention, i.e. it is in that history below the log start. A resend that
+retention made the server forget (a second copy, a sequence written again from 0, a
+DUPLICATE for a batch never written) breaks exactly once or sequence order there.
 """
 
 from __future__ import annotations
@@ -49,17 +58,18 @@ def check(w: World) -> None:
             _check_replicas(w, key, ps.replicas)
 
 
-def _batches_below(part, end: int) -> list[bytes]:
+def _batches_below(part, start: int, end: int) -> list[bytes]:
     out = []
-    for chunk in part.log.read(0, 1 << 40, end):
+    for chunk in part.log.read(start, 1 << 40, end):
         for h, pos in P.iter_batches(chunk):
-            if h.base_offset + h.count <= end:
+            if h.base_offset >= start and h.base_offset + h.count <= end:
                 out.append(bytes(chunk[pos : pos + h.size]))
     return out
 
 
 def _check_replicas(w: World, key: tuple[str, int], replicas: list[int]) -> None:
-    """Any two replicas hold the same batches below the lower of their high watermarks."""
+    """Any two replicas hold the same batches below the lower of their high watermarks
+    (from the later of their log starts: each deletes on its own clock)."""
     parts = []
     for sid in replicas:
         srv = w.servers[sid].server
@@ -69,12 +79,37 @@ def _check_replicas(w: World, key: tuple[str, int], replicas: list[int]) -> None
     for i, (sa, a) in enumerate(parts):
         for sb, b in parts[i + 1 :]:
             end = min(a.high_watermark, b.high_watermark)
+            start = max(a.log.log_start_offset, b.log.log_start_offset)
             w.checks += 1
-            if _batches_below(a, end) != _batches_below(b, end):
+            if _batches_below(a, start, end) != _batches_below(b, start, end):
                 w.violation(
                     f"{key[0]}-{key[1]}: servers {sa} and {sb} differ below the high "
                     f"watermark {end}"
                 )
+
+
+def _history(w: World, key: tuple[str, int], part, name: str) -> list[bytes]:
+    """The partition's batches from offset 0: those retention deleted below the log start
+    of ``part`` (kept aside by the simulation), then ``part``'s log."""
+    start = part.log.log_start_offset
+    deleted = w.deleted.get(key, {})
+    out: list[bytes] = []
+    end = 0
+    for base in sorted(b for b in deleted if b < start):
+        w.checks += 1
+        if base != end:
+            break
+        raw = deleted[base]
+        out.append(raw)
+        h = P.decode_batch_header(raw)
+        end = base + h.count
+    if end != start:
+        w.violation(
+            f"{name}: the log starts at {start}, but what retention deleted covers only "
+            f"[0, {end}): a hole below the log start"
+        )
+    out += part.log.read(start, 1 << 40, part.log.next_offset)
+    return out
 
 
 def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
@@ -83,7 +118,7 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
     by_pid: dict[int, list[tuple[int, int, int, bool]]] = defaultdict(
         list
     )  # (gen, base, count, ctl)
-    for chunk in part.log.read(0, 1 << 40, part.log.next_offset):
+    for chunk in _history(w, key, part, name):
         for h, pos in P.iter_batches(chunk):
             w.checks += 1
             by_pid[h.pid].append((h.generation, h.base_sequence, h.count, h.is_control))
@@ -102,12 +137,22 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
             w.checks += 1
             n = seen.get(value, 0)
             if n == 0:
+                where = (
+                    " (above the log start)"
+                    if offset >= part.log.log_start_offset
+                    else " (nor among the batches retention deleted)"
+                    if part.log.log_start_offset
+                    else ""
+                )
                 w.violation(
                     f"{name}: acked record {value.decode()} ({'DUPLICATE' if dup else 'OK'}"
-                    f" at offset {offset}) is not in the log"
+                    f" at offset {offset}) is not in the log{where}"
                 )
             elif n > 1 and dedup:
-                w.violation(f"{name}: record {value.decode()} is in the log {n} times")
+                w.violation(
+                    f"{name}: record {value.decode()} is in the log {n} times",
+                    pid_at=(key, lin.pid),
+                )
         if not dedup:
             continue
         last = -1
@@ -120,17 +165,20 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
             if gen < fence_gen:
                 w.violation(
                     f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] of "
-                    f"generation {gen} after the fence of generation {fence_gen}"
+                    f"generation {gen} after the fence of generation {fence_gen}",
+                    pid_at=(key, lin.pid),
                 )
             if base <= last:
                 w.violation(
                     f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
-                    f"sequence {last}: not in sequence order"
+                    f"sequence {last}: not in sequence order",
+                    pid_at=(key, lin.pid),
                 )
             elif lin.mode == "strict" and base != last + 1:
                 w.violation(
                     f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
-                    f"sequence {last}: a gap on a strict topic"
+                    f"sequence {last}: a gap on a strict topic",
+                    pid_at=(key, lin.pid),
                 )
             last = max(last, base + count - 1)
     for lin in lins:

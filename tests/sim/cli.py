@@ -1,7 +1,10 @@
 """``python -m tests.sim``: run many seeds, or replay one.
 
-    python -m tests.sim run --seeds 2000 [--start N] [--minutes M] [--stop-on-failure]
-    python -m tests.sim replay 12345 [-v]
+    python -m tests.sim run --seeds 2000 [--start N] [--minutes M] [--stop-on-failure] [--retention]
+    python -m tests.sim replay 12345 [-v] [--retention]
+
+``--retention``: some topics get small segments and a short retention (by age, by size),
+and the servers apply it every few ms of virtual time (off by default: see README).
 
 ``run`` prints, at the end and every ~10 s: seeds run, seeds per minute, faults and
 invariant checks per run, and every failing seed with the command that replays it.
@@ -17,13 +20,14 @@ import time
 from tests.sim.world import Result, run_seed
 
 
-def replay_command(seed: int) -> str:
-    return f"python -m tests.sim replay {seed} -v"
+def replay_command(seed: int, retention: bool = False) -> str:
+    return f"python -m tests.sim replay {seed} -v{' --retention' if retention else ''}"
 
 
-def describe_failure(r: Result) -> str:
+def describe_failure(r: Result, retention: bool = False) -> str:
     lines = [
-        f"seed {r.seed} FAILED ({len(r.failures)} problem(s)); replay: {replay_command(r.seed)}"
+        f"seed {r.seed} FAILED ({len(r.failures)} problem(s)); replay: "
+        f"{replay_command(r.seed, retention)}"
     ]
     lines += [f"  - {f}" for f in r.failures[:8]]
     if len(r.failures) > 8:
@@ -39,7 +43,8 @@ KINDS = (  # (kind, words that identify it in a failure message), first match wi
     ("duplicate", ("in the log ",)),
     ("fenced-write", ("after the fence",)),
     ("sequence", ("not in sequence order", "a gap on a strict topic", "stored with sequence")),
-    ("replicas", ("differ below the high watermark",)),
+    ("replicas", ("differ below the high watermark", "replicas differ")),
+    ("retention", ("log start went back", "above the high watermark", "below the log start")),
     ("producer-failed", ("failed: ",)),
     ("stuck", ("stuck", "did not come back")),
 )
@@ -59,6 +64,8 @@ class Totals:
         self.faults = 0
         self.checks = 0
         self.acked = 0
+        self.deleted = 0
+        self.known: dict[str, list[int]] = {}  # known gap -> seeds that showed it
         self.kinds: dict[str, list[int]] = {}
         self.t0 = time.perf_counter()
 
@@ -67,6 +74,9 @@ class Totals:
         self.faults += sum(r.faults.values())
         self.checks += r.checks
         self.acked += r.acked
+        self.deleted += r.segments_deleted
+        for g in sorted({k.split(": ")[1] for k in r.known_gaps}):
+            self.known.setdefault(g, []).append(r.seed)
         if not r.ok:
             self.failed.append(r.seed)
             for k in sorted({kind_of(f) for f in r.failures}):
@@ -78,12 +88,25 @@ class Totals:
         return (
             f"{self.runs} seeds in {secs:.1f}s ({self.runs / max(secs, 1e-9) * 60:.0f} seeds/min), "
             f"{self.faults / n:.1f} faults/run, {self.checks / n:.0f} invariant checks/run, "
-            f"{self.acked / n:.0f} acked records/run, {len(self.failed)} failed"
+            f"{self.acked / n:.0f} acked records/run, "
+            + (f"{self.deleted / n:.1f} segments deleted/run, " if self.deleted else "")
+            + f"{len(self.failed)} failed"
+            + (
+                f", {len({s for v in self.known.values() for s in v})} known-gap"
+                if self.known
+                else ""
+            )
         )
 
 
 def run_many(
-    seeds: int, start: int, minutes: float | None, stop_on_failure: bool, out: object = sys.stdout
+    seeds: int,
+    start: int,
+    minutes: float | None,
+    stop_on_failure: bool,
+    out: object = sys.stdout,
+    *,
+    retention: bool = False,
 ) -> Totals:
     tot = Totals()
     deadline = None if minutes is None else time.perf_counter() + minutes * 60
@@ -91,16 +114,22 @@ def run_many(
     for seed in range(start, start + seeds):
         if deadline is not None and time.perf_counter() >= deadline:
             break
-        r = run_seed(seed)
+        r = run_seed(seed, retention=retention)
         tot.add(r)
         if not r.ok:
-            print(describe_failure(r), file=out, flush=True)  # type: ignore[call-overload]
+            print(describe_failure(r, retention), file=out, flush=True)  # type: ignore[call-overload]
             if stop_on_failure:
                 break
         if time.perf_counter() - last_report > 10:
             last_report = time.perf_counter()
             print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
     print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
+    for g, hit in tot.known.items():
+        print(
+            f"known gap: {g}: {len(hit)} seeds (not failures), e.g. "
+            f"{' '.join(map(str, hit[:10]))}; replay: {replay_command(hit[0], retention)}",
+            file=out,
+        )  # type: ignore[call-overload]
     if tot.failed:
         print("failing seeds: " + " ".join(map(str, tot.failed)), file=out)  # type: ignore[call-overload]
         for k, hit in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
@@ -124,22 +153,29 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--start", type=int, default=0)
     run.add_argument("--minutes", type=float, default=None)
     run.add_argument("--stop-on-failure", action="store_true")
+    run.add_argument("--retention", action="store_true", help="topics with short retention")
     rep = sub.add_parser("replay", help="run one seed again")
     rep.add_argument("seed", type=int)
     rep.add_argument("-v", "--verbose", action="store_true", help="print the trace of events")
+    rep.add_argument("--retention", action="store_true", help="topics with short retention")
     args = ap.parse_args(argv)
     if args.cmd == "run":
-        tot = run_many(args.seeds, args.start, args.minutes, args.stop_on_failure)
+        tot = run_many(
+            args.seeds, args.start, args.minutes, args.stop_on_failure, retention=args.retention
+        )
         return 1 if tot.failed else 0
-    r = run_seed(args.seed, verbose=args.verbose)
+    r = run_seed(args.seed, verbose=args.verbose, retention=args.retention)
     print(f"seed {r.seed}: plan {r.plan}")
     if args.verbose:
         print("\n".join(r.trace))
     print(
         f"seed {r.seed}: {'ok' if r.ok else 'FAILED'}; faults {r.faults}, {r.checks} invariant "
-        f"checks, {r.batches} batches, {r.acked} acked records, {r.virtual_s:.3f}s virtual, "
+        f"checks, {r.batches} batches, {r.acked} acked records, {r.segments_deleted} "
+        f"segments deleted, {r.virtual_s:.3f}s virtual, "
         f"{r.wall_s:.3f}s wall"
     )
+    for k in r.known_gaps:
+        print(f"  {k}")
     if not r.ok:
-        print(describe_failure(r))
+        print(describe_failure(r, args.retention))
     return 0 if r.ok else 1

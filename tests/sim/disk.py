@@ -50,11 +50,14 @@ class DiskShim:
 
     # -- files ---------------------------------------------------------------------------
     def open(self, path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
-        fd = _os.open(path, flags, mode, **kw)
         p = _os.path.abspath(_os.fspath(path))
+        new = bool(flags & _os.O_CREAT) and not _os.path.exists(p)
+        fd = _os.open(path, flags, mode, **kw)
         self.fd_path[fd] = p
         self.fd_node[fd] = NODE.get()
-        if flags & _os.O_TRUNC:
+        if new or flags & _os.O_TRUNC:
+            # A new file (perhaps where an unlinked one was: retention, a cut) has nothing
+            # on the platter yet.
             self.synced[p] = 0
         return fd
 
@@ -138,7 +141,7 @@ class DiskShim:
 
     def durable_end(self, plog: Any) -> int:
         """The log offset below which every batch of ``plog`` is on the platter."""
-        end = 0
+        end = plog.log_start_offset  # retention deleted what is below, all fsynced
         segs = plog.segments
         for si, seg in enumerate(segs):
             n = len(seg.offsets)

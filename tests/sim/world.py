@@ -36,11 +36,14 @@ import partition_server.partition
 import partition_server.registry
 import partition_server.replication
 import partition_server.server
-from partition_server.partition import Partition
+from partition_server.log import PartitionLog
+from partition_server.partition import Partition, parse_dir_name
 from partition_server.server import PartitionServer
 from partition_server.settings import ServerSettings
+from pidlease.wire import protocol as P
 from pidlease.wire.cluster import (
     ALL_ROOTS,
+    SEGMENT_MS_DEFAULT,
     PartitionState,
     TopicSpec,
     partition_path,
@@ -67,8 +70,12 @@ class Result:
     acked: int = 0
     batches: int = 0
     virtual_s: float = 0.0
+    segments_deleted: int = 0  # by retention, all servers
     wall_s: float = 0.0
     trace: list[str] = field(default_factory=list)
+    # Failures that a documented known gap explains, identified precisely (the PID's state
+    # was lost on a replica by that gap, checked when it happened): not counted as failed.
+    known_gaps: list[str] = field(default_factory=list)
     plan: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -126,6 +133,10 @@ class ServerNode:
             srv.broker.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
             a = await loop.run_in_executor(None, srv.registry.read_now)
             srv.broker.recover(a)
+            for key, part in srv.broker.partitions.items():
+                w.check_log_start(part, "recovery")
+                if (node.name, key) in w.rebuilt_from_log_start:
+                    w.note_lost_pids(GAP_RECOVERY, part, node.name)
             rec = srv.broker.recovery
             w.trace(
                 "server",
@@ -168,10 +179,11 @@ class ServerNode:
 
 
 class World:
-    def __init__(self, seed: int, *, verbose: bool = False) -> None:
+    def __init__(self, seed: int, *, verbose: bool = False, retention: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.verbose = verbose
+        self.retention = retention
         self.secret = SECRET.encode()
         self.result = Result(seed)
         self.trace_lines: list[str] = []
@@ -194,6 +206,18 @@ class World:
         self.fsync_slow_p = 0.0
         self.checks = 0
         self.fault_counts: dict[str, int] = {}
+        # Retention: every batch a deletion took, per partition, from any server (base
+        # offset -> batch bytes; committed, so the same on every replica), and the highest
+        # log start each partition directory has shown (it never goes back).
+        self.deleted: dict[tuple[str, int], dict[int, bytes]] = {}
+        self.log_start_seen: dict[str, int] = {}
+        self.segments_deleted = 0
+        # Known gaps (docs/replication.md, "Retention on replicas"): (node, partition) whose
+        # recovery rebuilt producer state from the log start, and (partition, pid) -> the
+        # gap that made a replica lose that PID's state.
+        self.rebuilt_from_log_start: set[tuple[str, tuple[str, int]]] = set()
+        self.lost_pids: dict[tuple[tuple[str, int], int], str] = {}
+        self._reported_differ: set[tuple[tuple[str, int], int]] = set()
 
     # -- small services ----------------------------------------------------------------------
     def clock_ms(self) -> int:
@@ -202,9 +226,32 @@ class World:
     def trace(self, kind: str, msg: str) -> None:
         self.trace_lines.append(f"{self.loop.time() * 1000:10.3f}ms {kind:6} {msg}")
 
-    def violation(self, msg: str) -> None:
+    def violation(self, msg: str, *, pid_at: tuple[tuple[str, int], int] | None = None) -> None:
+        """A failed check. ``pid_at`` (partition, pid): the failure is about that PID there;
+        when a known gap lost that PID's state on a replica, it is reported as that gap."""
+        gap = self.lost_pids.get(pid_at) if pid_at is not None else None
+        if gap is not None:
+            self.trace("GAP", f"known gap: {gap}: {msg}")
+            self.result.known_gaps.append(f"known gap: {gap}: {msg}")
+            return
         self.trace("FAIL", msg)
         self.result.failures.append(msg)
+
+    def note_lost_pids(self, gap: str, part: Partition, where: str) -> None:
+        """After ``gap`` on a replica: the PIDs with batches retention deleted below its log
+        start (committed, so their state belongs on every replica) that it no longer knows."""
+        key = (part.topic, part.partition)
+        start = part.log.log_start_offset
+        had = {
+            P.decode_batch_header(raw).pid
+            for base, raw in self.deleted.get(key, {}).items()
+            if base < start
+        }
+        lost = sorted(had - set(part.state.pids()))
+        if lost:
+            self.trace("GAP", f"{where} {key[0]}-{key[1]}: {gap}; state of pids {lost} lost")
+        for pid in lost:
+            self.lost_pids.setdefault((key, pid), gap)
 
     def _loop_exception(self, _loop: Any, context: dict[str, Any]) -> None:
         msg = context.get("message", "")
@@ -245,6 +292,46 @@ class World:
                 f"{part.flushed_end} / high watermark {part.high_watermark} above "
                 f"what is fsynced ({on_disk})"
             )
+
+    def check_log_start(self, part: Partition, what: str) -> None:
+        """The log start is never above the high watermark (retention deletes committed
+        batches only) and never goes back, within a process or across restarts."""
+        self.checks += 1
+        start = part.log.log_start_offset
+        if start > part.high_watermark:
+            self.violation(
+                f"{part.topic}-{part.partition}: after {what} the log start {start} is "
+                f"above the high watermark {part.high_watermark}"
+            )
+        d = str(part.log.dir)
+        seen = self.log_start_seen.get(d, 0)
+        if start < seen:
+            self.violation(
+                f"{part.topic}-{part.partition} on {d.split('/')[-2]}: after {what} the "
+                f"log start went back from {seen} to {start}"
+            )
+        elif start > seen:
+            self.log_start_seen[d] = start
+
+    def archive_below(self, plog: PartitionLog, offset: int) -> None:
+        """Keep what retention is about to delete (below ``offset``), so the checker sees
+        the whole history of the partition, not only what is left of it."""
+        key = parse_dir_name(plog.dir.name)
+        start = plog.log_start_offset
+        if key is None or offset <= start:
+            return
+        kept = self.deleted.setdefault(key, {})
+        for chunk in plog.read(start, 1 << 40, offset):
+            for h, pos in P.iter_batches(chunk):
+                raw = bytes(chunk[pos : pos + h.size])
+                old = kept.setdefault(h.base_offset, raw)
+                if old != raw and (key, h.base_offset) not in self._reported_differ:
+                    self._reported_differ.add((key, h.base_offset))
+                    self.violation(
+                        f"{key[0]}-{key[1]}: retention on two servers deleted different "
+                        f"batches at offset {h.base_offset} (replicas differ below the "
+                        f"high watermark)"
+                    )
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
@@ -288,6 +375,35 @@ class World:
         def set_high_watermark(part: Partition, hw: int) -> None:
             orig_set_hw(part, hw)
             world.check_durable(part, f"set_high_watermark({hw})")
+            world.check_log_start(part, f"set_high_watermark({hw})")
+
+        # Retention persists the new log start before it deletes anything (and a crash in
+        # between leaves the deletion to the next open): the batches below it are kept
+        # aside here, for the checker.
+        orig_persist = PartitionLog.persist_log_start
+
+        def persist_log_start(plog: PartitionLog, offset: int) -> None:
+            world.archive_below(plog, offset)
+            orig_persist(plog, offset)
+
+        orig_delete = PartitionLog.delete_below
+
+        def delete_below(plog: PartitionLog, offset: int) -> tuple[int, int]:
+            n, nbytes = orig_delete(plog, offset)
+            world.segments_deleted += n
+            return n, nbytes
+
+        put(PartitionLog, "persist_log_start", persist_log_start)
+        put(PartitionLog, "delete_below", delete_below)
+
+        orig_restart = Partition.restart_at
+
+        def restart_at(part: Partition, offset: int) -> None:
+            orig_restart(part, offset)
+            node = NODE.get()
+            world.note_lost_pids(GAP_SKIPPED, part, node.name if node else "?")
+
+        put(Partition, "restart_at", restart_at)
 
         # Snapshots export producer state in chunks with the loop free in between; the
         # chunk is 20 000 PIDs in production, so with the sim's handful of PIDs capture
@@ -307,22 +423,18 @@ class World:
         put(Partition, "mark_durable", mark_durable)
         put(Partition, "set_high_watermark", set_high_watermark)
         put(asyncio, "open_connection", self.net.open_connection)
-        handler = _TraceHandler(self) if self.verbose else None
+        handler: logging.Handler = _TraceHandler(self) if self.verbose else _GapHandler(self)
         plog = logging.getLogger("partition_server")
         old_level, old_prop = plog.level, plog.propagate
-        if handler is not None:
-            plog.addHandler(handler)
-            plog.setLevel(logging.INFO)
-        else:
-            plog.setLevel(logging.CRITICAL + 1)
+        plog.addHandler(handler)
+        plog.setLevel(logging.INFO if self.verbose else logging.WARNING)
         plog.propagate = False
         try:
             yield
         finally:
             for obj, name, value in reversed(saved):
                 setattr(obj, name, value)
-            if handler is not None:
-                plog.removeHandler(handler)
+            plog.removeHandler(handler)
             plog.setLevel(old_level)
             plog.propagate = old_prop
 
@@ -340,6 +452,8 @@ class World:
             "inflight_requests_max_per_connection": rng.choice([2, 5, 1000]),
             "pid_expire_check_ms": 1000,
         }
+        if self.retention:
+            self.server_opts["retention_check_ms"] = rng.choice([10, 20, 50])
         self.n_servers = 3 if rng.random() < 0.5 else 1
         if self.n_servers > 1:
             self.server_opts.update(
@@ -359,9 +473,14 @@ class World:
             spec = TopicSpec(f"t{i}", rng.choice([1, 1, 2]), rf, mode)
             created = 0.0 if i < n_topics else rng.uniform(0.005, 0.15)
             self.topics[spec.name] = spec
-            plan.setdefault("topics", []).append(
-                f"{spec.name}:{mode}x{spec.partitions}R{rf}@{created * 1000:.0f}ms"
-            )
+            desc = f"{spec.name}:{mode}x{spec.partitions}R{rf}@{created * 1000:.0f}ms"
+            if self.retention and rng.random() < 0.7:
+                self._retention_policy(spec)
+                desc += (
+                    f" seg{spec.segment_bytes}B/{spec.segment_ms}ms keep {spec.retention_ms}ms"
+                    f"/{spec.retention_bytes}B"
+                )
+            plan.setdefault("topics", []).append(desc)
             if created == 0.0:
                 self._create_topic(spec)
             else:
@@ -371,6 +490,16 @@ class World:
                     start = created + rng.uniform(-0.02, 0.01) if created else rng.uniform(0, 0.02)
                     self._plan_lineage(spec, p, max(start, 0.0))
         self._plan_faults()
+
+    def _retention_policy(self, spec: TopicSpec) -> None:
+        """Small segments that retention deletes while the run goes on (a run lasts well
+        under a second of virtual time): by age, by size, or both."""
+        rng = self.rng
+        spec.segment_bytes = rng.choice([256, 512, 1024, 2048])
+        spec.segment_ms = rng.choice([SEGMENT_MS_DEFAULT, SEGMENT_MS_DEFAULT, 20, 100])
+        by = rng.choice(["time", "size", "both"])
+        spec.retention_ms = rng.choice([0, 10, 50, 200]) if by != "size" else -1
+        spec.retention_bytes = rng.choice([0, 500, 1500, 4000]) if by != "time" else -1
 
     def _plan_lineage(self, spec: TopicSpec, partition: int, start: float) -> None:
         rng = self.rng
@@ -522,7 +651,10 @@ class World:
             )
         for lin in self.lineages:
             if lin.failed:
-                self.violation(f"producer {lin.name} ({lin.mode}) failed: {lin.failed}")
+                self.violation(
+                    f"producer {lin.name} ({lin.mode}) failed: {lin.failed}",
+                    pid_at=((lin.topic, lin.partition), lin.pid),
+                )
         # Quiet, then one last SIGKILL and recovery from the files: what is left is checked.
         self.final = True
         self._zk_faults(0.0, 0.0)
@@ -623,12 +755,42 @@ class _VirtualTime:
         return self._w.clock_ms() / 1000
 
 
+GAP_RECOVERY = "recovery rebuilt producer state from the log start"
+GAP_SKIPPED = "a follower started over at its leader's log start"
+# The warnings partition.py logs when recovery does not trust the snapshot (a cut after it,
+# or a log ending before its covered_to) and rebuilds producer state from the log start:
+# the first known gap. Not "the log starts above the snapshot's replay offset" alone: with
+# a trusted snapshot that is retention deleting above replay_from, a bug.
+_REBUILD_TEMPLATES = ("rebuilding producer state from offset 0",)
+
+
+def _note_rebuild(world: World, record: logging.LogRecord) -> None:
+    msg = record.msg
+    if isinstance(msg, str) and any(t in msg for t in _REBUILD_TEMPLATES):
+        node = NODE.get()
+        args = record.args
+        if node is not None and isinstance(args, tuple) and len(args) >= 2:
+            world.rebuilt_from_log_start.add((node.name, (str(args[0]), int(args[1]))))
+
+
+class _GapHandler(logging.Handler):
+    """Not verbose: only notes the known gaps' warnings."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__(logging.WARNING)
+        self.world = world
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _note_rebuild(self.world, record)
+
+
 class _TraceHandler(logging.Handler):
     def __init__(self, world: World) -> None:
         super().__init__(logging.INFO)
         self.world = world
 
     def emit(self, record: logging.LogRecord) -> None:
+        _note_rebuild(self.world, record)
         node = NODE.get()
         # Wall-clock durations differ between runs of one seed; nothing else does.
         msg = _WALL_TIME.sub("#s", record.getMessage())
@@ -648,7 +810,7 @@ def _freeze_imports() -> None:
     gc.freeze()
 
 
-def run_seed(seed: int, *, verbose: bool = False) -> Result:
+def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Result:
     """Run one seed; the result says what failed (empty: all checks held)."""
     # The run's objects hold cycles (tasks, futures, streams); collect them at the end,
     # quietly (closing a killed node's coroutines runs finally blocks that cannot await
@@ -665,7 +827,7 @@ def run_seed(seed: int, *, verbose: bool = False) -> Result:
             was_enabled = gc.isenabled()
             gc.disable()  # collections at allocation-dependent moments: not in a run
             try:
-                r = _run(seed, verbose)
+                r = _run(seed, verbose, retention)
             finally:
                 gc.collect()
                 if was_enabled:
@@ -675,9 +837,9 @@ def run_seed(seed: int, *, verbose: bool = False) -> Result:
     return r
 
 
-def _run(seed: int, verbose: bool) -> Result:
+def _run(seed: int, verbose: bool, retention: bool) -> Result:
     t0 = time.perf_counter()
-    w = World(seed, verbose=verbose)
+    w = World(seed, verbose=verbose, retention=retention)
     r = w.result
     try:
         with w.patched():
@@ -698,6 +860,7 @@ def _run(seed: int, verbose: bool) -> Result:
     r.checks = w.checks
     r.faults = dict(w.fault_counts)
     r.faults["disk"] = w.disk.injected
+    r.segments_deleted = w.segments_deleted
     r.acked = sum(len(lin.acked) for lin in w.lineages)
     r.batches = sum(lin.sent for lin in w.lineages)
     r.virtual_s = w.loop.time()
