@@ -10,7 +10,9 @@ NOT_LEADER), it looks the leader up again and retries with backoff for up to
 ``retry_timeout_ms``. With ``stop_at_end`` (the default) iteration ends at the high
 watermark seen by the last fetch; without it the reader polls for new records. A position
 below the partition's log start (records retention deleted) raises ``OffsetOutOfRange``
-with the ``earliest`` and ``latest`` offsets: fatal to that reader.
+with the ``earliest`` and ``latest`` offsets: fatal to that reader. ``start="earliest"``
+(the log start) or ``start="latest"`` (the high watermark: only records written from now
+on) picks the start from the partition instead of ``start_offset``, at the first fetch.
 
 It is blocking (one plain socket, no event loop). Sockets are opened per iteration and
 closed when it ends (or when an abandoned iterator is garbage-collected); ``close()`` or a
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Self
+from typing import Literal, Self
 
 import httpx
 
@@ -43,6 +45,7 @@ class Reader:
         partition: int = 0,
         start_offset: int = 0,
         *,
+        start: Literal["earliest", "latest"] | None = None,
         stop_at_end: bool = True,
         include_control: bool = False,
         fetch_bytes_max: int = FETCH_BYTES_DEFAULT,
@@ -62,11 +65,16 @@ class Reader:
             raise errors.ConfigError(
                 f"start_offset must be a non-negative int, not {start_offset!r}"
             )
+        if start not in (None, "earliest", "latest"):
+            raise errors.ConfigError(f'start must be "earliest" or "latest", not {start!r}')
+        if start is not None and start_offset != 0:
+            raise errors.ConfigError("give start_offset or start, not both")
         if not 1024 <= fetch_bytes_max <= protocol.FRAME_BYTES_MAX_DEFAULT // 2:
             raise errors.ConfigError("fetch_bytes_max must be 1024..8 MiB")
         self.topic = topic
         self.partition = partition
         self.position = start_offset
+        self._start = start  # resolved to a position at the first fetch
         self.stop_at_end = stop_at_end
         self.include_control = include_control
         self.high_watermark = -1
@@ -93,6 +101,9 @@ class Reader:
             self.close()
 
     def _records(self) -> Iterator[protocol.Record]:
+        if self._start is not None:
+            self.position = self._resolve_start(self._start)
+            self._start = None
         while True:
             resp = self._fetch(self.position)
             self.high_watermark = resp.high_watermark
@@ -130,6 +141,17 @@ class Reader:
             if self.position >= resp.high_watermark and self.stop_at_end:
                 return
             self._sleep(self._poll_s)
+
+    def _resolve_start(self, start: str) -> int:
+        """The partition's log start or high watermark, from one FETCH at offset 0: its
+        answer carries both, whether 0 is still in the log or not."""
+        try:
+            resp = self._fetch(0)
+        except errors.OffsetOutOfRange as exc:
+            earliest, latest = exc.earliest, exc.latest
+        else:
+            earliest, latest = resp.log_start_offset, resp.high_watermark
+        return earliest if start == "earliest" else latest
 
     def _fetch(self, offset: int) -> protocol.Response:
         """One FETCH at ``offset`` from the leader, following leader changes."""

@@ -267,6 +267,36 @@ def test_reader_below_the_log_start_gets_offset_out_of_range_with_both_bounds(fa
     assert [r.offset for r in recs] == list(range(start, 20))
 
 
+def test_reader_start_earliest_and_latest(fake) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    with Producer(
+        "http://fake", topic="r", http_transport=coord.transport(), batch_records_max=5
+    ) as p:
+        for i in range(20):
+            p.send(b"v%d" % i, partition=0)
+        p.flush()
+
+    def read(**kw: object) -> list[int]:
+        rd = Reader("http://fake", "r", 0, http_transport=coord.transport(), **kw)  # type: ignore[arg-type]
+        return [r.offset for r in rd]
+
+    assert read(start="earliest") == list(range(20))  # the log starts at 0
+    srv.delete_below("r", 0, 10)
+    start = srv.parts[("r", 0)].log_start_offset
+    assert 0 < start <= 10
+    assert read(start="earliest") == list(range(start, 20))  # 0 is gone: no error
+    assert read(start="latest") == []  # nothing written since
+    rd = Reader("http://fake", "r", 0, start="latest", http_transport=coord.transport())
+    assert list(rd) == [] and rd.position == 20
+    with Producer("http://fake", topic="r", http_transport=coord.transport()) as p:
+        p.send(b"new", partition=0).result()
+    assert [r.value for r in rd] == [b"new"]  # the same reader goes on from there
+    with pytest.raises(errors.ConfigError, match="earliest"):
+        Reader("http://fake", "r", 0, start="first")  # type: ignore[arg-type]
+    with pytest.raises(errors.ConfigError, match="not both"):
+        Reader("http://fake", "r", 0, 5, start="earliest")
+
+
 def _no_sleep(_s: float) -> None:
     raise AssertionError("OFFSET_OUT_OF_RANGE is fatal to the reader: no retry")
 
