@@ -472,6 +472,24 @@ class PartitionLog:
                 raise CorruptRecord(f"stored batch at offset {seg.offsets[i]} fails its checksum")
             pos += h.size
 
+    def offset_for_timestamp(self, timestamp_ms: int, end_offset: int) -> int:
+        """The base offset of the first batch (in log order, from the log start, below
+        ``end_offset``) whose timestamp is at or after ``timestamp_ms``; ``end_offset``
+        when there is none. Batch timestamps are the producers' and need not grow with the
+        offset: the first batch at or after the time wins, as in Kafka's ListOffsets."""
+        for seg in self.segments:
+            if not seg.offsets or seg.offsets[0] >= end_offset:
+                break
+            if seg.max_timestamp_ms < timestamp_ms:
+                continue  # every batch of this segment is older
+            for i in range(len(seg.offsets)):
+                if seg.offsets[i] >= end_offset:
+                    return end_offset
+                raw = os.pread(seg.fd, BATCH_HEADER_SIZE, seg.positions[i])
+                if decode_batch_header(raw).timestamp_ms >= timestamp_ms:
+                    return int(seg.offsets[i])
+        return end_offset
+
     def iter_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of stored batches from the one holding ``from_offset`` (to rebuild state)."""
         if from_offset >= self.next_offset:

@@ -178,3 +178,26 @@ def test_take_dirty_lists_written_segments_and_the_directory_after_a_roll(tmp_pa
     dirty = lg.take_dirty()
     assert lg.segments[1].fd in dirty and len(dirty) == 2
     lg.close()
+
+
+def test_offset_for_timestamp_is_the_first_batch_at_or_after_the_time(tmp_path: Path) -> None:
+    """Kafka's ListOffsets by time: the first batch in log order whose timestamp is at or
+    after T (timestamps need not grow), never at or past the end offset (the high
+    watermark); the end offset when no batch qualifies. Checked against a scan of every
+    batch, across segment boundaries."""
+    lg, _ = PartitionLog.open(tmp_path / "t-0", 300)
+    stamps = [10, 20, 15, 40, 30, 30, 50, 5, 60, 45, 70, 65]
+    for i, ts in enumerate(stamps):
+        buf = bytearray(
+            P.encode_batch(
+                [(None, b"x" * 40)], pid=1, generation=0, base_sequence=i, timestamp_ms=ts
+            )
+        )
+        P.set_base_offset(buf, lg.next_offset)
+        lg.append(buf, 1, ts)
+    assert len(lg.segments) > 3
+    for end in (0, 3, 7, 12):
+        for t in range(0, 80, 5):
+            want = next((o for o in range(end) if stamps[o] >= t), end)
+            assert lg.offset_for_timestamp(t, end) == want, (t, end)
+    lg.close()
