@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -535,7 +536,7 @@ class Partition:
         # Count the cut first: a crash right after must not trust older snapshot rows. A
         # failed save (full disk) leaves the history and the log as they were (only the
         # ends above are lowered; a flush raises them again): the next session retries.
-        kept = self._rows_below_log_start()
+        kept = self._rows_kept_through_cut(end)
         with self.epochs.change():
             self.epochs.truncations += 1
             self.epochs.truncate_to(offset)
@@ -585,14 +586,36 @@ class Partition:
         _resolve(self._flush_waiters, offset)
         _resolve(self._waiters, offset)
 
-    def _rows_below_log_start(self) -> list[Row]:
-        """Rows of the PIDs with no batch in the log left by retention: their state came
-        from deleted segments only, all below the cut and committed, so it stays exact
-        through a rebuild that can replay only from the log start."""
+    def _rows_kept_through_cut(self, end: int) -> list[Row]:
+        """Rows, as of the cut at ``end``, of the PIDs with no batch left in the log below
+        it: their state came from segments retention deleted (all committed) and maybe
+        from batches in the cut range, so a rebuild from the log start cannot restore it.
+        Their batches at or above ``end`` are taken out: those sequences were never
+        committed and must be appended again when resent, never answered DUPLICATE. The
+        highwater is then the last kept batch's, or the durable (committed) highwater when
+        every kept batch was cut: the cut is above the high watermark, so that is the
+        highwater as of the cut. The generation stays as it is (a fence in the cut range
+        keeps refusing the older generation, which the coordinator has moved past). A PID
+        whose every batch was cut and that had nothing committed is left out."""
         if self.log.log_start_offset == 0:
             return []
-        in_log = {h.pid for h in self.log.iter_headers(0)}
-        return self.state.export_rows([p for p in self.state.pids() if p not in in_log])
+        in_log = {h.pid for h in self.log.iter_headers(0) if h.base_offset < end}
+        state = self.state
+        rows: list[Row] = []
+        for pid, gen, row_hw, last_use, flat in state.export_rows(
+            [p for p in state.pids() if p not in in_log]
+        ):
+            kept = array("q")
+            for i in range(0, len(flat), 3):
+                if flat[i + 2] < end:
+                    kept.extend(flat[i : i + 3])
+            hw = row_hw
+            if len(kept) < len(flat):
+                hw = kept[-2] if kept else min(row_hw, state.durable_highwater(pid))
+                if hw < 0:
+                    continue  # every batch it wrote was cut: as if it never wrote here
+            rows.append((pid, gen, hw, last_use, kept))
+        return rows
 
     def rebuild_state(self, kept: list[Row] | None = None) -> None:
         """Producer state from the log (and ``kept``, the rows of PIDs whose batches

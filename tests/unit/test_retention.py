@@ -336,6 +336,43 @@ def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_pat
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("cut_batches", [2, 7])  # 7: more than the K=5 batches a row keeps
+def test_a_follower_cut_rewinds_a_pid_whose_other_batches_all_went(
+    tmp_path: Path, cut_batches: int
+) -> None:
+    """The simulation's seed 1863 (``--retention``): PID 7's committed batches are all
+    below the log start, its only other batches are in the suffix a cut drops. Its state
+    must be the one as of the cut (highwater 2): the resend of sequence 3 appends, not
+    UNKNOWN_PID (the old rebuild knew neither part), not DUPLICATE (the cut batches'
+    sequences must not be kept)."""
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, clock_ms=clock, policy=policy)
+        part.become_follower(2, 1, "127.0.0.1:1")
+        b = make_broker(tmp_path, clock, part)
+        batches = [bytes(raw_batch(7, s, OLD_TS)) for s in range(3)]
+        batches += [bytes(raw_batch(8, s, OLD_TS)) for s in range(20)]
+        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+        await part.wait_flushed(23)
+        part.set_high_watermark(23)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        assert part.log.log_start_offset > 3  # PID 7's committed batches are gone
+        extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(cut_batches)]
+        n = append_fetched(part, stored(extra, start=23), [(1, 0)])
+        assert n == cut_batches
+        await part.wait_flushed(23 + n)
+        assert part.truncate_to(23) == 23
+        assert outcome(part, 7, 3, 1) is Outcome.APPEND
+        assert outcome(part, 7, 4, 1) is Outcome.OUT_OF_ORDER  # strict: 3 first
+        assert outcome(part, 7, 2, 1) is Outcome.DUPLICATE
+        await shut(part)
+
+    asyncio.run(go())
+
+
 def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there(
     tmp_path: Path,
 ) -> None:
