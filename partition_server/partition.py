@@ -146,6 +146,7 @@ class Partition:
         if snapshot is not None:
             # Valid even when the rows are not trusted below: what was dropped stays dropped.
             state.note_dropped(snapshot.dropped_last_use_max_ms)
+        distrusted: PartitionImage | None = None  # its rows still hold deleted segments'
         if snapshot is not None and snapshot.truncations != epochs.truncations:
             log.warning(
                 "%s-%d: the log was cut back since the snapshot; rebuilding producer "
@@ -153,7 +154,7 @@ class Partition:
                 topic,
                 partition,
             )
-            snapshot = None
+            distrusted, snapshot = snapshot, None
         from_offset = covered_to = 0
         if snapshot is not None:
             from_offset, covered_to = snapshot.replay_from, snapshot.covered_to
@@ -174,7 +175,7 @@ class Partition:
             policy=policy,
             clock_ms=clock_ms,
         )
-        if plog.log_start_offset > from_offset:
+        if plog.log_start_offset > from_offset and distrusted is None:
             # Retention deletes only below the newest snapshot's replay_from, so this is a
             # missing or older snapshot: PIDs only the deleted segments held are not known.
             log.warning(
@@ -198,6 +199,9 @@ class Partition:
             replayed = 0
             for h in plog.iter_headers(0):
                 replay(h)
+            distrusted = snapshot
+        if distrusted is not None and plog.log_start_offset > 0:
+            restore_deleted_only(state, distrusted.rows, plog, f"{topic}-{partition}")
         epochs.settle(plog.next_offset)
         if checkpoint_hw is not None:
             # Retention deleted only below the high watermark of its time, so the log start
@@ -683,6 +687,37 @@ def _fail_above(waiters: deque[Waiter], end_offset: int, exc: Exception) -> None
             fut.set_exception(exc)
     waiters.clear()
     waiters.extend(keep)
+
+
+def restore_deleted_only(
+    state: ProducerStateTable, rows: list[Row], plog: PartitionLog, name: str
+) -> None:
+    """After a rebuild from the log start (the snapshot not trusted: the log was cut
+    since, or ends before what it covered), bring back from that snapshot the PIDs with
+    no batch left in the log: retention deleted their batches (below the log start,
+    never cut since: a cut is above the high watermark, deletion below it, and deletion
+    after a cut waits for a newer snapshot). Only their batches below the log start are
+    kept, and the highwater is the last of those: anything newer the snapshot saw was
+    cut. A PID with none left is not brought back."""
+    start = plog.log_start_offset
+    in_log = {h.pid for h in plog.iter_headers(0)}
+    back: list[Row] = []
+    for pid, gen, row_hw, last_use, flat in rows:
+        if pid in in_log or pid in state:
+            continue
+        kept = array("q")
+        for i in range(0, len(flat), 3):
+            if flat[i + 2] < start:
+                kept.extend(flat[i : i + 3])
+        if kept or not flat:  # a PID only fenced keeps its generation
+            back.append((pid, gen, kept[-2] if kept else row_hw, last_use, kept))
+    if back:
+        state.load_rows(state.export_rows() + back)
+    log.warning(
+        "%s: %d producer(s) whose batches retention deleted restored from the snapshot",
+        name,
+        len(back),
+    )
 
 
 def replay_batch(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None:

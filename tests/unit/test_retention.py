@@ -80,7 +80,8 @@ async def shut(part: Partition) -> None:
 def reopen(tmp_path: Path, clock: ManualClock, b: Broker, **kw: object) -> Partition:
     loaded = b.snapshots.load_newest()
     snap = loaded[0].partitions.get(("t", 0)) if loaded else None
-    return open_part(tmp_path, hw=None, clock_ms=clock, snapshot=snap, **kw)
+    kw.setdefault("hw", None)
+    return open_part(tmp_path, clock_ms=clock, snapshot=snap, **kw)
 
 
 def test_retention_ms_deletes_old_closed_segments_keeps_the_active_one_and_the_start_persists(
@@ -369,6 +370,47 @@ def test_a_follower_cut_rewinds_a_pid_whose_other_batches_all_went(
         assert outcome(part, 7, 4, 1) is Outcome.OUT_OF_ORDER  # strict: 3 first
         assert outcome(part, 7, 2, 1) is Outcome.DUPLICATE
         await shut(part)
+
+    asyncio.run(go())
+
+
+def test_recovery_from_a_snapshot_taken_before_a_cut_keeps_pids_only_retention_deleted(
+    tmp_path: Path,
+) -> None:
+    """Recovery does not trust a snapshot taken before a cut (it rebuilds from the log
+    start), but PIDs whose batches retention deleted are in no log: their rows come back
+    from that snapshot, with only the batches below the log start (the snapshot also saw
+    PID 7's sequences 3-4, which the cut dropped: a resend of 3 must append)."""
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, clock_ms=clock, policy=policy)
+        part.become_follower(2, 1, "127.0.0.1:1")
+        b = make_broker(tmp_path, clock, part)
+        batches = [bytes(raw_batch(7, s, OLD_TS)) for s in range(3)]
+        batches += [bytes(raw_batch(8, s, OLD_TS)) for s in range(20)]
+        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+        await part.wait_flushed(23)
+        part.set_high_watermark(23)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        start = part.log.log_start_offset
+        assert start > 3
+        extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(2)]
+        extra.append(bytes(raw_batch(9, 0, clock.now)))
+        assert append_fetched(part, stored(extra, start=23), [(1, 0)]) == 3
+        await part.wait_flushed(26)
+        await b.snapshot_now()  # sees PID 7 at sequence 4 and PID 9
+        assert part.truncate_to(23) == 23
+        await shut(part)
+        again = reopen(tmp_path, clock, b, policy=policy, hw=23)
+        assert again.log.log_start_offset == start
+        assert outcome(again, 7, 3, 1) is Outcome.APPEND  # not UNKNOWN_PID, not DUPLICATE
+        assert outcome(again, 7, 2, 1) is Outcome.DUPLICATE
+        assert outcome(again, 8, 20, 1) is Outcome.APPEND
+        assert again.state.get(9) is None  # it wrote only in the cut range
+        await shut(again)
 
     asyncio.run(go())
 
