@@ -15,8 +15,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dataclasses import fields  # noqa: E402
+
 from coordinator.settings import CoordinatorSettings  # noqa: E402
 from partition_server.settings import ServerSettings  # noqa: E402
+from pidlease.cli.commands import LOG_SETTING_FLAGS  # noqa: E402
+from pidlease.wire.cluster import TopicSpec  # noqa: E402
 
 SERVICES = [
     ("coordinator", CoordinatorSettings, "docs/coordinator.md"),
@@ -71,7 +75,32 @@ def render() -> str:
                 f"| {service} | `{name}` | `PIDLEASE_{name.upper()}` | "
                 f"{_default(default)} | {meaning} |"
             )
+    lines += _topic_section()
     return "\n".join(lines) + "\n"
+
+
+def _topic_section() -> list[str]:
+    """The per-topic log settings: from ``TopicSpec`` (defaults) and the CLI's
+    ``LOG_SETTING_FLAGS`` (flag, meaning), so neither can drift from this table."""
+    defaults = {f.name: f.default for f in fields(TopicSpec)}
+    lines = [
+        "",
+        "## Topic settings",
+        "",
+        "Per topic, stored in its ZooKeeper record and picked up by every replica without a "
+        "restart: given at `POST /v1/topics` or `pidlease topic create`, changed with "
+        "`PATCH /v1/topics/{name}` or `pidlease topic alter` (human units on the CLI: `7d`, "
+        "`512MiB`; ms and bytes on the API). -1 means no limit. See docs/log.md.",
+        "",
+        "| API field | CLI flag | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for flag, field_name, _parse, meaning in LOG_SETTING_FLAGS:
+        lines.append(
+            f"| `{field_name}` | `{flag}` | {_default(defaults[field_name])} | "
+            f"{meaning.replace('|', chr(92) + '|')} |"
+        )
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -79,7 +79,8 @@ LOG_SETTING_FLAGS: tuple[tuple[str, str, Callable[[str], int], str], ...] = (
         "--min-insync-replicas",
         "min_insync_replicas",
         int,
-        "in-sync replicas a produce needs, 1..replication factor (0: 1 for R<=2, 2 for R>=3)",
+        "in-sync replicas an acks=all produce needs, 1..replication factor (0: 1 for R<=2, "
+        "2 for R>=3); stored and shown, not enforced yet",
     ),
 )
 
