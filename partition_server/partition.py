@@ -36,7 +36,8 @@ from partition_server.producer_state import (
     Row,
 )
 from partition_server.retention import LogPolicy
-from partition_server.snapshot import PartitionImage
+from partition_server.snapshot import PartitionImage, Snapshot
+from partition_server.snapshot import encode as encode_snapshot
 from pidlease.errors import (
     NotLeader,
     OffsetOutOfRange,
@@ -565,19 +566,30 @@ class Partition:
         self.rebuild_state(kept)
         return end
 
-    def restart_at(self, offset: int) -> None:
+    def rows_below_log_start(self) -> bytes:
+        """For a follower starting over at this leader's log start: the rows of the PIDs
+        with no batch left in the log (their batches are all below the start, committed),
+        in the snapshot file's format (checksummed). The follower fetches the rest."""
+        start = self.log.log_start_offset
+        rows = self.state.export_rows(self.state.pids_written_below(start))
+        image = PartitionImage(start, start, rows, self.epochs.truncations)
+        return encode_snapshot(Snapshot(self.clock_ms(), {(self.topic, self.partition): image}))
+
+    def restart_at(self, offset: int, leader_rows: list[Row] | None = None) -> None:
         """The leader's log starts at ``offset``, beyond this replica's end: drop the whole
         log and go on from there (retention there deleted what this replica lacks). Every
         batch here is below the leader's log start, so committed: the producer state
-        stays, all of it durable. PIDs that wrote only in the skipped range are not known
-        here (they are in the leader's snapshots, not in any log)."""
+        stays, all of it durable. ``leader_rows`` (``rows_below_log_start`` of the leader)
+        bring the PIDs that wrote only in the skipped range, and newer rows of the PIDs
+        this replica knows (their generation never goes back)."""
         log.warning(
-            "%s-%d: log ends at %d, below the leader's log start %d: starting over there; "
-            "producer state of PIDs that wrote only in between is not on this replica",
+            "%s-%d: log ends at %d, below the leader's log start %d: starting over there "
+            "with the leader's producer state of %d PID(s) that wrote below it",
             self.topic,
             self.partition,
             self.log.next_offset,
             offset,
+            len(leader_rows or ()),
         )
         try:
             self.log.restart_at(offset)
@@ -587,6 +599,12 @@ class Partition:
         self.flushed_end = offset
         self.high_watermark = offset
         self.state.mark_durable(offset)
+        if leader_rows:
+            rows = {r[0]: r for r in self.state.export_rows()}
+            for pid, gen, hw, last_use, flat in leader_rows:
+                mine = rows.get(pid, (pid, gen, hw, last_use, flat))
+                rows[pid] = (pid, max(gen, mine[1]), hw, max(last_use, mine[3]), flat)
+            self.state.load_rows(rows.values())
         _resolve(self._flush_waiters, offset)
         _resolve(self._waiters, offset)
 

@@ -947,6 +947,21 @@ class ProducerStateTable:
             s = nxt[s]
         return out
 
+    def pids_written_below(self, offset: int) -> list[int]:
+        """Tracked PIDs whose newest batch is below ``offset`` (or that have none): below a
+        log start, the PIDs whose state no batch left in the log carries."""
+        out = []
+        for pid in self.pids():
+            s = self._slot[pid]
+            if self._ring[s] == _WIDE:
+                w = self._wide[s]
+                newest = w[-1] if w else -1
+            else:
+                newest = self._nb_off[s]
+            if newest < offset:
+                out.append(pid)
+        return out
+
     def export_rows(self, pids: Iterable[int] | None = None) -> list[Row]:
         """Rows of ``pids`` (all when None) that are still tracked, for a snapshot of the
         log prefix the caller will fsync before writing it: highwaters count as durable."""

@@ -27,7 +27,9 @@ from typing import Any
 
 from partition_server.epochs import truncation_step
 from partition_server.partition import Partition
-from partition_server.producer_state import Outcome
+from partition_server.producer_state import Outcome, Row
+from partition_server.snapshot import CorruptSnapshot
+from partition_server.snapshot import decode as decode_snapshot
 from pidlease import errors
 from pidlease.errors import CorruptRecord
 from pidlease.wire import protocol as P
@@ -128,6 +130,18 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
         state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
     part.batches_appended += len(batches)
     return len(batches)
+
+
+def _leader_rows(part: Partition, data: memoryview | bytes | None) -> list[Row] | None:
+    """The rows a leader sends with a start-over (``Partition.rows_below_log_start``);
+    None from a leader that sends none. A damaged image ends the session (fetch again)."""
+    if not data:
+        return None
+    try:
+        image = decode_snapshot(bytes(data)).partitions.get((part.topic, part.partition))
+    except CorruptSnapshot as exc:
+        raise FetchSessionError(f"the leader's producer state is unreadable: {exc}") from exc
+    return image.rows if image is not None else None
 
 
 class ReplicaFetcher:
@@ -299,7 +313,9 @@ class ReplicaFetcher:
                 timeout_s,
             )
             if resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark > offset:
-                part.restart_at(resp.high_watermark)  # the leader's log start (replication.py)
+                # The leader's log start (replication.py), and the producer state of the
+                # PIDs that wrote only below it.
+                part.restart_at(resp.high_watermark, _leader_rows(part, resp.data))
                 continue
             if resp.error_code != errors.NONE:
                 raise errors.error_for_code(resp.error_code, resp.detail)

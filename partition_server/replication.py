@@ -284,12 +284,14 @@ class ReplicaManager:
             )
         if req.offset < part.log.log_start_offset:
             # The follower lacks what retention deleted here: it starts over at the log
-            # start, which this answer carries in its high watermark field.
+            # start, which this answer carries in its high watermark field, with the
+            # producer state of the PIDs that wrote only below it (snapshot format).
             return P.replica_fetch_response(
                 corr,
                 errors.OffsetOutOfRange.code,
                 f"offset {req.offset} is below this leader's log start {part.log.log_start_offset}",
                 high_watermark=part.log.log_start_offset,
+                data=part.rows_below_log_start(),  # the state no batch left here carries
             )
         assert part.isr is not None
         part.record_replica_fetch(rid, req.offset)

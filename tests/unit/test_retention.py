@@ -16,7 +16,7 @@ from partition_server.broker import Broker
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.registry import Assignment
-from partition_server.replica_fetcher import append_fetched
+from partition_server.replica_fetcher import FetchSessionError, _leader_rows, append_fetched
 from partition_server.replication import ReplicaManager
 from partition_server.retention import LOG_START_FILE, LogPolicy, read_log_start
 from partition_server.settings import ServerSettings
@@ -478,6 +478,70 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
         assert append_fetched(new, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
         assert new.epochs.entries == [(1, start)] and new.log.next_offset == end
         await shut(new)
+        await shut(lead)
+
+    asyncio.run(go())
+
+
+def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_skipped_range(
+    tmp_path: Path,
+) -> None:
+    """The start-over answer carries the leader's rows of the PIDs with no batch left in
+    its log: PID 5 wrote only in the range the follower skips; without them the follower,
+    once it leads, would answer its next batch UNKNOWN_PID (docs/log.md)."""
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        lead = open_part(tmp_path / "leader", clock_ms=clock, policy=policy)
+        lead.hosted = True
+        lead.become_leader(1, 1, [1, 2], [1])
+        b = make_broker(tmp_path / "leader", clock, lead)
+        for seq in range(2):
+            append(lead, 7, seq, OLD_TS)  # the follower holds these two
+        for seq in range(3):
+            append(lead, 5, seq, OLD_TS)  # only in the range the follower will skip
+        for seq in range(20):
+            append(lead, 8, seq, OLD_TS)
+        append(lead, 7, 2, clock.now)  # PID 7 also wrote above the leader's log start
+        await lead.wait_durable(lead.log.next_offset)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        start = lead.log.log_start_offset
+        assert start > 5
+        settings = SimpleNamespace(
+            server_id=1,
+            routes={},
+            replica_lag_time_max_ms=10_000,
+            replica_fetch_wait_max_ms=0,
+            fetch_bytes_max=1 << 20,
+        )
+        registry = SimpleNamespace(zk=None, refresh=lambda: None, assignment=None)
+        mgr = ReplicaManager(settings, registry, {("t", 0): lead}, tmp_path, clock_ms=clock)  # type: ignore[arg-type]
+        req = P.Request(
+            P.REPLICA_FETCH, 1, "t", 0, offset=2, max_bytes=1 << 20, replica_id=2, leader_epoch=1
+        )
+        resp = P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, lead))[4:])
+        assert resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark == start
+        rows = _leader_rows(lead, resp.data)
+        assert rows is not None and {r[0] for r in rows} == {5}  # 7 and 8 are in the log
+        fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
+        fol.become_follower(1, 1, "127.0.0.1:1")
+        held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]
+        assert append_fetched(fol, stored(held), [(1, 0)]) == 2
+        await fol.wait_flushed(2)
+        fol.set_high_watermark(2)
+        fol.restart_at(start, rows)
+        data = lead.replica_read(start, 1 << 20)
+        assert append_fetched(fol, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        for part in (lead, fol):
+            assert outcome(part, 5, 3, 1) is Outcome.APPEND  # not UNKNOWN_PID
+            assert outcome(part, 5, 2, 1) is Outcome.DUPLICATE
+            assert outcome(part, 7, 3, 1) is Outcome.APPEND
+            assert outcome(part, 8, 20, 1) is Outcome.APPEND
+        with pytest.raises(FetchSessionError):
+            _leader_rows(lead, memoryview(bytes(resp.data)[:-1] + b"\x00"))
+        await shut(fol)
         await shut(lead)
 
     asyncio.run(go())
