@@ -6,6 +6,7 @@ moved the log start, earliest is the new start and a time before it gives the st
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ from pidlease.client.reader import Reader
 from pidlease.testing.devcluster import DEV_SECRET
 from pidlease.testing.wire import WireClient, token
 from pidlease.wire import protocol as P
-from tests.helpers import wait_for
+from tests.helpers import cli, wait_for
 
 ENV = {
     "PIDLEASE_FSYNC_INTERVAL_MS": "1",
@@ -119,6 +120,12 @@ def test_list_offsets_and_a_reader_start_by_time_on_a_replicated_partition(
     assert first_and_end(url, "ts", start_timestamp_ms=4_001) == (None, 20)
     assert first_and_end(url, "ts", start="earliest") == (0, 20)
     assert first_and_end(url, "ts", start="latest") == (None, 20)
+    # The CLI's start options are the Reader's.
+    out = cli("consume", "ts", "--from-time", "1970-01-01T00:00:03.001Z", "--json", url=url)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(x)["offset"] for x in out.stdout.splitlines()] == list(range(15, 20))
+    out = cli("consume", "ts", "--from", "latest", url=url)
+    assert (out.returncode, out.stdout) == (0, ""), out.stderr
 
 
 def test_after_retention_earliest_is_the_new_log_start(make_cluster) -> None:  # type: ignore[no-untyped-def]
