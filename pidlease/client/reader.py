@@ -37,6 +37,9 @@ from pidlease.wire import protocol
 from pidlease.wire.tls import client_ssl_context
 
 FETCH_BYTES_DEFAULT = 1024 * 1024
+# How often a start by LIST_OFFSETS is asked again when retention deleted the offset found
+# before the first fetch (each round means a whole segment went in between: rare).
+START_RETRIES_MAX = 3
 
 
 class Reader:
@@ -124,11 +127,13 @@ class Reader:
             self.close()
 
     def _records(self) -> Iterator[protocol.Record]:
+        first: protocol.Response | None = None
         if self._start_query is not None:
-            self.position = self._list_offset(self._start_query)
+            first = self._fetch_from_start(self._start_query)
             self._start_query = None
         while True:
-            resp = self._fetch(self.position)
+            resp = first if first is not None else self._fetch(self.position)
+            first = None
             self.high_watermark = resp.high_watermark
             data = resp.data if resp.data is not None else memoryview(b"")
             got_batch = False
@@ -164,6 +169,20 @@ class Reader:
             if self.position >= resp.high_watermark and self.stop_at_end:
                 return
             self._sleep(self._poll_s)
+
+    def _fetch_from_start(self, query: int) -> protocol.Response:
+        """The first fetch of a reader started by ``start`` or ``start_timestamp_ms``. The
+        offset found may be deleted by retention before the fetch reaches it: asked for
+        "the oldest" or "from a time", the reader asks again (at most a few times), where a
+        reader given an offset gets OffsetOutOfRange."""
+        for _ in range(START_RETRIES_MAX):
+            self.position = self._list_offset(query)
+            try:
+                return self._fetch(self.position)
+            except errors.OffsetOutOfRange:
+                continue
+        self.position = self._list_offset(query)
+        return self._fetch(self.position)
 
     def _list_offset(self, timestamp_ms: int) -> int:
         """The leader's answer to LIST_OFFSETS for ``timestamp_ms`` (a time, or

@@ -196,3 +196,28 @@ def test_reader_earliest_and_latest_go_through_list_offsets(fake) -> None:  # ty
     late = Reader("http://fake", "r", 0, start="latest", http_transport=coord.transport())
     assert list(late) == [] and late.position == 15
     assert asked == [p.EARLIEST_TIMESTAMP, p.LATEST_TIMESTAMP]
+
+
+@pytest.mark.parametrize(
+    ("start", "query"),
+    [({"start": "earliest"}, p.EARLIEST_TIMESTAMP), ({"start_timestamp_ms": 2}, 2)],
+)
+def test_a_start_deleted_before_the_first_fetch_is_asked_again(fake, start, query) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    _store(srv, "r", [1, 2, 3, 4])  # offsets 0, 5, 10, 15
+    asked: list[int] = []
+    orig = srv._list_offsets
+
+    def racing(req: p.Request) -> bytes:
+        out = orig(req)
+        asked.append(req.timestamp_ms)
+        if len(asked) == 1:  # retention runs between this answer and the first fetch
+            part = srv.parts[("r", 0)]  # (the fake holds its lock while it answers)
+            part.batches = part.batches[2:]
+            part.log_start_offset = 10
+        return out
+
+    srv._list_offsets = racing  # type: ignore[method-assign]
+    rd = Reader("http://fake", "r", 0, http_transport=coord.transport(), **start)
+    assert [r.offset for r in rd] == list(range(10, 20))
+    assert asked == [query, query]
