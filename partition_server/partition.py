@@ -45,7 +45,13 @@ from pidlease.errors import (
     ServerUnavailable,
     TooManyPids,
 )
-from pidlease.wire.protocol import BatchHeader, encode_control_batch, set_base_offset
+from pidlease.wire.protocol import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    BatchHeader,
+    encode_control_batch,
+    set_base_offset,
+)
 
 log = logging.getLogger("partition_server.partition")
 
@@ -412,6 +418,18 @@ class Partition:
                 earliest=start,
                 latest=self.high_watermark,
             )
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """Where a reader starting at ``timestamp_ms`` begins: the first committed batch
+        at or after that time (the high watermark when none: the reader waits for new
+        records); ``LATEST_TIMESTAMP`` is the high watermark, ``EARLIEST_TIMESTAMP`` the
+        log start. Only committed batches count, as only they are served."""
+        hw = self.high_watermark
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return hw
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return self.log.log_start_offset
+        return self.log.offset_for_timestamp(timestamp_ms, hw)
 
     def producer_state(self, pid: int) -> tuple[bool, int, int, int]:
         """(found, generation, durable_highwater, last_use_ms); refreshes last use."""

@@ -86,6 +86,8 @@ def error_response(
         return P.replica_fetch_response(corr, code, detail)
     if api_key == P.EPOCH_END:
         return P.epoch_end_response(corr, code, detail)
+    if api_key == P.LIST_OFFSETS:
+        return P.list_offsets_response(corr, code, detail, leader=leader)
     return P.response(corr, code, detail, b"")
 
 
@@ -471,6 +473,8 @@ class PartitionServer:
                 return self._produce(req, part)
             if api == P.FETCH:
                 return self._fetch(req, part)
+            if api == P.LIST_OFFSETS:
+                return self._list_offsets(req, part)
             if api == P.FENCE:
                 return self._fence(req, part)
             if api == P.REPLICA_FETCH:
@@ -547,6 +551,22 @@ class PartitionServer:
             high_watermark=part.high_watermark,
             log_start_offset=part.log.log_start_offset,
             data=chunks,
+        )
+
+    def _list_offsets(self, req: P.Request, part: Partition) -> Reply:
+        # Inline, as FETCH reads the log inline: a lookup is a few header reads per
+        # segment the time falls in (the page cache holds the recent ones).
+        if req.timestamp_ms < P.EARLIEST_TIMESTAMP:
+            raise InvalidRequest(
+                f"list_offsets timestamp must be >= 0 (a time in ms), -1 (latest) or "
+                f"-2 (earliest), got {req.timestamp_ms}"
+            )
+        return P.list_offsets_response(
+            req.correlation_id,
+            0,
+            offset=part.offset_for_timestamp(req.timestamp_ms),
+            log_start_offset=part.log.log_start_offset,
+            high_watermark=part.high_watermark,
         )
 
     def _fence(self, req: P.Request, part: Partition) -> Reply:

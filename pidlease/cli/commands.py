@@ -25,6 +25,8 @@ from pidlease.cli.units import (
     parse_retention_ms,
     parse_segment_bytes,
     parse_segment_ms,
+    parse_start,
+    parse_time_ms,
 )
 from pidlease.cli.units import human_ms as _human_ms
 
@@ -40,6 +42,7 @@ examples:
   seq 1 1000 | pidlease produce orders --producer-name loader
   printf 'alice:hello\\nbob:hi\\n' | pidlease produce orders --key-separator :
   pidlease consume orders --partition 0 --from 0 --max 10
+  pidlease consume orders --from-time 2026-11-24T10:00:00Z --follow
   pidlease pids --expiring-within 5m
   pidlease verify orders                         # exit 0 when exactly-once holds
   pidlease dev down
@@ -345,11 +348,18 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from pidlease.client.reader import Reader
 
     n = 0
+    start: dict[str, Any] = {}
+    if args.from_time is not None:
+        start["start_timestamp_ms"] = args.from_time
+    elif isinstance(args.from_offset, str):
+        start["start"] = args.from_offset
+    else:
+        start["start_offset"] = args.from_offset
     with Reader(
         args.coordinator,
         args.topic,
         args.partition,
-        args.from_offset,
+        **start,
         stop_at_end=not args.follow,
         include_control=args.include_control,
         tls_ca_file=args.tls_ca_file,
@@ -612,7 +622,21 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("topic")
     coord(co)
     co.add_argument("--partition", type=int, default=0)
-    co.add_argument("--from", dest="from_offset", type=int, default=0, metavar="OFFSET")
+    start = co.add_mutually_exclusive_group()
+    start.add_argument(
+        "--from",
+        dest="from_offset",
+        type=parse_start,
+        default=0,
+        metavar="OFFSET|earliest|latest",
+        help="the first offset, or the log start (earliest) or end (latest); default 0",
+    )
+    start.add_argument(
+        "--from-time",
+        type=parse_time_ms,
+        metavar="TIME",
+        help="from the first batch written at or after TIME: ms since the epoch or ISO 8601",
+    )
     co.add_argument("--max", type=int, help="stop after this many records")
     co.add_argument("--follow", action="store_true", help="keep waiting for new records")
     co.add_argument("--include-control", action="store_true", help="show fence records too")

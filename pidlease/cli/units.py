@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -80,6 +81,43 @@ def size_or(**words: int) -> Callable[[str], int]:
         return int(m.group(1)) * _UNIT_BYTES[m.group(2)]
 
     return parse
+
+
+TIME_FORMS = (
+    "ms since the epoch (1732441200000) or an ISO 8601 time "
+    "(2026-11-24T10:00:00Z, 2026-11-24T11:00+01:00; without an offset: UTC)"
+)
+
+
+def parse_time_ms(text: str) -> int:
+    """A point in time as ms since the epoch: digits are ms already, anything else is
+    ISO 8601 (a trailing ``Z`` is UTC, as is a time without an offset: a server's logs and
+    batch timestamps are in UTC, so a local default would surprise more)."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    try:
+        when = datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time; use {TIME_FORMS}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970; use {TIME_FORMS}")
+    return ms
+
+
+def parse_start(text: str) -> int | str:
+    """Where a reader starts: an offset (a whole number), ``earliest`` or ``latest``."""
+    word = text.strip().lower()
+    if word in ("earliest", "latest"):
+        return word
+    if word.isdigit():
+        return int(word)
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a start; use an offset (0, 1200), 'earliest' or 'latest'"
+    )
 
 
 parse_retention_ms = duration_or(forever=-1)

@@ -11,8 +11,10 @@ NOT_LEADER), it looks the leader up again and retries with backoff for up to
 watermark seen by the last fetch; without it the reader polls for new records. A position
 below the partition's log start (records retention deleted) raises ``OffsetOutOfRange``
 with the ``earliest`` and ``latest`` offsets: fatal to that reader. ``start="earliest"``
-(the log start) or ``start="latest"`` (the high watermark: only records written from now
-on) picks the start from the partition instead of ``start_offset``, at the first fetch.
+(the log start), ``start="latest"`` (the high watermark: only records written from now
+on) or ``start_timestamp_ms=T`` (the first batch whose timestamp is at or after T; the high
+watermark when there is none) picks the start from the partition instead of
+``start_offset``: one LIST_OFFSETS request to the leader before the first fetch.
 
 It is blocking (one plain socket, no event loop). Sockets are opened per iteration and
 closed when it ends (or when an abandoned iterator is garbage-collected); ``close()`` or a
@@ -35,6 +37,9 @@ from pidlease.wire import protocol
 from pidlease.wire.tls import client_ssl_context
 
 FETCH_BYTES_DEFAULT = 1024 * 1024
+# How often a start by LIST_OFFSETS is asked again when retention deleted the offset found
+# before the first fetch (each round means a whole segment went in between: rare).
+START_RETRIES_MAX = 3
 
 
 class Reader:
@@ -46,6 +51,7 @@ class Reader:
         start_offset: int = 0,
         *,
         start: Literal["earliest", "latest"] | None = None,
+        start_timestamp_ms: int | None = None,
         stop_at_end: bool = True,
         include_control: bool = False,
         fetch_bytes_max: int = FETCH_BYTES_DEFAULT,
@@ -67,14 +73,34 @@ class Reader:
             )
         if start not in (None, "earliest", "latest"):
             raise errors.ConfigError(f'start must be "earliest" or "latest", not {start!r}')
-        if start is not None and start_offset != 0:
-            raise errors.ConfigError("give start_offset or start, not both")
+        if start_timestamp_ms is not None and (
+            not isinstance(start_timestamp_ms, int)
+            or isinstance(start_timestamp_ms, bool)
+            or start_timestamp_ms < 0
+        ):
+            raise errors.ConfigError(
+                f"start_timestamp_ms must be a non-negative int (ms since the epoch), "
+                f"not {start_timestamp_ms!r}"
+            )
+        chosen = [
+            name
+            for name, given in (
+                ("start_offset", start_offset != 0),
+                ("start", start is not None),
+                ("start_timestamp_ms", start_timestamp_ms is not None),
+            )
+            if given
+        ]
+        if len(chosen) > 1:
+            but = "not both" if len(chosen) == 2 else "only one of them"
+            raise errors.ConfigError(f"give {' or '.join(chosen)}, {but}")
         if not 1024 <= fetch_bytes_max <= protocol.FRAME_BYTES_MAX_DEFAULT // 2:
             raise errors.ConfigError("fetch_bytes_max must be 1024..8 MiB")
         self.topic = topic
         self.partition = partition
         self.position = start_offset
-        self._start = start  # resolved to a position at the first fetch
+        # The LIST_OFFSETS question the start is, resolved to a position at the first fetch.
+        self._start_query: int | None = _start_query(start, start_timestamp_ms)
         self.stop_at_end = stop_at_end
         self.include_control = include_control
         self.high_watermark = -1
@@ -101,11 +127,13 @@ class Reader:
             self.close()
 
     def _records(self) -> Iterator[protocol.Record]:
-        if self._start is not None:
-            self.position = self._resolve_start(self._start)
-            self._start = None
+        first: protocol.Response | None = None
+        if self._start_query is not None:
+            first = self._fetch_from_start(self._start_query)
+            self._start_query = None
         while True:
-            resp = self._fetch(self.position)
+            resp = first if first is not None else self._fetch(self.position)
+            first = None
             self.high_watermark = resp.high_watermark
             data = resp.data if resp.data is not None else memoryview(b"")
             got_batch = False
@@ -142,30 +170,48 @@ class Reader:
                 return
             self._sleep(self._poll_s)
 
-    def _resolve_start(self, start: str) -> int:
-        """The partition's log start or high watermark, from one FETCH at offset 0: its
-        answer carries both, whether 0 is still in the log or not."""
-        try:
-            resp = self._fetch(0)
-        except errors.OffsetOutOfRange as exc:
-            earliest, latest = exc.earliest, exc.latest
-        else:
-            earliest, latest = resp.log_start_offset, resp.high_watermark
-        return earliest if start == "earliest" else latest
+    def _fetch_from_start(self, query: int) -> protocol.Response:
+        """The first fetch of a reader started by ``start`` or ``start_timestamp_ms``. The
+        offset found may be deleted by retention before the fetch reaches it: asked for
+        "the oldest" or "from a time", the reader asks again (at most a few times), where a
+        reader given an offset gets OffsetOutOfRange."""
+        for _ in range(START_RETRIES_MAX):
+            self.position = self._list_offset(query)
+            try:
+                return self._fetch(self.position)
+            except errors.OffsetOutOfRange:
+                continue
+        self.position = self._list_offset(query)
+        return self._fetch(self.position)
+
+    def _list_offset(self, timestamp_ms: int) -> int:
+        """The leader's answer to LIST_OFFSETS for ``timestamp_ms`` (a time, or
+        ``protocol.EARLIEST_TIMESTAMP``/``LATEST_TIMESTAMP``)."""
+        resp = self._request(
+            protocol.LIST_OFFSETS,
+            lambda corr: protocol.list_offsets_request(
+                corr, self.topic, self.partition, timestamp_ms
+            ),
+        )
+        return resp.offset
 
     def _fetch(self, offset: int) -> protocol.Response:
         """One FETCH at ``offset`` from the leader, following leader changes."""
+        return self._request(
+            protocol.FETCH,
+            lambda corr: protocol.fetch_request(
+                corr, self.topic, self.partition, offset, self._fetch_bytes
+            ),
+        )
+
+    def _request(self, api_key: int, build: Callable[[int], bytes]) -> protocol.Response:
+        """One request to the leader, following leader changes; the answer when it is OK."""
         deadline = self._clock_ms() + self._retry_timeout_ms
         delay_s = 0.05
         while True:
             try:
                 conn = self._connection()
-                resp = conn.request(
-                    protocol.FETCH,
-                    lambda corr: protocol.fetch_request(
-                        corr, self.topic, self.partition, offset, self._fetch_bytes
-                    ),
-                )
+                resp = conn.request(api_key, build)
                 if resp.error_code == errors.NONE:
                     return resp
                 if resp.error_code == errors.OffsetOutOfRange.code:
@@ -230,3 +276,12 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_query(start: str | None, start_timestamp_ms: int | None) -> int | None:
+    """The LIST_OFFSETS timestamp a start option asks with; None: start at ``start_offset``."""
+    if start == "earliest":
+        return protocol.EARLIEST_TIMESTAMP
+    if start == "latest":
+        return protocol.LATEST_TIMESTAMP
+    return start_timestamp_ms

@@ -8,7 +8,8 @@ fencing, duplicates answered with their original offsets from the last five batc
 PID, out-of-order sequences refused, and a monotonic refusal leaving no hole. It can
 inject faults: answer produce requests with an error code (``fail_next``, ``fail_at``),
 append and then cut the connection before answering (``drop_after_append``), stop
-answering (``silent``, ``silent_from``), cut every connection (``drop_all``).
+answering (``silent``, ``silent_from``), cut every connection (``drop_all``). LIST_OFFSETS
+(a reader's start by time, or the log's start or end) is answered from the stored batches.
 
 ``FakeCoordinator`` is the coordinator's HTTP API as an ``httpx.MockTransport`` (pass
 ``coord.transport()`` as a producer's or reader's ``http_transport``): topic metadata
@@ -192,6 +193,8 @@ class FakePartitionServer:
                 return self._produce(req)
             if req.api_key == P.FETCH:
                 return self._fetch(req)
+            if req.api_key == P.LIST_OFFSETS:
+                return self._list_offsets(req)
             return P.response(req.correlation_id, errors.InvalidRequest.code, "unsupported", b"")
 
     def _produce(self, req: P.Request) -> bytes | None:
@@ -324,6 +327,32 @@ class FakePartitionServer:
             high_watermark=part.next_offset,
             log_start_offset=part.log_start_offset,
             data=chunks,
+        )
+
+    def _list_offsets(self, req: P.Request) -> bytes:
+        part = self.parts.get((req.topic, req.partition))
+        if part is None:
+            return P.list_offsets_response(
+                req.correlation_id, errors.UnknownTopicOrPartition.code, "no"
+            )
+        t = req.timestamp_ms
+        if t < P.EARLIEST_TIMESTAMP:
+            return P.list_offsets_response(
+                req.correlation_id, errors.InvalidRequest.code, f"bad timestamp {t}"
+            )
+        if t == P.EARLIEST_TIMESTAMP:
+            offset = part.log_start_offset
+        elif t == P.LATEST_TIMESTAMP:
+            offset = part.next_offset
+        else:  # the first stored batch at or after the time, as the real server answers
+            heads = (P.decode_batch_header(b) for b in part.batches)
+            offset = next((h.base_offset for h in heads if h.timestamp_ms >= t), part.next_offset)
+        return P.list_offsets_response(
+            req.correlation_id,
+            errors.NONE,
+            offset=offset,
+            log_start_offset=part.log_start_offset,
+            high_watermark=part.next_offset,
         )
 
 

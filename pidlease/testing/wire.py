@@ -75,6 +75,14 @@ class WireClient:
         self.send(P.FETCH, P.fetch_request(c, topic, partition, offset, max_bytes), c)
         return self.recv()
 
+    def list_offsets(self, topic: str, partition: int, timestamp_ms: int) -> P.Response:
+        """LIST_OFFSETS: ``timestamp_ms`` a time, or ``P.LATEST_TIMESTAMP`` /
+        ``P.EARLIEST_TIMESTAMP``; the answer's ``offset``, ``log_start_offset``,
+        ``high_watermark``."""
+        c = self.next_corr()
+        self.send(P.LIST_OFFSETS, P.list_offsets_request(c, topic, partition, timestamp_ms), c)
+        return self.recv()
+
     def fence(
         self,
         topic: str,

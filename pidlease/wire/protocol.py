@@ -51,6 +51,7 @@ PRODUCER_STATE = 4
 METADATA = 5
 REPLICA_FETCH = 6
 EPOCH_END = 7
+LIST_OFFSETS = 8
 API_NAMES = {
     PRODUCE: "produce",
     FETCH: "fetch",
@@ -59,7 +60,12 @@ API_NAMES = {
     METADATA: "metadata",
     REPLICA_FETCH: "replica_fetch",
     EPOCH_END: "epoch_end",
+    LIST_OFFSETS: "list_offsets",
 }
+# LIST_OFFSETS asks for an offset by time; these two negative "times" ask for the ends of
+# the log instead (the values Kafka's ListOffsets uses, so they read the same to its users).
+LATEST_TIMESTAMP = -1  # the high watermark: the next record to be committed
+EARLIEST_TIMESTAMP = -2  # the log start: the oldest record still held
 
 FLAG_CONTROL = 0x01
 FENCE_CREATE_IF_ABSENT = 0x01
@@ -99,6 +105,8 @@ _REPLICA_FETCH_RESP = struct.Struct(">qiH")  # high_watermark, leader_epoch, epo
 _EPOCH_ENTRY = struct.Struct(">iq")  # epoch, start_offset
 _EPOCH_END_REQ = struct.Struct(">Iii")  # replica_id, leader_epoch, epoch asked about
 _EPOCH_END_RESP = struct.Struct(">iq")  # epoch, end_offset
+_LIST_OFFSETS_REQ = struct.Struct(">q")  # timestamp_ms (or LATEST/EARLIEST_TIMESTAMP)
+_LIST_OFFSETS_RESP = struct.Struct(">qqq")  # offset, log_start_offset, high_watermark
 EPOCH_ENTRIES_MAX = 0xFFFF
 
 
@@ -529,6 +537,18 @@ def epoch_end_request(
     )
 
 
+def list_offsets_request(
+    correlation_id: int, topic: str, partition: int, timestamp_ms: int
+) -> bytes:
+    """ "Which offset should a reader start at?": the first batch at or after
+    ``timestamp_ms``, or the log's end (``LATEST_TIMESTAMP``) or start (``EARLIEST_TIMESTAMP``)."""
+    return request(
+        LIST_OFFSETS,
+        correlation_id,
+        pack_str(topic) + _PARTITION.pack(partition) + _LIST_OFFSETS_REQ.pack(timestamp_ms),
+    )
+
+
 @dataclass(slots=True)
 class Request:
     api_key: int
@@ -547,6 +567,7 @@ class Request:
     max_wait_ms: int = 0
     epoch: int = -1
     leased_since_ms: int = 0
+    timestamp_ms: int = 0
 
 
 def decode_request(body: bytes | memoryview) -> Request:
@@ -579,6 +600,8 @@ def decode_request(body: bytes | memoryview) -> Request:
         )
     elif api_key == EPOCH_END:
         req.replica_id, req.leader_epoch, req.epoch = c.take(_EPOCH_END_REQ)
+    elif api_key == LIST_OFFSETS:
+        (req.timestamp_ms,) = c.take(_LIST_OFFSETS_REQ)
     if c.pos != len(body):
         raise CorruptRecord(f"{len(body) - c.pos} unexpected bytes after the request")
     return req
@@ -716,6 +739,24 @@ def epoch_end_response(
     return response(corr, code, detail, _EPOCH_END_RESP.pack(epoch, end_offset))
 
 
+def list_offsets_response(
+    corr: int,
+    code: int,
+    detail: str = "",
+    *,
+    offset: int = -1,
+    log_start_offset: int = -1,
+    high_watermark: int = -1,
+    leader: str = "",
+) -> bytes:
+    return response(
+        corr,
+        code,
+        detail,
+        _LIST_OFFSETS_RESP.pack(offset, log_start_offset, high_watermark) + pack_str(leader),
+    )
+
+
 @dataclass(slots=True)
 class Response:
     correlation_id: int
@@ -740,6 +781,7 @@ class Response:
     epochs: list[tuple[int, int]] | None = None
     epoch: int = -1
     end_offset: int = -1
+    offset: int = -1
 
 
 def decode_response(api_key: int, body: bytes | memoryview) -> Response:
@@ -782,6 +824,9 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
             raise CorruptRecord("replica fetch response data length mismatch")
     elif api_key == EPOCH_END:
         r.epoch, r.end_offset = c.take(_EPOCH_END_RESP)
+    elif api_key == LIST_OFFSETS:
+        r.offset, r.log_start_offset, r.high_watermark = c.take(_LIST_OFFSETS_RESP)
+        r.leader = c.str()
     return r
 
 

@@ -55,6 +55,7 @@ def valid_bodies() -> list[bytes]:
             6, TOPIC, 0, replica_id=9, leader_epoch=0, offset=0, max_bytes=4096, max_wait_ms=0
         ),
         P.epoch_end_request(7, TOPIC, 0, replica_id=9, leader_epoch=0, epoch=0),
+        P.list_offsets_request(8, TOPIC, 0, 0),
     ]
     return [f[4:] for f in frames]  # without the length prefix
 

@@ -92,6 +92,13 @@ def cases() -> list[tuple[str, bytes, int]]:
             P.producer_state_request(19, "nope", 0, 1),
             errors.UnknownTopicOrPartition.code,
         ),
+        ("list_offsets timestamp below -2", P.list_offsets_request(21, "bad", 0, -3), INVALID),
+        ("list_offsets cut short", P.frame(P.list_offsets_request(22, "bad", 0, 5)[4:-1]), CORRUPT),
+        (
+            "list_offsets of an unknown topic",
+            P.list_offsets_request(23, "nope", 0, -2),
+            errors.UnknownTopicOrPartition.code,
+        ),
     ]
 
 
