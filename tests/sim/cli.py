@@ -65,7 +65,6 @@ class Totals:
         self.checks = 0
         self.acked = 0
         self.deleted = 0
-        self.known: dict[str, list[int]] = {}  # known gap -> seeds that showed it
         self.kinds: dict[str, list[int]] = {}
         self.t0 = time.perf_counter()
 
@@ -75,8 +74,6 @@ class Totals:
         self.checks += r.checks
         self.acked += r.acked
         self.deleted += r.segments_deleted
-        for g in sorted({k.split(": ")[1] for k in r.known_gaps}):
-            self.known.setdefault(g, []).append(r.seed)
         if not r.ok:
             self.failed.append(r.seed)
             for k in sorted({kind_of(f) for f in r.failures}):
@@ -91,11 +88,6 @@ class Totals:
             f"{self.acked / n:.0f} acked records/run, "
             + (f"{self.deleted / n:.1f} segments deleted/run, " if self.deleted else "")
             + f"{len(self.failed)} failed"
-            + (
-                f", {len({s for v in self.known.values() for s in v})} known-gap"
-                if self.known
-                else ""
-            )
         )
 
 
@@ -124,12 +116,6 @@ def run_many(
             last_report = time.perf_counter()
             print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
     print(tot.line(), file=out, flush=True)  # type: ignore[call-overload]
-    for g, hit in tot.known.items():
-        print(
-            f"known gap: {g}: {len(hit)} seeds (not failures), e.g. "
-            f"{' '.join(map(str, hit[:10]))}; replay: {replay_command(hit[0], retention)}",
-            file=out,
-        )  # type: ignore[call-overload]
     if tot.failed:
         print("failing seeds: " + " ".join(map(str, tot.failed)), file=out)  # type: ignore[call-overload]
         for k, hit in sorted(tot.kinds.items(), key=lambda kv: kv[1][0]):
@@ -174,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         f"segments deleted, {r.virtual_s:.3f}s virtual, "
         f"{r.wall_s:.3f}s wall"
     )
-    for k in r.known_gaps:
-        print(f"  {k}")
     if not r.ok:
         print(describe_failure(r, args.retention))
     return 0 if r.ok else 1

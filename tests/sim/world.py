@@ -73,9 +73,6 @@ class Result:
     segments_deleted: int = 0  # by retention, all servers
     wall_s: float = 0.0
     trace: list[str] = field(default_factory=list)
-    # Failures that a documented known gap explains, identified precisely (the PID's state
-    # was lost on a replica by that gap, checked when it happened): not counted as failed.
-    known_gaps: list[str] = field(default_factory=list)
     plan: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -212,9 +209,9 @@ class World:
         self.deleted: dict[tuple[str, int], dict[int, bytes]] = {}
         self.log_start_seen: dict[str, int] = {}
         self.segments_deleted = 0
-        # Known gaps (docs/replication.md, "Retention on replicas"): (node, partition) whose
-        # recovery rebuilt producer state from the log start, and (partition, pid) -> the
-        # gap that made a replica lose that PID's state.
+        # Former known gaps (docs/replication.md, "Retention on replicas"; both fixed, kept
+        # to explain a failure): (node, partition) whose recovery rebuilt producer state
+        # from the log start, and (partition, pid) -> where a replica lost that PID's state.
         self.rebuilt_from_log_start: set[tuple[str, tuple[str, int]]] = set()
         self.lost_pids: dict[tuple[tuple[str, int], int], str] = {}
         self._reported_differ: set[tuple[tuple[str, int], int]] = set()
@@ -228,12 +225,11 @@ class World:
 
     def violation(self, msg: str, *, pid_at: tuple[tuple[str, int], int] | None = None) -> None:
         """A failed check. ``pid_at`` (partition, pid): the failure is about that PID there;
-        when a known gap lost that PID's state on a replica, it is reported as that gap."""
+        when a replica was seen to lose that PID's state (``note_lost_pids``), the message
+        says where. Both former known gaps are fixed, so this is a failure too."""
         gap = self.lost_pids.get(pid_at) if pid_at is not None else None
         if gap is not None:
-            self.trace("GAP", f"known gap: {gap}: {msg}")
-            self.result.known_gaps.append(f"known gap: {gap}: {msg}")
-            return
+            msg = f"{msg} (its state was lost on a replica after: {gap})"
         self.trace("FAIL", msg)
         self.result.failures.append(msg)
 
@@ -398,8 +394,8 @@ class World:
 
         orig_restart = Partition.restart_at
 
-        def restart_at(part: Partition, offset: int) -> None:
-            orig_restart(part, offset)
+        def restart_at(part: Partition, offset: int, *args: Any) -> None:
+            orig_restart(part, offset, *args)
             node = NODE.get()
             world.note_lost_pids(GAP_SKIPPED, part, node.name if node else "?")
 
