@@ -49,6 +49,12 @@ class Broker:
         self._batches_since_snapshot = 0
         self._last_snapshot_ms = clock_ms()
         self._snapshot_task: asyncio.Task[None] | None = None
+        # Retention also runs when a segment rolls and when a snapshot it waited for is
+        # written (``retention_soon``), one pass at a time; ``_retention_again`` asks the
+        # running pass for one more.
+        self._retention_task: asyncio.Task[None] | None = None
+        self._retention_again = False
+        self._retention_blocked = False
         self._snapshot_lock = asyncio.Lock()
         self.recovery: dict[str, Any] = {}
         self.snapshots_taken = 0
@@ -106,6 +112,7 @@ class Broker:
         )
         if replicated:
             part.role = "follower"  # until the replica manager decides
+        part.on_roll = self.retention_soon
         return part, report, n
 
     def recover(self, a: Assignment) -> dict[str, Any]:
@@ -269,6 +276,8 @@ class Broker:
             self._snapshot_replay_from = {
                 k: (img.replay_from, img.truncations) for k, img in snap.partitions.items()
             }
+            if self._retention_blocked:
+                self.retention_soon()  # the deletion this snapshot was waited for
             log.info(
                 "snapshot %s: %d partitions, %d pids, %d bytes, %.3fs (capture %.3fs)",
                 path.name,
@@ -309,6 +318,31 @@ class Broker:
                 except OSError as exc:  # a full disk, say: the next round tries again
                     log.error("retention failed: %s", exc)
 
+    def retention_soon(self) -> None:
+        """Run a retention pass now (a segment rolled, or a snapshot a blocked deletion
+        waited for was written), so ``retention_bytes`` holds whatever the ingest rate:
+        the log outgrows it by about the segments written while one snapshot is taken,
+        not by what arrives in ``retention_check_ms``."""
+        if self._retention_task is not None and not self._retention_task.done():
+            self._retention_again = True
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test driving a partition by hand): the timer does it
+        self._retention_task = loop.create_task(self._retention_passes())
+
+    async def _retention_passes(self) -> None:
+        for _ in range(10):  # bounded: the timer catches up on anything left
+            self._retention_again = False
+            try:
+                await self.apply_retention(self.clock_ms())
+            except OSError as exc:
+                log.error("retention failed: %s", exc)
+                return
+            if not self._retention_again:
+                return
+
     async def apply_retention(self, now_ms: int) -> int:
         """Delete the closed segments each hosted partition's policy lets go (leaders and
         followers alike). Deletion waits for a snapshot where the newest one's
@@ -337,6 +371,7 @@ class Broker:
             start = part.log.segments[n].base_offset
             await loop.run_in_executor(None, part.log.persist_log_start, start)
             deleted += self._delete_below(key, part, start)
+        self._retention_blocked = want_snapshot
         if want_snapshot:
             self._start_snapshot()
         return deleted
@@ -415,6 +450,8 @@ class Broker:
         }
 
     async def close(self) -> None:
+        if self._retention_task is not None and not self._retention_task.done():
+            self._retention_task.cancel()  # deletion is safe to stop anywhere (log-start)
         await self.replicas.close()
         try:
             await asyncio.wait_for(self.flusher.wait_idle(), 10)

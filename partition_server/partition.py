@@ -109,6 +109,9 @@ class Partition:
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
         self._data_waiter: asyncio.Future[None] | None = None
         self.follower_rule_mismatches = 0
+        # Called when an append rolls the active segment (the broker runs retention then,
+        # so a size limit holds at any ingest rate, not only every retention_check_ms).
+        self.on_roll: Callable[[], None] | None = None
 
     @property
     def durable_end(self) -> int:
@@ -267,16 +270,24 @@ class Partition:
             return d, None
         buf = bytearray(batch)
         set_base_offset(buf, self.log.next_offset)
+        active = self.log.segments[-1]
         try:
             base = self.log.append(buf, h.count, h.timestamp_ms)
         except ServerUnavailable:
             self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
             raise
+        if self.log.segments[-1] is not active:
+            self.rolled()
         self.state.apply_append(h.pid, h.generation, h.base_sequence, h.count, base, now)
         self.batches_appended += 1
         self._wake_data_waiters()
         last = base + h.count - 1
         return d, self._when_durable(last + 1, lambda: on_durable(base, last))
+
+    def rolled(self) -> None:
+        """The active segment rolled (an append here or a follower's fetched batch)."""
+        if self.on_roll is not None:
+            self.on_roll()
 
     def fence(
         self,

@@ -116,6 +116,7 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
                 part.epochs.assign(epoch, max(first, start))
     now = part.clock_ms()
     state = part.state
+    active = part.log.segments[-1]
     for h, pos in batches:
         part.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
         if h.is_control:
@@ -129,6 +130,8 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
                 part.follower_rule_mismatches += 1
         state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
     part.batches_appended += len(batches)
+    if part.log.segments[-1] is not active:
+        part.rolled()
     return len(batches)
 
 

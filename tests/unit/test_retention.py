@@ -96,21 +96,24 @@ def test_retention_ms_deletes_old_closed_segments_keeps_the_active_one_and_the_s
         await fill(part, 7, range(20), OLD_TS)
         n_files = len(segment_files(tmp_path))
         assert n_files >= 4
-        # No snapshot yet: recovery would replay from 0, so nothing may go; one is taken.
+        # No snapshot yet: recovery would replay from 0, so nothing may go; one is taken,
+        # and once it is written retention runs again at once (not a retention_check_ms
+        # later): every closed segment goes, the active one stays.
+        before = part.log.segment_infos()
         assert await b.apply_retention(clock.now) == 0
         assert b._snapshot_task is not None
-        await b._snapshot_task
         assert len(segment_files(tmp_path)) == n_files
-        # A recent segment stays while the old ones go.
+        await b._snapshot_task
+        assert b._retention_task is not None
+        await b._retention_task
+        start = before[-1].base_offset
+        assert segment_files(tmp_path) == [f"{start:020d}.log"]
+        assert part.log.log_start_offset == start == read_log_start(tmp_path / "t-0")
+        # A segment with a recent batch stays while older ones go.
         await fill(part, 7, range(20, 30), clock.now)
         await b.snapshot_now()
-        before = part.log.segment_infos()
-        deleted = await retain(b, clock.now)
-        old = [s for s in before[:-1] if s.max_timestamp_ms < clock.now - HOUR_MS]
-        assert deleted == len(old) >= n_files - 1
-        start = old[-1].end_offset
-        assert part.log.log_start_offset == start == read_log_start(tmp_path / "t-0")
-        assert segment_files(tmp_path)[0] == f"{start:020d}.log"
+        assert await retain(b, clock.now) == 0  # the first one holds recent batches too
+        assert part.log.log_start_offset == start
         assert part.log.segments[0].max_timestamp_ms == clock.now
         # The active segment stays even when it is old enough to go.
         clock.now += 2 * HOUR_MS
@@ -132,6 +135,36 @@ def test_retention_ms_deletes_old_closed_segments_keeps_the_active_one_and_the_s
             again.fetch(0, 1 << 20)
         assert outcome(again, 7, 30, 1) is Outcome.APPEND
         await shut(again)
+
+    asyncio.run(go())
+
+
+def test_a_roll_runs_retention_so_the_size_bound_holds_between_timer_rounds(
+    tmp_path: Path,
+) -> None:
+    """No timer runs here (``maintain`` is not started): deletion comes only from the
+    roll trigger and the snapshot it waits for, and the partition never grows past
+    retention_bytes + two segments (the one being written, the one waiting for a
+    snapshot), while 15 segments' worth is written."""
+    clock = ManualClock(100 * HOUR_MS)
+    limit = 3 * SEG
+    policy = LogPolicy(retention_bytes=limit, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        b = make_broker(tmp_path, clock, part)
+        part.on_roll = b.retention_soon
+        biggest = 0
+        for seq in range(100):
+            o, _ = append(part, 7, seq, clock.now)
+            assert o is Outcome.APPEND
+            await part.wait_durable(part.log.next_offset)
+            for _ in range(20):  # let a started pass and its snapshot run
+                await asyncio.sleep(0)
+            biggest = max(biggest, part.log.size_bytes)
+        assert part.log.log_start_offset > 0
+        assert biggest <= limit + 2 * SEG, (biggest, limit)
+        await shut(part)
 
     asyncio.run(go())
 
