@@ -361,14 +361,28 @@ def restart_once(
     return {"to_produce_s": round(total_s, 3), "to_listen_s": round(listen_s, 3), **rec}
 
 
+def index_note(r: dict[str, float]) -> str:
+    if "segments_from_index" not in r:
+        return ""
+    return (
+        f"; segments from index {r['segments_from_index']}, scanned "
+        f"{r['segments_scanned']}, indexes rebuilt {r['indexes_rebuilt']}"
+    )
+
+
 def partition_entry_recovery(address: str) -> dict[str, float]:
     with WireClient(address) as c:
         r = c.metadata().get("recovery") or {}
-    return {
+    out = {
         "server_recovery_s": r.get("seconds", -1),
         "batches_replayed": r.get("batches_replayed", -1),
         "log_batches": r.get("batches", -1),
     }
+    # Reported by servers with segment indexes: how much of the log was read at open.
+    for k in ("segments_from_index", "segments_scanned", "indexes_rebuilt", "bytes"):
+        if k in r:
+            out[k] = r[k]
+    return out
 
 
 def fetch_latencies(
@@ -454,7 +468,7 @@ def one_log(
                     f"    restart {i + 1}: produce answered {r['to_produce_s']:.3f}s after start "
                     f"(listening {r['to_listen_s']:.3f}s; server recovery "
                     f"{r['server_recovery_s']}s, replayed {r['batches_replayed']} of "
-                    f"{r['log_batches']} batches)",
+                    f"{r['log_batches']} batches{index_note(r)})",
                     flush=True,
                 )
             out["restarts"] = runs
