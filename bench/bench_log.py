@@ -545,10 +545,10 @@ SMALL_BATCHES: dict[str, Any] = {"value_bytes": 1000, "per_batch": 1, "window": 
 QUICK: dict[str, Any] = {
     "disk": {
         **FULL["disk"],
-        "retention_bytes": 4 * MiB,
-        "segment_bytes": 512 * 1024,
-        "produce_bytes": 48 * MiB,
-        "sample_ms": 200,
+        # The full run's segments: the bound's slack (two segments) is what tolerates
+        # the deletion's delay at the produce rate, so smaller ones would not pass.
+        "retention_bytes": 16 * MiB,
+        "produce_bytes": 160 * MiB,
     },
     "logs": {**FULL["logs"], "small_bytes": 3 * MiB, "big_bytes": 96 * MiB, "fetches": 50},
 }
