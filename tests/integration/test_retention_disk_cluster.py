@@ -9,10 +9,10 @@ Only the ``*.log`` segment files count towards the bound: the directory also hol
 bookkeeping files (``log-start``, and index files once segments have them) whose size is
 not what ``retention_bytes`` limits.
 
-The bound holds while the ingest rate times the delay of a deletion (``retention_check_ms``
-plus the wait for a snapshot covering the segments) stays under one segment, so the
-producer is paced (512 KiB/s, 4 segments a second: up to ~200 ms of delay fits in
-the slack; 1 MiB/s measured a max of 1 MiB + 150 KiB) and both intervals are short.
+Retention runs when a segment rolls and again when the snapshot a deletion waits for is
+written (``Broker.retention_soon``), so the bound holds with the default
+``retention_check_ms`` (30 s, longer than this test) at whatever rate the producer
+reaches: nothing is paced.
 """
 
 from __future__ import annotations
@@ -36,12 +36,8 @@ BOUND = RETENTION + 2 * SEGMENT
 PRODUCED = 16 * 1024 * KiB
 VALUE = 4 * KiB
 PER_BATCH = 4  # 16 KiB batches: 8 to a segment
-RATE = 512 * KiB  # bytes of values a second
-ENV = {
-    "PIDLEASE_RETENTION_CHECK_MS": "20",
-    "PIDLEASE_SNAPSHOT_INTERVAL_MS": "20",
-    "PIDLEASE_FSYNC_INTERVAL_MS": "1",
-}
+RATE = 0  # bytes of values a second; 0: as fast as the cluster takes them
+ENV = {"PIDLEASE_FSYNC_INTERVAL_MS": "1"}  # retention_check_ms stays 30 s
 SEQ = struct.Struct(">Q")
 
 
@@ -118,9 +114,10 @@ def test_r3_disk_use_stays_under_retention_bytes_plus_two_segments(make_cluster)
                 "a produce to be taken",
                 interval_s=0.1,
             )
-            ahead = t0 + (i + 1) * VALUE * PER_BATCH / RATE - time.monotonic()
-            if ahead > 0:
-                time.sleep(ahead)
+            if RATE:
+                ahead = t0 + (i + 1) * VALUE * PER_BATCH / RATE - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
 
         def caught_up() -> bool:
             es = [entry(s, topic) for s in cluster.servers]
