@@ -203,12 +203,7 @@ class Registry:
                 log.warning("topic %s has an unreadable spec: %s", name, exc)
                 continue
             a.topics[name] = spec
-            ppath = topic_path(name) + "/partitions"
-            try:
-                plist = zk.get_children(ppath, watch=w)
-            except NoNodeError:
-                zk.exists(ppath, watch=w)  # a watch on its creation
-                continue
+            plist = _children_or_watch_creation(zk, topic_path(name) + "/partitions", w)
             for p in plist:
                 if not p.isdigit():
                     continue
@@ -226,3 +221,17 @@ class Registry:
             except (NoNodeError, ValueError, TypeError):
                 continue
         return a
+
+
+def _children_or_watch_creation(zk: Any, path: str, watch: Any) -> list[str]:
+    """Children of ``path`` with a child watch, or [] with a watch on its creation. The
+    node may be created between the two calls (a topic written node by node, not in one
+    transaction): ``exists`` then finds it, sets only a data watch, and no event would
+    ever say its children came, so read them again."""
+    for _ in range(3):
+        try:
+            return list(zk.get_children(path, watch=watch))
+        except NoNodeError:
+            if zk.exists(path, watch=watch) is None:
+                return []  # its creation fires the watch
+    return []  # created and deleted three times over: the data watch fires on the next

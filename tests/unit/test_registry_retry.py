@@ -46,3 +46,43 @@ def test_a_failed_read_is_read_again_and_learns_what_was_created_meanwhile(
         assert reads == 2  # one retry after one failure, not a loop
 
     asyncio.run(go())
+
+
+def test_partitions_created_between_get_children_and_exists_are_read() -> None:
+    """A topic written node by node (not in one transaction): the read finds the topic,
+    ``get_children`` of its partitions says no node, and the partitions (with partition 0)
+    are created before the ``exists`` that was to watch their creation. ``exists`` then
+    sets only a data watch, so no event would ever bring partition 0: the read must take
+    the children again (a follower of tests/integration/test_retention_cluster.py never
+    hosted its partition when this happened)."""
+    from kazoo.exceptions import NoNodeError
+
+    from pidlease.wire.cluster import PartitionState, partition_path, topic_path
+
+    class RacyZk:
+        def __init__(self) -> None:
+            self.created = False
+
+        def get_children(self, path: str, watch: object = None) -> list[str]:
+            if path == "/topics":
+                return ["t"]
+            if path == "/servers":
+                return []
+            if not self.created:
+                self.created = True  # created right after this answer
+                raise NoNodeError
+            return ["0"]
+
+        def exists(self, path: str, watch: object = None) -> object:
+            return object() if self.created else None
+
+        def get(self, path: str, watch: object = None) -> tuple[bytes, None]:
+            if path == topic_path("t"):
+                return TopicSpec(name="t", partitions=1).to_bytes(), None
+            assert path == partition_path("t", 0)
+            return PartitionState([1], 1, 0, [1]).to_bytes(), None
+
+    reg = Registry("unused:2181", 1)
+    reg.zk = RacyZk()
+    a = reg._read_all()
+    assert ("t", 0) in a.partitions
