@@ -109,7 +109,7 @@ def test_corrupt_batch_before_the_verified_range_is_caught_on_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     lg = fill(tmp_path, 5)
-    seg, pos = lg.segments[0].path, lg.segments[0].positions[2]
+    seg, pos = lg.segments[0].path, lg.batches(lg.segments[0])[2][1]
     lg.close()
     with open(seg, "r+b") as f:  # flip a value byte of the batch at offset 4
         f.seek(pos + P.BATCH_HEADER_SIZE + 9)
