@@ -30,6 +30,7 @@ import logging
 import os
 import struct
 import time
+import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,7 +48,13 @@ from partition_server.segment_index import (
     encode_index,
 )
 from pidlease.errors import CorruptRecord, ServerUnavailable
-from pidlease.wire.protocol import BATCH_HEADER_SIZE, BatchHeader, batch_crc_ok, decode_batch_header
+from pidlease.wire.protocol import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BatchHeader,
+    batch_crc_ok,
+    decode_batch_header,
+)
 
 log = logging.getLogger("partition_server.log")
 
@@ -56,8 +63,10 @@ _INDEX_SUFFIXES = (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 # The header's last field; read at every append without decoding the whole header.
 _TIMESTAMP = struct.Struct(">q")
 _TIMESTAMP_AT = BATCH_HEADER_SIZE - _TIMESTAMP.size
-_WALK_CHUNK = 64 * 1024  # bytes read at a time when walking headers from an index entry
-_SCAN_CHUNK = 1 << 20  # ... when walking whole segments (iter_headers)
+# The checksum covers a batch from the field after it on (protocol.py): base offset,
+# length and checksum come first.
+_CRC_FROM = struct.calcsize(">qII")
+_SCAN_CHUNK = 1 << 20  # bytes read at a time when walking whole segments (iter_headers)
 
 
 def segment_name(base_offset: int) -> str:
@@ -576,29 +585,35 @@ class PartitionLog:
 
     # -- read ------------------------------------------------------------------------------
     def _walk(
-        self, seg: Segment, pos: int, offset: int, chunk: int = _WALK_CHUNK
+        self, seg: Segment, pos: int, offset: int, chunk: int = 0
     ) -> Iterator[tuple[int, BatchHeader]]:
         """(file position, header) of ``seg``'s batches from the one at ``pos``, whose
-        base offset is ``offset``, to the segment's end, reading ``chunk`` bytes at a time.
-        Each header must follow on from the one before (offsets contiguous, inside the
-        segment): CorruptRecord, logged, if not. Checksums are not checked here."""
+        base offset is ``offset``, to the segment's end, reading ``chunk`` bytes at a time
+        (default: about two index intervals, what a walk from an entry needs). Each header
+        must follow on from the one before: CorruptRecord, logged, if not. Checksums are
+        not checked here."""
+        chunk = max(chunk or 2 * self.index_interval_bytes + 1024, BATCH_HEADER_SIZE)
         buf = b""
-        buf_at = pos
+        at = pos  # the file position of buf[0]
         while pos < seg.size:
-            rel = pos - buf_at
-            if rel + BATCH_HEADER_SIZE > len(buf):
-                buf = os.pread(seg.fd, min(max(chunk, BATCH_HEADER_SIZE), seg.size - pos), pos)
-                buf_at, rel = pos, 0
-            if len(buf) - rel < BATCH_HEADER_SIZE:
-                self._corrupt(seg, offset, pos, "partial batch header")
-            h = decode_batch_header(buf, rel)
-            if h.base_offset != offset:
-                self._corrupt(seg, offset, pos, f"header says offset {h.base_offset}")
-            if h.count < 1 or h.batch_len < BATCH_HEADER_SIZE - 12 or pos + h.size > seg.size:
-                self._corrupt(seg, offset, pos, "bad batch length or count")
+            if pos + BATCH_HEADER_SIZE > at + len(buf):
+                at, buf = pos, os.pread(seg.fd, min(chunk, seg.size - pos), pos)
+            h = self._header(seg, buf, pos - at, pos, offset)
             yield pos, h
             pos += h.size
             offset = h.base_offset + h.count
+
+    def _header(self, seg: Segment, buf: bytes, rel: int, pos: int, offset: int) -> BatchHeader:
+        """The header at ``buf[rel:]`` (file position ``pos``) of the batch that should
+        start at ``offset``, checked to be that and to fit in the segment."""
+        if len(buf) - rel < BATCH_HEADER_SIZE:
+            self._corrupt(seg, offset, pos, "partial batch header")
+        h = decode_batch_header(buf, rel)
+        if h.base_offset != offset:
+            self._corrupt(seg, offset, pos, f"header says offset {h.base_offset}")
+        if h.count < 1 or h.batch_len < BATCH_HEADER_SIZE - 12 or pos + h.size > seg.size:
+            self._corrupt(seg, offset, pos, "bad batch length or count")
+        return h
 
     def _corrupt(self, seg: Segment, offset: int, pos: int, why: str) -> NoReturn:
         log.error(
@@ -633,55 +648,96 @@ class PartitionLog:
         batch) and below ``end_offset``. Checksums are verified: CorruptRecord if bad."""
         if offset >= end_offset or offset < 0:
             return []
-        si, pos, h = self._locate(offset)
-        first = h.base_offset
-        chunk = min(max(_WALK_CHUNK, max_bytes + self.index_interval_bytes), 8 << 20)
+        si = bisect_right(self._segment_bases, offset) - 1
+        while si >= 0 and self.segments[si].size == 0:
+            si -= 1  # an empty segment; the batch is in an earlier one
+        if si < 0:
+            raise CorruptRecord(f"offset {offset} is not in the log")
+        seg = self.segments[si]
+        k = seg.index.floor(offset)
+        pos, first = seg.index.positions[k], seg.index.offsets[k]
         chunks: list[bytes] = []
         total = 0
-        while total < max_bytes:
-            seg = self.segments[si]
-            end_pos = pos
-            stopped = False
-            for p, b in self._walk(seg, pos, first, chunk):
-                if b.base_offset >= end_offset or (total > 0 and total + b.size > max_bytes):
-                    stopped = True  # on the end offset or on size
-                    break
-                total += b.size
-                end_pos = p + b.size
-                if total >= max_bytes or b.base_offset + b.count >= end_offset:
-                    stopped = True  # the next batch cannot come: no need to read its header
-                    break
-            if end_pos > pos:
-                data = os.pread(seg.fd, end_pos - pos, pos)
-                self._verify(seg, data, first, pos)
+        while True:
+            data, total, more = self._read_segment(
+                seg, pos, first, offset, total, max_bytes, end_offset
+            )
+            if data:
                 chunks.append(data)
             si += 1
-            if stopped or si == len(self.segments):
-                break
-            pos, first = 0, self.segments[si].base_offset
-        return chunks
+            if not more or si == len(self.segments):
+                return chunks
+            seg = self.segments[si]
+            pos = 0
+            first = offset = seg.base_offset
 
-    def _verify(self, seg: Segment, data: bytes, offset: int, at: int) -> None:
-        """Check every batch of ``data`` (read at file position ``at``, starting with the
-        batch at ``offset``): offsets contiguous and checksums right."""
-        pos = 0
-        while pos < len(data):
-            try:
-                h = decode_batch_header(data, pos)
-                ok = h.base_offset == offset and batch_crc_ok(data, h, pos)
-            except CorruptRecord:
-                ok = False
-            if not ok:
+    def _read_segment(
+        self,
+        seg: Segment,
+        pos: int,
+        offset: int,
+        want: int,
+        total: int,
+        max_bytes: int,
+        end_offset: int,
+    ) -> tuple[bytes, int, bool]:
+        """Walk ``seg`` from the batch at ``pos`` (base ``offset``) to the one holding
+        ``want`` and take whole batches from there, below ``end_offset``, while ``total``
+        stays within ``max_bytes`` (a first batch always). One read usually covers the
+        walk and the batches; each batch taken is checked (header, checksum). Returns
+        (the bytes taken, the new total, whether the segment ran out before a stop).
+        The fetch path: headers are unpacked as plain tuples, not BatchHeader objects."""
+        hint = max_bytes - total + 2 * self.index_interval_bytes + BATCH_HEADER_SIZE
+        unpack, crc32, seg_size = BATCH_HEADER.unpack_from, zlib.crc32, seg.size
+        buf = b""
+        view = memoryview(buf)
+        at = start = pos  # at: file position of buf[0]; start: of the first batch taken
+        while pos < seg_size:
+            rel = pos - at
+            if rel + BATCH_HEADER_SIZE > len(buf):
+                buf, at = self._more(seg, buf, at, start, pos + BATCH_HEADER_SIZE, hint)
+                view, rel = memoryview(buf), pos - at
+                if rel + BATCH_HEADER_SIZE > len(buf):
+                    self._corrupt(seg, offset, pos, "partial batch header")
+            base, batch_len, crc, _, _, _, _, count, _ = unpack(buf, rel)
+            size = batch_len + 12
+            if base != offset or count < 1 or size < BATCH_HEADER_SIZE or pos + size > seg_size:
+                self._header(seg, buf, rel, pos, offset)  # says what is wrong, and raises
+            if base + count <= want:  # below the batch asked for
+                pos += size
+                start = pos
+                offset = base + count
+                continue
+            if base >= end_offset or (total > 0 and total + size > max_bytes):
+                return buf[start - at : pos - at], total, False
+            if rel + size > len(buf):
+                buf, at = self._more(seg, buf, at, start, pos + size, hint)
+                view, rel = memoryview(buf), pos - at
+            if crc32(view[rel + _CRC_FROM : rel + size]) != crc:
                 log.error(
                     "%s: corrupt batch at offset %d in segment %s (file position %d)",
                     self.dir.name,
                     offset,
                     seg.path.name,
-                    at + pos,
+                    pos,
                 )
                 raise CorruptRecord(f"stored batch at offset {offset} fails its checksum")
-            pos += h.size
-            offset = h.base_offset + h.count
+            total += size
+            pos += size
+            offset = base + count
+            if total >= max_bytes or offset >= end_offset:
+                return buf[start - at : pos - at], total, False  # no need for the next header
+        return buf[start - at : pos - at], total, True
+
+    def _more(
+        self, seg: Segment, buf: bytes, at: int, keep: int, need: int, hint: int
+    ) -> tuple[bytes, int]:
+        """``buf`` (read at ``at``) grown to reach file position ``need``, keeping the
+        bytes from ``keep`` on (the batches taken so far) and dropping those before."""
+        buf = buf[keep - at :]
+        have = keep + len(buf)
+        n = min(max(need - have, hint), seg.size - have)
+        return buf + os.pread(seg.fd, n, have), keep
 
     def offset_for_timestamp(self, timestamp_ms: int, end_offset: int) -> int:
         """The base offset of the first batch (in log order, from the log start, below
