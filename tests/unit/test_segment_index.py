@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from partition_server.log import OpenReport, PartitionLog, index_paths
@@ -387,15 +387,15 @@ class Model:
 batch_st = st.tuples(st.integers(1, 4), st.integers(0, 300), st.integers(-1, 120))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    first=st.lists(batch_st, min_size=1, max_size=40),
+    first=st.lists(batch_st, min_size=3, max_size=40),
     second=st.lists(batch_st, max_size=15),
     segment_bytes=st.integers(300, 3000),
     interval=st.integers(1, 1500),
     cut=st.floats(0, 1),
     delete=st.floats(0, 1),
-    tail=st.floats(0, 1.2),
+    tail=st.floats(0.25, 1.2),  # mostly some segments from their index, sometimes all
     reopen_interval=st.integers(1, 1500),
     probes=st.lists(
         st.tuples(st.floats(0, 1), st.integers(1, 3000), st.floats(0, 1.1)), max_size=8
@@ -447,6 +447,8 @@ def test_reads_and_lookups_agree_with_a_brute_force_model(
         check(lg)
         cut_at = int(cut * lg.next_offset)
         if cut_at > 0:
+            closed = cut_at < lg.segments[-1].base_offset
+            event("cut into a closed segment" if closed else "cut in the active segment")
             lg.truncate_to(cut_at)
             model.batches = [b for b in model.batches if b.offset < lg.next_offset]
             check(lg)
@@ -470,6 +472,8 @@ def test_reads_and_lookups_agree_with_a_brute_force_model(
             index_interval_bytes=reopen_interval,
         )
         assert report.truncations == [] and report.indexes_rebuilt == 0
+        n = report.segments_from_index
+        event(f"reopen: {n if n < 3 else '3 or more'} segments from their index")
         if reopen_interval == interval:  # a scan builds the index appends built
             assert [index_state(s.index) for s in lg.segments] == states
         if model.batches:
