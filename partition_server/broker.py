@@ -94,6 +94,7 @@ class Broker:
             key[1],
             mode=self._mode(key[0], a),
             segment_bytes_max=self.s.segment_bytes_max,
+            index_interval_bytes=self.s.index_interval_bytes,
             batches_kept=self.s.duplicate_batches_kept,
             pids_max=self.s.tracked_pids_max_per_partition,
             evict_idle_min_ms=self.s.pid_evict_idle_min_ms,

@@ -35,6 +35,7 @@ from partition_server.producer_state import (
     Row,
 )
 from partition_server.retention import LogPolicy
+from partition_server.segment_index import DEFAULT_INDEX_INTERVAL_BYTES
 from partition_server.snapshot import PartitionImage
 from pidlease.errors import (
     NotLeader,
@@ -125,6 +126,7 @@ class Partition:
         evict_idle_min_ms: int | None = None,
         expire_ms: int | None = None,
         policy: LogPolicy | None = None,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
     ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
@@ -172,6 +174,7 @@ class Partition:
             replay_from_offset=from_offset,
             policy=policy,
             clock_ms=clock_ms,
+            index_interval_bytes=index_interval_bytes,
         )
         if plog.log_start_offset > from_offset:
             # Retention deletes only below the newest snapshot's replay_from, so this is a

@@ -6,6 +6,7 @@ that keeps every batch (a hypothesis differential), before and after a reopen.""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
@@ -16,15 +17,19 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from partition_server.broker import Broker
 from partition_server.log import OpenReport, PartitionLog, index_paths
+from partition_server.registry import Assignment, Registry
 from partition_server.segment_index import (
     IndexDamaged,
     SegmentIndex,
     decode_index,
     encode_index,
 )
+from partition_server.settings import ServerSettings
 from pidlease.errors import CorruptRecord
 from pidlease.wire import protocol as P
+from pidlease.wire.cluster import TopicSpec
 
 
 def mk(ts: int, n: int = 1, size: int = 100, tag: int = 0) -> bytes:
@@ -479,3 +484,31 @@ def test_reads_and_lookups_agree_with_a_brute_force_model(
         if model.batches:
             check(lg)
         lg.close()
+
+
+# -- the server ----------------------------------------------------------------------------
+def test_the_server_setting_reaches_the_log_and_recovery_reports_the_counts(
+    tmp_path: Path,
+) -> None:
+    """``PIDLEASE_INDEX_INTERVAL_BYTES`` spaces the entries of every log the broker opens,
+    and the broker's recovery figures (metadata, startup line) count the segments loaded
+    from their index, scanned, and the indexes rebuilt."""
+    lg = build(tmp_path / "t-0", 40)
+    n = len(lg.segments) - 1
+    index_paths(lg.segments[0].path)[1].unlink()
+    lg.close()
+
+    async def go() -> None:
+        s = ServerSettings(data_dir=str(tmp_path), server_id=1, index_interval_bytes=1)
+        broker = Broker(s, Registry("unused:2181", 1))
+        rec = broker.recover(Assignment(topics={"t": TopicSpec("t", 1)}))
+        # no snapshot: recovery replays from 0, so every segment is scanned
+        assert (rec["segments_scanned"], rec["segments_from_index"]) == (n + 1, 0)
+        assert rec["indexes_rebuilt"] == 1
+        part = broker.partitions[("t", 0)]
+        active = part.log.segments[-1]
+        assert part.log.index_interval_bytes == 1
+        assert len(active.index.offsets) == active.index.batches  # an entry every batch
+        part.close()
+
+    asyncio.run(go())
