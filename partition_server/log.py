@@ -39,7 +39,6 @@ from typing import NoReturn
 
 from partition_server.retention import LogPolicy, SegmentInfo, read_log_start, write_log_start
 from partition_server.segment_index import (
-    DEFAULT_INDEX_INTERVAL_BYTES,
     OFFSET_INDEX_SUFFIX,
     TIME_INDEX_SUFFIX,
     IndexDamaged,
@@ -59,6 +58,9 @@ from pidlease.wire.protocol import (
 log = logging.getLogger("partition_server.log")
 
 SEGMENT_SUFFIX = ".log"
+# Bytes of log between two index entries (the server's ``index_interval_bytes``): a read
+# walks about this much from an entry; the index takes 16 bytes an entry per file.
+DEFAULT_INDEX_INTERVAL_BYTES = 4096
 _INDEX_SUFFIXES = (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 # The header's last field; read at every append without decoding the whole header.
 _TIMESTAMP = struct.Struct(">q")

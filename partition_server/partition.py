@@ -26,7 +26,7 @@ from typing import Any
 from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
-from partition_server.log import OpenReport, PartitionLog
+from partition_server.log import DEFAULT_INDEX_INTERVAL_BYTES, OpenReport, PartitionLog
 from partition_server.producer_state import (
     Decision,
     FenceOutcome,
@@ -35,7 +35,6 @@ from partition_server.producer_state import (
     Row,
 )
 from partition_server.retention import LogPolicy
-from partition_server.segment_index import DEFAULT_INDEX_INTERVAL_BYTES
 from partition_server.snapshot import PartitionImage
 from pidlease.errors import (
     NotLeader,

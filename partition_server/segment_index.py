@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 OFFSET_INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-DEFAULT_INDEX_INTERVAL_BYTES = 4096
 
 _OFFSET_MAGIC = b"PLOFFIX1"
 _TIME_MAGIC = b"PLTIMIX1"
