@@ -512,8 +512,8 @@ class PartitionLog:
         A flush may be running: the fds of dropped segments stay open until the next
         ``take_dirty`` (closing one under a running fsync would fail it, and a failed fsync
         stops the server; a reused number would fsync some other file)."""
-        if offset >= self.next_offset:
-            return self.next_offset
+        if max(offset, self.log_start_offset) >= self.next_offset:
+            return self.next_offset  # nothing at or above it (an empty log included)
         si, pos, h = self._locate(max(offset, self.log_start_offset))
         cut = h.base_offset
         for seg in self.segments[si + 1 :]:
@@ -556,7 +556,7 @@ class PartitionLog:
 
     def cut_point(self, offset: int) -> int:
         """Where :meth:`truncate_to` with ``offset`` makes the log end (nothing changes)."""
-        if offset >= self.next_offset:
+        if max(offset, self.log_start_offset) >= self.next_offset:
             return self.next_offset
         return self._locate(max(offset, self.log_start_offset))[2].base_offset
 
@@ -763,8 +763,8 @@ class PartitionLog:
 
     def iter_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of stored batches from the one holding ``from_offset`` (to rebuild state)."""
-        if from_offset >= self.next_offset:
-            return
+        if max(from_offset, self.log_start_offset) >= self.next_offset:
+            return  # nothing stored there (a log cut back to its start is empty)
         si, pos, h = self._locate(max(from_offset, self.log_start_offset))
         offset = h.base_offset
         for k in range(si, len(self.segments)):
