@@ -100,6 +100,7 @@ class Broker:
             key[1],
             mode=self._mode(key[0], a),
             segment_bytes_max=self.s.segment_bytes_max,
+            index_interval_bytes=self.s.index_interval_bytes,
             batches_kept=self.s.duplicate_batches_kept,
             pids_max=self.s.tracked_pids_max_per_partition,
             evict_idle_min_ms=self.s.pid_evict_idle_min_ms,
@@ -134,6 +135,7 @@ class Broker:
         }
         t_snap = time.perf_counter() - t0
         replayed = truncations = batches = 0
+        from_index = scanned = rebuilt = 0
         for d in sorted(self.data_dir.iterdir()):
             key = parse_dir_name(d.name) if d.is_dir() else None
             if key is None:
@@ -143,6 +145,9 @@ class Broker:
             replayed += n
             batches += report.batches
             truncations += len(report.truncations)
+            from_index += report.segments_from_index
+            scanned += report.segments_scanned
+            rebuilt += report.indexes_rebuilt
         # A killed process leaves written-but-unsynced pages; make them durable before
         # anything we now call durable is acked or snapshotted.
         for part in self.partitions.values():
@@ -159,18 +164,26 @@ class Broker:
             "batches": batches,
             "batches_replayed": replayed,
             "truncations": truncations,
+            # closed segments below the tail are loaded from their index files unread
+            "segments_from_index": from_index,
+            "segments_scanned": scanned,
+            "indexes_rebuilt": rebuilt,
             "seconds": round(secs, 3),
             "tracked_pids": sum(len(p.state) for p in self.partitions.values()),
         }
         log.info(
             "recovery: snapshot %s (loaded in %.3fs), %d partitions, %d batches in logs, "
-            "%d batches replayed, %d truncations, %d tracked pids, %.3fs",
+            "%d batches replayed, %d truncations, segments: %d loaded from their index, "
+            "%d scanned, %d indexes rebuilt; %d tracked pids, %.3fs",
             self.recovery["snapshot"] or "none",
             t_snap,
             len(self.partitions),
             batches,
             replayed,
             truncations,
+            from_index,
+            scanned,
+            rebuilt,
             self.recovery["tracked_pids"],
             secs,
         )

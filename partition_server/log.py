@@ -1,10 +1,18 @@
-"""The log of one partition: segment files of batches, an in-memory batch index, and the
-checks that keep a torn or corrupt tail from ever being served.
+"""The log of one partition: segment files of batches, a sparse index per segment, and
+the checks that keep a torn or corrupt tail from ever being served.
 
 Layout: ``<data_dir>/<topic>-<partition>/<base offset, 20 digits>.log``. A segment is a
 plain concatenation of batches, byte for byte as producers sent them with ``base_offset``
-filled in (``pidlease/wire/protocol.py``). The index (base offset and file position of every
-batch) lives in memory and is rebuilt by scanning at open; 16 bytes per batch.
+filled in (``pidlease/wire/protocol.py``). Each segment has a sparse offset index and time
+index in memory (``segment_index.py``: an entry every ``index_interval_bytes``); a read by
+offset or by time takes the entry at or below and walks batch headers from there.
+
+A closed segment's index is written to ``<base>.index`` and ``<base>.timeindex`` when it
+rolls (not fsynced: an index is checked against its segment at open, by checksum, size
+and end offset, and rebuilt by a scan when missing, damaged or stale). An open loads the
+closed segments below the tail from their index files without reading them, and scans the
+tail (the segments from ``verify_from_offset`` on: what recovery replays since the last
+snapshot), checking every batch. The active segment never has index files.
 
 Durability is not decided here: the log remembers which files were written since the last
 ``take_dirty()`` and the flusher fsyncs them.
@@ -20,53 +28,77 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import time
-from array import array
+import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from partition_server.retention import LogPolicy, SegmentInfo, read_log_start, write_log_start
+from partition_server.segment_index import (
+    OFFSET_INDEX_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    IndexDamaged,
+    SegmentIndex,
+    decode_index,
+    encode_index,
+)
 from pidlease.errors import CorruptRecord, ServerUnavailable
-from pidlease.wire.protocol import BATCH_HEADER_SIZE, BatchHeader, batch_crc_ok, decode_batch_header
+from pidlease.wire.protocol import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BatchHeader,
+    batch_crc_ok,
+    decode_batch_header,
+)
 
 log = logging.getLogger("partition_server.log")
 
 SEGMENT_SUFFIX = ".log"
+# Bytes of log between two index entries (the server's ``index_interval_bytes``): a read
+# walks about this much from an entry; the index takes 16 bytes an entry per file.
+DEFAULT_INDEX_INTERVAL_BYTES = 4096
+_INDEX_SUFFIXES = (OFFSET_INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+# The header's last field; read at every append without decoding the whole header.
+_TIMESTAMP = struct.Struct(">q")
+_TIMESTAMP_AT = BATCH_HEADER_SIZE - _TIMESTAMP.size
+# The checksum covers a batch from the field after it on (protocol.py): base offset,
+# length and checksum come first.
+_CRC_FROM = struct.calcsize(">qII")
+_SCAN_CHUNK = 1 << 20  # bytes read at a time when walking whole segments (iter_headers)
 
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}{SEGMENT_SUFFIX}"
 
 
-class Segment:
-    """One segment file; its fd is opened read/write with O_APPEND."""
-
-    __slots__ = (
-        "base_offset",
-        "fd",
-        "first_append_ms",
-        "max_timestamp_ms",
-        "offsets",
-        "path",
-        "positions",
-        "size",
+def index_paths(segment_path: Path) -> tuple[Path, Path]:
+    """The offset index and time index files of a segment."""
+    return segment_path.with_suffix(OFFSET_INDEX_SUFFIX), segment_path.with_suffix(
+        TIME_INDEX_SUFFIX
     )
+
+
+class Segment:
+    """One segment file (its fd opened read/write with O_APPEND) and its sparse index."""
+
+    __slots__ = ("base_offset", "fd", "first_append_ms", "index", "path", "size")
 
     def __init__(self, base_offset: int, path: Path, fd: int, size: int) -> None:
         self.base_offset = base_offset
         self.path = path
         self.fd = fd
         self.size = size
-        self.offsets = array("q")  # base offset of each batch
-        self.positions = array("q")  # file position of each batch
-        self.max_timestamp_ms = -1  # newest batch timestamp (retention by time)
+        self.index = SegmentIndex()
         self.first_append_ms = -1  # when its first batch came (rolling by age)
 
-    def batch_end(self, i: int) -> int:
-        """File position just after batch ``i``."""
-        return self.positions[i + 1] if i + 1 < len(self.positions) else self.size
+    @property
+    def max_timestamp_ms(self) -> int:
+        """Newest batch timestamp (retention by time); -1 when empty."""
+        return self.index.max_timestamp_ms
 
 
 @dataclass
@@ -81,9 +113,12 @@ class Truncation:
 @dataclass
 class OpenReport:
     segments: int = 0
-    batches: int = 0
-    bytes: int = 0
+    batches: int = 0  # in the log (counted by the index files for the segments not read)
+    bytes: int = 0  # read at open (the scanned segments)
     verified_batches: int = 0
+    segments_from_index: int = 0  # closed segments below the tail: not read at all
+    segments_scanned: int = 0
+    indexes_rebuilt: int = 0  # missing, damaged or stale index files written anew
     truncations: list[Truncation] = field(default_factory=list)
 
 
@@ -101,11 +136,13 @@ class PartitionLog:
         *,
         policy: LogPolicy | None = None,
         clock_ms: Callable[[], int] | None = None,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
     ) -> None:
         self.dir = directory
         self.segment_bytes_max = segment_bytes_max
         self.policy = policy or LogPolicy()
         self.clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self.index_interval_bytes = index_interval_bytes
         self.log_start_offset = 0
         self.segments: list[Segment] = []
         self._segment_bases: list[int] = []
@@ -127,15 +164,24 @@ class PartitionLog:
         replay_from_offset: int = 0,
         policy: LogPolicy | None = None,
         clock_ms: Callable[[], int] | None = None,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
     ) -> tuple[PartitionLog, OpenReport]:
-        """Open (or create) the log in ``directory``. Batches at or after
-        ``verify_from_offset`` are fully validated (checksum, records); the first bad or
-        partial batch and everything after it is truncated and reported. ``on_batch`` gets
-        the header of every batch at or after ``replay_from_offset``, in log order.
-        Segments below the persisted log start (left by a crash during a deletion) are
-        removed first."""
+        """Open (or create) the log in ``directory``. Closed segments that end at or below
+        both ``verify_from_offset`` and ``replay_from_offset`` are loaded from their index
+        files when those are sound and match, without reading the segment. The others are
+        scanned: batches at or after ``verify_from_offset`` are fully validated (checksum,
+        records); the first bad or partial batch and everything after it is truncated and
+        reported. ``on_batch`` gets the header of every batch at or after
+        ``replay_from_offset``, in log order. Segments below the persisted log start (left
+        by a crash during a deletion) are removed first."""
         directory.mkdir(parents=True, exist_ok=True)
-        self = cls(directory, segment_bytes_max, policy=policy, clock_ms=clock_ms)
+        self = cls(
+            directory,
+            segment_bytes_max,
+            policy=policy,
+            clock_ms=clock_ms,
+            index_interval_bytes=index_interval_bytes,
+        )
         self._dir_fd = os.open(directory, os.O_RDONLY)
         report = OpenReport()
         paths = sorted(
@@ -149,6 +195,7 @@ class PartitionLog:
             paths.pop(0).unlink()
         if paths and int(paths[0].name[:-4]) < start and paths[0].stat().st_size == 0:
             paths.pop(0).unlink()  # an empty active segment the log start passed
+        tail_from = min(verify_from_offset, replay_from_offset)
         expected = None
         for i, path in enumerate(paths):
             base = int(path.name[:-4])
@@ -160,7 +207,25 @@ class PartitionLog:
             seg = Segment(base, path, _open_fd(path), 0)
             self.segments.append(seg)
             self._segment_bases.append(base)
+            # A closed segment ends where the next one starts (checked as the loop goes on).
+            end = int(paths[i + 1].name[:-4]) if i + 1 < len(paths) else None
+            unusable = None if end is None else self._load_index(seg, end)
+            if end is not None and unusable is None and end <= tail_from:
+                report.segments_from_index += 1
+                self.next_offset = expected = end
+                continue
+            seg.index = SegmentIndex()  # the scan builds it
             ok = self._scan_segment(seg, report, verify_from_offset, on_batch, replay_from_offset)
+            report.segments_scanned += 1
+            if ok and unusable is not None and self.next_offset == end:
+                log.warning(
+                    "%s: rebuilt the index of segment %s (%s)",
+                    directory.name,
+                    path.name,
+                    unusable,
+                )
+                self._write_index(seg, end)
+                report.indexes_rebuilt += 1
             expected = self.next_offset if self.segments else None
             if not ok:
                 self._drop_segments(paths[i + 1 :], report, "after a truncated segment")
@@ -169,13 +234,98 @@ class PartitionLog:
             self.next_offset = start
             self._new_segment(start)
         self.log_start_offset = self.segments[0].base_offset
-        if self.segments[-1].offsets:
-            self.segments[-1].first_append_ms = self._first_timestamp(self.segments[-1])
+        active = self.segments[-1]
+        if active.size:
+            active.first_append_ms = self._first_timestamp(active)
+        swept = self._sweep_index_files()
         report.segments = len(self.segments)
+        report.batches = self.batch_count
         if report.truncations:
-            os.fsync(self.segments[-1].fd)
+            os.fsync(active.fd)
+        if report.truncations or swept:
+            # An index the active segment outgrows must be gone before it is appended to.
             os.fsync(self._dir_fd)
         return self, report
+
+    def _load_index(self, seg: Segment, end_offset: int) -> str | None:
+        """Load a closed segment's index files into ``seg``; None when done, else why not."""
+        offset_path, time_path = index_paths(seg.path)
+        try:
+            offset_raw = offset_path.read_bytes()
+            time_raw = time_path.read_bytes()
+        except FileNotFoundError as exc:
+            return f"{Path(str(exc.filename)).name} is missing"
+        except OSError as exc:
+            return f"index unreadable: {exc}"
+        try:
+            desc, idx = decode_index(offset_raw, time_raw)
+        except IndexDamaged as exc:
+            return f"{seg.path.stem}{exc}"
+        size = os.fstat(seg.fd).st_size
+        if (desc.base_offset, desc.size, desc.end_offset) != (seg.base_offset, size, end_offset):
+            return (
+                f"{offset_path.name} describes offsets {desc.base_offset}..{desc.end_offset} "
+                f"in {desc.size} bytes, the segment holds {seg.base_offset}..{end_offset} in "
+                f"{size} bytes"
+            )
+        seg.index = idx
+        seg.size = size
+        return None
+
+    def _write_index(self, seg: Segment, end_offset: int) -> None:
+        """Write a closed segment's index files: a temporary file renamed over, so a
+        crash leaves none, an old one, or one that fails its checksum; never fsynced (a
+        lost or stale index is rebuilt at open). A failure is logged, never raised: the
+        append that rolled the segment is written already."""
+        raws = encode_index(seg.index, seg.base_offset, seg.size, end_offset)
+        for path, raw in zip(index_paths(seg.path), raws, strict=True):
+            tmp = path.with_name(path.name + ".tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    view = memoryview(raw)
+                    written = 0
+                    while written < len(raw):
+                        written += os.write(fd, view[written:])
+                finally:
+                    os.close(fd)
+                os.rename(tmp, path)
+            except OSError as exc:
+                log.warning(
+                    "%s: could not write %s (%s); it is rebuilt at the next open",
+                    self.dir.name,
+                    path.name,
+                    exc,
+                )
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return
+        self._dir_dirty = True
+
+    def _remove_index(self, seg: Segment) -> bool:
+        """Unlink a segment's index files; True if there were any."""
+        removed = False
+        for path in index_paths(seg.path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed = True
+        return removed
+
+    def _sweep_index_files(self) -> bool:
+        """Remove every index file that belongs to no closed segment: the active
+        segment's (it is appended to), those of segments removed or dropped at open, and
+        temporaries of a write a crash cut short. True if any went."""
+        closed = {s.base_offset for s in self.segments[:-1]}
+        removed = False
+        for p in self.dir.iterdir():
+            name = p.name.removesuffix(".tmp")
+            stem, _, suffix = name.partition(".")
+            if "." + suffix not in _INDEX_SUFFIXES or not stem.isdigit():
+                continue
+            if p.name != name or int(stem) not in closed:
+                os.unlink(p)
+                removed = True
+        return removed
 
     def _scan_segment(
         self,
@@ -190,6 +340,7 @@ class PartitionLog:
         mv = memoryview(data)
         pos, n = 0, len(data)
         self.next_offset = seg.base_offset
+        interval = self.index_interval_bytes
         problem = None
         while pos < n:
             try:
@@ -215,14 +366,11 @@ class PartitionLog:
             except CorruptRecord as exc:
                 problem = str(exc)
                 break
-            seg.offsets.append(h.base_offset)
-            seg.positions.append(pos)
-            seg.max_timestamp_ms = max(seg.max_timestamp_ms, h.timestamp_ms)
+            seg.index.add(h.base_offset, pos, h.timestamp_ms, interval)
             if on_batch is not None and h.base_offset >= replay_from:
                 on_batch(h)
             pos += h.size
             self.next_offset = h.base_offset + h.count
-            report.batches += 1
         mv.release()
         seg.size = pos
         report.bytes += pos
@@ -260,16 +408,19 @@ class PartitionLog:
     def _first_timestamp(self, seg: Segment) -> int:
         """The active segment's age after a restart: its first batch's timestamp (no
         later than now, so a producer's fast clock cannot keep it open forever)."""
-        h = decode_batch_header(os.pread(seg.fd, BATCH_HEADER_SIZE, seg.positions[0]))
+        h = decode_batch_header(os.pread(seg.fd, BATCH_HEADER_SIZE, 0))
         return min(h.timestamp_ms, self.clock_ms())
 
     # -- append ----------------------------------------------------------------------------
     def append(self, batch: bytes | bytearray, count: int, timestamp_ms: int = -1) -> int:
         """Write one batch whose ``base_offset`` is already ``next_offset``; returns it.
-        ``timestamp_ms`` is the batch header's (retention by time). On a write error the
-        segment is cut back so the log stays whole."""
+        The time index reads the timestamp from the batch header (so it is the one a scan
+        would find); ``timestamp_ms``, the same value at every caller, is not needed. On a
+        write error the segment is cut back so the log stays whole."""
+        del timestamp_ms
         active = self.segments[-1]
         if active.size > 0 and self._should_roll(active, len(batch)):
+            self._write_index(active, self.next_offset)
             active = self._new_segment(self.next_offset)
         base = self.next_offset
         pos = active.size
@@ -285,10 +436,9 @@ class PartitionLog:
                 log.exception("%s: could not cut back a failed write", self.dir.name)
             _report_write_failure(self.dir.name, exc)
             raise ServerUnavailable(f"write failed: {exc}") from exc
-        active.offsets.append(base)
-        active.positions.append(pos)
+        (ts,) = _TIMESTAMP.unpack_from(batch, _TIMESTAMP_AT)
+        active.index.add(base, pos, ts, self.index_interval_bytes)
         active.size += len(batch)
-        active.max_timestamp_ms = max(active.max_timestamp_ms, timestamp_ms)
         if active.first_append_ms < 0:
             active.first_append_ms = self.clock_ms()
         self.next_offset = base + count
@@ -316,22 +466,29 @@ class PartitionLog:
 
     def delete_below(self, offset: int) -> tuple[int, int]:
         """Remove the segments wholly below ``offset`` (the base of a segment, already
-        persisted as the log start; never the active one). Returns (segments, bytes). As
-        in ``truncate_to``, their fds stay open until the next ``take_dirty``."""
+        persisted as the log start; never the active one), index files first (a crash
+        leaves a segment below the log start, which the next open removes). Returns
+        (segments, bytes). As in ``truncate_to``, their fds stay open until the next
+        ``take_dirty``."""
         n = 0
         while n < len(self.segments) - 1 and self.segments[n + 1].base_offset <= offset:
             n += 1
         gone = self.segments[:n]
         for seg in gone:
-            self._dirty_fds.pop(seg.fd, None)
-            self._retired_fds.append(seg.fd)
-            seg.path.unlink()
+            self._retire(seg)
         del self.segments[:n]
         del self._segment_bases[:n]
         if n:
             self.log_start_offset = self.segments[0].base_offset
             self._dir_dirty = True
         return n, sum(s.size for s in gone)
+
+    def _retire(self, seg: Segment) -> None:
+        """Remove a segment's files; its fd is closed at the next ``take_dirty``."""
+        self._remove_index(seg)
+        self._dirty_fds.pop(seg.fd, None)
+        self._retired_fds.append(seg.fd)
+        seg.path.unlink()
 
     def restart_at(self, offset: int) -> None:
         """Drop every segment and go on with an empty log at ``offset``, beyond the end (a
@@ -341,9 +498,7 @@ class PartitionLog:
         assert offset > self.next_offset, (offset, self.next_offset)
         write_log_start(self.dir, offset)
         for seg in self.segments:
-            self._dirty_fds.pop(seg.fd, None)
-            self._retired_fds.append(seg.fd)
-            seg.path.unlink()
+            self._retire(seg)
         self.segments.clear()
         self._segment_bases.clear()
         self.next_offset = self.log_start_offset = offset
@@ -357,33 +512,53 @@ class PartitionLog:
         A flush may be running: the fds of dropped segments stay open until the next
         ``take_dirty`` (closing one under a running fsync would fail it, and a failed fsync
         stops the server; a reused number would fsync some other file)."""
-        if offset >= self.next_offset:
-            return self.next_offset
-        si, bi = self._locate(max(offset, self.log_start_offset))
+        if max(offset, self.log_start_offset) >= self.next_offset:
+            return self.next_offset  # nothing at or above it (an empty log included)
+        si, pos, h = self._locate(max(offset, self.log_start_offset))
+        cut = h.base_offset
         for seg in self.segments[si + 1 :]:
-            self._dirty_fds.pop(seg.fd, None)
-            self._retired_fds.append(seg.fd)
-            seg.path.unlink()
+            self._retire(seg)
         del self.segments[si + 1 :]
         del self._segment_bases[si + 1 :]
         seg = self.segments[si]
-        cut, pos = seg.offsets[bi], seg.positions[bi]
+        if self._remove_index(seg):
+            # It becomes the active segment: its index files are gone for good before any
+            # of its bytes are (else a crash could keep an index of bytes cut and rewritten).
+            os.fsync(self._dir_fd)
+        gone = self._count_batches(seg, pos, cut)
         os.ftruncate(seg.fd, pos)
-        del seg.offsets[bi:]
-        del seg.positions[bi:]
         seg.size = pos
+        idx = seg.index
+        idx.cut(cut)
+        idx.batches -= gone
+        idx.max_timestamp_ms = idx.max_below_last_entry()
+        if idx.offsets:  # the batches from the last entry to the cut: about one interval
+            for _, kept in self._walk(seg, idx.positions[-1], idx.offsets[-1]):
+                idx.max_timestamp_ms = max(idx.max_timestamp_ms, kept.timestamp_ms)
+        if not pos:
+            seg.first_append_ms = -1  # set again by the next append
+        elif seg.first_append_ms < 0:  # a closed segment loaded at open: active again
+            seg.first_append_ms = self._first_timestamp(seg)
         self.next_offset = cut
         os.fsync(seg.fd)
         os.fsync(self._dir_fd)
         log.warning("%s: truncated the log to offset %d (asked for %d)", self.dir.name, cut, offset)
         return cut
 
+    def _count_batches(self, seg: Segment, pos: int, offset: int) -> int:
+        """Batches from ``pos`` (the one at ``offset``) to the segment's end: those a cut
+        drops. Counts up to a corrupt one, which goes with the rest."""
+        n = 0
+        with contextlib.suppress(CorruptRecord):
+            for _ in self._walk(seg, pos, offset, _SCAN_CHUNK):
+                n += 1
+        return n
+
     def cut_point(self, offset: int) -> int:
         """Where :meth:`truncate_to` with ``offset`` makes the log end (nothing changes)."""
-        if offset >= self.next_offset:
+        if max(offset, self.log_start_offset) >= self.next_offset:
             return self.next_offset
-        si, bi = self._locate(max(offset, self.log_start_offset))
-        return self.segments[si].offsets[bi]
+        return self._locate(max(offset, self.log_start_offset))[2].base_offset
 
     def _new_segment(self, base_offset: int) -> Segment:
         path = self.dir / segment_name(base_offset)
@@ -411,14 +586,62 @@ class PartitionLog:
         return [s.fd for s in self.segments] + [self._dir_fd]
 
     # -- read ------------------------------------------------------------------------------
-    def _locate(self, offset: int) -> tuple[int, int]:
-        """(segment index, batch index) of the batch holding ``offset``."""
+    def _walk(
+        self, seg: Segment, pos: int, offset: int, chunk: int = 0
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """(file position, header) of ``seg``'s batches from the one at ``pos``, whose
+        base offset is ``offset``, to the segment's end, reading ``chunk`` bytes at a time
+        (default: about two index intervals, what a walk from an entry needs). Each header
+        must follow on from the one before: CorruptRecord, logged, if not. Checksums are
+        not checked here."""
+        chunk = max(chunk or 2 * self.index_interval_bytes + 1024, BATCH_HEADER_SIZE)
+        buf = b""
+        at = pos  # the file position of buf[0]
+        while pos < seg.size:
+            if pos + BATCH_HEADER_SIZE > at + len(buf):
+                at, buf = pos, os.pread(seg.fd, min(chunk, seg.size - pos), pos)
+            h = self._header(seg, buf, pos - at, pos, offset)
+            yield pos, h
+            pos += h.size
+            offset = h.base_offset + h.count
+
+    def _header(self, seg: Segment, buf: bytes, rel: int, pos: int, offset: int) -> BatchHeader:
+        """The header at ``buf[rel:]`` (file position ``pos``) of the batch that should
+        start at ``offset``, checked to be that and to fit in the segment."""
+        if len(buf) - rel < BATCH_HEADER_SIZE:
+            self._corrupt(seg, offset, pos, "partial batch header")
+        h = decode_batch_header(buf, rel)
+        if h.base_offset != offset:
+            self._corrupt(seg, offset, pos, f"header says offset {h.base_offset}")
+        if h.count < 1 or h.batch_len < BATCH_HEADER_SIZE - 12 or pos + h.size > seg.size:
+            self._corrupt(seg, offset, pos, "bad batch length or count")
+        return h
+
+    def _corrupt(self, seg: Segment, offset: int, pos: int, why: str) -> NoReturn:
+        log.error(
+            "%s: corrupt batch at offset %d in segment %s (file position %d): %s",
+            self.dir.name,
+            offset,
+            seg.path.name,
+            pos,
+            why,
+        )
+        raise CorruptRecord(f"stored batch at offset {offset} is corrupt: {why}")
+
+    def _locate(self, offset: int) -> tuple[int, int, BatchHeader]:
+        """(segment index, file position, header) of the batch holding ``offset``: the
+        index entry at or below it, then a walk of the headers from there."""
         si = bisect_right(self._segment_bases, offset) - 1
         while si >= 0:
             seg = self.segments[si]
-            bi = bisect_right(seg.offsets, offset) - 1
-            if bi >= 0:
-                return si, bi
+            k = seg.index.floor(offset)
+            if k >= 0:
+                found: tuple[int, BatchHeader] | None = None
+                for found in self._walk(seg, seg.index.positions[k], seg.index.offsets[k]):
+                    if found[1].base_offset + found[1].count > offset:
+                        break
+                if found is not None:
+                    return si, found[0], found[1]
             si -= 1  # an empty segment; the batch is in an earlier one
         raise CorruptRecord(f"offset {offset} is not in the log")
 
@@ -427,82 +650,138 @@ class PartitionLog:
         batch) and below ``end_offset``. Checksums are verified: CorruptRecord if bad."""
         if offset >= end_offset or offset < 0:
             return []
-        si, bi = self._locate(offset)
+        si = bisect_right(self._segment_bases, offset) - 1
+        while si >= 0 and self.segments[si].size == 0:
+            si -= 1  # an empty segment; the batch is in an earlier one
+        if si < 0:
+            raise CorruptRecord(f"offset {offset} is not in the log")
+        seg = self.segments[si]
+        k = seg.index.floor(offset)
+        pos, first = seg.index.positions[k], seg.index.offsets[k]
         chunks: list[bytes] = []
         total = 0
-        while si < len(self.segments) and total < max_bytes:
-            seg = self.segments[si]
-            first = bi
-            stop = bi
-            start_pos = seg.positions[bi] if bi < len(seg.positions) else seg.size
-            end_pos = start_pos
-            while stop < len(seg.offsets) and seg.offsets[stop] < end_offset:
-                size = seg.batch_end(stop) - seg.positions[stop]
-                if total > 0 and total + size > max_bytes:
-                    break
-                total += size
-                end_pos = seg.batch_end(stop)
-                stop += 1
-            if stop > first:
-                data = os.pread(seg.fd, end_pos - start_pos, start_pos)
-                self._verify(seg, data, first, stop)
+        while True:
+            data, total, more = self._read_segment(
+                seg, pos, first, offset, total, max_bytes, end_offset
+            )
+            if data:
                 chunks.append(data)
-            if stop < len(seg.offsets):
-                break  # stopped on size or on the end offset
             si += 1
-            bi = 0
-        return chunks
+            if not more or si == len(self.segments):
+                return chunks
+            seg = self.segments[si]
+            pos = 0
+            first = offset = seg.base_offset
 
-    def _verify(self, seg: Segment, data: bytes, first: int, stop: int) -> None:
-        pos = 0
-        for i in range(first, stop):
-            try:
-                h = decode_batch_header(data, pos)
-                ok = h.base_offset == seg.offsets[i] and batch_crc_ok(data, h, pos)
-            except CorruptRecord:
-                ok = False
-            if not ok:
+    def _read_segment(
+        self,
+        seg: Segment,
+        pos: int,
+        offset: int,
+        want: int,
+        total: int,
+        max_bytes: int,
+        end_offset: int,
+    ) -> tuple[bytes, int, bool]:
+        """Walk ``seg`` from the batch at ``pos`` (base ``offset``) to the one holding
+        ``want`` and take whole batches from there, below ``end_offset``, while ``total``
+        stays within ``max_bytes`` (a first batch always). One read usually covers the
+        walk and the batches; each batch taken is checked (header, checksum). Returns
+        (the bytes taken, the new total, whether the segment ran out before a stop).
+        The fetch path: headers are unpacked as plain tuples, not BatchHeader objects."""
+        hint = max_bytes - total + 2 * self.index_interval_bytes + BATCH_HEADER_SIZE
+        unpack, crc32, seg_size = BATCH_HEADER.unpack_from, zlib.crc32, seg.size
+        buf = b""
+        view = memoryview(buf)
+        at = start = pos  # at: file position of buf[0]; start: of the first batch taken
+        while pos < seg_size:
+            rel = pos - at
+            if rel + BATCH_HEADER_SIZE > len(buf):
+                buf, at = self._more(seg, buf, at, start, pos + BATCH_HEADER_SIZE, hint)
+                view, rel = memoryview(buf), pos - at
+                if rel + BATCH_HEADER_SIZE > len(buf):
+                    self._corrupt(seg, offset, pos, "partial batch header")
+            base, batch_len, crc, _, _, _, _, count, _ = unpack(buf, rel)
+            size = batch_len + 12
+            if base != offset or count < 1 or size < BATCH_HEADER_SIZE or pos + size > seg_size:
+                self._header(seg, buf, rel, pos, offset)  # says what is wrong, and raises
+            if base + count <= want:  # below the batch asked for
+                pos += size
+                start = pos
+                offset = base + count
+                continue
+            if base >= end_offset or (total > 0 and total + size > max_bytes):
+                return buf[start - at : pos - at], total, False
+            if rel + size > len(buf):
+                buf, at = self._more(seg, buf, at, start, pos + size, hint)
+                view, rel = memoryview(buf), pos - at
+            if crc32(view[rel + _CRC_FROM : rel + size]) != crc:
                 log.error(
                     "%s: corrupt batch at offset %d in segment %s (file position %d)",
                     self.dir.name,
-                    seg.offsets[i],
+                    offset,
                     seg.path.name,
-                    seg.positions[i],
+                    pos,
                 )
-                raise CorruptRecord(f"stored batch at offset {seg.offsets[i]} fails its checksum")
-            pos += h.size
+                raise CorruptRecord(f"stored batch at offset {offset} fails its checksum")
+            total += size
+            pos += size
+            offset = base + count
+            if total >= max_bytes or offset >= end_offset:
+                return buf[start - at : pos - at], total, False  # no need for the next header
+        return buf[start - at : pos - at], total, True
+
+    def _more(
+        self, seg: Segment, buf: bytes, at: int, keep: int, need: int, hint: int
+    ) -> tuple[bytes, int]:
+        """``buf`` (read at ``at``) grown to reach file position ``need``, keeping the
+        bytes from ``keep`` on (the batches taken so far) and dropping those before."""
+        buf = buf[keep - at :]
+        have = keep + len(buf)
+        n = min(max(need - have, hint), seg.size - have)
+        return buf + os.pread(seg.fd, n, have), keep
 
     def offset_for_timestamp(self, timestamp_ms: int, end_offset: int) -> int:
         """The base offset of the first batch (in log order, from the log start, below
         ``end_offset``) whose timestamp is at or after ``timestamp_ms``; ``end_offset``
         when there is none. Batch timestamps are the producers' and need not grow with the
-        offset: the first batch at or after the time wins, as in Kafka's ListOffsets."""
+        offset: the first batch at or after the time wins, as in Kafka's ListOffsets.
+        Segments whose newest batch is older are skipped; in the first that is not, the
+        time index says where to walk from."""
         for seg in self.segments:
-            if not seg.offsets or seg.offsets[0] >= end_offset:
+            if seg.size == 0 or seg.base_offset >= end_offset:
                 break
             if seg.max_timestamp_ms < timestamp_ms:
                 continue  # every batch of this segment is older
-            for i in range(len(seg.offsets)):
-                if seg.offsets[i] >= end_offset:
+            k = seg.index.time_floor(timestamp_ms)
+            for _, h in self._walk(seg, seg.index.positions[k], seg.index.offsets[k]):
+                if h.base_offset >= end_offset:
                     return end_offset
-                raw = os.pread(seg.fd, BATCH_HEADER_SIZE, seg.positions[i])
-                if decode_batch_header(raw).timestamp_ms >= timestamp_ms:
-                    return int(seg.offsets[i])
+                if h.timestamp_ms >= timestamp_ms:
+                    return h.base_offset
         return end_offset
 
     def iter_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of stored batches from the one holding ``from_offset`` (to rebuild state)."""
-        if from_offset >= self.next_offset:
-            return
-        si, bi = self._locate(max(from_offset, self.log_start_offset))
-        for seg in self.segments[si:]:
-            for i in range(bi, len(seg.offsets)):
-                yield decode_batch_header(os.pread(seg.fd, BATCH_HEADER_SIZE, seg.positions[i]))
-            bi = 0
+        if max(from_offset, self.log_start_offset) >= self.next_offset:
+            return  # nothing stored there (a log cut back to its start is empty)
+        si, pos, h = self._locate(max(from_offset, self.log_start_offset))
+        offset = h.base_offset
+        for k in range(si, len(self.segments)):
+            seg = self.segments[k]
+            if k > si:
+                pos, offset = 0, seg.base_offset
+            for _, header in self._walk(seg, pos, offset, _SCAN_CHUNK):
+                yield header
+
+    def batches(self, seg: Segment) -> list[tuple[int, int]]:
+        """(base offset, file position) of every batch of ``seg``, read from its headers
+        (tests and tools: the log itself keeps only the sparse index)."""
+        return [(h.base_offset, p) for p, h in self._walk(seg, 0, seg.base_offset, _SCAN_CHUNK)]
 
     @property
     def batch_count(self) -> int:
-        return sum(len(s.offsets) for s in self.segments)
+        return sum(s.index.batches for s in self.segments)
 
     @property
     def size_bytes(self) -> int:

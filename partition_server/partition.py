@@ -27,7 +27,7 @@ from typing import Any
 from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
-from partition_server.log import OpenReport, PartitionLog
+from partition_server.log import DEFAULT_INDEX_INTERVAL_BYTES, OpenReport, PartitionLog
 from partition_server.producer_state import (
     Decision,
     FenceOutcome,
@@ -136,6 +136,7 @@ class Partition:
         evict_idle_min_ms: int | None = None,
         expire_ms: int | None = None,
         policy: LogPolicy | None = None,
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
     ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
@@ -184,6 +185,7 @@ class Partition:
             replay_from_offset=from_offset,
             policy=policy,
             clock_ms=clock_ms,
+            index_interval_bytes=index_interval_bytes,
         )
         if plog.log_start_offset > from_offset and distrusted is None:
             # Retention deletes only below the newest snapshot's replay_from, so this is a

@@ -25,6 +25,14 @@ class ServerSettings(BaseSettings):
     fsync: Literal["batch", "interval"] = "interval"
     fsync_interval_ms: int = Field(default=2, ge=0, le=10_000)
     segment_bytes_max: int = Field(default=64 * MiB, ge=4096)
+    index_interval_bytes: int = Field(
+        default=4096,
+        ge=1,
+        description=(
+            "bytes of log between two entries of a segment's sparse offset and time index: a "
+            "read walks about this much from an entry; the index takes 16 bytes an entry"
+        ),
+    )
     snapshot_interval_batches: int = Field(default=10_000, ge=1)
     snapshot_interval_ms: int = Field(default=30_000, ge=10)
     snapshots_kept: int = Field(

@@ -144,14 +144,14 @@ class DiskShim:
         end = plog.log_start_offset  # retention deleted what is below, all fsynced
         segs = plog.segments
         for si, seg in enumerate(segs):
-            n = len(seg.offsets)
-            if n == 0:
+            if seg.size == 0:
                 continue
             synced = self.synced.get(_os.path.abspath(str(seg.path)), 0)
             if seg.size <= synced:
                 end = segs[si + 1].base_offset if si + 1 < len(segs) else plog.next_offset
                 continue
             # batch i is whole on the platter iff the next one starts at or before ``synced``
-            full = bisect_right(seg.positions, synced) - 1
-            return seg.offsets[full] if full > 0 else end
+            batches = plog.batches(seg)  # the log keeps a sparse index only: read them
+            full = bisect_right([pos for _, pos in batches], synced) - 1
+            return batches[full][0] if full > 0 else end
         return end

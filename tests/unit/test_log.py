@@ -109,7 +109,7 @@ def test_corrupt_batch_before_the_verified_range_is_caught_on_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     lg = fill(tmp_path, 5)
-    seg, pos = lg.segments[0].path, lg.segments[0].positions[2]
+    seg, pos = lg.segments[0].path, lg.batches(lg.segments[0])[2][1]
     lg.close()
     with open(seg, "r+b") as f:  # flip a value byte of the batch at offset 4
         f.seek(pos + P.BATCH_HEADER_SIZE + 9)
@@ -201,3 +201,22 @@ def test_offset_for_timestamp_is_the_first_batch_at_or_after_the_time(tmp_path: 
             want = next((o for o in range(end) if stamps[o] >= t), end)
             assert lg.offset_for_timestamp(t, end) == want, (t, end)
     lg.close()
+
+
+def test_a_log_cut_back_to_its_start_is_empty_and_still_answers(tmp_path: Path) -> None:
+    """Retention moved the log start to 4, then a cut at 4 (a follower's divergence)
+    empties the log: reading headers from 0 (a producer-state rebuild), a cut point or a
+    second cut below the start find nothing to return, and raise nothing (found by the
+    simulation, seed 172 --retention, as a server that could not start)."""
+    size = len(mk(0))
+    lg = fill(tmp_path, 4, seg_max=size * 2)
+    lg.persist_log_start(4)
+    assert lg.delete_below(4) == (1, size * 2)
+    assert lg.truncate_to(4) == 4 and (lg.log_start_offset, lg.next_offset) == (4, 4)
+    assert list(lg.iter_headers(0)) == []
+    assert lg.cut_point(0) == 4 and lg.truncate_to(0) == 4
+    lg.close()
+    lg2, report = PartitionLog.open(tmp_path / "t-0", size * 2)
+    assert (lg2.log_start_offset, lg2.next_offset, report.truncations) == (4, 4, [])
+    assert list(lg2.iter_headers(0)) == [] and put(lg2, mk(8)) == 4
+    lg2.close()
