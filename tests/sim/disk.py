@@ -137,6 +137,30 @@ class DiskShim:
                     _os.truncate(p, keep)
                     notes.append(f"{'/'.join(p.split('/')[-2:])}: {size}->{keep} (synced {synced})")
                 self.synced[p] = keep
+        notes += self._rot_indexes(data_dir)
+        return notes
+
+    def _rot_indexes(self, data_dir: str) -> list[str]:
+        """Index faults: a segment's index files are never fsynced (the crash above tears
+        them like any unsynced file); beyond that, now and then one byte of a surviving
+        index file is flipped (a misdirected write, bit rot). Its checksum must send the
+        open to a rebuild from the segment, never to wrong offsets."""
+        notes = []
+        for root, _dirs, files in sorted(_os.walk(data_dir)):
+            for name in sorted(files):
+                if not name.endswith((".index", ".timeindex")) or self._rng.random() >= 0.05:
+                    continue
+                p = _os.path.join(root, name)
+                size = _os.path.getsize(p)
+                if size == 0:
+                    continue
+                at = self._rng.randrange(size)
+                with open(p, "r+b") as f:
+                    f.seek(at)
+                    byte = f.read(1)
+                    f.seek(at)
+                    f.write(bytes([byte[0] ^ (1 << self._rng.randrange(8))]))
+                notes.append(f"{'/'.join(p.split('/')[-2:])}: byte {at} flipped")
         return notes
 
     def durable_end(self, plog: Any) -> int:

@@ -112,6 +112,10 @@ class ServerNode:
         return self._settings
 
     def start(self) -> None:
+        if self.node is not None and self.node.alive:
+            # A restart still pending from a crash, after the final restart already ran:
+            # two processes on one data directory is not a fault this models.
+            return
         self.incarnation += 1
         node = self.node = Node(f"s{self.sid}#{self.incarnation}")
         ctx = contextvars.copy_context()
