@@ -326,10 +326,7 @@ class Broker:
                 self.expire_pids(now)
             if now - last_retention_ms >= self.s.retention_check_ms:
                 last_retention_ms = now
-                try:
-                    await self.apply_retention(now)
-                except OSError as exc:  # a full disk, say: the next round tries again
-                    log.error("retention failed: %s", exc)
+                self.retention_soon()  # one pass at a time, with the roll-triggered ones
 
     def retention_soon(self) -> None:
         """Run a retention pass now (a segment rolled, or a snapshot a blocked deletion
