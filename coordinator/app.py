@@ -319,11 +319,19 @@ def create_app(
         return {"error": "NONE", "topics": coord.topics.list()}
 
     @app.get("/v1/topics/{name}")
-    def describe_topic(name: str = Path(min_length=1, max_length=200)) -> dict[str, Any]:
+    def describe_topic(
+        name: str = Path(min_length=1, max_length=200),
+        offsets: bool = Query(
+            True,
+            description="ask each leader for its partitions' offsets and sizes; false: "
+            "ZooKeeper only (leaders, replicas, in-sync sets), never blocked by a partition "
+            "server that does not answer (what producers and readers use to find leaders)",
+        ),
+    ) -> dict[str, Any]:
         problem = topic_name_problem(name)
         if problem:
             raise InvalidRequest(problem)
-        return coord.topics.describe(name)
+        return coord.topics.describe(name, with_offsets=offsets)
 
     # -- PIDs, servers ---------------------------------------------------------------------
     @app.get("/v1/pids")

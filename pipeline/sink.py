@@ -40,7 +40,7 @@ def check_topic(settings: WriteSettings, *, streaming: bool) -> str:
     """The topic's dedup mode, if this write can be exactly-once on it; else raise."""
     try:
         with LeaseClient(settings.coordinator, api_token=settings.api_token) as client:
-            info = client.topic(settings.topic)
+            info = client.topic(settings.topic, offsets=False)
     except errors.UnknownTopicOrPartition:
         raise OptionError(
             f"topic {settings.topic!r} does not exist at {settings.coordinator}; create "

@@ -118,7 +118,7 @@ def run_demo(
         cluster.start()
         cluster.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=1, dedup="strict")
         with LeaseClient(cluster.coordinator_url) as lc:
-            leader_id = lc.topic(TOPIC).partition_states[0].leader
+            leader_id = lc.topic(TOPIC, offsets=False).partition_states[0].leader
         victim = cluster.server(int(leader_id))  # type: ignore[arg-type]
         out(
             f"cluster up at {cluster.coordinator_url} in {time.monotonic() - t0:.1f}s; "

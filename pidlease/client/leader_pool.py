@@ -51,7 +51,7 @@ class LeaderPool:
             return
         self._refreshing = asyncio.get_running_loop().create_future()
         try:
-            self.apply(await self.client.topic(self.topic))
+            self.apply(await self.client.topic(self.topic, offsets=False))
             self._refreshed_at = self.clock_ms()
             self._refreshing.set_result(None)
         except errors.PidleaseError as exc:

@@ -299,7 +299,7 @@ class AsyncProducer:
             )
             deadline = self.clock_ms() + cfg.start_timeout_ms
             info: TopicInfo = await retrying(
-                lambda: client.topic(self.topic),
+                lambda: client.topic(self.topic, offsets=False),
                 deadline_ms=deadline,
                 backoff=self._lease.backoff(),
                 clock_ms=self.clock_ms,

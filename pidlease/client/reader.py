@@ -244,7 +244,7 @@ class Reader:
                     tls_ca_file=self._tls_ca_file,
                     tls=self._tls,
                 )
-            info = self._client.topic(self.topic)
+            info = self._client.topic(self.topic, offsets=False)
             if not 0 <= self.partition < info.partitions:
                 raise errors.ConfigError(
                     f"topic {self.topic!r} has partitions 0..{info.partitions - 1}, "

@@ -300,3 +300,53 @@ def test_log_columns_from_metadata() -> None:
     bad = {"partitions": {"t/0": {"segments_deleted": -2, "bytes_deleted": False}}}
     assert "segments_deleted" not in log_from_metadata(bad, "t", 0)
     assert "bytes_deleted" not in log_from_metadata(bad, "t", 0)
+
+
+def test_describe_without_offsets_asks_no_partition_server() -> None:
+    """``GET /v1/topics/{name}?offsets=false`` (what producers and readers use to find
+    leaders) is ZooKeeper only: a leader that does not answer cannot hold it up. With
+    offsets (the default, `topic describe`) each leader is asked for METADATA."""
+
+    class Leaders:
+        calls = 0
+
+        def metadata(self, address: str) -> Any:
+            Leaders.calls += 1
+            raise CoordinatorUnavailable(f"{address} does not answer")
+
+    s = CoordinatorSettings(zk="127.0.0.1:1/none")
+    coord = Coordinator(s)
+    store = FakeStore()
+    store.add_topic("t", 2)
+    store.add_server(1, 9001)
+    coord.topics = Topics(store, Leaders(), lambda: 0)  # type: ignore[arg-type]
+    client = TestClient(create_app(coordinator=coord, start=False))
+    r = client.get("/v1/topics/t?offsets=false")
+    assert r.status_code == 200 and Leaders.calls == 0
+    assert [p["leader"] for p in r.json()["partition_states"]] == [1, 1]
+    r = client.get("/v1/topics/t")
+    assert r.status_code == 200 and Leaders.calls == 1
+    assert r.json()["partition_states"][0]["log_end_offset"] == -1  # unknown, not an error
+    assert client.get("/v1/topics/t?offsets=maybe").status_code == 422
+
+
+def test_producers_and_readers_look_leaders_up_without_offsets() -> None:
+    """The SDK's leader lookups ask for ``offsets=false``; `topic describe` does not."""
+    import httpx
+
+    from pidlease.client.lease_client import LeaseClient
+    from pidlease.testing.fakes import fake_cluster
+
+    seen: list[str] = []
+    with fake_cluster({"t": (1, "strict")}) as (_srv, fake):
+        handle = fake.transport()
+
+        def spy(request: httpx.Request) -> httpx.Response:
+            seen.append(str(request.url))
+            return handle.handle_request(request)
+
+        with LeaseClient("http://c", transport=httpx.MockTransport(spy)) as lc:
+            lc.topic("t", offsets=False)
+            lc.topic("t")
+    assert seen[0].endswith("/v1/topics/t?offsets=false")
+    assert seen[1].endswith("/v1/topics/t")
