@@ -102,7 +102,7 @@ class ReplicaManager:
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint)
         except OSError as exc:
-            log.warning("final high watermark checkpoint failed: %s", exc)
+            log.warning("final high watermark checkpoint failed: %s", errors.describe(exc))
 
     # -- roles -------------------------------------------------------------------------------
     def reconcile_all(self) -> None:
@@ -124,13 +124,11 @@ class ReplicaManager:
             self.apply(key, part, ps, a)
         except Exception as exc:  # noqa: BLE001 - e.g. the epoch file on a full disk
             log.error(
-                "%s-%d: applying its state at epoch %d failed (%s: %s); retrying at the "
-                "next reconcile",
+                "%s-%d: applying its state at epoch %d failed (%s); retrying at the next reconcile",
                 key[0],
                 key[1],
                 ps.leader_epoch,
-                type(exc).__name__,
-                exc,
+                errors.describe(exc),
             )
 
     def apply(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
@@ -224,9 +222,12 @@ class ReplicaManager:
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
-            failed = f.cancelled() or f.exception() is not None
-            if not f.cancelled() and f.exception() is not None:
-                log.warning("%s-%d: %s failed: %s", key[0], key[1], op.__name__, f.exception())
+            exc = None if f.cancelled() else f.exception()
+            failed = f.cancelled() or exc is not None
+            if exc is not None:
+                log.warning(
+                    "%s-%d: %s failed: %s", key[0], key[1], op.__name__, errors.describe(exc)
+                )
             if after is not None:
                 after(None if failed else f.result())
             if not f.cancelled():
