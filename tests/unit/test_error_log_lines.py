@@ -53,9 +53,9 @@ def test_a_failed_zookeeper_read_logs_what_failed(caplog: pytest.LogCaptureFixtu
         reg = Registry("unused:2181", 1)
 
         def read_all() -> None:
-            raise ConnectionLoss()
+            raise ConnectionLoss  # no text: str() of it is empty
 
-        reg._read_all = read_all  # type: ignore[method-assign,assignment]
+        reg._read_all = read_all  # type: ignore[method-assign,assignment] - a stand-in read
         await asyncio.wait_for(reg.refresh(), 5)
         reg._closed = True  # no retry after the test
 
