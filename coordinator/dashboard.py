@@ -25,6 +25,7 @@ from typing import Any
 
 from coordinator.events import EventLog
 from coordinator.fleet import Fleet
+from pidlease.errors import describe
 
 log = logging.getLogger("coordinator.dashboard")
 
@@ -58,7 +59,7 @@ def load_static(directory: Path = STATIC_DIR) -> dict[str, tuple[bytes, str]]:
     try:
         files = sorted(directory.iterdir())
     except OSError as exc:
-        log.error("dashboard assets missing (%s): /dashboard will not update itself", exc)
+        log.error("dashboard assets missing (%s): /dashboard will not update itself", describe(exc))
         return {}
     return {
         p.name: (p.read_bytes(), STATIC_TYPES[p.suffix]) for p in files if p.suffix in STATIC_TYPES

@@ -32,7 +32,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from coordinator.leases import owner_of, record_from_bytes
 from coordinator.zk_batch import WriteBatcher
-from pidlease.errors import CoordinatorUnavailable, InvalidRequest, TopicExists
+from pidlease.errors import CoordinatorUnavailable, InvalidRequest, TopicExists, describe
 from pidlease.wire import cluster
 from pidlease.wire.cluster import PartitionState, PidRecord, ServerInfo, TopicSpec
 
@@ -92,6 +92,7 @@ class Store:
             timeout=self._session_timeout_s,
             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
         )
+        self._stopping = False
         self.zk.add_listener(self._on_state)
         self.state_changed = threading.Event()
         self.layout_ready = False
@@ -110,6 +111,7 @@ class Store:
         self.zk.start_async()
 
     def stop(self) -> None:
+        self._stopping = True  # the session our own stop ends is no loss
         self.writes.stop()
         try:
             self.zk.stop()
@@ -118,7 +120,7 @@ class Store:
 
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's thread: no blocking ZooKeeper calls here, only wake the housekeeper.
-        if state == KazooState.LOST:
+        if state == KazooState.LOST and not self._stopping:
             self.session_losses += 1
         self.state_changed.set()
 
@@ -448,7 +450,9 @@ class Store:
             self._wait(self.zk.set_async(tpath, spec.to_bytes(), 0), write=True)
         except (CoordinatorUnavailable, BadVersionError, NoNodeError) as exc:
             log.warning(
-                "creating topic %s failed midway (%s); removing what was written", spec.name, exc
+                "creating topic %s failed midway (%s); removing what was written",
+                spec.name,
+                describe(exc),
             )
             self._delete_topic_tree(spec.name)
             if isinstance(exc, CoordinatorUnavailable):
@@ -486,7 +490,7 @@ class Store:
             for chunk in self._chunk_ops([(path, b"") for path in paths]):
                 self._commit(_deletes(chunk))
         except (CoordinatorUnavailable, NoNodeError) as exc:
-            log.warning("cleaning up topic %s failed: %s", name, exc)
+            log.warning("cleaning up topic %s failed: %s", name, describe(exc))
 
     def _chunk_ops(self, ops: list[tuple[str, bytes]]) -> list[list[tuple[str, bytes]]]:
         """Split writes so each transaction stays well under ZooKeeper's packet limit."""

@@ -23,6 +23,7 @@ from partition_server.replication import ReplicaManager, is_replicated
 from partition_server.retention import LogPolicy, segments_to_delete
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
+from pidlease.errors import describe
 from pidlease.wire.cluster import DEDUP_MODES
 
 log = logging.getLogger("partition_server.broker")
@@ -206,7 +207,9 @@ class Broker:
                 except OSError as exc:
                     # A full disk, say: the other partitions still get their assignment,
                     # and the next re-read of ZooKeeper tries this one again.
-                    log.error("could not open new partition %s-%d: %s", key[0], key[1], exc)
+                    log.error(
+                        "could not open new partition %s-%d: %s", key[0], key[1], describe(exc)
+                    )
                     continue
                 self.partitions[key] = part
                 log.info("hosting new partition %s-%d", *key)
@@ -348,7 +351,7 @@ class Broker:
             try:
                 await self.apply_retention(self.clock_ms())
             except OSError as exc:
-                log.error("retention failed: %s", exc)
+                log.error("retention failed: %s", describe(exc))
                 return
             if not self._retention_again:
                 return
@@ -468,7 +471,7 @@ class Broker:
             if self.partitions:
                 await asyncio.wait_for(self.snapshot_now(), 30)
         except Exception as exc:  # noqa: BLE001 - shutting down anyway; recovery copes
-            log.warning("final flush/snapshot failed: %s", exc)
+            log.warning("final flush/snapshot failed: %s", describe(exc))
         if self._snapshot_task is not None and not self._snapshot_task.done():
             self._snapshot_task.cancel()
         for part in self.partitions.values():

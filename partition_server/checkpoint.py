@@ -22,6 +22,7 @@ import zlib
 from pathlib import Path
 
 from partition_server.atomic_file import write_atomically
+from pidlease.errors import describe
 
 log = logging.getLogger("partition_server.checkpoint")
 
@@ -56,7 +57,7 @@ class HighWatermarkCheckpoint:
             log.error(
                 "%s is unreadable (%s); replicated partitions restart from high watermark 0",
                 self.path,
-                exc,
+                describe(exc),
             )
             return {}
         self.last_written = dict(out)

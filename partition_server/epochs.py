@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from partition_server.atomic_file import write_atomically
+from pidlease.errors import describe
 
 log = logging.getLogger("partition_server.epochs")
 
@@ -162,7 +163,9 @@ class EpochHistory:
             for a, b in (ln.split() for ln in lines[1:]):
                 hist.assign(int(a), int(b))
         except (ValueError, IndexError) as exc:
-            log.error("%s is unreadable (%s); assuming epoch 0 for the whole log", path, exc)
+            log.error(
+                "%s is unreadable (%s); assuming epoch 0 for the whole log", path, describe(exc)
+            )
             return cls([(0, 0)], 1 << 32, path)
         return hist
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
+from pidlease.errors import describe
+
 log = logging.getLogger("partition_server.flusher")
 
 
@@ -46,7 +48,7 @@ def _fsync_all(fds: list[int]) -> float:
 def _die_on_fsync_error(exc: BaseException) -> None:
     # After a failed fsync the kernel may have dropped the dirty pages while marking them
     # clean; retrying could "succeed" and ack lost data. Crash and recover from the log.
-    log.critical("fsync failed (%s); exiting so recovery re-reads what is on disk", exc)
+    log.critical("fsync failed (%s); exiting so recovery re-reads what is on disk", describe(exc))
     os._exit(70)
 
 

@@ -21,7 +21,16 @@ Rules (Kafka's, simplified to one fetch per partition):
   that fetch, or at its previous fetch (a follower that keeps pace with a busy leader is
   never exactly at the end). One not caught up for ``lag_ms`` leaves the set.
 - Joining: a follower outside the set joins once its log end reaches the high watermark:
-  then it holds everything that is acked.
+  then it holds everything that is acked. Only a fetch that arrived after the leader
+  decided to remove it counts (``fetches_at_removal``): the log end it reported before is
+  stale, and on an idle partition it equals the high watermark for ever, so an unreachable
+  follower would be re-admitted on its old fetch and removed again every tick. Joining
+  counts as being caught up (it holds everything acked): it gets a full lag period from
+  the fetch that let it in, not one removal tick later.
+- Rate: after a change, no addition is asked for ``min_interval_ms`` (the leader's
+  setting ``isr_change_min_interval_ms``); removals are never delayed by it (a removal
+  ends a stall of the acks; it is limited already, as a follower leaves at most once per
+  ``lag_ms`` after it was caught up). docs/replication.md, "The in-sync set".
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ class FollowerProgress:
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = 0
     last_caught_up_ms: int = 0
+    fetches: int = 0  # fetches received in this leadership
+    fetches_at_removal: int = 0  # ``fetches`` when the leader last decided to remove it
 
 
 class InSyncReplicas:
@@ -45,6 +56,7 @@ class InSyncReplicas:
         self.pending_add: set[int] = set()  # counted; ZooKeeper has not confirmed them
         self.pending_remove: set[int] = set()  # a write removing them is in flight
         self.retry_add: set[int] = set()  # pending additions whose write failed
+        self.last_change_ms: int | None = None  # the last write decided in this leadership
         # A follower gets a full lag period from the start of this leadership to show up.
         self.followers = {
             r: FollowerProgress(last_caught_up_ms=now_ms) for r in replicas if r != leader
@@ -60,6 +72,7 @@ class InSyncReplicas:
             p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
         p.end_offset = end_offset
         p.last_fetch_ms = now_ms
+        p.fetches += 1
         p.leader_end_at_last_fetch = leader_end
 
     def counted(self) -> set[int]:
@@ -88,21 +101,33 @@ class InSyncReplicas:
             and now_ms - self.followers[r].last_caught_up_ms > lag_ms
         )
 
-    def joiners(self, high_watermark: int) -> list[int]:
-        """Followers outside the set whose log end has reached the high watermark (again,
-        when the write adding them failed)."""
+    def joiners(self, high_watermark: int, now_ms: int = 0, min_interval_ms: int = 0) -> list[int]:
+        """Followers outside the set whose log end, reported by a fetch since the leader
+        decided to remove them, has reached the high watermark (again, when the write
+        adding them failed). None within ``min_interval_ms`` of the last change."""
+        if self.last_change_ms is not None and now_ms - self.last_change_ms < min_interval_ms:
+            return []
         return sorted(
             r
             for r, p in self.followers.items()
             if r not in self.isr
             and (r not in self.pending_add or r in self.retry_add)
+            and p.fetches > p.fetches_at_removal
             and p.end_offset >= 0
             and p.end_offset >= high_watermark
         )
 
-    def begin_change(self, add: list[int], remove: list[int]) -> list[int]:
+    def begin_change(self, add: list[int], remove: list[int], now_ms: int = 0) -> list[int]:
         """The leader decided to write a new set: returns it. ``add`` counts towards the
-        high watermark from now on, before ZooKeeper may name it in sync."""
+        high watermark from now on, before ZooKeeper may name it in sync, and is caught up
+        as of the fetch that let it in. ``remove`` needs a new fetch to come back."""
+        self.last_change_ms = now_ms
+        for r in add:
+            p = self.followers[r]
+            p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
+        for r in remove:
+            p = self.followers[r]
+            p.fetches_at_removal = p.fetches
         self.pending_add |= set(add)
         self.retry_add -= set(add)
         self.pending_remove |= set(remove)

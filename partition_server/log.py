@@ -46,7 +46,7 @@ from partition_server.segment_index import (
     decode_index,
     encode_index,
 )
-from pidlease.errors import CorruptRecord, ServerUnavailable
+from pidlease.errors import CorruptRecord, ServerUnavailable, describe
 from pidlease.wire.protocol import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
@@ -295,7 +295,7 @@ class PartitionLog:
                     "%s: could not write %s (%s); it is rebuilt at the next open",
                     self.dir.name,
                     path.name,
-                    exc,
+                    describe(exc),
                 )
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -812,5 +812,5 @@ def _report_write_failure(where: str, exc: OSError) -> None:
             "%s: append failed (%s); appends are refused with SERVER_UNAVAILABLE "
             "and producers retry until the write succeeds (free disk space)",
             where,
-            exc,
+            describe(exc),
         )

@@ -387,6 +387,16 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
 
         return per_partition(one)
 
+    def isr_changes(index: int) -> Callable[[], dict[LabelValues, float]]:
+        # Per hosted partition, 0 until one happens; a follower's count stays from when it
+        # led (the replica manager keeps them across leaderships).
+        def one(p: Any) -> float:
+            replicas = getattr(broker, "replicas", None)
+            by_key = getattr(replicas, "isr_changes", {})
+            return float(by_key.get((p.topic, p.partition), (0, 0))[index])
+
+        return per_partition(one)
+
     g = m.gauge
     g(
         "pidlease_server_tracked_pids",
@@ -460,6 +470,22 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         under_replicated,
     )
     tp = ("topic", "partition")
+    g(
+        "pidlease_server_isr_shrinks_total",
+        "Confirmed writes that removed followers from the in-sync set of a partition this "
+        "server led, per hosted partition (a steady rise: a follower flapping or dying).",
+        isr_changes(0),
+        labels=tp,
+        kind="counter",
+    )
+    g(
+        "pidlease_server_isr_expands_total",
+        "Confirmed writes that added followers back to the in-sync set of a partition this "
+        "server led, per hosted partition.",
+        isr_changes(1),
+        labels=tp,
+        kind="counter",
+    )
     g(
         "pidlease_server_log_size_bytes",
         "Bytes of log segments on disk per hosted partition (what retention_bytes bounds).",

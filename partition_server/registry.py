@@ -18,6 +18,7 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
+from pidlease.errors import describe
 from pidlease.wire.cluster import (
     SERVERS,
     TOPICS,
@@ -109,14 +110,17 @@ class Registry:
                 if self.zk.connected:
                     self.zk.delete(server_path(self.server_id))
             except Exception as exc:  # noqa: BLE001 - best effort; the session end removes it too
-                log.info("could not delete our znode at shutdown: %s", exc)
+                log.info("could not delete our znode at shutdown: %s", describe(exc))
             self.zk.stop()
             self.zk.close()
             self.zk = None
 
     def _on_state(self, state: str) -> None:
         # kazoo thread: no blocking calls here.
-        if state == KazooState.LOST:
+        if state == KazooState.LOST and self._closed:
+            # Our own close() ended the session (a clean stop): nothing was lost.
+            log.info("ZooKeeper session closed")
+        elif state == KazooState.LOST:
             self._session_lost = True
             log.warning("ZooKeeper session lost; will re-register when reconnected")
         elif state == KazooState.CONNECTED and self._session_lost and not self._closed:
@@ -129,8 +133,9 @@ class Registry:
         fut = self._loop.run_in_executor(None, self._create_znode)
 
         def done(f: asyncio.Future[None]) -> None:
-            if f.exception() is not None:
-                log.error("re-registration failed: %s", f.exception())
+            exc = f.exception()
+            if exc is not None:
+                log.error("re-registration failed: %s", describe(exc))
 
         fut.add_done_callback(done)
         self.refresh()
@@ -160,10 +165,8 @@ class Registry:
                 a = await loop.run_in_executor(None, self._read_all)
             except Exception as exc:  # noqa: BLE001 - ZooKeeper down: keep the old view
                 log.warning(
-                    "reading ZooKeeper failed (%s: %s); keeping the last view, "
-                    "reading again in %.1f s",
-                    type(exc).__name__,
-                    exc,
+                    "reading ZooKeeper failed (%s); keeping the last view, reading again in %.1f s",
+                    describe(exc),
                     READ_RETRY_S,
                 )
                 a = self.assignment
@@ -200,7 +203,7 @@ class Registry:
             except NoNodeError:
                 continue
             except (ValueError, TypeError) as exc:
-                log.warning("topic %s has an unreadable spec: %s", name, exc)
+                log.warning("topic %s has an unreadable spec: %s", name, describe(exc))
                 continue
             a.topics[name] = spec
             plist = _children_or_watch_creation(zk, topic_path(name) + "/partitions", w)
@@ -213,7 +216,9 @@ class Registry:
                 except NoNodeError:
                     continue
                 except (ValueError, TypeError) as exc:
-                    log.warning("partition %s/%s has an unreadable state: %s", name, p, exc)
+                    log.warning(
+                        "partition %s/%s has an unreadable state: %s", name, p, describe(exc)
+                    )
         for sid in zk.get_children(SERVERS, watch=w):
             try:
                 raw, _ = zk.get(server_path(int(sid)))

@@ -15,8 +15,8 @@ every watch and once a second (``reconcile_all``), so a step that failed is retr
 As leader it answers REPLICA_FETCH (a fetch that has everything waits up to
 ``replica_fetch_wait_max_ms`` for an append or a new high watermark) and EPOCH_END, moves a
 follower out of the in-sync set after ``replica_lag_time_max_ms`` without catching up and
-back in once its log end reaches the high watermark (``isr.py`` decides, ``leadership``
-writes).
+back in once a fetch since its removal reaches the high watermark, at most one addition
+per ``isr_change_min_interval_ms`` (``isr.py`` decides, ``leadership`` writes).
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ class ReplicaManager:
         self.fetchers: dict[Key, ReplicaFetcher] = {}
         self._busy: set[Key] = set()
         self._hw_sent: dict[tuple[Key, int], int] = {}
+        # (shrinks, expands) of each partition's in-sync set that ZooKeeper confirmed, kept
+        # across leaderships (the metrics' counters; docs/replication.md, The in-sync set).
+        self.isr_changes: dict[Key, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
         self.started = False
 
@@ -99,7 +102,7 @@ class ReplicaManager:
         try:
             await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint)
         except OSError as exc:
-            log.warning("final high watermark checkpoint failed: %s", exc)
+            log.warning("final high watermark checkpoint failed: %s", errors.describe(exc))
 
     # -- roles -------------------------------------------------------------------------------
     def reconcile_all(self) -> None:
@@ -121,13 +124,11 @@ class ReplicaManager:
             self.apply(key, part, ps, a)
         except Exception as exc:  # noqa: BLE001 - e.g. the epoch file on a full disk
             log.error(
-                "%s-%d: applying its state at epoch %d failed (%s: %s); retrying at the "
-                "next reconcile",
+                "%s-%d: applying its state at epoch %d failed (%s); retrying at the next reconcile",
                 key[0],
                 key[1],
                 ps.leader_epoch,
-                type(exc).__name__,
-                exc,
+                errors.describe(exc),
             )
 
     def apply(self, key: Key, part: Partition, ps: PartitionState, a: Assignment) -> None:
@@ -221,9 +222,12 @@ class ReplicaManager:
 
         def done(f: asyncio.Future[PartitionState | None]) -> None:
             self._busy.discard(key)
-            failed = f.cancelled() or f.exception() is not None
-            if not f.cancelled() and f.exception() is not None:
-                log.warning("%s-%d: %s failed: %s", key[0], key[1], op.__name__, f.exception())
+            exc = None if f.cancelled() else f.exception()
+            failed = f.cancelled() or exc is not None
+            if exc is not None:
+                log.warning(
+                    "%s-%d: %s failed: %s", key[0], key[1], op.__name__, errors.describe(exc)
+                )
             if after is not None:
                 after(None if failed else f.result())
             if not f.cancelled():
@@ -251,12 +255,14 @@ class ReplicaManager:
                 remove,
                 self.s.replica_lag_time_max_ms,
             )
-        new = isr.begin_change(add, remove)  # additions count towards the HW from now on
+        # Additions count towards the HW from now on; removals need a new fetch to return.
+        new = isr.begin_change(add, remove, self.clock_ms())
 
         def after(state: PartitionState | None) -> None:
             if part.isr is not isr:
                 return  # another leadership since; it keeps its own view
             if state is not None:
+                self._count_isr_change(key, isr.isr, set(state.isr) | {isr.leader})
                 isr.set_isr(state.isr)
                 part.advance_high_watermark()
             else:
@@ -265,6 +271,12 @@ class ReplicaManager:
                 isr.change_failed()
 
         self._zk(key, leadership.set_isr, part.leader_epoch, new, after=after)
+
+    def _count_isr_change(self, key: Key, before: set[int], after: set[int]) -> None:
+        """One confirmed write: a shrink when it left someone out, an expand when it let
+        someone in (both, for a write that did both)."""
+        shrinks, expands = self.isr_changes.get(key, (0, 0))
+        self.isr_changes[key] = (shrinks + bool(before - after), expands + bool(after - before))
 
     # -- the leader's side of the protocol ---------------------------------------------------
     async def replica_fetch(self, req: P.Request, part: Partition) -> bytes:
@@ -295,7 +307,9 @@ class ReplicaManager:
             )
         assert part.isr is not None
         part.record_replica_fetch(rid, req.offset)
-        joiners = part.isr.joiners(part.high_watermark)
+        joiners = part.isr.joiners(
+            part.high_watermark, self.clock_ms(), self.s.isr_change_min_interval_ms
+        )
         if joiners:
             self._change_isr(key, part, joiners, [])
         if req.offset >= part.log.next_offset and part.high_watermark <= self._hw_sent.get(

@@ -225,7 +225,7 @@ class PartitionServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except ssl.SSLError as exc:  # a TLS peer sent a bad record after the handshake
-            log.warning("closing a TLS connection: %s", exc)
+            log.warning("closing a TLS connection: %s", errors.describe(exc))
         except Exception:
             log.exception("connection failed")
         finally:

@@ -106,6 +106,16 @@ class ServerSettings(BaseSettings):
             "a follower not caught up with the leader for this long leaves the in-sync set"
         ),
     )
+    isr_change_min_interval_ms: int = Field(
+        default=1000,
+        ge=0,
+        le=60_000,
+        description=(
+            "after a change of a partition's in-sync set, no follower is added back for this "
+            "long (removals are never delayed): bounds the ZooKeeper writes of a flapping "
+            "follower; 0: no limit"
+        ),
+    )
     replica_fetch_wait_max_ms: int = Field(
         default=500,
         ge=1,

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from partition_server.atomic_file import write_atomically
 from partition_server.producer_state import Row
+from pidlease.errors import describe
 
 log = logging.getLogger("partition_server.snapshot")
 
@@ -218,5 +219,7 @@ class SnapshotStore:
             try:
                 return decode(path.read_bytes()), path
             except (CorruptSnapshot, OSError) as exc:
-                log.warning("snapshot %s is unusable (%s); trying an older one", path.name, exc)
+                log.warning(
+                    "snapshot %s is unusable (%s); trying an older one", path.name, describe(exc)
+                )
         return None

@@ -258,3 +258,12 @@ def error_for_code(code: int, detail: str = "", **extra: object) -> PidleaseErro
 def error_for_name(name: str, detail: str = "", **extra: object) -> PidleaseError:
     """The exception for an HTTP ``"error"`` name; unknown names map to the root class."""
     return ERRORS_BY_NAME.get(name, PidleaseError)(detail, **extra)
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a log line should show it: its type and its text, or its repr when
+    the text is empty. Many exceptions carry none (kazoo's ``ConnectionLoss()``, a bare
+    ``TimeoutError()``), and ``"%s" % exc`` would log ``set_isr failed: `` with nothing
+    after it."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else repr(exc)

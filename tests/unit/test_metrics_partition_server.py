@@ -237,6 +237,7 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
         clock_ms=lambda: 6_000,
         _last_snapshot_ms=1_500,
         snapshots_taken=4,
+        replicas=SimpleNamespace(isr_changes={("a", 0): (3, 2), ("a", 1): (1, 0)}),
     )
     broker.partitions[("a", 1)].state.expired_total = 7
     broker.partitions[("a", 0)].state.refused_total = 3
@@ -265,6 +266,11 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
         == 5
     )
     assert M.sample(s, "pidlease_server_under_replicated_partitions") == 1
+    assert M.sample(s, "pidlease_server_isr_shrinks_total", topic="a", partition="0") == 3
+    assert M.sample(s, "pidlease_server_isr_expands_total", topic="a", partition="0") == 2
+    # kept from when it led; a partition without a change shows 0, not nothing
+    assert M.sample(s, "pidlease_server_isr_shrinks_total", topic="a", partition="1") == 1
+    assert M.sample(s, "pidlease_server_isr_expands_total", topic="b", partition="0") == 0
     assert 0 < M.sample(s, "pidlease_server_producer_state_bytes") < 100_000
     assert M.sample(s, "process_resident_memory_bytes") > 0
     assert m.summary()["tracked_pids"] == 5 and m.summary()["snapshot_age_seconds"] == 4.5

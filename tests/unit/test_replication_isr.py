@@ -72,3 +72,67 @@ def test_a_follower_that_never_shows_up_gets_one_lag_period() -> None:
     s = InSyncReplicas(1, [1, 2], [1, 2], now_ms=5_000)
     assert s.laggards(15_000, 10_000) == []
     assert s.laggards(15_001, 10_000) == [2]
+
+
+def idle_leader_with_a_dead_follower() -> InSyncReplicas:
+    """An idle partition (log end 10, everything acked): follower 3 fetched up to the end
+    once, then became unreachable; follower 2 keeps fetching."""
+    s = InSyncReplicas(1, [1, 2, 3], [1, 2, 3], now_ms=0)
+    s.record_fetch(2, 10, 10, 1_000)
+    s.record_fetch(3, 10, 10, 1_000)
+    return s
+
+
+def test_an_unreachable_follower_removed_from_an_idle_partition_stays_out() -> None:
+    # Its last fetch reported the log end, which on an idle partition is the high
+    # watermark for ever: that old fetch must not let it back in (the flapping of issue 16).
+    s = idle_leader_with_a_dead_follower()
+    lag = 10_000
+    now = 1_000 + lag + 1
+    s.record_fetch(2, 10, 10, now)
+    assert s.laggards(now, lag) == [3]
+    s.set_isr(s.begin_change([], [3], now))
+    assert s.isr == {1, 2}
+    for t in range(now, now + 60_000, 500):  # a minute of 2's fetches and maintenance ticks
+        s.record_fetch(2, 10, 10, t)
+        assert s.joiners(s.high_watermark(10), t, 1_000) == [], t
+        assert s.laggards(t, lag) == []
+
+
+def test_a_removed_follower_rejoins_after_a_fetch_that_reaches_the_high_watermark() -> None:
+    s = idle_leader_with_a_dead_follower()
+    s.set_isr(s.begin_change([], [3], 12_000))
+    s.record_fetch(3, 7, 10, 20_000)  # back, but behind
+    assert s.joiners(s.high_watermark(10), 20_000, 1_000) == []
+    s.record_fetch(3, 10, 10, 20_500)
+    assert s.joiners(s.high_watermark(10), 20_500, 1_000) == [3]
+    s.set_isr(s.begin_change([3], [], 20_500))
+    assert s.isr == {1, 2, 3}
+    # joining counts as caught up: a full lag period from the fetch that let it in
+    assert 3 not in s.laggards(20_500 + 10_000, 10_000)
+
+
+def test_a_joiner_behind_a_busy_leader_gets_a_lag_period_before_it_can_leave() -> None:
+    # Reaching the high watermark without reaching the leader's end: without the lag
+    # clock restarting at the join, the next maintenance tick would remove it again.
+    s = InSyncReplicas(1, [1, 2, 3], [1, 2], now_ms=0)
+    s.record_fetch(3, 100, 130, 50_000)  # HW 100 (2's end), leader end 130
+    s.record_fetch(2, 100, 130, 50_000)
+    assert s.joiners(s.high_watermark(130), 50_000, 1_000) == [3]
+    s.set_isr(s.begin_change([3], [], 50_000))
+    assert 3 not in s.laggards(51_000, 10_000)
+
+
+def test_additions_wait_the_minimum_interval_after_a_change_and_removals_do_not() -> None:
+    s = InSyncReplicas(1, [1, 2, 3], [1, 2, 3], now_ms=0)
+    s.record_fetch(2, 10, 10, 100)
+    s.record_fetch(3, 10, 10, 100)
+    s.set_isr(s.begin_change([], [3], 20_000))
+    s.record_fetch(3, 10, 10, 20_100)  # back at once
+    assert s.joiners(10, 20_100, 1_000) == []
+    assert s.joiners(10, 20_999, 1_000) == []
+    assert s.joiners(10, 21_000, 1_000) == [3]
+    assert s.joiners(10, 20_100, 0) == [3]  # 0: no limit
+    s.set_isr(s.begin_change([3], [], 21_000))
+    # 2 stops fetching: its removal is due whatever the last change, and not held back
+    assert s.laggards(20_101, 20_000) == [2]

@@ -38,6 +38,7 @@ def setup(
         server_id=1,
         routes={},
         replica_lag_time_max_ms=LAG_MS,
+        isr_change_min_interval_ms=0,  # the rate limit has tests of its own
         replica_fetch_wait_max_ms=0,
         fetch_bytes_max=1 << 20,
     )

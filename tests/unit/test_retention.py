@@ -487,6 +487,7 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
             server_id=1,
             routes={},
             replica_lag_time_max_ms=10_000,
+            isr_change_min_interval_ms=0,
             replica_fetch_wait_max_ms=0,
             fetch_bytes_max=1 << 20,
         )
@@ -563,6 +564,7 @@ def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_
             server_id=1,
             routes={},
             replica_lag_time_max_ms=10_000,
+            isr_change_min_interval_ms=0,
             replica_fetch_wait_max_ms=0,
             fetch_bytes_max=1 << 20,
         )
