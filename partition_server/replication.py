@@ -258,7 +258,7 @@ class ReplicaManager:
                 return  # another leadership since; it keeps its own view
             if state is not None:
                 isr.set_isr(state.isr)
-                part.advance_high_watermark()
+                part.in_sync_changed()  # the HW may move, or waiting acks fail below min
             else:
                 # Not written, or maybe written: the next check retries, and nobody
                 # ZooKeeper may now name in sync stops counting meanwhile.
