@@ -377,24 +377,25 @@ class Partition:
         the set grows back and the high watermark passes them, then DUPLICATE; it is never
         appended twice."""
         self.advance_high_watermark()
-        if self.role == "leader" and self.isr is not None and not self.isr.commits():
-            if self._waiters:
-                log.warning(
-                    "%s-%d: in-sync set %s below min_insync_replicas %d; %d waiting ack(s) "
-                    "answered NOT_ENOUGH_REPLICAS (their batches stay uncommitted)",
-                    self.topic,
-                    self.partition,
-                    sorted(self.isr.counted()),
-                    self.min_insync,
-                    len(self._waiters),
-                )
-            self.fail_waiters(
-                f"partition {self.topic}-{self.partition}: the in-sync set shrank below "
-                f"min_insync_replicas {self.min_insync} before this write was committed; "
-                "retry (a resend is answered SEQUENCE_UNKNOWN until it is committed)",
-                NotEnoughReplicas,
-                acks_only=True,
-            )
+        isr = self.isr
+        if self.role != "leader" or isr is None or isr.commits() or not self._waiters:
+            return
+        log.warning(
+            "%s-%d: in-sync replicas %s, below min_insync_replicas %d; %d waiting ack(s) "
+            "answered NOT_ENOUGH_REPLICAS (their batches stay in the log, uncommitted)",
+            self.topic,
+            self.partition,
+            sorted(isr.counted()),
+            self.min_insync,
+            len(self._waiters),
+        )
+        self.fail_waiters(
+            f"partition {self.topic}-{self.partition}: the in-sync set fell below "
+            f"min_insync_replicas {self.min_insync} before this write was committed; retry "
+            "(a resend is answered SEQUENCE_UNKNOWN until it is committed, then DUPLICATE)",
+            NotEnoughReplicas,
+            acks_only=True,
+        )
 
     def _when_durable(self, end_offset: int, make: Callable[[], Any]) -> asyncio.Future[Any]:
         """A future resolved with ``make()`` once the high watermark reaches
