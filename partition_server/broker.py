@@ -91,6 +91,10 @@ class Broker:
     def _policy(self, topic: str, a: Assignment | None = None) -> LogPolicy:
         return LogPolicy.from_spec((a or self.assignment).topics.get(topic))
 
+    def _min_insync(self, topic: str, a: Assignment | None = None) -> int:
+        spec = (a or self.assignment).topics.get(topic)
+        return spec.min_insync if spec is not None else 1
+
     def _open(
         self, key: Key, snapshot: PartitionImage | None, a: Assignment | None = None
     ) -> tuple[Partition, Any, int]:
@@ -112,6 +116,7 @@ class Broker:
             checkpoint_hw=self._checkpoint_hws.get(key, 0) if replicated else None,
             policy=self._policy(key[0], a),
         )
+        part.set_min_insync(self._min_insync(key[0], a))
         if replicated:
             part.role = "follower"  # until the replica manager decides
         part.on_roll = self.retention_soon
@@ -222,6 +227,10 @@ class Broker:
             if policy != part.log.policy:
                 log.info("partition %s-%d: log policy %s", key[0], key[1], policy)
                 part.log.policy = policy
+            min_insync = self._min_insync(key[0], a)
+            if min_insync != part.min_insync:
+                log.info("partition %s-%d: min in-sync replicas %d", key[0], key[1], min_insync)
+                part.set_min_insync(min_insync)
             if is_replicated(ps):
                 self.replicas.apply_guarded(key, part, ps, a)
                 continue

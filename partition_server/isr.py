@@ -31,6 +31,12 @@ Rules (Kafka's, simplified to one fetch per partition):
   setting ``isr_change_min_interval_ms``); removals are never delayed by it (a removal
   ends a stall of the acks; it is limited already, as a follower leaves at most once per
   ``lag_ms`` after it was caught up). docs/replication.md, "The in-sync set".
+- Minimum in-sync replicas (the topic's ``min_insync``): a write is accepted only while
+  ZooKeeper's set (leader included) has at least that many members
+  (``accepts_writes``), and the high watermark moves only while at least that many
+  replicas are counted (``commits``): nothing is acked on fewer copies, even a batch
+  appended while the set was big enough. ``counted`` includes the set, so a write
+  accepted can always be committed while the set stays as it is.
 """
 
 from __future__ import annotations
@@ -49,8 +55,11 @@ class FollowerProgress:
 
 
 class InSyncReplicas:
-    def __init__(self, leader: int, replicas: list[int], isr: list[int], now_ms: int) -> None:
+    def __init__(
+        self, leader: int, replicas: list[int], isr: list[int], now_ms: int, min_insync: int = 1
+    ) -> None:
         self.leader = leader
+        self.min_insync = min_insync
         self.replicas = list(replicas)
         self.isr: set[int] = set(isr) | {leader}
         self.pending_add: set[int] = set()  # counted; ZooKeeper has not confirmed them
@@ -78,6 +87,14 @@ class InSyncReplicas:
     def counted(self) -> set[int]:
         """Replicas whose log end bounds the high watermark."""
         return self.isr | self.pending_add
+
+    def accepts_writes(self) -> bool:
+        """Enough replicas in ZooKeeper's in-sync set for the leader to take a write."""
+        return len(self.isr) >= self.min_insync
+
+    def commits(self) -> bool:
+        """Enough replicas counted for the high watermark to move."""
+        return len(self.counted()) >= self.min_insync
 
     def high_watermark(self, leader_flushed_end: int) -> int:
         hw = leader_flushed_end

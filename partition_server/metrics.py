@@ -374,6 +374,9 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
     def under_replicated() -> int:
         return sum(1 for p in leaders_with_followers() if len(p.isr.isr) < len(p.isr.replicas))
 
+    def under_min_isr() -> int:
+        return sum(1 for p in leaders_with_followers() if not p.isr.accepts_writes())
+
     def per_partition(fn: Callable[[Any], float]) -> Callable[[], dict[LabelValues, float]]:
         # Followers too: retention runs on every replica and each one's disk fills alone.
         return lambda: {(p.topic, str(p.partition)): fn(p) for p in parts()}
@@ -468,6 +471,19 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "pidlease_server_under_replicated_partitions",
         "Partitions this server leads whose in-sync set is smaller than their replica set.",
         under_replicated,
+    )
+    g(
+        "pidlease_server_under_min_isr_partitions",
+        "Partitions this server leads whose in-sync set is below their topic's "
+        "min_insync_replicas: they refuse produces NOT_ENOUGH_REPLICAS.",
+        under_min_isr,
+    )
+    g(
+        "pidlease_server_min_insync_refusals_total",
+        "Produces and fences refused NOT_ENOUGH_REPLICAS (the in-sync set below the topic's "
+        "min_insync_replicas), on the partitions this server hosts.",
+        lambda: sum(getattr(p, "min_insync_refusals", 0) for p in broker.partitions.values()),
+        kind="counter",
     )
     tp = ("topic", "partition")
     g(

@@ -39,6 +39,7 @@ from partition_server.retention import LogPolicy
 from partition_server.snapshot import PartitionImage, Snapshot
 from partition_server.snapshot import encode as encode_snapshot
 from pidlease.errors import (
+    NotEnoughReplicas,
     NotLeader,
     OffsetOutOfRange,
     PidleaseError,
@@ -107,6 +108,8 @@ class Partition:
         self.leader_epoch = -1  # the epoch this replica leads or follows
         self.leader_id = -1
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
+        self.min_insync = 1  # the topic's effective min_insync_replicas (the broker sets it)
+        self.min_insync_refusals = 0
         self._data_waiter: asyncio.Future[None] | None = None
         self.follower_rule_mismatches = 0
         # Called when an append rolls the active segment (the broker runs retention then,
@@ -247,9 +250,10 @@ class Partition:
         and, on APPEND, a future resolved with ``on_durable(base, last)`` once fsynced.
         Raises TooManyPids for a new PID the tracked-PID limit has no room for (only here,
         the leader's decision: followers and replay apply what the log holds), and
-        ServerUnavailable when the log write fails (full disk). Either refusal is noted in
-        the producer state: on a monotonic topic the PID's later batches are refused until
-        this one is resent ("a refusal leaves no hole", docs/protocol.md)."""
+        ServerUnavailable when the log write fails (full disk), NotEnoughReplicas when the
+        in-sync set is below the topic's minimum (before anything is written). Each refusal
+        is noted in the producer state: on a monotonic topic the PID's later batches are
+        refused until this one is resent ("a refusal leaves no hole", docs/protocol.md)."""
         now = self.clock_ms()
         d = self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, now)
         if d.outcome is not Outcome.APPEND:
@@ -270,6 +274,9 @@ class Partition:
                 self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
                 raise TooManyPids(f"partition {self.topic}-{self.partition}: {d.detail}")
             return d, None
+        if self.isr is not None and not self.isr.accepts_writes():
+            self.state.note_refused(h.pid, h.generation, h.base_sequence, h.count)
+            raise self._not_enough_replicas("produce")
         buf = bytearray(batch)
         set_base_offset(buf, self.log.next_offset)
         active = self.log.segments[-1]
@@ -305,7 +312,11 @@ class Partition:
         far) is durable, so the durable highwater it reports is final. A PID with no state
         here gets a fresh entry only when nothing dropped here could have been its state
         (``ProducerStateTable.may_create`` with ``leased_since_ms``); otherwise the answer is
-        ABSENT (existed false, nothing written) and the coordinator answers UNKNOWN_PID."""
+        ABSENT (existed false, nothing written) and the coordinator answers UNKNOWN_PID.
+        Raises NotEnoughReplicas, with nothing changed, when the in-sync set is below the
+        topic's minimum: the answer waits for the high watermark, which cannot move then."""
+        if self.isr is not None and not self.isr.accepts_writes():
+            raise self._not_enough_replicas("fence")
         now = self.clock_ms()
         outcome = self.state.check_fence(pid, generation, create_if_absent)
         existed = self.state.get(pid) is not None
@@ -335,6 +346,56 @@ class Partition:
             return on_durable(existed, e.durable_highwater if e is not None else -1, fence_offset)
 
         return outcome, self._when_durable(self.log.next_offset, result)
+
+    def _not_enough_replicas(self, what: str) -> NotEnoughReplicas:
+        assert self.isr is not None
+        self.min_insync_refusals += 1
+        n = self.min_insync_refusals
+        detail = (
+            f"partition {self.topic}-{self.partition}: {len(self.isr.isr)} in-sync "
+            f"replica(s) {sorted(self.isr.isr)}, the topic needs {self.min_insync} "
+            f"(min_insync_replicas); nothing written, retry"
+        )
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ... refusal: no log flood
+            log.warning("%s refused (%d refusals so far): %s", what, n, detail)
+        return NotEnoughReplicas(detail)
+
+    def set_min_insync(self, n: int) -> None:
+        """The topic's effective ``min_insync_replicas`` (at open and on every change of
+        its record): applies at once, to the running leadership too."""
+        self.min_insync = n
+        if self.isr is not None:
+            self.isr.min_insync = n
+            self.in_sync_changed()
+
+    def in_sync_changed(self) -> None:
+        """The in-sync set (or the minimum) changed: move the high watermark if it may.
+        When too few replicas count for it to move, the acks waiting for it are answered
+        NOT_ENOUGH_REPLICAS (retriable) rather than held: held, they would hold back every
+        later answer on their connections for as long as the set stays small. Their
+        batches stay in the log, uncommitted: a resend is answered SEQUENCE_UNKNOWN until
+        the set grows back and the high watermark passes them, then DUPLICATE; it is never
+        appended twice."""
+        self.advance_high_watermark()
+        isr = self.isr
+        if self.role != "leader" or isr is None or isr.commits() or not self._waiters:
+            return
+        log.warning(
+            "%s-%d: in-sync replicas %s, below min_insync_replicas %d; %d waiting ack(s) "
+            "answered NOT_ENOUGH_REPLICAS (their batches stay in the log, uncommitted)",
+            self.topic,
+            self.partition,
+            sorted(isr.counted()),
+            self.min_insync,
+            len(self._waiters),
+        )
+        self.fail_waiters(
+            f"partition {self.topic}-{self.partition}: the in-sync set fell below "
+            f"min_insync_replicas {self.min_insync} before this write was committed; retry "
+            "(a resend is answered SEQUENCE_UNKNOWN until it is committed, then DUPLICATE)",
+            NotEnoughReplicas,
+            acks_only=True,
+        )
 
     def _when_durable(self, end_offset: int, make: Callable[[], Any]) -> asyncio.Future[Any]:
         """A future resolved with ``make()`` once the high watermark reaches
@@ -387,7 +448,7 @@ class Partition:
         """Raise the high watermark as far as the replicas allow (leader, or one replica)."""
         if not self.replicated:
             self.set_high_watermark(self.flushed_end)
-        elif self.role == "leader" and self.isr is not None:
+        elif self.role == "leader" and self.isr is not None and self.isr.commits():
             self.set_high_watermark(self.isr.high_watermark(self.flushed_end))
 
     def set_high_watermark(self, hw: int) -> None:
@@ -505,7 +566,7 @@ class Partition:
         self.role = "leader"
         self.leader_epoch = epoch
         self.leader_id = me
-        self.isr = InSyncReplicas(me, replicas, isr, self.clock_ms())
+        self.isr = InSyncReplicas(me, replicas, isr, self.clock_ms(), self.min_insync)
         self.advance_high_watermark()
 
     def become_follower(self, leader: int, epoch: int, address: str) -> None:
@@ -712,6 +773,8 @@ class Partition:
                 epochs=self.epochs.entries[-5:],
                 truncations=self.epochs.truncations,
                 follower_rule_mismatches=self.follower_rule_mismatches,
+                min_insync=self.min_insync,
+                min_insync_refusals=self.min_insync_refusals,
             )
             if self.isr is not None:
                 out.update(isr=sorted(self.isr.isr), followers=self.isr.lag_report(self.clock_ms()))

@@ -264,7 +264,7 @@ class ReplicaManager:
             if state is not None:
                 self._count_isr_change(key, isr.isr, set(state.isr) | {isr.leader})
                 isr.set_isr(state.isr)
-                part.advance_high_watermark()
+                part.in_sync_changed()  # the HW may move, or waiting acks fail below min
             else:
                 # Not written, or maybe written: the next check retries, and nobody
                 # ZooKeeper may now name in sync stops counting meanwhile.

@@ -30,6 +30,8 @@ have a name but no code; they are in ``CLIENT_ERRORS_BY_NAME``, not in the wire 
     ├── ServerUnavailable         SERVER_UNAVAILABLE         23 retriable, invalid_metadata
     │                                                           (connection lost, disk full)
     ├── TooManyPids               TOO_MANY_PIDS              24 retriable (PIDs per partition)
+    ├── NotEnoughReplicas         NOT_ENOUGH_REPLICAS        25 retriable (in-sync set below
+    │                                                           min_insync_replicas)
     │   client-side (wire = False, no code):
     ├── ConfigError(ValueError)   CONFIG_ERROR                  a local mistake by the caller
     ├── DeliveryTimeout           DELIVERY_TIMEOUT              delivery_timeout_ms passed
@@ -223,6 +225,17 @@ class TooManyPids(PidleaseError):
     PID is refused rather than forgetting the state of a live one (KIP-936)."""
 
     name, code, http_status, retriable = "TOO_MANY_PIDS", 24, 429, True
+
+
+class NotEnoughReplicas(PidleaseError):
+    """The partition's in-sync set is smaller than its topic's ``min_insync_replicas``: the
+    leader refuses a write with nothing written, or fails an appended batch's wait for its
+    ack when the set shrank below the minimum after the append (the batch stays in the log,
+    uncommitted: its resend is answered SEQUENCE_UNKNOWN until the set grows back and
+    commits it, then DUPLICATE). Retriable: the producer resends until a follower is back
+    in sync, or its delivery timeout."""
+
+    name, code, http_status, retriable = "NOT_ENOUGH_REPLICAS", 25, 503, True
 
 
 # -- client-side errors: raised by the SDK, never sent by a server -------------------------

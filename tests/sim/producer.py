@@ -41,6 +41,7 @@ RETRIABLE = {
     errors.NotLeader.code,
     errors.ServerUnavailable.code,
     errors.TooManyPids.code,
+    errors.NotEnoughReplicas.code,
     errors.UnknownTopicOrPartition.code,
     errors.CoordinatorUnavailable.code,
 }
@@ -52,6 +53,7 @@ CODE_NAMES = {
         errors.NotLeader,
         errors.ServerUnavailable,
         errors.TooManyPids,
+        errors.NotEnoughReplicas,
         errors.UnknownTopicOrPartition,
         errors.OutOfOrderSequence,
         errors.UnknownPid,

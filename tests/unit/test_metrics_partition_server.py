@@ -242,6 +242,7 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
     broker.partitions[("a", 1)].state.expired_total = 7
     broker.partitions[("a", 0)].state.refused_total = 3
     broker.partitions[("b", 0)].state.evicted_total = 2
+    broker.partitions[("a", 0)].min_insync_refusals = 5
     m = M.ServerMetrics(1)
     M.watch_broker(m, broker)
     s = scrape(m)
@@ -253,6 +254,10 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
     assert M.sample(s, "pidlease_server_pids_expired_total") == 7
     assert M.sample(s, "pidlease_server_pids_evicted_total") == 2
     assert M.sample(s, "pidlease_server_pid_limit_refusals_total") == 3
+    assert M.sample(s, "pidlease_server_min_insync_refusals_total") == 5
+    assert M.sample(s, "pidlease_server_under_min_isr_partitions") == 0  # 2 in sync, min 1
+    isr.min_insync = 3
+    assert M.sample(scrape(m), "pidlease_server_under_min_isr_partitions") == 1
     assert (
         M.sample(s, "pidlease_server_replica_lag_offsets", topic="a", partition="0", replica="2")
         == 10
