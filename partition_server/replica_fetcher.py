@@ -31,7 +31,7 @@ from partition_server.producer_state import Outcome, Row
 from partition_server.snapshot import CorruptSnapshot
 from partition_server.snapshot import decode as decode_snapshot
 from pidlease import errors
-from pidlease.errors import CorruptRecord
+from pidlease.errors import CorruptRecord, ServerUnavailable
 from pidlease.wire import protocol as P
 from pidlease.wire.framing import FrameTooLarge, read_frame
 from pidlease.wire.protocol import iter_batches
@@ -118,7 +118,15 @@ def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, in
     state = part.state
     active = part.log.segments[-1]
     for h, pos in batches:
-        part.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
+        try:
+            part.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
+        except (ServerUnavailable, OSError):
+            # A failed write (a full disk) after the entries above were saved: an entry
+            # starting past the log end would make this replica unable to lead at its
+            # end (the next epoch must start at or after the last one's start). The file
+            # is trimmed the same way at the next open.
+            part.epochs.trim_past(part.log.next_offset)
+            raise
         if h.is_control:
             state.apply_fence(h.pid, h.generation, now)
             continue

@@ -27,6 +27,7 @@ from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.testing import b, open_part, stored
+from pidlease.errors import ServerUnavailable
 from pidlease.wire.cluster import PartitionState, TopicSpec
 
 
@@ -97,6 +98,38 @@ def test_a_failed_save_of_fetched_epochs_changes_nothing(tmp_path: Path, disk: F
         disk.full.clear()
         assert append_fetched(part, stored([b(1, 2, 2)], 2), [(2, 2)]) == 1  # the refetch
         assert on_disk(part.log.dir) == [(1, 0), (2, 2)]
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_log_write_after_the_epochs_were_saved_leaves_no_entry_past_the_end(
+    tmp_path: Path,
+) -> None:
+    """Found by the simulation (seed 500722 --retention): a follower at log end 2 fetched
+    the leader's epoch 0 batch at 2 and its epoch 3 starting at 4; the epochs were saved,
+    then the log write failed (ENOSPC). Epoch 3 "starting at 4" stayed in memory past the
+    log end, so when this replica was elected at its end (2) it could never take the
+    role ("epoch 4 would start at 2, before epoch 3's start 4"), retrying for ever: the
+    partition stuck."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        part.become_follower(1, 2, "127.0.0.1:1")
+        append_fetched(part, stored([b(1, 0, 2)]), [(1, 0)])
+
+        def full(*_a: object) -> int:
+            raise ServerUnavailable("write failed: [Errno 28] No space left on device")
+
+        real = part.log.append
+        part.log.append = full  # type: ignore[method-assign]
+        with pytest.raises(ServerUnavailable):
+            append_fetched(part, stored([b(1, 2, 2), b(1, 4, 2)], 2), [(1, 0), (3, 4)])
+        part.log.append = real  # type: ignore[method-assign]
+        assert part.log.next_offset == 2
+        assert all(start <= 2 for _, start in part.epochs.entries), part.epochs.entries
+        part.become_leader(2, 4, [1, 2], [2])  # elected at its end: takes the role
+        assert part.epochs.entries[-1] == (4, 2)
         part.close()
 
     asyncio.run(go())
