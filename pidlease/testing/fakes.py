@@ -8,7 +8,9 @@ fencing, duplicates answered with their original offsets from the last five batc
 PID, out-of-order sequences refused, and a monotonic refusal leaving no hole. It can
 inject faults: answer produce requests with an error code (``fail_next``, ``fail_at``),
 append and then cut the connection before answering (``drop_after_append``), stop
-answering (``silent``, ``silent_from``), cut every connection (``drop_all``). LIST_OFFSETS
+answering (``silent``, ``silent_from``), hold one partition's answers with or without
+appending (``hold_after_append``, ``hold_before_append``: a batch in flight whose outcome
+the producer cannot know), cut every connection (``drop_all``). LIST_OFFSETS
 (a reader's start by time, or the log's start or end) is answered from the stored batches.
 
 ``FakeCoordinator`` is the coordinator's HTTP API as an ``httpx.MockTransport`` (pass
@@ -86,6 +88,9 @@ class FakePartitionServer:
         self.drop_after_append = 0  # append, then cut the connection, this many times
         self.silent = False  # read requests, never answer
         self.silent_from = 0  # from this produce request number on: silent
+        # (topic, partition): produce requests there are appended (or not) and never answered
+        self.hold_after_append: set[tuple[str, int]] = set()
+        self.hold_before_append: set[tuple[str, int]] = set()
         self.produce_requests = 0
         self.tokens_seen: list[str] = []
         self.address = ""
@@ -210,6 +215,8 @@ class FakePartitionServer:
         corr = req.correlation_id
         if self.silent or 0 < self.silent_from <= self.produce_requests:
             return b""
+        if (req.topic, req.partition) in self.hold_before_append:
+            return b""
         part = self.parts.get((req.topic, req.partition))
         inject = self.fail_at.pop(self.produce_requests, None)
         if inject is None and self.fail_next:
@@ -285,6 +292,8 @@ class FakePartitionServer:
         if self.drop_after_append > 0:
             self.drop_after_append -= 1
             return None
+        if (req.topic, req.partition) in self.hold_after_append:
+            return b""
         return P.produce_response(
             corr, errors.NONE, "", base_offset=base, last_offset=base + h.count - 1
         )
