@@ -229,3 +229,34 @@ def test_the_async_producer_classifies_the_same_way(fake) -> None:  # type: igno
             await a.close(2000)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("first_answer", "indeterminate"),
+    [
+        # a deposed leader answers NOT_LEADER for a batch it appended but cannot ack (the
+        # fake appends nothing here, yet the SDK cannot tell the two apart)
+        (errors.NotLeader.code, True),
+        (errors.ServerUnavailable.code, True),
+        # refused by the append rules: nothing was written by that attempt
+        (errors.SequenceUnknown.code, False),
+    ],
+)
+def test_whether_a_retriable_answer_rules_a_write_out(
+    fake, first_answer: int, indeterminate: bool
+) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    a = make(coord, producer_name="R", retry_backoff_ms=800, retry_backoff_max_ms=800)
+    try:
+        srv.fail_next.append(first_answer)
+        fut = a.send(b"x", partition=0)
+        wait_for(lambda: len(srv.answers) >= 1)
+        b = make(coord, producer_name="R")
+        try:
+            # the resend (after the backoff) is answered FENCED
+            assert outcome(fenced(fut)) == (0, 0, 0, indeterminate)
+            assert srv.answers == [(0, first_answer), (0, errors.ProducerFenced.code)]
+        finally:
+            b.close(2000)
+    finally:
+        a.close(2000)
