@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import random
 import threading
@@ -369,19 +370,21 @@ class PartitionSender:
         answered OK (waiting behind an earlier one, or its answer not read yet) was
         written: it resolves as acknowledged. For a fenced producer every other batch gets
         its own ``ProducerFenced`` saying whether it may have been written
-        (``_failure_of``)."""
+        (``_failure_of``), after the answer of an attempt still in flight (acknowledged or
+        refused: either is final once fenced)."""
         if self.state is not SenderState.FAILED:
             self._move_to(SenderState.FAILED)
         n = 0
-        cond = self.ctx.future_condition
         lease = self.ctx.lease
         for b in self.in_flight:
-            ack = self._ack_of(b)
-            if ack is not None:
-                b.run.resolve(ack, cond)
-                self.last_acked = max(self.last_acked, b.last_sequence)
-            else:
-                self._fail_run(b.run, self._failure_of(exc, b))
+            if isinstance(exc, ProducerFenced) and b.response is not None and not b.response.done():
+                # Fenced: the takeover fenced every partition before it answered, so the
+                # answer to this attempt, when it comes, says for sure whether it was
+                # written. Wait for it (the connection's request_timeout_ms bounds the wait:
+                # no answer by then fails the connection, and the batch as indeterminate).
+                b.response.add_done_callback(functools.partial(self._settle_drained, b, exc))
+                continue
+            self._settle_failed(b, exc)
             n += b.count
         for run in self.pending:
             self._fail_run(
@@ -404,6 +407,24 @@ class PartitionSender:
 
     def _fail_run(self, run: RecordRun, exc: BaseException) -> None:
         run.fail(exc, self.ctx.future_condition)
+
+    def _settle_failed(self, b: InFlightBatch, exc: BaseException) -> None:
+        """Resolve a sent batch of a failed producer: acknowledged when it was answered
+        OK, else failed with what is known of it (``_failure_of``)."""
+        ack = self._ack_of(b)
+        if ack is not None:
+            b.run.resolve(ack, self.ctx.future_condition)
+            self.last_acked = max(self.last_acked, b.last_sequence)
+        else:
+            self._fail_run(b.run, self._failure_of(exc, b))
+
+    def _settle_drained(
+        self, b: InFlightBatch, exc: BaseException, _answer: asyncio.Future[protocol.Response]
+    ) -> None:
+        """The answer a fenced producer waited for (see fail_all) arrived, or its
+        connection failed."""
+        self._settle_failed(b, exc)
+        self._count_resolved(b.count)
 
     def _ack_of(self, b: InFlightBatch) -> BatchAck | None:
         """The acknowledgement of a sent batch, if it was answered OK or DUPLICATE."""

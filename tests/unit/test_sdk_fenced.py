@@ -16,6 +16,11 @@ from pidlease.client.producer import AsyncProducer, Producer
 from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 
 TOPICS = {"t": (3, "strict")}
+# A fenced producer waits for the answers of batches in flight, up to request_timeout_ms
+# (then its connection is cut): short here, where the fake holds answers back.
+HELD_MS = 1500
+# one record per batch, one batch in flight per partition: a second record waits
+ONE_AT_A_TIME: dict[str, object] = {"batch_records_max": 1, "max_in_flight": 1, "linger_ms": 0}
 
 
 def make(coord: FakeCoordinator, **kw: object) -> Producer:
@@ -45,8 +50,7 @@ def logged(srv: FakePartitionServer, partition: int, pid: int) -> list[int]:
 
 def test_a_takeover_fails_each_batch_saying_whether_it_may_have_been_written(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
-    # one record per batch, one batch in flight per partition: a second record waits
-    a = make(coord, producer_name="X", batch_records_max=1, max_in_flight=1, linger_ms=0)
+    a = make(coord, producer_name="X", request_timeout_ms=HELD_MS, **ONE_AT_A_TIME)
     try:
         for p in range(3):
             for _ in range(3):
@@ -98,9 +102,7 @@ def test_a_takeover_seen_by_the_lease_renewal_fails_batches_in_flight_as_indeter
     srv, coord = fake
     # expire_ms 600: renewed every 300 ms, so the takeover is seen by the lease, with no
     # partition answering FENCED
-    a = make(
-        coord, producer_name="Y", expire_ms=600, batch_records_max=1, max_in_flight=1, linger_ms=0
-    )
+    a = make(coord, producer_name="Y", expire_ms=600, request_timeout_ms=HELD_MS, **ONE_AT_A_TIME)
     try:
         srv.hold_after_append.add(("t", 0))
         written = a.send(b"x", partition=0)
@@ -145,7 +147,14 @@ def test_fenced_on_a_resend_after_an_unanswered_attempt_is_indeterminate(fake) -
 
 def test_a_batch_answered_ok_behind_an_unanswered_one_is_acknowledged_not_failed(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
-    a = make(coord, producer_name="W", batch_records_max=1, max_in_flight=2, linger_ms=0)
+    a = make(
+        coord,
+        producer_name="W",
+        request_timeout_ms=HELD_MS,
+        batch_records_max=1,
+        max_in_flight=2,
+        linger_ms=0,
+    )
     try:
         srv.hold_after_append.add(("t", 0))
         first = a.send(b"1", partition=0)
@@ -168,7 +177,14 @@ def test_a_batch_answered_ok_behind_an_unanswered_one_is_acknowledged_not_failed
 
 def test_unsent_records_with_explicit_sequence_ids_carry_their_ids(fake) -> None:  # type: ignore[no-untyped-def]
     srv, coord = fake
-    a = make(coord, producer_name="V", batch_records_max=2, max_in_flight=1, linger_ms=0)
+    a = make(
+        coord,
+        producer_name="V",
+        request_timeout_ms=HELD_MS,
+        batch_records_max=2,
+        max_in_flight=1,
+        linger_ms=0,
+    )
     try:
         srv.hold_before_append.add(("t", 0))
         sent = [a.send(b"s", partition=0, sequence_id=i) for i in range(2)]
@@ -196,9 +212,8 @@ def test_the_async_producer_classifies_the_same_way(fake) -> None:  # type: igno
             "t",
             producer_name="U",
             http_transport=coord.transport(),
-            batch_records_max=1,
-            max_in_flight=1,
-            linger_ms=0,
+            request_timeout_ms=HELD_MS,
+            **ONE_AT_A_TIME,
         )
         try:
             srv.hold_after_append.add(("t", 0))
@@ -256,6 +271,30 @@ def test_whether_a_retriable_answer_rules_a_write_out(
             # the resend (after the backoff) is answered FENCED
             assert outcome(fenced(fut)) == (0, 0, 0, indeterminate)
             assert srv.answers == [(0, first_answer), (0, errors.ProducerFenced.code)]
+        finally:
+            b.close(2000)
+    finally:
+        a.close(2000)
+
+
+def test_a_batch_in_flight_when_fenced_waits_for_its_answer(fake) -> None:  # type: ignore[no-untyped-def]
+    srv, coord = fake
+    a = make(coord, producer_name="Q", **ONE_AT_A_TIME)
+    try:
+        srv.hold_after_append.add(("t", 0))
+        in_flight = a.send(b"x", partition=0)
+        queued = a.send(b"y", partition=0)
+        wait_for(lambda: srv.produce_requests >= 1)
+        srv.hold_after_append.clear()
+        b = make(coord, producer_name="Q")
+        try:
+            fenced(a.send(b"z", partition=1))  # answered FENCED: the producer failed
+            assert outcome(fenced(queued)) == (0, None, None, False)
+            assert not in_flight.done()  # its answer is still to come: final either way
+            srv.release_held()
+            md = in_flight.result(5)  # written before the fence: acknowledged
+            assert (md.partition, md.offset, md.sequence_id) == (0, 0, 0)
+            assert a.last_sequence_id(0) == 0 == b.last_sequence_id(0)
         finally:
             b.close(2000)
     finally:
