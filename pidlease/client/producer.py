@@ -9,7 +9,9 @@ checks) under a lock, so ``Producer.send`` can admit on the caller's thread and 
 input at once, before anything is queued.
 
 Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
-unresolved future and the producer; later sends raise the same error type.
+unresolved future and the producer; later sends raise the same error type. When fenced,
+each batch's ``ProducerFenced`` says whether it may have been written (``indeterminate``,
+with its partition and sequences; ``sender.PartitionSender.fail_all``).
 
 The senders get their collaborators explicitly (``SenderContext``: the leader pool, the
 lease, the settings, the clocks, and callbacks into the engine); they never see the

@@ -24,6 +24,12 @@ records once the producer has admitted them:
 
 User futures are resolved in sequence order when a batch reaches the head of the window.
 
+When the producer fails, a batch answered OK still resolves as acknowledged; when it is
+fenced, every other batch fails with its own ``ProducerFenced`` (partition, sequences,
+``indeterminate``): not written when it never left or every attempt of it was refused
+before an append, else may have been written. An attempt still in flight is waited for
+first: once fenced, its answer is final.
+
 A sender is given what it uses and does not own, in one ``SenderContext`` shared by the
 senders of a producer: the leaders (``Leaders``: ``LeaderPool``), the lease
 (``LeaseView``: ``LeaseKeeper``), the settings, the clocks and the randomness, the blocking
