@@ -127,7 +127,43 @@ _register(PidleaseError)
 
 
 class ProducerFenced(PidleaseError):
+    """A newer holder of the producer name (a takeover) has the PID: this producer may
+    write nothing more.
+
+    When it fails a sent record's future, it describes that record's batch (in ``extra``,
+    read through the properties): ``partition``, ``first_sequence`` and ``last_sequence``
+    (None when the batch was never numbered: the producer numbers its records when a
+    batch leaves for the server) and ``indeterminate``. False: the batch was not written
+    (it never left the producer, or every attempt of it was refused before any append);
+    True: it may have been written (an attempt got no answer, or one that could come
+    after an append). A batch is written whole or not at all. To learn which, take the
+    name over and compare ``last_sequence_id(partition)`` with ``last_sequence``, or read
+    the partition (docs/sdk.md, "When a producer is fenced")."""
+
     name, code, http_status = "FENCED", 3, 409
+
+    @property
+    def indeterminate(self) -> bool:
+        # Not said (an error that is not about one batch, or a path that did not classify):
+        # assume the worst, that something may have been written.
+        v = self.extra.get("indeterminate")
+        return v if isinstance(v, bool) else True
+
+    @property
+    def partition(self) -> int | None:
+        return _int_or_none(self.extra.get("partition"))
+
+    @property
+    def first_sequence(self) -> int | None:
+        return _int_or_none(self.extra.get("first_sequence"))
+
+    @property
+    def last_sequence(self) -> int | None:
+        return _int_or_none(self.extra.get("last_sequence"))
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 class UnknownPid(PidleaseError):

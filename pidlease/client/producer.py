@@ -9,7 +9,9 @@ checks) under a lock, so ``Producer.send`` can admit on the caller's thread and 
 input at once, before anything is queued.
 
 Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
-unresolved future and the producer; later sends raise the same error type.
+unresolved future and the producer; later sends raise the same error type. When fenced,
+each batch's ``ProducerFenced`` says whether it may have been written (``indeterminate``,
+with its partition and sequences; ``sender.PartitionSender.fail_all``).
 
 The senders get their collaborators explicitly (``SenderContext``: the leader pool, the
 lease, the settings, the clocks, and callbacks into the engine); they never see the
@@ -56,7 +58,7 @@ from pidlease.client.partitioner import Partitioner
 from pidlease.client.record_future import RecordFuture, future_class, place, settle, settled_run
 from pidlease.client.record_run import RecordRun
 from pidlease.client.retry import retrying
-from pidlease.client.sender import PartitionSender, SenderContext
+from pidlease.client.sender import PartitionSender, SenderContext, unsent_failure
 from pidlease.client.structs import BatchAck, RecordMetadata
 from pidlease.errors import DeliveryTimeout, ProducerClosed
 from pidlease.wire import protocol
@@ -138,6 +140,19 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 def _fresh(exc: errors.PidleaseError) -> errors.PidleaseError:
     """A new instance of a stored fatal error, so raising it again keeps tracebacks short."""
     new = type(exc)(exc.detail, **exc.extra)
+    new.__cause__ = exc
+    return new
+
+
+def _refused_send(exc: errors.PidleaseError) -> errors.PidleaseError:
+    """What ``send`` raises on a failed producer: the stored error again; when fenced, one
+    that says the record was not taken (nothing of it can have been written)."""
+    if not isinstance(exc, errors.ProducerFenced):
+        return _fresh(exc)
+    new = errors.ProducerFenced(
+        f"{exc.detail}; this record was not accepted: the producer is fenced",
+        **{**exc.extra, "indeterminate": False},
+    )
     new.__cause__ = exc
     return new
 
@@ -433,7 +448,7 @@ class AsyncProducer:
     # -- admission (any thread, under self.lock) -----------------------------------------
     def check_open(self) -> None:
         if self.fatal is not None:
-            raise _fresh(self.fatal)
+            raise _refused_send(self.fatal)
         if self._state is ProducerState.NEW:
             raise ProducerClosed("the producer is not started: await start() or use create()")
         if self._state is not ProducerState.OPEN:
@@ -550,7 +565,7 @@ class AsyncProducer:
         """Hand an admitted record to its partition (loop thread)."""
         self._buffered += 1
         if self.fatal is not None or self._state is ProducerState.CLOSED:
-            settle(fut, exc=_fresh(self.fatal) if self.fatal else ProducerClosed("closed"))
+            settle(fut, exc=self.unsent_failure(partition, seq, seq))
             self.records_resolved(1)
             return
         self._senders[partition].enqueue(key, value, seq, fut)
@@ -561,9 +576,8 @@ class AsyncProducer:
         n = sum(len(r.values) for r in runs)
         self._buffered += n
         if self.fatal is not None or self._state is ProducerState.CLOSED:
-            exc = _fresh(self.fatal) if self.fatal else ProducerClosed("closed")
             for r in runs:
-                self.fail_run(r, exc)
+                self.fail_run(r, self.unsent_failure(partition, r.first_seq, r.last_seq))
             self.records_resolved(n)
             return
         self._senders[partition].enqueue_runs(runs)
@@ -571,6 +585,21 @@ class AsyncProducer:
     def fail_run(self, run: RecordRun, exc: BaseException) -> None:
         """Fail the records of ``run`` that are still open."""
         run.fail(exc, self.future_condition)
+
+    def unsent_failure(self, partition: int, first_seq: int, last_seq: int) -> BaseException:
+        """What admitted records that never left the producer fail with once it failed
+        (or closed): the fatal error, saying they were not written when fenced
+        (``first_seq`` -1: not numbered yet)."""
+        if self.fatal is None:
+            return ProducerClosed("closed")
+        return unsent_failure(
+            _fresh(self.fatal),
+            pid=self.pid,
+            generation=self.generation,
+            partition=partition,
+            first_seq=first_seq,
+            last_seq=last_seq,
+        )
 
     def records_resolved(self, n: int) -> None:
         self._buffered = max(0, self._buffered - n)
@@ -938,8 +967,8 @@ class Producer:
                     self._close_run(p, run)
                     taken.append((p, run))
         n = 0
-        for _p, run in taken:
-            self._engine.fail_run(run, _fresh(exc))
+        for p, run in taken:
+            self._engine.fail_run(run, self._engine.unsent_failure(p, run.first_seq, run.last_seq))
             n += len(run.values)
         if n:
             self._release(n)

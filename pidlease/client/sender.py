@@ -24,6 +24,12 @@ records once the producer has admitted them:
 
 User futures are resolved in sequence order when a batch reaches the head of the window.
 
+When the producer fails, a batch answered OK still resolves as acknowledged; when it is
+fenced, every other batch fails with its own ``ProducerFenced`` (partition, sequences,
+``indeterminate``): not written when it never left or every attempt of it was refused
+before an append, else may have been written. An attempt still in flight is waited for
+first: once fenced, its answer is final.
+
 A sender is given what it uses and does not own, in one ``SenderContext`` shared by the
 senders of a producer: the leaders (``Leaders``: ``LeaderPool``), the lease
 (``LeaseView``: ``LeaseKeeper``), the settings, the clocks and the randomness, the blocking
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import random
 import threading
@@ -51,7 +58,7 @@ from pidlease.client.connection import Connection
 from pidlease.client.record_run import RecordRun
 from pidlease.client.retry import Backoff, retriable
 from pidlease.client.structs import BatchAck, RecordMetadata
-from pidlease.errors import DeliveryTimeout, ProducerClosed
+from pidlease.errors import DeliveryTimeout, ProducerClosed, ProducerFenced
 from pidlease.wire import protocol
 
 __all__ = [
@@ -66,10 +73,112 @@ __all__ = [
     "RecordMetadata",
     "SenderContext",
     "SenderState",
+    "fenced_batch",
+    "unsent_failure",
 ]
 
 log = logging.getLogger("pidlease.client.producer")
 _SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
+
+# Answers a partition server gives before it appends anything (the append rules' refusals,
+# the tracked-PID limit, a partition still loading): an attempt answered with one of these
+# wrote nothing. Every other outcome of an attempt may have written its batch: no answer
+# (lost connection, timeout), and NOT_LEADER or SERVER_UNAVAILABLE too, since a leader
+# answers those for a batch it appended and can no longer acknowledge (deposed, log cut).
+_REFUSED_BEFORE_APPEND = frozenset(
+    {
+        errors.ProducerFenced.code,
+        errors.SequenceUnknown.code,
+        errors.TooManyPids.code,
+        errors.OutOfOrderSequence.code,
+        errors.UnknownPid.code,
+        errors.UnknownTopicOrPartition.code,
+    }
+)
+
+
+def fenced_batch(
+    cause: ProducerFenced,
+    *,
+    pid: int,
+    generation: int,
+    partition: int,
+    first: int | None,
+    last: int | None,
+    indeterminate: bool,
+    why: str,
+) -> ProducerFenced:
+    """The error for one batch of a fenced producer: ``cause`` (the FENCED answer or lease
+    refusal) with the batch's partition, sequences and whether it may have been written,
+    and a message that says what to do."""
+    seqs = f"sequences {first}..{last}" if first is not None else "records not numbered yet"
+    if indeterminate:
+        outcome = (
+            f"partition {partition}, {seqs}: may have been written ({why}). To learn "
+            f"whether: take the name over with a new producer and compare its "
+            f"last_sequence_id({partition}) with {last}, or read partition {partition} "
+            f"for pid {pid}; resend only what is missing"
+        )
+    else:
+        outcome = (
+            f"partition {partition}, {seqs}: not written ({why}); resend them with a "
+            f"producer that holds the name"
+        )
+    err = ProducerFenced(
+        f"producer pid {pid} generation {generation} was fenced (another producer took "
+        f"the PID over): {outcome}. Fenced by: {cause.detail}",
+        **{
+            **cause.extra,
+            "partition": partition,
+            "first_sequence": first,
+            "last_sequence": last,
+            "indeterminate": indeterminate,
+        },
+    )
+    err.__cause__ = cause
+    return err
+
+
+def unsent_failure(
+    exc: BaseException,
+    *,
+    pid: int,
+    generation: int,
+    partition: int,
+    first_seq: int,
+    last_seq: int,
+) -> BaseException:
+    """What admitted records that never left the producer fail with (``first_seq`` ..
+    ``last_seq``: their explicit sequence ids, -1 when the producer numbers them as it
+    sends): ``exc``, or for a fenced producer a ``ProducerFenced`` saying they were not
+    written."""
+    if not isinstance(exc, ProducerFenced):
+        return exc
+    numbered = first_seq >= 0
+    return fenced_batch(
+        exc,
+        pid=pid,
+        generation=generation,
+        partition=partition,
+        first=first_seq if numbered else None,
+        last=last_seq if numbered else None,
+        indeterminate=False,
+        why="they never left the producer: it was fenced before sending them",
+    )
+
+
+def _may_have_written(answer: asyncio.Future[protocol.Response]) -> bool:
+    """Whether the attempt behind ``answer`` (not an OK one) may have written its batch."""
+    if not answer.done() or answer.cancelled() or answer.exception() is not None:
+        return True
+    return answer.result().error_code not in _REFUSED_BEFORE_APPEND
+
+
+def _ok_answer(answer: asyncio.Future[protocol.Response] | None) -> protocol.Response | None:
+    if answer is None or not answer.done() or answer.cancelled() or answer.exception():
+        return None
+    resp = answer.result()
+    return resp if resp.error_code in (errors.NONE, errors.DUPLICATE) else None
 
 
 # -- what a sender needs from the rest of the engine, given explicitly -------------------
@@ -155,6 +264,9 @@ class InFlightBatch:
     done: bool = False
     base_offset: int = -1
     duplicate: bool = False
+    # An earlier attempt ended without proof that it wrote nothing (see
+    # _REFUSED_BEFORE_APPEND): if the producer fails now, the batch's outcome is unknown.
+    maybe_written: bool = False
 
     @property
     def last_sequence(self) -> int:
@@ -260,15 +372,38 @@ class PartitionSender:
         await fut
 
     def fail_all(self, exc: BaseException) -> None:
-        """The producer failed: fail every record here, send nothing more."""
+        """The producer failed: fail every record here, send nothing more. A batch already
+        answered OK (waiting behind an earlier one, or its answer not read yet) was
+        written: it resolves as acknowledged. For a fenced producer every other batch gets
+        its own ``ProducerFenced`` saying whether it may have been written
+        (``_failure_of``), after the answer of an attempt still in flight (acknowledged or
+        refused: either is final once fenced)."""
         if self.state is not SenderState.FAILED:
             self._move_to(SenderState.FAILED)
         n = 0
+        lease = self.ctx.lease
         for b in self.in_flight:
-            self._fail_run(b.run, exc)
+            if isinstance(exc, ProducerFenced) and b.response is not None and not b.response.done():
+                # Fenced: the takeover fenced every partition before it answered, so the
+                # answer to this attempt, when it comes, says for sure whether it was
+                # written. Wait for it (the connection's request_timeout_ms bounds the wait:
+                # no answer by then fails the connection, and the batch as indeterminate).
+                b.response.add_done_callback(functools.partial(self._settle_drained, b, exc))
+                continue
+            self._settle_failed(b, exc)
             n += b.count
         for run in self.pending:
-            self._fail_run(run, exc)
+            self._fail_run(
+                run,
+                unsent_failure(
+                    exc,
+                    pid=lease.pid,
+                    generation=lease.generation,
+                    partition=self.partition,
+                    first_seq=run.first_seq,
+                    last_seq=run.last_seq,
+                ),
+            )
             n += len(run.values)
         self.in_flight.clear()
         self.pending.clear()
@@ -278,6 +413,60 @@ class PartitionSender:
 
     def _fail_run(self, run: RecordRun, exc: BaseException) -> None:
         run.fail(exc, self.ctx.future_condition)
+
+    def _settle_failed(self, b: InFlightBatch, exc: BaseException) -> None:
+        """Resolve a sent batch of a failed producer: acknowledged when it was answered
+        OK, else failed with what is known of it (``_failure_of``)."""
+        ack = self._ack_of(b)
+        if ack is not None:
+            b.run.resolve(ack, self.ctx.future_condition)
+            self.last_acked = max(self.last_acked, b.last_sequence)
+        else:
+            self._fail_run(b.run, self._failure_of(exc, b))
+
+    def _settle_drained(
+        self, b: InFlightBatch, exc: BaseException, _answer: asyncio.Future[protocol.Response]
+    ) -> None:
+        """The answer a fenced producer waited for (see fail_all) arrived, or its
+        connection failed."""
+        self._settle_failed(b, exc)
+        self._count_resolved(b.count)
+
+    def _ack_of(self, b: InFlightBatch) -> BatchAck | None:
+        """The acknowledgement of a sent batch, if it was answered OK or DUPLICATE."""
+        if not b.done:
+            resp = _ok_answer(b.response)
+            if resp is None:
+                return None
+            b.done = True
+            b.base_offset = resp.base_offset
+            b.duplicate = resp.error_code == errors.DUPLICATE
+        return BatchAck(self.ctx.topic, self.partition, b.base_offset, b.base_sequence, b.duplicate)
+
+    def _failure_of(self, exc: BaseException, b: InFlightBatch) -> BaseException:
+        """What a sent, unacknowledged batch fails with when the producer fails with
+        ``exc``: for a fenced producer, whether the batch may have been written. It was
+        not when every attempt of it was refused before an append (its own FENCED answer,
+        say); it may have been when an attempt is unanswered or ended otherwise."""
+        if not isinstance(exc, ProducerFenced):
+            return exc
+        if b.response is not None and _may_have_written(b.response):
+            b.maybe_written = True
+        lease = self.ctx.lease
+        return fenced_batch(
+            exc,
+            pid=lease.pid,
+            generation=lease.generation,
+            partition=self.partition,
+            first=b.base_sequence,
+            last=b.last_sequence,
+            indeterminate=b.maybe_written,
+            why=(
+                "it was sent and an attempt of it got no answer that rules a write out"
+                if b.maybe_written
+                else "every attempt of it was refused before any append"
+            ),
+        )
 
     # -- the task ------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -392,6 +581,8 @@ class PartitionSender:
                 unresolved_before = True
                 continue
             b.response = None
+            if _may_have_written(r):
+                b.maybe_written = True  # unless an OK answer settles it just below
             exc: BaseException | None = (
                 r.exception() if not r.cancelled() else errors.ServerUnavailable("cancelled")
             )

@@ -8,7 +8,10 @@ fencing, duplicates answered with their original offsets from the last five batc
 PID, out-of-order sequences refused, and a monotonic refusal leaving no hole. It can
 inject faults: answer produce requests with an error code (``fail_next``, ``fail_at``),
 append and then cut the connection before answering (``drop_after_append``), stop
-answering (``silent``, ``silent_from``), cut every connection (``drop_all``). LIST_OFFSETS
+answering (``silent``, ``silent_from``), hold one partition's answers with or without
+appending (``hold_after_append``, ``hold_before_append``: a batch in flight whose outcome
+the producer cannot know; ``release_held`` sends the answers held after appending), cut
+every connection (``drop_all``). LIST_OFFSETS
 (a reader's start by time, or the log's start or end) is answered from the stored batches.
 
 ``FakeCoordinator`` is the coordinator's HTTP API as an ``httpx.MockTransport`` (pass
@@ -86,6 +89,11 @@ class FakePartitionServer:
         self.drop_after_append = 0  # append, then cut the connection, this many times
         self.silent = False  # read requests, never answer
         self.silent_from = 0  # from this produce request number on: silent
+        # (topic, partition): produce requests there are appended (or not) and never answered
+        self.hold_after_append: set[tuple[str, int]] = set()
+        self.hold_before_append: set[tuple[str, int]] = set()
+        self._held: list[tuple[asyncio.StreamWriter, bytes]] = []  # (to whom, answer)
+        self._writer: asyncio.StreamWriter | None = None  # of the request being handled
         self.produce_requests = 0
         self.tokens_seen: list[str] = []
         self.address = ""
@@ -175,6 +183,7 @@ class FakePartitionServer:
             while True:
                 body = await read_frame(reader, FRAME_SIZE_LIMIT)
                 req = P.decode_request(body)
+                self._writer = writer
                 out = self._handle(req)
                 if out is None:
                     writer.transport.abort()
@@ -209,6 +218,8 @@ class FakePartitionServer:
         self.tokens_seen.append(req.token)
         corr = req.correlation_id
         if self.silent or 0 < self.silent_from <= self.produce_requests:
+            return b""
+        if (req.topic, req.partition) in self.hold_before_append:
             return b""
         part = self.parts.get((req.topic, req.partition))
         inject = self.fail_at.pop(self.produce_requests, None)
@@ -285,9 +296,27 @@ class FakePartitionServer:
         if self.drop_after_append > 0:
             self.drop_after_append -= 1
             return None
-        return P.produce_response(
+        answer = P.produce_response(
             corr, errors.NONE, "", base_offset=base, last_offset=base + h.count - 1
         )
+        if (req.topic, req.partition) in self.hold_after_append:
+            assert self._writer is not None
+            self._held.append((self._writer, answer))
+            return b""
+        return answer
+
+    def release_held(self) -> None:
+        """Send the answers held by ``hold_after_append`` (to connections still open)."""
+
+        def send() -> None:
+            with self.lock:
+                held, self._held = self._held, []
+            for w, answer in held:
+                if not w.transport.is_closing():
+                    w.write(answer)
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(send)
 
     def delete_below(self, topic: str, partition: int, offset: int) -> None:
         """Drop the stored batches wholly below ``offset``, as retention would."""

@@ -5,6 +5,7 @@ renewal, replayable sources with explicit sequence ids."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -237,3 +238,77 @@ def test_producer_rides_out_a_coordinator_outage_longer_than_its_lease(make_clus
         assert pending.result(60).offset == 1
         assert p.send(b"after").result(30).offset == 2
     assert [r.value for r in Reader(c.coordinator_url, "o", 0)] == [b"before", b"during", b"after"]
+
+
+def test_a_takeover_mid_stream_says_which_records_may_have_landed(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A sends to 3 partitions without pause; B takes the name over. Every A future is
+    acked (in the log), ProducerFenced not indeterminate (not in the log), or
+    indeterminate, which B's last_sequence_id settles: landed iff it is at or above the
+    batch's last sequence. B resumes right after what is in the log."""
+    c = make_cluster(servers=2)
+    c.create_topic("mid", partitions=3)
+    a = Producer(
+        c.coordinator_url, topic="mid", producer_name="M", batch_records_max=20, linger_ms=0
+    )
+    futs = []
+    taken: list[Producer] = []
+    refused_at_send: errors.ProducerFenced | None = None
+
+    def take_over() -> None:
+        time.sleep(0.3)  # while A sends
+        taken.append(Producer(c.coordinator_url, topic="mid", producer_name="M"))
+
+    t = threading.Thread(target=take_over)
+    b = None
+    try:
+        t.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                futs.append(a.send(b"r%d" % len(futs)))
+            except errors.ProducerFenced as exc:
+                refused_at_send = exc
+                break
+            if len(futs) % 200 == 0:
+                time.sleep(0.002)  # batches go out while A sends on
+        t.join(30)
+        b = taken[0]
+        assert refused_at_send is not None, "A was fenced while sending"
+        assert refused_at_send.indeterminate is False  # refused at send: nothing sent
+        a.flush()
+        resume = [b.last_sequence_id(q) for q in range(3)]
+    finally:
+        a.close(5000)
+        if b is not None:
+            b.close()
+    logged = {
+        q: {r.sequence_id for r in Reader(c.coordinator_url, "mid", q) if r.pid == a.pid}
+        for q in range(3)
+    }
+    assert resume == [max(logged[q], default=-1) for q in range(3)]
+    kinds = {"acked": 0, "not written": 0, "landed": 0, "did not land": 0}
+    for f in futs:
+        exc = f.exception(30)
+        if exc is None:
+            m = f.result()
+            assert m.sequence_id in logged[m.partition]
+            kinds["acked"] += 1
+            continue
+        assert isinstance(exc, errors.ProducerFenced), exc
+        q = exc.partition
+        assert q is not None
+        if exc.first_sequence is None:  # never numbered: never sent
+            assert exc.indeterminate is False
+            kinds["not written"] += 1
+            continue
+        assert exc.last_sequence is not None
+        seqs = set(range(exc.first_sequence, exc.last_sequence + 1))
+        if not exc.indeterminate:
+            assert not seqs & logged[q], "a batch said not written is in the log"
+            kinds["not written"] += 1
+        else:
+            landed = resume[q] >= exc.last_sequence
+            assert (seqs <= logged[q]) == landed and (seqs & logged[q] == set()) != landed
+            kinds["landed" if landed else "did not land"] += 1
+    assert kinds["acked"] + kinds["landed"] == sum(len(s) for s in logged.values())
+    print("outcomes:", kinds)
