@@ -387,6 +387,25 @@ def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_pat
     asyncio.run(go())
 
 
+async def follower_past_pid7(
+    tmp_path: Path, clock: ManualClock, policy: LogPolicy
+) -> tuple[Partition, Broker]:
+    """A follower that fetched PID 7's sequences 0-2 and PID 8's 0-19 (offsets 0-22, all
+    committed and old), took a snapshot, and whose retention deleted PID 7's batches."""
+    part = open_part(tmp_path, clock_ms=clock, policy=policy)
+    part.become_follower(2, 1, "127.0.0.1:1")
+    b = make_broker(tmp_path, clock, part)
+    batches = [bytes(raw_batch(7, s, OLD_TS)) for s in range(3)]
+    batches += [bytes(raw_batch(8, s, OLD_TS)) for s in range(20)]
+    assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+    await part.wait_flushed(23)
+    part.set_high_watermark(23)
+    await b.snapshot_now()
+    assert await retain(b, clock.now) > 0
+    assert part.log.log_start_offset > 3
+    return part, b
+
+
 @pytest.mark.parametrize("cut_batches", [2, 7])  # 7: more than the K=5 batches a row keeps
 def test_a_follower_cut_rewinds_a_pid_whose_other_batches_all_went(
     tmp_path: Path, cut_batches: int
@@ -400,16 +419,7 @@ def test_a_follower_cut_rewinds_a_pid_whose_other_batches_all_went(
     policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
 
     async def go() -> None:
-        part = open_part(tmp_path, clock_ms=clock, policy=policy)
-        part.become_follower(2, 1, "127.0.0.1:1")
-        b = make_broker(tmp_path, clock, part)
-        batches = [bytes(raw_batch(7, s, OLD_TS)) for s in range(3)]
-        batches += [bytes(raw_batch(8, s, OLD_TS)) for s in range(20)]
-        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
-        await part.wait_flushed(23)
-        part.set_high_watermark(23)
-        await b.snapshot_now()
-        assert await retain(b, clock.now) > 0
+        part, _ = await follower_past_pid7(tmp_path, clock, policy)
         assert part.log.log_start_offset > 3  # PID 7's committed batches are gone
         extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(cut_batches)]
         n = append_fetched(part, stored(extra, start=23), [(1, 0)])
@@ -435,16 +445,7 @@ def test_recovery_from_a_snapshot_taken_before_a_cut_keeps_pids_only_retention_d
     policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
 
     async def go() -> None:
-        part = open_part(tmp_path, clock_ms=clock, policy=policy)
-        part.become_follower(2, 1, "127.0.0.1:1")
-        b = make_broker(tmp_path, clock, part)
-        batches = [bytes(raw_batch(7, s, OLD_TS)) for s in range(3)]
-        batches += [bytes(raw_batch(8, s, OLD_TS)) for s in range(20)]
-        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
-        await part.wait_flushed(23)
-        part.set_high_watermark(23)
-        await b.snapshot_now()
-        assert await retain(b, clock.now) > 0
+        part, b = await follower_past_pid7(tmp_path, clock, policy)
         start = part.log.log_start_offset
         assert start > 3
         extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(2)]
@@ -465,6 +466,26 @@ def test_recovery_from_a_snapshot_taken_before_a_cut_keeps_pids_only_retention_d
     asyncio.run(go())
 
 
+async def replica_fetch_from(
+    lead: Partition, tmp_path: Path, clock: ManualClock, *, offset: int
+) -> P.Response:
+    """Follower 2's REPLICA_FETCH at ``offset`` answered by ``lead``'s replica manager."""
+    settings = SimpleNamespace(
+        server_id=1,
+        routes={},
+        replica_lag_time_max_ms=10_000,
+        isr_change_min_interval_ms=0,
+        replica_fetch_wait_max_ms=0,
+        fetch_bytes_max=1 << 20,
+    )
+    registry = SimpleNamespace(zk=None, refresh=lambda: None, assignment=None)
+    mgr = ReplicaManager(settings, registry, {("t", 0): lead}, tmp_path, clock_ms=clock)  # type: ignore[arg-type]
+    req = P.Request(
+        P.REPLICA_FETCH, 1, "t", 0, offset=offset, max_bytes=1 << 20, replica_id=2, leader_epoch=1
+    )
+    return P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, lead))[4:])
+
+
 def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there(
     tmp_path: Path,
 ) -> None:
@@ -483,20 +504,7 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
         await b.snapshot_now()
         assert await retain(b, clock.now) > 0
         start, end = lead.log.log_start_offset, lead.log.next_offset
-        settings = SimpleNamespace(
-            server_id=1,
-            routes={},
-            replica_lag_time_max_ms=10_000,
-            isr_change_min_interval_ms=0,
-            replica_fetch_wait_max_ms=0,
-            fetch_bytes_max=1 << 20,
-        )
-        registry = SimpleNamespace(zk=None, refresh=lambda: None, assignment=None)
-        mgr = ReplicaManager(settings, registry, {("t", 0): lead}, tmp_path, clock_ms=clock)  # type: ignore[arg-type]
-        req = P.Request(
-            P.REPLICA_FETCH, 1, "t", 0, offset=2, max_bytes=1 << 20, replica_id=2, leader_epoch=1
-        )
-        resp = P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, lead))[4:])
+        resp = await replica_fetch_from(lead, tmp_path, clock, offset=2)
         assert resp.error_code == errors.OffsetOutOfRange.code
         assert resp.high_watermark == start  # where the follower starts over
         # The follower: two batches of PID 7, then down while the leader moved on.
@@ -560,20 +568,7 @@ def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_
         assert await retain(b, clock.now) > 0
         start = lead.log.log_start_offset
         assert start > 5
-        settings = SimpleNamespace(
-            server_id=1,
-            routes={},
-            replica_lag_time_max_ms=10_000,
-            isr_change_min_interval_ms=0,
-            replica_fetch_wait_max_ms=0,
-            fetch_bytes_max=1 << 20,
-        )
-        registry = SimpleNamespace(zk=None, refresh=lambda: None, assignment=None)
-        mgr = ReplicaManager(settings, registry, {("t", 0): lead}, tmp_path, clock_ms=clock)  # type: ignore[arg-type]
-        req = P.Request(
-            P.REPLICA_FETCH, 1, "t", 0, offset=2, max_bytes=1 << 20, replica_id=2, leader_epoch=1
-        )
-        resp = P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, lead))[4:])
+        resp = await replica_fetch_from(lead, tmp_path, clock, offset=2)
         assert resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark == start
         rows = _leader_rows(lead, resp.data)
         assert rows is not None and {r[0] for r in rows} == {5}  # 7 and 8 are in the log
