@@ -19,6 +19,13 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 # The dashboard's browser test drives Debian's Chromium; CI validates docker-compose.yml.
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+# A real Kafka client for the Kafka listener's tests; nft/iptables for the network-namespace
+# nemesis suite (its NFQUEUE delayer needs libnetfilter-queue's headers and a compiler).
+command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+[ -f /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || need_apt+=(libnetfilter-queue-dev)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "== installing Debian packages: ${need_apt[*]}"
