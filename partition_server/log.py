@@ -50,9 +50,13 @@ from pidlease.errors import CorruptRecord, ServerUnavailable, describe
 from pidlease.wire.protocol import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
+    HEADER_BYTES_MAX,
+    KAFKA_CRC_START,
+    KAFKA_MAGIC,
     BatchHeader,
     batch_crc_ok,
     decode_batch_header,
+    kafka_crc,
 )
 
 log = logging.getLogger("partition_server.log")
@@ -68,6 +72,10 @@ _TIMESTAMP_AT = BATCH_HEADER_SIZE - _TIMESTAMP.size
 # The checksum covers a batch from the field after it on (protocol.py): base offset,
 # length and checksum come first.
 _CRC_FROM = struct.calcsize(">qII")
+# A Kafka batch (byte 16 = magic 2, protocol.py) keeps its maxTimestamp at 35, its CRC-32C
+# at 17 and its lastOffsetDelta at 23: what the append and the fetch path read of it.
+_KAFKA_MAX_TS_AT = 35
+_KAFKA_LEAD = struct.Struct(">qiibIhi")  # base, length, leader epoch, magic, crc, attrs, delta
 _SCAN_CHUNK = 1 << 20  # bytes read at a time when walking whole segments (iter_headers)
 
 
@@ -408,7 +416,7 @@ class PartitionLog:
     def _first_timestamp(self, seg: Segment) -> int:
         """The active segment's age after a restart: its first batch's timestamp (no
         later than now, so a producer's fast clock cannot keep it open forever)."""
-        h = decode_batch_header(os.pread(seg.fd, BATCH_HEADER_SIZE, 0))
+        h = decode_batch_header(os.pread(seg.fd, HEADER_BYTES_MAX, 0))
         return min(h.timestamp_ms, self.clock_ms())
 
     # -- append ----------------------------------------------------------------------------
@@ -436,7 +444,8 @@ class PartitionLog:
                 log.exception("%s: could not cut back a failed write", self.dir.name)
             _report_write_failure(self.dir.name, exc)
             raise ServerUnavailable(f"write failed: {exc}") from exc
-        (ts,) = _TIMESTAMP.unpack_from(batch, _TIMESTAMP_AT)
+        ts_at = _KAFKA_MAX_TS_AT if batch[16] == KAFKA_MAGIC else _TIMESTAMP_AT
+        (ts,) = _TIMESTAMP.unpack_from(batch, ts_at)
         active.index.add(base, pos, ts, self.index_interval_bytes)
         active.size += len(batch)
         if active.first_append_ms < 0:
@@ -594,11 +603,12 @@ class PartitionLog:
         (default: about two index intervals, what a walk from an entry needs). Each header
         must follow on from the one before: CorruptRecord, logged, if not. Checksums are
         not checked here."""
-        chunk = max(chunk or 2 * self.index_interval_bytes + 1024, BATCH_HEADER_SIZE)
+        chunk = max(chunk or 2 * self.index_interval_bytes + 1024, HEADER_BYTES_MAX)
         buf = b""
         at = pos  # the file position of buf[0]
         while pos < seg.size:
-            if pos + BATCH_HEADER_SIZE > at + len(buf):
+            # A header of either format, as much of it as the segment holds.
+            if pos + min(HEADER_BYTES_MAX, seg.size - pos) > at + len(buf):
                 at, buf = pos, os.pread(seg.fd, min(chunk, seg.size - pos), pos)
             h = self._header(seg, buf, pos - at, pos, offset)
             yield pos, h
@@ -701,7 +711,12 @@ class PartitionLog:
                 view, rel = memoryview(buf), pos - at
                 if rel + BATCH_HEADER_SIZE > len(buf):
                     self._corrupt(seg, offset, pos, "partial batch header")
-            base, batch_len, crc, _, _, _, _, count, _ = unpack(buf, rel)
+            kafka = buf[rel + 16] == KAFKA_MAGIC
+            if kafka:
+                base, batch_len, _, _, crc, _, delta = _KAFKA_LEAD.unpack_from(buf, rel)
+                count = delta + 1
+            else:
+                base, batch_len, crc, _, _, _, _, count, _ = unpack(buf, rel)
             size = batch_len + 12
             if base != offset or count < 1 or size < BATCH_HEADER_SIZE or pos + size > seg_size:
                 self._header(seg, buf, rel, pos, offset)  # says what is wrong, and raises
@@ -715,7 +730,11 @@ class PartitionLog:
             if rel + size > len(buf):
                 buf, at = self._more(seg, buf, at, start, pos + size, hint)
                 view, rel = memoryview(buf), pos - at
-            if crc32(view[rel + _CRC_FROM : rel + size]) != crc:
+            if kafka:
+                ok = kafka_crc(buf, rel + KAFKA_CRC_START, rel + size) == crc
+            else:
+                ok = crc32(view[rel + _CRC_FROM : rel + size]) == crc
+            if not ok:
                 log.error(
                     "%s: corrupt batch at offset %d in segment %s (file position %d)",
                     self.dir.name,

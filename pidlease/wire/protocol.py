@@ -29,6 +29,15 @@ fills in ``base_offset``, which the checksum does not cover, so it never recompu
 Record ``i`` of a batch has offset ``base_offset + i`` and sequence ``base_sequence + i``.
 A control batch holds one record (key ``b"fence"``), takes one offset, has no sequence,
 and readers skip it unless asked for control records.
+
+A log also holds Kafka RecordBatch v2 batches, stored as a Kafka producer sent them
+(docs/kafka.md, "On-disk format"). Their lead (``baseOffset i64, batchLength i32``) has our
+shape, and byte 16 tells the two apart: our ``flags`` is only ever 0 or 1 (``validate_batch``
+refuses any other value), Kafka's ``magic`` is 2. ``decode_batch_header`` reads either into
+one ``BatchHeader`` (flag ``FLAG_KAFKA`` set, the epoch mapped onto a generation from
+``KAFKA_GENERATION_BASE``), so the log, recovery, replication and the readers see one
+kind of header; ``batch_crc_ok`` checks CRC-32C over a Kafka batch, and ``iter_records``
+reads its varint records. Validation with Kafka's error codes is ``kafka_batch.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import google_crc32c
 
 from pidlease.errors import CorruptRecord
 from pidlease.wire.framing import encode_frame, pack_header
@@ -68,6 +79,17 @@ LATEST_TIMESTAMP = -1  # the high watermark: the next record to be committed
 EARLIEST_TIMESTAMP = -2  # the log start: the oldest record still held
 
 FLAG_CONTROL = 0x01
+# Never written by us: set in a decoded header when the batch is a Kafka RecordBatch v2
+# (byte 16 is Kafka's ``magic``, 2, where ours holds ``flags``, 0 or 1).
+FLAG_KAFKA = 0x02
+NATIVE_FLAGS = FLAG_CONTROL  # every flag bit a batch of ours may carry on the wire
+KAFKA_MAGIC = 2
+# A Kafka producer's int16 epoch ``e`` is generation ``KAFKA_GENERATION_BASE + e`` in the
+# producer state: above every generation our leases give (< 2**31), so a native batch with
+# a PID Kafka clients use is always from an older generation (FENCED), and the rules can
+# tell a Kafka PID's state from ours by its generation alone (append_rules.py).
+KAFKA_GENERATION_BASE = 2**31
+KAFKA_EPOCH_MAX = 2**15 - 1
 FENCE_CREATE_IF_ABSENT = 0x01
 
 MAX_GENERATION = 2**31 - 1
@@ -86,6 +108,16 @@ REC_HEAD = _REC_HEAD  # key_len (-1: no key), value_len
 _BATCH_LEAD = struct.Struct(">qII")  # base_offset, batch_len, crc
 _BATCH_TAIL = struct.Struct(">BQIqIq")  # flags .. timestamp_ms (the CRC covers these)
 _CRC_START = 16
+# Kafka RecordBatch v2 header: baseOffset, batchLength, partitionLeaderEpoch, magic, crc,
+# attributes, lastOffsetDelta, baseTimestamp, maxTimestamp, producerId, producerEpoch,
+# baseSequence, recordCount; CRC-32C covers every byte from attributes to the end.
+KAFKA_HEADER = struct.Struct(">qiibIhiqqqhii")
+KAFKA_HEADER_SIZE = KAFKA_HEADER.size  # 61
+KAFKA_CRC_START = 21
+# Bytes enough to decode the header of a batch of either format (a caller reading headers
+# from a file reads this much, or what is left of the file).
+HEADER_BYTES_MAX = KAFKA_HEADER_SIZE
+_MAGIC_AT = 16
 # Fixed-size parts of responses.
 _PRODUCE_RESP = struct.Struct(">qqq")  # base_offset, last_offset, expected_sequence
 _FETCH_REQ = struct.Struct(">qI")  # offset, max_bytes
@@ -236,10 +268,43 @@ def encode_control_batch(*, pid: int, generation: int, timestamp_ms: int) -> byt
 
 
 def decode_batch_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse a header without checking the checksum. Raises CorruptRecord when short."""
+    """Parse a header of either format without checking the checksum. Raises
+    CorruptRecord when short."""
     if len(buf) - pos < BATCH_HEADER_SIZE:
         raise CorruptRecord(f"batch header needs {BATCH_HEADER_SIZE} bytes, got {len(buf) - pos}")
+    if buf[pos + _MAGIC_AT] == KAFKA_MAGIC:
+        return decode_kafka_header(buf, pos)
     return BatchHeader(*BATCH_HEADER.unpack_from(buf, pos))
+
+
+def decode_kafka_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    """A Kafka RecordBatch v2 header in our shape: ``count`` is the offsets it takes
+    (lastOffsetDelta + 1), ``timestamp_ms`` its maxTimestamp, a producerId of -1 (not
+    idempotent) is PID 0 with sequence 0, an epoch ``e`` is generation
+    ``KAFKA_GENERATION_BASE + e``."""
+    if len(buf) - pos < KAFKA_HEADER_SIZE:
+        raise CorruptRecord(
+            f"Kafka batch header needs {KAFKA_HEADER_SIZE} bytes, got {len(buf) - pos}"
+        )
+    (base, length, _, _, crc, _, delta, _, max_ts, pid, epoch, seq, _) = KAFKA_HEADER.unpack_from(
+        buf, pos
+    )
+    if pid < 0:
+        pid, generation, seq = 0, 0, 0
+    else:
+        generation = KAFKA_GENERATION_BASE + (epoch & 0xFFFF)
+    return BatchHeader(
+        base, length & 0xFFFF_FFFF, crc, FLAG_KAFKA, pid, generation, seq, delta + 1, max_ts
+    )
+
+
+def is_kafka(h: BatchHeader) -> bool:
+    return bool(h.flags & FLAG_KAFKA)
+
+
+def kafka_epoch(h: BatchHeader) -> int:
+    """The Kafka producer epoch of a Kafka batch's header (-1 when it has no PID)."""
+    return h.generation - KAFKA_GENERATION_BASE if h.pid else -1
 
 
 def set_base_offset(batch: bytearray, base_offset: int, pos: int = 0) -> None:
@@ -250,7 +315,16 @@ def batch_crc_ok(buf: bytes | memoryview, header: BatchHeader, pos: int = 0) -> 
     end = pos + header.size
     if end > len(buf):
         return False
+    if header.flags & FLAG_KAFKA:
+        return kafka_crc(buf, pos + KAFKA_CRC_START, end) == header.crc
     return zlib.crc32(memoryview(buf)[pos + _CRC_START : end]) == header.crc
+
+
+def kafka_crc(buf: bytes | memoryview, start: int, end: int) -> int:
+    """CRC-32C of ``buf[start:end]`` (google_crc32c's C code; it takes only bytes)."""
+    if type(buf) is bytes:
+        return int(google_crc32c.value(buf[start:end]))
+    return int(google_crc32c.value(bytes(memoryview(buf)[start:end])))
 
 
 def validate_batch(
@@ -259,6 +333,9 @@ def validate_batch(
     """Check one complete batch at ``pos``: lengths, checksum, field ranges and that its
     records parse to exactly ``count`` records filling the batch. Raises CorruptRecord."""
     h = decode_batch_header(buf, pos)
+    if h.flags & ~NATIVE_FLAGS:
+        # Kafka batches (magic 2 at this byte) come only through the Kafka listener.
+        raise CorruptRecord(f"unknown batch flags {h.flags:#x}")
     if h.batch_len < BATCH_HEADER_SIZE - 12:
         raise CorruptRecord(f"batch_len {h.batch_len} is shorter than a header")
     if max_bytes is not None and h.size > max_bytes:
@@ -360,6 +437,10 @@ def iter_batches(
 def iter_records(
     buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str = "", partition: int = 0
 ) -> Iterator[Record]:
+    """The records of the batch at ``pos`` (either format)."""
+    if h.flags & FLAG_KAFKA:
+        yield from _iter_kafka_records(buf, h, pos, topic, partition)
+        return
     p = pos + BATCH_HEADER_SIZE
     mv = memoryview(buf)
     for i in range(h.count):
@@ -384,6 +465,73 @@ def iter_records(
             h.timestamp_ms,
             h.is_control,
         )
+
+
+def _iter_kafka_records(
+    buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str, partition: int
+) -> Iterator[Record]:
+    """Records of a stored Kafka batch (uncompressed: the only codec the listener takes).
+    Headers are parsed and dropped; a Record has no place for them."""
+    mv = memoryview(buf)
+    end = pos + h.size
+    (_, _, _, _, _, attributes, _, base_ts, _, _, _, _, n) = KAFKA_HEADER.unpack_from(buf, pos)
+    if attributes & 0x07:
+        raise CorruptRecord(f"Kafka batch at offset {h.base_offset} is compressed")
+    p = pos + KAFKA_HEADER_SIZE
+    # Offsets by position, not by each record's offsetDelta: validation walked only the
+    # records' lengths, and position is what the log assigned (count = n offsets).
+    for i in range(n):
+        length, p = read_varint(buf, p)
+        rec_end = p + length
+        if length < 0 or rec_end > end:
+            raise CorruptRecord(f"Kafka record runs past its batch at offset {h.base_offset}")
+        p += 1  # attributes: unused by Kafka so far
+        ts_delta, p = read_varint(buf, p)
+        _, p = read_varint(buf, p)  # offsetDelta
+        klen, p = read_varint(buf, p)
+        key = None
+        if klen >= 0:
+            key = bytes(mv[p : p + klen])
+            p += klen
+        vlen, p = read_varint(buf, p)
+        value = b"" if vlen < 0 else bytes(mv[p : p + vlen])
+        p += max(vlen, 0)
+        nheaders, p = read_varint(buf, p)
+        for _ in range(nheaders):
+            hk, p = read_varint(buf, p)
+            p += max(hk, 0)
+            hv, p = read_varint(buf, p)
+            p += max(hv, 0)
+        if p != rec_end:
+            raise CorruptRecord(f"Kafka record of batch at offset {h.base_offset} is malformed")
+        yield Record(
+            topic,
+            partition,
+            h.base_offset + i,
+            h.pid,
+            h.generation,
+            (h.base_sequence + i) % 2**31 if h.pid else -1,
+            key,
+            value,
+            base_ts + ts_delta,
+        )
+
+
+def read_varint(buf: bytes | memoryview, p: int) -> tuple[int, int]:
+    """A zig-zag varint (Kafka's signed varint/varlong) at ``p``: (value, next position).
+    CorruptRecord when it runs off the buffer or past 10 bytes."""
+    shift = 0
+    raw = 0
+    n = len(buf)
+    while True:
+        if p >= n or shift > 63:
+            raise CorruptRecord("malformed varint in a Kafka record")
+        b = buf[p]
+        p += 1
+        raw |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (raw >> 1) ^ -(raw & 1), p
+        shift += 7
 
 
 # --- primitive encoders -------------------------------------------------------------------

@@ -29,8 +29,12 @@ from pidlease.wire.protocol import (
 
 
 def _reference_validate_batch(buf, pos=0, *, max_bytes=None) -> BatchHeader:
-    """validate_batch as it was before the fast path; kept here as the oracle."""
+    """validate_batch as it was before the fast path; kept here as the oracle (with the
+    later rule that our flags byte holds no bit but the control flag: byte 16 = 2 is a
+    Kafka batch's magic, docs/kafka.md)."""
     h = decode_batch_header(buf, pos)
+    if h.flags & ~p.NATIVE_FLAGS:
+        raise CorruptRecord(f"unknown batch flags {h.flags:#x}")
     if h.batch_len < BATCH_HEADER_SIZE - 12:
         raise CorruptRecord(f"batch_len {h.batch_len} is shorter than a header")
     if max_bytes is not None and h.size > max_bytes:

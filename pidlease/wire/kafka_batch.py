@@ -1,0 +1,278 @@
+"""Kafka RecordBatch v2 on the partition side: validation with Kafka's error codes, encoding
+(for conversions and tests) and the conversion of our stored batches for Kafka consumers.
+
+The header of a stored Kafka batch is decoded where ours is (``protocol.decode_batch_header``,
+one switch on byte 16); this module adds what only the Kafka listener needs. A Produce's batch
+is checked here (lengths, magic, CRC-32C, record count, the records' length prefixes) and then
+stored byte for byte as sent (docs/kafka.md, "On-disk format"), so the produce path costs one
+C checksum and one length walk of the records, never a re-encoding.
+
+Layout (Kafka's, big-endian; offsets from the batch start):
+
+    0  baseOffset i64 | 8 batchLength i32 | 12 partitionLeaderEpoch i32 | 16 magic i8 = 2
+    17 crc u32 (CRC-32C of bytes 21..end) | 21 attributes i16 | 23 lastOffsetDelta i32
+    27 baseTimestamp i64 | 35 maxTimestamp i64 | 43 producerId i64 | 51 producerEpoch i16
+    53 baseSequence i32 | 57 recordCount i32 | 61 records
+
+    record = length varint, attributes i8, timestampDelta varlong, offsetDelta varint,
+             keyLength varint (-1: null), key, valueLength varint, value,
+             headerCount varint, headers (keyLength varint, key, valueLength varint, value)
+
+Varints are zig-zag encoded (signed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import google_crc32c
+
+from pidlease.errors import CorruptRecord
+from pidlease.wire import protocol as P
+
+__all__ = [
+    "CORRUPT_MESSAGE",
+    "DUPLICATE_SEQUENCE_NUMBER",
+    "INVALID_PRODUCER_EPOCH",
+    "INVALID_RECORD",
+    "KAFKA_STORAGE_ERROR",
+    "MESSAGE_TOO_LARGE",
+    "NONE",
+    "NOT_ENOUGH_REPLICAS",
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+    "NOT_LEADER_OR_FOLLOWER",
+    "OFFSET_OUT_OF_RANGE",
+    "OUT_OF_ORDER_SEQUENCE_NUMBER",
+    "UNKNOWN_PRODUCER_ID",
+    "UNKNOWN_SERVER_ERROR",
+    "UNSUPPORTED_COMPRESSION_TYPE",
+    "UNSUPPORTED_FOR_MESSAGE_FORMAT",
+    "KafkaBatchError",
+    "encode_kafka_batch",
+    "encode_varint",
+    "native_to_kafka",
+    "validate_kafka_batch",
+]
+
+# Kafka's error codes, the ones this path answers.
+UNKNOWN_SERVER_ERROR = -1
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+NOT_LEADER_OR_FOLLOWER = 6
+MESSAGE_TOO_LARGE = 10
+NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+DUPLICATE_SEQUENCE_NUMBER = 46
+INVALID_PRODUCER_EPOCH = 47
+KAFKA_STORAGE_ERROR = 56
+UNKNOWN_PRODUCER_ID = 59
+UNSUPPORTED_COMPRESSION_TYPE = 76
+INVALID_RECORD = 87
+
+# attributes: bits 0-2 compression codec, 3 timestamp type, 4 transactional, 5 control.
+_CODEC_MASK = 0x07
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
+SUPPORTED_CODECS = frozenset({0})  # none; docs/kafka.md lists what clients must not set
+_CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_SEQUENCE_MAX = 2**31 - 1
+
+
+class KafkaBatchError(CorruptRecord):
+    """A Produce's batch that is refused; ``kafka_code`` is the Kafka error to answer."""
+
+    def __init__(self, kafka_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.kafka_code = kafka_code
+
+
+def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = None) -> P.BatchHeader:
+    """Check that ``buf`` is exactly one well-formed, uncompressed, non-transactional Kafka
+    RecordBatch v2 and return its header (``protocol.decode_kafka_header``'s shape).
+    Raises KafkaBatchError with the Kafka code to answer."""
+    n = len(buf)
+    if max_bytes is not None and n > max_bytes:
+        raise KafkaBatchError(MESSAGE_TOO_LARGE, f"batch of {n} bytes is over {max_bytes}")
+    if n < P.KAFKA_HEADER_SIZE:
+        if n > 16 and buf[16] != P.KAFKA_MAGIC:
+            raise KafkaBatchError(UNSUPPORTED_FOR_MESSAGE_FORMAT, f"magic {buf[16]}, not 2")
+        raise KafkaBatchError(CORRUPT_MESSAGE, f"{n} bytes is shorter than a batch header")
+    (_, length, _, magic, crc, attributes, delta, _, _, pid, epoch, seq, count) = (
+        P.KAFKA_HEADER.unpack_from(buf, 0)
+    )
+    if magic != P.KAFKA_MAGIC:
+        raise KafkaBatchError(
+            UNSUPPORTED_FOR_MESSAGE_FORMAT, f"magic {magic}: only RecordBatch v2 is taken"
+        )
+    if length + 12 != n:
+        raise KafkaBatchError(
+            CORRUPT_MESSAGE, f"batchLength says {length + 12} bytes, the request holds {n}"
+        )
+    if P.kafka_crc(buf, P.KAFKA_CRC_START, n) != crc:
+        raise KafkaBatchError(CORRUPT_MESSAGE, "batch CRC-32C mismatch")
+    codec = attributes & _CODEC_MASK
+    if codec not in SUPPORTED_CODECS:
+        name = _CODEC_NAMES.get(codec, str(codec))
+        raise KafkaBatchError(
+            UNSUPPORTED_COMPRESSION_TYPE, f"compression {name} is not supported; use none"
+        )
+    if attributes & (_TRANSACTIONAL | _CONTROL):
+        raise KafkaBatchError(INVALID_RECORD, "transactional and control batches are not taken")
+    if count < 1 or count != delta + 1:
+        raise KafkaBatchError(
+            INVALID_RECORD, f"recordCount {count} with lastOffsetDelta {delta}: not contiguous"
+        )
+    if pid >= 0:
+        if not 0 <= epoch <= P.KAFKA_EPOCH_MAX or not 0 <= seq <= _SEQUENCE_MAX:
+            raise KafkaBatchError(INVALID_RECORD, f"producer epoch {epoch} or sequence {seq}")
+        if pid == 0 or pid > P.MAX_PID:
+            raise KafkaBatchError(INVALID_RECORD, f"producer id {pid} out of range")
+    elif pid != -1 or seq != -1:
+        raise KafkaBatchError(INVALID_RECORD, "no producer id but a sequence")
+    _walk_lengths(buf, count, n)
+    return P.decode_kafka_header(buf, 0)
+
+
+def _walk_lengths(buf: bytes | memoryview, count: int, end: int) -> None:
+    """The records' length prefixes must lead from the header to exactly ``end`` in
+    ``count`` steps: one varint per record, never the record's fields (they are checked by
+    the CRC the producer computed; readers parse them)."""
+    p = P.KAFKA_HEADER_SIZE
+    for _ in range(count):
+        if p >= end:
+            raise KafkaBatchError(INVALID_RECORD, "fewer records than recordCount")
+        b = buf[p]
+        if b < 0x40:  # a one-byte, non-negative length (records under 64 bytes)
+            p += 1 + (b >> 1)
+            continue
+        length, p = P.read_varint(buf, p)
+        if length < 0:
+            raise KafkaBatchError(INVALID_RECORD, "negative record length")
+        p += length
+    if p != end:
+        raise KafkaBatchError(
+            INVALID_RECORD, "records do not fill the batch (recordCount or lengths wrong)"
+        )
+
+
+def encode_varint(value: int) -> bytes:
+    """Kafka's zig-zag varint of a signed 64-bit ``value``."""
+    raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def encode_record(
+    offset_delta: int, key: bytes | None, value: bytes | None, ts_delta: int = 0
+) -> bytes:
+    body = b"".join(
+        [
+            b"\x00",
+            encode_varint(ts_delta),
+            encode_varint(offset_delta),
+            encode_varint(-1) if key is None else encode_varint(len(key)) + key,
+            encode_varint(-1) if value is None else encode_varint(len(value)) + value,
+            b"\x00",  # no headers
+        ]
+    )
+    return encode_varint(len(body)) + body
+
+
+def encode_kafka_batch(
+    records: Sequence[tuple[bytes | None, bytes | None]],
+    *,
+    base_offset: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    base_timestamp_ms: int = 0,
+    attributes: int = 0,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    """A RecordBatch v2 of ``records`` ((key, value) pairs), as a Kafka producer builds it."""
+    body = b"".join([encode_record(i, k, v) for i, (k, v) in enumerate(records)])
+    return _assemble(
+        body,
+        len(records),
+        base_offset=base_offset,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        base_timestamp_ms=base_timestamp_ms,
+        max_timestamp_ms=base_timestamp_ms,
+        attributes=attributes,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def _assemble(
+    body: bytes,
+    count: int,
+    *,
+    base_offset: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    base_timestamp_ms: int,
+    max_timestamp_ms: int,
+    attributes: int = 0,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    head = P.KAFKA_HEADER.pack(
+        base_offset,
+        P.KAFKA_HEADER_SIZE - 12 + len(body),
+        partition_leader_epoch,
+        P.KAFKA_MAGIC,
+        0,
+        attributes,
+        count - 1,
+        base_timestamp_ms,
+        max_timestamp_ms,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+    )
+    crc = google_crc32c.extend(google_crc32c.value(head[P.KAFKA_CRC_START :]), body)
+    return head[:17] + int(crc).to_bytes(4, "big") + head[21:] + body
+
+
+def native_to_kafka(chunks: Iterable[bytes | memoryview]) -> bytes:
+    """Stored batches (``Partition.fetch``'s chunks) as Kafka RecordBatch v2 bytes: Kafka
+    batches as stored, ours converted one for one (producerId -1: a Kafka consumer has no
+    use for our PID and generation, which do not fit Kafka's int16 epoch), our control
+    batches left out (the consumer sees a gap in offsets, as in a compacted log)."""
+    out: list[bytes | memoryview] = []
+    for chunk in chunks:
+        mv = memoryview(chunk)
+        for h, pos in P.iter_batches(mv, check_crc=False):  # the log checked them
+            if h.flags & P.FLAG_KAFKA:
+                out.append(mv[pos : pos + h.size])
+            elif not h.is_control:
+                out.append(_convert(mv, h, pos))
+    return b"".join(out)
+
+
+def _convert(mv: memoryview, h: P.BatchHeader, pos: int) -> bytes:
+    """One batch of ours as a Kafka batch with the same offsets (per-record Python: the
+    formats differ record by record)."""
+    parts: list[bytes] = []
+    for i, rec in enumerate(P.iter_records(mv, h, pos)):
+        parts.append(encode_record(i, rec.key, rec.value))
+    return _assemble(
+        b"".join(parts),
+        h.count,
+        base_offset=h.base_offset,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        base_timestamp_ms=h.timestamp_ms,
+        max_timestamp_ms=h.timestamp_ms,
+    )
