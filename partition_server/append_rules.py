@@ -44,6 +44,22 @@ like an old batch. So:
 A PID with no state: sequence 0 (strict) or any sequence (monotonic) creates it, unless the
 partition is full and no PID may be evicted (TOO_MANY_PIDS, leader only); any other batch is
 UNKNOWN_PID. An older generation is FENCED. Dedup ``off`` and PID 0 are never checked.
+
+Kafka batches (generation >= ``KAFKA_GENERATION_BASE``: epoch ``e`` is generation
+``KAFKA_GENERATION_BASE + e``, protocol.py) follow Kafka's idempotence rules on every topic
+whose dedup is not ``off`` (``check_kafka_append``): an older epoch is FENCED (Kafka's
+INVALID_PRODUCER_EPOCH); a newer epoch must start at sequence 0 (the client's own epoch
+bump), else OUT_OF_ORDER; the same epoch takes exactly last+1, wrapping at 2**31, else
+OUT_OF_ORDER, except that a batch equal to one of the last K of this epoch is DUPLICATE
+with its offsets (the caller answers it once those offsets are committed: durability is
+by offset here, not by sequence); no state: sequence 0 creates it, else UNKNOWN_PID. These
+rules take only last+1, so a refusal can never leave a hole, on monotonic topics too.
+
+The table keeps a Kafka PID's sequences as *positions*: ``kafka_position(epoch, n)``, with
+``n`` the count of records of that epoch before it (its sequence unwrapped), so positions
+grow by one per record across wraps and epoch bumps, H + 1 is always the next batch's
+position, and everything the table does with sequences (kept batches, durable highwater,
+snapshots, replay) works unchanged. A Kafka sequence is ``position % 2**31``.
 """
 
 from __future__ import annotations
@@ -51,6 +67,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Protocol
+
+from pidlease.wire.protocol import KAFKA_GENERATION_BASE
+
+# Positions of one Kafka epoch: 2**40 apart (about 10**12 records, 512 wraps of the int16
+# epoch's 2**31 sequences, per epoch; the 32768 epochs end below 2**55, within our i64).
+KAFKA_EPOCH_SHIFT = 40
+KAFKA_SEQUENCE_MOD = 2**31
 
 DEDUP_MODES = ("strict", "monotonic", "off")
 
@@ -117,6 +140,8 @@ def check_append(
     only by a leader deciding a new append: then the tracked-PID limit is checked."""
     if pid == 0 or view.mode == "off":
         return APPEND
+    if generation >= KAFKA_GENERATION_BASE:
+        return check_kafka_append(view, pid, generation, base_seq, count, now_ms)
     last_seq = base_seq + count - 1
     current = view.generation(pid)
     blocked = view.blocked_from(pid)
@@ -228,6 +253,85 @@ def covered(
         if not (held or (older and older_written)):
             return False
     return True
+
+
+def kafka_position(generation: int, unwrapped: int) -> int:
+    """The table's sequence for record ``unwrapped`` (0, 1, ...) of a Kafka epoch."""
+    return ((generation - KAFKA_GENERATION_BASE) << KAFKA_EPOCH_SHIFT) + unwrapped
+
+
+def kafka_base_position(
+    current_generation: int | None, highwater: int, generation: int, base_seq: int
+) -> int:
+    """The position a Kafka batch (``generation``, ``base_seq``) takes in a PID whose state
+    is (``current_generation``, ``highwater``): H + 1 when it goes on from H in the same
+    epoch (whatever the wraps before), else the epoch's start plus ``base_seq`` (a new PID or
+    a newer epoch: base 0 by the rules; replay takes the log as it is). Shared by both twins
+    and by replay: how sequences are stored, not what is accepted."""
+    start = kafka_position(generation, 0)
+    if current_generation == generation and highwater >= start:
+        if (highwater + 1 - start) % KAFKA_SEQUENCE_MOD == base_seq:
+            return highwater + 1
+        # Not the next one (only replay of an odd log gets here): the next position at or
+        # after H + 1 that is this sequence.
+        skip = (base_seq - (highwater + 1 - start)) % KAFKA_SEQUENCE_MOD
+        return highwater + 1 + skip
+    return start + base_seq
+
+
+def check_kafka_append(
+    view: PidView, pid: int, generation: int, base_seq: int, count: int, now_ms: int | None
+) -> Decision:
+    """Kafka's rules for a Kafka batch (see the module docstring)."""
+    current = view.generation(pid)
+    last_seq = (base_seq + count - 1) % KAFKA_SEQUENCE_MOD
+    if current is None:
+        if base_seq != 0:
+            return Decision(
+                Outcome.UNKNOWN_PID,
+                detail=(
+                    f"producer {pid} has no state in this partition and its batch starts at "
+                    f"sequence {base_seq}, not 0"
+                ),
+            )
+        if now_ms is not None and not view.room_for_new_pid(now_ms):
+            return Decision(Outcome.TOO_MANY_PIDS, detail=view.limit_detail())
+        return APPEND
+    epoch = generation - KAFKA_GENERATION_BASE
+    if generation < current:
+        return Decision(
+            Outcome.FENCED,
+            detail=f"epoch {epoch} of producer {pid} is older than the current one",
+        )
+    if generation > current:
+        if base_seq == 0:
+            return APPEND
+        return Decision(
+            Outcome.OUT_OF_ORDER,
+            expected_sequence=0,
+            detail=f"a new epoch ({epoch}) of producer {pid} must start at sequence 0",
+        )
+    start = kafka_position(generation, 0)
+    h = view.highwater(pid)
+    expected = (h + 1 - start) % KAFKA_SEQUENCE_MOD if h >= start else 0
+    if base_seq == expected:
+        return APPEND
+    for b_base, b_last, b_off in view.kept_batches(pid):
+        if b_base >= start and (b_base % KAFKA_SEQUENCE_MOD, b_last % KAFKA_SEQUENCE_MOD) == (
+            base_seq,
+            last_seq,
+        ):
+            return Decision(
+                Outcome.DUPLICATE,
+                base_offset=b_off,
+                last_offset=b_off + count - 1,
+                detail="batch was already written",
+            )
+    return Decision(
+        Outcome.OUT_OF_ORDER,
+        expected_sequence=expected,
+        detail=f"batch has sequences {base_seq}..{last_seq}, expected {expected} next",
+    )
 
 
 def check_fence(view: PidView, pid: int, generation: int, create_if_absent: bool) -> FenceOutcome:

@@ -63,7 +63,16 @@ from operator import itemgetter
 
 from partition_server import append_rules
 from partition_server.append_rules import APPEND as _APPEND
-from partition_server.append_rules import DEDUP_MODES, Decision, FenceOutcome, Outcome
+from partition_server.append_rules import (
+    DEDUP_MODES,
+    KAFKA_EPOCH_SHIFT,
+    KAFKA_SEQUENCE_MOD,
+    Decision,
+    FenceOutcome,
+    Outcome,
+    kafka_base_position,
+)
+from pidlease.wire.protocol import KAFKA_GENERATION_BASE
 
 __all__ = [
     "BLOCKED_UNTRACKED_MAX",
@@ -292,6 +301,8 @@ class ProducerStateTable:
         may be evicted (counted in ``refused_total``). Without it the limit is not checked."""
         if not self.tracks(pid):
             return _APPEND
+        if generation >= KAFKA_GENERATION_BASE:
+            return self._check_kafka(pid, generation, base_seq, count, now_ms)
         last_seq = base_seq + count - 1
         s = self._slot.get(pid)
         if self._blocked and pid in self._blocked:
@@ -351,6 +362,68 @@ class ProducerStateTable:
             Outcome.OUT_OF_ORDER,
             expected_sequence=h + 1,
             detail=(f"batch has sequences {base_seq}..{last_seq}, expected {h + 1} next"),
+        )
+
+    def _check_kafka(
+        self, pid: int, generation: int, base_seq: int, count: int, now_ms: int | None
+    ) -> Decision:
+        """Kafka's rules (append_rules.check_kafka_append) over the columns."""
+        s = self._slot.get(pid)
+        if s is None:
+            if base_seq:
+                return Decision(
+                    Outcome.UNKNOWN_PID,
+                    detail=(
+                        f"producer {pid} has no state in this partition and its batch "
+                        f"starts at sequence {base_seq}, not 0"
+                    ),
+                )
+            if (
+                now_ms is not None
+                and len(self._slot) >= self.pids_max
+                and self._evictable(now_ms) is None
+            ):
+                self.refused_total += 1
+                return Decision(Outcome.TOO_MANY_PIDS, detail=self.limit_detail())
+            return _APPEND
+        g = self._gen[s]
+        epoch = generation - KAFKA_GENERATION_BASE
+        if generation != g:
+            if generation < g:
+                return Decision(
+                    Outcome.FENCED,
+                    detail=f"epoch {epoch} of producer {pid} is older than the current one",
+                )
+            if base_seq == 0:
+                return _APPEND
+            return Decision(
+                Outcome.OUT_OF_ORDER,
+                expected_sequence=0,
+                detail=f"a new epoch ({epoch}) of producer {pid} must start at sequence 0",
+            )
+        start = epoch << KAFKA_EPOCH_SHIFT
+        h = self._hw[s]
+        nxt = (h + 1 - start) % KAFKA_SEQUENCE_MOD if h >= start else 0
+        if base_seq == nxt:
+            return _APPEND
+        last_seq = (base_seq + count - 1) % KAFKA_SEQUENCE_MOD
+        b = self._flat(s)
+        for i in range(0, len(b), 3):
+            if (
+                b[i] >= start
+                and b[i] % KAFKA_SEQUENCE_MOD == base_seq
+                and b[i + 1] % KAFKA_SEQUENCE_MOD == last_seq
+            ):
+                return Decision(
+                    Outcome.DUPLICATE,
+                    base_offset=b[i + 2],
+                    last_offset=b[i + 2] + count - 1,
+                    detail="batch was already written",
+                )
+        return Decision(
+            Outcome.OUT_OF_ORDER,
+            expected_sequence=nxt,
+            detail=f"batch has sequences {base_seq}..{last_seq}, expected {nxt} next",
         )
 
     def _check_blocked(
@@ -433,9 +506,9 @@ class ProducerStateTable:
         every refused resend moves the PID to the young end again. A drop needs that many
         other new PIDs refused within that window, and even then the PID's next batch is
         refused TOO_MANY_PIDS for as long as the partition stays full."""
-        if self.mode != "monotonic" or pid == 0:
-            return
-        del generation, count  # the block is per PID, from the refused base on
+        if self.mode != "monotonic" or pid == 0 or generation >= KAFKA_GENERATION_BASE:
+            return  # (Kafka batches: their rules take only last+1, so no hole to guard)
+        del count  # the block is per PID, from the refused base on
         blocked = self._blocked
         old = blocked.pop(pid, None)
         blocked[pid] = base_seq if old is None or base_seq < old else old
@@ -512,12 +585,18 @@ class ProducerStateTable:
     ) -> None:
         if not self.tracks(pid):
             return
-        last_seq = base_seq + count - 1
         if self._blocked:
             # On the leader only the resend (from at or below the blocked base) passes the
             # check; on a follower or in replay the log is the truth.
             self._unblock(pid)
         s = self._slot.get(pid)
+        if generation >= KAFKA_GENERATION_BASE:
+            # A Kafka sequence (i32, wrapping, 0 at each new epoch) becomes its position.
+            if s is None:
+                base_seq = kafka_base_position(None, -1, generation, base_seq)
+            else:
+                base_seq = kafka_base_position(self._gen[s], self._hw[s], generation, base_seq)
+        last_seq = base_seq + count - 1
         if s is None:
             s = self._create(pid, generation, now_ms)
         else:
@@ -690,6 +769,15 @@ class ProducerStateTable:
         s = self._slot.get(pid)
         if s is None or not self.tracks(pid):
             return
+        if self._gen[s] >= KAFKA_GENERATION_BASE:
+            # The header's Kafka sequences are not the table's positions: take those of the
+            # kept batch written at these offsets (applied just before).
+            b = self._flat(s)
+            first = last_offset - (last_seq - base_seq)
+            at = [i for i in range(0, len(b), 3) if b[i + 2] == first]
+            if not at:
+                return  # older than the kept batches: a Kafka PID's DUPLICATE waits by offset
+            base_seq, last_seq = b[at[0]], b[at[0] + 1]
         pend = self._pending.get(pid)
         if pend is None:
             pend = self._pending[pid] = []

@@ -419,3 +419,80 @@ class AppendRulesModel:
         return [
             s for b in self.log if b.pid == pid and b.is_data for s in range(b.base, b.last + 1)
         ]
+
+
+# -- Kafka producers (issue 14) ----------------------------------------------------------------
+KAFKA_SEQ_MOD = 2**31  # Kafka's sequences are int32, wrapping to 0 after 2**31 - 1
+
+
+@dataclass(frozen=True)
+class KafkaStored:
+    """One Kafka batch in the log, in Kafka's own terms (epoch, int32 sequences)."""
+
+    offset: int
+    pid: int
+    epoch: int
+    base: int
+    count: int
+
+    @property
+    def last(self) -> int:
+        return (self.base + self.count - 1) % KAFKA_SEQ_MOD
+
+
+class KafkaRulesModel:
+    """Kafka's idempotent-producer rules as the issue states them (docs/kafka.md), written
+    from that text, NOT from the code: per producer the partition knows the epoch of its
+    newest batch, the last sequence of that epoch and the last ``kept`` batches.
+
+    - unknown producer: sequence 0 starts it, any other sequence is UNKNOWN_PRODUCER_ID;
+    - epoch older than the producer's: INVALID_PRODUCER_EPOCH;
+    - epoch newer: base sequence must be 0 (the client's own epoch bump), else
+      OUT_OF_ORDER_SEQUENCE_NUMBER;
+    - same epoch: exactly last + 1 (2**31 - 1 is followed by 0); a batch equal to one of the
+      last ``kept`` batches of this epoch is a duplicate answered with its first offsets;
+      anything else OUT_OF_ORDER_SEQUENCE_NUMBER.
+
+    Kafka's codes are our outcomes here: UNKNOWN_PID, FENCED, OUT_OF_ORDER, DUPLICATE."""
+
+    def __init__(self, kept: int = 5) -> None:
+        self.kept_max = kept
+        self.log: list[KafkaStored] = []
+
+    @property
+    def next_offset(self) -> int:
+        return self.log[-1].offset + self.log[-1].count if self.log else 0
+
+    def _mine(self, pid: int) -> list[KafkaStored]:
+        return [b for b in self.log if b.pid == pid]
+
+    def decide(self, pid: int, epoch: int, base: int, count: int) -> Expectation:
+        mine = self._mine(pid)
+        if not mine:
+            if base == 0:
+                return only("kafka: new producer at 0", Answer(Outcome.APPEND))
+            return only("kafka: unknown producer", Answer(Outcome.UNKNOWN_PID))
+        current = mine[-1].epoch
+        if epoch < current:
+            return only("kafka: older epoch", Answer(Outcome.FENCED))
+        if epoch > current:
+            if base == 0:
+                return only("kafka: newer epoch at 0", Answer(Outcome.APPEND))
+            return only("kafka: newer epoch not at 0", Answer(Outcome.OUT_OF_ORDER, 0))
+        expected = (mine[-1].last + 1) % KAFKA_SEQ_MOD
+        if base == expected:
+            return only("kafka: last + 1", Answer(Outcome.APPEND))
+        last = (base + count - 1) % KAFKA_SEQ_MOD
+        recent = [b for b in mine if b.epoch == epoch][-self.kept_max :]
+        for b in recent:
+            if (b.base, b.last) == (base, last):
+                offsets = (b.offset, b.offset + b.count - 1)
+                return only(
+                    "kafka: retry of a recent batch", Answer(Outcome.DUPLICATE, None, offsets)
+                )
+        return only("kafka: not last + 1", Answer(Outcome.OUT_OF_ORDER, expected))
+
+    def append(self, pid: int, epoch: int, base: int, count: int) -> KafkaStored:
+        b = KafkaStored(self.next_offset, pid, epoch, base, count)
+        self.log.append(b)
+        return b

@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from append_rules_model import Answer, AppendRulesModel, Expectation, Stored, only
+from append_rules_model import (
+    KAFKA_SEQ_MOD,
+    Answer,
+    AppendRulesModel,
+    Expectation,
+    KafkaRulesModel,
+    KafkaStored,
+    Stored,
+    only,
+)
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -42,7 +51,7 @@ from partition_server.producer_state import (
     ProducerStateTable,
     Row,
 )
-from pidlease.wire.protocol import FLAG_CONTROL, BatchHeader
+from pidlease.wire.protocol import FLAG_CONTROL, FLAG_KAFKA, KAFKA_GENERATION_BASE, BatchHeader
 
 Op = tuple[Any, ...]  # one step: its kind first, then its arguments
 
@@ -689,3 +698,141 @@ def test_monotonic_refused_run_skipped_then_resent_after_restart_is_not_duplicat
             ("restart", False),
         ],
     )
+
+
+# -- Kafka producers: Kafka's rules (issue 14) -------------------------------------------
+# Kafka batches reach the same table with generation KAFKA_GENERATION_BASE + epoch and
+# int32 sequences. The model (``KafkaRulesModel``) is Kafka's rules as stated; the table,
+# both twins, must answer as it, also after a restart that rebuilds the table from a
+# snapshot's rows and a replay of the log (as recovery and followers do), on strict and
+# monotonic topics alike (Kafka's rules do not depend on our dedup mode).
+KAFKA_PIDS = (21, 22)
+NEAR_WRAP = KAFKA_SEQ_MOD - 3  # a batch this long ends 2 before the wrap
+
+
+def kafka_header(b: KafkaStored) -> BatchHeader:
+    """The header ``protocol.decode_batch_header`` gives for a stored Kafka batch."""
+    return BatchHeader(
+        b.offset, 0, 0, FLAG_KAFKA, b.pid, KAFKA_GENERATION_BASE + b.epoch, b.base, b.count, 0
+    )
+
+
+kafka_op = st.one_of(
+    # send(pid, epoch choice, base choice, count): the choices make the interesting cases
+    # common: the expected sequence, 0, a retry of a recent batch, a random one
+    st.tuples(
+        st.just("send"),
+        st.sampled_from(KAFKA_PIDS),
+        st.sampled_from(("same", "same", "same", "newer", "older")),
+        st.sampled_from(("next", "next", "zero", "retry", "random")),
+        st.sampled_from((1, 2, 3, NEAR_WRAP)),
+        st.integers(0, 2**31 - 1),
+    ),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("restart")),
+)
+
+
+class KafkaHarness:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.model = KafkaRulesModel(kept=5)
+        self.table = ProducerStateTable(mode=mode, batches_kept=5)
+        self.snap: tuple[int, list[Row]] | None = None
+        self.trace: list[str] = []
+
+    def epoch_of(self, pid: int, choice: str) -> int:
+        mine = [b for b in self.model.log if b.pid == pid]
+        cur = mine[-1].epoch if mine else 0
+        return {"same": cur, "newer": cur + 1, "older": max(cur - 1, 0)}[choice]
+
+    def base_of(self, pid: int, choice: str, r: int) -> int:
+        mine = [b for b in self.model.log if b.pid == pid]
+        if choice == "zero" or not mine:
+            return 0 if choice != "random" else r
+        if choice == "next":
+            return (mine[-1].last + 1) % KAFKA_SEQ_MOD
+        if choice == "retry":
+            return mine[-1 - r % min(len(mine), 7)].base  # 7: beyond the 5 kept, sometimes
+        return r
+
+    def step(self, o: Op) -> None:
+        self.trace.append(repr(o))
+        if o[0] == "snapshot":
+            self.snap = (self.model.next_offset, self.table.export_rows())
+            return
+        if o[0] == "restart":
+            self.table = self.rebuild()
+            return
+        _, pid, e_choice, b_choice, count, r = o
+        epoch = self.epoch_of(pid, e_choice)
+        base = self.base_of(pid, b_choice, r)
+        gen = KAFKA_GENERATION_BASE + epoch
+        exp = self.model.decide(pid, epoch, base, count)
+        fast = self.table.check_append(pid, gen, base, count, 0)
+        readable = append_rules.check_append(self.table, pid, gen, base, count, 0)
+        where = f"pid {pid} epoch {epoch} base {base} count {count}"
+        assert fast == readable, self.fail(f"{where}: fast {fmt(fast)} readable {fmt(readable)}")
+        assert exp.allows(fast), self.fail(f"{where}: got {fmt(fast)}, Kafka says {exp}")
+        if fast.outcome is Outcome.APPEND:
+            b = self.model.append(pid, epoch, base, count)
+            self.table.apply_append(pid, gen, base, count, b.offset, 0, durable=True)
+
+    def rebuild(self) -> ProducerStateTable:
+        t = ProducerStateTable(mode=self.mode, batches_kept=5)
+        start = 0
+        if self.snap is not None:
+            start, rows = self.snap
+            t.load_rows(rows)
+        for b in self.model.log:
+            if b.offset >= start:
+                replay_batch(t, kafka_header(b), 0)
+        return t
+
+    def fail(self, what: str) -> str:
+        return what + "\ntrace:\n  " + "\n  ".join(self.trace)
+
+
+@settings(max_examples=400, deadline=None, phases=PHASES)
+@pytest.mark.parametrize("mode", ["strict", "monotonic"])
+@given(ops=st.lists(kafka_op, max_size=40))
+def test_kafka_batches_follow_kafkas_rules(mode: str, ops: list[Op]) -> None:
+    h = KafkaHarness(mode)
+    for o in ops:
+        h.step(o)
+    # and a table rebuilt from the log alone answers every next batch as the live one
+    fresh = KafkaHarness(mode)
+    fresh.model = h.model
+    rebuilt = fresh.rebuild()
+    for pid in KAFKA_PIDS:
+        for e in ("same", "newer"):
+            for c in ("next", "zero", "retry"):
+                epoch, base = h.epoch_of(pid, e), h.base_of(pid, c, 0)
+                gen = KAFKA_GENERATION_BASE + epoch
+                assert rebuilt.check_append(pid, gen, base, 1, 0) == h.table.check_append(
+                    pid, gen, base, 1, 0
+                ), h.fail(f"rebuilt table differs for pid {pid} epoch {epoch} base {base}")
+
+
+def test_kafka_sequence_wraps_at_2_31() -> None:
+    """The wrap itself, spelled out: after sequence 2**31 - 1 comes 0, and a retry of the
+    batch that crossed the wrap is a duplicate with its offsets."""
+    t = ProducerStateTable(mode="strict", batches_kept=5)
+    gen = KAFKA_GENERATION_BASE + 4
+    assert t.check_append(7, gen, 0, KAFKA_SEQ_MOD - 2).outcome is Outcome.APPEND
+    t.apply_append(7, gen, 0, KAFKA_SEQ_MOD - 2, 0, 0, durable=True)
+    assert t.check_append(7, gen, KAFKA_SEQ_MOD - 2, 3).outcome is Outcome.APPEND
+    t.apply_append(7, gen, KAFKA_SEQ_MOD - 2, 3, KAFKA_SEQ_MOD - 2, 0, durable=True)
+    assert t.check_append(7, gen, 1, 1).outcome is Outcome.APPEND
+    again = t.check_append(7, gen, KAFKA_SEQ_MOD - 2, 3)
+    assert (again.outcome, again.base_offset) == (Outcome.DUPLICATE, KAFKA_SEQ_MOD - 2)
+    stale = t.check_append(7, gen, KAFKA_SEQ_MOD - 1, 1)
+    assert (stale.outcome, stale.expected_sequence) == (Outcome.OUT_OF_ORDER, 1)
+
+
+def test_native_batch_of_a_kafka_pid_is_fenced() -> None:
+    """A PID Kafka clients write is never writable by our own path: any generation a lease
+    gives is below KAFKA_GENERATION_BASE, so older."""
+    t = ProducerStateTable(mode="strict", batches_kept=5)
+    t.apply_append(7, KAFKA_GENERATION_BASE, 0, 3, 0, 0, durable=True)
+    assert t.check_append(7, 2**31 - 1, 3, 1).outcome is Outcome.FENCED
