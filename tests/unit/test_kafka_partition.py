@@ -183,6 +183,7 @@ def test_follower_fed_the_leaders_bytes_answers_alike(tmp_path: Path) -> None:
         follower.set_high_watermark(leader.high_watermark)
         assert log_batches(tmp_path / "f", "t", 0) == log_batches(tmp_path / "l", "t", 0)
         assert answers(follower, PROBES) == answers(leader, PROBES)
+        assert follower.follower_rule_mismatches == 0  # its own rules agreed, batch by batch
         await close(leader)
         await close(follower)
 
