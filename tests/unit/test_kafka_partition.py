@@ -229,3 +229,28 @@ def test_mixed_log_reads_for_our_readers_and_for_kafka_consumers(tmp_path: Path)
         await close(part)
 
     asyncio.run(go())
+
+
+def test_time_index_reads_a_kafka_batchs_max_timestamp(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None)
+        for seq, ts in ((0, 1_000), (1, 2_000), (2, 3_000)):
+            raw = K.encode_kafka_batch(
+                [(None, b"x")],
+                producer_id=PID,
+                producer_epoch=0,
+                base_sequence=seq,
+                base_timestamp_ms=ts,
+            )
+            assert (await produce(part, raw)).error_code == K.NONE
+        # what retention by time reads: the newest batch's maxTimestamp
+        assert part.log.segments[-1].max_timestamp_ms == 3_000
+        assert part.offset_for_timestamp(2_500) == 2
+        assert part.offset_for_timestamp(1_000) == 0
+        assert part.offset_for_timestamp(3_001) == 3
+        await close(part)
+        again = open_part(tmp_path, hw=None)  # the index rebuilt by a scan agrees
+        assert again.offset_for_timestamp(2_500) == 2
+        await close(again)
+
+    asyncio.run(go())
