@@ -254,3 +254,32 @@ def test_time_index_reads_a_kafka_batchs_max_timestamp(tmp_path: Path) -> None:
         await close(again)
 
     asyncio.run(go())
+
+
+def test_recovery_above_the_checkpointed_high_watermark_waits_for_it(tmp_path: Path) -> None:
+    """A replicated partition reopened with its checkpoint below the last Kafka batches:
+    those are in flight again (the durable highwater goes back below them, in positions),
+    and a retry of one is answered with its offsets only once the high watermark passes."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None)
+        for raw in (kb(0, 0), kb(1, 0), kb(1, 2)):
+            assert (await produce(part, raw)).error_code == K.NONE
+        await close(part)
+        again = open_part(tmp_path, hw=2)  # offsets 2..5 not known to be committed
+        e = again.state.get(PID)
+        epoch1 = 1 << 40  # the position of epoch 1's sequence 0
+        # just below the first batch in flight: its position - 1
+        assert e is not None and (e.highwater, e.durable_highwater) == (epoch1 + 3, epoch1 - 1)
+        again.become_leader(1, 1, [1, 2], [1, 2])
+        retry = kafka_produce(again, kb(1, 0), acks=-1, batch_bytes_max=BYTES_MAX)
+        assert isinstance(retry, asyncio.Future)
+        await asyncio.sleep(0.01)
+        assert not retry.done()
+        again.record_replica_fetch(2, 6)
+        assert (await asyncio.wait_for(retry, 10)).base_offset == 2
+        e = again.state.get(PID)
+        assert e is not None and e.durable_highwater == epoch1 + 3
+        await close(again)
+
+    asyncio.run(go())
