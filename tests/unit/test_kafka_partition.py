@@ -285,16 +285,17 @@ def test_recovery_above_the_checkpointed_high_watermark_waits_for_it(tmp_path: P
     asyncio.run(go())
 
 
+def flip_byte(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def test_fetch_of_a_damaged_batch_is_a_storage_error(tmp_path: Path) -> None:
     async def go() -> None:
         part = open_part(tmp_path, hw=None)
         await fill(part)
-        seg = max((tmp_path / "t-0").glob("*.log"))
-        with open(seg, "r+b") as f:  # flip a byte of the first batch's records, under it
-            f.seek(70)
-            b = f.read(1)
-            f.seek(70)
-            f.write(bytes([b[0] ^ 0xFF]))
+        flip_byte(max((tmp_path / "t-0").glob("*.log")), 70)  # in the first batch's records
         got = kafka_fetch(part, 0, BYTES_MAX)
         assert (got.error_code, got.records) == (K.KAFKA_STORAGE_ERROR, b"")
         await close(part)
