@@ -3,7 +3,7 @@
 refusals, fences, durability, expiry and the tracked-PID limit (the table's
 ``check_fence`` is the rules' own: fences are not on the per-batch path). The property test
 checks both against the contract's model; this one covers what it leaves out (``now_ms``:
-TOO_MANY_PIDS and eviction; PID 0; expiry)."""
+TOO_MANY_PIDS and eviction; PID 0; expiry; Kafka batches and ours on one PID)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 
 from partition_server import append_rules
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
+from pidlease.wire import protocol as P
 
 PIDS = st.sampled_from((0, 1, 2, 3, 4))
+KAFKA = P.KAFKA_GENERATION_BASE  # Kafka epochs 0..2 (Kafka's rules), mixed with ours
 op = st.one_of(
     st.tuples(
         st.just("send"),
         PIDS,
-        st.integers(1, 3),
+        st.sampled_from((1, 2, 3, KAFKA, KAFKA + 1, KAFKA + 2)),
         st.integers(0, 12),
         st.integers(1, 3),
         st.booleans(),
