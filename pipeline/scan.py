@@ -24,7 +24,7 @@ from pidlease.client.reader import Reader
 from pipeline.options import ReadSettings
 
 SCHEMA_DDL = (
-    "topic STRING, partition INT, offset BIGINT, pid BIGINT, generation INT, "
+    "topic STRING, partition INT, offset BIGINT, pid BIGINT, generation BIGINT, "
     "sequence_id BIGINT, key BINARY, value BINARY, timestamp TIMESTAMP"
 )
 ARROW_BATCH_RECORDS = 8192
@@ -62,7 +62,7 @@ def _arrow_schema() -> Any:
             ("partition", pa.int32()),
             ("offset", pa.int64()),
             ("pid", pa.int64()),
-            ("generation", pa.int32()),
+            ("generation", pa.int64()),  # Kafka epochs map above 2**31 (docs/kafka.md)
             ("sequence_id", pa.int64()),
             ("key", pa.binary()),
             ("value", pa.binary()),
@@ -102,7 +102,7 @@ class Scan(DataSourceReader):
                 pa.array([p] * n, pa.int32()),
                 pa.array(offsets, pa.int64()),
                 pa.array(pids, pa.int64()),
-                pa.array(gens, pa.int32()),
+                pa.array(gens, pa.int64()),
                 pa.array(seqs, pa.int64()),
                 pa.array(keys, pa.binary()),
                 pa.array(values, pa.binary()),

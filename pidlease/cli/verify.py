@@ -14,6 +14,10 @@ records). From them it counts:
 
 Records of PID 0 (not idempotent) and control records are counted but not checked.
 The topic is exactly-once when every count is 0.
+
+Records a Kafka producer wrote (docs/kafka.md) number their sequences per epoch, from 0
+at each epoch the client starts, wrapping after 2**31 - 1: the audit checks each
+(PID, epoch) as a producer of its own, its sequences unwrapped.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from pathlib import Path
 from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.reader import Reader
-from pidlease.wire.protocol import Record
+from pidlease.wire.protocol import KAFKA_GENERATION_BASE, Record
 
 EXAMPLES_MAX = 5
+_KAFKA_WRAP = 2**31
+# (pid) for our producers, (pid, Kafka epoch) for Kafka's: one stream of sequences each.
+StreamKey = int | tuple[int, int]
 
 
 class Runs:
@@ -88,8 +95,8 @@ class PartitionAudit:
     gaps: int = 0
     acked: int = 0
     acked_missing: int = 0
-    runs: dict[int, Runs] = field(default_factory=dict)
-    max_seq: dict[int, int] = field(default_factory=dict)
+    runs: dict[StreamKey, Runs] = field(default_factory=dict)
+    max_seq: dict[StreamKey, int] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
 
     def example(self, text: str) -> None:
@@ -101,25 +108,34 @@ class PartitionAudit:
         if rec.pid == 0:
             self.unchecked_records += 1
             return
-        runs = self.runs.get(rec.pid)
-        if runs is None:
-            runs = self.runs[rec.pid] = Runs()
+        key: StreamKey = rec.pid
         seq = rec.sequence_id
-        top = self.max_seq.get(rec.pid, -1)
+        if rec.generation >= KAFKA_GENERATION_BASE:
+            key = (rec.pid, rec.generation - KAFKA_GENERATION_BASE)
+        runs = self.runs.get(key)
+        if runs is None:
+            runs = self.runs[key] = Runs()
+        top = self.max_seq.get(key, -1)
+        if isinstance(key, tuple):
+            # Unwrap: a sequence far below the top's (mod 2**31) is past a wrap.
+            wraps = max(top, 0) // _KAFKA_WRAP
+            if seq < top % _KAFKA_WRAP - _KAFKA_WRAP // 2:
+                wraps += 1
+            seq += wraps * _KAFKA_WRAP
         if not runs.add(seq):
             self.duplicates += 1
-            self.example(f"pid {rec.pid} sequence {seq} appears again at offset {rec.offset}")
+            self.example(f"pid {key} sequence {seq} appears again at offset {rec.offset}")
         elif seq < top:
             self.out_of_order += 1
             self.example(
-                f"pid {rec.pid} sequence {seq} at offset {rec.offset} comes after sequence {top}"
+                f"pid {key} sequence {seq} at offset {rec.offset} comes after sequence {top}"
             )
         if seq > top:
-            self.max_seq[rec.pid] = seq
+            self.max_seq[key] = seq
 
     @property
     def pids(self) -> int:
-        return len(self.runs)
+        return len({k[0] if isinstance(k, tuple) else k for k in self.runs})
 
 
 @dataclass
@@ -134,7 +150,7 @@ class AuditReport:
 
     @property
     def pids(self) -> int:
-        return len({pid for p in self.partitions for pid in p.runs})
+        return len({k[0] if isinstance(k, tuple) else k for p in self.partitions for k in p.runs})
 
     @property
     def ok(self) -> bool:

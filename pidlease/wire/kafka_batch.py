@@ -3,9 +3,9 @@
 
 The header of a stored Kafka batch is decoded where ours is (``protocol.decode_batch_header``,
 one switch on byte 16); this module adds what only the Kafka listener needs. A Produce's batch
-is checked here (lengths, magic, CRC-32C, record count, the records' length prefixes) and then
+is checked here (lengths, magic, CRC-32C, record count, every record's fields) and then
 stored byte for byte as sent (docs/kafka.md, "On-disk format"), so the produce path costs one
-C checksum and one length walk of the records, never a re-encoding.
+C checksum and one walk of the records, never a re-encoding.
 
 Layout (Kafka's, big-endian; offsets from the batch start):
 
@@ -132,26 +132,67 @@ def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = Non
             raise KafkaBatchError(INVALID_RECORD, f"producer id {pid} out of range")
     elif pid != -1 or seq != -1:
         raise KafkaBatchError(INVALID_RECORD, "no producer id but a sequence")
-    _walk_lengths(buf, count, n)
+    _walk_records(buf, count, n)
     return P.decode_kafka_header(buf, 0)
 
 
-def _walk_lengths(buf: bytes | memoryview, count: int, end: int) -> None:
-    """The records' length prefixes must lead from the header to exactly ``end`` in
-    ``count`` steps: one varint per record, never the record's fields (they are checked by
-    the CRC the producer computed; readers parse them)."""
+def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
+    """Every record must parse, fill its length exactly, and carry offsetDelta = its index;
+    the records must fill the batch in ``count`` steps. A batch taken is then readable by
+    every reader (Kafka's brokers check as much). The format has no record index, so this is
+    one Python loop per record; varints under 64 are read inline (what 100-byte records
+    mostly have)."""
+    read = P.read_varint
     p = P.KAFKA_HEADER_SIZE
-    for _ in range(count):
-        if p >= end:
-            raise KafkaBatchError(INVALID_RECORD, "fewer records than recordCount")
-        b = buf[p]
-        if b < 0x40:  # a one-byte, non-negative length (records under 64 bytes)
-            p += 1 + (b >> 1)
-            continue
-        length, p = P.read_varint(buf, p)
-        if length < 0:
-            raise KafkaBatchError(INVALID_RECORD, "negative record length")
-        p += length
+    try:
+        for i in range(count):
+            if p >= end:
+                raise KafkaBatchError(INVALID_RECORD, "fewer records than recordCount")
+            length, p = read(buf, p)
+            rec_end = p + length
+            if length < 1 or rec_end > end:
+                raise KafkaBatchError(INVALID_RECORD, f"record {i} has a bad length {length}")
+            p += 1  # attributes
+            b = buf[p]
+            if b < 0x80:
+                p += 1
+            else:
+                _, p = read(buf, p)  # timestampDelta
+            b = buf[p]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                delta, p = read(buf, p)
+            if delta != i:
+                raise KafkaBatchError(INVALID_RECORD, f"record {i} says offsetDelta {delta}")
+            klen, p = read(buf, p)
+            if klen > 0:
+                p += klen
+            vlen, p = read(buf, p)
+            if vlen > 0:
+                p += vlen
+            if klen < -1 or vlen < -1:
+                raise KafkaBatchError(INVALID_RECORD, f"record {i} has a negative length")
+            nheaders, p = read(buf, p)
+            if nheaders < 0:
+                raise KafkaBatchError(INVALID_RECORD, f"record {i} has {nheaders} headers")
+            for _ in range(nheaders):
+                hk, p = read(buf, p)
+                if hk < 0:
+                    raise KafkaBatchError(INVALID_RECORD, f"record {i}: a header has no key")
+                p += hk
+                hv, p = read(buf, p)
+                if hv > 0:
+                    p += hv
+            if p != rec_end:
+                raise KafkaBatchError(INVALID_RECORD, f"record {i} does not fill its length")
+    except IndexError:
+        raise KafkaBatchError(INVALID_RECORD, "a record runs past the batch") from None
+    except KafkaBatchError:
+        raise
+    except CorruptRecord as exc:  # read_varint's
+        raise KafkaBatchError(INVALID_RECORD, str(exc)) from None
     if p != end:
         raise KafkaBatchError(
             INVALID_RECORD, "records do not fill the batch (recordCount or lengths wrong)"
@@ -170,18 +211,24 @@ def encode_varint(value: int) -> bytes:
 
 
 def encode_record(
-    offset_delta: int, key: bytes | None, value: bytes | None, ts_delta: int = 0
+    offset_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    ts_delta: int = 0,
+    headers: Sequence[tuple[bytes, bytes | None]] = (),
 ) -> bytes:
-    body = b"".join(
-        [
-            b"\x00",
-            encode_varint(ts_delta),
-            encode_varint(offset_delta),
-            encode_varint(-1) if key is None else encode_varint(len(key)) + key,
-            encode_varint(-1) if value is None else encode_varint(len(value)) + value,
-            b"\x00",  # no headers
-        ]
-    )
+    parts = [
+        b"\x00",
+        encode_varint(ts_delta),
+        encode_varint(offset_delta),
+        encode_varint(-1) if key is None else encode_varint(len(key)) + key,
+        encode_varint(-1) if value is None else encode_varint(len(value)) + value,
+        encode_varint(len(headers)),
+    ]
+    for hk, hv in headers:
+        parts.append(encode_varint(len(hk)) + hk)
+        parts.append(encode_varint(-1) if hv is None else encode_varint(len(hv)) + hv)
+    body = b"".join(parts)
     return encode_varint(len(body)) + body
 
 
@@ -195,9 +242,11 @@ def encode_kafka_batch(
     base_timestamp_ms: int = 0,
     attributes: int = 0,
     partition_leader_epoch: int = -1,
+    headers: Sequence[tuple[bytes, bytes | None]] = (),
 ) -> bytes:
-    """A RecordBatch v2 of ``records`` ((key, value) pairs), as a Kafka producer builds it."""
-    body = b"".join([encode_record(i, k, v) for i, (k, v) in enumerate(records)])
+    """A RecordBatch v2 of ``records`` ((key, value) pairs), as a Kafka producer builds it
+    (``headers`` on every record, for tests of readers that must skip them)."""
+    body = b"".join([encode_record(i, k, v, headers=headers) for i, (k, v) in enumerate(records)])
     return _assemble(
         body,
         len(records),

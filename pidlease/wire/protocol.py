@@ -425,6 +425,8 @@ def iter_batches(
     pos = 0
     n = len(buf)
     while n - pos >= BATCH_HEADER_SIZE:
+        if buf[pos + _MAGIC_AT] == KAFKA_MAGIC and n - pos < KAFKA_HEADER_SIZE:
+            return  # a Kafka batch's longer header, cut
         h = decode_batch_header(buf, pos)
         if pos + h.size > n:
             return
