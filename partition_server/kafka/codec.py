@@ -41,7 +41,7 @@ SASL_AUTHENTICATE = 36
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
     FETCH: (4, 12),
-    LIST_OFFSETS: (1, 7),
+    LIST_OFFSETS: (1, 6),  # v7 adds max-timestamp (-3), not implemented
     METADATA: (1, 12),
     SASL_HANDSHAKE: (0, 1),
     API_VERSIONS: (0, 3),
