@@ -314,8 +314,10 @@ class KafkaApis:
         return asyncio.ensure_future(long_poll())
 
     def _fetch_once(self, req: Any, max_bytes: int) -> tuple[dict[str, Any], int, list[Partition]]:
-        """(response values, record bytes in it, the partitions a long poll may wait on)."""
+        """(response values, record bytes in it, the partitions a long poll may wait on:
+        none when a partition has an error, which the client must hear at once)."""
         total = 0
+        errored = False
         waitable: list[Partition] = []
         topics = []
         for t in req.topics:
@@ -331,6 +333,7 @@ class KafkaApis:
                         high_watermark=-1,
                     )
                     parts.append(entry)
+                    errored = True
                     continue
                 limit = min(fp.partition_max_bytes, max_bytes - total)
                 r = kafka_fetch(part, fp.fetch_offset, max(limit, 1))
@@ -345,11 +348,14 @@ class KafkaApis:
                     log_start_offset=r.log_start_offset,
                     records=records,
                 )
-                if r.error_code == NONE and not records:
+                if r.error_code != NONE:
+                    errored = True
+                elif not records:
                     waitable.append(part)
                 parts.append(entry)
             topics.append({"topic": t.topic, "partitions": parts})
-        return {"error_code": NONE, "session_id": 0, "responses": topics}, total, waitable
+        values = {"error_code": NONE, "session_id": 0, "responses": topics}
+        return values, total, [] if errored else waitable
 
     # -- ListOffsets -----------------------------------------------------------------------
     def list_offsets(self, h: C.Header, req: Any) -> bytes:

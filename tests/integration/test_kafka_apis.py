@@ -115,6 +115,15 @@ def test_fetch_long_poll_limits_and_out_of_range(cluster) -> None:  # type: igno
         th.join(30)
         assert box["s"] < 15, f"the fetch answered after {box['s']:.1f} s"
         assert box["r"].responses[0].partitions[0].records, "it carries the new record"
+        # A partition in error is answered at once, whatever the wait asked.
+        vals = fetch_values(TOPIC, 1, hw + 1, max_wait_ms=8_000)  # at the end: nothing to read
+        vals["topics"][0]["partitions"].append(
+            {"partition": 9, "fetch_offset": 0, "partition_max_bytes": 100}
+        )
+        t0 = time.monotonic()
+        r = w2.request(C.FETCH, 11, vals)
+        assert time.monotonic() - t0 < 5
+        assert int(r.responses[0].partitions[1].error_code) == 3
         # Nothing comes: it answers empty after max_wait, not before.
         t0 = time.monotonic()
         r = w2.request(C.FETCH, 11, fetch_values(TOPIC, 1, hw + 1, max_wait_ms=700))

@@ -10,6 +10,7 @@ connection (bootstrap, metadata, produce, fetch) goes through a proxy that can c
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -155,6 +156,10 @@ def test_idempotent_producer_through_kills_and_cuts(make_cluster) -> None:  # ty
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PIDLEASE_KAFKA_1M") != "1",
+    reason="the issue's 1,000,000-record run (about 1.5 min): PIDLEASE_KAFKA_1M=1",
+)
 def test_a_million_records_through_kills_and_cuts(make_cluster) -> None:  # type: ignore[no-untyped-def]
     run_with_faults(make_cluster(servers=3, env=ENV), 1_000_000, rate=1_000_000)
 
