@@ -4,7 +4,10 @@ clients produce to and fetch from the same partitions as the pidlease SDK.
 - ``codec``: the one adapter over ``kio`` (Kafka's message schemas), and the table of the
   APIs and versions we advertise;
 - ``listener``: connections, framing, the SASL gate, answers in request order;
-- ``apis``: one handler per API over the broker and the ZooKeeper registry;
+- ``apis``: ApiVersions, Metadata, InitProducerId, CreateTopics and SASL, over the
+  ZooKeeper registry, and the dispatch to ``records``;
+- ``records``: Produce, Fetch and ListOffsets over the partitions this server leads;
+- ``codes``: the Kafka error codes answered here;
 - ``pids``: InitProducerId's PIDs, from the cluster's ZooKeeper PID counter, and who owns them;
 - ``topics``: CreateTopics, written to ZooKeeper as the coordinator writes a topic;
 - ``sasl``: SASL/PLAIN against the same API tokens as the coordinator.

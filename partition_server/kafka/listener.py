@@ -19,7 +19,9 @@ from collections import deque
 from typing import Any
 
 from partition_server.kafka import codec as C
-from partition_server.kafka.apis import UNKNOWN_SERVER_ERROR, KafkaApis, Reply, Session
+from partition_server.kafka.apis import KafkaApis, Session
+from partition_server.kafka.codes import UNKNOWN_SERVER_ERROR
+from partition_server.kafka.records import Reply
 from pidlease.wire.framing import FrameDecoder, FrameTooLarge
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S
 
