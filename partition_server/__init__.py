@@ -9,6 +9,7 @@ How it is built (one noun per module):
 - ``snapshot``        one atomic file per server: offset vector + producer state
 - ``flusher``         group commit: fsync in an executor, then acks in order
 - ``partition``       one partition: log + producer state + durability waiters
+- ``kafka_partition`` the Kafka face of a partition: Produce and Fetch of RecordBatch v2
 - ``registry``        ZooKeeper: our ephemeral znode, topics and partition states we host
 - ``server``          the asyncio TCP front: framing, dispatch, pipelined responses
 - ``__main__``        ``python -m partition_server``

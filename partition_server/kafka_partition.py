@@ -19,6 +19,7 @@ from typing import Any
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from pidlease.errors import (
+    CorruptRecord,
     NotEnoughReplicas,
     NotLeader,
     OffsetOutOfRange,
@@ -155,7 +156,7 @@ def _code_of_wait_failure(exc: BaseException) -> int:
 def kafka_fetch(part: Partition, offset: int, max_bytes: int) -> KafkaFetchResult:
     """Committed batches from the one holding ``offset`` as Kafka RecordBatch v2 bytes (at
     least one whole batch when there is one); OFFSET_OUT_OF_RANGE outside [log start, high
-    watermark]."""
+    watermark]; KAFKA_STORAGE_ERROR when a stored batch fails its checksum. Never raises."""
     start, hw = part.log.log_start_offset, part.high_watermark
     if offset < start or offset > hw:
         return KafkaFetchResult(K.OFFSET_OUT_OF_RANGE, hw, start, b"")
@@ -166,6 +167,10 @@ def kafka_fetch(part: Partition, offset: int, max_bytes: int) -> KafkaFetchResul
             chunks = part.fetch(at, max_bytes)
         except OffsetOutOfRange:
             return KafkaFetchResult(K.OFFSET_OUT_OF_RANGE, hw, part.log.log_start_offset, b"")
+        except CorruptRecord:
+            # A stored batch fails its checksum (logged by the log): Kafka's answer for a
+            # replica whose disk lost data; the client retries, another replica may lead.
+            return KafkaFetchResult(K.KAFKA_STORAGE_ERROR, hw, part.log.log_start_offset, b"")
         if not chunks:
             break
         records = K.native_to_kafka(chunks)

@@ -140,51 +140,76 @@ def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
     """Every record must parse, fill its length exactly, and carry offsetDelta = its index;
     the records must fill the batch in ``count`` steps. A batch taken is then readable by
     every reader (Kafka's brokers check as much). The format has no record index, so this is
-    one Python loop per record; varints under 64 are read inline (what 100-byte records
-    mostly have)."""
+    one Python loop per record, kept tight: varints of one or two bytes (every field of a
+    record under 8 KiB) are decoded inline, longer ones by ``read_varint``."""
     read = P.read_varint
     p = P.KAFKA_HEADER_SIZE
     try:
         for i in range(count):
-            if p >= end:
-                raise KafkaBatchError(INVALID_RECORD, "fewer records than recordCount")
-            length, p = read(buf, p)
+            # length
+            b = buf[p]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif buf[p + 1] < 0x80:
+                r = (b & 0x7F) | (buf[p + 1] << 7)
+                length = (r >> 1) ^ -(r & 1)
+                p += 2
+            else:
+                length, p = read(buf, p)
             rec_end = p + length
             if length < 1 or rec_end > end:
                 raise KafkaBatchError(INVALID_RECORD, f"record {i} has a bad length {length}")
-            p += 1  # attributes
+            # attributes (1 byte), then timestampDelta
+            p += 1
             b = buf[p]
             if b < 0x80:
                 p += 1
             else:
-                _, p = read(buf, p)  # timestampDelta
+                _, p = read(buf, p)
+            # offsetDelta
             b = buf[p]
             if b < 0x80:
                 delta = (b >> 1) ^ -(b & 1)
                 p += 1
+            elif buf[p + 1] < 0x80:
+                r = (b & 0x7F) | (buf[p + 1] << 7)
+                delta = (r >> 1) ^ -(r & 1)
+                p += 2
             else:
                 delta, p = read(buf, p)
             if delta != i:
                 raise KafkaBatchError(INVALID_RECORD, f"record {i} says offsetDelta {delta}")
-            klen, p = read(buf, p)
+            # key
+            b = buf[p]
+            if b < 0x80:
+                klen = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                klen, p = read(buf, p)
             if klen > 0:
                 p += klen
-            vlen, p = read(buf, p)
+            # value
+            b = buf[p]
+            if b < 0x80:
+                vlen = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif buf[p + 1] < 0x80:
+                r = (b & 0x7F) | (buf[p + 1] << 7)
+                vlen = (r >> 1) ^ -(r & 1)
+                p += 2
+            else:
+                vlen, p = read(buf, p)
             if vlen > 0:
                 p += vlen
             if klen < -1 or vlen < -1:
                 raise KafkaBatchError(INVALID_RECORD, f"record {i} has a negative length")
-            nheaders, p = read(buf, p)
-            if nheaders < 0:
-                raise KafkaBatchError(INVALID_RECORD, f"record {i} has {nheaders} headers")
-            for _ in range(nheaders):
-                hk, p = read(buf, p)
-                if hk < 0:
-                    raise KafkaBatchError(INVALID_RECORD, f"record {i}: a header has no key")
-                p += hk
-                hv, p = read(buf, p)
-                if hv > 0:
-                    p += hv
+            # headers
+            b = buf[p]
+            if b == 0:
+                p += 1
+            else:
+                p = _walk_headers(buf, p, i)
             if p != rec_end:
                 raise KafkaBatchError(INVALID_RECORD, f"record {i} does not fill its length")
     except IndexError:
@@ -197,6 +222,22 @@ def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
         raise KafkaBatchError(
             INVALID_RECORD, "records do not fill the batch (recordCount or lengths wrong)"
         )
+
+
+def _walk_headers(buf: bytes | memoryview, p: int, i: int) -> int:
+    read = P.read_varint
+    nheaders, p = read(buf, p)
+    if nheaders < 0:
+        raise KafkaBatchError(INVALID_RECORD, f"record {i} has {nheaders} headers")
+    for _ in range(nheaders):
+        hk, p = read(buf, p)
+        if hk < 0:
+            raise KafkaBatchError(INVALID_RECORD, f"record {i}: a header has no key")
+        p += hk
+        hv, p = read(buf, p)
+        if hv > 0:
+            p += hv
+    return p
 
 
 def encode_varint(value: int) -> bytes:

@@ -183,6 +183,7 @@ def test_follower_fed_the_leaders_bytes_answers_alike(tmp_path: Path) -> None:
         follower.set_high_watermark(leader.high_watermark)
         assert log_batches(tmp_path / "f", "t", 0) == log_batches(tmp_path / "l", "t", 0)
         assert answers(follower, PROBES) == answers(leader, PROBES)
+        assert follower.follower_rule_mismatches == 0  # its own rules agreed, batch by batch
         await close(leader)
         await close(follower)
 
@@ -225,6 +226,78 @@ def test_mixed_log_reads_for_our_readers_and_for_kafka_consumers(tmp_path: Path)
         assert P.decode_batch_header(kafka_fetch(part, 6, 10).records).base_offset == 7
         assert kafka_fetch(part, 12, BYTES_MAX).error_code == K.OFFSET_OUT_OF_RANGE
         assert kafka_fetch(part, 11, BYTES_MAX).records == b""
+        await close(part)
+
+    asyncio.run(go())
+
+
+def test_time_index_reads_a_kafka_batchs_max_timestamp(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None)
+        for seq, ts in ((0, 1_000), (1, 2_000), (2, 3_000)):
+            raw = K.encode_kafka_batch(
+                [(None, b"x")],
+                producer_id=PID,
+                producer_epoch=0,
+                base_sequence=seq,
+                base_timestamp_ms=ts,
+            )
+            assert (await produce(part, raw)).error_code == K.NONE
+        # what retention by time reads: the newest batch's maxTimestamp
+        assert part.log.segments[-1].max_timestamp_ms == 3_000
+        assert part.offset_for_timestamp(2_500) == 2
+        assert part.offset_for_timestamp(1_000) == 0
+        assert part.offset_for_timestamp(3_001) == 3
+        await close(part)
+        again = open_part(tmp_path, hw=None)  # the index rebuilt by a scan agrees
+        assert again.offset_for_timestamp(2_500) == 2
+        await close(again)
+
+    asyncio.run(go())
+
+
+def test_recovery_above_the_checkpointed_high_watermark_waits_for_it(tmp_path: Path) -> None:
+    """A replicated partition reopened with its checkpoint below the last Kafka batches:
+    those are in flight again (the durable highwater goes back below them, in positions),
+    and a retry of one is answered with its offsets only once the high watermark passes."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None)
+        for raw in (kb(0, 0), kb(1, 0), kb(1, 2)):
+            assert (await produce(part, raw)).error_code == K.NONE
+        await close(part)
+        again = open_part(tmp_path, hw=2)  # offsets 2..5 not known to be committed
+        e = again.state.get(PID)
+        epoch1 = 1 << 40  # the position of epoch 1's sequence 0
+        # just below the first batch in flight: its position - 1
+        assert e is not None and (e.highwater, e.durable_highwater) == (epoch1 + 3, epoch1 - 1)
+        again.become_leader(1, 1, [1, 2], [1, 2])
+        retry = kafka_produce(again, kb(1, 0), acks=-1, batch_bytes_max=BYTES_MAX)
+        assert isinstance(retry, asyncio.Future)
+        await asyncio.sleep(0.01)
+        assert not retry.done()
+        again.record_replica_fetch(2, 6)
+        assert (await asyncio.wait_for(retry, 10)).base_offset == 2
+        e = again.state.get(PID)
+        assert e is not None and e.durable_highwater == epoch1 + 3
+        await close(again)
+
+    asyncio.run(go())
+
+
+def flip_byte(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_fetch_of_a_damaged_batch_is_a_storage_error(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None)
+        await fill(part)
+        flip_byte(max((tmp_path / "t-0").glob("*.log")), 70)  # in the first batch's records
+        got = kafka_fetch(part, 0, BYTES_MAX)
+        assert (got.error_code, got.records) == (K.KAFKA_STORAGE_ERROR, b"")
         await close(part)
 
     asyncio.run(go())
