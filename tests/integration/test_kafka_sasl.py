@@ -183,3 +183,21 @@ def test_sasl_over_tls(make_cluster) -> None:  # type: ignore[no-untyped-def]
     with KafkaWire(c.servers[0].kafka_address) as w:
         w.send_raw(w.frame(C.API_VERSIONS, 0, {}))
         assert w.closed_by_peer(20)
+
+
+def test_sasl_handshake_v0_then_a_bare_token(cluster) -> None:  # type: ignore[no-untyped-def]
+    """SaslHandshake v0: the next frame is the PLAIN token itself, answered by an empty
+    frame on success and a closed connection otherwise (no SaslAuthenticate)."""
+    addr = cluster.servers[0].kafka_address
+    with KafkaWire(addr) as w:
+        assert int(w.request(C.SASL_HANDSHAKE, 0, {"mechanism": "PLAIN"}).error_code) == 0
+        token = b"\0alice\0alice-token-123"
+        w.send_raw(len(token).to_bytes(4, "big") + token)
+        assert w.read_frame() == b""
+        md = w.request(C.METADATA, 1, {"topics": None})
+        assert [b.node_id for b in md.brokers] == [1]
+    with KafkaWire(addr) as w:
+        assert int(w.request(C.SASL_HANDSHAKE, 0, {"mechanism": "PLAIN"}).error_code) == 0
+        token = b"\0alice\0wrong-token"
+        w.send_raw(len(token).to_bytes(4, "big") + token)
+        assert w.closed_by_peer()
