@@ -71,12 +71,14 @@ class Registry:
         self.assignment = self._read_all()
         return self.assignment
 
-    async def register(self, host: str, port: int) -> None:
+    async def register(self, host: str, port: int, kafka_port: int = 0) -> None:
         """Create ``/servers/<id>`` with the address clients use: the server passes its
         advertised host and port (``advertised_host``/``advertised_port``, default where it
-        listens)."""
+        listens), and its Kafka listener's port (0: none)."""
         self._loop = asyncio.get_running_loop()
-        self.info = ServerInfo(self.server_id, host, port, started_ms=int(time.time() * 1000))
+        self.info = ServerInfo(
+            self.server_id, host, port, started_ms=int(time.time() * 1000), kafka_port=kafka_port
+        )
         await self._loop.run_in_executor(None, self._create_znode)
         log.info("registered %s as %s", server_path(self.server_id), self.info.address)
 

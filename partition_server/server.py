@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from partition_server.broker import Broker
+from partition_server.kafka import KafkaListener, make_listener
 from partition_server.metrics import ServerMetrics, watch_broker
 from partition_server.metrics_listener import MetricsListener
 from partition_server.partition import Partition, wall_clock_ms
@@ -155,6 +156,8 @@ class PartitionServer:
             else None
         )
         self.tls_handshake_failures = 0
+        self.kafka: KafkaListener | None = None
+        self.kafka_port = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -183,13 +186,18 @@ class PartitionServer:
                 self.metrics.render, self.s.metrics_host or self.s.host, self.s.metrics_port
             )
             await self.metrics_listener.start()
-        await self.registry.register(adv_host, adv_port)
+        if self.s.kafka_port:
+            # Also before registering: the Kafka port goes into /servers/<id> with ours.
+            self.kafka = make_listener(self.s, self.broker, self.registry, lambda: self._stopping)
+            bound = await self.kafka.start(self.s.kafka_host or self.s.host, self.s.kafka_port)
+            self.kafka_port = self.s.kafka_advertised_port or bound
+        await self.registry.register(adv_host, adv_port, self.kafka_port)
         await self.registry.refresh()  # arms the watches, now that we are listed
         await self._server.start_serving()
         self.broker.replicas.start()
         self._maint = loop.create_task(self.broker.maintain())
         log.info(
-            "partition server %d serving on %s:%d%s (advertised %s, data %s, fsync=%s)",
+            "partition server %d serving on %s:%d%s (advertised %s, data %s, fsync=%s%s)",
             self.s.server_id,
             self.s.host,
             self.port,
@@ -197,6 +205,7 @@ class PartitionServer:
             self.address,
             self.s.data_dir,
             self.s.fsync,
+            f", kafka port {self.kafka_port}" if self.kafka is not None else "",
         )
 
     async def stop(self) -> None:
@@ -205,6 +214,8 @@ class PartitionServer:
         self._stopping = True
         if self._server is not None:
             self._server.close()
+        if self.kafka is not None:
+            await self.kafka.stop()
         if self.metrics_listener is not None:
             await self.metrics_listener.stop()
         if self._maint is not None:

@@ -14,7 +14,10 @@ LEASE_MAX_MS = 86_400_000
 
 
 class ServerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PIDLEASE_", extra="ignore")
+    # hide_input_in_errors: a bad setting's message must not print the API tokens
+    model_config = SettingsConfigDict(
+        env_prefix="PIDLEASE_", extra="ignore", hide_input_in_errors=True
+    )
 
     zk: str = "127.0.0.1:2181/pidlease"
     lease_secret: str = "pidlease-dev-secret"  # noqa: S105 - the local-cluster default; deployments set PIDLEASE_LEASE_SECRET
@@ -176,6 +179,55 @@ class ServerSettings(BaseSettings):
             "CA bundle trusted when connecting to other partition servers over TLS (replica "
             "fetching); empty: the system trust store"
         ),
+    )
+
+    # -- Kafka listener (docs/kafka.md) --
+    kafka_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description=(
+            "port of the Kafka protocol listener (unmodified Kafka clients); 0: no listener "
+            "(`pidlease dev up` and LocalCluster turn it on)"
+        ),
+    )
+    kafka_host: str = Field(
+        default="", description="address the Kafka listener binds; empty: the same as `host`"
+    )
+    kafka_advertised_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description=(
+            "Kafka port registered in ZooKeeper and answered in Metadata; 0: the bound port"
+        ),
+    )
+    kafka_pid_block_size: int = Field(
+        default=100,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "PIDs a server reserves at a time from the cluster's ZooKeeper counter for "
+            "InitProducerId (the coordinator's blocks come from the same counter)"
+        ),
+    )
+    kafka_fetch_wait_max_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description="most a Kafka Fetch is held waiting for data, whatever it asks",
+    )
+    api_token: str = Field(
+        default="",
+        description=(
+            "as the coordinator's: when any API token is set, the Kafka listener requires "
+            "SASL/PLAIN (user = principal, password = its token)"
+        ),
+    )
+    api_tokens: str = Field(
+        default="", description="as the coordinator's: `name:scope:token,...` principals"
+    )
+    api_tokens_file: str = Field(
+        default="", description="as the coordinator's: a file of `name:scope:token` lines"
     )
 
     @model_validator(mode="after")

@@ -109,6 +109,7 @@ def _state_of(cluster: Any, *, detached: bool, replication_factor: int) -> dict[
     state: dict[str, Any] = {
         "coordinator_url": cluster.coordinator_url,
         "zk_hosts": cluster.zk_hosts,
+        "kafka_bootstrap": cluster.kafka_bootstrap,
         "data_dir": str(cluster.data_dir),
         "replication_factor": replication_factor,
         "started_ms": int(time.time() * 1000),
@@ -171,7 +172,11 @@ def up(
     out(f"coordinator: {cluster.coordinator_url}")
     out(f"zookeeper:   {cluster.zk_hosts}")
     for svc in cluster.servers:
-        out(f"partition server {svc.ident}: {svc.address} (log {svc.log_path})")
+        out(
+            f"partition server {svc.ident}: {svc.address}, kafka {svc.kafka_address} "
+            f"(log {svc.log_path})"
+        )
+    out(f"kafka bootstrap: {cluster.kafka_bootstrap}")
     out(
         "try:  pidlease topic create orders --partitions 3 "
         f"--replication-factor {replication_factor}"

@@ -44,6 +44,11 @@ class Service:
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0  # partition servers: their GET /metrics listener
     tls: bool = False  # serves TLS (HTTPS for a coordinator)
+    kafka_port: int = 0  # partition servers: their Kafka listener (0: none)
+
+    @property
+    def kafka_address(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -226,6 +231,7 @@ class LocalCluster:
         coordinator_ports: list[int] | None = None,
         server_ports: list[int] | None = None,
         tls: bool = False,
+        kafka: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -242,6 +248,7 @@ class LocalCluster:
         self._coord_ports = coordinator_ports
         self._server_ports = server_ports
         self.tls = tls
+        self.kafka = kafka  # each partition server also listens for Kafka clients
         self.certs: dict[str, Path] = {}
         if tls:
             self.certs = make_certs(self.data_dir / "tls")
@@ -267,6 +274,11 @@ class LocalCluster:
     @property
     def coordinator_url(self) -> str:
         return self.coordinators[0].url
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """``bootstrap.servers`` for a Kafka client: every partition server's Kafka port."""
+        return ",".join(s.kafka_address for s in self.servers if s.kafka_port)
 
     def common_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -320,6 +332,7 @@ class LocalCluster:
             extra_env=dict(extra_env or {}),
             metrics_port=free_port(),
             tls=self.tls,
+            kafka_port=free_port() if self.kafka else 0,
         )
         self.servers.append(svc)
         if start:
@@ -367,6 +380,7 @@ class LocalCluster:
                     "PIDLEASE_HOST": "127.0.0.1",
                     "PIDLEASE_PORT": str(svc.port),
                     "PIDLEASE_METRICS_PORT": str(svc.metrics_port),
+                    "PIDLEASE_KAFKA_PORT": str(svc.kafka_port),
                     "PIDLEASE_DATA_DIR": str(self.data_dir / f"server-{svc.ident}" / "data"),
                 }
             )

@@ -123,6 +123,7 @@ class ServerInfo:
     host: str
     port: int
     started_ms: int = 0
+    kafka_port: int = 0  # the Kafka listener's port at ``host``; 0: none
 
     @property
     def address(self) -> str:
@@ -133,7 +134,9 @@ class ServerInfo:
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> ServerInfo:
-        return cls(**json.loads(raw))
+        # Unknown fields ignored: a newer server's record read by an older reader.
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in json.loads(raw).items() if k in known})
 
 
 @dataclass

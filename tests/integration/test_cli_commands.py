@@ -153,6 +153,14 @@ def test_dev_up_detach_and_down(tmp_path: Path) -> None:
         assert cli("topic", "create", "t", "--partitions", "2", url=url).returncode == 0
         r = cli("produce", "t", url=url, stdin="a\nb\nc\n")
         assert r.returncode == 0 and "3 new" in r.stdout
+        # The Kafka listeners are on, and printed (CONTRACT.md, "Kafka protocol").
+        line = next(x for x in up.stdout.splitlines() if x.startswith("kafka bootstrap: "))
+        boot = line.removeprefix("kafka bootstrap: ")
+        assert len(boot.split(",")) == 2 and state["kafka_bootstrap"] == boot
+        from confluent_kafka.admin import AdminClient
+
+        md = AdminClient({"bootstrap.servers": boot}).list_topics("t", timeout=30)
+        assert len(md.topics["t"].partitions) == 2 and len(md.brokers) == 2
     finally:
         down = cli("dev", "down", "--data-dir", str(data))
     assert down.returncode == 0, down.stdout + down.stderr

@@ -1,0 +1,180 @@
+"""InitProducerId on any node: PIDs from the cluster's one ZooKeeper PID counter, and who
+owns each Kafka PID.
+
+PIDs come from ``/pid_block``, the counter the coordinator's allocator reserves blocks
+from, with the same protocol: reserve ``[next, next + block)`` by a compare-and-set on the
+znode's version, hand the block out from memory. So a PID leased over HTTP and one given to
+a Kafka client can never be the same, and a server that dies wastes only the rest of its
+block. (The partition server may not import ``coordinator``, and calling a coordinator
+over HTTP would make every InitProducerId depend on one being up; the counter is the
+shared contract, described in ``pidlease/wire/cluster.py``.)
+
+``/kafka_pids/<pid>`` records the principal that initialised the PID and its epoch as
+InitProducerId last handed it out. The leader of a partition reads it (once per PID, then
+cached) to refuse another principal's produce with that PID when SASL is on, and an
+InitProducerId that names its PID (v3+, an epoch bump asked of the broker) is checked
+against it.
+
+Kafka's producer epoch is an int16; a new PID starts at epoch 0 and a bump past 32767 is
+answered with a new PID, as Kafka does, so no Kafka PID ever carries an epoch that does
+not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+PID_BLOCK = "/pid_block"  # pidlease/wire/cluster.py PID_BLOCK
+KAFKA_PIDS = "/kafka_pids"
+FIRST_PID = 1
+MAX_PID = 2**63 - 1
+EPOCH_MAX = 32767
+CAS_ATTEMPTS = 1000
+OWNERS_CACHED_MAX = 100_000
+
+
+class PidError(Exception):
+    """InitProducerId refused; ``code`` is the Kafka error to answer."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class KafkaPid:
+    pid: int
+    epoch: int
+    principal: str
+
+
+def kafka_pid_path(pid: int) -> str:
+    return f"{KAFKA_PIDS}/{pid}"
+
+
+class KafkaPids:
+    """Blocking (kazoo); the listener calls it in an executor. Thread-safe."""
+
+    def __init__(self, zk: Any, block_size: int) -> None:
+        self._zk = zk
+        self.block_size = block_size
+        self._lock = threading.Lock()
+        self._next = 0
+        self._end = 0
+        self._owners: dict[int, str] = {}
+        self.blocks_reserved = 0
+
+    def init(self, principal: str, pid: int = -1, epoch: int = -1) -> KafkaPid:
+        """A new PID at epoch 0 (``pid`` -1), or the given PID's epoch bumped (Kafka's
+        InitProducerId v3+ with an existing producer id and epoch)."""
+        if pid < 0:
+            return self._new(principal)
+        return self._bump(principal, pid, epoch)
+
+    def owner(self, pid: int) -> str | None:
+        """The principal that initialised ``pid``, None when it was not a Kafka
+        InitProducerId (an HTTP-leased PID, or none)."""
+        got = self._owners.get(pid)
+        if got is not None:
+            return got
+        rec = self._read(pid)
+        if rec is None:
+            return None
+        self._remember(pid, rec.principal)
+        return rec.principal
+
+    # -- internals -------------------------------------------------------------------------
+    def _new(self, principal: str) -> KafkaPid:
+        pid = self._next_pid()
+        rec = KafkaPid(pid, 0, principal)
+        self._zk.ensure_path(KAFKA_PIDS)
+        self._zk.create(kafka_pid_path(pid), _dump(rec))
+        self._remember(pid, principal)
+        return rec
+
+    def _bump(self, principal: str, pid: int, epoch: int) -> KafkaPid:
+        try:
+            raw, stat = self._zk.get(kafka_pid_path(pid))
+        except NoNodeError:
+            raise PidError(59, f"producer id {pid} was not initialised here") from None
+        rec = _load(raw)
+        if rec.principal != principal:
+            raise PidError(53, f"producer id {pid} belongs to another principal")
+        if epoch != rec.epoch:
+            raise PidError(90, f"producer epoch {epoch} is not the current {rec.epoch}")
+        if rec.epoch >= EPOCH_MAX:
+            return self._new(principal)  # the epoch would overflow int16: a new PID
+        bumped = KafkaPid(pid, rec.epoch + 1, principal)
+        try:
+            self._zk.set(kafka_pid_path(pid), _dump(bumped), version=stat.version)
+        except BadVersionError:
+            raise PidError(90, f"producer id {pid} was bumped concurrently") from None
+        return bumped
+
+    def _read(self, pid: int) -> KafkaPid | None:
+        try:
+            raw, _ = self._zk.get(kafka_pid_path(pid))
+        except NoNodeError:
+            return None
+        return _load(raw)
+
+    def _remember(self, pid: int, principal: str) -> None:
+        with self._lock:
+            if len(self._owners) >= OWNERS_CACHED_MAX:
+                self._owners.pop(next(iter(self._owners)))
+            self._owners[pid] = principal
+
+    def _next_pid(self) -> int:
+        with self._lock:
+            if self._next >= self._end:
+                self._next, self._end = self._reserve()
+                self.blocks_reserved += 1
+            pid = self._next
+            self._next += 1
+            return pid
+
+    def _reserve(self) -> tuple[int, int]:
+        # The coordinator's allocator protocol (coordinator/allocator.py), on the same znode.
+        for _ in range(CAS_ATTEMPTS):
+            try:
+                raw, stat = self._zk.get(PID_BLOCK)
+            except NoNodeError:
+                end = FIRST_PID + self.block_size
+                try:
+                    self._zk.create(PID_BLOCK, str(end).encode())
+                except NodeExistsError:
+                    continue
+                return FIRST_PID, end
+            value = int(raw)
+            if value < FIRST_PID:
+                raise PidError(-1, f"PID counter holds {value}; the ZooKeeper data is damaged")
+            end = value + self.block_size
+            if end - 1 > MAX_PID:
+                raise PidError(-1, "every 63-bit PID has been handed out")
+            try:
+                self._zk.set(PID_BLOCK, str(end).encode(), version=stat.version)
+            except BadVersionError:
+                continue
+            return value, end
+        raise PidError(-1, "could not reserve a PID block (compare-and-set conflicts); retry")
+
+
+def _dump(rec: KafkaPid) -> bytes:
+    return json.dumps(
+        {"pid": rec.pid, "epoch": rec.epoch, "principal": rec.principal, "at_ms": _now_ms()}
+    ).encode()
+
+
+def _load(raw: bytes) -> KafkaPid:
+    d = json.loads(raw)
+    return KafkaPid(int(d["pid"]), int(d["epoch"]), str(d["principal"]))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
