@@ -1,0 +1,689 @@
+"""``send_batch``'s columns: many records handed over in one call, routed, split into
+batches and encoded without building a Python object per record where the input allows.
+
+A call's values (and keys, and explicit sequence ids) arrive as Python lists or Arrow
+arrays (``Columns``). Routing: a key picks ``crc32(key) mod partitions`` (the same hash
+as ``send``: ``partitioner.partition_for_key``; for Arrow keys it is computed a byte
+column at a time over every key at once, ``crc32_keys``); the records of a call without
+keys (and keyed records whose key is null) go to one partition, the next of the round
+robin (as Kafka's sticky partitioner does: a batch stays whole). Then, per partition, the
+records are cut into runs at the batch limits and at every hole in explicit ids, and each
+run's body is built in one step: for Arrow, the record heads are one numpy array and
+``pyarrow.compute.binary_join_element_wise`` lays head, key and value of every record
+end to end, so a batch body is one slice of that buffer.
+
+Each run is an ``EncodedRun``: a ``RecordRun`` whose body is already encoded, so the
+partition's sender treats it like any other run (ordering, the in-flight window,
+resends, fencing) and a resend sends the same bytes. Its outcome goes to the call's
+``BatchTracker``, which completes the call's one future when every run is settled; the
+future's result is ``BatchMetadata``, a lazy sequence (a record's ``RecordMetadata`` is
+made when someone looks at it).
+
+pyarrow and numpy are optional: they are imported only when an input is an Arrow array.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import concurrent.futures
+import functools
+import itertools
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+from pidlease import errors
+from pidlease.client.config import RECORD_OVERHEAD
+from pidlease.client.record_run import RecordRun
+from pidlease.client.structs import BatchAck, RecordMetadata
+from pidlease.wire import protocol
+
+__all__ = [
+    "AsyncBatchFuture",
+    "BatchFuture",
+    "BatchMetadata",
+    "BatchTracker",
+    "Columns",
+    "EncodedRun",
+    "crc32_keys",
+]
+
+_REC_HEAD = protocol.REC_HEAD
+_CRC_VECTOR_KEY_MAX = 64  # longer keys: zlib.crc32 key by key (a column pass per byte)
+
+
+def _is_arrow(x: Any) -> bool:
+    return type(x).__module__.startswith("pyarrow")
+
+
+def _as_bytes(x: Any, what: str) -> bytes:
+    if type(x) is bytes:
+        return x
+    if isinstance(x, (bytearray, memoryview)):
+        return bytes(x)
+    if isinstance(x, str):
+        return x.encode()
+    raise errors.ConfigError(f"{what} must be bytes or str, not {type(x).__name__}")
+
+
+def _arrow_binary(arr: Any, what: str, *, nulls_ok: bool) -> Any:
+    """``arr`` (an Arrow array or chunked array of binary or string) as one BinaryArray."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        arr = arr.cast(pa.binary())  # UTF-8 bytes as they are
+    elif not pa.types.is_binary(t):
+        raise errors.ConfigError(f"{what} must be an Arrow binary or string array, not {t}")
+    if not nulls_ok and arr.null_count:
+        raise errors.ConfigError(f"{what} holds {arr.null_count} nulls; a record needs a value")
+    return arr
+
+
+def _lengths(arr: Any) -> Any:
+    """Byte lengths of a BinaryArray's items (0 for nulls), as a numpy int64 array."""
+    import numpy as np
+
+    n = len(arr)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=arr.offset + n + 1)
+    return np.diff(offsets[arr.offset :]).astype(np.int64)
+
+
+@functools.cache
+def _crc_table() -> Any:
+    """CRC-32's (zlib's, reflected 0xEDB88320) byte table, as numpy uint32."""
+    import numpy as np
+
+    c = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        c = np.where(c & 1, np.uint32(0xEDB88320) ^ (c >> np.uint32(1)), c >> np.uint32(1))
+    return c.astype(np.uint32)
+
+
+def crc32_keys(keys: Any) -> Any:
+    """``zlib.crc32`` of every item of an Arrow BinaryArray, as a numpy uint32 array (nulls
+    get 0: the caller routes them apart). One pass per key byte over all keys at once."""
+    import numpy as np
+
+    n = len(keys)
+    lens = _lengths(keys)
+    longest = int(lens.max()) if n else 0
+    if longest > _CRC_VECTOR_KEY_MAX:
+        return np.fromiter(
+            (0 if k is None else zlib.crc32(k) for k in keys.to_pylist()), np.uint32, n
+        )
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=keys.offset + n + 1)
+    starts = offsets[keys.offset : keys.offset + n].astype(np.int64)
+    data_buf = keys.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(1, "u1")
+    if not len(data):
+        data = np.zeros(1, dtype=np.uint8)
+    table = _crc_table()
+    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
+    last = len(data) - 1
+    for j in range(longest):
+        active = lens > j
+        byte = data[np.minimum(starts + j, last)].astype(np.uint32)
+        step = table[(crc ^ byte) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+        crc = np.where(active, step, crc)
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+@dataclass(slots=True)
+class Columns:
+    """One call's records, checked: ``values`` (list of bytes, or an Arrow BinaryArray
+    without nulls), ``keys`` (None, a list of bytes-or-None, or a BinaryArray whose nulls
+    are records without a key), ``seqs`` (None or the explicit ids), ``sizes`` (each
+    record's encoded size)."""
+
+    n: int
+    values: Any
+    keys: Any
+    seqs: list[int] | None
+    arrow: bool
+    sizes: Any
+
+    @classmethod
+    def of(cls, values: Any, keys: Any, sequence_ids: Any, *, bytes_max: int) -> Columns:
+        """Check and normalise ``send_batch``'s arguments; raises ``ConfigError`` /
+        ``RecordTooLarge`` and changes nothing."""
+        arrow = _is_arrow(values)
+        if arrow:
+            vals = _arrow_binary(values, "values", nulls_ok=False)
+            n = len(vals)
+            if keys is not None:
+                if not _is_arrow(keys):
+                    import pyarrow as pa
+
+                    keys = pa.array(
+                        [None if k is None else _as_bytes(k, "key") for k in keys], pa.binary()
+                    )
+                keys = _arrow_binary(keys, "keys", nulls_ok=True)
+            sizes = _lengths(vals) + RECORD_OVERHEAD
+            if keys is not None:
+                if len(keys) != n:
+                    raise errors.ConfigError(f"{len(keys)} keys for {n} values")
+                sizes += _lengths(keys)
+        else:
+            if isinstance(values, (bytes, str)) or not isinstance(values, Sequence):
+                raise errors.ConfigError(
+                    "values must be a list (or other sequence) of bytes, or an Arrow array"
+                )
+            vals = [_as_bytes(v, "value") for v in values]
+            n = len(vals)
+            if keys is not None:
+                keys = keys.to_pylist() if _is_arrow(keys) else list(keys)
+                keys = [None if k is None else _as_bytes(k, "key") for k in keys]
+                if len(keys) != n:
+                    raise errors.ConfigError(f"{len(keys)} keys for {n} values")
+                sizes = [
+                    RECORD_OVERHEAD + len(v) + (0 if k is None else len(k))
+                    for k, v in zip(keys, vals, strict=True)
+                ]
+            else:
+                sizes = [RECORD_OVERHEAD + len(v) for v in vals]
+        seqs = None
+        if sequence_ids is not None:
+            seqs = _sequence_list(sequence_ids)
+            if len(seqs) != n:
+                raise errors.ConfigError(f"{len(seqs)} sequence ids for {n} values")
+        if n:
+            biggest = int(max(sizes))
+            if biggest + protocol.BATCH_HEADER_SIZE > bytes_max:
+                raise errors.RecordTooLarge(
+                    f"a record of {biggest} bytes does not fit batch_bytes_max={bytes_max}"
+                )
+        return cls(n, vals, keys, seqs, arrow, sizes)
+
+
+def _sequence_list(ids: Any) -> list[int]:
+    if _is_arrow(ids):
+        import pyarrow as pa
+
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        if not pa.types.is_integer(ids.type) or ids.null_count:
+            raise errors.ConfigError("sequence_ids must be an Arrow integer array without nulls")
+        seqs: list[int] = ids.to_pylist()
+    else:
+        seqs = list(ids)
+        if not all(type(s) is int for s in seqs):
+            raise errors.ConfigError("sequence_ids must be ints")
+    if seqs and (min(seqs) < 0 or max(seqs) > protocol.MAX_SEQUENCE):
+        raise errors.ConfigError("every sequence id must be in 0..2**63-1")
+    return seqs
+
+
+# -- routing ---------------------------------------------------------------------------
+Positions = Any  # range, list[int] or a numpy int array: input indices, increasing
+
+
+def route(cols: Columns, partitions: int, sticky: int) -> list[tuple[int, Positions]]:
+    """(partition, input positions in order) per partition the call touches. Keyed records
+    go by key hash; the rest to ``sticky``."""
+    n = cols.n
+    keys = cols.keys
+    if keys is None or partitions == 1:
+        return [(0 if partitions == 1 else sticky, range(n))] if n else []
+    if cols.arrow:
+        import numpy as np
+
+        parts = (crc32_keys(keys) % np.uint32(partitions)).astype(np.int64)
+        if keys.null_count:
+            valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False))
+            parts[~valid] = sticky
+        order = np.argsort(parts, kind="stable")
+        counts = np.bincount(parts, minlength=partitions)
+        groups = []
+        start = 0
+        for p in range(partitions):
+            c = int(counts[p])
+            if c:
+                groups.append((p, order[start : start + c]))
+            start += c
+        return groups
+    by_part: dict[int, list[int]] = {}
+    crc = zlib.crc32
+    for i, k in enumerate(keys):
+        p = sticky if k is None else crc(k) % partitions
+        got = by_part.get(p)
+        if got is None:
+            by_part[p] = [i]
+        else:
+            got.append(i)
+    return sorted(by_part.items())
+
+
+def _take(seq: Any, pos: Positions) -> Any:
+    if isinstance(pos, range):
+        return seq[pos.start : pos.stop]
+    if isinstance(seq, list):
+        return [seq[i] for i in pos]
+    return seq[pos]  # numpy
+
+
+# -- explicit ids ----------------------------------------------------------------------
+@dataclass(slots=True)
+class IdPlan:
+    """What the explicit ids of one partition's records mean, worked out before anything
+    changes: which records are replays (already durable: resolved as duplicates), where
+    runs must break (holes), and the partition's last given id afterwards."""
+
+    replay: list[int]  # indices (within the group) of replayed records
+    breaks: list[int]  # indices (within the group, among sent records) where a run starts
+    last_given: int
+
+
+def plan_ids(
+    seqs: list[int], *, last_given: int, last_acked: int, strict: bool, partition: int
+) -> IdPlan:
+    """``send``'s rules for explicit ids, over one partition's records in order: an id at
+    or below the last one given is a replay when durable, else an error; a new id must
+    increase (strict: by exactly one)."""
+    n = len(seqs)
+    if n and seqs[0] > last_given and seqs == list(range(seqs[0], seqs[0] + n)):
+        # The usual case (a replayable source's next rows): contiguous and new.
+        if strict and seqs[0] != last_given + 1:
+            raise errors.ConfigError(
+                f"strict topic: partition {partition} needs sequence_id {last_given + 1} "
+                f"next, not {seqs[0]}"
+            )
+        return IdPlan([], [], seqs[-1])
+    replay: list[int] = []
+    breaks: list[int] = []
+    last = last_given
+    prev_sent = None
+    sent = 0
+    for i, s in enumerate(seqs):
+        if s <= last:
+            if s <= last_acked:
+                replay.append(i)
+                continue
+            raise errors.ConfigError(
+                f"sequence_id {s} was already given to a record of partition {partition} "
+                f"that is not acknowledged yet"
+            )
+        if strict and s != last + 1:
+            raise errors.ConfigError(
+                f"strict topic: partition {partition} needs sequence_id {last + 1} next, not {s}"
+            )
+        if prev_sent is not None and s != prev_sent + 1:
+            breaks.append(sent)
+        prev_sent = s
+        last = s
+        sent += 1
+    return IdPlan(replay, breaks, last)
+
+
+# -- runs ------------------------------------------------------------------------------
+def chunk_bounds(
+    sizes: Any, *, body_max: int, records_max: int, breaks: Sequence[int] = ()
+) -> list[tuple[int, int]]:
+    """[start, end) of each run over records of these encoded ``sizes``, in order: each
+    at most ``records_max`` records and ``body_max`` bytes, and a new run at each break."""
+    n = len(sizes)
+    if not n:
+        return []
+    # cum[i]: bytes of records 0..i-1; a run from s ends before the first record whose
+    # end passes cum[s] + body_max (bisect works on a list and a numpy array alike)
+    cum: Any
+    if isinstance(sizes, list):
+        cum = list(itertools.accumulate(sizes, initial=0))
+    else:
+        import numpy as np
+
+        cum = np.concatenate(([0], np.cumsum(sizes))).tolist()
+    bounds = []
+    s = 0
+    while s < n:
+        e = min(n, s + records_max, bisect.bisect_right(cum, cum[s] + body_max) - 1)
+        b = bisect.bisect_right(breaks, s)
+        if b < len(breaks):
+            e = min(e, breaks[b])
+        e = max(e, s + 1)  # a record larger than body_max was refused before
+        bounds.append((s, e))
+        s = e
+    return bounds
+
+
+def encode_parts(cols: Columns, pos: Positions) -> tuple[Any, list[int] | Any]:
+    """The encoded records at ``pos`` laid end to end (``(buffer, offsets)``: record i is
+    ``buffer[offsets[i]:offsets[i+1]]``), as the batch format has them."""
+    if cols.arrow:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        vals = cols.values
+        keys = cols.keys
+        if not isinstance(pos, range) or pos != range(cols.n):
+            idx = pa.array(pos) if not isinstance(pos, range) else None
+            vals = vals.take(idx) if idx is not None else vals.slice(pos.start, len(pos))
+            if keys is not None:
+                keys = keys.take(idx) if idx is not None else keys.slice(pos.start, len(pos))
+        m = len(vals)
+        head_np = np.empty((m, 2), dtype=">i4")
+        head_np[:, 1] = _lengths(vals)
+        cols_ = [vals]
+        if keys is None:
+            head_np[:, 0] = -1
+        else:
+            klen = _lengths(keys)
+            if keys.null_count:
+                valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False))
+                klen[~valid] = -1
+            head_np[:, 0] = klen
+            cols_ = [keys, vals]
+        head_arr = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(8), m, [None, pa.py_buffer(head_np)]
+        ).cast(pa.binary())
+        joined = pc.binary_join_element_wise(
+            head_arr, *cols_, b"", null_handling="replace", null_replacement=b""
+        )
+        offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=joined.offset + m + 1)
+        offsets = offsets[joined.offset :].astype(np.int64)
+        data = joined.buffers()[2]
+        return memoryview(data if data is not None else b""), offsets
+    vals = _take(cols.values, pos)
+    if cols.keys is None:
+        head = _REC_HEAD.pack
+        body = b"".join(
+            itertools.chain.from_iterable(
+                zip(map(head, itertools.repeat(-1), map(len, vals)), vals, strict=True)
+            )
+        )
+    else:
+        keys = _take(cols.keys, pos)
+        heads: list[bytes] = [
+            _REC_HEAD.pack(-1 if k is None else len(k), len(v))
+            for k, v in zip(keys, vals, strict=True)
+        ]
+        body = b"".join(
+            itertools.chain.from_iterable(
+                zip(heads, [b"" if k is None else k for k in keys], vals, strict=True)
+            )
+        )
+    sizes = _take(cols.sizes, pos)
+    return memoryview(body), list(itertools.accumulate(sizes, initial=0))
+
+
+class EncodedRun(RecordRun):
+    """A run of ``send_batch``: its body already encoded (``parts``), ``count`` records.
+    ``values`` holds one shared placeholder per record, so everything that counts a run's
+    records (``len(run.values)``) counts these too; nothing can join it (``closed``). Its
+    outcome goes to the call's tracker (slot ``slot``)."""
+
+    __slots__ = ("parts", "slot", "tracker")
+
+    def __init__(
+        self,
+        first_ms: float,
+        first_seq: int,
+        count: int,
+        body: Any,
+        tracker: BatchTracker,
+        slot: int,
+    ) -> None:
+        super().__init__(first_ms, first_seq, count, len(body) + protocol.BATCH_HEADER_SIZE)
+        self.values = [b""] * count
+        self.parts = [body]
+        self.size = len(body) + protocol.BATCH_HEADER_SIZE
+        self.counted = count
+        if first_seq >= 0:
+            self.last_seq = first_seq + count - 1
+        self.closed = True
+        self.tracker = tracker
+        self.slot = slot
+
+    def add(self, key: bytes | None, value: bytes, future: Any, seq: int) -> bool:
+        return False
+
+    def full(self, smallest_record: int = RECORD_OVERHEAD) -> bool:
+        return True
+
+    def body_parts(self) -> list[bytes]:
+        return self.parts
+
+    def resolve(self, ack: BatchAck, condition: threading.Condition | None) -> None:
+        self.tracker.settle(self.slot, ack)
+
+    def fail(self, exc: BaseException, condition: threading.Condition | None) -> None:
+        self.tracker.settle(self.slot, exc)
+
+
+# -- the outcome of a call ----------------------------------------------------------------
+@dataclass(slots=True)
+class _Segment:
+    positions: Positions  # input positions of its records, in order
+    indices: list[int] | None  # record j is metadata(indices[j]) (replays); None: j
+    outcome: BatchAck | BaseException | None = None
+
+
+class BatchTracker:
+    """The outcome of one ``send_batch`` call: one segment per run (and per partition's
+    replayed ids); ``on_done`` runs once, when the call is sealed and every segment is
+    settled (on whichever thread settles last)."""
+
+    def __init__(self, n: int, on_done: Callable[[BatchTracker], None]) -> None:
+        self.n = n
+        self.segments: list[_Segment] = []
+        self._pending = 1  # the seal: nothing completes before every run is known
+        self._lock = threading.Lock()
+        self._on_done = on_done
+
+    def add(self, positions: Positions, indices: list[int] | None = None) -> int:
+        self.segments.append(_Segment(positions, indices))
+        with self._lock:
+            self._pending += 1
+        return len(self.segments) - 1
+
+    def add_settled(self, positions: Positions, indices: list[int], ack: BatchAck) -> None:
+        self.segments.append(_Segment(positions, indices, ack))
+
+    def settle(self, slot: int, outcome: BatchAck | BaseException) -> None:
+        seg = self.segments[slot]
+        with self._lock:
+            if seg.outcome is not None:
+                return
+            seg.outcome = outcome
+            self._pending -= 1
+            done = self._pending == 0
+        if done:
+            self._on_done(self)
+
+    def seal(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            done = self._pending == 0
+        if done:
+            self._on_done(self)
+
+    def first_error(self) -> BaseException | None:
+        """The error of the failed record that comes first in input order, if any."""
+        first: tuple[int, BaseException] | None = None
+        for seg in self.segments:
+            if isinstance(seg.outcome, BaseException) and len(seg.positions):
+                at = int(seg.positions[0])
+                if first is None or at < first[0]:
+                    first = (at, seg.outcome)
+        return None if first is None else first[1]
+
+
+class BatchMetadata(Sequence[Any]):
+    """Per record of a ``send_batch`` call, in input order: its ``RecordMetadata`` (or, from
+    ``outcomes()``, the exception it failed with). Lazy: a record's metadata is made when
+    it is looked at. ``duplicates``: how many records the server already had."""
+
+    def __init__(self, tracker: BatchTracker) -> None:
+        self._t = tracker
+        self._where: tuple[list[int], list[int]] | None = None
+
+    def __len__(self) -> int:
+        return self._t.n
+
+    @property
+    def duplicates(self) -> int:
+        return sum(
+            len(s.positions)
+            for s in self._t.segments
+            if isinstance(s.outcome, BatchAck) and s.outcome.duplicate
+        )
+
+    def _locate(self) -> tuple[list[int], list[int]]:
+        if self._where is None:
+            seg_of = [0] * self._t.n
+            idx_of = [0] * self._t.n
+            for k, seg in enumerate(self._t.segments):
+                pos = seg.positions
+                if isinstance(pos, range):
+                    seg_of[pos.start : pos.stop] = [k] * len(pos)
+                    idx_of[pos.start : pos.stop] = seg.indices or range(len(pos))
+                    continue
+                pos_list = pos if isinstance(pos, list) else pos.tolist()
+                indices = seg.indices or range(len(pos_list))
+                for i, j in zip(pos_list, indices, strict=True):
+                    seg_of[i] = k
+                    idx_of[i] = j
+            self._where = (seg_of, idx_of)
+        return self._where
+
+    def _item(self, i: int) -> RecordMetadata | BaseException:
+        seg_of, idx_of = self._locate()
+        out = self._t.segments[seg_of[i]].outcome
+        if isinstance(out, BatchAck):
+            return out.metadata(idx_of[i])
+        assert out is not None  # a done call has every segment settled
+        return out
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self._item(j) for j in range(*i.indices(self._t.n))]
+        if i < 0:
+            i += self._t.n
+        if not 0 <= i < self._t.n:
+            raise IndexError(i)
+        return self._item(i)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._item(i) for i in range(self._t.n))
+
+    def __repr__(self) -> str:
+        return f"<BatchMetadata of {self._t.n} records>"
+
+
+class BatchFuture(concurrent.futures.Future[BatchMetadata]):
+    """``Producer.send_batch``'s future: its result is the ``BatchMetadata`` of the call's
+    records in input order; when any record failed, ``result()`` raises the error of the
+    first failed record (in input order) and ``outcomes()`` says, per record, what
+    happened to it (each batch of a fenced producer carries its own ``ProducerFenced``)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.tracker = BatchTracker(n, self._done)
+
+    def _done(self, tracker: BatchTracker) -> None:
+        exc = tracker.first_error()
+        try:
+            if exc is None:
+                self.set_result(BatchMetadata(tracker))
+            else:
+                self.set_exception(exc)
+        except concurrent.futures.InvalidStateError:
+            pass  # cancelled by the user
+
+    def outcomes(self) -> BatchMetadata:
+        """Per record, its RecordMetadata or its exception (once the future is done)."""
+        if not self.done():
+            raise concurrent.futures.InvalidStateError("the batch is not resolved yet")
+        return BatchMetadata(self.tracker)
+
+
+class AsyncBatchFuture(asyncio.Future[BatchMetadata]):
+    """``AsyncProducer.send_batch``'s future (see ``BatchFuture``)."""
+
+    def __init__(self, n: int, *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.tracker = BatchTracker(n, self._done)
+
+    def _done(self, tracker: BatchTracker) -> None:
+        if self.done():
+            return
+        exc = tracker.first_error()
+        if exc is None:
+            self.set_result(BatchMetadata(tracker))
+        else:
+            self.set_exception(exc)
+
+    def outcomes(self) -> BatchMetadata:
+        if not self.done():
+            raise asyncio.InvalidStateError("the batch is not resolved yet")
+        return BatchMetadata(self.tracker)
+
+
+def _without(pos: Positions, drop: list[int]) -> Positions:
+    """``pos`` without the items at indices ``drop``."""
+    gone = set(drop)
+    return [
+        x for j, x in enumerate(pos.tolist() if hasattr(pos, "tolist") else pos) if j not in gone
+    ]
+
+
+@dataclass(slots=True)
+class RunLimits:
+    records_max: int
+    bytes_max: int
+
+
+def build_runs(
+    cols: Columns,
+    partition: int,
+    pos: Positions,
+    ids: IdPlan | None,
+    *,
+    limits: RunLimits,
+    tracker: BatchTracker,
+    replayed: BatchAck,
+    now_ms: float,
+) -> list[RecordRun]:
+    """The runs of one partition's records of a call (``pos``, in order), each one batch:
+    replayed ids are settled at once as duplicates, the rest cut at the batch limits and
+    at holes in explicit ids, each run's body encoded in one step."""
+    seqs = None if cols.seqs is None else _take(cols.seqs, pos)
+    if ids is not None and ids.replay:
+        assert seqs is not None
+        tracker.add_settled(
+            [int(pos[j]) for j in ids.replay], [seqs[j] for j in ids.replay], replayed
+        )
+        pos = _without(pos, ids.replay)
+        gone = set(ids.replay)
+        seqs = [s for j, s in enumerate(seqs) if j not in gone]
+    if not len(pos):
+        return []
+    buf, offsets = encode_parts(cols, pos)
+    sizes = (
+        [offsets[i + 1] - offsets[i] for i in range(len(pos))]
+        if isinstance(offsets, list)
+        else offsets[1:] - offsets[:-1]
+    )
+    bounds = chunk_bounds(
+        sizes,
+        body_max=limits.bytes_max - protocol.BATCH_HEADER_SIZE,
+        records_max=limits.records_max,
+        breaks=ids.breaks if ids is not None else (),
+    )
+    runs: list[RecordRun] = []
+    for s, e in bounds:
+        body = buf[int(offsets[s]) : int(offsets[e])]
+        slot = tracker.add(pos[s:e])
+        first_seq = -1 if seqs is None else seqs[s]
+        runs.append(EncodedRun(now_ms, first_seq, e - s, body, tracker, slot))
+    return runs
