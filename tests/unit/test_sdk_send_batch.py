@@ -77,7 +77,7 @@ def test_async_producer_interleaves_too(fake) -> None:  # type: ignore[no-untype
             "http://fake", topic="t", http_transport=coord.transport(), batch_records_max=3
         ) as p:
             f0 = await p.send(b"x0", partition=2)
-            bf = await p.send_batch(pa.array(["s%d" % i for i in range(7)]), partition=2)
+            bf = await p.send_batch(pa.array([f"s{i}" for i in range(7)]), partition=2)
             f1 = await p.send(b"x1", partition=2)
             metas = await bf
             assert [m.sequence_id for m in metas] == list(range(1, 8))
