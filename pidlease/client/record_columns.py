@@ -139,7 +139,7 @@ class Columns:
     """One call's records, checked: ``values`` (list of bytes, or an Arrow BinaryArray
     without nulls), ``keys`` (None, a list of bytes-or-None, or a BinaryArray whose nulls
     are records without a key), ``seqs`` (None or the explicit ids), ``sizes`` (each
-    record's encoded size)."""
+    record's key + value bytes; its encoded size is ``RECORD_OVERHEAD`` more)."""
 
     n: int
     values: Any
@@ -164,7 +164,7 @@ class Columns:
                         [None if k is None else _as_bytes(k, "key") for k in keys], pa.binary()
                     )
                 keys = _arrow_binary(keys, "keys", nulls_ok=True)
-            sizes = _lengths(vals) + RECORD_OVERHEAD
+            sizes = _lengths(vals)
             if keys is not None:
                 if len(keys) != n:
                     raise errors.ConfigError(f"{len(keys)} keys for {n} values")
@@ -174,26 +174,27 @@ class Columns:
                 raise errors.ConfigError(
                     "values must be a list (or other sequence) of bytes, or an Arrow array"
                 )
-            vals = [_as_bytes(v, "value") for v in values]
+            vals = values if type(values) is list else list(values)
+            # one C pass to see that every value is bytes (the usual case): no per-record
+            # Python call then
+            if set(map(type, vals)) - {bytes}:
+                vals = [_as_bytes(v, "value") for v in vals]
             n = len(vals)
+            sizes = list(map(len, vals))
             if keys is not None:
                 keys = keys.to_pylist() if _is_arrow(keys) else list(keys)
-                keys = [None if k is None else _as_bytes(k, "key") for k in keys]
+                if set(map(type, keys)) - {bytes, type(None)}:
+                    keys = [None if k is None else _as_bytes(k, "key") for k in keys]
                 if len(keys) != n:
                     raise errors.ConfigError(f"{len(keys)} keys for {n} values")
-                sizes = [
-                    RECORD_OVERHEAD + len(v) + (0 if k is None else len(k))
-                    for k, v in zip(keys, vals, strict=True)
-                ]
-            else:
-                sizes = [RECORD_OVERHEAD + len(v) for v in vals]
+                sizes = [s if k is None else s + len(k) for s, k in zip(sizes, keys, strict=True)]
         seqs = None
         if sequence_ids is not None:
             seqs = _sequence_list(sequence_ids)
             if len(seqs) != n:
                 raise errors.ConfigError(f"{len(seqs)} sequence ids for {n} values")
         if n:
-            biggest = int(max(sizes))
+            biggest = int(max(sizes)) + RECORD_OVERHEAD
             if biggest + protocol.BATCH_HEADER_SIZE > bytes_max:
                 raise errors.RecordTooLarge(
                     f"a record of {biggest} bytes does not fit batch_bytes_max={bytes_max}"
@@ -322,26 +323,23 @@ def plan_ids(
 
 # -- runs ------------------------------------------------------------------------------
 def chunk_bounds(
-    sizes: Any, *, body_max: int, records_max: int, breaks: Sequence[int] = ()
+    cum_at: Callable[[int], int],
+    n: int,
+    *,
+    body_max: int,
+    records_max: int,
+    breaks: Sequence[int] = (),
 ) -> list[tuple[int, int]]:
-    """[start, end) of each run over records of these encoded ``sizes``, in order: each
-    at most ``records_max`` records and ``body_max`` bytes, and a new run at each break."""
-    n = len(sizes)
-    if not n:
-        return []
-    # cum[i]: bytes of records 0..i-1; a run from s ends before the first record whose
-    # end passes cum[s] + body_max (bisect works on a list and a numpy array alike)
-    cum: Any
-    if isinstance(sizes, list):
-        cum = list(itertools.accumulate(sizes, initial=0))
-    else:
-        import numpy as np
-
-        cum = np.concatenate(([0], np.cumsum(sizes))).tolist()
+    """[start, end) of each run over ``n`` records, in order: each at most ``records_max``
+    records and ``body_max`` bytes, and a new run at each break. ``cum_at(i)``: the
+    encoded bytes of records 0..i-1 (increasing; looked at a few times per run)."""
     bounds = []
     s = 0
+    ends = range(n + 1)
     while s < n:
-        e = min(n, s + records_max, bisect.bisect_right(cum, cum[s] + body_max) - 1)
+        # the last end whose bytes from s fit: a binary search over the record indices
+        e = bisect.bisect_right(ends, cum_at(s) + body_max, key=cum_at) - 1
+        e = min(n, s + records_max, e)
         b = bisect.bisect_right(breaks, s)
         if b < len(breaks):
             e = min(e, breaks[b])
@@ -351,9 +349,10 @@ def chunk_bounds(
     return bounds
 
 
-def encode_parts(cols: Columns, pos: Positions) -> tuple[Any, list[int] | Any]:
-    """The encoded records at ``pos`` laid end to end (``(buffer, offsets)``: record i is
-    ``buffer[offsets[i]:offsets[i+1]]``), as the batch format has them."""
+def encode_parts(cols: Columns, pos: Positions) -> tuple[Any, Any]:
+    """Arrow columns: the encoded records at ``pos`` laid end to end (``(buffer,
+    offsets)``: record i is ``buffer[offsets[i]:offsets[i+1]]``), as the batch format has
+    them, in one pass over the columns."""
     if cols.arrow:
         import numpy as np
         import pyarrow as pa
@@ -389,27 +388,30 @@ def encode_parts(cols: Columns, pos: Positions) -> tuple[Any, list[int] | Any]:
         offsets = offsets[joined.offset :].astype(np.int64)
         data = joined.buffers()[2]
         return memoryview(data if data is not None else b""), offsets
-    vals = _take(cols.values, pos)
-    if cols.keys is None:
-        head = _REC_HEAD.pack
-        body = b"".join(
-            itertools.chain.from_iterable(
-                zip(map(head, itertools.repeat(-1), map(len, vals)), vals, strict=True)
-            )
-        )
-    else:
-        keys = _take(cols.keys, pos)
-        heads: list[bytes] = [
-            _REC_HEAD.pack(-1 if k is None else len(k), len(v))
-            for k, v in zip(keys, vals, strict=True)
-        ]
-        body = b"".join(
-            itertools.chain.from_iterable(
-                zip(heads, [b"" if k is None else k for k in keys], vals, strict=True)
-            )
-        )
-    sizes = _take(cols.sizes, pos)
-    return memoryview(body), list(itertools.accumulate(sizes, initial=0))
+    raise AssertionError("lists are encoded run by run: encode_list")
+
+
+_head_no_key = functools.partial(_REC_HEAD.pack, -1)
+
+
+def encode_list(vals: list[bytes], keys: list[bytes | None] | None) -> list[bytes]:
+    """The records of one run given as lists, encoded: buffers to concatenate."""
+    if keys is None:
+        n0 = len(vals[0])
+        if min(map(len, vals)) == n0 == max(map(len, vals)):
+            # every value the same length (the usual case): one head, repeated by the join
+            head = _head_no_key(n0)
+            return [head, head.join(vals)]
+        heads = map(_head_no_key, map(len, vals))
+        return [b"".join(itertools.chain.from_iterable(zip(heads, vals, strict=True)))]
+    pack = _REC_HEAD.pack
+    parts: list[bytes] = []
+    for k, v in zip(keys, vals, strict=True):
+        if k is None:
+            parts += (pack(-1, len(v)), v)
+        else:
+            parts += (pack(len(k), len(v)), k, v)
+    return [b"".join(parts)]
 
 
 class EncodedRun(RecordRun):
@@ -425,14 +427,15 @@ class EncodedRun(RecordRun):
         first_ms: float,
         first_seq: int,
         count: int,
-        body: Any,
+        parts: list[Any],
         tracker: BatchTracker,
         slot: int,
     ) -> None:
-        super().__init__(first_ms, first_seq, count, len(body) + protocol.BATCH_HEADER_SIZE)
+        size = sum(map(len, parts)) + protocol.BATCH_HEADER_SIZE
+        super().__init__(first_ms, first_seq, count, size)
         self.values = [b""] * count
-        self.parts = [body]
-        self.size = len(body) + protocol.BATCH_HEADER_SIZE
+        self.parts = parts
+        self.size = size
         self.counted = count
         if first_seq >= 0:
             self.last_seq = first_seq + count - 1
@@ -666,24 +669,39 @@ def build_runs(
         pos = _without(pos, ids.replay)
         gone = set(ids.replay)
         seqs = [s for j, s in enumerate(seqs) if j not in gone]
-    if not len(pos):
+    n = len(pos)
+    if not n:
         return []
-    buf, offsets = encode_parts(cols, pos)
-    sizes = (
-        [offsets[i + 1] - offsets[i] for i in range(len(pos))]
-        if isinstance(offsets, list)
-        else offsets[1:] - offsets[:-1]
-    )
+    cum_at: Callable[[int], int]
+    body_of: Callable[[int, int], list[Any]]
+    if cols.arrow:
+        buf, offsets = encode_parts(cols, pos)
+        offs: list[int] = offsets.tolist()
+        cum_at = offs.__getitem__
+
+        def body_of(s: int, e: int) -> list[Any]:
+            return [buf[offs[s] : offs[e]]]
+    else:
+        vals = _take(cols.values, pos)
+        keys = None if cols.keys is None else _take(cols.keys, pos)
+        cum: list[int] = list(itertools.accumulate(_take(cols.sizes, pos), initial=0))
+
+        def cum_at(e: int) -> int:
+            return cum[e] + RECORD_OVERHEAD * e
+
+        def body_of(s: int, e: int) -> list[Any]:
+            return encode_list(vals[s:e], None if keys is None else keys[s:e])
+
     bounds = chunk_bounds(
-        sizes,
+        cum_at,
+        n,
         body_max=limits.bytes_max - protocol.BATCH_HEADER_SIZE,
         records_max=limits.records_max,
         breaks=ids.breaks if ids is not None else (),
     )
     runs: list[RecordRun] = []
     for s, e in bounds:
-        body = buf[int(offsets[s]) : int(offsets[e])]
         slot = tracker.add(pos[s:e])
         first_seq = -1 if seqs is None else seqs[s]
-        runs.append(EncodedRun(now_ms, first_seq, e - s, body, tracker, slot))
+        runs.append(EncodedRun(now_ms, first_seq, e - s, body_of(s, e), tracker, slot))
     return runs
