@@ -450,7 +450,10 @@ class EncodedRun(RecordRun):
         return True
 
     def body_parts(self) -> list[bytes]:
-        return self.parts
+        # The batch is built once and then frozen (a resend sends its bytes): the parts,
+        # which may hold a whole Arrow buffer alive, are not needed after this.
+        parts, self.parts = self.parts, []
+        return parts
 
     def resolve(self, ack: BatchAck, condition: threading.Condition | None) -> None:
         self.tracker.settle(self.slot, ack)
