@@ -44,6 +44,12 @@ from typing import Any, Self, TypeVar
 import httpx
 
 from pidlease import errors
+from pidlease.client.batch_future import (
+    AsyncBatchFuture,
+    BatchFuture,
+    BatchMetadata,
+    BatchTracker,
+)
 from pidlease.client.config import DEFAULTS as _DEFAULTS
 from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig
 from pidlease.client.leader_pool import LeaderPool
@@ -56,10 +62,6 @@ from pidlease.client.lease_client import (
 from pidlease.client.lease_keeper import LeaseKeeper
 from pidlease.client.partitioner import Partitioner
 from pidlease.client.record_columns import (
-    AsyncBatchFuture,
-    BatchFuture,
-    BatchMetadata,
-    BatchTracker,
     Columns,
     IdPlan,
     RunLimits,
