@@ -15,9 +15,9 @@ end to end, so a batch body is one slice of that buffer.
 Each run is an ``EncodedRun``: a ``RecordRun`` whose body is already encoded, so the
 partition's sender treats it like any other run (ordering, the in-flight window,
 resends, fencing) and a resend sends the same bytes. Its outcome goes to the call's
-``BatchTracker`` (``batch_future.py``), which completes the call's one future when every run is settled; the
-future's result is ``BatchMetadata``, a lazy sequence (a record's ``RecordMetadata`` is
-made when someone looks at it).
+``BatchTracker`` (``batch_future.py``), which completes the call's one future when every
+run is settled; the future's result is ``BatchMetadata``, a lazy sequence (a record's
+``RecordMetadata`` is made when someone looks at it).
 
 pyarrow and numpy are optional: they are imported only when an input is an Arrow array.
 """
