@@ -20,6 +20,9 @@ Three variants, interleaved in every repetition so drift hits them alike:
 - ``new-fast``       this tree
 - ``new-readable``   this tree with ``PIDLEASE_SDK_READABLE_PATH=1`` (every send through
                      the owning classes' plain methods; see pidlease/client/producer.py)
+- ``new-batch``      this tree, the records handed over by ``send_batch`` in calls of
+                     ``--batch-call`` records (a list of bytes) instead of one ``send``
+                     each ("send() us/record" is then the calls' time per record)
 """
 
 from __future__ import annotations
@@ -145,9 +148,14 @@ def child(records: int, value_bytes: int, partitions: int) -> None:
             p.send(value)
         p.flush()
         send = p.send
+        per_call = int(os.environ.get("BENCH_SEND_BATCH", "0"))
         t0, c0, s0 = time.perf_counter(), time.process_time(), time.thread_time()
-        for _ in range(records):
-            send(value)
+        if per_call:  # the new-batch variant: send_batch calls of per_call records
+            for start in range(0, records, per_call):
+                p.send_batch([value] * min(per_call, records - start))
+        else:
+            for _ in range(records):
+                send(value)
         send_cpu = time.thread_time() - s0
         p.flush()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -182,11 +190,14 @@ def _old_tree(rev: str, into: Path) -> Path:
 METRICS = {"records_per_s": "records/s", "cpu_us": "CPU us/record", "send_us": "send() us/record"}
 
 
-def _measure(pythonpath: Path, readable: bool, args: argparse.Namespace) -> dict[str, float]:
+def _measure(
+    pythonpath: Path, readable: bool, args: argparse.Namespace, batch_call: int = 0
+) -> dict[str, float]:
     env = dict(
         os.environ,
         PYTHONPATH=f"{pythonpath}{os.pathsep}{ROOT}",
         PIDLEASE_SDK_READABLE_PATH="1" if readable else "0",
+        BENCH_SEND_BATCH=str(batch_call),
     )
     out = subprocess.run(
         [
@@ -218,20 +229,26 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--old-rev", default="fceb23d")
+    ap.add_argument("--batch-call", type=int, default=10_000, help="records per send_batch")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.records, args.value_bytes, args.partitions)
         return
-    names = ("old", "new-fast", "new-readable")
+    names = ("old", "new-fast", "new-readable", "new-batch")
     got: dict[str, dict[str, list[float]]] = {n: {m: [] for m in METRICS} for n in names}
     with tempfile.TemporaryDirectory(prefix="pidlease-bench-send-") as tmp:
         old = _old_tree(args.old_rev, Path(tmp))
-        runs = {"old": (old, False), "new-fast": (ROOT, False), "new-readable": (ROOT, True)}
+        runs = {
+            "old": (old, False, 0),
+            "new-fast": (ROOT, False, 0),
+            "new-readable": (ROOT, True, 0),
+            "new-batch": (ROOT, False, args.batch_call),
+        }
         for rep in range(args.reps):
             line = []
-            for name, (path, readable) in runs.items():
-                m = _measure(path, readable, args)
+            for name, (path, readable, batch_call) in runs.items():
+                m = _measure(path, readable, args, batch_call)
                 for k, v in m.items():
                     got[name][k].append(v)
                 line.append(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -29,12 +30,60 @@ import time
 from pathlib import Path
 from typing import Any
 
+_TICKS = os.sysconf("SC_CLK_TCK")
 
-def _timed(what: str, fn: Any) -> float:
+
+def _descendants(root: int) -> list[int]:
+    """Every process under ``root`` (Spark's JVM, its Python daemon and workers)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def spark_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of Spark's processes under this one: ``python`` (the Python
+    daemon and workers, with their exited children: workers that ended were waited for by
+    the daemon) and ``jvm`` (the JVM's own threads). In local mode both are the executor."""
+    got = {"python": 0.0, "jvm": 0.0}
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+        if b"java" in cmd.split(b"\0")[0]:
+            got["jvm"] += (utime + stime) / _TICKS
+        elif b"pyspark" in cmd:
+            got["python"] += (utime + stime + cutime + cstime) / _TICKS
+    return got
+
+
+def _timed(what: str, fn: Any, cpu: dict[str, dict[str, float]] | None = None) -> float:
+    before = spark_cpu_s()
     started = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - started
-    print(f"  {what}: {elapsed:.2f}s", file=sys.stderr, flush=True)
+    after = spark_cpu_s()
+    used = {k: round(after[k] - before[k], 2) for k in after}
+    if cpu is not None:
+        cpu[what] = used
+    print(f"  {what}: {elapsed:.2f}s (Spark CPU s: {used})", file=sys.stderr, flush=True)
     return elapsed
 
 
@@ -78,10 +127,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster.create_topic("bench", partitions=args.topic_partitions)
         df = data(args.rows)
         parquet_dir = str(work / "bench.parquet")
+        cpu: dict[str, dict[str, float]] = {}
         t_parquet_write = _timed(
-            "parquet write", lambda: df.write.mode("overwrite").parquet(parquet_dir)
+            "parquet write", lambda: df.write.mode("overwrite").parquet(parquet_dir), cpu
         )
-        t_write = _timed("pidlease write", lambda: to_pidlease(df, "bench", "bench-job"))
+        t_write = _timed("pidlease write", lambda: to_pidlease(df, "bench", "bench-job"), cpu)
         t_rerun = _timed(
             "pidlease re-run (appends nothing)", lambda: to_pidlease(df, "bench", "bench-job")
         )
@@ -107,6 +157,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "pidlease": round(rate(t_write)),
                 "parquet": round(rate(t_parquet_write)),
                 "ratio": round(t_parquet_write / t_write, 3),
+            },
+            # executor CPU per row, microseconds: Python workers and the JVM (local mode:
+            # the JVM is driver and executor at once)
+            "executor_cpu_us_per_row": {
+                what: {k: round(v * 1e6 / args.rows, 2) for k, v in used.items()}
+                for what, used in cpu.items()
             },
             "rerun_rows_per_s": round(rate(t_rerun)),
             "read_rows_per_s": {
@@ -138,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         f"write: pidlease {w['pidlease']:,} rows/s, parquet {w['parquet']:,} rows/s, "
         f"ratio {w['ratio']:.3f}"
     )
+    for what, used in result["executor_cpu_us_per_row"].items():
+        print(f"executor CPU per row, {what}: python {used['python']} us, jvm {used['jvm']} us")
     print(f"re-run of the same job (skips every row): {result['rerun_rows_per_s']:,} rows/s")
     print(
         f"read:  pidlease {r['pidlease']:,} rows/s, parquet {r['parquet']:,} rows/s, "

@@ -27,10 +27,74 @@ from bench.peers import ceiling, nats_jetstream, pidlease_sdk, redis_streams
 from bench.procstats import ProcWatch
 from bench.report import Row
 from bench.runner import run_producers
-from bench.workload import PassResult, summarize
+from bench.workload import Outcome, PassResult, clock, payload, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = ("ceiling", "pidlease", "pidlease-r3", "nats", "redis-function", "redis-xadd")
+SYSTEMS = (
+    "ceiling",
+    "pidlease",
+    "pidlease-batch",
+    "pidlease-r3",
+    "nats",
+    "redis-function",
+    "redis-xadd",
+)
+BATCH_CALL_RECORDS = 10_000  # records per send_batch call in the pidlease-batch system
+
+
+class BatchSystem(pidlease_sdk.System):
+    """pidlease through ``Producer.send_batch``: the same cluster, topic and passes as the
+    ``pidlease`` system, each producer handing its records over ``BATCH_CALL_RECORDS`` at
+    a time (a Python list of bytes; pass 2 with explicit ``sequence_ids``)."""
+
+    producer = "bench.compare:produce_batch"
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        self.key = "pidlease-r1-strict-batch"
+        self.name = "pidlease R=1 strict (SDK send_batch)"
+
+
+def produce_batch(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Any,
+) -> Outcome:
+    """One producer of the pidlease-batch system (runs in a child process)."""
+    from pidlease import Producer
+
+    value = payload(value_bytes, index)
+    out = Outcome(index, records)
+    lat = out.latencies_s
+    resend = phase == "resend"
+    with Producer(cfg["url"], topic=cfg["topic"], producer_name=f"{cfg['topic']}-{index}") as p:
+        futs = []
+        ready()
+        cpu0 = time.process_time()
+        out.started = clock()
+        for start in range(0, records, BATCH_CALL_RECORDS):
+            n = min(BATCH_CALL_RECORDS, records - start)
+            t = clock()
+            ids = list(range(start, start + n)) if resend else None
+            fut = p.send_batch([value] * n, sequence_ids=ids)
+            fut.add_done_callback(lambda _f, t=t: lat.append(clock() - t))
+            futs.append(fut)
+        p.flush()
+        out.finished = clock()
+        out.client_cpu_s = time.process_time() - cpu0
+    for fut in futs:
+        exc = fut.exception()
+        if exc is not None:
+            out.errors += 1
+            out.error_sample = out.error_sample or repr(exc)
+            continue
+        metas = fut.result()
+        out.duplicates += metas.duplicates
+        out.acked += len(metas) - metas.duplicates
+    return out
 
 
 def _pass(
@@ -81,6 +145,8 @@ def build(key: str, workdir: Path) -> Any:
         return ceiling.System(workdir)
     if key == "pidlease":
         return pidlease_sdk.System(workdir)
+    if key == "pidlease-batch":
+        return BatchSystem(workdir)
     if key == "pidlease-r3":
         # Three partition servers, a topic with replication_factor 3: a batch is acked
         # once every in-sync replica holds it (fsynced); see docs/replication.md.
@@ -144,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     machine["minutes"] = round((time.time() - started) / 60, 1)
     text = report.render(rows, skipped, alone, machine, command, args)
     print(text)
+    for size in args.sizes:
+        one = {r.key: r for r in rows if r.value_bytes == size}
+        send, batch = one.get("pidlease-r1-strict"), one.get("pidlease-r1-strict-batch")
+        ceil = one.get("ceiling")
+        if send is not None and batch is not None:
+            b, s1 = batch.produce.records_per_s, send.produce.records_per_s
+            line = f"send_batch / send ({size} B): {b:,.0f} / {s1:,.0f} rec/s = {b / s1:.2f}x"
+            if ceil is not None:
+                line += f"; send_batch / ceiling {b / ceil.produce.records_per_s:.2f}"
+            print(line)
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -11,7 +11,11 @@ decimals their exact text, binary base64, and maps (which Arrow hands over as pa
 objects with text keys.
 
 The encoder is planned once from the schema (``RecordEncoder.for_columns``), so a bad
-option fails on the driver before any task runs, and then applied to each Arrow batch.
+option fails on the driver before any task runs, and then applied to each Arrow batch:
+``encode_columns`` gives the keys and values as Arrow binary arrays (what
+``send_batch`` takes), column at a time where Arrow computes the same bytes (binary and
+string columns, integer keys); ``encode`` gives them as (key, value) pairs. Both produce
+the same bytes (tests/unit/test_pipeline_encoding.py compares them).
 """
 
 from __future__ import annotations
@@ -119,13 +123,52 @@ class RecordEncoder:
 
     def encode(self, batch: Any) -> list[tuple[bytes | None, bytes]]:
         """(key, value) per row of a ``pyarrow.RecordBatch``."""
-        n = batch.num_rows
+        keys, values = self.encode_columns(batch)
+        key_list = [None] * batch.num_rows if keys is None else keys.to_pylist()
+        return list(zip(key_list, values.to_pylist(), strict=True))
+
+    def encode_columns(self, batch: Any) -> tuple[Any, Any]:
+        """(keys, values) of a ``pyarrow.RecordBatch`` as Arrow binary arrays: keys None
+        when there is no key column (a null key: no key), values without nulls."""
+        import pyarrow as pa
+
+        keys = None
         if self.key_column is not None:
-            keys = [key_bytes(k) for k in batch.column(self.key_column).to_pylist()]
-        else:
-            keys = [None] * n
+            keys = _key_column(batch.column(self.key_column))
         if self.value_column is not None:
-            values = [value_bytes(v) for v in batch.column(self.value_column).to_pylist()]
+            col = batch.column(self.value_column)
+            if col.null_count:
+                col = col.fill_null(pa.scalar(b"" if _is_binary(col.type) else "", col.type))
+            values = col if pa.types.is_binary(col.type) else col.cast(pa.binary())
         else:
-            values = [to_json(r) for r in batch.select(list(self.json_columns)).to_pylist()]
-        return list(zip(keys, values, strict=True))
+            rows = batch.select(list(self.json_columns)).to_pylist()
+            values = pa.array([to_json(r) for r in rows], pa.binary())
+        return keys, values
+
+
+def _is_binary(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _key_column(col: Any) -> Any:
+    """A key column as binary, the bytes ``key_bytes`` gives: Arrow's own cast where it
+    writes the same text (binary, string, integers), else row by row."""
+    import pyarrow as pa
+
+    t = col.type
+    if pa.types.is_binary(t):
+        return col
+    if (
+        pa.types.is_large_binary(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_integer(t)
+    ):
+        return (
+            col.cast(pa.string()).cast(pa.binary())
+            if pa.types.is_integer(t)
+            else col.cast(pa.binary())
+        )
+    return pa.array([key_bytes(k) for k in col.to_pylist()], pa.binary())

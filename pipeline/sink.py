@@ -9,6 +9,10 @@ user can act on. Each task then runs ``pipeline.faults.run_task`` (one ``Attempt
 whatever faults the options inject); ``commit``/``abort`` on the driver add the tasks'
 messages up into the job report (``pipeline.job_report``).
 
+A batch write sends whole Arrow batches (``pipeline.columnar``: one ``send_batch`` per
+topic partition and Arrow batch); a stream, and a batch task that starts its own
+speculative copy, send row by row (``pipeline.attempt``).
+
 Topic modes: a batch write numbers rows contiguously, so it works on ``strict`` (and
 ``monotonic``) topics; a stream numbers them ``batch_id * 2**32 + position``, which has
 holes, so it needs ``monotonic``. Dedup ``off`` cannot be exactly-once and is refused.
@@ -26,9 +30,10 @@ from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
 from pipeline import job_report
 from pipeline.attempt import PartitionCommit, TaskInfo
+from pipeline.columnar import ColumnarAttempt
 from pipeline.encoding import RecordEncoder
 from pipeline.errors import InjectedFailure, OptionError, TopicModeError
-from pipeline.faults import run_task
+from pipeline.faults import hooks_for, run_task, wants_twin
 from pipeline.options import WriteSettings
 
 
@@ -81,7 +86,14 @@ class BatchSink(DataSourceArrowWriter):
         return cls(settings, encoder)
 
     def write(self, iterator: Iterator[Any]) -> PartitionCommit:
-        return run_task(self.settings, TaskInfo.current(), _rows(self.encoder, iterator))
+        # Whole Arrow batches through the SDK's send_batch (pipeline.columnar); a task
+        # that starts its own speculative copy replays rows from a list: the row path.
+        task = TaskInfo.current()
+        if wants_twin(self.settings.faults, task):
+            return run_task(self.settings, task, _rows(self.encoder, iterator))
+        return ColumnarAttempt(self.settings, task).run_columns(
+            self.encoder, iterator, hooks_for(self.settings.faults, task)
+        )
 
     def commit(self, messages: list[Any]) -> None:
         report = job_report.summarize(messages, topic=self.settings.topic, committed=True)

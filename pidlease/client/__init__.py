@@ -5,6 +5,9 @@
 - ``config``         ``ProducerConfig``: the producer's settings, checked
 - ``sender``         one task per partition: batching, the in-flight window, resends;
                      given its collaborators (``SenderContext``), it never sees the producer
+- ``record_columns`` ``send_batch``: a call's records as columns (lists or Arrow), routed
+                     and encoded per batch in one step
+- ``batch_future``   the outcome of a ``send_batch`` call: its one future, lazy metadata
 - ``record_run``     records of one partition that fit in one batch, and their outcome
 - ``record_future``  the cheap per-record future ``Producer.send`` returns
 - ``structs``        small value types: ``RecordMetadata``, ``BatchAck``
@@ -17,6 +20,6 @@
 - ``reader``         ``Reader``: an iterator over one partition's records
 
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
-``record_run`` -> ``record_future`` -> ``structs``); tests/unit/test_import_graph.py fails
-on any cycle.
+``record_columns`` -> ``batch_future`` / ``record_run`` -> ``record_future`` -> ``structs``);
+tests/unit/test_import_graph.py fails on any cycle.
 """

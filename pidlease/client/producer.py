@@ -44,6 +44,12 @@ from typing import Any, Self, TypeVar
 import httpx
 
 from pidlease import errors
+from pidlease.client.batch_future import (
+    AsyncBatchFuture,
+    BatchFuture,
+    BatchMetadata,
+    BatchTracker,
+)
 from pidlease.client.config import DEFAULTS as _DEFAULTS
 from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig
 from pidlease.client.leader_pool import LeaderPool
@@ -55,6 +61,14 @@ from pidlease.client.lease_client import (
 )
 from pidlease.client.lease_keeper import LeaseKeeper
 from pidlease.client.partitioner import Partitioner
+from pidlease.client.record_columns import (
+    Columns,
+    IdPlan,
+    RunLimits,
+    build_runs,
+    plan_ids,
+    route,
+)
 from pidlease.client.record_future import RecordFuture, future_class, place, settle, settled_run
 from pidlease.client.record_run import RecordRun
 from pidlease.client.retry import retrying
@@ -66,7 +80,10 @@ from pidlease.wire.tls import client_ssl_context
 
 __all__ = [
     "READABLE_PATH",
+    "AsyncBatchFuture",
     "AsyncProducer",
+    "BatchFuture",
+    "BatchMetadata",
     "DeliveryTimeout",
     "Producer",
     "ProducerClosed",
@@ -433,6 +450,32 @@ class AsyncProducer:
     ) -> RecordMetadata:
         return await (await self.send(value, key, partition, sequence_id))
 
+    async def send_batch(
+        self,
+        values: Any,
+        keys: Any = None,
+        partition: int | None = None,
+        sequence_ids: Any = None,
+    ) -> AsyncBatchFuture:
+        """Admit many records in one call (lists or Arrow arrays; see
+        ``record_columns.py``); returns one future whose result is their
+        ``BatchMetadata`` in input order. Waits while ``buffer_records_max`` records are
+        unresolved, then takes the whole call. Bad input raises here, changing nothing."""
+        self.check_open()
+        cols = Columns.of(values, keys, sequence_ids, bytes_max=self.config.batch_bytes_max)
+        assert self._space is not None
+        while self._buffered >= self.config.buffer_records_max:
+            self._space.clear()
+            await self._space.wait()
+            self.check_open()
+        fut = AsyncBatchFuture(cols.n, loop=asyncio.get_running_loop())
+        with self.lock:
+            planned = self.plan_batch(cols, partition, fut.tracker)
+        for p, runs in planned:
+            self.enqueue_runs(p, runs)
+        fut.tracker.seal()
+        return fut
+
     async def flush(self) -> None:
         """Wait until every record admitted so far is resolved (acked or failed); records
         waiting for ``linger_ms`` are sent at once. Errors are on the futures."""
@@ -543,6 +586,69 @@ class AsyncProducer:
             self._last_given[p] = seq
         self._explicit = explicit
         return p, key_b, value_b, seq
+
+    def plan_batch(
+        self, cols: Columns, partition: int | None, tracker: BatchTracker
+    ) -> list[tuple[int, list[RecordRun]]]:
+        """Place the records of a ``send_batch`` call (under self.lock): routing, the
+        explicit-id rules of ``admit`` for every partition (all checked before anything
+        changes), then the runs of each partition. Raises on bad input, changing nothing."""
+        self.check_open()
+        explicit = cols.seqs is not None
+        if self._explicit is not None and self._explicit != explicit:
+            raise errors.ConfigError(
+                "this producer numbers records itself; do not pass sequence_ids"
+                if not self._explicit
+                else "this producer uses explicit sequence ids: every send must give them"
+            )
+        if not cols.n:
+            return []
+        if partition is not None:
+            self._check_partition(partition)
+            groups = [(partition, range(cols.n))]
+        else:
+            keys = cols.keys
+            unkeyed = keys is None or (
+                keys.null_count if cols.arrow else any(k is None for k in keys)
+            )
+            sticky = self.next_partition() if unkeyed else 0
+            groups = route(cols, self.partitions, sticky)
+        plans: list[IdPlan | None] = [None] * len(groups)
+        if cols.seqs is not None:
+            strict = self.dedup == "strict"
+            for g, (p, pos) in enumerate(groups):
+                seqs = cols.seqs[pos.start : pos.stop] if isinstance(pos, range) else None
+                if seqs is None:
+                    seqs = [cols.seqs[i] for i in (pos.tolist() if hasattr(pos, "tolist") else pos)]
+                plans[g] = plan_ids(
+                    seqs,
+                    last_given=self._last_given[p],
+                    last_acked=self._senders[p].last_acked,
+                    strict=strict,
+                    partition=p,
+                )
+            for (p, _pos), ids in zip(groups, plans, strict=True):
+                assert ids is not None
+                self._last_given[p] = ids.last_given
+        self._explicit = explicit
+        limits = RunLimits(self.config.batch_records_max, self.config.batch_bytes_max)
+        now = self.clock_ms()
+        return [
+            (
+                p,
+                build_runs(
+                    cols,
+                    p,
+                    pos,
+                    ids,
+                    limits=limits,
+                    tracker=tracker,
+                    replayed=self._replayed_ack[p],
+                    now_ms=now,
+                ),
+            )
+            for (p, pos), ids in zip(groups, plans, strict=True)
+        ]
 
     def next_partition(self) -> int:
         """Round robin, for a record with neither key nor partition (under self.lock)."""
@@ -849,6 +955,49 @@ class Producer:
             return self._send_slow(fut, value, key, partition, sequence_id)
         finally:
             lock.release()
+
+    def send_batch(
+        self,
+        values: Any,
+        keys: Any = None,
+        partition: int | None = None,
+        sequence_ids: Any = None,
+    ) -> BatchFuture:
+        """Admit many records in one call: ``values`` (and ``keys``, ``sequence_ids``) as
+        lists or Arrow arrays. Returns one future whose result is the records'
+        ``BatchMetadata`` (a lazy sequence of ``RecordMetadata``, in input order). Same
+        guarantees as ``send``; blocks while ``buffer_records_max`` records are
+        unresolved, then takes the whole call. Bad input raises here, changing nothing."""
+        eng = self._engine
+        cols = Columns.of(values, keys, sequence_ids, bytes_max=self._bytes_max)
+        fut = BatchFuture(cols.n)
+        with self._lock:
+            while self._committed + self._reserved >= self._buffer_max:
+                eng.check_open()
+                if self._state is not ProducerState.OPEN:
+                    raise ProducerClosed("the producer is closed")
+                self._space.wait(0.2)
+            if self._state is not ProducerState.OPEN:
+                raise ProducerClosed("the producer is closed")
+            planned = eng.plan_batch(cols, partition, fut.tracker)
+            for p, runs in planned:
+                if not runs:
+                    continue
+                # Records sent before this call go first: the partition's open run is
+                # handed over ahead of the call's runs, which are closed batches.
+                run = self._open_runs[p]
+                if run is not None:
+                    self._close_run(p, run)
+                    self._handoff.append((p, run))
+                for r in runs:
+                    self._handoff.append((p, r))
+                    self._committed += len(r.values)
+            if self._handoff and not self._wakeup_scheduled:
+                self._wakeup_scheduled = True
+                self._loop.call_soon_threadsafe(self._wakeup)
+            self._fast = eng.own_numbering_open()
+        fut.tracker.seal()
+        return fut
 
     def _send_slow(
         self,
