@@ -110,7 +110,7 @@ class ZooKeeperCluster:
             # The maximum stays where a 2,000 ms tick put it for everyone else.
             "tickTime=250",
             "minSessionTimeout=500",
-            "maxSessionTimeout=40000",
+            "maxSessionTimeout=120000",
             f"dataDir={node.data_dir}",
             f"clientPort={node.client_port}",
             "clientPortAddress=127.0.0.1",
