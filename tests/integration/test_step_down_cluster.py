@@ -2,8 +2,9 @@
 item 1; docs/replication.md, Step-down).
 
 Three real servers at the default ZooKeeper settings, R=3; server 1 leads and reaches
-ZooKeeper only through a fault proxy, while clients and its followers reach it directly. The proxy goes dark: server 1's session
-expires on the ZooKeeper server, a follower wins epoch 1. Checked, on one machine's wall
+ZooKeeper only through a fault proxy, while clients and its followers reach it directly.
+The proxy goes dark: server 1's session expires on the ZooKeeper server, a follower wins
+epoch 1. Checked, on one machine's wall
 clock (the partition znode's mtime is the ZooKeeper server's clock):
 
 - server 1 stepped down (its METADATA says when) before the znode recorded epoch 1;
