@@ -36,7 +36,8 @@ publish the same files again as a new data set. Rows keep their Spark partition 
 the input files and --min-partitions are unchanged.
 
 audit reads the whole topic and writes a report (report.json and Parquet tables) of
-records per partition, duplicates per (pid, partition, sequence), sequence gaps, and per
+records per partition, duplicates per (pid, partition, sequence), missing records (and a
+monotonic topic's allowed gaps, apart), and per
 PID its first/last offsets, last use and time to expiry.
 """
 
@@ -125,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
         help="infer CSV column types (one more pass); otherwise CSV columns are text",
     )
     pub.add_argument("--report", help="also keep the job report (JSON) at this path")
-    aud = sub.add_parser("audit", help="audit a topic for duplicates and gaps")
+    aud = sub.add_parser("audit", help="audit a topic for duplicates and missing records")
     _common(aud)
     aud.add_argument(
         "--out", required=True, help="directory for report.json and the Parquet tables"

@@ -100,9 +100,10 @@ def test_audit_counts_duplicates_and_gaps_per_pid_and_partition() -> None:
         pids=PIDS,
         now_ms=1000,
     )
-    assert (r["records"], r["unchecked_records"], r["duplicates"], r["gaps"]) == (124, 4, 2, 2)
+    assert (r["records"], r["unchecked_records"], r["duplicates"], r["missing"]) == (124, 4, 2, 2)
+    assert (r["allowed_gaps"], r["skipped_ids"]) == (0, 0)  # strict: a hole is a missing record
     assert [p["records"] for p in r["partitions"]] == [104, 20, 0]
-    assert [(p["duplicates"], p["gaps"]) for p in r["partitions"]] == [(0, 0), (2, 2), (0, 0)]
+    assert [(p["duplicates"], p["missing"]) for p in r["partitions"]] == [(0, 0), (2, 2), (0, 0)]
     assert not r["ok"]
     five, six = r["pid_usage"]
     assert (five["producer_name"], five["records"], five["time_to_expiry_ms"]) == (
@@ -116,17 +117,23 @@ def test_audit_counts_duplicates_and_gaps_per_pid_and_partition() -> None:
 
 
 def test_gaps_are_allowed_on_monotonic_topics_but_duplicates_are_not() -> None:
-    holes = [_group(0, 5, 3, 3, 0, 2**33)]
+    # Six micro-batches of a stream: ids b * 2**32 + 0..9, five jumps between them.
+    stream = {**_group(0, 5, 60, 60, 0, (5 << 32) + 9), "holes": 5}
     r = build_report(
         topic="t",
         dedup="monotonic",
         partitions=1,
-        groups=holes,
+        groups=[stream],
         duplicate_examples=[],
         pids=PIDS,
         now_ms=0,
     )
-    assert r["gaps"] == 2**33 + 1 - 3 and r["ok"]
+    assert r["ok"] and r["missing"] == 0
+    assert (r["allowed_gaps"], r["skipped_ids"]) == (5, (5 << 32) + 10 - 60)
+    assert r["partitions"][0]["allowed_gaps"] == 5 and r["producers"][0]["missing"] == 0
+    text = summary(r)
+    assert "0 missing, 5 allowed gaps (monotonic ids, 21,474,836,430 ids skipped)" in text
+    assert "OK" in text and " gaps," not in text.replace("allowed gaps", "")
     dup = [_group(0, 5, 3, 2, 0, 1)]
     assert not build_report(
         topic="t",
@@ -137,6 +144,20 @@ def test_gaps_are_allowed_on_monotonic_topics_but_duplicates_are_not() -> None:
         pids=PIDS,
         now_ms=0,
     )["ok"]
+
+
+def test_a_strict_topic_reports_holes_as_missing_records() -> None:
+    r = build_report(
+        topic="t",
+        dedup="strict",
+        partitions=1,
+        groups=[{**_group(0, 5, 8, 8, 0, 9), "holes": 1}],
+        duplicate_examples=[],
+        pids=PIDS,
+        now_ms=0,
+    )
+    assert not r["ok"] and (r["missing"], r["allowed_gaps"]) == (2, 0)
+    assert "VIOLATED - 0 duplicates, 2 missing" in summary(r)
 
 
 def test_audit_report_files_round_trip(tmp_path: Path) -> None:
