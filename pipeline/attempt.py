@@ -10,7 +10,9 @@ partition already had it).
 
 A fenced attempt stops at once, closes its producer and raises ``AttemptFenced`` with its
 figures; what it sent before the fence is either in the log (and the newer attempt skips
-it) or was refused, so nothing is lost or doubled.
+it) or was refused, so nothing is lost or doubled. The fenced attempt's task fails, so
+Spark brings back no message of it: the attempt that fenced it records it instead
+(``fenced_attempts``), from what its takeover lease told it (``takeover_record``).
 
 The result is a ``PartitionCommit``, the ``WriterCommitMessage`` that Spark brings back to
 the driver, where ``pipeline.job_report`` adds them up.
@@ -33,7 +35,14 @@ from pidlease import errors
 from pidlease.client.producer import AsyncProducer
 from pipeline.errors import AttemptFenced, PipelineError
 from pipeline.options import WriteSettings
-from pipeline.sequencing import BatchSequencer, Resume, StreamSequencer, plan, producer_name
+from pipeline.sequencing import (
+    STREAM_POSITION_BITS,
+    BatchSequencer,
+    Resume,
+    StreamSequencer,
+    plan,
+    producer_name,
+)
 
 log = logging.getLogger("pipeline.attempt")
 
@@ -91,6 +100,27 @@ class PartitionCommit(WriterCommitMessage):
 
     def figures(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def takeover_record(
+    task: TaskInfo, pid: int, generation: int, written: Mapping[int, int]
+) -> dict[str, Any] | None:
+    """The earlier attempt this one fenced, as far as it can tell: a Spark retry or
+    speculative copy (attempt > 0) whose lease found rows of this task already durable
+    (``written``: topic partition -> the PID's durable highwater) took an earlier
+    attempt's name over, and the takeover raised the generation by one. An earlier
+    attempt that made nothing durable leaves no trace to tell it by, and is not counted.
+    In a stream only this micro-batch's ids count: the producer wrote earlier batches."""
+    floor = 0 if task.batch_id is None else task.batch_id << STREAM_POSITION_BITS
+    durable = [h - floor + 1 for h in written.values() if h >= floor]
+    if task.attempt == 0 or not durable:
+        return None
+    return {
+        "pid": pid,
+        "generation": generation - 1,
+        "fenced_by_attempt": task.attempt,
+        "durable_rows": sum(durable),  # ids are consecutive per topic partition from floor
+    }
 
 
 def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
@@ -177,6 +207,9 @@ class Attempt:
             commit.pid, commit.generation = producer.pid, producer.generation
             partitions = producer.partitions
             resume = Resume({tp: producer.last_sequence_id(tp) for tp in range(partitions)})
+            fenced = takeover_record(t, commit.pid, commit.generation, resume.last_sequence)
+            if fenced is not None:
+                commit.fenced_attempts.append(fenced)
             sequencer = (
                 BatchSequencer(partitions) if t.batch_id is None else StreamSequencer(t.batch_id)
             )

@@ -164,7 +164,7 @@ class _Session:
 
 def publish(args: argparse.Namespace, spark: Any = None) -> int:
     from pipeline import job_report
-    from pipeline.progress import Progress
+    from pipeline.progress import Progress, task_attempts
 
     job = args.job_name or default_job_name(args.topic, args.input, args.format)
     report_path = args.report or os.path.join(
@@ -190,14 +190,26 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
             .option("job_name", job)
             .option("partitioning", args.partitioning)
             .option("report_path", report_path)
+            # The report line is printed below, once; the commit would log it too.
+            .option("log_report", "false")
         )
         if args.key_column:
             writer = writer.option("key_column", args.key_column)
+        group = f"pidlease-publish-{os.getpid()}-{time.monotonic_ns()}"
+        session.sparkContext.setJobGroup(group, f"pidlease-spark publish {job}")
         started = time.monotonic()
-        with Progress(session, "publish", interval_s=args.progress_interval):
-            writer.mode("append").save()
+        try:
+            with Progress(session, "publish", interval_s=args.progress_interval):
+                writer.mode("append").save()
+        finally:
+            # A session given by the caller runs its later jobs outside the group.
+            for prop in ("spark.jobGroup.id", "spark.job.description"):
+                session.sparkContext.setLocalProperty(prop, None)
         elapsed = time.monotonic() - started
-    report = job_report.load(report_path)[0]
+        report = job_report.load(report_path)[0]
+        # Only the driver knows which attempts were speculative copies.
+        job_report.with_spark_attempts(report, task_attempts(session, group))
+    job_report.save(report, report_path, quiet=True)
     print(job_report.one_line(report))
     rate = report["rows"] / max(elapsed, 1e-9)
     print(
@@ -241,22 +253,70 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Fenced|Failure)): (.+)$")
+CAUSES_MAX = 50  # Java cause chains are short; this only bounds a cyclic one
+
+
+def java_causes(exc: BaseException) -> list[str]:
+    """The Java exception chain behind a py4j error, outermost first, each as
+    ``Class: message``: empty for a Python exception. py4j's own text is only the handle
+    ("An error occurred while calling o58.save"); the cause is in the chain."""
+    throwable = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    chain: list[str] = []
+    while throwable is not None and len(chain) < CAUSES_MAX:
+        try:
+            chain.append(str(throwable.toString()))
+            nxt = throwable.getCause()
+        except Exception:  # noqa: BLE001 - a gateway gone: keep what was read
+            break
+        if nxt is None or nxt.equals(throwable):
+            break
+        throwable = nxt
+    return chain
+
+
+def _innermost(chain: list[str]) -> str:
+    """The deepest cause, or the outermost one that still carries its message (Java wraps
+    ``error=2, No such file or directory`` in ``Cannot run program "X": error=2, ...``,
+    which names the program)."""
+    deepest = chain[-1]
+    message = deepest.partition(": ")[2]
+    if message:
+        for outer in chain:
+            if message in outer:
+                return outer
+    return deepest
+
+
+def _short(line: str) -> str:
+    name, sep, message = line.partition(": ")
+    return f"{name.rsplit('.', 1)[-1]}{sep}{message}"
 
 
 def cause(exc: BaseException) -> str:
     """The line that says what went wrong. Spark wraps an error raised in a data source
     (or a task) in its own, with the Python traceback as text: the last "Name: message"
-    line of ours is the cause, not the first line of Spark's."""
-    text = str(exc)
+    line of ours is the cause, not the first line of Spark's. A py4j error names only a
+    Java object ("o58.save"): its innermost Java cause says what failed (a Python worker
+    that could not start, e.g. a bad ``PYSPARK_PYTHON``), or, when a Python worker
+    failed, the traceback inside it does (e.g. ``ModuleNotFoundError``)."""
+    chain = java_causes(exc)
+    text = "\n".join([str(exc), *chain])
     ours = mine = None
     for line in text.splitlines():
         m = _ERROR_LINE.match(line.strip())
-        if m:
+        if m and m.group(1) != "Py4JJavaError":
             mine = f"{m.group(1)}: {m.group(2)}"
             if "pipeline.errors." in line or "pidlease." in line:
                 ours = mine
+    if ours:
+        return ours
+    python_side = [c for c in chain if "PythonException" in c.split(": ", 1)[0]]
+    if mine and (python_side or not chain):
+        return mine  # the Python traceback's last error line
+    if chain:
+        return _short(_innermost(chain))
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return ours or mine or f"{type(exc).__name__}: {first}"
+    return mine or f"{type(exc).__name__}: {first}"
 
 
 if __name__ == "__main__":

@@ -132,7 +132,12 @@ def run_with_twin(
     twin: PartitionCommit | None = outcome.get("commit")
     twin_error: BaseException | None = outcome.get("error")
     if twin is not None and original_fenced is not None:
-        twin.fenced_attempts.append(original_fenced.figures)
+        # The copy's takeover already noted the original (by its generation); the
+        # original's own figures say more, so they take that entry's place.
+        figures = original_fenced.figures
+        twin.fenced_attempts = [
+            f for f in twin.fenced_attempts if f.get("generation") != figures.get("generation")
+        ] + [figures]
         return twin
     if original is not None and isinstance(twin_error, AttemptFenced):
         original.fenced_attempts.append(twin_error.figures)

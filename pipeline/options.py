@@ -112,6 +112,7 @@ class WriteSettings:
     expire_ms: int | None = None
     api_token: str | None = None
     report_path: str | None = None
+    log_report: bool = True  # also log the report line (the command prints it itself)
     faults: Faults = field(default_factory=Faults)
 
     @classmethod
@@ -143,6 +144,7 @@ class WriteSettings:
             expire_ms=_int(o, "expire_ms", None, low=1),
             api_token=_get(o, "api_token") or None,
             report_path=_get(o, "report_path") or None,
+            log_report=(_get(o, "log_report") or "true").lower() not in ("false", "0", "no"),
             faults=Faults.parse(o),
         )
 
