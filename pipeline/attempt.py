@@ -169,10 +169,12 @@ class Attempt:
     def run(
         self,
         rows: Iterable[tuple[bytes | None, bytes]],
-        hooks: Mapping[int, Callable[[], None]] | None = None,
+        hooks: Mapping[int, Callable[[], Any]] | None = None,
     ) -> PartitionCommit:
         """Publish ``rows`` (this Spark partition's (key, value) pairs, in order).
-        ``hooks[position]()`` runs just before the row at that position (fault injection).
+        ``hooks[position]()`` runs just before the row at that position (fault injection);
+        when it returns an awaitable, the attempt awaits it (on its event loop, so what was
+        sent goes on being delivered and the lease renewed).
 
         The SDK's ``AsyncProducer`` runs on this thread's own event loop: about three times
         the throughput of the blocking ``Producer``, which hands every record to another
@@ -189,7 +191,7 @@ class Attempt:
         return asyncio.run(self._run(itertools.chain([first], it), hooks or {}))
 
     async def _run(
-        self, rows: Iterable[tuple[bytes | None, bytes]], hooks: Mapping[int, Callable[[], None]]
+        self, rows: Iterable[tuple[bytes | None, bytes]], hooks: Mapping[int, Callable[[], Any]]
     ) -> PartitionCommit:
         t = self.task
         commit = PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
@@ -225,7 +227,9 @@ class Attempt:
                 if hooks:
                     hook = hooks.get(rec.position)
                     if hook is not None:
-                        hook()
+                        pause = hook()
+                        if pause is not None:  # a stall: the producer keeps running meanwhile
+                            await pause
                 commit.rows += 1
                 span = seqs.get(rec.topic_partition)
                 if span is None:
