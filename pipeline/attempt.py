@@ -10,7 +10,9 @@ partition already had it).
 
 A fenced attempt stops at once, closes its producer and raises ``AttemptFenced`` with its
 figures; what it sent before the fence is either in the log (and the newer attempt skips
-it) or was refused, so nothing is lost or doubled.
+it) or was refused, so nothing is lost or doubled. The fenced attempt's task fails, so
+Spark brings back no message of it: the attempt that fenced it records it instead
+(``fenced_attempts``), from what its takeover lease told it (``takeover_record``).
 
 The result is a ``PartitionCommit``, the ``WriterCommitMessage`` that Spark brings back to
 the driver, where ``pipeline.job_report`` adds them up.
@@ -33,7 +35,14 @@ from pidlease import errors
 from pidlease.client.producer import AsyncProducer
 from pipeline.errors import AttemptFenced, PipelineError
 from pipeline.options import WriteSettings
-from pipeline.sequencing import BatchSequencer, Resume, StreamSequencer, plan, producer_name
+from pipeline.sequencing import (
+    STREAM_POSITION_BITS,
+    BatchSequencer,
+    Resume,
+    StreamSequencer,
+    plan,
+    producer_name,
+)
 
 log = logging.getLogger("pipeline.attempt")
 
@@ -93,6 +102,27 @@ class PartitionCommit(WriterCommitMessage):
         return dataclasses.asdict(self)
 
 
+def takeover_record(
+    task: TaskInfo, pid: int, generation: int, written: Mapping[int, int]
+) -> dict[str, Any] | None:
+    """The earlier attempt this one fenced, as far as it can tell: a Spark retry or
+    speculative copy (attempt > 0) whose lease found rows of this task already durable
+    (``written``: topic partition -> the PID's durable highwater) took an earlier
+    attempt's name over, and the takeover raised the generation by one. An earlier
+    attempt that made nothing durable leaves no trace to tell it by, and is not counted.
+    In a stream only this micro-batch's ids count: the producer wrote earlier batches."""
+    floor = 0 if task.batch_id is None else task.batch_id << STREAM_POSITION_BITS
+    durable = [h - floor + 1 for h in written.values() if h >= floor]
+    if task.attempt == 0 or not durable:
+        return None
+    return {
+        "pid": pid,
+        "generation": generation - 1,
+        "fenced_by_attempt": task.attempt,
+        "durable_rows": sum(durable),  # ids are consecutive per topic partition from floor
+    }
+
+
 def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
     if settings.job_name:
         return settings.job_name
@@ -139,10 +169,12 @@ class Attempt:
     def run(
         self,
         rows: Iterable[tuple[bytes | None, bytes]],
-        hooks: Mapping[int, Callable[[], None]] | None = None,
+        hooks: Mapping[int, Callable[[], Any]] | None = None,
     ) -> PartitionCommit:
         """Publish ``rows`` (this Spark partition's (key, value) pairs, in order).
-        ``hooks[position]()`` runs just before the row at that position (fault injection).
+        ``hooks[position]()`` runs just before the row at that position (fault injection);
+        when it returns an awaitable, the attempt awaits it (on its event loop, so what was
+        sent goes on being delivered and the lease renewed).
 
         The SDK's ``AsyncProducer`` runs on this thread's own event loop: about three times
         the throughput of the blocking ``Producer``, which hands every record to another
@@ -159,7 +191,7 @@ class Attempt:
         return asyncio.run(self._run(itertools.chain([first], it), hooks or {}))
 
     async def _run(
-        self, rows: Iterable[tuple[bytes | None, bytes]], hooks: Mapping[int, Callable[[], None]]
+        self, rows: Iterable[tuple[bytes | None, bytes]], hooks: Mapping[int, Callable[[], Any]]
     ) -> PartitionCommit:
         t = self.task
         commit = PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
@@ -177,6 +209,9 @@ class Attempt:
             commit.pid, commit.generation = producer.pid, producer.generation
             partitions = producer.partitions
             resume = Resume({tp: producer.last_sequence_id(tp) for tp in range(partitions)})
+            fenced = takeover_record(t, commit.pid, commit.generation, resume.last_sequence)
+            if fenced is not None:
+                commit.fenced_attempts.append(fenced)
             sequencer = (
                 BatchSequencer(partitions) if t.batch_id is None else StreamSequencer(t.batch_id)
             )
@@ -192,7 +227,9 @@ class Attempt:
                 if hooks:
                     hook = hooks.get(rec.position)
                     if hook is not None:
-                        hook()
+                        pause = hook()
+                        if pause is not None:  # a stall: the producer keeps running meanwhile
+                            await pause
                 commit.rows += 1
                 span = seqs.get(rec.topic_partition)
                 if span is None:

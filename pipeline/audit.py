@@ -6,9 +6,13 @@ offset and time. From those few rows (``build_report``, pure) follow:
 
 - duplicates: records minus distinct sequences, per (PID, partition), with examples of
   the (partition, PID, sequence) triples seen more than once;
-- gaps: sequences missing between a PID's first and last in the partition. A strict
-  topic must have none; a monotonic topic may (its ids are application-chosen, e.g.
-  ``batch_id * 2**32 + position``), so they are reported but do not fail the audit;
+- missing: on a strict topic, sequences absent between a PID's first and last in the
+  partition (each one a record that should be there: the audit fails);
+- allowed gaps: on a monotonic topic the ids are application-chosen (a stream's
+  ``batch_id * 2**32 + position`` jumps at every micro-batch), so a hole is no missing
+  record. They are reported apart: how many holes (``allowed_gaps``, one per jump) and
+  how many ids they skip (``skipped_ids``), and never fail the audit. Counting skipped
+  ids as "gaps" reported 25,769,927,760 of them for a six-batch stream;
 - per PID: its partitions' first/last offsets, and from the coordinator (``GET
   /v1/pids``) its producer name, generation, state, last use and time to expiry. A PID in
   the log that the coordinator no longer knows (past retention) is marked ``unknown``.
@@ -16,8 +20,8 @@ offset and time. From those few rows (``build_report``, pure) follow:
 PID 0 (not idempotent) is counted per partition but not checked, as ``pidlease verify``
 does. The report is written as ``report.json`` and as Parquet tables
 (``partitions.parquet``, ``producers.parquet``, ``duplicates.parquet``) under the output
-directory; it is exactly-once (``ok``) when there are no duplicates and, on a strict
-topic, no gaps.
+directory; it is exactly-once (``ok``) when there are no duplicates and no missing
+records.
 """
 
 from __future__ import annotations
@@ -53,10 +57,13 @@ def build_report(
             "producers": 0,
             "unchecked_records": 0,
             "duplicates": 0,
-            "gaps": 0,
+            "missing": 0,
+            "allowed_gaps": 0,
+            "skipped_ids": 0,
         }
         for p in range(partitions)
     ]
+    strict = dedup == "strict"
     known = {int(v["pid"]): v for v in pids}
     producers: list[dict[str, Any]] = []
     by_pid: dict[int, dict[str, Any]] = {}
@@ -69,12 +76,16 @@ def build_report(
             continue
         distinct = int(g["distinct_sequences"])
         first_seq, last_seq = int(g["first_sequence"]), int(g["last_sequence"])
+        absent = (last_seq - first_seq + 1) - distinct
+        holes = max(1, int(g.get("holes") or 0)) if absent else 0  # ids absent: a hole at least
         row: dict[str, Any] = {
             "pid": pid,
             "partition": p,
             "records": records,
             "duplicates": records - distinct,
-            "gaps": (last_seq - first_seq + 1) - distinct,
+            "missing": absent if strict else 0,
+            "allowed_gaps": 0 if strict else holes,
+            "skipped_ids": 0 if strict else absent,
             "first_sequence": first_seq,
             "last_sequence": last_seq,
             "first_offset": int(g["first_offset"]),
@@ -84,8 +95,8 @@ def build_report(
         }
         producers.append(row)
         part["producers"] += 1
-        part["duplicates"] += row["duplicates"]
-        part["gaps"] += row["gaps"]
+        for k in ("duplicates", "missing", "allowed_gaps", "skipped_ids"):
+            part[k] += row[k]
         entry = by_pid.get(pid)
         if entry is None:
             entry = by_pid[pid] = _pid_entry(pid, known.get(pid), now_ms)
@@ -101,13 +112,15 @@ def build_report(
                     "first_sequence",
                     "last_sequence",
                     "duplicates",
-                    "gaps",
+                    "missing",
+                    "allowed_gaps",
+                    "skipped_ids",
                 )
             }
         )
     duplicates = sum(p["duplicates"] for p in parts)
-    gaps = sum(p["gaps"] for p in parts)
-    ok = duplicates == 0 and (gaps == 0 or dedup != "strict")
+    missing = sum(p["missing"] for p in parts)
+    ok = duplicates == 0 and missing == 0
     return {
         "topic": topic,
         "dedup": dedup,
@@ -116,8 +129,10 @@ def build_report(
         "records": sum(p["records"] for p in parts),
         "unchecked_records": sum(p["unchecked_records"] for p in parts),
         "duplicates": duplicates,
-        "gaps": gaps,
-        "gaps_allowed": dedup != "strict",
+        "missing": missing,
+        "gaps_allowed": not strict,
+        "allowed_gaps": sum(p["allowed_gaps"] for p in parts),
+        "skipped_ids": sum(p["skipped_ids"] for p in parts),
         "pids": len(by_pid),
         "partitions": parts,
         "producers": producers,
@@ -159,14 +174,11 @@ def summary(report: dict[str, Any]) -> str:
     ]
     for p in report["partitions"]:
         lines.append(
-            f"  partition {p['partition']}: {p['records']} records, {p['producers']} PIDs, "
-            f"{p['duplicates']} duplicates, {p['gaps']} gaps"
+            f"  partition {p['partition']}: {p['records']:,} records, {p['producers']} PIDs, "
+            f"{p['duplicates']:,} duplicates, {_missing(report, p)}"
         )
-    gaps = f"{report['gaps']} gaps" + (
-        " (allowed: monotonic ids)" if report["gaps_allowed"] and report["gaps"] else ""
-    )
     verdict = "EXACTLY-ONCE: OK" if report["ok"] else "EXACTLY-ONCE: VIOLATED"
-    lines.append(f"{verdict} - {report['duplicates']} duplicates, {gaps}")
+    lines.append(f"{verdict} - {report['duplicates']:,} duplicates, {_missing(report, report)}")
     for d in report["duplicate_examples"][:5]:
         lines.append(
             f"  duplicate: partition {d['partition']} pid {d['pid']} sequence "
@@ -175,13 +187,30 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _missing(report: dict[str, Any], figures: dict[str, Any]) -> str:
+    """ "N missing", and on a monotonic topic what missing cannot be told from: its
+    allowed gaps (holes in application-chosen ids, e.g. between micro-batches)."""
+    if not report["gaps_allowed"]:
+        return f"{figures['missing']:,} missing"
+    return (
+        f"{figures['missing']:,} missing, {figures['allowed_gaps']:,} allowed gaps "
+        f"(monotonic ids, {figures['skipped_ids']:,} ids skipped)"
+    )
+
+
 # -- Spark side ----------------------------------------------------------------------------
 def aggregate(df: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-(partition, PID) aggregates, duplicate examples) of a topic DataFrame."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    # A hole is a jump of more than one from the PID's previous sequence in the partition
+    # (a copy of a sequence is a jump of 0, counted as a duplicate instead).
+    order = Window.partitionBy("partition", "pid").orderBy("sequence_id")
+    jump = F.col("sequence_id") - F.lag("sequence_id").over(order)
     groups = (
-        df.groupBy("partition", "pid")
+        df.withColumn("hole", F.when(jump > 1, 1).otherwise(0))
+        .groupBy("partition", "pid")
         .agg(
             F.count(F.lit(1)).alias("records"),
             F.countDistinct("sequence_id").alias("distinct_sequences"),
@@ -191,6 +220,7 @@ def aggregate(df: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             F.max("offset").alias("last_offset"),
             F.unix_millis(F.min("timestamp")).alias("first_timestamp_ms"),
             F.unix_millis(F.max("timestamp")).alias("last_timestamp_ms"),
+            F.sum("hole").alias("holes"),
         )
         .collect()
     )
@@ -290,7 +320,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
                     ("producers", pa.int64()),
                     ("unchecked_records", pa.int64()),
                     ("duplicates", pa.int64()),
-                    ("gaps", pa.int64()),
+                    ("missing", pa.int64()),
+                    ("allowed_gaps", pa.int64()),
+                    ("skipped_ids", pa.int64()),
                 ]
             ),
         ),
@@ -302,7 +334,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
                     ("partition", pa.int32()),
                     ("records", pa.int64()),
                     ("duplicates", pa.int64()),
-                    ("gaps", pa.int64()),
+                    ("missing", pa.int64()),
+                    ("allowed_gaps", pa.int64()),
+                    ("skipped_ids", pa.int64()),
                     ("first_sequence", pa.int64()),
                     ("last_sequence", pa.int64()),
                     ("first_offset", pa.int64()),

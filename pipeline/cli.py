@@ -36,7 +36,8 @@ publish the same files again as a new data set. Rows keep their Spark partition 
 the input files and --min-partitions are unchanged.
 
 audit reads the whole topic and writes a report (report.json and Parquet tables) of
-records per partition, duplicates per (pid, partition, sequence), sequence gaps, and per
+records per partition, duplicates per (pid, partition, sequence), missing records (and a
+monotonic topic's allowed gaps, apart), and per
 PID its first/last offsets, last use and time to expiry.
 """
 
@@ -125,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
         help="infer CSV column types (one more pass); otherwise CSV columns are text",
     )
     pub.add_argument("--report", help="also keep the job report (JSON) at this path")
-    aud = sub.add_parser("audit", help="audit a topic for duplicates and gaps")
+    aud = sub.add_parser("audit", help="audit a topic for duplicates and missing records")
     _common(aud)
     aud.add_argument(
         "--out", required=True, help="directory for report.json and the Parquet tables"
@@ -163,7 +164,7 @@ class _Session:
 
 def publish(args: argparse.Namespace, spark: Any = None) -> int:
     from pipeline import job_report
-    from pipeline.progress import Progress
+    from pipeline.progress import Progress, task_attempts
 
     job = args.job_name or default_job_name(args.topic, args.input, args.format)
     report_path = args.report or os.path.join(
@@ -189,14 +190,31 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
             .option("job_name", job)
             .option("partitioning", args.partitioning)
             .option("report_path", report_path)
+            # The report line is printed below, once; the commit would log it too.
+            .option("log_report", "false")
         )
         if args.key_column:
             writer = writer.option("key_column", args.key_column)
+        group = f"pidlease-publish-{os.getpid()}-{time.monotonic_ns()}"
+        session.sparkContext.setJobGroup(group, f"pidlease-spark publish {job}")
         started = time.monotonic()
-        with Progress(session, "publish", interval_s=args.progress_interval):
-            writer.mode("append").save()
+        try:
+            with Progress(session, "publish", interval_s=args.progress_interval):
+                writer.mode("append").save()
+        finally:
+            # A session given by the caller runs its later jobs outside the group.
+            for prop in ("spark.jobGroup.id", "spark.job.description"):
+                session.sparkContext.setLocalProperty(prop, None)
         elapsed = time.monotonic() - started
-    report = job_report.load(report_path)[0]
+        report = job_report.load(report_path)[0]
+        # Only the driver knows which attempts were speculative copies.
+        try:
+            attempts = task_attempts(session, group)
+        except Exception as exc:  # noqa: BLE001 - the write is done; report what is known
+            print(f"(no task attempts from Spark: {exc}; speculative copies count as retries)")
+        else:
+            job_report.with_spark_attempts(report, attempts)
+    job_report.save(report, report_path, quiet=True)
     print(job_report.one_line(report))
     rate = report["rows"] / max(elapsed, 1e-9)
     print(
@@ -240,22 +258,70 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Fenced|Failure)): (.+)$")
+CAUSES_MAX = 50  # Java cause chains are short; this only bounds a cyclic one
+
+
+def java_causes(exc: BaseException) -> list[str]:
+    """The Java exception chain behind a py4j error, outermost first, each as
+    ``Class: message``: empty for a Python exception. py4j's own text is only the handle
+    ("An error occurred while calling o58.save"); the cause is in the chain."""
+    throwable = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    chain: list[str] = []
+    while throwable is not None and len(chain) < CAUSES_MAX:
+        try:
+            chain.append(str(throwable.toString()))
+            nxt = throwable.getCause()
+        except Exception:  # noqa: BLE001 - a gateway gone: keep what was read
+            break
+        if nxt is None or nxt.equals(throwable):
+            break
+        throwable = nxt
+    return chain
+
+
+def _innermost(chain: list[str]) -> str:
+    """The deepest cause, or the outermost one that still carries its message (Java wraps
+    ``error=2, No such file or directory`` in ``Cannot run program "X": error=2, ...``,
+    which names the program)."""
+    deepest = chain[-1]
+    message = deepest.partition(": ")[2]
+    if message:
+        for outer in chain:
+            if message in outer:
+                return outer
+    return deepest
+
+
+def _short(line: str) -> str:
+    name, sep, message = line.partition(": ")
+    return f"{name.rsplit('.', 1)[-1]}{sep}{message}"
 
 
 def cause(exc: BaseException) -> str:
     """The line that says what went wrong. Spark wraps an error raised in a data source
     (or a task) in its own, with the Python traceback as text: the last "Name: message"
-    line of ours is the cause, not the first line of Spark's."""
-    text = str(exc)
+    line of ours is the cause, not the first line of Spark's. A py4j error names only a
+    Java object ("o58.save"): its innermost Java cause says what failed (a Python worker
+    that could not start, e.g. a bad ``PYSPARK_PYTHON``), or, when a Python worker
+    failed, the traceback inside it does (e.g. ``ModuleNotFoundError``)."""
+    chain = java_causes(exc)
+    text = "\n".join([str(exc), *chain])
     ours = mine = None
     for line in text.splitlines():
         m = _ERROR_LINE.match(line.strip())
-        if m:
+        if m and m.group(1) != "Py4JJavaError":
             mine = f"{m.group(1)}: {m.group(2)}"
             if "pipeline.errors." in line or "pidlease." in line:
                 ours = mine
+    if ours:
+        return ours
+    python_side = [c for c in chain if "PythonException" in c.split(": ", 1)[0]]
+    if mine and (python_side or not chain):
+        return mine  # the Python traceback's last error line
+    if chain:
+        return _short(_innermost(chain))
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return ours or mine or f"{type(exc).__name__}: {first}"
+    return mine or f"{type(exc).__name__}: {first}"
 
 
 if __name__ == "__main__":

@@ -18,11 +18,18 @@ really has. Each is off unless its option is set (``pipeline.options.Faults``).
   mid-batch. Restarting the query without the option replays batch B from the checkpoint.
 - ``kill_commit_batch_id=B``: the driver-side commit of micro-batch B raises after every
   row of it was written, so the checkpoint never records B: the restart replays B whole.
+- ``stall_partition=K`` (``stall_at_row=R``, ``stall_ms=S``, ``stall_marker=FILE``):
+  attempt 0 of a batch task of Spark partition K stops before row R for S ms (what it
+  sent is delivered meanwhile), after appending ``<os pid> <partition>`` to FILE.
+  On a real cluster that is a straggler: Spark's own speculation starts a copy on another
+  host, or a test SIGKILLs the executor named by the marker while the task is mid-write.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -42,9 +49,21 @@ def _raiser(message: str) -> Callable[[], None]:
     return hook
 
 
-def hooks_for(faults: Faults, task: TaskInfo) -> dict[int, Callable[[], None]]:
+def _staller(faults: Faults, task: TaskInfo) -> Callable[[], Any]:
+    def hook() -> Any:
+        if faults.stall_marker:
+            with open(faults.stall_marker, "a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()} {task.spark_partition}\n")
+        # Awaited by the attempt: its producer delivers what was sent and renews the
+        # lease meanwhile, as a slow but live task would.
+        return asyncio.sleep(faults.stall_s)
+
+    return hook
+
+
+def hooks_for(faults: Faults, task: TaskInfo) -> dict[int, Callable[[], Any]]:
     """The failure hooks (row position -> callable) this task must run."""
-    hooks: dict[int, Callable[[], None]] = {}
+    hooks: dict[int, Callable[[], Any]] = {}
     n = faults.fail_after_rows_once
     if (
         n is not None
@@ -57,6 +76,13 @@ def hooks_for(faults: Faults, task: TaskInfo) -> dict[int, Callable[[], None]]:
             f"injected failure of attempt 0 of Spark partition {task.spark_partition} "
             f"after {n} rows (fail_after_rows_once)"
         )
+    if (
+        faults.stall_partition == task.spark_partition
+        and task.batch_id is None
+        and task.attempt == 0
+        and not task.speculative
+    ):
+        hooks[faults.stall_at_row] = _staller(faults, task)
     if task.batch_id is not None and faults.kill_batch_id == task.batch_id:
         hooks[faults.kill_at_row] = _raiser(
             f"injected kill of micro-batch {task.batch_id} at row {faults.kill_at_row} of Spark "
@@ -132,7 +158,12 @@ def run_with_twin(
     twin: PartitionCommit | None = outcome.get("commit")
     twin_error: BaseException | None = outcome.get("error")
     if twin is not None and original_fenced is not None:
-        twin.fenced_attempts.append(original_fenced.figures)
+        # The copy's takeover already noted the original (by its generation); the
+        # original's own figures say more, so they take that entry's place.
+        figures = original_fenced.figures
+        twin.fenced_attempts = [
+            f for f in twin.fenced_attempts if f.get("generation") != figures.get("generation")
+        ] + [figures]
         return twin
     if original is not None and isinstance(twin_error, AttemptFenced):
         original.fenced_attempts.append(twin_error.figures)

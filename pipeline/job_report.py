@@ -37,8 +37,11 @@ def summarize(
         report["batch_id"] = batch_id
     for c in COUNTERS:
         report[c] = sum(getattr(m, c) for m in done)
+    # A fenced attempt's task fails and brings no message back: the attempt that took
+    # its producer over recorded it (``attempt.takeover_record``, or the injected copy).
     report["fenced_attempts"] = sum(len(m.fenced_attempts) for m in done)
     report["retried_tasks"] = sum(1 for m in done if m.attempt > 0 and not m.speculative)
+    report["speculative_tasks"] = sum(1 for m in done if m.speculative)
     report["producers"] = sorted({m.producer_name for m in done})
     report["partitions"] = [
         {
@@ -66,13 +69,40 @@ def one_line(report: dict[str, Any]) -> str:
         f"{report['appended']} appended, {report['skipped']} skipped (already written), "
         f"{report['duplicates']} duplicates, {report['tasks']} tasks "
         f"({report['failed_tasks']} failed, {report['retried_tasks']} retried, "
-        f"{report['fenced_attempts']} attempts fenced)"
+        f"{report.get('speculative_tasks', 0)} speculative, "
+        f"{report['fenced_attempts']} earlier attempts fenced)"
     )
 
 
-def save(report: dict[str, Any], path: str | None, *, append: bool = False) -> None:
-    """Write the report to ``path`` (atomically when not appending) and log it."""
-    log.warning("%s", one_line(report))  # WARN: Spark workers show WARN and above by default
+def with_spark_attempts(report: dict[str, Any], attempts: Sequence[dict[str, Any]]) -> None:
+    """Add what Spark's driver knows about the write's task attempts to ``report``: an
+    executor cannot tell a speculative copy from a retry (both are attempt > 0), the
+    driver can. ``attempts``: one per task attempt of the write's stage, with ``index``
+    (the Spark partition), ``attempt``, ``speculative`` and ``status`` (SUCCESS, FAILED,
+    KILLED, RUNNING), as ``pipeline.progress.task_attempts`` reads them."""
+    spec = {(a["index"], a["attempt"]) for a in attempts if a["speculative"]}
+    for p in report["partitions"]:
+        if (p["spark_partition"], p["attempt"]) in spec:
+            p["speculative"] = True
+    parts = report["partitions"]
+    report["speculative_tasks"] = sum(1 for p in parts if p["speculative"])
+    report["retried_tasks"] = sum(1 for p in parts if p["attempt"] > 0 and not p["speculative"])
+    statuses = [str(a["status"]).upper() for a in attempts]
+    report["spark_attempts"] = {
+        "launched": len(attempts),
+        "speculative": sum(1 for a in attempts if a["speculative"]),
+        "failed": statuses.count("FAILED"),
+        "killed": statuses.count("KILLED"),
+    }
+
+
+def save(
+    report: dict[str, Any], path: str | None, *, append: bool = False, quiet: bool = False
+) -> None:
+    """Write the report to ``path`` (atomically when not appending) and log it, unless
+    ``quiet`` (``pidlease-spark publish`` prints the report itself: once)."""
+    if not quiet:
+        log.warning("%s", one_line(report))  # WARN: Spark workers show WARN and above
     if not path:
         return
     p = Path(path)

@@ -85,6 +85,10 @@ class Faults:
     kill_batch_id: int | None = None  # streaming: every attempt of this batch dies
     kill_at_row: int = 0  # ... before this row position
     kill_commit_batch_id: int | None = None  # streaming: commit of this batch fails
+    stall_partition: int | None = None  # attempt 0 of this Spark partition stalls ...
+    stall_at_row: int = 0  # ... before this row position ...
+    stall_s: float = 0.0  # ... this long (a real cluster's speculation, or a kill, meanwhile)
+    stall_marker: str | None = None  # ... after appending "<pid> <partition>" to this file
 
     @classmethod
     def parse(cls, o: Mapping[str, str]) -> Faults:
@@ -96,6 +100,10 @@ class Faults:
             kill_batch_id=_int(o, "kill_batch_id", None),
             kill_at_row=_int(o, "kill_at_row", 0) or 0,
             kill_commit_batch_id=_int(o, "kill_commit_batch_id", None),
+            stall_partition=_int(o, "stall_partition", None),
+            stall_at_row=_int(o, "stall_at_row", 0) or 0,
+            stall_s=(_int(o, "stall_ms", 0, high=3_600_000) or 0) / 1000,
+            stall_marker=_get(o, "stall_marker") or None,
         )
 
 
@@ -112,6 +120,7 @@ class WriteSettings:
     expire_ms: int | None = None
     api_token: str | None = None
     report_path: str | None = None
+    log_report: bool = True  # also log the report line (the command prints it itself)
     faults: Faults = field(default_factory=Faults)
 
     @classmethod
@@ -143,6 +152,7 @@ class WriteSettings:
             expire_ms=_int(o, "expire_ms", None, low=1),
             api_token=_get(o, "api_token") or None,
             report_path=_get(o, "report_path") or None,
+            log_report=(_get(o, "log_report") or "true").lower() not in ("false", "0", "no"),
             faults=Faults.parse(o),
         )
 

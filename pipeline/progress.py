@@ -72,3 +72,37 @@ class Progress:
         if self._thread is not None:
             self._thread.join(self.interval_s + 5)
         self.say("failed" if exc and exc[0] is not None else "done")
+
+
+def task_attempts(spark: Any, job_group: str, max_tasks: int = 100_000) -> list[dict[str, Any]]:
+    """Every task attempt of the last stage of the last job run in ``job_group`` (the
+    write's stage, when the group is set around a ``save()``), from the driver's status
+    store: what only the driver knows, e.g. which attempts were speculative copies.
+    Empty when Spark cannot say (a status store that has dropped the job)."""
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    jobs = sorted(tracker.getJobIdsForGroup(job_group))
+    job = tracker.getJobInfo(jobs[-1]) if jobs else None
+    if job is None or not list(job.stageIds):
+        return []
+    stage_id = max(job.stageIds)
+    stage = tracker.getStageInfo(stage_id)
+    stage_attempts = (stage.currentAttemptId if stage is not None else 0) + 1
+    # The status store is not in PySpark's API; py4j reaches the driver's (AppStatusStore).
+    store = sc._jsc.sc().statusStore()  # noqa: SLF001 - no public way to the status store
+    out: list[dict[str, Any]] = []
+    for stage_attempt in range(stage_attempts):
+        tasks = store.taskList(stage_id, stage_attempt, max_tasks)
+        for i in range(tasks.size()):
+            t = tasks.apply(i)
+            out.append(
+                {
+                    "index": int(t.index()),
+                    "attempt": int(t.attempt()),
+                    "speculative": bool(t.speculative()),
+                    "status": str(t.status()),
+                    "executor": str(t.executorId()),
+                    "host": str(t.host()),
+                }
+            )
+    return out

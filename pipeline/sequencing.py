@@ -14,8 +14,12 @@ Everything here is pure, so retries can be reasoned about (and tested) without S
   (``BatchSequencer``) number the rows of one Spark partition that go to one topic
   partition 0, 1, 2, ... in row order, which a strict topic requires (no holes).
   Streaming writes (``StreamSequencer``) use ``batch_id * 2**32 + position`` on a
-  ``monotonic`` topic: later micro-batches get larger ids, and a replayed micro-batch
-  produces the same ids, which the partition answers as duplicates.
+  ``monotonic`` topic, where ``position`` counts the rows of the Spark partition that go
+  to that topic partition in this micro-batch (0, 1, 2, ...): later micro-batches get
+  larger ids, a replayed micro-batch produces the same ids (which the partition answers
+  as duplicates), and the ids of one micro-batch in one topic partition are consecutive,
+  so the SDK packs them into whole batches (it starts a new batch at every id that does
+  not follow the previous one).
 - **resume** (``Resume``): a takeover tells the new attempt the durable highwater of its
   PID in every topic partition; a row whose sequence is at or below it was written by an
   earlier attempt and is skipped.
@@ -82,18 +86,25 @@ def stream_sequence(batch_id: int, position: int) -> int:
 
 
 class StreamSequencer:
-    """``batch_id * 2**32 + position``: position counts every row of the Spark partition,
-    whatever its topic partition, so each topic partition sees increasing ids with holes
-    (which a monotonic topic accepts)."""
+    """``batch_id * 2**32 + position``, ``position`` counted per topic partition: within
+    a micro-batch each topic partition sees consecutive ids from ``batch_id * 2**32``, and
+    between micro-batches the ids jump (holes, which a monotonic topic accepts).
+
+    Numbering per topic partition rather than across the whole Spark partition keeps the
+    ids of one topic partition consecutive when keyed rows spread over all partitions;
+    ids counted across the Spark partition made every id of a topic partition a new SDK
+    batch (one request per record). It is as deterministic: a replay of the micro-batch
+    sees the same rows in the same order, so each row gets the same id again."""
 
     def __init__(self, batch_id: int) -> None:
         self.batch_id = batch_id
-        self._position = 0
+        self._next: dict[int, int] = {}
         stream_sequence(batch_id, 0)  # reject a bad batch id before any row
 
     def assign(self, topic_partition: int) -> int:
-        seq = stream_sequence(self.batch_id, self._position)
-        self._position += 1
+        position = self._next.get(topic_partition, 0)
+        seq = stream_sequence(self.batch_id, position)
+        self._next[topic_partition] = position + 1
         return seq
 
 

@@ -97,11 +97,11 @@ class BatchSink(DataSourceArrowWriter):
 
     def commit(self, messages: list[Any]) -> None:
         report = job_report.summarize(messages, topic=self.settings.topic, committed=True)
-        job_report.save(report, self.settings.report_path)
+        job_report.save(report, self.settings.report_path, quiet=not self.settings.log_report)
 
     def abort(self, messages: list[Any]) -> None:
         report = job_report.summarize(messages, topic=self.settings.topic, committed=False)
-        job_report.save(report, self.settings.report_path)
+        job_report.save(report, self.settings.report_path, quiet=not self.settings.log_report)
 
 
 class StreamSink(DataSourceStreamArrowWriter):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+from pathlib import Path
+
 import pytest
 
 from pidlease.client.lease_client import DEFAULT_COORDINATOR
@@ -98,3 +102,15 @@ def test_speculative_copy_only_for_attempt_zero_of_its_partition() -> None:
     assert not wants_twin(f, TaskInfo(2, 1))
     assert not wants_twin(f, TaskInfo(1, 0))
     assert not wants_twin(f, TaskInfo(2, 0, speculative=True))
+
+
+def test_a_stall_hits_attempt_zero_of_its_partition_and_leaves_a_marker(tmp_path: Path) -> None:
+    marker = tmp_path / "stalled"
+    f = Faults.parse(
+        {"stall_partition": "1", "stall_at_row": "5", "stall_ms": "10", "stall_marker": str(marker)}
+    )
+    assert (f.stall_partition, f.stall_at_row, f.stall_s) == (1, 5, 0.01)
+    assert not hooks_for(f, TaskInfo(1, 1)) and not hooks_for(f, TaskInfo(0, 0))
+    assert not hooks_for(f, TaskInfo(1, 0, batch_id=3))
+    asyncio.run(hooks_for(f, TaskInfo(1, 0))[5]())  # a stall is awaited by the attempt
+    assert marker.read_text() == f"{os.getpid()} 1\n"

@@ -64,9 +64,52 @@ def test_stream_sequence_is_batch_id_and_position() -> None:
         StreamSequencer(2**31)  # would overflow a 63-bit sequence
 
 
-def test_stream_sequencer_counts_every_row_of_the_spark_partition() -> None:
+def test_stream_sequencer_counts_positions_per_topic_partition() -> None:
     s = StreamSequencer(5)
-    assert [s.assign(tp) for tp in [1, 0, 1]] == [5 << 32, (5 << 32) + 1, (5 << 32) + 2]
+    got = [s.assign(tp) for tp in [1, 0, 1, 1, 0]]
+    assert got == [5 << 32, 5 << 32, (5 << 32) + 1, (5 << 32) + 2, (5 << 32) + 1]
+
+
+def test_stream_ids_of_a_keyed_micro_batch_are_consecutive_per_topic_partition() -> None:
+    # Keyed rows spread over every topic partition (the default routing): each topic
+    # partition's ids must still follow one another, or the SDK cuts a batch per record.
+    keys = [b"customer-%d" % (i * 7919 % 1000) for i in range(5000)]
+    planned = list(
+        plan(
+            [(k, b"v") for k in keys],
+            routing=Routing.AUTO,
+            spark_partition=3,
+            partitions=4,
+            sequencer=StreamSequencer(9),
+            resume=Resume({}),
+        )
+    )
+    for tp in range(4):
+        seqs = [r.sequence for r in planned if r.topic_partition == tp]
+        assert len(seqs) > 500  # the keys really spread
+        assert seqs == list(range(9 << 32, (9 << 32) + len(seqs)))
+
+
+def test_stream_ids_are_the_same_on_a_replay_and_grow_with_the_batch_id() -> None:
+    rows = [(b"k%d" % (i % 13), b"v%d" % i) for i in range(300)]
+
+    def ids(batch_id: int) -> list[tuple[int, int]]:
+        return [
+            (r.topic_partition, r.sequence)
+            for r in plan(
+                rows,
+                routing=Routing.AUTO,
+                spark_partition=0,
+                partitions=3,
+                sequencer=StreamSequencer(batch_id),
+                resume=Resume({}),
+            )
+        ]
+
+    assert ids(4) == ids(4)  # a replay from the checkpoint: same rows, same ids
+    later = dict(ids(5))
+    for tp, seq in ids(4):  # every id of batch 5 is above every id of batch 4
+        assert later[tp] > seq
 
 
 def _rows(keys: list[int | None]) -> list[tuple[bytes | None, bytes]]:
@@ -114,8 +157,10 @@ def test_resume_sends_exactly_what_is_not_durable(
     for tp in range(partitions):
         seqs = [r.sequence for r in first if r.topic_partition == tp]
         assert seqs == sorted(set(seqs))
-        if batch_id is None:
-            assert seqs == list(range(len(seqs)))  # strict topics need no holes
+        # Consecutive: strict topics need no holes, and a stream's whole micro-batch
+        # then fits in few SDK batches.
+        base = 0 if batch_id is None else batch_id << 32
+        assert seqs == list(range(base, base + len(seqs)))
     # The first attempt made some prefix of each topic partition durable.
     durable: dict[int, int] = {}
     for tp in range(partitions):
