@@ -19,6 +19,7 @@ copy replays from a list.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,7 +27,7 @@ from typing import Any
 
 from pidlease import errors
 from pidlease.client.record_columns import crc32_keys
-from pipeline.attempt import Attempt, PartitionCommit
+from pipeline.attempt import Attempt, PartitionCommit, takeover_record
 from pipeline.encoding import RecordEncoder
 from pipeline.sequencing import Resume, Routing
 
@@ -59,7 +60,7 @@ class ColumnarAttempt(Attempt):
         self,
         encoder: RecordEncoder,
         batches: Iterable[Any],
-        hooks: Mapping[int, Callable[[], None]] | None = None,
+        hooks: Mapping[int, Callable[[], Any]] | None = None,
     ) -> PartitionCommit:
         """Publish the Spark partition's Arrow ``batches``. ``hooks[position]()`` runs just
         before the row at that position (fault injection), as in ``Attempt.run``."""
@@ -81,7 +82,7 @@ class ColumnarAttempt(Attempt):
         self,
         encoder: RecordEncoder,
         batches: Iterator[Any],
-        hooks: Mapping[int, Callable[[], None]],
+        hooks: Mapping[int, Callable[[], Any]],
     ) -> PartitionCommit:
         import numpy as np
         import pyarrow as pa
@@ -102,6 +103,11 @@ class ColumnarAttempt(Attempt):
             commit.pid, commit.generation = producer.pid, producer.generation
             partitions = producer.partitions
             resume = Resume({tp: producer.last_sequence_id(tp) for tp in range(partitions)})
+            # As Attempt._run: the attempt that fenced an earlier one records it (the loser
+            # sends no commit message).
+            fenced = takeover_record(t, commit.pid, commit.generation, resume.last_sequence)
+            if fenced is not None:
+                commit.fenced_attempts.append(fenced)
             next_seq = np.zeros(partitions, dtype=np.int64)
             position = 0
             hook_at = sorted(hooks)
@@ -109,7 +115,10 @@ class ColumnarAttempt(Attempt):
                 for piece, start in _cut(batch, position, hook_at):
                     hook = hooks.get(start)
                     if hook is not None:
-                        hook()
+                        pause = hook()
+                        if inspect.isawaitable(pause):
+                            # a stall: awaited on this loop, so the senders go on delivering
+                            await pause
                     keys, values = encoder.encode_columns(piece)
                     n = len(values)
                     parts = route_column(
