@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +51,10 @@ PRODUCER_KW: dict[str, Any] = {
     "linger_ms": 5,
     "batch_records_max": 200,
     "buffer_records_max": 4_000,
-    "request_timeout_ms": 5_000,
     "start_timeout_ms": 60_000,
 }
 DELAY_QUEUE = 7
+STEPDOWN_SLACK_S = 0.05
 HERE = Path(__file__).resolve().parent
 
 
@@ -271,6 +272,8 @@ class PhaseResult:
     acked_again_after_election_s: float | None = None
     old_leader_acks_after_election: int | None = None
     old_leader_last_ack_vs_election_s: float | None = None
+    stepdown_after_s: float | None = None  # the old leader's "stepping down" log line
+    old_leader_acks_after_stepdown: int | None = None
     fewer_copies_acks: int | None = None
     isr_writes: int | None = None  # ZooKeeper writes to partition states during the hold
     isr_writes_idle: int | None = None  # of those, on the idle topic
@@ -306,6 +309,11 @@ class PhaseResult:
                 f"again {self.acked_again_after_election_s} s after the election; old leader's "
                 f"acks after the election {self.old_leader_acks_after_election} (its last ack "
                 f"{self.old_leader_last_ack_vs_election_s} s from the election)"
+            )
+        if self.stepdown_after_s is not None:
+            parts.append(
+                f"  old leader stepped down {self.stepdown_after_s:.2f} s after the nemesis; "
+                f"its acks received after that: {self.old_leader_acks_after_stepdown}"
             )
         if self.fewer_copies_acks is not None:
             parts.append(f"  acks with fewer than two copies: {self.fewer_copies_acks}")
@@ -493,6 +501,26 @@ class Suite:
         res.old_leader_acks_after_election = sum(a.t > t_e for a in old_acks)
         if old_acks:
             res.old_leader_last_ack_vs_election_s = round(old_acks[-1].t - t_e, 3)
+        t_down = self.stepdown_time(old, t_inject)
+        if t_down is not None:
+            res.stepdown_after_s = round(t_down - t_inject, 2)
+            # Received here up to a few ms after the old leader sent it: STEPDOWN_SLACK_S.
+            res.old_leader_acks_after_stepdown = sum(
+                a.t > t_down + STEPDOWN_SLACK_S for a in old_acks
+            )
+
+    def stepdown_time(self, server_id: int, since: float) -> float | None:
+        """When the server logged stepping down from partition 0 (after ``since``), by
+        its log's clock (the same machine's)."""
+        marker = f" {TOPIC}-0: stepping down from epoch "
+        path = self.cluster.procs[f"s{server_id}"].log_path
+        for line in path.read_text(errors="replace").splitlines():
+            if marker in line:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")  # noqa: DTZ007 - local, as logging wrote it
+                t = stamp.timestamp()
+                if t >= since:
+                    return t
+        return None
 
     def identical_replicas(self, timeout_s: float = SETTLE_MAX_S) -> list[str]:
         """Wait until every replica has the same log end, then compare the log bytes on

@@ -36,6 +36,8 @@ SHORT_ENV = {
     "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "4000",
 }
 HOLD_S = 10.0
+# Issue 16 asks for 2 s; the loaded CI machine gets some slack.
+ACKED_AGAIN_MAX_S = 5.0
 WHY_NOT = unavailable() if sys.platform == "linux" else "network namespaces are Linux's"
 needs_netns = pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespaces: {WHY_NOT}")
 
@@ -139,6 +141,22 @@ def test_isolated_leader_is_replaced_and_acks_resume(suite: Suite) -> None:
     assert res.elected_after_s is not None, res.summary()
     assert res.acked_again_after_election_s is not None, res.summary()
     assert res.old_leader_acks_after_election == 0, res.summary()
+
+
+@pytest.mark.slow
+def test_leader_cut_from_zookeeper_steps_down_before_the_new_leader_acks(suite: Suite) -> None:
+    """The zombie leader of issue 16: it still reaches clients and followers, but not
+    ZooKeeper. It must stop acknowledging (step down) before a new leader is elected, and
+    producers must be acked again soon after the election."""
+    res = suite.run(NEMESES["leader_zk_cut"])
+    exactly_once(res)
+    assert res.elected_after_s is not None, res.summary()
+    assert res.old_leader_acks_after_election == 0, res.summary()
+    assert res.stepdown_after_s is not None, f"the old leader never stepped down\n{res.summary()}"
+    assert res.stepdown_after_s < res.elected_after_s, res.summary()
+    assert res.old_leader_acks_after_stepdown == 0, res.summary()
+    assert res.acked_again_after_election_s is not None, res.summary()
+    assert res.acked_again_after_election_s <= ACKED_AGAIN_MAX_S, res.summary()
 
 
 @pytest.mark.slow
