@@ -469,6 +469,7 @@ class Broker:
                 "bytes_deleted": self.bytes_deleted,
             },
             "replica_fetchers": self.replicas.describe(),
+            "step_downs": self.replicas.describe_step_downs(),
         }
 
     async def close(self) -> None:

@@ -119,3 +119,58 @@ def set_isr(
         replicas=ps.replicas, leader=me, leader_epoch=epoch, isr=sorted(isr, key=ps.replicas.index)
     )
     return _write(zk, topic, partition, new, version, f"in-sync set {ps.isr} -> {new.isr}")
+
+
+class ZkLease:
+    """How long this server can be sure its ZooKeeper session is alive, and so that nobody
+    has been elected in place of the partitions it leads (an election needs its
+    ``/servers/<id>`` gone, which only the session's end removes). Pure: the caller feeds it
+    monotonic milliseconds (docs/replication.md, Step-down: the timing argument).
+
+    A request sent at ``t`` and answered, within the same session, proves the ZooKeeper
+    server heard from the session at or after ``t``; the server expires a session no sooner
+    than ``session_timeout_ms`` after it last heard from it. So the session lives at least
+    until ``t + session_timeout_ms`` on the server's clock, and the lease ends
+    ``margin_ms`` before that on ours (the margin covers clock rate and this process being
+    late to notice). A confirmation from another session than the one the lease holds does
+    not extend it: a new session says nothing about the gap between the two.
+    """
+
+    def __init__(self, session_timeout_ms: float, margin_ms: float) -> None:
+        if not 0 <= margin_ms < session_timeout_ms:
+            raise ValueError("the step-down margin must be below the session timeout")
+        self.session_timeout_ms = session_timeout_ms
+        self.margin_ms = margin_ms
+        self.session: int | None = None
+        self.valid_until_ms = float("-inf")
+
+    def set_session_timeout(self, session_timeout_ms: float) -> None:
+        """The timeout the ZooKeeper server granted (it may differ from the one asked)."""
+        self.session_timeout_ms = session_timeout_ms
+        self.margin_ms = min(self.margin_ms, session_timeout_ms / 2)
+
+    def confirm(self, session: int, sent_at_ms: float) -> bool:
+        """A request sent at ``sent_at_ms`` in ``session`` was answered and found the
+        session alive. Returns True when this begins a new session's lease."""
+        new = session != self.session
+        if new:
+            self.session = session
+            self.valid_until_ms = float("-inf")
+        until = sent_at_ms + self.session_timeout_ms - self.margin_ms
+        self.valid_until_ms = max(self.valid_until_ms, until)
+        return new
+
+    def lost(self) -> None:
+        """The session ended (expired or closed): nothing is certain any more."""
+        self.session = None
+        self.valid_until_ms = float("-inf")
+
+    def valid(self, now_ms: float) -> bool:
+        return now_ms < self.valid_until_ms
+
+    def held_by(self, session: int | None, now_ms: float) -> bool:
+        """Valid, and still the lease of ``session`` (the one a leadership was taken in)."""
+        return session is not None and session == self.session and self.valid(now_ms)
+
+    def remaining_ms(self, now_ms: float) -> float:
+        return self.valid_until_ms - now_ms

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import KazooState
 
+from partition_server.leadership import ZkLease
 from pidlease.errors import describe
 from pidlease.wire.cluster import (
     SERVERS,
@@ -34,6 +36,10 @@ from pidlease.wire.cluster import (
 log = logging.getLogger("partition_server.registry")
 
 READ_RETRY_S = 1.0  # after a failed read of the cluster state
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000
 
 
 @dataclass
@@ -59,12 +65,69 @@ class Registry:
         self._session_lost = False
         self._closed = False
         self._retry: asyncio.TimerHandle | None = None  # a re-read after a failed one
+        # The leader's lease on its session (``ZkLease``; docs/replication.md, Step-down).
+        # None until connect(): a registry that never talks to ZooKeeper (unit tests
+        # driving roles by hand) enforces nothing.
+        self.lease: ZkLease | None = None
+        self.step_down_margin_ms = 0.0
+        self.heartbeat_ms = 0.0
+        self.on_lease: Any = None  # callable(), on the loop: the lease began or was lost
+        self._lease_lock = threading.Lock()
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+
+    def configure_lease(self, *, margin_ms: float, heartbeat_ms: float) -> None:
+        """Before connect(): step down ``margin_ms`` before the session could have expired,
+        confirming the session every ``heartbeat_ms``."""
+        self.step_down_margin_ms = margin_ms
+        self.heartbeat_ms = heartbeat_ms
 
     # -- lifecycle -------------------------------------------------------------------------
     def connect(self) -> None:
         """Blocking: connect (startup runs it before serving)."""
-        self.zk = connect_zk(self.hosts, timeout_s=self.timeout_s)
+        from kazoo.client import KazooClient
+
+        # connect_zk creates the chroot and the roots; our own client is built here so the
+        # session timeout the server grants can be seen (the lease depends on it).
+        connect_zk(self.hosts, timeout_s=self.timeout_s).stop()
+        requested_ms = self.timeout_s * 1000
+        margin = self.step_down_margin_ms or requested_ms / 5
+        self.lease = ZkLease(requested_ms, min(margin, requested_ms / 2))
+        zk = KazooClient(hosts=self.hosts, timeout=self.timeout_s)
+        self._watch_negotiation(zk)
+        zk.start(timeout=self.timeout_s)
+        self.zk = zk
         self.zk.add_listener(self._on_state)
+
+    def _watch_negotiation(self, zk: Any) -> None:
+        """kazoo keeps the negotiated session timeout to itself: its connection's
+        ``_connect`` returns the read timeout it derives from it (2/3 of it, in ms). The
+        server may grant less than asked (its maxSessionTimeout) and the lease must not
+        outlast the real session, or more (minSessionTimeout, 2 ticks by default): then the
+        failover is that much slower, which the log says."""
+        conn = zk._connection  # noqa: SLF001 - kazoo exposes no negotiated timeout
+        original = conn._connect  # noqa: SLF001
+        requested_ms = self.timeout_s * 1000
+
+        def connect(*args: Any) -> Any:
+            read_timeout_ms, connect_timeout_ms = original(*args)
+            granted_ms = read_timeout_ms * 3 / 2
+            with self._lease_lock:
+                assert self.lease is not None
+                if abs(granted_ms - self.lease.session_timeout_ms) > 1:
+                    self.lease.set_session_timeout(granted_ms)
+                    if abs(granted_ms - requested_ms) > 1:
+                        log.warning(
+                            "ZooKeeper granted a session timeout of %.0f ms (asked %.0f ms: "
+                            "see its tickTime and min/maxSessionTimeout); leaders step down "
+                            "%.0f ms after their last confirmed contact",
+                            granted_ms,
+                            requested_ms,
+                            granted_ms - self.lease.margin_ms,
+                        )
+            return read_timeout_ms, connect_timeout_ms
+
+        conn._connect = connect  # noqa: SLF001
 
     def read_now(self) -> Assignment:
         """Blocking read of everything (at startup, before the loop serves)."""
@@ -79,6 +142,11 @@ class Registry:
         self.info = ServerInfo(self.server_id, host, port, started_ms=int(time.time() * 1000))
         await self._loop.run_in_executor(None, self._create_znode)
         log.info("registered %s as %s", server_path(self.server_id), self.info.address)
+        if self.lease is not None and self._hb_thread is None:
+            self._hb_thread = threading.Thread(
+                target=self._heartbeat_loop, name="zk-lease", daemon=True
+            )
+            self._hb_thread.start()
 
     def _create_znode(self) -> None:
         assert self.info is not None
@@ -105,6 +173,7 @@ class Registry:
 
     def close(self) -> None:
         self._closed = True
+        self._hb_stop.set()
         if self.zk is not None:
             try:
                 if self.zk.connected:
@@ -123,6 +192,7 @@ class Registry:
         elif state == KazooState.LOST:
             self._session_lost = True
             log.warning("ZooKeeper session lost; will re-register when reconnected")
+            self._lease_lost()
         elif state == KazooState.CONNECTED and self._session_lost and not self._closed:
             self._session_lost = False
             if self._loop is not None:
@@ -139,6 +209,81 @@ class Registry:
 
         fut.add_done_callback(done)
         self.refresh()
+
+    # -- the lease on our session -----------------------------------------------------------
+    def lease_session(self, now_ms: float) -> int | None:
+        """The session our lease is valid in now, or None (or 0 when nothing is enforced)."""
+        if self.lease is None:
+            return 0
+        with self._lease_lock:
+            return self.lease.session if self.lease.valid(now_ms) else None
+
+    def lease_held(self, session: int | None, now_ms: float) -> bool:
+        """Still sure of the session a leadership was taken in (always, when not enforced)."""
+        if self.lease is None:
+            return True
+        with self._lease_lock:
+            return self.lease.held_by(session, now_ms)
+
+    def lease_remaining_ms(self, now_ms: float) -> float:
+        if self.lease is None:
+            return float("inf")
+        with self._lease_lock:
+            return self.lease.remaining_ms(now_ms)
+
+    def _lease_lost(self) -> None:
+        # kazoo thread.
+        if self.lease is None:
+            return
+        with self._lease_lock:
+            self.lease.lost()
+        self._notify_lease()
+
+    def _notify_lease(self) -> None:
+        if self._loop is not None and not self._closed and self.on_lease is not None:
+            self._loop.call_soon_threadsafe(self.on_lease)
+
+    def _heartbeat_loop(self) -> None:
+        """Confirm the session every ``heartbeat_ms``: an ``exists`` of our own znode,
+        timed from before it is sent. One outstanding at a time; a request queued while
+        kazoo reconnects is answered late, with its old send time, so it extends nothing
+        it should not."""
+        interval_s = (self.heartbeat_ms or self.timeout_s * 1000 / 6) / 1000
+        pending: Any = None
+        while not self._hb_stop.is_set():
+            try:
+                pending = self._heartbeat_once(pending, interval_s)
+            except Exception as exc:  # noqa: BLE001 - the lease simply runs out
+                log.info("ZooKeeper heartbeat failed: %s", describe(exc))
+                pending = None
+            self._hb_stop.wait(interval_s)
+
+    def _heartbeat_once(self, pending: Any, interval_s: float) -> Any:
+        zk = self.zk
+        if zk is None or self.lease is None:
+            return None
+        if pending is not None and not pending.ready():
+            return pending  # still waiting for the previous answer
+        cid = zk.client_id
+        if not zk.connected or not cid:
+            return None
+        session = int(cid[0])
+        sent_ms = monotonic_ms()
+        result = zk.exists_async(server_path(self.server_id))
+        if not result.wait(interval_s * 4):
+            return result
+        if not result.successful():
+            return None
+        stat = result.value
+        cid = zk.client_id
+        if stat is None or not cid or int(cid[0]) != session or stat.ephemeralOwner != session:
+            return None  # not (or no longer) registered in this session
+        with self._lease_lock:
+            was_valid = self.lease.valid(monotonic_ms())
+            began = self.lease.confirm(session, sent_ms)
+        if began or not was_valid:
+            self._notify_lease()  # leaderships may be taken (again) now
+        return None
 
     # -- reading the cluster state ---------------------------------------------------------
     def _watch(self, _event: object) -> None:

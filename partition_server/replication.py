@@ -59,6 +59,7 @@ class ReplicaManager:
         clock_ms: Callable[[], int],
         note_append: Callable[[int], Any] = lambda n: None,
         zk_executor: Executor | None = None,
+        mono_ms: Callable[[], float] | None = None,
     ) -> None:
         self.s = settings
         self.me = settings.server_id
@@ -77,7 +78,20 @@ class ReplicaManager:
         # across leaderships (the metrics' counters; docs/replication.md, The in-sync set).
         self.isr_changes: dict[Key, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
         self.started = False
+        # Step-down (docs/replication.md, Step-down): the ZooKeeper session each leadership
+        # was taken in; a leadership ends when the registry's lease on that session does.
+        self.mono_ms = mono_ms or (lambda: time.monotonic() * 1000)
+        self._led_in: dict[Key, int | None] = {}
+        self.step_downs: list[dict[str, Any]] = []  # the last few, for METADATA
+        self.step_downs_total = 0
+        if hasattr(registry, "configure_lease"):  # test doubles may have no lease at all
+            registry.configure_lease(
+                margin_ms=getattr(settings, "zk_step_down_margin_ms", 0),
+                heartbeat_ms=getattr(settings, "zk_heartbeat_interval_ms", 0),
+            )
+            registry.on_lease = self.check_lease
 
     # -- startup -----------------------------------------------------------------------------
     def note_startup(self, a: Assignment) -> None:
@@ -90,12 +104,16 @@ class ReplicaManager:
     def start(self) -> None:
         self.started = True
         self.reconcile_all()
-        self._task = asyncio.get_running_loop().create_task(self._maintain())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._maintain())
+        self._lease_task = loop.create_task(self._watch_lease())
 
     async def close(self) -> None:
         self.started = False
         if self._task is not None:
             self._task.cancel()
+        if self._lease_task is not None:
+            self._lease_task.cancel()
         for f in self.fetchers.values():
             f.stop()
         self.fetchers.clear()
@@ -142,6 +160,13 @@ class ReplicaManager:
                 # in-sync view exact; a read that raced one of them must not undo it.
                 return
             self._stop_fetcher(key)
+            session = self._lease_session(self.mono_ms())
+            if session is None:
+                # Not sure our session is alive: someone may be elected any moment. Lead
+                # nothing; the lease's return re-reads and decides again.
+                if part.role == "leader":
+                    self.step_down(key, part, "no valid ZooKeeper lease")
+                return
             if self.inherited.get(key) == ps.leader_epoch or me not in ps.isr:
                 part.become_follower(-1, ps.leader_epoch, "")
                 self._zk(key, leadership.step_in, ps.leader_epoch)
@@ -156,6 +181,7 @@ class ReplicaManager:
                 part.high_watermark,
             )
             part.become_leader(me, ps.leader_epoch, ps.replicas, ps.isr)
+            self._led_in[key] = session
             return
         leader = a.servers.get(ps.leader)
         if leader is None:
@@ -342,6 +368,11 @@ class ReplicaManager:
         return P.epoch_end_response(req.correlation_id, 0, epoch=epoch, end_offset=end)
 
     def _check_follower(self, req: P.Request, part: Partition) -> tuple[int, str] | None:
+        if part.role == "leader":
+            # Checked on every fetch, the only thing that moves a replicated high watermark
+            # while followers are in the set: no ack after the lease ends, even when the
+            # timer that steps down is late (a busy loop).
+            self._check_lease_of(part)
         if part.role != "leader" or part.isr is None:
             return errors.NotLeader.code, f"server {self.me} does not lead this partition now"
         if req.leader_epoch != part.leader_epoch:
@@ -353,6 +384,84 @@ class ReplicaManager:
         if req.replica_id not in part.isr.followers:
             return errors.InvalidRequest.code, f"server {req.replica_id} is not a replica here"
         return None
+
+    # -- step-down ---------------------------------------------------------------------------
+    def _lease_session(self, now_ms: float) -> int | None:
+        f = getattr(self.registry, "lease_session", None)
+        return 0 if f is None else f(now_ms)
+
+    def _lease_held(self, session: int | None, now_ms: float) -> bool:
+        f = getattr(self.registry, "lease_held", None)
+        return True if f is None else bool(f(session, now_ms))
+
+    def _lease_remaining_ms(self, now_ms: float) -> float:
+        f = getattr(self.registry, "lease_remaining_ms", None)
+        return float("inf") if f is None else float(f(now_ms))
+
+    def check_lease(self) -> None:
+        """Step down from every leadership whose ZooKeeper lease ended; when the lease is
+        back, re-read ZooKeeper so the roles are decided again (by compare-and-set)."""
+        for part in list(self.partitions.values()):
+            if part.role == "leader" and part.replicated:
+                self._check_lease_of(part)
+        if self._lease_session(self.mono_ms()):
+            with contextlib.suppress(RuntimeError):  # no loop: a test driving it by hand
+                self.registry.refresh()
+
+    def _check_lease_of(self, part: Partition) -> None:
+        key = (part.topic, part.partition)
+        if key not in self._led_in:
+            return  # an unreplicated or hand-made leadership: no lease to keep
+        if not self._lease_held(self._led_in[key], self.mono_ms()):
+            self.step_down(key, part, "its ZooKeeper session may have expired")
+
+    def step_down(self, key: Key, part: Partition, why: str) -> None:
+        """Stop leading ``key`` before anyone else can be elected: waiting acks are answered
+        NOT_LEADER (retriable), new produces and replica fetches are refused (the role).
+        This epoch is then treated as inherited: the server leads again only through
+        ``step_in``, a compare-and-set to a new epoch or to another in-sync replica."""
+        epoch = part.leader_epoch
+        now = self.mono_ms()
+        self._stop_fetcher(key)
+        part.become_follower(-1, epoch, "")
+        self.inherited[key] = epoch
+        self._led_in.pop(key, None)
+        self.step_downs_total += 1
+        event = {
+            "topic": key[0],
+            "partition": key[1],
+            "epoch": epoch,
+            "wall_ms": int(time.time() * 1000),
+            "why": why,
+        }
+        self.step_downs = [*self.step_downs[-19:], event]
+        log.warning(
+            "%s-%d: stepping down from epoch %d: %s (lease remaining %.0f ms); waiting acks "
+            "answered NOT_LEADER",
+            key[0],
+            key[1],
+            epoch,
+            why,
+            self._lease_remaining_ms(now),
+        )
+
+    async def _watch_lease(self) -> None:
+        """Steps down when a lease ends, waking at the end of the lease (at most every
+        50 ms while leading, so a confirmation that moved the end is seen)."""
+        while True:
+            leading = any(
+                k in self._led_in for k, p in self.partitions.items() if p.role == "leader"
+            )
+            wait_ms = 200.0
+            if leading:
+                wait_ms = min(50.0, max(1.0, self._lease_remaining_ms(self.mono_ms())))
+            await asyncio.sleep(wait_ms / 1000)
+            try:
+                for part in list(self.partitions.values()):
+                    if part.role == "leader":
+                        self._check_lease_of(part)
+            except Exception:  # keep watching; the next pass retries
+                log.exception("checking the ZooKeeper lease failed")
 
     # -- background --------------------------------------------------------------------------
     async def _maintain(self) -> None:
@@ -387,6 +496,9 @@ class ReplicaManager:
         values = {k: p.high_watermark for k, p in list(self.partitions.items()) if p.replicated}
         if values:
             self.checkpoint.write(values)
+
+    def describe_step_downs(self) -> dict[str, Any]:
+        return {"total": self.step_downs_total, "recent": list(self.step_downs)}
 
     def describe(self) -> dict[str, Any]:
         return {f"{k[0]}-{k[1]}": f.describe() for k, f in sorted(self.fetchers.items())}

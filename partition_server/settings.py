@@ -91,12 +91,32 @@ class ServerSettings(BaseSettings):
     )
     # -- replication (docs/replication.md) --
     zk_session_timeout_ms: int = Field(
-        default=10_000,
-        ge=1_000,
+        default=1_500,
+        ge=200,
         le=120_000,
         description=(
-            "ZooKeeper session timeout: how long a dead server keeps /servers/<id>, so most of "
-            "a failover's pause"
+            "ZooKeeper session timeout asked for: how long a dead server keeps /servers/<id>, "
+            "so most of a failover's pause. The ZooKeeper server bounds it (minSessionTimeout, "
+            "2 x tickTime by default: tickTime 250 or less for the default; "
+            "docs/replication.md)"
+        ),
+    )
+    zk_step_down_margin_ms: int = Field(
+        default=300,
+        ge=0,
+        le=60_000,
+        description=(
+            "a leader steps down this long before its ZooKeeper session could have expired, "
+            "counted from its last confirmed contact (at most half the granted timeout)"
+        ),
+    )
+    zk_heartbeat_interval_ms: int = Field(
+        default=250,
+        ge=10,
+        le=60_000,
+        description=(
+            "how often a partition server confirms its ZooKeeper session (one read of its "
+            "own /servers/<id>): must be well under the session timeout minus the margin"
         ),
     )
     replica_lag_time_max_ms: int = Field(
@@ -189,6 +209,14 @@ class ServerSettings(BaseSettings):
         if self.batch_bytes_max > self.frame_bytes_max:
             raise ValueError("batch_bytes_max must not exceed frame_bytes_max")
         parse_routes(self.replica_routes)
+        lease_ms = self.zk_session_timeout_ms - self.zk_step_down_margin_ms
+        if self.zk_step_down_margin_ms * 2 > self.zk_session_timeout_ms:
+            raise ValueError("zk_step_down_margin_ms must be at most half zk_session_timeout_ms")
+        if self.zk_heartbeat_interval_ms * 2 > lease_ms:
+            raise ValueError(
+                "zk_heartbeat_interval_ms must be at most half of zk_session_timeout_ms minus "
+                "zk_step_down_margin_ms, or leaders step down between two heartbeats"
+            )
         if bool(self.tls_certfile) != bool(self.tls_keyfile):
             raise ValueError(
                 "TLS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "

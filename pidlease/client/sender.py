@@ -79,6 +79,13 @@ __all__ = [
 
 log = logging.getLogger("pidlease.client.producer")
 _SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
+# After a lost leader (NOT_LEADER, a refused or dropped connection) the backoff stops
+# doubling here: a failover takes about a ZooKeeper session timeout (1.5 s by default), and
+# a 1 s backoff could add most of a second after the new leader is elected. Each retry
+# looks the leaders up again (at most one lookup per metadata_refresh_min_ms, shared by
+# the producer's partitions), so an outage costs the coordinator about four lookups a
+# second per producer.
+_LEADER_RETRY_MAX_MS = 250.0
 
 # Answers a partition server gives before it appends anything (the append rules' refusals,
 # the tracked-PID limit, a partition still loading): an attempt answered with one of these
@@ -617,7 +624,10 @@ class PartitionSender:
         if exc.invalid_metadata:  # the leader moved or is gone: look the topic up again
             self._stale_metadata = True
         if self._retry_at is None:
-            self._retry_at = now + self._backoff.next_ms()
+            delay = self._backoff.next_ms()
+            if exc.invalid_metadata:
+                delay = min(delay, max(self._config.retry_backoff_ms, _LEADER_RETRY_MAX_MS))
+            self._retry_at = now + delay
         self.ctx.on_retry(self.partition, exc)
 
     def _complete_head(self) -> None:
