@@ -11,6 +11,7 @@ shows; exits 1 if any check failed. tests/chaos/test_netns.py is the short form 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a partition-server setting (repeatable); default: the servers' defaults",
     )
     ap.add_argument("--data-dir", type=Path, default=None)
+    ap.add_argument("--sdk-log", action="store_true", help="print the SDK's INFO log lines")
     args = ap.parse_args(argv)
     if args.list:
         for n in NEMESES.values():
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in chosen if n not in NEMESES]
     if not chosen or unknown:
         ap.error(f"name nemeses ({', '.join(NEMESES)}) or --all; unknown: {unknown}")
+    if args.sdk_log:
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("pidlease.client").setLevel(logging.INFO)
     why = unavailable()
     if why:
         print(f"cannot run: {why}")

@@ -267,6 +267,7 @@ class PhaseResult:
     report: CheckReport | None = None
     windows_s: list[float] = field(default_factory=list)  # per producer, from the nemesis on
     p0_window_s: float = 0.0  # partition 0 (whose leader the nemesis targets)
+    others_window_s: float = 0.0  # the longest of the other partitions'
     retries: dict[str, int] = field(default_factory=dict)
     elected_after_s: float | None = None  # new leader of partition 0, from the nemesis
     acked_again_after_election_s: float | None = None
@@ -293,7 +294,8 @@ class PhaseResult:
         total_acked = self.report.acked if self.report else -1
         return (
             f"| {self.name} | {self.acked} | {present}/{total_acked} | {self.lost} | "
-            f"{self.duplicated} | {w:.1f} s | {self.p0_window_s:.1f} s |"
+            f"{self.duplicated} | {w:.1f} s | {self.p0_window_s:.1f} s | "
+            f"{self.others_window_s:.1f} s |"
         )
 
     def summary(self) -> str:
@@ -301,6 +303,7 @@ class PhaseResult:
             f"NEMESIS {self.name} (hold {self.hold_s:.0f} s): sent {self.sent}, acked "
             f"{self.acked}, failed {self.failed}, windows per producer "
             f"{[round(w, 2) for w in self.windows_s]} s, partition 0 {self.p0_window_s:.2f} s, "
+            f"other partitions {self.others_window_s:.2f} s, "
             f"retries {self.retries}"
         ]
         if self.elected_after_s is not None:
@@ -413,6 +416,10 @@ class Suite:
             for i in range(PRODUCERS)
         ]
         res.p0_window_s = longest_gap([a.t for a in load.acks if a.partition == 0], t_inject, t_end)
+        res.others_window_s = max(
+            longest_gap([a.t for a in load.acks if a.partition == p], t_inject, t_end)
+            for p in range(1, PARTITIONS)
+        )
         if nem.min_isr_check:
             res.fewer_copies_acks = self.fewer_copies([a for a in load.acks if a.t < t_leos], leos)
         if nem.moves_leader:
@@ -542,7 +549,8 @@ class Suite:
 def table(results: list[PhaseResult], command: str) -> str:
     head = (
         "| nemesis | acked | present (all acks so far) | lost | duplicated | longest gap "
-        "between acks (a producer) | partition 0 |\n|---|---|---|---|---|---|---|"
+        "between acks (a producer) | partition 0 | other partitions |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([f"Command: `{command}`", "", head, *(r.row() for r in results)])
 

@@ -1,8 +1,7 @@
 """The nemesis suite on network-namespace hosts, short form (CI): one cluster (ZooKeeper,
 three partition servers, the coordinator and the producers each on a host of its own),
 then one nemesis per test on it, in file order, each followed by the exactly-once check
-of the whole log; at the end the replicas must be byte-identical. Servers run with a 4 s
-ZooKeeper session so the leader nemeses fit in a couple of minutes. The long form, every
+of the whole log; at the end the replicas must be byte-identical. The long form, every
 nemesis with the servers' defaults: ``python -m tests.chaos.netns --all``.
 
 Skipped, with the reason, where namespaces cannot be made (not root, no ``ip``/``nft``).
@@ -31,10 +30,9 @@ from netns_suite import (
 
 from pidlease.testing.netns import NETNS_DIR, Network, unavailable
 
-SHORT_ENV = {
-    "PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000",
-    "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "4000",
-}
+# The servers' defaults, but a follower leaves the in-sync set after 4 s, not 10 s, so the
+# split's NOT_ENOUGH_REPLICAS comes within the hold.
+SHORT_ENV = {"PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "4000"}
 HOLD_S = 10.0
 # Issue 16 asks for 2 s; the loaded CI machine gets some slack.
 ACKED_AGAIN_MAX_S = 5.0
@@ -141,6 +139,16 @@ def test_isolated_leader_is_replaced_and_acks_resume(suite: Suite) -> None:
     assert res.elected_after_s is not None, res.summary()
     assert res.acked_again_after_election_s is not None, res.summary()
     assert res.old_leader_acks_after_election == 0, res.summary()
+    if res.stepdown_after_s is not None:  # it may not get to log it before the heal
+        assert res.old_leader_acks_after_stepdown == 0, res.summary()
+    if res.acked_again_after_election_s > ACKED_AGAIN_MAX_S:
+        # Known (issue 16 item 5): a producer whose requests went to a leader that now
+        # answers nothing waits for its request timeout (30 s) or the heal before it looks
+        # the leader up again. Safety is asserted above; this is availability.
+        pytest.xfail(
+            f"acked again {res.acked_again_after_election_s} s after the election "
+            f"(> {ACKED_AGAIN_MAX_S} s): the SDK waits for an unreachable old leader"
+        )
 
 
 @pytest.mark.slow
