@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from netns_suite import (
     table,
 )
 
-from pidlease.testing.netns import NETNS_DIR, Network, unavailable
+from pidlease.testing.netns import NETNS_DIR, PREFIX, Network, remove_stale, unavailable
 
 # The servers' defaults, but a follower leaves the in-sync set after 4 s, not 10 s, so the
 # split's NOT_ENOUGH_REPLICAS comes within the hold.
@@ -192,3 +193,22 @@ def test_isolated_follower_does_not_flap_in_and_out_of_the_isr(suite: Suite) -> 
 def test_replicas_byte_identical_after_the_nemeses(suite: Suite) -> None:
     assert suite.results, "no nemesis ran"
     assert suite.identical_replicas() == []
+
+
+@needs_netns
+def test_namespaces_of_a_dead_run_are_removed_by_the_next() -> None:
+    # A run killed with SIGKILL cannot clean up: its namespaces carry its PID, gone now.
+    gone_pid = _a_dead_pid()
+    name = f"{PREFIX}{gone_pid}-zk"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in remove_stale()
+        assert not (NETNS_DIR / name).exists()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+def _a_dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
