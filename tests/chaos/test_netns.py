@@ -212,3 +212,13 @@ def _a_dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+def test_unavailable_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pidlease.testing import netns
+
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    assert unavailable() == "network namespaces need root"
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "ip" else "/x")
+    assert unavailable() == "no `ip` command (Debian: iproute2, nftables)"
