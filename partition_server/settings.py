@@ -98,7 +98,8 @@ class ServerSettings(BaseSettings):
             "ZooKeeper session timeout asked for: how long a dead server keeps /servers/<id>, "
             "so most of a failover's pause. The ZooKeeper server bounds it (minSessionTimeout, "
             "2 x tickTime by default: tickTime 250 or less for the default; "
-            "docs/replication.md)"
+            "docs/replication.md). Load: kazoo pings every third of it (2 a second at 1,500); "
+            "a server stalled longer than it loses its session and its leaderships"
         ),
     )
     zk_step_down_margin_ms: int = Field(
@@ -116,7 +117,8 @@ class ServerSettings(BaseSettings):
         le=60_000,
         description=(
             "how often a partition server confirms its ZooKeeper session (one read of its "
-            "own /servers/<id>): must be well under the session timeout minus the margin"
+            "own /servers/<id>: 4 reads a second per server at 250): at most half of the "
+            "session timeout minus the margin"
         ),
     )
     replica_lag_time_max_ms: int = Field(

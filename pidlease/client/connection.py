@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import socket
 import ssl
+import time
 from typing import Any, Self, cast
 
 from pidlease.errors import CorruptRecord, ServerUnavailable
@@ -83,6 +84,9 @@ class Connection:
             int, tuple[int, asyncio.Future[protocol.Response], asyncio.TimerHandle | None]
         ] = {}
         self._closed_reason: str | None = None
+        # Monotonic time of the last sign of life while requests wait: an answer, or the
+        # first request sent when none was waiting (``silent_ms``).
+        self._heard_at = time.monotonic()
 
     @classmethod
     async def open(
@@ -127,6 +131,12 @@ class Connection:
     def outstanding(self) -> int:
         return len(self._waiting)
 
+    def silent_ms(self) -> float:
+        """How long requests have waited here with no answer at all (0: none waiting)."""
+        if not self._waiting:
+            return 0.0
+        return (time.monotonic() - self._heard_at) * 1000
+
     def next_correlation_id(self) -> int:
         return next(self._corr) & 0xFFFFFFFF
 
@@ -150,6 +160,8 @@ class Connection:
         timer = None
         if timeout_ms is not None:
             timer = loop.call_later(timeout_ms / 1000, self._timed_out, correlation_id, timeout_ms)
+        if not self._waiting:
+            self._heard_at = time.monotonic()
         self._waiting[correlation_id] = (api_key, fut, timer)
         self._transport.write(data)
         return fut
@@ -184,6 +196,7 @@ class Connection:
             self.lost("server sent a frame too short to hold a correlation id")
             return
         corr = protocol.peek_correlation_id(body)
+        self._heard_at = time.monotonic()
         entry = self._waiting.pop(corr, None)
         if entry is None:
             self.lost(f"server answered unknown correlation id {corr}")

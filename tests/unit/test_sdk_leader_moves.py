@@ -1,0 +1,112 @@
+"""The SDK follows a leader that moved (issue 16 item 5): a leader that went silent (cut
+off: no reset, no answer) is given up as soon as the coordinator names another leader,
+not after request_timeout_ms; and after a lost leader the retry backoff stops at 250 ms,
+so the new leader is reached soon after its election."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pidlease import errors
+from pidlease.client.leader_pool import SILENT_CHECK_MS
+from pidlease.client.producer import AsyncProducer
+from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
+from tests.helpers import wait_until
+
+TOPICS = {"s": (1, "monotonic")}
+
+
+def test_a_silent_leader_is_given_up_once_another_leads() -> None:
+    old, new = FakePartitionServer(TOPICS).start(), FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(old, TOPICS)
+
+    async def main() -> tuple[float, int]:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+            request_timeout_ms=60_000,  # waiting it out would fail the bound below
+            metadata_refresh_min_ms=0,
+        ) as p:
+            await (await p.send(b"before"))
+            old.silent = True  # cut off: reads requests, answers nothing
+            t0 = time.monotonic()
+            fut = await p.send(b"during")
+            await wait_until(lambda: old.produce_requests >= 2)
+            coord.leader_override = new.address  # elected elsewhere; nobody told the SDK
+            await asyncio.wait_for(fut, 20)
+            return time.monotonic() - t0, p._pool.moved_aborts  # type: ignore[attr-defined]
+
+    try:
+        took, aborts = asyncio.run(main())
+    finally:
+        old.stop()
+        new.stop()
+    assert [r.value for r in new.records("s", 0)] == [b"during"]
+    assert aborts == 1
+    assert took < 3 * SILENT_CHECK_MS / 1000 + 2, took
+
+
+def test_a_silent_leader_that_still_leads_is_left_alone() -> None:
+    old = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(old, TOPICS)
+
+    async def main() -> int:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+            request_timeout_ms=60_000,
+            metadata_refresh_min_ms=0,
+        ) as p:
+            old.silent = True
+            await p.send(b"held")
+            await asyncio.sleep(3 * SILENT_CHECK_MS / 1000)
+            aborts: int = p._pool.moved_aborts  # type: ignore[attr-defined]
+            old.silent = False
+            old.drop_all()  # let the producer finish: the resend is answered
+            await p.flush()
+            return aborts
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        old.stop()
+
+
+def test_the_backoff_after_a_lost_leader_stops_at_250_ms() -> None:
+    server = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(server, TOPICS)
+
+    async def main() -> dict[str, float]:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            retry_backoff_ms=50,
+            retry_backoff_max_ms=1_000,
+        ) as p:
+            sender = p._senders[0]  # type: ignore[attr-defined]
+            delays = {}
+            for exc in (
+                errors.NotLeader("moved"),
+                errors.ServerUnavailable("connection refused"),
+                errors.SequenceUnknown("in flight"),
+            ):
+                sender._backoff.failures = 10  # a long outage: the doubling is at its cap
+                sender._retry_at = None
+                now = p.clock_ms()  # type: ignore[attr-defined]
+                sender._schedule_retry(exc, now)
+                delays[exc.name] = sender._retry_at - now
+            sender._retry_at = None
+            return delays
+
+    try:
+        delays = asyncio.run(main())
+    finally:
+        server.stop()
+    assert delays["NOT_LEADER"] <= 250 and delays["SERVER_UNAVAILABLE"] <= 250, delays
+    assert delays["SEQUENCE_UNKNOWN"] > 250, delays  # other retries keep the full backoff
