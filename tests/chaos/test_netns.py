@@ -111,10 +111,13 @@ def test_network_cuts_one_way_and_heals_and_leaves_nothing() -> None:
 
 # -- the suite -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
+def suite(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Suite]:
     if WHY_NOT is not None:
         pytest.skip(f"no namespaces: {WHY_NOT}")
     base = tmp_path_factory.mktemp("netns")
+    failed_before = request.session.testsfailed
     with netns_cluster(base, SHORT_ENV) as (net, cluster):
         s = Suite(net, cluster, HOLD_S)
         s.setup()
@@ -123,7 +126,8 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
         finally:
             s.teardown()
             print(table(s.results, "pytest tests/chaos/test_netns.py"))
-            print(cluster.logs(30))
+            if request.session.testsfailed > failed_before:
+                print(cluster.logs(60))
 
 
 def exactly_once(res: PhaseResult) -> None:
