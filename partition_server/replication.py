@@ -106,7 +106,8 @@ class ReplicaManager:
         self.reconcile_all()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._maintain())
-        self._lease_task = loop.create_task(self._watch_lease())
+        if getattr(self.registry, "lease", None) is not None:  # None: nothing enforced
+            self._lease_task = loop.create_task(self._watch_lease())
 
     async def close(self) -> None:
         self.started = False

@@ -91,14 +91,14 @@ class ServerSettings(BaseSettings):
     )
     # -- replication (docs/replication.md) --
     zk_session_timeout_ms: int = Field(
-        default=1_500,
+        default=1_200,
         ge=200,
         le=120_000,
         description=(
             "ZooKeeper session timeout asked for: how long a dead server keeps /servers/<id>, "
             "so most of a failover's pause. The ZooKeeper server bounds it (minSessionTimeout, "
             "2 x tickTime by default: tickTime 250 or less for the default; "
-            "docs/replication.md). Load: kazoo pings every third of it (2 a second at 1,500); "
+            "docs/replication.md). Load: kazoo pings every third of it (2.5 a second at 1,200); "
             "a server stalled longer than it loses its session and its leaderships"
         ),
     )
@@ -112,12 +112,12 @@ class ServerSettings(BaseSettings):
         ),
     )
     zk_heartbeat_interval_ms: int = Field(
-        default=250,
+        default=200,
         ge=10,
         le=60_000,
         description=(
             "how often a partition server confirms its ZooKeeper session (one read of its "
-            "own /servers/<id>: 4 reads a second per server at 250): at most half of the "
+            "own /servers/<id>: 5 reads a second per server at 200): at most half of the "
             "session timeout minus the margin"
         ),
     )
@@ -153,10 +153,14 @@ class ServerSettings(BaseSettings):
         ),
     )
     replica_fetch_backoff_ms: int = Field(
-        default=100,
+        default=20,
         ge=1,
         le=60_000,
-        description=("first pause before a follower's new fetch session (doubles up to 10x)"),
+        description=(
+            "first pause before a follower's new fetch session (doubles up to 10x). Short: a "
+            "follower that reached the new leader a moment before it took the role "
+            "(NOT_LEADER) comes back at once, not after the 10x a dead leader earned"
+        ),
     )
     hw_checkpoint_interval_ms: int = Field(
         default=1000,

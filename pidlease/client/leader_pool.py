@@ -32,7 +32,7 @@ log = logging.getLogger("pidlease.client.producer")
 
 # A connection with requests waiting this long and no answer at all gets its leader looked
 # up (every SILENT_CHECK_MS at most): about the time a failover takes with the servers'
-# default ZooKeeper session (1.5 s), so a lookup rarely comes before the election.
+# default ZooKeeper session (1.2 s), so a lookup rarely comes before the election.
 SILENT_CHECK_MS = 1_000.0
 
 

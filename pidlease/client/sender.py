@@ -80,7 +80,7 @@ __all__ = [
 log = logging.getLogger("pidlease.client.producer")
 _SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
 # After a lost leader (NOT_LEADER, a refused or dropped connection) the backoff stops
-# doubling here: a failover takes about a ZooKeeper session timeout (1.5 s by default), and
+# doubling here: a failover takes about a ZooKeeper session timeout (1.2 s by default), and
 # a 1 s backoff could add most of a second after the new leader is elected. Each retry
 # looks the leaders up again (at most one lookup per metadata_refresh_min_ms, shared by
 # the producer's partitions), so an outage costs the coordinator about four lookups a

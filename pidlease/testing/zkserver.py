@@ -106,7 +106,7 @@ class ZooKeeperCluster:
         node.data_dir.mkdir(parents=True, exist_ok=True)
         lines = [
             # A short tick: sessions may be as short as 2 ticks, and expire within one
-            # tick of their timeout (partition servers ask 1,500 ms; docs/replication.md).
+            # tick of their timeout (partition servers ask 1,200 ms; docs/replication.md).
             # The maximum stays where a 2,000 ms tick put it for everyone else.
             "tickTime=250",
             "minSessionTimeout=500",

@@ -17,6 +17,11 @@ from tests.helpers import wait_until
 TOPICS = {"s": (1, "monotonic")}
 
 
+def aborts_of(p: AsyncProducer) -> int:
+    assert p._pool is not None
+    return p._pool.moved_aborts
+
+
 def test_a_silent_leader_is_given_up_once_another_leads() -> None:
     old, new = FakePartitionServer(TOPICS).start(), FakePartitionServer(TOPICS).start()
     coord = FakeCoordinator(old, TOPICS)
@@ -25,7 +30,7 @@ def test_a_silent_leader_is_given_up_once_another_leads() -> None:
         async with AsyncProducer(
             "http://fake",
             "s",
-            http_transport=coord.transport(),  # type: ignore[arg-type]
+            http_transport=coord.transport(),
             linger_ms=0,
             request_timeout_ms=60_000,  # waiting it out would fail the bound below
             metadata_refresh_min_ms=0,
@@ -37,7 +42,7 @@ def test_a_silent_leader_is_given_up_once_another_leads() -> None:
             await wait_until(lambda: old.produce_requests >= 2)
             coord.leader_override = new.address  # elected elsewhere; nobody told the SDK
             await asyncio.wait_for(fut, 20)
-            return time.monotonic() - t0, p._pool.moved_aborts  # type: ignore[attr-defined]
+            return time.monotonic() - t0, aborts_of(p)
 
     try:
         took, aborts = asyncio.run(main())
@@ -57,7 +62,7 @@ def test_a_silent_leader_that_still_leads_is_left_alone() -> None:
         async with AsyncProducer(
             "http://fake",
             "s",
-            http_transport=coord.transport(),  # type: ignore[arg-type]
+            http_transport=coord.transport(),
             linger_ms=0,
             request_timeout_ms=60_000,
             metadata_refresh_min_ms=0,
@@ -65,7 +70,7 @@ def test_a_silent_leader_that_still_leads_is_left_alone() -> None:
             old.silent = True
             await p.send(b"held")
             await asyncio.sleep(3 * SILENT_CHECK_MS / 1000)
-            aborts: int = p._pool.moved_aborts  # type: ignore[attr-defined]
+            aborts: int = aborts_of(p)
             old.silent = False
             old.drop_all()  # let the producer finish: the resend is answered
             await p.flush()
@@ -85,12 +90,12 @@ def test_the_backoff_after_a_lost_leader_stops_at_250_ms() -> None:
         async with AsyncProducer(
             "http://fake",
             "s",
-            http_transport=coord.transport(),  # type: ignore[arg-type]
+            http_transport=coord.transport(),
             retry_backoff_ms=50,
             retry_backoff_max_ms=1_000,
         ) as p:
-            sender = p._senders[0]  # type: ignore[attr-defined]
-            delays = {}
+            sender = p._senders[0]
+            delays: dict[str, float] = {}
             for exc in (
                 errors.NotLeader("moved"),
                 errors.ServerUnavailable("connection refused"),
@@ -98,8 +103,9 @@ def test_the_backoff_after_a_lost_leader_stops_at_250_ms() -> None:
             ):
                 sender._backoff.failures = 10  # a long outage: the doubling is at its cap
                 sender._retry_at = None
-                now = p.clock_ms()  # type: ignore[attr-defined]
+                now = p.clock_ms()
                 sender._schedule_retry(exc, now)
+                assert sender._retry_at is not None
                 delays[exc.name] = sender._retry_at - now
             sender._retry_at = None
             return delays
