@@ -247,6 +247,7 @@ NEMESES: dict[str, Nemesis] = {
             "partition 0's leader's link: +200 ms round trip (NFQUEUE delayer), 10 % loss",
             _start_delay,
             _stop_delay,
+            moves_leader=True,  # with short sessions it may: then the same checks apply
         ),
         Nemesis(
             "kill_leader",
