@@ -75,6 +75,10 @@ class Registry:
         self._lease_lock = threading.Lock()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
+        # The simulation (tests/sim) has no threads: it heartbeats from the event loop,
+        # each exists() through run_in_executor, and sets its own lease at boot.
+        self.heartbeat_on_loop = False
+        self._hb_task: asyncio.Task[None] | None = None
 
     def configure_lease(self, *, margin_ms: float, heartbeat_ms: float) -> None:
         """Before connect(): step down ``margin_ms`` before the session could have expired,
@@ -142,7 +146,10 @@ class Registry:
         self.info = ServerInfo(self.server_id, host, port, started_ms=int(time.time() * 1000))
         await self._loop.run_in_executor(None, self._create_znode)
         log.info("registered %s as %s", server_path(self.server_id), self.info.address)
-        if self.lease is not None and self._hb_thread is None:
+        if self.lease is not None and self.heartbeat_on_loop:
+            if self._hb_task is None or self._hb_task.done():
+                self._hb_task = self._loop.create_task(self._heartbeat_on_loop())
+        elif self.lease is not None and self._hb_thread is None:
             self._hb_thread = threading.Thread(
                 target=self._heartbeat_loop, name="zk-lease", daemon=True
             )
@@ -174,6 +181,8 @@ class Registry:
     def close(self) -> None:
         self._closed = True
         self._hb_stop.set()
+        if self._hb_task is not None:
+            self._hb_task.cancel()
         if self.zk is not None:
             try:
                 if self.zk.connected:
@@ -258,6 +267,37 @@ class Registry:
                 pending = None
             self._hb_stop.wait(interval_s)
 
+    async def _heartbeat_on_loop(self) -> None:
+        interval_s = (self.heartbeat_ms or self.timeout_s * 1000 / 6) / 1000
+        loop = asyncio.get_running_loop()
+        path = server_path(self.server_id)
+        while not self._closed:
+            zk = self.zk
+            cid = zk.client_id if zk is not None else None
+            if zk is not None and zk.connected and cid and self.lease is not None:
+                session = int(cid[0])
+                sent_ms = monotonic_ms()
+                try:
+                    stat = await loop.run_in_executor(None, zk.exists, path)
+                except Exception as exc:  # noqa: BLE001 - the lease simply runs out
+                    log.info("ZooKeeper heartbeat failed: %s", describe(exc))
+                else:
+                    self._heartbeat_answered(session, sent_ms, stat)
+            await asyncio.sleep(interval_s)
+
+    def _heartbeat_answered(self, session: int, sent_ms: float, stat: Any) -> None:
+        zk = self.zk
+        cid = zk.client_id if zk is not None else None
+        if self.lease is None or stat is None or not cid:
+            return
+        if int(cid[0]) != session or stat.ephemeralOwner != session:
+            return  # not (or no longer) registered in this session
+        with self._lease_lock:
+            was_valid = self.lease.valid(monotonic_ms())
+            began = self.lease.confirm(session, sent_ms)
+        if began or not was_valid:
+            self._notify_lease()  # leaderships may be taken (again) now
+
     def _heartbeat_once(self, pending: Any, interval_s: float) -> Any:
         zk = self.zk
         if zk is None or self.lease is None:
@@ -274,15 +314,7 @@ class Registry:
             return result
         if not result.successful():
             return None
-        stat = result.value
-        cid = zk.client_id
-        if stat is None or not cid or int(cid[0]) != session or stat.ephemeralOwner != session:
-            return None  # not (or no longer) registered in this session
-        with self._lease_lock:
-            was_valid = self.lease.valid(monotonic_ms())
-            began = self.lease.confirm(session, sent_ms)
-        if began or not was_valid:
-            self._notify_lease()  # leaderships may be taken (again) now
+        self._heartbeat_answered(session, sent_ms, result.value)
         return None
 
     # -- reading the cluster state ---------------------------------------------------------

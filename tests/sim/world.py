@@ -36,6 +36,7 @@ import partition_server.partition
 import partition_server.registry
 import partition_server.replication
 import partition_server.server
+from partition_server.leadership import ZkLease
 from partition_server.log import PartitionLog
 from partition_server.partition import Partition, parse_dir_name
 from partition_server.server import PartitionServer
@@ -131,6 +132,12 @@ class ServerNode:
             zkc = self.zkc = FakeZkClient(w.zk, node.name)
             srv.registry.zk = zkc
             zkc.add_listener(srv.registry._on_state)
+            # The leader's lease on its session (docs/replication.md, Step-down), as the
+            # real connect() sets it; heartbeats from the loop (no threads here), on the
+            # virtual clock (this module's `time` patches).
+            s = self.settings()
+            srv.registry.lease = ZkLease(s.zk_session_timeout_ms, s.zk_step_down_margin_ms)
+            srv.registry.heartbeat_on_loop = True
             srv.broker.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
             a = await loop.run_in_executor(None, srv.registry.read_now)
             srv.broker.recover(a)
