@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the chaos suite's flat modules
 
-from netns_suite import NEMESES, Suite, netns_cluster, table
+from netns_nemeses import NEMESES
+from netns_suite import Suite, netns_cluster, table
 
 from pidlease.testing.netns import unavailable
 

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from netns_nemeses import NEMESES
 from netns_suite import (
     IDLE_PARTITIONS,
-    NEMESES,
     PARTITIONS,
     AckAt,
     PhaseResult,
