@@ -25,6 +25,8 @@ command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 [ -f /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || need_apt+=(libnetfilter-queue-dev)
+# pip builds netfilterqueue (the test extra) from source against those headers.
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
