@@ -209,7 +209,11 @@ class ReplicaFetcher:
                 FetchSessionError,
                 errors.PidleaseError,
             ) as exc:
-                msg = f"{type(exc).__name__}: {exc}"
+                msg = (
+                    "no answer from the leader in time (TimeoutError)"
+                    if isinstance(exc, TimeoutError) and not str(exc)
+                    else errors.describe(exc)
+                )
                 if msg != self.last_error:
                     log.warning(
                         "%s: fetching from leader %d (%s) epoch %d failed: %s",

@@ -29,6 +29,7 @@ from pidlease.errors import (
     InvalidRequest,
     PidleaseError,
     Unauthorized,
+    describe,
     error_for_name,
 )
 from pidlease.wire.tls import client_ssl_context, find_cert_error
@@ -228,7 +229,7 @@ def _transport_error(base_url: str, exc: Exception) -> PidleaseError:
             f"{cert.verify_message or cert} (is tls_ca_file the CA that signed it?)"
         )
     return CoordinatorUnavailable(
-        f"cannot reach the coordinator at {base_url}: {type(exc).__name__}: {exc}; is it running?"
+        f"cannot reach the coordinator at {base_url}: {describe(exc)}; is it running?"
     )
 
 

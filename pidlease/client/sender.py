@@ -608,7 +608,7 @@ class PartitionSender:
                     leader=resp.leader,
                 )
             if not isinstance(exc, errors.PidleaseError):
-                exc = errors.ServerUnavailable(f"{type(exc).__name__}: {exc}")
+                exc = errors.ServerUnavailable(f"{errors.describe(exc)}")
             consequence = unresolved_before and isinstance(
                 exc, (errors.OutOfOrderSequence, errors.UnknownPid)
             )
