@@ -31,6 +31,11 @@ Rules (Kafka's, simplified to one fetch per partition):
   setting ``isr_change_min_interval_ms``); removals are never delayed by it (a removal
   ends a stall of the acks; it is limited already, as a follower leaves at most once per
   ``lag_ms`` after it was caught up). docs/replication.md, "The in-sync set".
+- Departed: a follower whose ``/servers/<id>`` znode is gone (its ZooKeeper session ended:
+  killed, or cut off for longer than the session timeout) leaves the set at once, without
+  waiting ``lag_ms`` (``departed``; ``liveness.py`` decides which servers are gone). It is
+  the same removal as a laggard's, so the same safety holds, and it returns the same way,
+  by a fetch since its removal.
 - Minimum in-sync replicas (the topic's ``min_insync``): a write is accepted only while
   ZooKeeper's set (leader included) has at least that many members
   (``accepts_writes``), and the high watermark moves only while at least that many
@@ -41,6 +46,7 @@ Rules (Kafka's, simplified to one fetch per partition):
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -116,6 +122,16 @@ class InSyncReplicas:
             if r != self.leader
             and r in self.followers
             and now_ms - self.followers[r].last_caught_up_ms > lag_ms
+        )
+
+    def departed(self, gone: Collection[int]) -> list[int]:
+        """Counted followers in ``gone`` (their ZooKeeper session ended): to be removed
+        now. Like a laggard, a pending addition counts, and one already being removed is
+        left to that write."""
+        return sorted(
+            r
+            for r in self.counted() - self.pending_remove
+            if r != self.leader and r in self.followers and r in gone
         )
 
     def joiners(self, high_watermark: int, now_ms: int = 0, min_interval_ms: int = 0) -> list[int]:

@@ -16,7 +16,8 @@ As leader it answers REPLICA_FETCH (a fetch that has everything waits up to
 ``replica_fetch_wait_max_ms`` for an append or a new high watermark) and EPOCH_END, moves a
 follower out of the in-sync set after ``replica_lag_time_max_ms`` without catching up and
 back in once a fetch since its removal reaches the high watermark, at most one addition
-per ``isr_change_min_interval_ms`` (``isr.py`` decides, ``leadership`` writes).
+per ``isr_change_min_interval_ms`` (``isr.py`` decides, ``leadership`` writes). A follower
+whose ``/servers/<id>`` is gone leaves the set at once (``liveness.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from partition_server import leadership
 from partition_server.checkpoint import HighWatermarkCheckpoint
+from partition_server.liveness import LiveServers
 from partition_server.partition import Partition
 from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import ReplicaFetcher
@@ -77,6 +79,7 @@ class ReplicaManager:
         # (shrinks, expands) of each partition's in-sync set that ZooKeeper confirmed, kept
         # across leaderships (the metrics' counters; docs/replication.md, The in-sync set).
         self.isr_changes: dict[Key, tuple[int, int]] = {}
+        self.liveness = LiveServers(self.me)  # whose session ended: out of sync at once
         self._task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self.started = False
@@ -159,6 +162,7 @@ class ReplicaManager:
             if part.role == "leader" and part.leader_epoch == ps.leader_epoch:
                 # Nobody else writes the znode during our epoch, so our own writes keep the
                 # in-sync view exact; a read that raced one of them must not undo it.
+                self._drop_departed(key, part, a)
                 return
             self._stop_fetcher(key)
             session = self._lease_session(self.mono_ms())
@@ -183,6 +187,7 @@ class ReplicaManager:
             )
             part.become_leader(me, ps.leader_epoch, ps.replicas, ps.isr)
             self._led_in[key] = session
+            self._drop_departed(key, part, a)
             return
         leader = a.servers.get(ps.leader)
         if leader is None:
@@ -262,7 +267,14 @@ class ReplicaManager:
 
         fut.add_done_callback(done)
 
-    def _change_isr(self, key: Key, part: Partition, add: list[int], remove: list[int]) -> None:
+    def _change_isr(
+        self,
+        key: Key,
+        part: Partition,
+        add: list[int],
+        remove: list[int],
+        gone: frozenset[int] = frozenset(),
+    ) -> None:
         isr = part.isr
         if isr is None or key in self._busy or self.registry.zk is None:
             return
@@ -274,13 +286,20 @@ class ReplicaManager:
                 add,
                 part.high_watermark,
             )
-        if remove:
+        if [r for r in remove if r not in gone]:
             log.warning(
                 "%s-%d: follower(s) %s not caught up for %d ms; out of sync",
                 key[0],
                 key[1],
-                remove,
+                [r for r in remove if r not in gone],
                 self.s.replica_lag_time_max_ms,
+            )
+        if [r for r in remove if r in gone]:
+            log.warning(
+                "%s-%d: follower(s) %s left the cluster (ZooKeeper session ended); out of sync",
+                key[0],
+                key[1],
+                [r for r in remove if r in gone],
             )
         # Additions count towards the HW from now on; removals need a new fetch to return.
         new = isr.begin_change(add, remove, self.clock_ms())
@@ -486,12 +505,36 @@ class ReplicaManager:
 
     def check_isr(self, now_ms: int) -> None:
         """One maintenance pass (each tick): in-sync followers not caught up for
-        ``replica_lag_time_max_ms`` leave the set."""
+        ``replica_lag_time_max_ms``, or whose session ended, leave the set. The departed
+        are also removed as soon as a read shows them gone (``_drop_departed``); this
+        retries a write that failed or was skipped while another was in flight."""
+        self._observe_servers(self.registry.assignment)
+        gone = frozenset(self.liveness.gone())
         for key, part in list(self.partitions.items()):
             if part.role == "leader" and part.isr is not None:
-                out = part.isr.laggards(now_ms, self.s.replica_lag_time_max_ms)
+                out = set(part.isr.laggards(now_ms, self.s.replica_lag_time_max_ms))
+                out |= set(part.isr.departed(gone))
                 if out:
-                    self._change_isr(key, part, [], out)
+                    self._change_isr(key, part, [], sorted(out), gone)
+
+    def _observe_servers(self, a: Assignment | None) -> None:
+        servers = getattr(a, "servers", None)
+        if servers is not None:
+            self.liveness.observe(servers)
+
+    def _drop_departed(self, key: Key, part: Partition, a: Assignment) -> None:
+        """On every read of ZooKeeper: a counted follower whose ``/servers/<id>`` is gone
+        leaves the in-sync set now, not ``replica_lag_time_max_ms`` later. Removals are
+        never held back by ``isr_change_min_interval_ms`` (only additions are), and the
+        topic's minimum in-sync replicas is enforced on the smaller set as for any
+        removal: below it, acks=all produces are refused, not acked on fewer copies."""
+        if part.isr is None:
+            return
+        self._observe_servers(a)
+        gone = frozenset(self.liveness.gone())
+        out = part.isr.departed(gone)
+        if out:
+            self._change_isr(key, part, [], out, gone)
 
     def _write_checkpoint(self) -> None:
         values = {k: p.high_watermark for k, p in list(self.partitions.items()) if p.replicated}
