@@ -1,6 +1,6 @@
 """The SDK follows a leader that moved (issue 16 item 5): a leader that went silent (cut
 off: no reset, no answer) is given up as soon as the coordinator names another leader,
-not after request_timeout_ms; and after a lost leader the retry backoff stops at 250 ms,
+not after request_timeout_ms; and after a lost leader the retry backoff stops at 100 ms,
 so the new leader is reached soon after its election."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_a_silent_leader_that_still_leads_is_left_alone() -> None:
         old.stop()
 
 
-def test_the_backoff_after_a_lost_leader_stops_at_250_ms() -> None:
+def test_the_backoff_after_a_lost_leader_stops_at_100_ms() -> None:
     server = FakePartitionServer(TOPICS).start()
     coord = FakeCoordinator(server, TOPICS)
 
@@ -114,5 +114,7 @@ def test_the_backoff_after_a_lost_leader_stops_at_250_ms() -> None:
         delays = asyncio.run(main())
     finally:
         server.stop()
-    assert delays["NOT_LEADER"] <= 250 and delays["SERVER_UNAVAILABLE"] <= 250, delays
-    assert delays["SEQUENCE_UNKNOWN"] > 250, delays  # other retries keep the full backoff
+    # A short poll for the new leader (it was 250 ms: up to 300 ms of a failover's pause
+    # came after the election).
+    assert delays["NOT_LEADER"] <= 100 and delays["SERVER_UNAVAILABLE"] <= 100, delays
+    assert delays["SEQUENCE_UNKNOWN"] > 100, delays  # other retries keep the full backoff
