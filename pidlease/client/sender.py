@@ -301,6 +301,7 @@ class PartitionSender:
         self._wake = asyncio.Event()
         self._retry_at: float | None = None
         self._stale_metadata = False
+        self._leader_lost = False  # the last retriable answer was about a lost leader
         self._last_error: errors.PidleaseError | None = None
         # The connection the unresolved batches went out on (see _send_new).
         self._conn: Connection | None = None
@@ -601,6 +602,7 @@ class PartitionSender:
                     b.base_offset = resp.base_offset
                     b.duplicate = resp.error_code == errors.DUPLICATE
                     self._backoff.reset()
+                    self._leader_lost = False
                     continue
                 exc = errors.error_for_code(
                     resp.error_code,
@@ -624,6 +626,16 @@ class PartitionSender:
         self._last_error = exc
         if exc.invalid_metadata:  # the leader moved or is gone: look the topic up again
             self._stale_metadata = True
+            self._leader_lost = True
+        elif self._leader_lost:
+            # A leader answers again (the new one, after a failover): the failures that
+            # doubled the backoff were about finding it, not about this answer. Typically
+            # SEQUENCE_UNKNOWN for a batch it holds above its high watermark, which its
+            # followers' next fetch settles in milliseconds; with the outage's backoff
+            # carried over it waited up to retry_backoff_max_ms (about 1 s, one failover
+            # in 20).
+            self._leader_lost = False
+            self._backoff.reset()
         if self._retry_at is None:
             delay = self._backoff.next_ms()
             if exc.invalid_metadata:
