@@ -16,7 +16,7 @@ new leader's first high watermark (its followers fetch once). At the end every a
 record is audited (present exactly once).
 
     python bench/bench_failover.py [--kills 20] [--session-timeout-ms N] [--rate 2000]
-        [--json out.json]
+        [--json out.json] [--trace]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import bisect
 import itertools
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -95,10 +96,22 @@ class PacedProducer(threading.Thread):
             times = sorted(self.ack_times)
         return len(times) - bisect.bisect_right(times, t)
 
-    def longest_gap(self, start: float, end: float) -> float:
+    def longest_gap(self, start: float, end: float) -> tuple[float, float]:
+        """The longest gap between two acks in [start, end], and the time it ended."""
         with self._lock:
             times = sorted(x for x in self.ack_times if start <= x <= end)
-        return max((b - a for a, b in itertools.pairwise(times)), default=float("nan"))
+        gaps = [(b - a, b) for a, b in itertools.pairwise(times)]
+        return max(gaps, default=(float("nan"), float("nan")))
+
+
+def trace_sdk(path: Path) -> None:
+    """The SDK's retries and lookups, with wall-clock times to line up with the servers'
+    logs (the timeline of a failover: kill, election, role taken, first ack)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    sdk = logging.getLogger("pidlease.client")
+    sdk.addHandler(handler)
+    sdk.setLevel(logging.DEBUG)
 
 
 def main() -> int:
@@ -115,6 +128,9 @@ def main() -> int:
     ap.add_argument("--lag-time-ms", type=int, default=10_000)
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--trace", action="store_true", help="log the SDK (DEBUG) to sdk.log beside the servers'"
+    )
     args = ap.parse_args()
     env = {"PIDLEASE_REPLICA_LAG_TIME_MAX_MS": str(args.lag_time_ms)}
     if args.session_timeout_ms is not None:
@@ -123,6 +139,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-failover-"))
     pauses: list[float] = []
     kills: list[dict[str, Any]] = []
+    if args.trace:
+        trace_sdk(work / "sdk.log")
+        print(f"logs in {work} (sdk.log, server-*/server.log)", flush=True)
     with LocalCluster(work, servers=3, env=env) as cluster:
         cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
         wait_for(lambda: partition_state(cluster)["high_watermark"] >= 0, 30, "a leader")
@@ -133,10 +152,10 @@ def main() -> int:
             st = partition_state(cluster)
             leader = st["leader"]
             time.sleep(1.0)  # a steady second before the kill
-            t_kill = time.monotonic()
+            t_kill, wall_kill = time.monotonic(), time.time()
             cluster.kill(cluster.server(leader))
             wait_for(lambda t=t_kill: prod.acks_after(t) > args.rate, 120, "acks after the kill")
-            pause = prod.longest_gap(t_kill - 1.0, time.monotonic())
+            pause, gap_end = prod.longest_gap(t_kill - 1.0, time.monotonic())
             new = partition_state(cluster)
             pauses.append(pause)
             kills.append(
@@ -145,6 +164,10 @@ def main() -> int:
                     "new_leader": new["leader"],
                     "epoch": new["leader_epoch"],
                     "pause_s": round(pause, 3),
+                    # Wall clock, to line up with the logs: the kill, and the first ack
+                    # after the longest gap (its end, relative to the kill).
+                    "kill_wall": round(wall_kill, 3),
+                    "first_ack_after_s": round(gap_end - t_kill, 3),
                 }
             )
             print(

@@ -45,6 +45,15 @@ def _peer_context(certfile: str, ca_file: str) -> ssl.SSLContext | None:
     return peer_ssl_context(certfile, ca_file)  # one per process: contexts are reusable
 
 
+# A leader that ZooKeeper names but that answers NOT_LEADER before it has answered this
+# fetcher once is most likely still taking the role it just won: asked again every
+# NOT_YET_LEADER_RETRY_S (at most the fetch backoff), at most NOT_YET_LEADER_RETRIES times
+# (100 ms in all), before the usual backoff (20 ms, doubling to 200 ms), which cost up to
+# a few hundred ms per failover when the new leader was slow to take its role.
+NOT_YET_LEADER_RETRIES = 20
+NOT_YET_LEADER_RETRY_S = 0.005
+
+
 class FetchSessionError(Exception):
     """The session with the leader is over; start again."""
 
@@ -180,6 +189,7 @@ class ReplicaFetcher:
         self.on_append = on_append  # batches appended (counts towards snapshots)
         self.task: asyncio.Task[None] | None = None
         self.sessions = 0
+        self.fetches_answered = 0  # 0: the leader never answered a fetch at this epoch
         self.last_error = ""
 
     def start(self) -> None:
@@ -193,8 +203,10 @@ class ReplicaFetcher:
         base_s = self.s.replica_fetch_backoff_ms / 1000
         backoff_s = base_s
         name = f"{self.part.topic}-{self.part.partition}"
+        quick_left = NOT_YET_LEADER_RETRIES
         while True:
             wire: _Wire | None = None
+            not_yet_leader = False
             try:
                 wire = await self._connect()
                 self.sessions += 1
@@ -209,12 +221,13 @@ class ReplicaFetcher:
                 FetchSessionError,
                 errors.PidleaseError,
             ) as exc:
+                not_yet_leader = isinstance(exc, errors.NotLeader) and self.fetches_answered == 0
                 msg = (
                     "no answer from the leader in time (TimeoutError)"
                     if isinstance(exc, TimeoutError) and not str(exc)
                     else errors.describe(exc)
                 )
-                if msg != self.last_error:
+                if msg != self.last_error and not (not_yet_leader and quick_left > 0):
                     log.warning(
                         "%s: fetching from leader %d (%s) epoch %d failed: %s",
                         name,
@@ -229,6 +242,14 @@ class ReplicaFetcher:
             finally:
                 if wire is not None:
                     wire.close()
+            if not_yet_leader and quick_left > 0:
+                # ZooKeeper names this server leader at this epoch, but it has not taken the
+                # role yet (it is applying the election it just won): ask again soon, a
+                # bounded number of times, without the backoff or a ZooKeeper re-read (a
+                # newer state replaces this fetcher anyway, on the registry's watch).
+                quick_left -= 1
+                await asyncio.sleep(min(NOT_YET_LEADER_RETRY_S, base_s))
+                continue
             self.on_trouble()
             # A session that got going starts the backoff over; repeated failures (the
             # leader is gone, the link is cut) back off up to 10x, not hammering anyone.
@@ -344,6 +365,7 @@ class ReplicaFetcher:
                 await part.wait_flushed(part.log.next_offset)
             part.set_high_watermark(min(resp.high_watermark, part.flushed_end))
             self.last_error = ""
+            self.fetches_answered += 1
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -76,6 +76,7 @@ class ReplicaManager:
         self.fetchers: dict[Key, ReplicaFetcher] = {}
         self._busy: set[Key] = set()
         self._hw_sent: dict[tuple[Key, int], int] = {}
+        self._fetched_at: dict[tuple[Key, int], int] = {}  # the epoch of the last first fetch
         # (shrinks, expands) of each partition's in-sync set that ZooKeeper confirmed, kept
         # across leaderships (the metrics' counters; docs/replication.md, The in-sync set).
         self.isr_changes: dict[Key, tuple[int, int]] = {}
@@ -174,7 +175,7 @@ class ReplicaManager:
                 return
             if self.inherited.get(key) == ps.leader_epoch or me not in ps.isr:
                 part.become_follower(-1, ps.leader_epoch, "")
-                self._zk(key, leadership.step_in, ps.leader_epoch)
+                self._zk(key, leadership.step_in, ps.leader_epoch, after=self._take_written(key))
                 return
             log.info(
                 "%s-%d: leading epoch %d (in-sync %s, log end %d, high watermark %d)",
@@ -195,7 +196,7 @@ class ReplicaManager:
             if part.role == "leader" or part.leader_epoch != ps.leader_epoch:
                 part.become_follower(ps.leader, ps.leader_epoch, "")
             if me in ps.isr:
-                self._zk(key, leadership.elect)
+                self._zk(key, leadership.elect, after=self._take_written(key))
             return
         address = self.routes.get(ps.leader, leader.address)
         f = self.fetchers.get(key)
@@ -228,6 +229,23 @@ class ReplicaManager:
         )
         self.fetchers[key] = f
         f.start()
+
+    def _take_written(self, key: Key) -> Callable[[PartitionState | None], None]:
+        """After a compare-and-set this server won (an election, a step-in): take the role
+        the state it wrote calls for at once, rather than after the re-read of the whole
+        cluster state that follows every write (one ZooKeeper round trip per topic, per
+        partition and per server, on a loaded executor). The write's own state is exact:
+        until this server writes again only a newer epoch can replace it, and the re-read
+        (and apply's epoch check) still follow it. The survivors of a failover otherwise
+        found the new leader not yet leading and waited out their fetch backoff."""
+
+        def after(state: PartitionState | None) -> None:
+            part = self.partitions.get(key)
+            if state is None or part is None or not part.hosted:
+                return
+            self.apply_guarded(key, part, state, self.registry.assignment)
+
+        return after
 
     def _stop_fetcher(self, key: Key) -> None:
         f = self.fetchers.pop(key, None)
@@ -352,6 +370,19 @@ class ReplicaManager:
                 data=part.rows_below_log_start(),  # the state no batch left here carries
             )
         assert part.isr is not None
+        if self._fetched_at.get((key, rid)) != part.leader_epoch:
+            # One line per follower and leadership: the failover timeline (elected, role
+            # taken, first fetch, first ack) can be read off the logs.
+            self._fetched_at[(key, rid)] = part.leader_epoch
+            log.info(
+                "%s-%d: first fetch from follower %d at epoch %d (offset %d, log end %d)",
+                key[0],
+                key[1],
+                rid,
+                part.leader_epoch,
+                req.offset,
+                part.log.next_offset,
+            )
         part.record_replica_fetch(rid, req.offset)
         joiners = part.isr.joiners(
             part.high_watermark, self.clock_ms(), self.s.isr_change_min_interval_ms

@@ -62,7 +62,10 @@ class LeaderPool:
         self.moved_aborts = 0  # connections aborted because their server no longer leads
 
     def apply(self, info: TopicInfo) -> None:
-        self.leaders = {p.partition: p.leader_address for p in info.partition_states}
+        leaders = {p.partition: p.leader_address for p in info.partition_states}
+        if leaders != self.leaders:
+            log.debug("leaders of %s: %s", self.topic, leaders)  # the failover timeline
+        self.leaders = leaders
 
     async def refresh(self) -> None:
         if self._refreshing is not None:
