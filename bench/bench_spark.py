@@ -154,6 +154,19 @@ def _standalone_helpers() -> ModuleType:
         return module
 
 
+def check_cwd(checkout: str) -> None:
+    """Spark starts its Python workers with ``python -m pyspark.daemon``, which puts the
+    working directory first on their path: run from another checkout, the driver imports
+    the ``pipeline`` of ``PYTHONPATH`` and the workers that of the directory (a sink
+    pickled by one and read by the other fails, or a comparison measures the wrong code)."""
+    here = Path.cwd() / "pipeline"
+    if here.is_dir() and here.resolve() != Path(checkout) / "pipeline":
+        raise SystemExit(
+            f"run from another directory: Spark's Python workers would import {here}, "
+            f"this driver imports {checkout}/pipeline (e.g. cd /tmp first)"
+        )
+
+
 def _timed(
     what: str,
     fn: Any,
@@ -183,6 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # executors import the pidlease this driver imports (a before/after comparison sets
     # PYTHONPATH to the tree under test)
     checkout = str(Path(pipeline.__file__).resolve().parent.parent)
+    check_cwd(checkout)
     standalone: Any = None
     master = args.master
     conf: dict[str, str] = {}
