@@ -2,6 +2,17 @@
 then reading each back, on one machine, in one run; rows/s and their ratios.
 
     python bench/bench_spark.py --rows 1000000 --master 'local[2]'
+    python bench/bench_spark.py --rows 1000000 --standalone
+    python bench/bench_spark.py --rows 1000000 --master spark://127.0.0.1:7077
+
+``--standalone`` starts a Spark standalone master and two one-core workers (127.0.0.1
+and 127.0.0.2, as tests/integration/test_spark_cluster.py does, ``pipeline.testing``)
+and stops them at the end; ``--master spark://...`` uses a running cluster, whose
+executors must import the same pidlease as this driver (``spark.executorEnv.PYTHONPATH``
+is set to the checkout of the ``pipeline`` package imported here). On a cluster,
+executor CPU is that of the executors' JVMs (``CoarseGrainedExecutorBackend``, found
+under the workers' process trees in /proc) and of their Python daemons and workers;
+the driver's JVM is reported apart.
 
 What runs: a real local cluster (ZooKeeper, coordinator, ``--servers`` partition servers,
 started here on 127.0.0.1 and stopped at the end) and a Spark session. The data set is
@@ -21,6 +32,7 @@ Figures depend on the machine and its load; the ratios are what to compare.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -28,13 +40,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+_EXECUTOR_MAIN = b"org.apache.spark.executor.CoarseGrainedExecutorBackend"
+_WORKER_MAIN = b"org.apache.spark.deploy.worker.Worker"
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process under ``root`` (Spark's JVM, its Python daemon and workers)."""
+def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -45,12 +59,62 @@ def _descendants(root: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(d))
+    return children
+
+
+def _descendants(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process under ``root`` (Spark's JVM, its Python daemon and workers)."""
+    children = _children() if children is None else children
     out, todo = [], [root]
     while todo:
         for c in children.get(todo.pop(), []):
             out.append(c)
             todo.append(c)
     return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _cpu_s(pid: int, with_children: bool) -> float:
+    """CPU seconds of ``pid``; ``with_children``: plus its exited, waited-for children."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime + ((cutime + cstime) if with_children else 0)) / _TICKS
+
+
+def cluster_cpu_s(workers: list[int] | None) -> dict[str, float]:
+    """CPU seconds so far of a standalone cluster's executors: ``jvm`` (each executor's
+    JVM) and ``python`` (the Python daemons and workers under them, with their exited
+    children), found under the given worker processes, or under every Spark worker on
+    this machine if none are given; ``driver_jvm``: this process's JVM child."""
+    children = _children()
+    if workers is None:
+        workers = [
+            int(d) for d in os.listdir("/proc") if d.isdigit() and _WORKER_MAIN in _cmdline(int(d))
+        ]
+    got = {"python": 0.0, "jvm": 0.0, "driver_jvm": 0.0}
+    for worker in workers:
+        for pid in _descendants(worker, children):
+            if _EXECUTOR_MAIN not in _cmdline(pid):
+                continue
+            got["jvm"] += _cpu_s(pid, with_children=False)
+            for sub in _descendants(pid, children):
+                if b"pyspark" in _cmdline(sub):
+                    got["python"] += _cpu_s(sub, with_children=True)
+    for pid in children.get(os.getpid(), []):
+        if b"java" in _cmdline(pid).split(b"\0")[0]:
+            got["driver_jvm"] += _cpu_s(pid, with_children=False)
+    return got
 
 
 def spark_cpu_s() -> dict[str, float]:
@@ -74,12 +138,46 @@ def spark_cpu_s() -> dict[str, float]:
     return got
 
 
-def _timed(what: str, fn: Any, cpu: dict[str, dict[str, float]] | None = None) -> float:
-    before = spark_cpu_s()
+def _standalone_helpers() -> ModuleType:
+    """``pipeline.testing`` (start and stop a standalone cluster); loaded from this
+    checkout by path when an older ``pipeline`` package without it is on the path."""
+    try:
+        from pipeline import testing
+
+        return testing
+    except ImportError:
+        path = Path(__file__).resolve().parents[1] / "pipeline" / "testing.py"
+        spec = importlib.util.spec_from_file_location("_bench_standalone", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+def check_cwd(checkout: str) -> None:
+    """Spark starts its Python workers with ``python -m pyspark.daemon``, which puts the
+    working directory first on their path: run from another checkout, the driver imports
+    the ``pipeline`` of ``PYTHONPATH`` and the workers that of the directory (a sink
+    pickled by one and read by the other fails, or a comparison measures the wrong code)."""
+    here = Path.cwd() / "pipeline"
+    if here.is_dir() and here.resolve() != Path(checkout) / "pipeline":
+        raise SystemExit(
+            f"run from another directory: Spark's Python workers would import {here}, "
+            f"this driver imports {checkout}/pipeline (e.g. cd /tmp first)"
+        )
+
+
+def _timed(
+    what: str,
+    fn: Any,
+    cpu: dict[str, dict[str, float]] | None = None,
+    measure: Any = spark_cpu_s,
+) -> float:
+    before = measure()
     started = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - started
-    after = spark_cpu_s()
+    after = measure()
     used = {k: round(after[k] - before[k], 2) for k in after}
     if cpu is not None:
         cpu[what] = used
@@ -90,13 +188,46 @@ def _timed(what: str, fn: Any, cpu: dict[str, dict[str, float]] | None = None) -
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
+    import pipeline
     from pidlease.testing.devcluster import LocalCluster
     from pipeline.session import build_session
 
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-spark-"))
+    # executors import the pidlease this driver imports (a before/after comparison sets
+    # PYTHONPATH to the tree under test)
+    checkout = str(Path(pipeline.__file__).resolve().parent.parent)
+    check_cwd(checkout)
+    standalone: Any = None
+    master = args.master
+    conf: dict[str, str] = {}
+    measure: Any = spark_cpu_s
+    if args.standalone or master.startswith("spark://"):
+        helpers = _standalone_helpers()
+        if args.standalone:
+            (work / "spark").mkdir()
+            standalone = helpers.Standalone(
+                work / "spark", memory=args.worker_memory, pythonpath=checkout
+            ).start()
+            master = standalone.url
+        os.environ["PYSPARK_PYTHON"] = sys.executable  # the only way to name the interpreter
+        conf = {
+            "spark.executor.memory": args.executor_memory,
+            "spark.executor.cores": "1",
+            "spark.cores.max": str(len(helpers.HOSTS)),
+            "spark.executorEnv.PYTHONPATH": checkout,
+        }
+        workers = [w.pid for w in standalone.workers] if standalone else None
+
+        def measure() -> dict[str, float]:
+            return cluster_cpu_s(workers)
+
+    args.master = master
     cluster = LocalCluster(work / "cluster", servers=args.servers).start()
-    spark = build_session(args.master, app_name="pidlease-bench-spark")
+    spark = None
     try:
+        spark = build_session(master, app_name="pidlease-bench-spark", conf=conf)
+        if master.startswith("spark://"):
+            helpers.wait_for_executors(spark, helpers.HOSTS)
         url = cluster.coordinator_url
 
         def data(rows: int) -> Any:
@@ -129,9 +260,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         parquet_dir = str(work / "bench.parquet")
         cpu: dict[str, dict[str, float]] = {}
         t_parquet_write = _timed(
-            "parquet write", lambda: df.write.mode("overwrite").parquet(parquet_dir), cpu
+            "parquet write", lambda: df.write.mode("overwrite").parquet(parquet_dir), cpu, measure
         )
-        t_write = _timed("pidlease write", lambda: to_pidlease(df, "bench", "bench-job"), cpu)
+        t_write = _timed(
+            "pidlease write", lambda: to_pidlease(df, "bench", "bench-job"), cpu, measure
+        )
         t_rerun = _timed(
             "pidlease re-run (appends nothing)", lambda: to_pidlease(df, "bench", "bench-job")
         )
@@ -153,13 +286,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "spark_partitions": args.spark_partitions,
             "topic_partitions": args.topic_partitions,
             "servers": args.servers,
+            "pidlease_checkout": checkout,
             "write_rows_per_s": {
                 "pidlease": round(rate(t_write)),
                 "parquet": round(rate(t_parquet_write)),
                 "ratio": round(t_parquet_write / t_write, 3),
             },
             # executor CPU per row, microseconds: Python workers and the JVM (local mode:
-            # the JVM is driver and executor at once)
+            # the JVM is driver and executor at once; on a cluster the executors' JVMs,
+            # and the driver's JVM apart)
             "executor_cpu_us_per_row": {
                 what: {k: round(v * 1e6 / args.rows, 2) for k, v in used.items()}
                 for what, used in cpu.items()
@@ -172,8 +307,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
         }
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
         cluster.stop()
+        if standalone is not None:
+            standalone.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -185,17 +323,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spark-partitions", type=int, default=4)
     p.add_argument("--topic-partitions", type=int, default=4)
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--master", default="local[2]")
+    p.add_argument("--master", default="local[2]", help="local[N] or spark://host:port")
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="start a standalone master and two one-core workers (127.0.0.1, 127.0.0.2), "
+        "run on them, stop them",
+    )
+    p.add_argument("--worker-memory", default="1536m", help="with --standalone")
+    p.add_argument("--executor-memory", default="1g", help="on a spark:// master")
     p.add_argument("--json", help="also write the result to this file")
     args = p.parse_args(argv)
     result = run(args)
+    print(f"master {result['master']}, pidlease from {result['pidlease_checkout']}")
     w, r = result["write_rows_per_s"], result["read_rows_per_s"]
     print(
         f"write: pidlease {w['pidlease']:,} rows/s, parquet {w['parquet']:,} rows/s, "
         f"ratio {w['ratio']:.3f}"
     )
     for what, used in result["executor_cpu_us_per_row"].items():
-        print(f"executor CPU per row, {what}: python {used['python']} us, jvm {used['jvm']} us")
+        extra = f", driver jvm {used['driver_jvm']} us" if "driver_jvm" in used else ""
+        print(
+            f"executor CPU per row, {what}: python {used['python']} us, jvm {used['jvm']} us"
+            + extra
+        )
     print(f"re-run of the same job (skips every row): {result['rerun_rows_per_s']:,} rows/s")
     print(
         f"read:  pidlease {r['pidlease']:,} rows/s, parquet {r['parquet']:,} rows/s, "

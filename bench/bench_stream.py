@@ -14,7 +14,10 @@ to the end of the last micro-batch (``trigger(availableNow=True)``); the topic i
 counted, so a lost or doubled row fails the run.
 
 Run it with ``PYTHONPATH`` pointing at another checkout to measure that checkout's code
-(the script itself only uses the data source's public options).
+(the script itself only uses the data source's public options), and from a directory
+that holds no other checkout: Spark's Python workers (``python -m pyspark.daemon``) put
+the working directory first on their path, so run from a checkout's root they would
+import that checkout's ``pipeline`` whatever ``PYTHONPATH`` says. The script refuses to.
 """
 
 from __future__ import annotations
@@ -29,7 +32,22 @@ from pathlib import Path
 from typing import Any
 
 
+def check_cwd() -> None:
+    """Refuse a working directory whose ``pipeline`` is not the one imported here (see
+    the module doc)."""
+    import pipeline
+
+    mine = Path(pipeline.__file__).resolve().parent
+    here = Path.cwd() / "pipeline"
+    if here.is_dir() and here.resolve() != mine:
+        raise SystemExit(
+            f"run from another directory: Spark's Python workers would import {here}, "
+            f"this driver imports {mine} (e.g. cd /tmp first)"
+        )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    check_cwd()
     from pidlease.testing.devcluster import LocalCluster
     from pipeline.session import build_session
 

@@ -1,19 +1,19 @@
-"""A batch write's attempt on the SDK's columnar path: Arrow batches in, ``send_batch``
-calls out, no Python object per row.
+"""A write's attempt (a batch task or a micro-batch's) on the SDK's columnar path: Arrow
+batches in, ``send_batch`` calls out, no Python object per row.
 
 ``ColumnarAttempt`` is an ``Attempt`` (same producer name, lease, takeover, resume and
 fencing; see ``pipeline.attempt``) that takes the Spark partition as Arrow record batches
 and, per batch, works on whole columns: the encoder's key and value arrays
 (``RecordEncoder.encode_columns``), each row's topic partition (``route``'s rules: the
-SDK's key hash ``crc32_keys``, or the Spark partition), its sequence (``BatchSequencer``'s
-numbering: per topic partition 0, 1, 2, ... in row order), rows at or below the
+SDK's key hash ``crc32_keys``, or the Spark partition), its sequence (per topic partition
+in row order: ``BatchSequencer``'s 0, 1, 2, ... for a batch write, ``StreamSequencer``'s
+``batch_id * 2**32`` + 0, 1, 2, ... for a micro-batch), rows at or below the
 takeover's durable highwater skipped (``Resume``), and then one ``send_batch`` per topic
 partition with explicit ids. The result is the same ``PartitionCommit`` the row path
 gives for the same rows (tests/unit/test_pipeline_columnar.py compares them).
 
-Only batch writes take it: a stream's ids are assigned by ``StreamSequencer``; a task that
-starts its own speculative copy (``speculate_partition``) takes the row path, which the
-copy replays from a list.
+Batch writes and streams both take it; a task that starts its own speculative copy
+(``speculate_partition``) takes the row path, which the copy replays from a list.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pidlease import errors
 from pidlease.client.record_columns import crc32_keys
 from pipeline.attempt import Attempt, PartitionCommit, takeover_record
 from pipeline.encoding import RecordEncoder
-from pipeline.sequencing import Resume, Routing
+from pipeline.sequencing import Resume, Routing, stream_sequence
 
 log = logging.getLogger("pipeline.columnar")
 
@@ -108,7 +108,9 @@ class ColumnarAttempt(Attempt):
             fenced = takeover_record(t, commit.pid, commit.generation, resume.last_sequence)
             if fenced is not None:
                 commit.fenced_attempts.append(fenced)
-            next_seq = np.zeros(partitions, dtype=np.int64)
+            next_seq = np.zeros(partitions, dtype=np.int64)  # next position per partition
+            # a micro-batch numbers from batch_id * 2**32 (StreamSequencer), a batch from 0
+            base = 0 if t.batch_id is None else stream_sequence(t.batch_id, 0)
             position = 0
             hook_at = sorted(hooks)
             for batch in batches:
@@ -138,7 +140,9 @@ class ColumnarAttempt(Attempt):
                             continue
                         pos = order[at : at + c]
                         at += c
-                        first = int(next_seq[tp])
+                        if t.batch_id is not None:  # rejects a position beyond 2**32 - 1
+                            stream_sequence(t.batch_id, int(next_seq[tp]) + c - 1)
+                        first = base + int(next_seq[tp])
                         next_seq[tp] += c
                         span = commit.sequences.get(tp)
                         if span is None:

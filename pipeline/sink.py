@@ -9,9 +9,9 @@ user can act on. Each task then runs ``pipeline.faults.run_task`` (one ``Attempt
 whatever faults the options inject); ``commit``/``abort`` on the driver add the tasks'
 messages up into the job report (``pipeline.job_report``).
 
-A batch write sends whole Arrow batches (``pipeline.columnar``: one ``send_batch`` per
-topic partition and Arrow batch); a stream, and a batch task that starts its own
-speculative copy, send row by row (``pipeline.attempt``).
+Both send whole Arrow batches (``pipeline.columnar``: one ``send_batch`` per topic
+partition and Arrow batch); only a batch task that starts its own speculative copy
+(a test fault) sends row by row (``pipeline.attempt``).
 
 Topic modes: a batch write numbers rows contiguously, so it works on ``strict`` (and
 ``monotonic``) topics; a stream numbers them ``batch_id * 2**32 + position``, which has
@@ -120,7 +120,15 @@ class StreamSink(DataSourceStreamArrowWriter):
         return cls(settings, encoder)
 
     def write(self, iterator: Iterator[Any]) -> PartitionCommit:
-        return run_task(self.settings, TaskInfo.current(), _rows(self.encoder, iterator))
+        # The same columnar path as a batch write; the micro-batch's ids (batch_id * 2**32
+        # + position per topic partition) are consecutive per partition, so one send_batch
+        # per partition and Arrow batch stays one request.
+        task = TaskInfo.current()
+        if wants_twin(self.settings.faults, task):
+            return run_task(self.settings, task, _rows(self.encoder, iterator))
+        return ColumnarAttempt(self.settings, task).run_columns(
+            self.encoder, iterator, hooks_for(self.settings.faults, task)
+        )
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
         killed = self.settings.faults.kill_commit_batch_id == batchId

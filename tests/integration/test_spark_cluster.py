@@ -23,12 +23,10 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,125 +36,26 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-import pipeline  # noqa: E402 - after the importorskip calls, on purpose
-from pipeline import job_report  # noqa: E402 - as above
+from pipeline import job_report  # noqa: E402 - after the importorskip calls, on purpose
 from pipeline.audit import run_audit  # noqa: E402 - as above
 from pipeline.progress import task_attempts  # noqa: E402 - as above
 from pipeline.session import build_session  # noqa: E402 - as above
+from pipeline.testing import (  # noqa: E402 - as above
+    HOSTS,
+    REPO,
+    START_TIMEOUT_S,
+    Standalone,
+    executor_env,
+    wait_for_executors,
+)
 
 pytestmark = pytest.mark.slow
 
-SPARK_HOME = Path(pyspark.__file__).resolve().parent
-REPO = Path(pipeline.__file__).resolve().parent.parent  # what executors must import
-HOSTS = ("127.0.0.1", "127.0.0.2")
-START_TIMEOUT_S = 180.0  # JVMs start slowly on 2 cores shared with other suites
 JOB_TIMEOUT_S = 600.0
 ROWS = 40_000
 PARTITIONS = 4
 PER_TASK = ROWS // PARTITIONS
 PUBLISHED: dict[str, int] = {}  # topic -> records the publish command wrote, audited later
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _executor_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        SPARK_HOME=str(SPARK_HOME),
-        PYSPARK_PYTHON=sys.executable,
-        PYSPARK_DRIVER_PYTHON=sys.executable,
-        PYTHONPATH=str(REPO),
-    )
-    return env
-
-
-class Standalone:
-    """A Spark standalone master and one one-core worker per host in ``HOSTS``."""
-
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.port = _free_port()
-        self.ui_port = _free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def _spawn(self, name: str, args: list[str], local_ip: str) -> None:
-        env = _executor_env()
-        env["SPARK_LOCAL_IP"] = local_ip
-        with open(self.work / f"{name}.log", "wb") as log:  # the child keeps its own fd
-            self.procs.append(
-                subprocess.Popen(
-                    [str(SPARK_HOME / "bin" / "spark-class"), *args],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own group: stop() takes the executors too
-                )
-            )
-
-    @staticmethod
-    def _ui(port: int) -> tuple[str, str]:
-        return ("--webui-port", str(port))  # not 8080/8081: other suites may run beside
-
-    def start(self) -> Standalone:
-        master = "org.apache.spark.deploy.master.Master"
-        self._spawn(
-            "master",
-            [master, "--host", "127.0.0.1", "--port", str(self.port), *self._ui(self.ui_port)],
-            "127.0.0.1",
-        )
-        for i, host in enumerate(HOSTS):
-            work_dir = self.work / f"worker{i}"
-            work_dir.mkdir()
-            self._spawn(
-                f"worker{i}",
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    *("--host", host, "--cores", "1", "--memory", "1g"),
-                    *("--work-dir", str(work_dir), *self._ui(_free_port(host)), self.url),
-                ],
-                host,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if len(self.alive_workers()) == len(HOSTS):
-                return self
-            time.sleep(1)
-        raise AssertionError(f"workers did not register in {START_TIMEOUT_S}s:\n{self.logs()}")
-
-    def alive_workers(self) -> list[str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
-                state = json.load(r)
-        except OSError:
-            return []
-        return [w["host"] for w in state.get("workers", []) if w.get("state") == "ALIVE"]
-
-    def logs(self, lines: int = 40) -> str:
-        out = []
-        for f in sorted(self.work.glob("*.log")):
-            out.append(
-                f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
-            )
-        return "\n".join(out)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -181,23 +80,6 @@ CLUSTER_CONF = {
 }
 
 
-def _wait_for_executors(spark: Any, hosts: tuple[str, ...]) -> None:
-    """Until an executor runs on every host: the driver's block managers (one per
-    executor, and the driver's own, on 127.0.0.1 too)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    seen: list[str] = []
-    while time.monotonic() < deadline:
-        status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
-        keys = status.keys().iterator()
-        seen = []
-        while keys.hasNext():
-            seen.append(str(keys.next()).rsplit(":", 1)[0])
-        if set(hosts) <= set(seen) and len(seen) > len(hosts):
-            return
-        time.sleep(1)
-    raise AssertionError(f"block managers on {sorted(seen)}, wanted an executor on each of {hosts}")
-
-
 @pytest.fixture(scope="module")
 def spark(standalone: Standalone) -> Iterator[Any]:
     # Speculation as a user would turn it on, made keener than the defaults so that a task
@@ -213,7 +95,7 @@ def spark(standalone: Standalone) -> Iterator[Any]:
     }
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the only way to name the interpreter
     session = build_session(standalone.url, app_name="pidlease-cluster-tests", conf=conf)
-    _wait_for_executors(session, HOSTS)
+    wait_for_executors(session, HOSTS)
     yield session
     session.stop()
 
@@ -263,7 +145,7 @@ def _audit_ok(spark: Any, url: str, topic: str, records: int) -> dict[str, Any]:
 
 
 def _python_env(**extra: str) -> dict[str, str]:
-    env = _executor_env()
+    env = executor_env()
     env.update(extra)
     return env
 
@@ -407,7 +289,7 @@ def test_a_real_speculative_copy_fences_the_straggler(
     spark: Any, pidlease_cluster: Any, tmp_path: Path
 ) -> None:
     url = pidlease_cluster.coordinator_url
-    _wait_for_executors(spark, HOSTS)  # the killed executor's replacement, for the copy
+    wait_for_executors(spark, HOSTS)  # the killed executor's replacement, for the copy
     pidlease_cluster.create_topic("speculated", partitions=4)
     report = tmp_path / "job.json"
     stall_at = PER_TASK // 2

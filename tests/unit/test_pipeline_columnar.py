@@ -23,6 +23,7 @@ from pipeline.options import WriteSettings
 pa = pytest.importorskip("pyarrow")
 
 TOPICS = {"t": (3, "strict")}
+STREAM_TOPICS = {"t": (3, "monotonic")}  # a stream's ids leave holes
 
 
 def _use_fake(monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator) -> None:
@@ -61,17 +62,18 @@ def _batches(keys: list[str | None], values: list[str], size: int) -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("batch_id", [None, 7], ids=["batch", "micro-batch"])
 @pytest.mark.parametrize("partitioning", ["auto", "spark"])
 def test_columnar_and_row_paths_write_the_same(
-    monkeypatch: pytest.MonkeyPatch, partitioning: str
+    monkeypatch: pytest.MonkeyPatch, partitioning: str, batch_id: int | None
 ) -> None:
     keys = [None if i % 7 == 0 else f"customer-{i % 13}" for i in range(500)]
     values = [f"v{i}" * (i % 5) for i in range(500)]
     results = []
     for columnar in (False, True):
-        with fake_cluster(TOPICS) as (srv, coord):
+        with fake_cluster(TOPICS if batch_id is None else STREAM_TOPICS) as (srv, coord):
             _use_fake(monkeypatch, coord)
-            task = TaskInfo(spark_partition=4, attempt=0)
+            task = TaskInfo(spark_partition=4, attempt=0, batch_id=batch_id, query_id="q")
             batches = _batches(keys, values, 64)
             if columnar:
                 commit = ColumnarAttempt(_settings(partitioning), task).run_columns(ENC, batches)
@@ -81,6 +83,40 @@ def test_columnar_and_row_paths_write_the_same(
             results.append((_log(srv), commit.figures()))
     assert results[0] == results[1]
     assert results[1][1]["appended"] == 500
+    if batch_id is not None:  # ids from batch_id * 2**32, consecutive per topic partition
+        for part in results[1][0]:
+            seqs = [s for _k, _v, s, _p in part]
+            assert seqs == list(range(batch_id << 32, (batch_id << 32) + len(seqs)))
+
+
+def test_a_replayed_micro_batch_resumes_after_what_is_durable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = [f"k{i % 5}" for i in range(300)]
+    values = [f"v{i}" for i in range(300)]
+    with fake_cluster(STREAM_TOPICS) as (srv, coord):
+        _use_fake(monkeypatch, coord)
+        # micro-batch 2 of the query, after micro-batch 1 was written whole
+        ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=1, query_id="q")).run_columns(
+            ENC, _batches(keys, values, 50)
+        )
+
+        def boom() -> None:
+            raise InjectedFailure("injected")
+
+        with pytest.raises(InjectedFailure):
+            ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=2, query_id="q")).run_columns(
+                ENC, _batches(keys, values, 50), {120: boom}
+            )
+        # the replay (after a restart from the checkpoint): attempt 0 again, same rows
+        commit = ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=2, query_id="q")).run_columns(
+            ENC, _batches(keys, values, 50)
+        )
+        assert commit.rows == 300
+        assert 0 < commit.skipped < 300  # rows before the kill were durable
+        assert commit.appended == commit.sent == 300 - commit.skipped
+        got = sorted(v for part in _log(srv) for _k, v, _s, _p in part)
+    assert got == sorted(v.encode() for v in values * 2)  # every row of both batches once
 
 
 def test_a_retry_resumes_after_what_is_durable(monkeypatch: pytest.MonkeyPatch) -> None:
