@@ -136,14 +136,30 @@ def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = Non
     return P.decode_kafka_header(buf, 0)
 
 
-# offsetDelta i as its zig-zag varint, one table per varint width, for the strided check of
-# uniform records: i < 64 takes one byte (2i), 64 <= i < 8192 two (low 7 bits | 0x80, high).
-_OD_WIDTH1_END = 64
-_OD_WIDTH2_END = 8192
-_OD1 = bytes(2 * i for i in range(_OD_WIDTH1_END))
-_OD2_LO = bytes(((2 * i) & 0x7F) | 0x80 for i in range(_OD_WIDTH2_END))
-_OD2_HI = bytes((2 * i) >> 7 for i in range(_OD_WIDTH2_END))
-_UNIFORM_MIN = 4  # records left in a segment below which the strided check is not worth it
+# offsetDelta i as its zig-zag varint, for the strided check of uniform records: index i
+# takes one byte below 64, two below 8192, three below 2**20 (batches of up to 1 MB of tiny
+# records stay well under). _OD_BYTES[w] holds byte k of every index's w-byte encoding, so
+# a segment of one width is checked by w compares of slices.
+_OD_ENDS = (64, 8192, 2**20)
+_OD_MAX = 2**17  # the tables' reach; records beyond are walked one by one
+
+
+def _od_tables(width: int) -> tuple[bytes, ...]:
+    out = []
+    for k in range(width):
+        shift = 7 * k
+        last = k == width - 1
+        out.append(
+            bytes(
+                ((2 * i) >> shift) & 0x7F | (0 if last else 0x80)
+                for i in range(min(_OD_ENDS[width - 1], _OD_MAX))
+            )
+        )
+    return tuple(out)
+
+
+_OD_BYTES = {w: _od_tables(w) for w in (1, 2, 3)}
+_UNIFORM_MIN = 16  # records in a segment below which the strided check costs more than it saves
 
 
 def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
@@ -240,18 +256,22 @@ def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
 def _uniform_prefix(buf: bytes | memoryview, count: int, end: int) -> tuple[int, int]:
     """How many leading records (and the position after them) are proved well formed by
     strided compares. Records [0, 64) share the width of their offsetDelta, as do
-    [64, 8192); in each such segment the first record is parsed in full (``_record_shape``)
-    and the rest are taken if, at every varint byte of that first record, they hold the same
-    byte (so the same lengths, header counts, and the same record size), except the
-    timestampDelta, which must be a one-byte varint, and the offsetDelta, which must be the
-    record's index. Each such record then parses exactly as the first did. Stops at the
-    first segment that is not uniform; the caller walks the rest record by record."""
+    [64, 8192) and [8192, 2**20); in each such segment the first record is parsed in full
+    (``_record_shape``) and the rest are taken if, at every varint byte of that first
+    record, they hold the same byte (so the same lengths, header counts, and the same record
+    size), except the timestampDelta, which must be a one-byte varint, and the offsetDelta,
+    which must be the record's index. Each such record then parses exactly as the first
+    did. Stops at the first segment that is not uniform (or too short to be worth it); the
+    caller walks the rest record by record."""
     i, p = 0, P.KAFKA_HEADER_SIZE
     if not _sizes_fit(buf, count, end):
         return i, p
     data = buf if isinstance(buf, bytes) else bytes(buf)
-    while i < count and i < _OD_WIDTH2_END:
-        seg_end = min(count, _OD_WIDTH1_END if i < _OD_WIDTH1_END else _OD_WIDTH2_END)
+    width = 1
+    while i < count and i < _OD_MAX:
+        while i >= _OD_ENDS[width - 1]:
+            width += 1
+        seg_end = min(count, _OD_ENDS[width - 1], _OD_MAX)
         m = seg_end - i
         if m < _UNIFORM_MIN:
             break
@@ -264,12 +284,9 @@ def _uniform_prefix(buf: bytes | memoryview, count: int, end: int) -> tuple[int,
             break
         if max(data[p + ts_at : stop : size]) >= 0x80:
             break
-        if i < _OD_WIDTH1_END:
-            if data[p + od_at : stop : size] != _OD1[i:seg_end]:
-                break
-        elif (
-            data[p + od_at : stop : size] != _OD2_LO[i:seg_end]
-            or data[p + od_at + 1 : stop : size] != _OD2_HI[i:seg_end]
+        if any(
+            data[p + od_at + k : stop : size] != table[i:seg_end]
+            for k, table in enumerate(_OD_BYTES[width])
         ):
             break
         if any(data[p + at : stop : size].count(byte) != m for at, byte in fixed):
@@ -282,7 +299,7 @@ def _sizes_fit(buf: bytes | memoryview, count: int, end: int) -> bool:
     """Whether the batch is as long as if every record were the first one's size (one byte
     more from index 64 on, for the wider offsetDelta): a check in constant time that spares
     batches of mixed sizes the strided attempt. Only a filter; it proves nothing."""
-    if count < _UNIFORM_MIN or count > _OD_WIDTH2_END:
+    if count < _UNIFORM_MIN:
         return False
     p = P.KAFKA_HEADER_SIZE
     try:
@@ -290,8 +307,8 @@ def _sizes_fit(buf: bytes | memoryview, count: int, end: int) -> bool:
     except (IndexError, CorruptRecord):
         return False
     size = q - p + length
-    wide = max(0, count - _OD_WIDTH1_END)
-    return end - p == count * size + wide
+    wider = sum(max(0, count - e) for e in _OD_ENDS[:2])  # one byte more past each
+    return end - p == count * size + wider
 
 
 def _record_shape(
@@ -318,8 +335,8 @@ def _record_shape(
             return None
         od_at = q + 2 - p
         # The strided compare covers this record too, so its offsetDelta must be the
-        # canonical one- or two-byte varint of i, as the others' (a padded varint here
-        # would shift every field after it in them).
+        # canonical varint of i, of the segment's width, as the others' (a padded varint
+        # here would shift every field after it in them).
         delta, q = P.read_varint(data, q + 2)
         if delta != i:
             return None

@@ -324,6 +324,19 @@ def test_uniform_batches_take_the_strided_check_whole() -> None:
     assert K._uniform_prefix(mixed, 100, len(mixed))[0] == 64 and accepted(mixed)
 
 
+def test_batches_past_8192_records_take_three_byte_offset_deltas() -> None:
+    # librdkafka's default 1 MB batches hold ~9,000 records of 100 B: all three widths
+    n = 9000
+    buf = uniform_batch(n, None, b"v" * 8, [], [1])
+    assert K._uniform_prefix(buf, n, len(buf)) == (n, len(buf))
+    assert accepted(buf) and reference_ok(buf, n)
+    # record 8500's offsetDelta made 8501: same width, wrong index; refused
+    at = buf.index(K.encode_varint(8500) + b"\x01\x10" + b"v" * 8)
+    bad = bytearray(buf)
+    bad[at : at + 3] = K.encode_varint(8501)
+    assert codes(recrc(bad)) == K.INVALID_RECORD
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 140),
@@ -360,10 +373,10 @@ def test_padded_offset_delta_in_the_first_record_is_not_a_template() -> None:
         body = b"\x00" + b"\x00" + od + b"\x01" + K.encode_varint(len(value)) + value + b"\x00"
         return K.encode_varint(len(body)) + body
 
-    recs = [rec(b"\x80\x00")] + [rec(bytes([2 * i, 0x05])) for i in range(1, 10)]
+    recs = [rec(b"\x80\x00")] + [rec(bytes([2 * i, 0x05])) for i in range(1, 20)]
     buf = K._assemble(
         b"".join(recs),
-        10,
+        20,
         base_offset=0,
         producer_id=9,
         producer_epoch=2,
@@ -371,5 +384,6 @@ def test_padded_offset_delta_in_the_first_record_is_not_a_template() -> None:
         base_timestamp_ms=0,
         max_timestamp_ms=0,
     )
-    assert not reference_ok(buf, 10)
+    assert K._sizes_fit(buf, 20, len(buf))  # so the strided check is tried
+    assert not reference_ok(buf, 20)
     assert codes(buf) == K.INVALID_RECORD
