@@ -171,7 +171,11 @@ def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
     whatever it does not cover is walked one Python loop per record, kept tight: varints of
     one or two bytes (every field of a record under 8 KiB) are decoded inline, longer ones
     by ``read_varint``."""
-    start, p = _uniform_prefix(buf, count, end)
+    # (small batches skip the attempt without a call: a call is what they would save)
+    if count >= _UNIFORM_MIN:
+        start, p = _uniform_prefix(buf, count, end)
+    else:
+        start, p = 0, P.KAFKA_HEADER_SIZE
     read = P.read_varint
     try:
         for i in range(start, count):
