@@ -6,9 +6,11 @@ record (all its threads, from /proc).
 
 One LocalCluster (its own ZooKeeper, one coordinator, one partition server, fsync on the
 default interval), one 1-partition topic per client kind; the two kinds alternate each
-round so drift in a shared machine's load falls on both alike. The ceiling of a Python
-append server on this machine kind is in /work/shared/FACTS.md (about 1.9-2.0 M records/s
-for a bare asyncio CRC-and-append loop).
+round so drift in a shared machine's load falls on both alike. The same clients beside the
+ceiling (a bare asyncio CRC-and-append server) in one run, with ratios, are systems of
+``bench.compare``: ``python -m bench.compare --systems ceiling,pidlease,pidlease-batch,
+confluent-kafka,aiokafka --sizes 100 --skip-alone --no-docs``; the librdkafka settings
+are compare's ``KAFKA_PRODUCER_SETTINGS`` in both.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from bench.compare import KAFKA_PRODUCER_SETTINGS
 from bench.procstats import cpu_seconds
 from pidlease.client.producer import Producer as SdkProducer
 from pidlease.testing.devcluster import LocalCluster
@@ -29,15 +32,7 @@ VALUE = b"x" * 100
 def kafka_run(bootstrap: str, topic: str, n: int) -> None:
     from confluent_kafka import Producer
 
-    p = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
+    p = Producer({"bootstrap.servers": bootstrap, **KAFKA_PRODUCER_SETTINGS})
     failed: list[object] = []
 
     def report(err: object, _msg: object) -> None:

@@ -18,6 +18,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from bench.peers import ceiling, nats_jetstream, pidlease_sdk, redis_streams
 from bench.procstats import ProcWatch
 from bench.report import Row
 from bench.runner import run_producers
-from bench.workload import Outcome, PassResult, clock, payload, summarize
+from bench.workload import LATENCY_EVERY, Outcome, PassResult, clock, payload, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = (
@@ -35,11 +36,27 @@ SYSTEMS = (
     "pidlease",
     "pidlease-batch",
     "pidlease-r3",
+    "confluent-kafka",
+    "aiokafka",
     "nats",
     "redis-function",
     "redis-xadd",
 )
 BATCH_CALL_RECORDS = 10_000  # records per send_batch call in the pidlease-batch system
+
+# librdkafka settings of the confluent-kafka system, chosen by a sweep (docs/benchmarks.md,
+# "Kafka clients against pidlease"): librdkafka's own batching (linger.ms 5, its default,
+# stated so a new default does not move the figures; batches up to 10,000 records / 1 MB),
+# which beat capping batches at the SDK's 1,000 records (the server's cost is mostly per
+# request), and a local queue deep enough that produce() seldom meets BufferError (which
+# would time the client's back-off, not the server).
+KAFKA_PRODUCER_SETTINGS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 5,
+    "queue.buffering.max.messages": 1_000_000,
+}
+KAFKA_POLL_EVERY = 1000  # serve delivery callbacks this often, so sampled latencies are real
 
 
 class BatchSystem(pidlease_sdk.System):
@@ -97,6 +114,139 @@ def produce_batch(
     return out
 
 
+class KafkaSystem(pidlease_sdk.System):
+    """A Kafka client producing to pidlease's Kafka listener: the same cluster kind and
+    1-partition topic as the ``pidlease`` system (R=1, strict), each producer an idempotent
+    Kafka producer (``acks=all``) of its own. Produce pass only: a Kafka producer's
+    idempotence covers its own retries within one session, so there is no resend pass a
+    new client could be asked to have recognised."""
+
+    def __init__(self, workdir: Path, client: str) -> None:
+        super().__init__(workdir)
+        self.dedup = False
+        self.key = client
+        self.name = f"pidlease R=1 strict ({client} idempotent, acks=all)"
+        self.producer = f"bench.compare:produce_{client.replace('-', '_')}"
+
+    def prepare(self, value_bytes: int, dedup: str | None = None) -> dict[str, Any]:
+        cfg = super().prepare(value_bytes, dedup)
+        assert self.cluster is not None
+        return {**cfg, "bootstrap": self.cluster.kafka_bootstrap}
+
+
+def produce_confluent_kafka(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Any,
+) -> Outcome:
+    """One producer of the confluent-kafka system (runs in a child process)."""
+    from confluent_kafka import Producer
+
+    value = payload(value_bytes, index)
+    out = Outcome(index, records)
+    lat = out.latencies_s
+    p = Producer({"bootstrap.servers": cfg["bootstrap"], **KAFKA_PRODUCER_SETTINGS})
+    topic = cfg["topic"]
+
+    def done(err: Any, _msg: Any) -> None:
+        if err is None:
+            out.acked += 1
+        else:
+            out.errors += 1
+            out.error_sample = out.error_sample or str(err)
+
+    def sampled(t: float) -> Callable[[Any, Any], None]:
+        def cb(err: Any, msg: Any) -> None:
+            lat.append(clock() - t)
+            done(err, msg)
+
+        return cb
+
+    # Connect, fetch metadata and the producer id before the clock starts, as the SDK
+    # producers take their lease before ready().
+    p.list_topics(topic, timeout=60)
+    ready()
+    cpu0 = time.process_time()
+    out.started = clock()
+    produce, poll = p.produce, p.poll
+    for j in range(records):
+        cb = sampled(clock()) if j % LATENCY_EVERY == 0 else done
+        while True:
+            try:
+                produce(topic, value, partition=0, on_delivery=cb)
+                break
+            except BufferError:
+                poll(0.005)
+        if j % KAFKA_POLL_EVERY == 0:
+            poll(0)
+    left = p.flush(600)
+    out.finished = clock()
+    out.client_cpu_s = time.process_time() - cpu0
+    if left:
+        out.errors += left
+        out.error_sample = out.error_sample or f"{left} records never delivered"
+    return out
+
+
+def produce_aiokafka(
+    cfg: dict[str, Any],
+    index: int,
+    phase: str,
+    value_bytes: int,
+    records: int,
+    ready: Any,
+) -> Outcome:
+    """One producer of the aiokafka system (runs in a child process): ``send()`` without
+    awaiting each record, so aiokafka batches as it can (its defaults: 16 KiB batches,
+    linger 0, which an awaited-later send fills while the event loop is busy)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    value = payload(value_bytes, index)
+    out = Outcome(index, records)
+    lat = out.latencies_s
+
+    async def run() -> None:
+        p = AIOKafkaProducer(
+            bootstrap_servers=cfg["bootstrap"],
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+            max_batch_size=512 * 1024,
+        )
+        await p.start()
+        try:
+            await p.client.force_metadata_update()
+            ready()
+            cpu0 = time.process_time()
+            out.started = clock()
+            futs = []
+            for j in range(records):
+                t = clock() if j % LATENCY_EVERY == 0 else 0.0
+                fut = await p.send(cfg["topic"], value, partition=0)
+                if t:
+                    fut.add_done_callback(lambda _f, t=t: lat.append(clock() - t))
+                futs.append(fut)
+            await p.flush()
+            for r in await asyncio.gather(*futs, return_exceptions=True):
+                if isinstance(r, BaseException):
+                    out.errors += 1
+                    out.error_sample = out.error_sample or repr(r)
+                else:
+                    out.acked += 1
+            out.finished = clock()
+            out.client_cpu_s = time.process_time() - cpu0
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+    return out
+
+
 def _pass(
     system: Any, cfg: dict[str, Any], phase: str, args: argparse.Namespace, value_bytes: int
 ) -> tuple[PassResult, float, int]:
@@ -151,6 +301,8 @@ def build(key: str, workdir: Path) -> Any:
         # Three partition servers, a topic with replication_factor 3: a batch is acked
         # once every in-sync replica holds it (fsynced); see docs/replication.md.
         return pidlease_sdk.System(workdir, replication_factor=3)
+    if key in ("confluent-kafka", "aiokafka"):
+        return KafkaSystem(workdir, key)
     if key == "nats":
         return nats_jetstream.System(workdir)
     if key.startswith("redis-"):
@@ -220,6 +372,17 @@ def main(argv: list[str] | None = None) -> int:
             if ceil is not None:
                 line += f"; send_batch / ceiling {b / ceil.produce.records_per_s:.2f}"
             print(line)
+        base = [(k, one.get(k)) for k in ("ceiling", "pidlease-r1-strict")]
+        for key in ("confluent-kafka", "aiokafka"):
+            row = one.get(key)
+            if row is None:
+                continue
+            rate = row.produce.records_per_s
+            us = row.cpu_s / row.produce.records * 1e6 if row.produce.records else float("nan")
+            ratios = "; ".join(
+                f"/ {k} {rate / b.produce.records_per_s:.2f}" for k, b in base if b is not None
+            )
+            print(f"{key} ({size} B): {rate:,.0f} rec/s, {us:.2f} us server CPU/record; {ratios}")
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -136,16 +136,49 @@ def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = Non
     return P.decode_kafka_header(buf, 0)
 
 
+# offsetDelta i as its zig-zag varint, for the strided check of uniform records: index i
+# takes one byte below 64, two below 8192, three below 2**20 (batches of up to 1 MB of tiny
+# records stay well under). _OD_BYTES[w] holds byte k of every index's w-byte encoding, so
+# a segment of one width is checked by w compares of slices.
+_OD_ENDS = (64, 8192, 2**20)
+_OD_MAX = 2**17  # the tables' reach; records beyond are walked one by one
+
+
+def _od_tables(width: int) -> tuple[bytes, ...]:
+    out = []
+    for k in range(width):
+        shift = 7 * k
+        last = k == width - 1
+        out.append(
+            bytes(
+                ((2 * i) >> shift) & 0x7F | (0 if last else 0x80)
+                for i in range(min(_OD_ENDS[width - 1], _OD_MAX))
+            )
+        )
+    return tuple(out)
+
+
+_OD_BYTES = {w: _od_tables(w) for w in (1, 2, 3)}
+_UNIFORM_MIN = 16  # records in a segment below which the strided check costs more than it saves
+
+
 def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
     """Every record must parse, fill its length exactly, and carry offsetDelta = its index;
     the records must fill the batch in ``count`` steps. A batch taken is then readable by
-    every reader (Kafka's brokers check as much). The format has no record index, so this is
-    one Python loop per record, kept tight: varints of one or two bytes (every field of a
-    record under 8 KiB) are decoded inline, longer ones by ``read_varint``."""
+    every reader (Kafka's brokers check as much). The format has no record index. Producers
+    mostly send runs of records of one shape (same sizes, no or same-sized headers), so
+    ``_uniform_prefix`` first checks such runs a few C-level strided compares at a time;
+    whatever it does not cover is walked one Python loop per record, kept tight: varints of
+    one or two bytes (every field of a record under 8 KiB) are decoded inline, longer ones
+    by ``read_varint``."""
+    # (small batches skip the attempt without a call: a call is what they would save)
+    if count >= _UNIFORM_MIN:
+        start, p = _uniform_prefix(buf, count, end)
+    else:
+        start, p = 0, P.KAFKA_HEADER_SIZE
     read = P.read_varint
-    p = P.KAFKA_HEADER_SIZE
     try:
-        for i in range(count):
+        for i in range(start, count):
             # length
             b = buf[p]
             if b < 0x80:
@@ -222,6 +255,116 @@ def _walk_records(buf: bytes | memoryview, count: int, end: int) -> None:
         raise KafkaBatchError(
             INVALID_RECORD, "records do not fill the batch (recordCount or lengths wrong)"
         )
+
+
+def _uniform_prefix(buf: bytes | memoryview, count: int, end: int) -> tuple[int, int]:
+    """How many leading records (and the position after them) are proved well formed by
+    strided compares. Records [0, 64) share the width of their offsetDelta, as do
+    [64, 8192) and [8192, 2**20); in each such segment the first record is parsed in full
+    (``_record_shape``) and the rest are taken if, at every varint byte of that first
+    record, they hold the same byte (so the same lengths, header counts, and the same record
+    size), except the timestampDelta, which must be a one-byte varint, and the offsetDelta,
+    which must be the record's index. Each such record then parses exactly as the first
+    did. Stops at the first segment that is not uniform (or too short to be worth it); the
+    caller walks the rest record by record."""
+    i, p = 0, P.KAFKA_HEADER_SIZE
+    if not _sizes_fit(buf, count, end):
+        return i, p
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    width = 1
+    while i < count and i < _OD_MAX:
+        while i >= _OD_ENDS[width - 1]:
+            width += 1
+        seg_end = min(count, _OD_ENDS[width - 1], _OD_MAX)
+        m = seg_end - i
+        if m < _UNIFORM_MIN:
+            break
+        shape = _record_shape(data, p, i, end)
+        if shape is None:
+            break
+        size, fixed, ts_at, od_at = shape
+        stop = p + m * size
+        if stop > end:
+            break
+        if max(data[p + ts_at : stop : size]) >= 0x80:
+            break
+        if any(
+            data[p + od_at + k : stop : size] != table[i:seg_end]
+            for k, table in enumerate(_OD_BYTES[width])
+        ):
+            break
+        if any(data[p + at : stop : size].count(byte) != m for at, byte in fixed):
+            break
+        i, p = seg_end, stop
+    return i, p
+
+
+def _sizes_fit(buf: bytes | memoryview, count: int, end: int) -> bool:
+    """Whether the batch is as long as if every record were the first one's size (one byte
+    more from index 64 on, for the wider offsetDelta): a check in constant time that spares
+    batches of mixed sizes the strided attempt. Only a filter; it proves nothing."""
+    if count < _UNIFORM_MIN:
+        return False
+    p = P.KAFKA_HEADER_SIZE
+    try:
+        length, q = P.read_varint(buf, p)
+    except (IndexError, CorruptRecord):
+        return False
+    size = q - p + length
+    wider = sum(max(0, count - e) for e in _OD_ENDS[:2])  # one byte more past each
+    return end - p == count * size + wider
+
+
+def _record_shape(
+    data: bytes, p: int, i: int, end: int
+) -> tuple[int, list[tuple[int, int]], int, int] | None:
+    """The record at ``p`` (index ``i``) parsed in full: its size, the (offset, byte) of
+    every varint byte in it but the timestampDelta's and offsetDelta's, and the offsets of
+    those two. None if it is not well formed or its timestampDelta is not one byte (the
+    record walk then says what is wrong)."""
+    fixed: list[tuple[int, int]] = []
+
+    def varint(q: int) -> tuple[int, int]:
+        value, after = P.read_varint(data, q)
+        fixed.extend((k - p, data[k]) for k in range(q, after))
+        return value, after
+
+    try:
+        length, q = varint(p)
+        rec_end = q + length
+        if length < 1 or rec_end > end:
+            return None
+        ts_at = q + 1 - p
+        if data[q + 1] >= 0x80:
+            return None
+        od_at = q + 2 - p
+        # The strided compare covers this record too, so its offsetDelta must be the
+        # canonical varint of i, of the segment's width, as the others' (a padded varint
+        # here would shift every field after it in them).
+        delta, q = P.read_varint(data, q + 2)
+        if delta != i:
+            return None
+        klen, q = varint(q)
+        q += max(klen, 0)
+        vlen, q = varint(q)
+        q += max(vlen, 0)
+        if klen < -1 or vlen < -1:
+            return None
+        nheaders, q = varint(q)
+        if nheaders < 0:
+            return None
+        for _ in range(nheaders):
+            hk, q = varint(q)
+            if hk < 0:
+                return None
+            q += hk
+            hv, q = varint(q)
+            q += max(hv, 0)
+    except (IndexError, CorruptRecord):
+        return None
+    if q != rec_end:
+        return None
+    return rec_end - p, fixed, ts_at, od_at
 
 
 def _walk_headers(buf: bytes | memoryview, p: int, i: int) -> int:

@@ -226,3 +226,164 @@ def test_verify_audits_kafka_streams_per_epoch_and_across_the_wrap() -> None:
     )
     report = audit("t", 1, "strict", lambda p: iter(twice))
     assert not report.ok and report.total("duplicates") == 2
+
+
+# --- the strided check of uniform records (kafka_batch._uniform_prefix) -------------------
+
+
+def reference_ok(buf: bytes, count: int) -> bool:
+    """The record rules of validate_kafka_batch written plainly, one varint at a time: the
+    oracle the strided check must agree with."""
+    end, p = len(buf), P.KAFKA_HEADER_SIZE
+    try:
+        for i in range(count):
+            length, p = P.read_varint(buf, p)
+            rec_end = p + length
+            if length < 1 or rec_end > end:
+                return False
+            _, p = P.read_varint(buf, p + 1)  # attributes, then timestampDelta
+            delta, p = P.read_varint(buf, p)
+            if delta != i:
+                return False
+            for _ in range(2):  # key, value
+                n, p = P.read_varint(buf, p)
+                if n < -1:
+                    return False
+                p += max(n, 0)
+            nheaders, p = P.read_varint(buf, p)
+            if nheaders < 0:
+                return False
+            for _ in range(nheaders):
+                hk, p = P.read_varint(buf, p)
+                if hk < 0:
+                    return False
+                hv, p = P.read_varint(buf, p + hk)
+                p += max(hv, 0)
+            if p != rec_end:
+                return False
+    except (IndexError, CorruptRecord):
+        return False
+    return p == end
+
+
+def uniform_batch(
+    count: int,
+    key: bytes | None,
+    value: bytes,
+    headers: list[tuple[bytes, bytes | None]],
+    ts_deltas: list[int],
+) -> bytes:
+    """``count`` records of one shape, timestampDelta per record (cycling ``ts_deltas``)."""
+    body = b"".join(
+        K.encode_record(i, key, value, ts_delta=ts_deltas[i % len(ts_deltas)], headers=headers)
+        for i in range(count)
+    )
+    return K._assemble(
+        body,
+        count,
+        base_offset=0,
+        producer_id=9,
+        producer_epoch=2,
+        base_sequence=0,
+        base_timestamp_ms=1_700_000_000_000,
+        max_timestamp_ms=1_700_000_000_000,
+    )
+
+
+def accepted(buf: bytes) -> bool:
+    try:
+        K.validate_kafka_batch(buf)
+    except K.KafkaBatchError:
+        return False
+    return True
+
+
+def test_uniform_batches_take_the_strided_check_whole() -> None:
+    # 100 records of 100 B as librdkafka sends them: both segments, [0, 64) and [64, 100)
+    buf = uniform_batch(100, None, b"v" * 100, [], [0, 3, 1])
+    assert K._uniform_prefix(buf, 100, len(buf)) == (100, len(buf))
+    assert accepted(buf) and accepted(memoryview(buf))  # type: ignore[arg-type]
+    # a two-byte timestampDelta changes the size: no strided attempt, the walk checks all
+    late = uniform_batch(100, None, b"v" * 100, [], [0] * 70 + [100] * 30)
+    assert K._uniform_prefix(late, 100, len(late))[0] == 0 and accepted(late)
+    # from record 64 on values of 99 and 101 B by turns: the size fits, the second segment
+    # is not uniform, so the walk takes over at record 64
+    body = b"".join(
+        K.encode_record(i, None, b"v" * (100 if i < 64 else 99 + 2 * (i % 2))) for i in range(100)
+    )
+    mixed = K._assemble(
+        body,
+        100,
+        base_offset=0,
+        producer_id=9,
+        producer_epoch=2,
+        base_sequence=0,
+        base_timestamp_ms=0,
+        max_timestamp_ms=0,
+    )
+    assert K._uniform_prefix(mixed, 100, len(mixed))[0] == 64 and accepted(mixed)
+
+
+def test_batches_past_8192_records_take_three_byte_offset_deltas() -> None:
+    # librdkafka's default 1 MB batches hold ~9,000 records of 100 B: all three widths
+    n = 9000
+    buf = uniform_batch(n, None, b"v" * 8, [], [1])
+    assert K._uniform_prefix(buf, n, len(buf)) == (n, len(buf))
+    assert accepted(buf) and reference_ok(buf, n)
+    # record 8500's offsetDelta made 8501: same width, wrong index; refused
+    at = buf.index(K.encode_varint(8500) + b"\x01\x10" + b"v" * 8)
+    bad = bytearray(buf)
+    bad[at : at + 3] = K.encode_varint(8501)
+    assert codes(recrc(bad)) == K.INVALID_RECORD
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 140),
+    st.one_of(st.none(), st.binary(max_size=12)),
+    st.binary(max_size=150),
+    st.lists(st.tuples(st.binary(max_size=4), st.none() | st.binary(max_size=4)), max_size=2),
+    st.lists(st.integers(0, 70), min_size=1, max_size=3),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+)
+def test_strided_check_agrees_with_the_plain_rules(
+    count: int,
+    key: bytes | None,
+    value: bytes,
+    headers: list[tuple[bytes, bytes | None]],
+    ts_deltas: list[int],
+    patches: list[tuple[int, int]],
+) -> None:
+    buf = bytearray(uniform_batch(count, key, value, headers, ts_deltas))
+    body = len(buf) - P.KAFKA_HEADER_SIZE
+    for at, byte in patches:
+        buf[P.KAFKA_HEADER_SIZE + at % body] = byte
+    raw = recrc(buf)
+    assert accepted(raw) == reference_ok(raw, count)
+
+
+def test_padded_offset_delta_in_the_first_record_is_not_a_template() -> None:
+    # Record 0's offsetDelta padded to two bytes (0x80 0x00), the others' one byte followed
+    # by a stray byte where record 0 has its padding: every varint byte the others share
+    # with record 0 matches, sizes fit, but a reader would take the stray byte as the key
+    # length. Refused: the offsetDelta compare covers record 0 as well.
+    value = b"v" * 20
+
+    def rec(od: bytes) -> bytes:
+        body = b"\x00" + b"\x00" + od + b"\x01" + K.encode_varint(len(value)) + value + b"\x00"
+        return K.encode_varint(len(body)) + body
+
+    recs = [rec(b"\x80\x00")] + [rec(bytes([2 * i, 0x05])) for i in range(1, 20)]
+    buf = K._assemble(
+        b"".join(recs),
+        20,
+        base_offset=0,
+        producer_id=9,
+        producer_epoch=2,
+        base_sequence=0,
+        base_timestamp_ms=0,
+        max_timestamp_ms=0,
+    )
+    assert K._sizes_fit(buf, 20, len(buf))  # so the strided check is tried
+    assert not reference_ok(buf, 20)
+    assert codes(buf) == K.INVALID_RECORD
