@@ -99,7 +99,11 @@ def comparison_tables(rows: list[Row], skipped: dict[str, str], sizes: list[int]
             frac = _f(_ratio(p.records_per_s, ceil.produce.records_per_s), 2) if ceil else "n/a"
             us = r.cpu_s / p.records * 1e6 if p.records else float("nan")
             if r.resend is None:
-                rs, dup = "n/a", "n/a (keeps no producer state)"
+                # A Kafka client's idempotence covers its own retries only: no resend pass is
+                # run for it, though the server keeps its producer state.
+                kafka = "kafka" in r.name
+                rs = "n/a"
+                dup = "n/a (produce pass only)" if kafka else "n/a (keeps no producer state)"
             else:
                 rs = _f(r.resend.records_per_s)
                 dup = f"{r.resend.duplicates:,} of {r.resend.records:,}"
