@@ -178,7 +178,10 @@ def test_leader_sigkilled_twice_during_three_pipelined_producers(make_cluster, t
     cluster: LocalCluster = make_cluster(servers=3, env=ENV)
     cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
     first = live_leader(cluster)
-    threads = [ProducerThread(cluster, f"p{i}", 50_000) for i in range(3)]
+    # 3 x 100,000 at 4,000/s each: ~25 s of sending, so the second kill still lands
+    # mid-run when the first killed server's restart and rejoin are slow (a loaded machine
+    # took over 6 s, and with 50,000 each every record was acked before the second kill).
+    threads = [ProducerThread(cluster, f"p{i}", 100_000) for i in range(3)]
     for t in threads:
         t.start()
     killed = []
