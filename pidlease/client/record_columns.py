@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import importlib
 import itertools
 import threading
 import zlib
@@ -50,6 +51,13 @@ _REC_HEAD = protocol.REC_HEAD
 _CRC_VECTOR_KEY_MAX = 64  # longer keys: zlib.crc32 key by key (a column pass per byte)
 
 
+def _pyarrow(sub: str = "") -> Any:
+    """pyarrow (or one of its modules), imported when Arrow input arrives. Through
+    importlib, so an application's strict mypy, which has no stubs for pyarrow, sees ``Any``
+    here instead of an import it cannot analyse."""
+    return importlib.import_module(f"pyarrow.{sub}" if sub else "pyarrow")
+
+
 def _is_arrow(x: Any) -> bool:
     return type(x).__module__.startswith("pyarrow")
 
@@ -66,7 +74,7 @@ def _as_bytes(x: Any, what: str) -> bytes:
 
 def _arrow_binary(arr: Any, what: str, *, nulls_ok: bool) -> Any:
     """``arr`` (an Arrow array or chunked array of binary or string) as one BinaryArray."""
-    import pyarrow as pa
+    pa = _pyarrow()
 
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -153,7 +161,7 @@ class Columns:
             n = len(vals)
             if keys is not None:
                 if not _is_arrow(keys):
-                    import pyarrow as pa
+                    pa = _pyarrow()
 
                     keys = pa.array(
                         [None if k is None else _as_bytes(k, "key") for k in keys], pa.binary()
@@ -199,7 +207,7 @@ class Columns:
 
 def _sequence_list(ids: Any) -> list[int]:
     if _is_arrow(ids):
-        import pyarrow as pa
+        pa = _pyarrow()
 
         if isinstance(ids, pa.ChunkedArray):
             ids = ids.combine_chunks()
@@ -349,8 +357,9 @@ def encode_parts(cols: Columns, pos: Positions) -> tuple[Any, Any]:
     them, in one pass over the columns."""
     if cols.arrow:
         import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
+
+        pa = _pyarrow()
+        pc = _pyarrow("compute")
 
         vals = cols.values
         keys = cols.keys
