@@ -93,7 +93,9 @@ class Registry:
 
         # connect_zk creates the chroot and the roots; our own client is built here so the
         # session timeout the server grants can be seen (the lease depends on it).
-        connect_zk(self.hosts, timeout_s=self.timeout_s).stop()
+        boot = connect_zk(self.hosts, timeout_s=self.timeout_s)
+        boot.stop()
+        boot.close()  # stop() alone leaves kazoo's wake-up socket pair open
         requested_ms = self.timeout_s * 1000
         margin = self.step_down_margin_ms or requested_ms / 5
         self.lease = ZkLease(requested_ms, min(margin, requested_ms / 2))
