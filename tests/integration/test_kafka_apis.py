@@ -45,18 +45,26 @@ def produce(w: KafkaWire, partition: int, values: list[bytes], acks: int = -1) -
 
 
 def test_metadata_is_one_view_from_every_node(cluster) -> None:  # type: ignore[no-untyped-def]
-    views = []
-    for svc in cluster.servers:
-        with KafkaWire(svc.kafka_address) as w:
-            md = w.request(C.METADATA, 12, {"topics": None})
-        views.append(md)
-        assert {b.node_id: b.port for b in md.brokers} == {
-            s.ident: s.kafka_port for s in cluster.servers
-        }
-        assert md.controller_id == 1
-        (t,) = [t for t in md.topics if t.name == TOPIC]
-        assert sorted(p.partition_index for p in t.partitions) == [0, 1]
-        assert all(p.leader_id in (1, 2) and p.leader_epoch >= 0 for p in t.partitions)
+    # Every node answers from its own read of ZooKeeper: the views agree once both have
+    # read the latest state (a node may be a watch event behind, or a leader may have just
+    # changed on a loaded machine), so they are compared until they agree, within 20 s.
+    deadline = time.monotonic() + 20
+    while True:
+        views = []
+        for svc in cluster.servers:
+            with KafkaWire(svc.kafka_address) as w:
+                md = w.request(C.METADATA, 12, {"topics": None})
+            views.append(md)
+            assert {b.node_id: b.port for b in md.brokers} == {
+                s.ident: s.kafka_port for s in cluster.servers
+            }
+            assert md.controller_id == 1
+            (t,) = [t for t in md.topics if t.name == TOPIC]
+            assert sorted(p.partition_index for p in t.partitions) == [0, 1]
+            assert all(p.leader_id in (1, 2) and p.leader_epoch >= 0 for p in t.partitions)
+        if views[0] == views[1] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert views[0] == views[1]
     with KafkaWire(cluster.servers[1].kafka_address) as w:
         md = w.request(C.METADATA, 1, {"topics": [{"name": "no-such-topic"}]})
