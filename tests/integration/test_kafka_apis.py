@@ -59,12 +59,15 @@ def test_metadata_is_one_view_from_every_node(cluster) -> None:  # type: ignore[
                 s.ident: s.kafka_port for s in cluster.servers
             }
             assert md.controller_id == 1
-            (t,) = [t for t in md.topics if t.name == TOPIC]
-            assert sorted(p.partition_index for p in t.partitions) == [0, 1]
-            assert all(p.leader_id in (1, 2) and p.leader_epoch >= 0 for p in t.partitions)
-        if views[0] == views[1] or time.monotonic() > deadline:
+        seen = [[t for t in v.topics if t.name == TOPIC] for v in views]
+        agree = all(len(ts) == 1 for ts in seen) and views[0] == views[1]
+        if agree or time.monotonic() > deadline:
             break
         time.sleep(0.2)
+    for v in views:
+        (t,) = [t for t in v.topics if t.name == TOPIC]
+        assert sorted(p.partition_index for p in t.partitions) == [0, 1]
+        assert all(p.leader_id in (1, 2) and p.leader_epoch >= 0 for p in t.partitions)
     assert views[0] == views[1]
     with KafkaWire(cluster.servers[1].kafka_address) as w:
         md = w.request(C.METADATA, 1, {"topics": [{"name": "no-such-topic"}]})
