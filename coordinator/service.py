@@ -323,6 +323,7 @@ class LeaseService:
                     leased_since_ms=leases.leased_since(
                         record, req.tp, self.settings.clock_skew_max_ms
                     ),
+                    recorded_highwater=leases.recorded_highwater(record, req.tp),
                 )
                 if state.found and state.durable_highwater >= 0:
                     updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
@@ -389,8 +390,15 @@ class LeaseService:
             # re-fences every partition, so nothing is left half-done for the producer.
             raise failure
         highwaters: dict[str, int] = {}
+        fenced: dict[str, leases.FenceAnswer] = {}
         for tp, resp in answers.items():
             if resp.error_code == errors.NONE:
+                fenced[tp] = leases.FenceAnswer(
+                    existed=resp.existed,
+                    created=not resp.existed and resp.fence_offset >= 0,
+                    durable_highwater=resp.durable_highwater,
+                    dropped_last_use_max_ms=resp.dropped_last_use_max_ms,
+                )
                 if resp.existed and resp.durable_highwater >= 0:
                     highwaters[tp] = resp.durable_highwater
                 continue
@@ -401,25 +409,13 @@ class LeaseService:
                     generation=record.generation,
                 )
             if resp.error_code == UnknownPid.code:
-                continue  # no state there and none created: treated as "not found" below
+                continue  # no state there and none created: not fenced (judged below)
             raise CoordinatorUnavailable(
                 f"leader of {tp} refused FENCE: {errors.error_for_code(resp.error_code).name} "
                 f"{resp.detail}"
             )
-        mine = answers.get(req.tp)
-        ok = mine is not None and mine.error_code == errors.NONE
-        if ok and mine is not None and not mine.existed and mine.fence_offset >= 0:
-            seq = 0  # the server created a fresh entry: it judged nothing of this PID dropped
-        else:
-            seq = leases.next_sequence(
-                record.pid,
-                req.tp,
-                _seen(record, req.tp),
-                ok and mine is not None and mine.existed,
-                mine.durable_highwater if mine is not None else -1,
-                dropped_last_use_max_ms=mine.dropped_last_use_max_ms if mine is not None else 0,
-                leased_since_ms=since[req.tp],
-            )
+        untracked = [tp for tp in tps if self.topic(split_tp_key(tp)[0]).dedup == "off"]
+        seq = leases.takeover_sequence(record, req.tp, fenced, since, untracked)
         if highwaters:
             record = self._remember_highwaters(record, highwaters)
         return LeaseResult(LeaseKind.TAKEOVER, record, seq, self._token(record))

@@ -410,3 +410,73 @@ def test_batch_answers_each_item_even_when_one_breaks(env: Any) -> None:
         "COORDINATOR_UNAVAILABLE",
         "UNKNOWN_TOPIC_OR_PARTITION",
     ]
+
+
+# Issue 30, item 4: a takeover answers OK only when every leased partition holds the new
+# generation; one whose state is gone (and may not be created) stays unfenced.
+def test_takeover_with_a_leased_partition_left_unfenced_is_unknown_pid(env: Any) -> None:
+    svc, _store, leaders, _ = env
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    lease(svc, pid=pid, generation=gen, partition=1)
+    leaders.state[("t", 0, pid)] = (gen, 4)
+    leaders.state[("t", 1, pid)] = (gen, 6)
+    for p in (0, 1):
+        lease(svc, pid=pid, generation=gen, partition=p)  # both seen
+    del leaders.state[("t", 1, pid)]  # the server expired the PID on t/1 only
+    with pytest.raises(UnknownPid, match="t/1"):
+        lease(svc, producer_name="job", partition=0)
+    # t/0 was fenced all the same; t/1 holds nothing, so nothing there claims the new one.
+    assert leaders.state[("t", 0, pid)] == (gen + 1, 4)
+    assert ("t", 1, pid) not in leaders.state
+
+
+def test_takeover_skips_no_partition_of_a_dedup_off_topic(env: Any) -> None:
+    svc, store, leaders, _ = env
+    store.add_topic("loose", 1, dedup="off")
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    lease(svc, topic="loose", pid=pid, generation=gen)
+    leaders.state[("t", 0, pid)] = (gen, 4)
+    # A dedup=off partition keeps no state, so its FENCE never writes: that is no hole.
+    leaders.dropped[("loose", 0)] = 10**12
+    real_fence = leaders.fence
+
+    def fence(address: str, topic: str, *a: Any, **kw: Any) -> Response:
+        if topic == "loose":
+            return Response(1, 0, "", existed=False, durable_highwater=-1)
+        return real_fence(address, topic, *a, **kw)
+
+    leaders.fence = fence
+    t = lease(svc, producer_name="job")
+    assert (t.kind, t.sequence_number) == (LeaseKind.TAKEOVER, 5)
+
+
+# Issue 23, finding 2 / Build 3: state rebuilt below the highwater the coordinator recorded
+# (a fence alone after retention and a cut) must not restart the producer below it.
+def test_renewal_below_the_recorded_highwater_is_unknown_pid(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    leaders.state[("t", 0, pid)] = (gen, 2)
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 3  # recorded: highwater 2
+    leaders.state[("t", 0, pid)] = (gen, -1)  # rebuilt from a fence alone
+    before = store.get_pid(pid)
+    with pytest.raises(UnknownPid, match="below the 2"):
+        lease(svc, pid=pid, generation=gen)
+    assert store.get_pid(pid) == before
+
+
+def test_takeover_below_the_recorded_highwater_is_unknown_pid(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    leaders.state[("t", 0, pid)] = (gen, 2)
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 3
+    leaders.state[("t", 0, pid)] = (gen, -1)
+    with pytest.raises(UnknownPid, match="below the 2"):
+        lease(svc, producer_name="job")
+    # What the takeover learnt never lowers the recorded highwater: still refused.
+    with pytest.raises(UnknownPid, match="below the 2"):
+        lease(svc, producer_name="job")
+    assert store.get_pid(pid)[0].partitions["t/0"]["highwater"] == 2
