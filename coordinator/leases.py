@@ -314,8 +314,17 @@ def mark_nothing_lost(record: PidRecord, tp: str, checked_ms: int) -> PidRecord:
     if entry is None or entry.get("seen") or entry.get("added_ms", -1) >= checked_ms:
         return record
     out = copy.deepcopy(record)
-    out.partitions[tp]["added_ms"] = checked_ms
+    _mark_nothing_lost_in(out.partitions, tp, checked_ms)
     return out
+
+
+def _mark_nothing_lost_in(partitions: dict[str, dict[str, object]], tp: str, at_ms: int) -> None:
+    entry = partitions.get(tp)
+    if entry is None or entry.get("seen"):
+        return
+    added = entry.get("added_ms", -1)
+    if not isinstance(added, int) or added < at_ms:
+        entry["added_ms"] = at_ms
 
 
 def mark_seen(record: PidRecord, tp: str, highwater: int) -> PidRecord:
@@ -323,11 +332,75 @@ def mark_seen(record: PidRecord, tp: str, highwater: int) -> PidRecord:
     never goes down: a lower report is a partition that lost state (``next_sequence``
     answers UNKNOWN_PID for it), and recording it would make the loss pass later."""
     out = copy.deepcopy(record)
-    out.partitions[tp] = {
-        "seen": True,
-        "highwater": max(highwater, recorded_highwater(record, tp)),
-    }
+    _mark_seen_in(out.partitions, tp, highwater)
     return out
+
+
+def _mark_seen_in(partitions: dict[str, dict[str, object]], tp: str, highwater: int) -> None:
+    entry = partitions.get(tp) or {}
+    before = entry.get("highwater", -1) if entry.get("seen") else -1
+    partitions[tp] = {
+        "seen": True,
+        "highwater": max(highwater, before if isinstance(before, int) else -1),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderState:
+    """A partition leader's PRODUCER_STATE answer for the PID, as a renewal reads it."""
+
+    found: bool
+    durable_highwater: int = -1
+    dropped_last_use_max_ms: int = 0
+
+
+def renew_sequence(record: PidRecord, tp: str, state: LeaderState, clock_skew_max_ms: int) -> int:
+    """The sequence a renewal of ``record`` (as read, before the renewal) answers for
+    ``tp``, from its leader's state (``next_sequence`` with what the record says of ``tp``)."""
+    return next_sequence(
+        record.pid,
+        tp,
+        bool(record.partitions.get(tp, {}).get("seen", False)),
+        state.found,
+        state.durable_highwater,
+        dropped_last_use_max_ms=state.dropped_last_use_max_ms,
+        leased_since_ms=leased_since(record, tp, clock_skew_max_ms),
+        recorded_highwater=recorded_highwater(record, tp),
+    )
+
+
+def renewed_round(
+    record: PidRecord,
+    expire_ms: int | None,
+    answered: Mapping[str, LeaderState],
+    now_ms: int,
+    checked_ms: int,
+    limits: ExpiryLimits,
+) -> PidRecord:
+    """The record after a renewal round: the lease pushed out once, and every partition of
+    ``answered`` (the renewals of the round that succeeded, with what their leaders said,
+    asked at ``checked_ms``) added, marked seen with its highwater, or marked as having
+    lost nothing. One record for the whole round, so a producer of N partitions writes its
+    PID record once per renewal, not N times (issue 30, item 6)."""
+    parts = copy.deepcopy(record.partitions)
+    for tp, state in answered.items():
+        parts.setdefault(tp, {"seen": False, "added_ms": now_ms})
+        if state.found and state.durable_highwater >= 0:
+            _mark_seen_in(parts, tp, state.durable_highwater)
+        elif not state.found:
+            _mark_nothing_lost_in(parts, tp, checked_ms)
+    clamped = limits.clamp(expire_ms)
+    return _record(
+        owner_of(record),
+        pid=record.pid,
+        generation=record.generation,
+        producer_name=record.producer_name,
+        expire_ms=clamped,
+        expires_at_ms=now_ms + clamped,
+        last_use_ms=now_ms,
+        created_ms=record.created_ms,
+        partitions=parts,
+    )
 
 
 @dataclass(frozen=True, slots=True)

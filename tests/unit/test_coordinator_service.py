@@ -480,3 +480,109 @@ def test_takeover_below_the_recorded_highwater_is_unknown_pid(env: Any) -> None:
     with pytest.raises(UnknownPid, match="below the 2"):
         lease(svc, producer_name="job")
     assert store.get_pid(pid)[0].partitions["t/0"]["highwater"] == 2
+
+
+# Issue 30, item 6: a renewal round (the lease keeper's batch of every partition) writes the
+# PID record once, not once per partition.
+def test_a_renewal_round_writes_the_pid_record_once(env: Any) -> None:
+    svc, store, leaders, clock = env
+    store.add_topic("wide", 50)
+    r = lease(svc, topic="wide")
+    pid, gen = r.record.pid, r.record.generation
+    reqs = [LeaseRequest("wide", p, pid, None, gen) for p in range(50)]
+    writes = store.writes
+    added = svc.lease_batch(reqs[1:])
+    assert [a["sequence_number"] for a in added] == [0] * 49
+    assert store.writes - writes == 1, "adding 49 partitions is one write"
+    for p in range(50):
+        leaders.state[("wide", p, pid)] = (gen, p)
+    clock.now += 400
+    writes = store.writes
+    out = svc.lease_batch(reqs)
+    assert store.writes - writes == 1, "one renewal round, one write"
+    assert [(o["error"], o["sequence_number"]) for o in out] == [("NONE", p + 1) for p in range(50)]
+    assert {o["expires_at_ms"] for o in out} == {clock.now + 1_000}
+    stored = store.get_pid(pid)[0]
+    assert stored.expires_at_ms == clock.now + 1_000
+    assert all(stored.partitions[f"wide/{p}"] == {"seen": True, "highwater": p} for p in range(50))
+    assert len({o["lease_token"] for o in out}) == 1
+
+
+def test_a_renewal_round_answers_each_partition_on_its_own(env: Any) -> None:
+    svc, store, leaders, clock = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    reqs = [LeaseRequest("t", p, pid, None, gen) for p in range(4)]
+    svc.lease_batch(reqs)
+    for p in range(4):
+        leaders.state[("t", p, pid)] = (gen, 3)
+    svc.lease_batch(reqs)  # all seen, highwater 3
+    del leaders.state[("t", 1, pid)]  # expired on the server
+    leaders.state[("t", 2, pid)] = (gen, 1)  # rebuilt below the recorded highwater
+    leaders.down.add("127.0.0.1:9001")
+    before = store.get_pid(pid)
+    out = svc.lease_batch([*reqs, LeaseRequest("t", 9, pid, None, gen)])
+    assert [o["error"] for o in out] == ["COORDINATOR_UNAVAILABLE"] * 4 + [
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    ]
+    assert store.get_pid(pid) == before, "nothing succeeded: nothing written"
+    leaders.down.clear()
+    svc.addresses.drop("t/0")  # (the down leader's address was forgotten per partition)
+    clock.now += 100
+    out = svc.lease_batch(reqs)
+    assert [o["error"] for o in out] == ["NONE", "UNKNOWN_PID", "UNKNOWN_PID", "NONE"]
+    assert [out[0]["sequence_number"], out[3]["sequence_number"]] == [4, 4]
+    stored = store.get_pid(pid)[0]
+    assert stored.expires_at_ms == clock.now + 1_000
+    assert stored.partitions["t/2"]["highwater"] == 3, "the lower report is not recorded"
+
+
+def test_a_renewal_round_with_a_stale_generation_is_fenced_item_by_item(env: Any) -> None:
+    svc, store, _leaders, _ = env
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
+    t = lease(svc, producer_name="job")
+    assert t.record.generation == gen + 1
+    out = svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
+    assert [o["error"] for o in out] == ["FENCED"] * 3
+    # Runs are split where the key changes: a takeover in the middle is its own item, and
+    # the renewals after it see its generation.
+    out = svc.lease_batch(
+        [
+            LeaseRequest("t", 0, pid, None, gen + 1),
+            LeaseRequest("t", 1, pid, None, None),
+            LeaseRequest("t", 2, pid, None, gen + 1),
+            LeaseRequest("t", 3, pid, None, gen + 2),
+            LeaseRequest("t", 0, pid, None, gen + 2),
+        ]
+    )
+    assert [(o["error"], o.get("kind")) for o in out] == [
+        ("NONE", "renew"),
+        ("NONE", "takeover"),
+        ("FENCED", None),
+        ("NONE", "renew"),
+        ("NONE", "renew"),
+    ]
+    assert set(store.get_pid(pid)[0].partitions) == {"t/0", "t/1", "t/2", "t/3"}
+
+
+def test_a_renewal_round_retries_its_write_on_a_moved_version(env: Any) -> None:
+    svc, store, _leaders, _ = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    real_cas = store.cas_pid
+    moved = []
+
+    def cas_pid(record: Any, version: int) -> bool:
+        if not moved:  # another coordinator renewed meanwhile
+            moved.append(version)
+            got = store.get_pid(pid)
+            assert real_cas(got[0], got[1])
+            return False
+        return bool(real_cas(record, version))
+
+    store.cas_pid = cas_pid
+    out = svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
+    assert [o["error"] for o in out] == ["NONE"] * 3
+    assert moved and set(store.get_pid(pid)[0].partitions) == {"t/0", "t/1", "t/2"}
