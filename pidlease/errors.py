@@ -305,7 +305,7 @@ class DeliveryTimeout(_DescribesBatch, PidleaseError):
     On a record's future it describes that record's batch as ``ProducerFenced`` does
     (``partition``, ``first_sequence``, ``last_sequence``, ``indeterminate``), so an
     application numbering its own records learns what to resend (docs/sdk.md, "When a
-    producer is fenced or times out")."""
+    producer is fenced (or times out)")."""
 
     name, wire = "DELIVERY_TIMEOUT", False
 
