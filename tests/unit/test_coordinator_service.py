@@ -586,3 +586,32 @@ def test_a_renewal_round_retries_its_write_on_a_moved_version(env: Any) -> None:
     out = svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
     assert [o["error"] for o in out] == ["NONE"] * 3
     assert moved and set(store.get_pid(pid)[0].partitions) == {"t/0", "t/1", "t/2"}
+
+
+def test_a_fenced_renewal_round_is_recorded_per_item_in_the_event_log() -> None:
+    from coordinator.events import EventLog, ObservedLeaseService
+
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
+    store.add_topic("t", 4)
+    store.add_server(1, 9001)
+    settings = CoordinatorSettings(zk="x", pid_block_size=10)
+    svc = ObservedLeaseService(
+        settings,
+        store,
+        PidAllocator(store, 10),
+        leaders,
+        Metrics(),
+        clock_ms=clock,
+        events=EventLog("c1", clock_ms=clock),
+    )
+    try:
+        r = svc.lease(LeaseRequest("t", 0, producer_name="job"))
+        svc.lease(LeaseRequest("t", 0, producer_name="job"))  # takeover: generation + 1
+        out = svc.lease_batch(
+            [LeaseRequest("t", p, r.record.pid, None, r.record.generation) for p in range(3)]
+        )
+        assert [o["error"] for o in out] == ["FENCED"] * 3
+        kinds = sorted(e["kind"] for e in svc.events.recent())
+        assert kinds == ["fenced_lease"] * 3 + ["takeover"]
+    finally:
+        svc.close()
