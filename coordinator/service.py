@@ -283,13 +283,18 @@ class LeaseService:
             tp: self._pool.submit(self._producer_state, *split_tp_key(tp), pid) for tp in tps
         }
         out: dict[str, leases.LeaderState | PidleaseError] = {}
+        # One deadline for the round: past it, calls not started yet are cancelled (their
+        # items answer COORDINATOR_UNAVAILABLE, retriable), so a slow leader cannot hold
+        # the shared pool (takeovers' FENCE calls use it too) for a whole queue of calls.
+        deadline = time.monotonic() + self.settings.leader_request_timeout_ms / 1000 * 4
         for tp, fut in futures.items():
             try:
-                resp = fut.result(timeout=self.settings.leader_request_timeout_ms / 1000 * 4)
+                resp = fut.result(timeout=max(0.0, deadline - time.monotonic()))
                 out[tp] = _leader_state(resp)
             except PidleaseError as exc:
                 out[tp] = exc
             except Exception as exc:  # noqa: BLE001 - a pool timeout or a bug in one call
+                fut.cancel()
                 out[tp] = CoordinatorUnavailable(f"asking the leader of {tp} failed: {exc!r}")
         return out
 

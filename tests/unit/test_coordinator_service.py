@@ -4,6 +4,7 @@ compare-and-set like the real one) and fake partition leaders; time is a fake cl
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -613,5 +614,40 @@ def test_a_fenced_renewal_round_is_recorded_per_item_in_the_event_log() -> None:
         assert [o["error"] for o in out] == ["FENCED"] * 3
         kinds = sorted(e["kind"] for e in svc.events.recent())
         assert kinds == ["fenced_lease"] * 3 + ["takeover"]
+    finally:
+        svc.close()
+
+
+def test_a_renewal_round_with_a_slow_leader_is_bounded_and_frees_the_pool() -> None:
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
+    store.add_topic("t", 20)
+    store.add_server(1, 9001)
+    settings = CoordinatorSettings(
+        zk="x", pid_block_size=10, leader_request_timeout_ms=100, fence_parallelism_max=2
+    )
+    svc = LeaseService(settings, store, PidAllocator(store, 10), leaders, Metrics(), clock_ms=clock)
+    real = leaders.producer_state
+
+    def slow(*a: Any) -> Response:
+        time.sleep(0.15)
+        return real(*a)
+
+    leaders.producer_state = slow
+    try:
+        r = svc.lease(LeaseRequest("t", 0))
+        reqs = [LeaseRequest("t", p, r.record.pid, None, r.record.generation) for p in range(20)]
+        started = time.monotonic()
+        out = svc.lease_batch(reqs)
+        took = time.monotonic() - started
+        # 20 calls of 0.15 s on 2 threads would take 1.5 s; the round gives up at 0.4 s.
+        assert took < 1.2, took
+        errors_seen = [o["error"] for o in out]
+        assert "COORDINATOR_UNAVAILABLE" in errors_seen and "NONE" in errors_seen
+        time.sleep(0.5)
+        assert len(leaders.calls) < 20, "the calls not started were cancelled"
+        # The items that succeeded are in the record; the others were not written.
+        stored = store.get_pid(r.record.pid)[0]
+        ok = {f"t/{p}" for p, o in enumerate(out) if o["error"] == "NONE"}
+        assert set(stored.partitions) == ok | {"t/0"}
     finally:
         svc.close()
