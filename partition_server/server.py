@@ -34,6 +34,7 @@ from partition_server.kafka import KafkaListener, make_listener
 from partition_server.metrics import ServerMetrics, watch_broker
 from partition_server.metrics_listener import MetricsListener
 from partition_server.partition import Partition, wall_clock_ms
+from partition_server.produce import NotRouted
 from partition_server.producer_state import FenceOutcome, Outcome
 from partition_server.refusal_guard import Key, Refusal, RefusalGuard
 from partition_server.registry import Registry
@@ -143,6 +144,7 @@ class PartitionServer:
         self.broker = Broker(settings, self.registry, clock_ms=clock_ms)
         self.metrics = ServerMetrics(settings.server_id, clock_ms=clock_ms)
         watch_broker(self.metrics, self.broker)
+        self.broker.produce.metrics = self.metrics  # both protocols' appends are counted
         self.metrics_listener: MetricsListener | None = None
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -461,27 +463,11 @@ class PartitionServer:
                 info = self.broker.metadata(self.s.server_id, self.address)
                 info["ops"] = self.metrics.summary()  # the coordinator's dashboard reads it
                 return P.metadata_response(corr, 0, info=info)
+            if api == P.PRODUCE:
+                return self._produce(req, refreshed)
             part, leader = self.broker.route(req.topic, req.partition)
             if part is None:
-                if leader is None and not refreshed:
-                    return None
-                if leader is None:
-                    return error_response(
-                        api,
-                        corr,
-                        errors.UnknownTopicOrPartition.code,
-                        f"no partition {req.topic}/{req.partition}",
-                    )
-                return error_response(
-                    api,
-                    corr,
-                    errors.NotLeader.code,
-                    f"this server does not lead {req.topic}/{req.partition}"
-                    + (f"; the leader is {leader}" if leader else ""),
-                    leader=leader,
-                )
-            if api == P.PRODUCE:
-                return self._produce(req, part)
+                return _not_routed(req, leader, refreshed)
             if api == P.FETCH:
                 return self._fetch(req, part)
             if api == P.LIST_OFFSETS:
@@ -501,34 +487,41 @@ class PartitionServer:
             log.exception("request %d (api %d) failed", corr, api)
             return error_response(api, corr, errors.PidleaseError.code, f"internal error: {exc}")
 
-    def _produce(self, req: P.Request, part: Partition) -> Reply:
+    def _produce(self, req: P.Request, refreshed: bool) -> Reply | None:
+        """PRODUCE through the one produce path (produce.py): routed, checked (size,
+        checksum, lease token) and appended in one call, no await in between."""
         started_s = time.perf_counter()
         corr = req.correlation_id
         batch = req.batch
         assert batch is not None
-        if len(batch) > self.s.batch_bytes_max:
-            raise RecordTooLarge(
-                f"batch of {len(batch)} bytes is over the limit of {self.s.batch_bytes_max}"
-            )
-        h = P.validate_batch(batch)
-        if h.size != len(batch):
-            raise CorruptRecord(f"{len(batch) - h.size} bytes after the batch")
-        if h.is_control:
-            raise InvalidRequest("producers may not write control batches")
-        if h.pid > 0:
-            verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
-        d, fut = part.append(
+
+        def check(part: Partition) -> P.BatchHeader:
+            if len(batch) > self.s.batch_bytes_max:
+                raise RecordTooLarge(
+                    f"batch of {len(batch)} bytes is over the limit of {self.s.batch_bytes_max}"
+                )
+            h = P.validate_batch(batch)
+            if h.size != len(batch):
+                raise CorruptRecord(f"{len(batch) - h.size} bytes after the batch")
+            if h.is_control:
+                raise InvalidRequest("producers may not write control batches")
+            if h.pid > 0:
+                verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
+            return h
+
+        r = self.broker.produce.produce(
+            req.topic,
+            req.partition,
             batch,
-            h,
+            check,
             lambda base, last: P.produce_response(corr, 0, base_offset=base, last_offset=last),
+            started_s=started_s,
         )
-        if fut is not None:
-            self.broker.note_append()
-            self.metrics.appended(h.count, started_s, fut)
-            return fut
-        self.metrics.refused(
-            d.outcome.value, req.topic, req.partition, h.pid, h.generation, h.base_sequence, h.count
-        )
+        if isinstance(r, NotRouted):
+            return _not_routed(req, r.leader, refreshed)
+        if r.durable is not None:
+            return r.durable
+        d = r.decision
         if d.outcome is Outcome.DUPLICATE:
             return P.produce_response(
                 corr,
@@ -640,6 +633,29 @@ class PartitionServer:
             last_use_ms=last_use,
             dropped_last_use_max_ms=part.state.dropped_last_use_max_ms,
         )
+
+
+def _not_routed(req: P.Request, leader: str | None, refreshed: bool) -> bytes | None:
+    """The answer to a request for a partition this server does not lead: None (re-read
+    ZooKeeper, then dispatch again) when it is not known and was not re-read yet."""
+    api, corr = req.api_key, req.correlation_id
+    if leader is None and not refreshed:
+        return None
+    if leader is None:
+        return error_response(
+            api,
+            corr,
+            errors.UnknownTopicOrPartition.code,
+            f"no partition {req.topic}/{req.partition}",
+        )
+    return error_response(
+        api,
+        corr,
+        errors.NotLeader.code,
+        f"this server does not lead {req.topic}/{req.partition}"
+        + (f"; the leader is {leader}" if leader else ""),
+        leader=leader,
+    )
 
 
 def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:
