@@ -25,7 +25,6 @@ import ssl
 import struct
 import time
 from asyncio import sslproto
-from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -33,6 +32,7 @@ from partition_server.broker import Broker
 from partition_server.kafka import KafkaListener, make_listener
 from partition_server.metrics import ServerMetrics, watch_broker
 from partition_server.metrics_listener import MetricsListener
+from partition_server.ordered import OrderedReplies
 from partition_server.partition import Partition, wall_clock_ms
 from partition_server.produce import NotRouted
 from partition_server.producer_state import FenceOutcome, Outcome
@@ -93,18 +93,24 @@ def error_response(
     return P.response(corr, code, detail, b"")
 
 
-class _Conn:
-    """Per-connection pipeline: replies in request order, bounded in number, and the
-    refusal guard of the connection's producers."""
+def _failed_answer(meta: tuple[int, int], exc: Exception) -> bytes:
+    """The answer of a request whose reply future failed, in its API's shape."""
+    api, corr = meta
+    if isinstance(exc, PidleaseError):
+        return error_response(api, corr, exc.code, exc.detail)
+    log.error("request %d failed", corr, exc_info=exc)
+    return error_response(api, corr, errors.PidleaseError.code, str(exc))
 
-    __slots__ = ("dead", "eof", "guard", "missing", "pending", "space", "wake")
 
-    def __init__(self) -> None:
-        self.pending: deque[tuple[int, int, Reply]] = deque()
-        self.wake = asyncio.Event()
-        self.space = asyncio.Event()
-        self.eof = False
-        self.dead = False
+class _Conn(OrderedReplies[tuple[int, int]]):
+    """Per-connection pipeline (``ordered.py``: replies in request order, bounded in
+    number, keyed by (api, correlation id)) and the refusal guard of the connection's
+    producers."""
+
+    __slots__ = ("guard", "missing")
+
+    def __init__(self, inflight_max: int) -> None:
+        super().__init__(inflight_max, _failed_answer)
         self.guard = RefusalGuard()
         # (topic, partition) -> when a re-read of ZooKeeper for this connection did not
         # find it: requests for it soon after are answered without another re-read.
@@ -231,8 +237,8 @@ class PartitionServer:
     # -- connections -----------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        conn = _Conn()
-        wtask = asyncio.get_running_loop().create_task(self._write_loop(conn, writer))
+        conn = _Conn(self.s.inflight_requests_max_per_connection)
+        wtask = asyncio.get_running_loop().create_task(conn.write_loop(writer))
         try:
             await self._read_loop(conn, reader)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -242,8 +248,7 @@ class PartitionServer:
         except Exception:
             log.exception("connection failed")
         finally:
-            conn.eof = True
-            conn.wake.set()
+            conn.reading_done()
             try:
                 await wtask
             finally:
@@ -290,7 +295,6 @@ class PartitionServer:
 
     async def _read_loop(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         frame_max = self.s.frame_bytes_max
-        inflight_max = self.s.inflight_requests_max_per_connection
         while not conn.dead:
             try:
                 body = await read_frame(reader, frame_max)
@@ -338,43 +342,10 @@ class PartitionServer:
                     "closing a connection that holds back batches of %d producers", len(conn.guard)
                 )
                 return
-            while len(conn.pending) >= inflight_max and not conn.dead:
-                conn.space.clear()
-                await conn.space.wait()
+            await conn.wait_for_room()
 
     def _push(self, conn: _Conn, api: int, corr: int, reply: Reply) -> None:
-        conn.pending.append((api, corr, reply))
-        conn.wake.set()
-
-    async def _write_loop(self, conn: _Conn, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                if not conn.pending:
-                    if conn.eof:
-                        return
-                    conn.wake.clear()
-                    await conn.wake.wait()
-                    continue
-                api, corr, reply = conn.pending[0]
-                if isinstance(reply, bytes):
-                    data = reply
-                else:
-                    try:
-                        data = await reply
-                    except PidleaseError as exc:
-                        data = error_response(api, corr, exc.code, exc.detail)
-                    except Exception as exc:
-                        log.exception("request %d failed", corr)
-                        data = error_response(api, corr, errors.PidleaseError.code, str(exc))
-                conn.pending.popleft()
-                conn.space.set()
-                writer.write(data)
-                if not conn.pending or writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        except (ConnectionError, OSError):
-            conn.dead = True
-            conn.space.set()
-            writer.close()
+        conn.push((api, corr), reply)
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(
