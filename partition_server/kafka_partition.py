@@ -3,8 +3,9 @@ and to fetch batches as Kafka consumers read them. Pure partition logic, no sock
 listener owns requests, connections, routing (NOT_LEADER_OR_FOLLOWER when this server does
 not lead the partition) and the long poll of Fetch (``Partition.wait_for_data``).
 
-A Kafka batch goes through the same ``Partition.append`` as ours (the rules tell the two
-apart by generation, append_rules.py) and is stored as sent. What differs is the answer:
+A Kafka batch goes through the same produce path as ours (``produce.py``: route, check,
+append at the routed epoch, bookkeeping; the rules tell the two apart by generation,
+append_rules.py) and is stored as sent. What differs is the answer:
 Kafka's error codes, and a DUPLICATE answered NO_ERROR with its original offsets once those
 offsets are committed (Kafka's producers treat a retried batch's answer as the first one's,
 so it must not come before the data is as safe as an ack says).

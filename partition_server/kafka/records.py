@@ -4,8 +4,9 @@ partitions this server leads (``Broker.route``) and the log side in
 v2 assembly).
 
 Produce is applied inside the call, in the order the connection sent it; only a partition
-not known yet (a ZooKeeper re-read) and, with SASL, the first sight of a PID (who owns it)
-are awaited first. Its answer waits for the batches' durability by ``acks`` within the
+not known yet (a ZooKeeper re-read) and, with SASL, who owns the PID are awaited first,
+before the partition is routed: the route, the checks and the append then happen in one
+call through the server's produce path (``produce.py``), with no await in between. Its answer waits for the batches' durability by ``acks`` within the
 request's timeout; Fetch long-polls on the partitions' data futures up to ``max_wait_ms``
 (at most ``kafka_fetch_wait_max_ms``).
 """
