@@ -6,9 +6,10 @@ v2 assembly).
 Produce is applied inside the call, in the order the connection sent it; only a partition
 not known yet (a ZooKeeper re-read) and, with SASL, who owns the PID are awaited first,
 before the partition is routed: the route, the checks and the append then happen in one
-call through the server's produce path (``produce.py``), with no await in between. Its answer waits for the batches' durability by ``acks`` within the
-request's timeout; Fetch long-polls on the partitions' data futures up to ``max_wait_ms``
-(at most ``kafka_fetch_wait_max_ms``).
+call through the server's produce path (``produce.py``), with no await in between. Its
+answer waits for the batches' durability by ``acks`` within the request's timeout; Fetch
+long-polls on the partitions' data futures up to ``max_wait_ms`` (at most
+``kafka_fetch_wait_max_ms``).
 """
 
 from __future__ import annotations

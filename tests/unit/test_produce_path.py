@@ -23,7 +23,7 @@ from partition_server.kafka import codec as C
 from partition_server.kafka.records import RecordApis
 from partition_server.kafka_partition import KafkaProduceResult, kafka_produce
 from partition_server.metrics import ServerMetrics
-from partition_server.partition import Partition
+from partition_server.partition import Partition, Role
 from partition_server.produce import ProducePath
 from partition_server.producer_state import Outcome
 from partition_server.settings import ServerSettings
@@ -265,3 +265,12 @@ def test_kafka_appends_reach_the_server_metrics(tmp_path: Path) -> None:
         part.close()
 
     asyncio.run(go())
+
+
+def test_the_role_is_a_checked_enum(tmp_path: Path) -> None:
+    part = open_part(tmp_path, clock_ms=ManualClock(1_000))
+    with pytest.raises(TypeError, match="Role"):
+        part.role = "leader"  # type: ignore[assignment]
+    part.role = Role.FOLLOWER
+    assert part.role is Role.FOLLOWER and part.metadata()["role"] == "follower"
+    part.close()
