@@ -38,7 +38,7 @@ import partition_server.replication
 import partition_server.server
 from partition_server.leadership import ZkLease
 from partition_server.log import PartitionLog
-from partition_server.partition import Partition, parse_dir_name
+from partition_server.partition import Partition, Role, parse_dir_name
 from partition_server.server import PartitionServer
 from partition_server.settings import ServerSettings
 from pidlease.wire import protocol as P
@@ -698,7 +698,7 @@ class World:
                 part = srv.broker.partitions.get((name, p)) if srv is not None else None
                 if (
                     part is None
-                    or part.role != "leader"
+                    or part.role is not Role.LEADER
                     or part.high_watermark < part.log.next_offset
                 ):
                     return False
