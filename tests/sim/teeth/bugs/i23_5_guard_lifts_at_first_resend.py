@@ -1,4 +1,4 @@
-TITLE = "the connection refusal guard let a newer batch pass after the first refused batch's resend"
+TITLE = "the connection guard let a newer batch pass after the first refused batch's resend"
 ORIGIN = "issue 23 item 5 (the connection guard)"
 # The guard's entry went at the resend of the first refused batch, so a batch newer than
 # the ones held back behind it passed on the same connection before they were resent.

@@ -1,4 +1,4 @@
-TITLE = "a monotonic block lifted at the resend of the first refused batch, forgetting the ones refused behind it"
+TITLE = "a monotonic block lifted at the first resend, forgetting the batches refused behind it"
 ORIGIN = "issue 23 item 5"
 # Batch N refused (disk full), N+1.. refused behind it, only N resent: the block lifted,
 # a newer batch was appended above the never-resent N+1.., and once K more batches were
