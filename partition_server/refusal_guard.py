@@ -1,5 +1,6 @@
 """The connection refusal guard: a producer's batch refused with a retriable error holds
-back that producer's later batches on the same connection until the refused one is resent.
+back that producer's later batches on the same connection until the refused one, and every
+one held back behind it, is resent.
 
 Why: a producer pipelines batches N, N+1, ... on one connection. When N is refused with a
 retriable error (NOT_LEADER in a transition, UNKNOWN_TOPIC_OR_PARTITION just before the
