@@ -130,6 +130,7 @@ class Partition:
         self.leader_epoch = -1  # the epoch this replica leads or follows
         self.leader_id = -1
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
+        self.isr_clock_ms: Callable[[], int] = clock_ms  # its clock (become_leader)
         self.min_insync = 1  # the topic's effective min_insync_replicas (the broker sets it)
         self.min_insync_refusals = 0
         self._data_waiter: asyncio.Future[None] | None = None
@@ -670,13 +671,23 @@ class Partition:
                 f"no longer the leader of {self.topic}-{self.partition}", NotLeader, acks_only=True
             )
 
-    def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
+    def become_leader(
+        self,
+        me: int,
+        epoch: int,
+        replicas: list[int],
+        isr: list[int],
+        isr_clock_ms: Callable[[], int] | None = None,
+    ) -> None:
         """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write. As a
         follower this replica saw no renewals (they touch the leader's state only), so
         every PID it holds starts a full expiry period now: a live producer renews within
         it, a dead one expires one period later than it would have. Raises OSError when the
         epoch cannot be saved (a full disk): nothing changes, the role is not taken, and the
-        next reconcile retries."""
+        next reconcile retries. ``isr_clock_ms``: the clock the in-sync bookkeeping reads
+        (fetch and lag times), a monotonic one (``ReplicaManager`` passes its own: a wall
+        clock stepped by NTP would make every follower look lagging at once); without it,
+        ``clock_ms`` (tests that drive one hand-moved clock)."""
         with self.epochs.change():
             self.epochs.assign(epoch, self.log.next_offset)
         if self.role is not Role.LEADER:
@@ -685,7 +696,8 @@ class Partition:
         self.leader_epoch = epoch
         self.role = Role.LEADER
         self.leader_id = me
-        self.isr = InSyncReplicas(me, replicas, isr, self.clock_ms(), self.min_insync)
+        self.isr_clock_ms = isr_clock_ms or self.clock_ms
+        self.isr = InSyncReplicas(me, replicas, isr, self.isr_clock_ms(), self.min_insync)
         self.advance_high_watermark()
 
     def become_follower(self, leader: int, epoch: int, address: str) -> None:
@@ -698,7 +710,7 @@ class Partition:
     # -- replication: the leader's side ----------------------------------------------------
     def record_replica_fetch(self, replica: int, offset: int) -> None:
         assert self.isr is not None
-        self.isr.record_fetch(replica, offset, self.log.next_offset, self.clock_ms())
+        self.isr.record_fetch(replica, offset, self.log.next_offset, self.isr_clock_ms())
         self.advance_high_watermark()
 
     def wait_for_data(self) -> asyncio.Future[None]:
@@ -887,7 +899,9 @@ class Partition:
                 min_insync_refusals=self.min_insync_refusals,
             )
             if self.isr is not None:
-                out.update(isr=sorted(self.isr.isr), followers=self.isr.lag_report(self.clock_ms()))
+                out.update(
+                    isr=sorted(self.isr.isr), followers=self.isr.lag_report(self.isr_clock_ms())
+                )
         return out
 
     def close(self) -> None:
