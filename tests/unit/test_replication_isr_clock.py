@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+from partition_server.partition import Role
 from partition_server.registry import Assignment
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
@@ -37,7 +38,7 @@ def test_a_wall_clock_step_shrinks_no_in_sync_set(tmp_path: Path) -> None:
         assert registry.lease is not None
         registry.lease.confirm(5, 1_000)  # the lease holds on ``mono`` until 2_200
         mgr.apply(KEY, part, ps, Assignment())
-        assert part.role == "leader" and part.isr is not None
+        assert part.role is Role.LEADER and part.isr is not None
         await fetch(mgr, part, 2, 0)
         await fetch(mgr, part, 3, 0)
         # NTP steps the wall clock a minute forward (or back: the same rule): nothing
