@@ -128,6 +128,13 @@ def recover(
     if image is not None:
         from_offset, covered_to = image.replay_from, image.covered_to
         state.load_rows(image.rows)
+        if image is start_over:
+            log.info(
+                "%s: producer state from the start-over at offset %d (%d PIDs)",
+                name,
+                image.replay_from,
+                len(image.rows),
+            )
     replayed = 0
 
     def replay(h: BatchHeader) -> None:
