@@ -19,7 +19,5 @@ WHY_NOT_SIM = ""
 # Found by the unit test tests/unit/test_rebuild.py::test_a_cut_keeps_the_highwater_of_a_pid_
 # whose_only_batch_left_is_a_fence (and ..._recovery_from_a_distrusted_snapshot_...) and the
 # integration test tests/integration/test_rebuild_cluster.py (last_sequence_id -1, not 2).
-# The simulation as of s22-rebuild (before the "sim" helper's retention + fence + takeover
-# extension): NOT seen to find it in 300 seeds with --retention (see SEEN_BY_CURRENT_SIM);
-# the lead re-checks after merging the extended simulation.
-SEEN_BY_CURRENT_SIM = "not found in 300 seeds (--retention, --stop-on-failure)"
+# Seen by the current simulation (s22-rebuild, before the "sim" helper's extension): NOT
+# found in 300 seeds of `run --retention --stop-on-failure` (0 failed); the lead re-checks.

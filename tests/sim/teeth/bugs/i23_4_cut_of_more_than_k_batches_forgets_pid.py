@@ -19,4 +19,5 @@ BUDGET = 3000
 WHY_NOT_SIM = ""
 # Found by tests/unit/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_
 # the_committed_highwater (UNKNOWN_PID where APPEND).
-SEEN_BY_CURRENT_SIM = "not found in 300 seeds (--retention, --stop-on-failure)"
+# Seen by the current simulation (s22-rebuild, before the "sim" helper's extension): NOT
+# found in 300 seeds of `run --retention --stop-on-failure` (0 failed); the lead re-checks.
