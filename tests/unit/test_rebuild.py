@@ -6,10 +6,15 @@ batches followed by a crash (item 4). Real Partition, PartitionLog and snapshot 
 from __future__ import annotations
 
 import asyncio
+import errno
 from pathlib import Path
 
+import pytest
+
+from partition_server.epochs import EpochHistory
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
+from partition_server.rebuild import START_OVER_FILE
 from partition_server.replica_fetcher import _leader_rows, append_fetched
 from partition_server.retention import LogPolicy
 from partition_server.snapshot import decode as decode_snapshot
@@ -185,6 +190,83 @@ def test_a_follower_killed_after_starting_over_keeps_the_state_it_adopted(
         assert outcome(again, 7, 5, 1) is Outcome.DUPLICATE
         assert outcome(again, 8, 20, 1) is Outcome.APPEND
         assert again.state.dropped_last_use_max_ms == 777
+        await shut(again)
+        await shut(lead)
+
+    asyncio.run(go())
+
+
+def test_the_start_over_image_goes_once_a_snapshot_holds_the_partition(tmp_path: Path) -> None:
+    """The start-over image is trusted until a server snapshot captured after it replaces
+    it; that snapshot also brings the adopted rows back after a crash."""
+    clock = ManualClock(100 * HOUR_MS)
+
+    async def go() -> None:
+        lead, start = await leader_past_pid7(tmp_path, clock)
+        fdir = tmp_path / "follower"
+        fol = open_part(fdir, clock_ms=clock, policy=POLICY)
+        fol.become_follower(1, 1, "127.0.0.1:1")
+        fb = make_broker(fdir, clock, fol)
+        resp = await replica_fetch_from(lead, tmp_path, clock, offset=0)
+        fol.restart_at(start, _leader_rows(fol, resp.data))
+        image_file = fdir / "t-0" / START_OVER_FILE
+        assert image_file.exists() and fol.start_over_file
+        assert fol.epochs.truncations == 1  # older snapshots are no longer trusted
+        await fb.snapshot_now()
+        assert not image_file.exists() and not fol.start_over_file
+        await shut(fol)
+        again = reopen(fdir, clock, fb, policy=POLICY, hw=start)
+        assert outcome(again, 7, 6, 1) is Outcome.APPEND
+        assert outcome(again, 7, 5, 1) is Outcome.DUPLICATE
+        await shut(again)
+        await shut(lead)
+
+    asyncio.run(go())
+
+
+def test_a_start_over_whose_count_cannot_be_saved_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk after the image is written, before the raised truncation count is saved
+    (the same as a crash there): the log and the state stay as they were, the old snapshot
+    stays trusted and the image (written at the count not saved) is not; the next fetch
+    starts over again."""
+    clock = ManualClock(100 * HOUR_MS)
+
+    async def go() -> None:
+        lead, start = await leader_past_pid7(tmp_path, clock)
+        fdir = tmp_path / "follower"
+        fol = open_part(fdir, clock_ms=clock, policy=POLICY)
+        fol.become_follower(1, 1, "127.0.0.1:1")
+        fb = make_broker(fdir, clock, fol)
+        held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]
+        assert append_fetched(fol, stored(held), [(1, 0)]) == 2
+        await fol.wait_flushed(2)
+        fol.set_high_watermark(2)
+        await fb.snapshot_now()
+        resp = await replica_fetch_from(lead, tmp_path, clock, offset=2)
+
+        def full(self: EpochHistory) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with monkeypatch.context() as m:
+            m.setattr(EpochHistory, "save", full)
+            with pytest.raises(OSError):
+                fol.restart_at(start, _leader_rows(fol, resp.data))
+        assert (fol.log.log_start_offset, fol.log.next_offset) == (0, 2)
+        assert fol.epochs.truncations == 0
+        assert outcome(fol, 7, 2, 1) is Outcome.APPEND  # its own state, nothing adopted
+        assert (fdir / "t-0" / START_OVER_FILE).exists()
+        await shut(fol)
+        again = reopen(fdir, clock, fb, policy=POLICY, hw=2)
+        assert (again.log.log_start_offset, again.log.next_offset) == (0, 2)
+        assert outcome(again, 7, 2, 1) is Outcome.APPEND
+        again.become_follower(1, 1, "127.0.0.1:1")
+        again.restart_at(start, _leader_rows(again, resp.data))  # the next fetch
+        assert outcome(again, 7, 6, 1) is Outcome.APPEND
+        await shut(again)
+        again = reopen(fdir, clock, fb, policy=POLICY, hw=start)
+        assert outcome(again, 7, 6, 1) is Outcome.APPEND
         await shut(again)
         await shut(lead)
 
