@@ -251,7 +251,7 @@ def test_a_start_over_whose_count_cannot_be_saved_changes_nothing(
 
         with monkeypatch.context() as m:
             m.setattr(EpochHistory, "save", full)
-            with pytest.raises(OSError):
+            with pytest.raises(OSError, match="No space left"):
                 fol.restart_at(start, _leader_rows(fol, resp.data))
         assert (fol.log.log_start_offset, fol.log.next_offset) == (0, 2)
         assert fol.epochs.truncations == 0
