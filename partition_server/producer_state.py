@@ -73,7 +73,7 @@ from partition_server.append_rules import (
     kafka_base_position,
     leased_over_our_protocol,
 )
-from pidlease.wire.protocol import KAFKA_GENERATION_BASE
+from pidlease.wire.protocol import KAFKA_GENERATION_BASE, BatchHeader
 
 __all__ = [
     "BLOCKED_UNTRACKED_MAX",
@@ -85,7 +85,10 @@ __all__ = [
     "ProducerEntry",
     "ProducerStateTable",
     "Row",
+    "adopt_rows",
     "batch_triples",
+    "cut_row",
+    "pids_with_data",
 ]
 
 # The default of pid_evict_idle_min_ms: the coordinator's longest lease (24 h,
@@ -1134,6 +1137,16 @@ class ProducerStateTable:
             out.append((pid, gen[s], hw, lu[s], flat))
         return out
 
+    def durable_lags(self, pids: Iterable[int]) -> dict[int, int]:
+        """The durable highwaters of ``pids`` that lag their highwater (batches above the
+        high watermark), for a snapshot beside ``export_rows`` of the same PIDs (no await
+        in between): a rebuild that loses those batches (a cut) goes back to it
+        (``cut_row``). A PID not named here has its durable highwater at its highwater."""
+        dhw = self._dhw
+        if not dhw:
+            return {}
+        return {pid: dhw[pid] for pid in pids if pid in dhw}
+
     def load_rows(self, rows: Iterable[Row]) -> None:
         """Replace the state with ``rows``, ordered by last use (expiry pops the front)."""
         self.clear()
@@ -1276,6 +1289,56 @@ def _add_range(ranges: list[int], base: int, last: int) -> None:
     if i == j and i == len(ranges) and len(ranges) >= 2 * REFUSED_RANGES_MAX:
         return
     ranges[i:j] = [base, last]
+
+
+# -- the rules of rebuilding state (partition_server/rebuild.py applies them) -------------
+def pids_with_data(headers: Iterable[BatchHeader], end: int) -> set[int]:
+    """The PIDs whose state the log below ``end`` carries: those with a *data* batch
+    there. A FENCE raises a generation and carries no sequence: a PID whose only batch
+    left is a fence (retention deleted its data batches, then a takeover) keeps the row
+    that holds its highwater; rebuilt from the fence alone it would be at -1 and a takeover
+    would restart it at sequence 0 (issue 23 item 2)."""
+    return {h.pid for h in headers if not h.is_control and h.base_offset < end}
+
+
+def cut_row(row: Row, end: int, durable_highwater: int | None) -> Row | None:
+    """A PID's row once its batches at or above ``end`` are gone (a cut at ``end``, or a
+    rebuild whose log starts at ``end`` and holds no data batch of it). Such batches were
+    above the high watermark (a cut never goes below it), so their sequences were never
+    committed: a resend must append again, never be answered DUPLICATE. The highwater is
+    the last kept batch's, or, when every kept batch went, ``durable_highwater`` (the
+    committed one, which the row's K batches may no longer show: more than K were cut,
+    issue 23 item 4). None when that is not known (a snapshot from before PLSNAP05) or
+    when the PID had nothing committed: as if it never wrote here. The generation stays:
+    a fence in the cut range keeps refusing the older generation, which the coordinator
+    has moved past."""
+    pid, gen, hw, last_use, flat = row
+    kept = array("q")
+    for i in range(0, len(flat), 3):
+        if flat[i + 2] < end:
+            kept.extend(flat[i : i + 3])
+    if len(kept) == len(flat):
+        return row
+    if kept:
+        return (pid, gen, kept[-2], last_use, kept)
+    if durable_highwater is None:
+        return None
+    hw = min(hw, durable_highwater)
+    return None if hw < 0 else (pid, gen, hw, last_use, kept)
+
+
+def adopt_rows(mine: Iterable[Row], theirs: Iterable[Row]) -> list[Row]:
+    """``mine`` with ``theirs`` taking over the PIDs they name (a follower starting over
+    adopting its leader's rows; a rebuild restoring rows over the fences replay found):
+    their highwater and batches win, the generation and last use never go back."""
+    rows = {r[0]: r for r in mine}
+    for pid, gen, hw, last_use, flat in theirs:
+        m = rows.get(pid)
+        if m is None:
+            rows[pid] = (pid, gen, hw, last_use, flat)
+        else:
+            rows[pid] = (pid, max(gen, m[1]), hw, max(last_use, m[3]), flat)
+    return list(rows.values())
 
 
 def batch_triples(flat: array[int]) -> list[tuple[int, int, int]]:
