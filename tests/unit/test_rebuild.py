@@ -15,7 +15,7 @@ from partition_server.epochs import EpochHistory
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.rebuild import START_OVER_FILE
-from partition_server.replica_fetcher import _leader_rows, append_fetched
+from partition_server.replica_fetcher import _leader_rows
 from partition_server.retention import LogPolicy
 from partition_server.snapshot import decode as decode_snapshot
 from partition_server.testing import open_part, outcome, stored
@@ -53,11 +53,11 @@ async def fenced_follower(tmp_path: Path, clock: ManualClock) -> tuple[Partition
     watermark (offset 24, which the new leader does not have)."""
     part, b = await follower_past_pid7(tmp_path, clock, POLICY)
     assert part.state.get(7) is not None and part.state.get(7).highwater == 2  # type: ignore[union-attr]
-    assert append_fetched(part, stored([fence(7, 1, clock.now)], start=23), [(1, 0)]) == 1
+    assert part.append_replicated(stored([fence(7, 1, clock.now)], start=23), [(1, 0)]) == 1
     await part.wait_flushed(24)
     part.set_high_watermark(24)
     extra = [bytes(raw_batch(9, 0, clock.now))]
-    assert append_fetched(part, stored(extra, start=24), [(1, 0)]) == 1
+    assert part.append_replicated(stored(extra, start=24), [(1, 0)]) == 1
     await part.wait_flushed(25)
     return part, b
 
@@ -119,7 +119,7 @@ def test_recovery_after_a_cut_of_more_than_k_batches_keeps_the_committed_highwat
     async def go() -> None:
         part, b = await follower_past_pid7(tmp_path, clock, POLICY)
         extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(7)]
-        assert append_fetched(part, stored(extra, start=23), [(1, 0)]) == 7
+        assert part.append_replicated(stored(extra, start=23), [(1, 0)]) == 7
         await part.wait_flushed(30)
         await b.snapshot_now()  # sees PID 7 at 9, committed at 2
         assert part.truncate_to(23) == 23
@@ -168,7 +168,7 @@ def test_a_follower_killed_after_starting_over_keeps_the_state_it_adopted(
         fol.become_follower(1, 1, "127.0.0.1:1")
         fb = make_broker(fdir, clock, fol)
         held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]
-        assert append_fetched(fol, stored(held), [(1, 0)]) == 2
+        assert fol.append_replicated(stored(held), [(1, 0)]) == 2
         await fol.wait_flushed(2)
         fol.set_high_watermark(2)
         await fb.snapshot_now()  # PID 7 at 1
@@ -180,7 +180,7 @@ def test_a_follower_killed_after_starting_over_keeps_the_state_it_adopted(
         fol.restart_at(start, _leader_rows(fol, resp.data))
         assert fol.state.dropped_last_use_max_ms == 777
         data = lead.replica_read(start, 1 << 20)
-        assert append_fetched(fol, memoryview(b"".join(data)), lead.epochs.entries_from(start))
+        assert fol.append_replicated(memoryview(b"".join(data)), lead.epochs.entries_from(start))
         await fol.wait_flushed(fol.log.next_offset)
         assert outcome(fol, 7, 6, 1) is Outcome.APPEND
         await shut(fol)  # SIGKILLed before the next snapshot
@@ -240,7 +240,7 @@ def test_a_start_over_whose_count_cannot_be_saved_changes_nothing(
         fol.become_follower(1, 1, "127.0.0.1:1")
         fb = make_broker(fdir, clock, fol)
         held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]
-        assert append_fetched(fol, stored(held), [(1, 0)]) == 2
+        assert fol.append_replicated(stored(held), [(1, 0)]) == 2
         await fol.wait_flushed(2)
         fol.set_high_watermark(2)
         await fb.snapshot_now()
