@@ -130,9 +130,7 @@ def load_bug(path: str) -> Bug:
 
 
 def load_all(bugs_dir: str = BUGS_DIR) -> list[Bug]:
-    names = sorted(
-        n for n in os.listdir(bugs_dir) if n.endswith(".py") and not n.startswith("__")
-    )
+    names = sorted(n for n in os.listdir(bugs_dir) if n.endswith(".py") and not n.startswith("__"))
     return [load_bug(os.path.join(bugs_dir, n)) for n in names]
 
 

@@ -57,6 +57,8 @@ class Outcome:
     seconds: float = 0.0
     error: str = ""  # a stale patch, a crashed search: the catalogue or the runner is wrong
     tail: str = ""  # the end of the search's output
+    ran: int | None = None  # seeds the simulation ran
+    per_min: int | None = None  # its speed, seeds per minute
 
     @property
     def ok(self) -> bool:
@@ -70,7 +72,9 @@ class Outcome:
         if self.error:
             verdict = "ERROR"
         elif self.found:
-            verdict = "found" + (" (expected not found: update the catalogue)" if b.expected == "not found" else "")
+            verdict = "found" + (
+                " (expected not found: update the catalogue)" if b.expected == "not found" else ""
+            )
         else:
             verdict = "not found" + (" (expected)" if b.expected == "not found" else " -- MISSED")
         where = (
@@ -79,6 +83,8 @@ class Outcome:
             else (f"budget {b.budget} seeds" if b.search == "sim" else f"pytest {b.pytest}")
         )
         s = f"{b.name}: {verdict}; {where}; {self.seconds:.0f}s"
+        if self.ran is not None:
+            s += f" ({self.ran} seeds run, {self.per_min} seeds/min)"
         if self.kind:
             s += f"; {self.kind}"
         if self.error:
@@ -139,9 +145,10 @@ def _check_imports_from(scratch: str) -> None:
         raise RuntimeError(f"the scratch copy's code is not what runs there: {out.strip()!r}")
 
 
-_FAILED = re.compile(r"^seed (\d+) FAILED", re.M)
-_KIND = re.compile(r"^  ([a-z-]+): \d+ seeds, first (\d+)", re.M)
-_PROBLEM = re.compile(r"^  - (.*)$", re.M)
+_FAILED = re.compile(r"^seed (\d+) FAILED", re.MULTILINE)
+_KIND = re.compile(r"^  ([a-z-]+): \d+ seeds, first (\d+)", re.MULTILINE)
+_PROBLEM = re.compile(r"^  - (.*)$", re.MULTILINE)
+_TOTALS = re.compile(r"^(\d+) seeds in [\d.]+s \((\d+) seeds/min\)", re.MULTILINE)
 
 
 def sim_search(
@@ -155,6 +162,9 @@ def sim_search(
     timeout = (minutes * 60 if minutes is not None else budget * 2.0) + 300
     rc, out = _run(cmd, scratch, timeout)
     o = Outcome(bug=None, tail=out[-3000:])  # type: ignore[arg-type]
+    totals = _TOTALS.findall(out)
+    if totals:
+        o.ran, o.per_min = int(totals[-1][0]), int(totals[-1][1])
     m = _FAILED.search(out)
     if rc is None:
         o.error = f"the simulation did not end in {timeout:.0f}s"
@@ -179,10 +189,12 @@ def pytest_search(scratch: str, node: str, minutes: float | None) -> Outcome:
         o.error = f"pytest did not end in {timeout:.0f}s"
     elif rc == 1:
         o.found = True
-        e = re.search(r"^E\s+(.*)$", out, re.M)
+        e = re.search(r"^E\s+(.*)$", out, re.MULTILINE)
         o.kind = "test failed" + (f": {e.group(1)[:160]}" if e else "")
     elif rc != 0:
-        o.error = f"pytest exited {rc} (not a test failure: a collection or usage error?): {out[-600:]!r}"
+        o.error = (
+            f"pytest exited {rc} (not a test failure: a collection or usage error?): {out[-600:]!r}"
+        )
     return o
 
 
@@ -237,7 +249,9 @@ def baseline(bugs: Iterable[Bug], root: str, minutes: float | None) -> list[str]
             t0 = time.perf_counter()
             o = pytest_search(scratch, node, minutes)
             verdict = "FAILED" if (o.found or o.error) else "ok"
-            print(f"baseline pytest {node}: {verdict} ({time.perf_counter() - t0:.0f}s)", flush=True)
+            print(
+                f"baseline pytest {node}: {verdict} ({time.perf_counter() - t0:.0f}s)", flush=True
+            )
             if verdict != "ok":
                 problems.append(f"baseline pytest {node}: {o.kind or o.error}")
     finally:

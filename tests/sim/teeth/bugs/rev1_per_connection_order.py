@@ -10,11 +10,14 @@ PATCHES = [
         "                    await self._refresh_assignment()\n"
         "                reply = self.dispatch(body, conn.guard, refreshed=True)\n"
         "                assert reply is not None\n",
-        "                async def _late(body: bytes = body, guard: RefusalGuard = conn.guard) -> bytes:\n"
+        "                async def _late(\n"
+        "                    body: bytes = body, guard: RefusalGuard = conn.guard\n"
+        "                ) -> bytes:\n"
         "                    await self._refresh_assignment()\n"
         "                    r = self.dispatch(body, guard, refreshed=True)\n"
         "                    return r if isinstance(r, bytes) else await r  # type: ignore[misc]\n"
-        "                reply = asyncio.ensure_future(_late())  # TEETH: the old background re-read\n"
+        "                # TEETH: the old background re-read\n"
+        "                reply = asyncio.ensure_future(_late())\n"
         "                reread = False\n",
     )
 ]

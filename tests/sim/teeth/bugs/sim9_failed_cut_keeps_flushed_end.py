@@ -12,7 +12,9 @@ PATCHES = [
     ),
     (
         "partition_server/partition.py",
-        "            self.flusher.fatal(exc)\n            raise\n        self.epochs.truncate_to(end)\n",
+        "            self.flusher.fatal(exc)\n"
+        "            raise\n"
+        "        self.epochs.truncate_to(end)\n",
         "            raise  # TEETH: no crash, the ends lowered only after a successful cut\n"
         "        self.flushed_end = min(self.flushed_end, end)\n"
         "        self.high_watermark = min(self.high_watermark, end)\n"
