@@ -76,7 +76,7 @@ def test_the_search_finds_the_short_set() -> None:
     """A few catalogued bugs the search finds quickly (well under 90 s in all on two busy
     cores): a 0-failed simulation run still means something."""
     bugs = {b.name: b for b in load_all()}
-    outcomes = [runner.run_bug(bugs[name], runner.ROOT) for name in runner.SHORT]
+    outcomes = [runner.run_bug(bugs[n], runner.ROOT, runner.SHORT_MINUTES) for n in runner.SHORT]
     for o in outcomes:
         print(o.line())
     missed = [o for o in outcomes if not o.found or o.error]

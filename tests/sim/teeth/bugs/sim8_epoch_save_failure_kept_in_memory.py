@@ -13,5 +13,5 @@ PATCHES = [
 SEARCH = "sim"
 SIM_ARGS: list[str] = []
 PYTEST = ""
-BUDGET = 3000
+BUDGET = 1500
 WHY_NOT_SIM = ""

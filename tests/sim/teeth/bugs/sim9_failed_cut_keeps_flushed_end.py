@@ -24,5 +24,5 @@ PATCHES = [
 SEARCH = "sim"
 SIM_ARGS: list[str] = []
 PYTEST = ""
-BUDGET = 4000
+BUDGET = 1500
 WHY_NOT_SIM = ""
