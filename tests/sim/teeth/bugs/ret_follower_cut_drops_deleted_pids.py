@@ -13,5 +13,5 @@ PATCHES = [
 SEARCH = "sim"
 SIM_ARGS = ["--retention"]
 PYTEST = ""
-BUDGET = 4000
+BUDGET = 5000
 WHY_NOT_SIM = ""
