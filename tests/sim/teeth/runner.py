@@ -95,10 +95,19 @@ class Outcome:
 
 
 def tracked_files(root: str) -> list[str]:
-    out = subprocess.run(
-        ["git", "ls-files", "-z", "--cached"], cwd=root, check=True, capture_output=True
-    ).stdout
-    return [p for p in out.decode().split("\0") if p]
+    """The files git tracks under ``root``; without git (an unpacked archive), every file
+    but those under hidden directories and caches."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached"], cwd=root, check=True, capture_output=True
+        ).stdout
+        return [p for p in out.decode().split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for d, dirs, names in os.walk(root):
+            dirs[:] = [x for x in dirs if not x.startswith(".") and x != "__pycache__"]
+            files += [os.path.relpath(os.path.join(d, n), root) for n in names]
+        return files
 
 
 def scratch_copy(root: str, dest: str) -> None:
