@@ -2,6 +2,7 @@
 
     python -m tests.sim run --seeds 2000 [--start N] [--minutes M] [--stop-on-failure] [--retention]
     python -m tests.sim replay 12345 [-v] [--retention]
+    python -m tests.sim teeth [--only NAME...] [--short] [--jobs N]  # tests/sim/teeth
 
 ``--retention``: some topics get small segments and a short retention (by age, by size),
 and the servers apply it every few ms of virtual time (off by default: see README).
@@ -128,6 +129,11 @@ def run_many(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["teeth"]:  # the catalogue of reintroduced bugs: its own arguments
+        from tests.sim.teeth.runner import main as teeth_main
+
+        return teeth_main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m tests.sim",
         description=__doc__,
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("seed", type=int)
     rep.add_argument("-v", "--verbose", action="store_true", help="print the trace of events")
     rep.add_argument("--retention", action="store_true", help="topics with short retention")
+    sub.add_parser("teeth", help="reintroduce each catalogued bug, run its search (--help)")
     args = ap.parse_args(argv)
     if args.cmd == "run":
         tot = run_many(

@@ -1,0 +1,17 @@
+TITLE = (
+    "the refusal guard lets a later batch through once the partition holds the first refused "
+    "one: after a failover to a leader with part of the run, a hole (OUT_OF_ORDER_SEQUENCE)"
+)
+ORIGIN = "docs/reliability.md sim finding 10 (seed 3030)"
+PATCHES = [
+    (
+        "partition_server/refusal_guard.py",
+        "last = max(last_sequence, r.last_sequence)",
+        "last = r.last_sequence  # TEETH: the held range never grows",
+    )
+]
+SEARCH = "sim"
+SIM_ARGS: list[str] = []
+PYTEST = ""
+BUDGET = 4000
+WHY_NOT_SIM = ""

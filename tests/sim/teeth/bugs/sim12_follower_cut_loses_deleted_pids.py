@@ -1,0 +1,17 @@
+TITLE = (
+    "a follower's cut with its log start above 0 loses the PIDs whose committed batches were "
+    "all deleted and whose other batches were in the cut range (UNKNOWN_PID once it leads)"
+)
+ORIGIN = "docs/reliability.md sim finding 12 (seed 1863 --retention)"
+PATCHES = [
+    (
+        "partition_server/partition.py",
+        "in_log = {h.pid for h in self.log.iter_headers(0) if h.base_offset < end}",
+        "in_log = {h.pid for h in self.log.iter_headers(0)}  # TEETH: cut batches count",
+    )
+]
+SEARCH = "sim"
+SIM_ARGS = ["--retention"]
+PYTEST = ""
+BUDGET = 5000
+WHY_NOT_SIM = ""
