@@ -124,41 +124,47 @@ class ServerNode:
         asyncio.get_running_loop().create_task(self._boot(node), context=ctx)
 
     async def _boot(self, node: Node) -> None:
+        """The real ``PartitionServer.start()``: its ZooKeeper connection is the fake one
+        (``registry.connect`` replaced), its listeners (our port, the Kafka port) are on
+        the simulated network (``asyncio.start_server`` patched)."""
         w = self.w
-        loop = asyncio.get_running_loop()
         try:
             srv = PartitionServer(self.settings(), clock_ms=w.clock_ms)
             self.server = srv
-            zkc = self.zkc = FakeZkClient(w.zk, node.name)
-            srv.registry.zk = zkc
-            zkc.add_listener(srv.registry._on_state)
-            # The leader's lease on its session (docs/replication.md, Step-down), as the
-            # real connect() sets it; heartbeats from the loop (no threads here), on the
-            # virtual clock (this module's `time` patches).
-            s = self.settings()
-            srv.registry.lease = ZkLease(s.zk_session_timeout_ms, s.zk_step_down_margin_ms)
-            srv.registry.heartbeat_on_loop = True
+            reg = srv.registry
+
+            def connect() -> None:
+                zkc = self.zkc = w.zk.client(node.name)
+                reg.zk = zkc
+                zkc.add_listener(reg._on_state)
+                # The leader's lease on its session (docs/replication.md, Step-down), as
+                # the real connect() sets it; heartbeats from the loop (no threads here),
+                # on the virtual clock (this module's `time` patches).
+                s = self.settings()
+                reg.lease = ZkLease(s.zk_session_timeout_ms, s.zk_step_down_margin_ms)
+                reg.heartbeat_on_loop = True
+
+            reg.connect = connect  # type: ignore[method-assign]
             srv.broker.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
-            a = await loop.run_in_executor(None, srv.registry.read_now)
-            srv.broker.recover(a)
-            for key, part in srv.broker.partitions.items():
-                w.check_log_start(part, "recovery")
-                if (node.name, key) in w.rebuilt_from_log_start:
-                    w.note_lost_pids(GAP_RECOVERY, part, node.name)
-            rec = srv.broker.recovery
-            w.trace(
-                "server",
-                f"{node.name} recovered: snapshot {rec['snapshot']}, "
-                f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
-                f"{rec['truncations']} truncations",
-            )
-            srv.registry.on_change = srv.broker.apply_assignment
-            srv.address = self.address
-            await srv.registry.register(self.host, self.port)
-            await srv.registry.refresh()
-            w.net.listen(self.address, node, srv._handle)
-            srv.broker.replicas.start()
-            srv._maint = loop.create_task(srv.broker.maintain())
+            recover = srv.broker.recover
+
+            def recovered(a: Any) -> Any:
+                out = recover(a)
+                for key, part in srv.broker.partitions.items():
+                    w.check_log_start(part, "recovery")
+                    if (node.name, key) in w.rebuilt_from_log_start:
+                        w.note_lost_pids(GAP_RECOVERY, part, node.name)
+                rec = srv.broker.recovery
+                w.trace(
+                    "server",
+                    f"{node.name} recovered: snapshot {rec['snapshot']}, "
+                    f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
+                    f"{rec['truncations']} truncations",
+                )
+                return out
+
+            srv.broker.recover = recovered  # type: ignore[method-assign]
+            await srv.start()
             self.up = True
             w.trace("server", f"{node.name} serving")
         except Exception as exc:  # noqa: BLE001 - a failed start is a crash; restart it
@@ -175,7 +181,7 @@ class ServerNode:
         self.up = False
         self.crashes += 1
         w = self.w
-        w.net.unlisten(self.address)
+        w.net.unlisten_node(node)
         w.net.cut_node(node)
         notes = w.disk.crash(node, self.data_dir)
         w.trace("server", f"{node.name} CRASH ({why}); torn: {'; '.join(notes) or 'nothing'}")
@@ -430,6 +436,7 @@ class World:
         put(Partition, "mark_durable", mark_durable)
         put(Partition, "set_high_watermark", set_high_watermark)
         put(asyncio, "open_connection", self.net.open_connection)
+        put(asyncio, "start_server", self.net.start_server)
         handler: logging.Handler = _TraceHandler(self) if self.verbose else _GapHandler(self)
         plog = logging.getLogger("partition_server")
         old_level, old_prop = plog.level, plog.propagate

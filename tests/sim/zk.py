@@ -49,6 +49,10 @@ class FakeZk:
         self._sessions = 0
         self.ops = 0
 
+    def client(self, name: str) -> FakeZkClient:
+        """A new session for the node ``name``."""
+        return FakeZkClient(self, name)
+
     def new_session(self) -> int:
         self._sessions += 1
         return 0x5000 + self._sessions
@@ -196,6 +200,13 @@ class FakeZkClient:
         self.zk.ops += 1
         self._maybe_fail(True)
         self.zk.delete(path, version)
+
+    def ensure_path(self, path: str) -> bool:
+        self.zk.ops += 1
+        self._maybe_fail(True)
+        if path not in self.zk.nodes:
+            self.zk.create(path, b"", 0, True)
+        return True
 
     def stop(self) -> None:
         self.connected = False
