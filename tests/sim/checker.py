@@ -174,7 +174,7 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
                     f"sequence {last}: not in sequence order",
                     pid_at=(key, lin.pid),
                 )
-            elif lin.mode == "strict" and base != last + 1:
+            elif (lin.mode == "strict" or lin.kind == "kafka") and base != last + 1:
                 w.violation(
                     f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
                     f"sequence {last}: a gap on a strict topic",

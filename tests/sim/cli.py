@@ -1,10 +1,14 @@
 """``python -m tests.sim``: run many seeds, or replay one.
 
-    python -m tests.sim run --seeds 2000 [--start N] [--minutes M] [--stop-on-failure] [--retention]
-    python -m tests.sim replay 12345 [-v] [--retention]
+    python -m tests.sim run --seeds 2000 [--start N] [--minutes M] [--stop-on-failure]
+                            [--retention] [--kafka | --no-kafka]
+    python -m tests.sim replay 12345 [-v] [--retention] [--kafka | --no-kafka]
 
 ``--retention``: some topics get small segments and a short retention (by age, by size),
 and the servers apply it every few ms of virtual time (off by default: see README).
+
+``--kafka``: Kafka idempotent producers (kproducer.py: Kafka's wire protocol, SASL,
+InitProducerId) in every seed; by default some seeds have them, chosen by the seed.
 
 ``run`` prints, at the end and every ~10 s: seeds run, seeds per minute, faults and
 invariant checks per run, and every failing seed with the command that replays it.
@@ -20,14 +24,17 @@ import time
 from tests.sim.world import Result, run_seed
 
 
-def replay_command(seed: int, retention: bool = False) -> str:
-    return f"python -m tests.sim replay {seed} -v{' --retention' if retention else ''}"
+def replay_command(seed: int, retention: bool = False, kafka: bool | None = None) -> str:
+    return (
+        f"python -m tests.sim replay {seed} -v{' --retention' if retention else ''}"
+        f"{' --kafka' if kafka else ' --no-kafka' if kafka is False else ''}"
+    )
 
 
-def describe_failure(r: Result, retention: bool = False) -> str:
+def describe_failure(r: Result, retention: bool = False, kafka: bool | None = None) -> str:
     lines = [
         f"seed {r.seed} FAILED ({len(r.failures)} problem(s)); replay: "
-        f"{replay_command(r.seed, retention)}"
+        f"{replay_command(r.seed, retention, kafka)}"
     ]
     lines += [f"  - {f}" for f in r.failures[:8]]
     if len(r.failures) > 8:
@@ -99,6 +106,7 @@ def run_many(
     out: object = sys.stdout,
     *,
     retention: bool = False,
+    kafka: bool | None = None,
 ) -> Totals:
     tot = Totals()
     deadline = None if minutes is None else time.perf_counter() + minutes * 60
@@ -106,10 +114,10 @@ def run_many(
     for seed in range(start, start + seeds):
         if deadline is not None and time.perf_counter() >= deadline:
             break
-        r = run_seed(seed, retention=retention)
+        r = run_seed(seed, retention=retention, kafka=kafka)
         tot.add(r)
         if not r.ok:
-            print(describe_failure(r, retention), file=out, flush=True)  # type: ignore[call-overload]
+            print(describe_failure(r, retention, kafka), file=out, flush=True)  # type: ignore[call-overload]
             if stop_on_failure:
                 break
         if time.perf_counter() - last_report > 10:
@@ -144,13 +152,31 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("seed", type=int)
     rep.add_argument("-v", "--verbose", action="store_true", help="print the trace of events")
     rep.add_argument("--retention", action="store_true", help="topics with short retention")
+    for p in (run, rep):
+        k = p.add_mutually_exclusive_group()
+        k.add_argument(
+            "--kafka",
+            dest="kafka",
+            action="store_const",
+            const=True,
+            default=None,
+            help="Kafka producers in every seed (default: in some seeds, by the seed)",
+        )
+        k.add_argument(
+            "--no-kafka", dest="kafka", action="store_const", const=False, help="in no seed"
+        )
     args = ap.parse_args(argv)
     if args.cmd == "run":
         tot = run_many(
-            args.seeds, args.start, args.minutes, args.stop_on_failure, retention=args.retention
+            args.seeds,
+            args.start,
+            args.minutes,
+            args.stop_on_failure,
+            retention=args.retention,
+            kafka=args.kafka,
         )
         return 1 if tot.failed else 0
-    r = run_seed(args.seed, verbose=args.verbose, retention=args.retention)
+    r = run_seed(args.seed, verbose=args.verbose, retention=args.retention, kafka=args.kafka)
     print(f"seed {r.seed}: plan {r.plan}")
     if args.verbose:
         print("\n".join(r.trace))
@@ -161,5 +187,5 @@ def main(argv: list[str] | None = None) -> int:
         f"{r.wall_s:.3f}s wall"
     )
     if not r.ok:
-        print(describe_failure(r, args.retention))
+        print(describe_failure(r, args.retention, args.kafka))
     return 0 if r.ok else 1

@@ -51,6 +51,7 @@ from pidlease.wire.cluster import (
     topic_path,
 )
 from tests.sim.disk import DiskFaults, DiskShim
+from tests.sim.kproducer import API_TOKENS, PRINCIPALS, KafkaProducer
 from tests.sim.loop import NODE, Idle, Node, SimLoop
 from tests.sim.net import SimNetwork
 from tests.sim.producer import Lineage, Producer
@@ -58,6 +59,7 @@ from tests.sim.zk import FakeZk, FakeZkClient
 
 SECRET = "sim-secret"
 EPOCH_MS = 1_700_000_000_000
+KAFKA_P = 0.4  # seeds with Kafka producers, when not asked for (--kafka) or against
 DEADLINE_S = 60.0  # virtual; a run not done by then is stuck (a liveness failure)
 _TMP_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -90,6 +92,8 @@ class ServerNode:
         self.host = f"sim-{sid}"
         self.port = 9000 + sid
         self.address = f"{self.host}:{self.port}"
+        self.kafka_port = 9100 + sid
+        self.kafka_address = f"{self.host}:{self.kafka_port}"
         self.data_dir = os.path.join(world.tmp, f"server-{sid}")
         self.node: Node | None = None
         self.server: PartitionServer | None = None
@@ -108,6 +112,7 @@ class ServerNode:
                 host=self.host,
                 port=self.port,
                 data_dir=self.data_dir,
+                kafka_port=self.kafka_port if self.w.kafka else 0,
                 **self.w.server_opts,
             )
         return self._settings
@@ -193,8 +198,20 @@ class ServerNode:
 
 
 class World:
-    def __init__(self, seed: int, *, verbose: bool = False, retention: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        verbose: bool = False,
+        retention: bool = False,
+        kafka: bool | None = None,
+    ) -> None:
         self.seed = seed
+        # Kafka producers (kproducer.py) on the servers' Kafka listeners: always (True),
+        # never (False), or in some seeds by the seed (None).
+        self.kafka_mode = kafka
+        self.kafka = False
+        self.kafka_sasl = False
         self.rng = random.Random(seed)
         self.verbose = verbose
         self.retention = retention
@@ -209,6 +226,7 @@ class World:
         self.disk = DiskShim(self.rng, self.loop.time, self.faults, self.trace)
         self.net = SimNetwork(self.rng, self.trace, self.world_ctx)
         self.zk = FakeZk(self.rng, self.trace)
+        self.zk.on_owner_read = self.owner_read
         self.servers: dict[int, ServerNode] = {}
         self.lineages: list[Lineage] = []
         self.topics: dict[str, TopicSpec] = {}
@@ -217,6 +235,14 @@ class World:
         self.capture_chunk_pids = self.rng.choice([1, 2, 20_000])
         self.result.plan["capture_chunk_pids"] = self.capture_chunk_pids
         self.final = False  # the end: no more faults
+        # Buggify (FoundationDB's word): faults aimed at the narrow windows the exactly-once
+        # holes of issue 23 need, on in some seeds: a crash shortly after a follower
+        # starts over (restart_at) or cuts its log, a ZooKeeper session that expires while
+        # a Kafka produce waits for the owner of its PID.
+        self.buggify = False
+        self.buggify_p = 0.0
+        self.buggify_crashes = 0
+        self.buggify_expiries = 0
         self.fsync_slow_p = 0.0
         self.checks = 0
         self.fault_counts: dict[str, int] = {}
@@ -289,6 +315,21 @@ class World:
         elif self.rng.random() < 0.05:
             d += self.rng.random() * 0.01
         return d
+
+    def _leader(self, topic: str, partition: int) -> int:
+        z = self.zk.nodes.get(partition_path(topic, partition))
+        sid = PartitionState.from_bytes(z.data).leader if z is not None else 1
+        return sid if sid in self.servers else 1
+
+    def kafka_address(self, sid: int) -> str:
+        return self.servers[sid].kafka_address
+
+    def kafka_leader_address(self, topic: str, partition: int) -> str:
+        return self.kafka_address(self._leader(topic, partition))
+
+    def any_live_server(self) -> int:
+        live = [sid for sid, s in sorted(self.servers.items()) if s.up]
+        return self.rng.choice(live) if live else 0
 
     def leader_address(self, topic: str, partition: int) -> str:
         z = self.zk.nodes.get(partition_path(topic, partition))
@@ -411,12 +452,27 @@ class World:
 
         orig_restart = Partition.restart_at
 
-        def restart_at(part: Partition, offset: int, *args: Any) -> None:
-            orig_restart(part, offset, *args)
+        def restart_at(part: Partition, offset: int, *args: Any, **kw: Any) -> None:
+            orig_restart(part, offset, *args, **kw)
             node = NODE.get()
             world.note_lost_pids(GAP_SKIPPED, part, node.name if node else "?")
+            world.count("restart_at")
+            world.after_event(f"{part.topic}-{part.partition} started over at {offset}", node)
 
         put(Partition, "restart_at", restart_at)
+        orig_truncate = Partition.truncate_to
+
+        def truncate_to(part: Partition, offset: int, *args: Any, **kw: Any) -> Any:
+            end = part.log.next_offset
+            out = orig_truncate(part, offset, *args, **kw)
+            if offset < end:
+                world.count("log_cut")
+                world.after_event(
+                    f"{part.topic}-{part.partition} cut from {end} to {offset}", NODE.get()
+                )
+            return out
+
+        put(Partition, "truncate_to", truncate_to)
 
         # Snapshots export producer state in chunks with the loop free in between; the
         # chunk is 20 000 PIDs in production, so with the sim's handful of PIDs capture
@@ -468,6 +524,12 @@ class World:
         }
         if self.retention:
             self.server_opts["retention_check_ms"] = rng.choice([10, 20, 50])
+        self.kafka = self.kafka_mode if self.kafka_mode is not None else rng.random() < KAFKA_P
+        if self.kafka:
+            self.kafka_sasl = rng.random() < 0.8
+            if self.kafka_sasl:
+                self.server_opts["api_tokens"] = API_TOKENS
+            plan["kafka"] = "sasl" if self.kafka_sasl else "no sasl"
         self.n_servers = 3 if rng.random() < 0.5 else 1
         if self.n_servers > 1:
             self.server_opts.update(
@@ -532,13 +594,18 @@ class World:
             holes=rng.random() < 0.5,
             gap_s=rng.choice([0.0, 0.0005, 0.002]),
         )
+        if self.kafka and rng.random() < 0.5:
+            lin.kind = "kafka"
+            lin.pid = -1  # InitProducerId gives it
+            lin.principal = rng.choice(sorted(PRINCIPALS))
+            lin.max_in_flight = min(lin.max_in_flight, 5)  # Kafka's limit with idempotence
         self.lineages.append(lin)
         self.world_later(start, self._start_producer, lin, False)
-        if rng.random() < 0.2:
+        if lin.kind == "native" and rng.random() < 0.2:
             self.world_later(start + rng.uniform(0.005, 0.3), self._takeover, lin)
 
     def _start_producer(self, lin: Lineage, takeover: bool) -> Producer:
-        p = Producer(self, lin, takeover=takeover)
+        p = KafkaProducer(self, lin) if lin.kind == "kafka" else Producer(self, lin, takeover=takeover)
         lin_current[id(lin)] = p
         self.loop.create_task(p.run(), context=self.world_ctx)
         return p
@@ -606,6 +673,52 @@ class World:
             t = rng.uniform(0, horizon)
             plan["zk_expiry"] = round(t * 1000)
             self.world_later(t, self._expire, rng.randint(1, self.n_servers))
+        if self.kafka and self.n_servers > 1 and rng.random() < 0.5:
+            # Leaders step down under Kafka produces (their owner lookups await).
+            for _ in range(rng.randint(1, 3)):
+                t = rng.uniform(0, horizon)
+                plan.setdefault("zk_expiries", []).append(round(t * 1000))
+                self.world_later(t, self._expire, rng.randint(1, self.n_servers))
+        if rng.random() < 0.4:
+            self.buggify = True
+            self.buggify_p = rng.choice([0.1, 0.3, 0.6])
+            plan["buggify"] = self.buggify_p
+
+    # -- buggify -------------------------------------------------------------------------------
+    def after_event(self, what: str, node: Node | None) -> None:
+        """``what`` just happened on ``node`` (a follower started over, cut its log): with
+        the seed's buggify odds, SIGKILL that process a moment later, before its next
+        snapshot, so its recovery starts from what it persisted (or not) for it."""
+        if node is None or self.final or not self.buggify or self.buggify_crashes >= 3:
+            return
+        if self.rng.random() >= self.buggify_p:
+            return
+        self.buggify_crashes += 1
+        delay = self.rng.uniform(0.0002, 0.02)
+        self.trace("fault", f"buggify: SIGKILL {node.name} in {delay * 1000:.1f} ms ({what})")
+        self.world_later(delay, self._crash_node, node, what)
+
+    def _crash_node(self, node: Node, what: str) -> None:
+        if self.final or not node.alive:
+            return
+        sid = int(node.name[1:].split("#")[0])
+        s = self.servers[sid]
+        if s.node is node:
+            self.count("buggify_crash")
+            s.crash(f"SIGKILL after {what}")
+
+    def owner_read(self, zkc: FakeZkClient) -> None:
+        """A ZooKeeper read of a Kafka PID's owner (``/kafka_pids/<pid>``) was answered:
+        with the seed's buggify odds the session expires right after, while the produce
+        that asked still waits for it (a read that blocked through a reconnect)."""
+        if self.final or not self.buggify or self.buggify_expiries >= 3:
+            return
+        if self.rng.random() >= self.buggify_p:
+            return
+        self.buggify_expiries += 1
+        self.count("buggify_expiry")
+        self.trace("fault", f"buggify: session of {zkc.name} expires during an owner lookup")
+        zkc.expire_session()
 
     # -- faults ------------------------------------------------------------------------------
     def _crash(self, sid: int) -> None:
@@ -645,6 +758,9 @@ class World:
     async def main(self) -> None:
         for root in ALL_ROOTS:
             self.zk.create(root, b"", makepath=True)
+        # The cluster's PID counter (the coordinator's blocks and InitProducerId's): the
+        # native lineages' PIDs (1000 + n) are below it.
+        self.zk.create("/pid_block", b"100000")
         self.plan()
         for sid in range(1, self.n_servers + 1):
             self.servers[sid] = ServerNode(self, sid)
@@ -824,7 +940,9 @@ def _freeze_imports() -> None:
     gc.freeze()
 
 
-def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Result:
+def run_seed(
+    seed: int, *, verbose: bool = False, retention: bool = False, kafka: bool | None = None
+) -> Result:
     """Run one seed; the result says what failed (empty: all checks held)."""
     # The run's objects hold cycles (tasks, futures, streams); collect them at the end,
     # quietly (closing a killed node's coroutines runs finally blocks that cannot await
@@ -841,7 +959,7 @@ def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Re
             was_enabled = gc.isenabled()
             gc.disable()  # collections at allocation-dependent moments: not in a run
             try:
-                r = _run(seed, verbose, retention)
+                r = _run(seed, verbose, retention, kafka)
             finally:
                 gc.collect()
                 if was_enabled:
@@ -851,9 +969,9 @@ def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Re
     return r
 
 
-def _run(seed: int, verbose: bool, retention: bool) -> Result:
+def _run(seed: int, verbose: bool, retention: bool, kafka: bool | None) -> Result:
     t0 = time.perf_counter()
-    w = World(seed, verbose=verbose, retention=retention)
+    w = World(seed, verbose=verbose, retention=retention, kafka=kafka)
     r = w.result
     try:
         with w.patched():

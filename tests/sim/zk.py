@@ -48,6 +48,7 @@ class FakeZk:
         self.read_fail_p = 0.0
         self._sessions = 0
         self.ops = 0
+        self.on_owner_read: Callable[[FakeZkClient], None] | None = None
 
     def client(self, name: str) -> FakeZkClient:
         """A new session for the node ``name``."""
@@ -164,6 +165,8 @@ class FakeZkClient:
             raise NoNodeError
         if watch is not None:
             self.zk._data_watches.setdefault(path, []).append((self, watch))
+        if path.startswith("/kafka_pids/") and self.zk.on_owner_read is not None:
+            self.zk.on_owner_read(self)
         return z.data, Stat(z.version, z.owner)
 
     def exists(self, path: str, watch: Callable[..., Any] | None = None) -> Stat | None:
