@@ -194,7 +194,12 @@ class ServerNode:
             session = self.zkc.session
             w.world_later(w.rng.uniform(0.01, 0.2), w.zk.expire, session)
         if restart:
-            w.world_later(w.rng.uniform(0.002, 0.08), self.start)
+            # Now and then down for long (with retention: the leader's log start passes
+            # this replica's end meanwhile, and it starts over).
+            long_down = w.retention and w.rng.random() < 0.2
+            w.world_later(
+                w.rng.uniform(0.1, 0.3) if long_down else w.rng.uniform(0.002, 0.08), self.start
+            )
 
 
 class World:
@@ -243,6 +248,8 @@ class World:
         self.buggify_p = 0.0
         self.buggify_crashes = 0
         self.buggify_expiries = 0
+        self.pending = 0  # late takeovers still to come: the run waits for them
+        self.short_retention: set[str] = set()  # topics with a retention policy (--retention)
         self.fsync_slow_p = 0.0
         self.checks = 0
         self.fault_counts: dict[str, int] = {}
@@ -571,6 +578,7 @@ class World:
         """Small segments that retention deletes while the run goes on (a run lasts well
         under a second of virtual time): by age, by size, or both."""
         rng = self.rng
+        self.short_retention.add(spec.name)
         spec.segment_bytes = rng.choice([256, 512, 1024, 2048])
         spec.segment_ms = rng.choice([SEGMENT_MS_DEFAULT, SEGMENT_MS_DEFAULT, 20, 100])
         by = rng.choice(["time", "size", "both"])
@@ -589,7 +597,9 @@ class World:
             # some PIDs write a batch or three and go idle: more PIDs per
             # partition, longer snapshot captures
             batches_total=rng.choice([rng.randint(1, 3), rng.randint(5, 40)]),
-            max_in_flight=rng.choice([1, 2, 3, 5, 5]),
+            # up to 16: a leader's uncommitted tail (cut when it steps down) can hold more
+            # than the K (5) batches of one PID that producer state remembers
+            max_in_flight=rng.choice([1, 2, 3, 5, 5, 8, 16]),
             records_max=rng.choice([1, 3, 5]),
             holes=rng.random() < 0.5,
             gap_s=rng.choice([0.0, 0.0005, 0.002]),
@@ -603,9 +613,30 @@ class World:
         self.world_later(start, self._start_producer, lin, False)
         if lin.kind == "native" and rng.random() < 0.2:
             self.world_later(start + rng.uniform(0.005, 0.3), self._takeover, lin)
+        if (
+            lin.kind == "native"
+            and lin.mode != "off"
+            and spec.name in self.short_retention
+            and rng.random() < 0.3
+        ):
+            # Takeovers after retention deleted what the PID wrote (its data batches all
+            # gone, its state kept), with a crash of the leader between two of them: a
+            # replica then cuts its log or recovers, and must still know the PID.
+            t = start + rng.uniform(0.2, 0.45)
+            self.pending += 1
+            self.world_later(t, self._late_takeover, lin, rng.randint(1, 3))
+            self.world_later(t + rng.uniform(0.001, 0.05), self._crash_leader, spec.name, partition)
+            if rng.random() < 0.6:
+                self.pending += 1
+                t2 = t + rng.uniform(0.03, 0.2)
+                self.world_later(t2, self._late_takeover, lin, rng.randint(1, 3))
 
     def _start_producer(self, lin: Lineage, takeover: bool) -> Producer:
-        p = KafkaProducer(self, lin) if lin.kind == "kafka" else Producer(self, lin, takeover=takeover)
+        p = (
+            KafkaProducer(self, lin)
+            if lin.kind == "kafka"
+            else Producer(self, lin, takeover=takeover)
+        )
         lin_current[id(lin)] = p
         self.loop.create_task(p.run(), context=self.world_ctx)
         return p
@@ -620,6 +651,21 @@ class World:
         if old is not None:
             old.superseded = True
         self._start_producer(lin, True)
+
+    def _late_takeover(self, lin: Lineage, extra: int) -> None:
+        """A new holder of a lineage that may have finished long ago: ``extra`` batches
+        more, after a FENCE (the coordinator's takeover)."""
+        self.pending -= 1
+        if self.final or lin.failed:
+            return
+        self.trace("fault", f"late takeover of {lin.name}: {extra} more batches")
+        lin.batches_total += extra
+        lin.finished = False
+        self._takeover(lin)
+
+    def _crash_leader(self, topic: str, partition: int) -> None:
+        if partition_path(topic, partition) in self.zk.nodes:
+            self._crash(self._leader(topic, partition))
 
     def _create_topic(self, spec: TopicSpec) -> None:
         z = self.zk
@@ -767,7 +813,7 @@ class World:
             self.servers[sid].start()
         while self.loop.time() < DEADLINE_S:
             await asyncio.sleep(0.01)
-            if all(lin.finished or lin.failed for lin in self.lineages):
+            if not self.pending and all(lin.finished or lin.failed for lin in self.lineages):
                 break
         else:
             stuck = [
