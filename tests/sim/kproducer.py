@@ -223,6 +223,7 @@ class KafkaProducer(Producer):
         return Batch(base, count, values, data)
 
     def _send(self, conn: Connection, b: Batch) -> int:
+        b.sends += 1
         corr = self._next_corr()
         if self.w.verbose:
             self._trace(f"send [{b.base}..{b.base + b.count - 1}] as Produce {corr}")
