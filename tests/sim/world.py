@@ -59,6 +59,7 @@ from tests.sim.zk import FakeZk, FakeZkClient
 
 SECRET = "sim-secret"
 EPOCH_MS = 1_700_000_000_000
+ZK3_P = 0.08  # seeds with a 3-server ZooKeeper, when not asked for (--zk3) or against
 KAFKA_P = 0.4  # seeds with Kafka producers, when not asked for (--kafka) or against
 DEADLINE_S = 60.0  # virtual; a run not done by then is stuck (a liveness failure)
 _TMP_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -210,8 +211,12 @@ class World:
         verbose: bool = False,
         retention: bool = False,
         kafka: bool | None = None,
+        zk3: bool | None = None,
     ) -> None:
         self.seed = seed
+        # A 3-server ZooKeeper ensemble, one member cut off from the quorum now and then
+        # (zk.py): always, never, or in some seeds by the seed (None).
+        self.zk3_mode = zk3
         # Kafka producers (kproducer.py) on the servers' Kafka listeners: always (True),
         # never (False), or in some seeds by the seed (None).
         self.kafka_mode = kafka
@@ -230,8 +235,10 @@ class World:
         self.faults = DiskFaults()
         self.disk = DiskShim(self.rng, self.loop.time, self.faults, self.trace)
         self.net = SimNetwork(self.rng, self.trace, self.world_ctx)
-        self.zk = FakeZk(self.rng, self.trace)
+        self.zk3 = self.zk3_mode if self.zk3_mode is not None else self.rng.random() < ZK3_P
+        self.zk = FakeZk(self.rng, self.trace, servers=3 if self.zk3 else 1)
         self.zk.on_owner_read = self.owner_read
+        self.zk.on_quorum_expiry = self.quorum_expired
         self.servers: dict[int, ServerNode] = {}
         self.lineages: list[Lineage] = []
         self.topics: dict[str, TopicSpec] = {}
@@ -531,6 +538,8 @@ class World:
         }
         if self.retention:
             self.server_opts["retention_check_ms"] = rng.choice([10, 20, 50])
+        if self.zk3:
+            plan["zk"] = "3 servers"
         self.kafka = self.kafka_mode if self.kafka_mode is not None else rng.random() < KAFKA_P
         if self.kafka:
             self.kafka_sasl = rng.random() < 0.8
@@ -725,6 +734,16 @@ class World:
                 t = rng.uniform(0, horizon)
                 plan.setdefault("zk_expiries", []).append(round(t * 1000))
                 self.world_later(t, self._expire, rng.randint(1, self.n_servers))
+        if self.zk3:
+            # A member of the ensemble cut off from the quorum (most often the one a leader
+            # talks to); it notices after 0.5-3 s (syncLimit x tickTime; 10 s with
+            # zkserver.py's settings), serving stale reads until then.
+            for _ in range(rng.choice([1, 1, 2])):
+                t = rng.uniform(0.01, horizon)
+                until = rng.choice([0.5, 1.5, 3.0])
+                plan.setdefault("zk_cut_off", []).append((round(t * 1000), until))
+                self.pending += 1  # the run goes on until it is over
+                self.world_later(t, self._zk_isolate, until, rng.random() < 0.7)
         if rng.random() < 0.4:
             self.buggify = True
             self.buggify_p = rng.choice([0.1, 0.3, 0.6])
@@ -765,6 +784,50 @@ class World:
         self.count("buggify_expiry")
         self.trace("fault", f"buggify: session of {zkc.name} expires during an owner lookup")
         zkc.expire_session()
+
+    def _done_pending(self) -> None:
+        self.pending -= 1
+
+    def _zk_isolate(self, until: float, at_a_leader: bool) -> None:
+        # The run waits for the quorum's expiry of the sessions cut off (the lease check),
+        # not for the end of a long window.
+        self.world_later(min(until, self.zk.session_timeout_s + 0.05), self._done_pending)
+        if self.final:
+            return
+        zid = self.rng.randrange(len(self.zk.ensemble))
+        if at_a_leader:
+            leaders = sorted(
+                {
+                    PartitionState.from_bytes(z.data).leader
+                    for p, z in self.zk.nodes.items()
+                    if p.startswith("/topics/") and "/partitions/" in p and z.data
+                }
+            )
+            s = self.servers.get(self.rng.choice(leaders)) if leaders else None
+            if s is not None and s.up and s.zkc is not None:
+                zid = s.zkc.server
+        self.count("zk_cut_off")
+        self.zk.isolate(zid, until)
+
+    def quorum_expired(self, session: int, zkc: FakeZkClient) -> None:
+        """The ZooKeeper quorum expired ``session`` (attached to a member cut off from it):
+        other servers may be elected now, so the process of that session must lead no
+        replicated partition any more: its lease (registry.py, ZkLease) ends before the
+        session could have expired."""
+        for sid, s in sorted(self.servers.items()):
+            if s.zkc is not zkc or s.node is None or not s.node.alive or s.server is None:
+                continue
+            for (topic, p), part in sorted(s.server.broker.partitions.items()):
+                spec = self.topics.get(topic)
+                if spec is None or spec.replication_factor < 2 or not _leads(part):
+                    continue
+                self.checks += 1
+                self.violation(
+                    f"{topic}-{p}: server {sid} ({s.node.name}) still leads when the "
+                    f"ZooKeeper quorum expired its session 0x{session:x}: its lease outlived "
+                    f"the session (confirmed by stale reads of a ZooKeeper server cut off "
+                    f"from the quorum)"
+                )
 
     # -- faults ------------------------------------------------------------------------------
     def _crash(self, sid: int) -> None:
@@ -834,6 +897,7 @@ class World:
         # Quiet, then one last SIGKILL and recovery from the files: what is left is checked.
         self.final = True
         self._zk_faults(0.0, 0.0)
+        self.zk.heal_all()
         self.faults.enospc_until = self.faults.eio_write_p = self.faults.fsync_fail_p = 0.0
         for s in self.servers.values():
             s.crash("final", restart=False)
@@ -865,16 +929,19 @@ class World:
                 ps = PartitionState.from_bytes(z.data)
                 srv = self.servers[ps.leader].server if ps.leader in self.servers else None
                 part = srv.broker.partitions.get((name, p)) if srv is not None else None
-                if (
-                    part is None
-                    or part.role != "leader"
-                    or part.high_watermark < part.log.next_offset
-                ):
+                if part is None or not _leads(part) or part.high_watermark < part.log.next_offset:
                     return False
         return True
 
 
 lin_current: dict[int, Producer] = {}
+
+
+def _leads(part: Partition) -> bool:
+    """The replica leads (a role string, or an enum whose name or value says so)."""
+    role = part.role
+    names = {str(role), str(getattr(role, "value", "")), str(getattr(role, "name", ""))}
+    return any(n.lower().rsplit(".", 1)[-1] == "leader" for n in names)
 
 
 class _SlowYields:
@@ -987,7 +1054,12 @@ def _freeze_imports() -> None:
 
 
 def run_seed(
-    seed: int, *, verbose: bool = False, retention: bool = False, kafka: bool | None = None
+    seed: int,
+    *,
+    verbose: bool = False,
+    retention: bool = False,
+    kafka: bool | None = None,
+    zk3: bool | None = None,
 ) -> Result:
     """Run one seed; the result says what failed (empty: all checks held)."""
     # The run's objects hold cycles (tasks, futures, streams); collect them at the end,
@@ -1005,7 +1077,7 @@ def run_seed(
             was_enabled = gc.isenabled()
             gc.disable()  # collections at allocation-dependent moments: not in a run
             try:
-                r = _run(seed, verbose, retention, kafka)
+                r = _run(seed, verbose, retention, kafka, zk3)
             finally:
                 gc.collect()
                 if was_enabled:
@@ -1015,9 +1087,9 @@ def run_seed(
     return r
 
 
-def _run(seed: int, verbose: bool, retention: bool, kafka: bool | None) -> Result:
+def _run(seed: int, verbose: bool, retention: bool, kafka: bool | None, zk3: bool | None) -> Result:
     t0 = time.perf_counter()
-    w = World(seed, verbose=verbose, retention=retention, kafka=kafka)
+    w = World(seed, verbose=verbose, retention=retention, kafka=kafka, zk3=zk3)
     r = w.result
     try:
         with w.patched():
