@@ -1036,7 +1036,8 @@ class _TraceHandler(logging.Handler):
         _note_rebuild(self.world, record)
         node = NODE.get()
         # Wall-clock durations differ between runs of one seed; nothing else does.
-        msg = _WALL_TIME.sub("#s", record.getMessage())
+        # ... nor the run's temporary directory (the real start() logs its data dir).
+        msg = _WALL_TIME.sub("#s", record.getMessage()).replace(self.world.tmp, "$TMP")
         self.world.trace(
             "log", f"[{node.name if node else '-'}] {record.levelname} {record.name}: {msg}"
         )
