@@ -85,6 +85,7 @@ class Totals:
         self.faults = 0
         self.checks = 0
         self.acked = 0
+        self.kafka_acked = 0
         self.deleted = 0
         self.kinds: dict[str, list[int]] = {}
         self.t0 = time.perf_counter()
@@ -94,6 +95,7 @@ class Totals:
         self.faults += sum(r.faults.values())
         self.checks += r.checks
         self.acked += r.acked
+        self.kafka_acked += r.kafka_acked
         self.deleted += r.segments_deleted
         if not r.ok:
             self.failed.append(r.seed)
@@ -106,7 +108,7 @@ class Totals:
         return (
             f"{self.runs} seeds in {secs:.1f}s ({self.runs / max(secs, 1e-9) * 60:.0f} seeds/min), "
             f"{self.faults / n:.1f} faults/run, {self.checks / n:.0f} invariant checks/run, "
-            f"{self.acked / n:.0f} acked records/run, "
+            f"{self.acked / n:.0f} acked records/run ({self.kafka_acked / n:.0f} by Kafka), "
             + (f"{self.deleted / n:.1f} segments deleted/run, " if self.deleted else "")
             + f"{len(self.failed)} failed"
         )
@@ -204,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(r.trace))
     print(
         f"seed {r.seed}: {'ok' if r.ok else 'FAILED'}; faults {r.faults}, {r.checks} invariant "
-        f"checks, {r.batches} batches, {r.acked} acked records, {r.segments_deleted} "
+        f"checks, {r.batches} batches, {r.acked} acked records ({r.kafka_acked} by Kafka), "
+        f"{r.segments_deleted} "
         f"segments deleted, {r.virtual_s:.3f}s virtual, "
         f"{r.wall_s:.3f}s wall"
     )

@@ -72,6 +72,7 @@ class Result:
     faults: dict[str, int] = field(default_factory=dict)
     checks: int = 0
     acked: int = 0
+    kafka_acked: int = 0  # of which by Kafka producers
     batches: int = 0
     virtual_s: float = 0.0
     segments_deleted: int = 0  # by retention, all servers
@@ -523,6 +524,17 @@ class World:
             plog.propagate = old_prop
 
     # -- the plan ------------------------------------------------------------------------------
+    def plan_only(self) -> dict[str, Any]:
+        """The plan this seed makes, without running it (tests of the mix)."""
+        try:
+            for root in ALL_ROOTS:
+                self.zk.create(root, b"", makepath=True)
+            self.plan()
+            return dict(self.result.plan)
+        finally:
+            _close_loop(self.loop)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
     def plan(self) -> None:
         rng = self.rng
         plan = self.result.plan
@@ -1113,6 +1125,7 @@ def _run(seed: int, verbose: bool, retention: bool, kafka: bool | None, zk3: boo
     r.faults["disk"] = w.disk.injected
     r.segments_deleted = w.segments_deleted
     r.acked = sum(len(lin.acked) for lin in w.lineages)
+    r.kafka_acked = sum(len(lin.acked) for lin in w.lineages if lin.kind == "kafka")
     r.batches = sum(lin.sent for lin in w.lineages)
     r.virtual_s = w.loop.time()
     r.wall_s = time.perf_counter() - t0
