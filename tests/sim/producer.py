@@ -224,6 +224,10 @@ class Producer:
                 continue
             if r.error_code == 0:
                 lin.fences.append((self.generation, r.fence_offset))
+                if self.superseded:
+                    # A newer holder started while this fence was on its way: the lineage's
+                    # sequences are that holder's now.
+                    return False
                 lin.resumes.append((self.generation, r.durable_highwater, lin.acked_seq_max))
                 if lin.mode == "strict":
                     lin.next_seq = r.durable_highwater + 1
