@@ -472,7 +472,11 @@ class World:
             node = NODE.get()
             world.note_lost_pids(GAP_SKIPPED, part, node.name if node else "?")
             world.count("restart_at")
-            world.after_event(f"{part.topic}-{part.partition} started over at {offset}", node)
+            world.after_event(
+                f"{part.topic}-{part.partition} started over at {offset}",
+                node,
+                (part.topic, part.partition),
+            )
 
         put(Partition, "restart_at", restart_at)
         orig_truncate = Partition.truncate_to
@@ -483,7 +487,9 @@ class World:
             if offset < end:
                 world.count("log_cut")
                 world.after_event(
-                    f"{part.topic}-{part.partition} cut from {end} to {offset}", NODE.get()
+                    f"{part.topic}-{part.partition} cut from {end} to {offset}",
+                    NODE.get(),
+                    (part.topic, part.partition),
                 )
             return out
 
@@ -762,10 +768,12 @@ class World:
             plan["buggify"] = self.buggify_p
 
     # -- buggify -------------------------------------------------------------------------------
-    def after_event(self, what: str, node: Node | None) -> None:
+    def after_event(self, what: str, node: Node | None, key: tuple[str, int] | None = None) -> None:
         """``what`` just happened on ``node`` (a follower started over, cut its log): with
         the seed's buggify odds, SIGKILL that process a moment later, before its next
-        snapshot, so its recovery starts from what it persisted (or not) for it."""
+        snapshot, so its recovery starts from what it persisted (or not) for it. With
+        ``key`` (the partition), half the time also SIGKILL its leader a little later, so
+        that replica may lead, and take over a lineage of that partition after."""
         if node is None or self.final or not self.buggify or self.buggify_crashes >= 3:
             return
         if self.rng.random() >= self.buggify_p:
@@ -774,6 +782,19 @@ class World:
         delay = self.rng.uniform(0.0002, 0.02)
         self.trace("fault", f"buggify: SIGKILL {node.name} in {delay * 1000:.1f} ms ({what})")
         self.world_later(delay, self._crash_node, node, what)
+        if key is None or self.rng.random() >= 0.5:
+            return
+        t = delay + self.rng.uniform(0.06, 0.15)
+        self.world_later(t, self._crash_leader, *key)
+        lins = [
+            lin
+            for lin in self.lineages
+            if (lin.topic, lin.partition) == key and lin.kind == "native" and lin.mode != "off"
+        ]
+        if lins:
+            self.pending += 1
+            lin = self.rng.choice(lins)
+            self.world_later(t + self.rng.uniform(0.02, 0.08), self._late_takeover, lin, 1)
 
     def _crash_node(self, node: Node, what: str) -> None:
         if self.final or not node.alive:
