@@ -762,7 +762,7 @@ class World:
                 plan.setdefault("zk_cut_off", []).append((round(t * 1000), until))
                 self.pending += 1  # the run goes on until it is over
                 self.world_later(t, self._zk_isolate, until, rng.random() < 0.7)
-        if rng.random() < 0.4:
+        if rng.random() < 0.5:
             self.buggify = True
             self.buggify_p = rng.choice([0.1, 0.3, 0.6])
             plan["buggify"] = self.buggify_p
@@ -773,7 +773,7 @@ class World:
         the seed's buggify odds, SIGKILL that process a moment later, before its next
         snapshot, so its recovery starts from what it persisted (or not) for it. With
         ``key`` (the partition), half the time also SIGKILL its leader a little later, so
-        that replica may lead, and take over a lineage of that partition after."""
+        that replica may lead, and take over the lineages of that partition after."""
         if node is None or self.final or not self.buggify or self.buggify_crashes >= 3:
             return
         if self.rng.random() >= self.buggify_p:
@@ -791,9 +791,8 @@ class World:
             for lin in self.lineages
             if (lin.topic, lin.partition) == key and lin.kind == "native" and lin.mode != "off"
         ]
-        if lins:
+        for lin in lins[:3]:
             self.pending += 1
-            lin = self.rng.choice(lins)
             self.world_later(t + self.rng.uniform(0.02, 0.08), self._late_takeover, lin, 1)
 
     def _crash_node(self, node: Node, what: str) -> None:
