@@ -303,6 +303,13 @@ class FakeZkClient:
         z = self._tree().get(path)
         return None if z is None else Stat(z.version, z.owner)
 
+    def sync(self, path: str) -> str:
+        """Through the quorum's leader (the lease heartbeat's sync before its exists): it
+        fails as a write does (a server cut off from the quorum cannot answer it)."""
+        self.zk.ops += 1
+        self._maybe_fail(True)
+        return path
+
     def get_children(self, path: str, watch: Callable[..., Any] | None = None) -> list[str]:
         self.zk.ops += 1
         self._maybe_fail(False)
@@ -330,13 +337,6 @@ class FakeZkClient:
         self.zk.ops += 1
         self._maybe_fail(True)
         self.zk.delete(path, version)
-
-    def sync(self, path: str) -> str:
-        """kazoo's sync: the server catches up with the leader first; a server cut off
-        from the quorum cannot (ConnectionLoss once the client's read timeout runs out)."""
-        self.zk.ops += 1
-        self._maybe_fail(True)
-        return path
 
     def _tree(self) -> dict[str, _Znode]:
         stale = self.server_cut()
