@@ -254,8 +254,13 @@ class FakeZkClient:
                         self.deliver(cb, WatchedEvent("CHANGED", None, path))
 
     def expire_session(self) -> None:
-        """Session expiry: ephemerals go, the client sees LOST, then reconnects (new id)."""
+        """Session expiry: ephemerals go, the client sees LOST, then reconnects (new id).
+        A client whose server is cut off from the quorum learns it only when it reconnects
+        elsewhere."""
         self.zk.expire(self.session)
+        if self.server_cut() is not None:
+            self.expired_on_quorum = True
+            return
         self._lost_then_connected()
 
     def _lost_then_connected(self) -> None:
