@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import enum
 import json
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -244,6 +245,17 @@ def may_have_lost_state(dropped_last_use_max_ms: int, leased_since_ms: int) -> b
     return leased_since_ms > 0 and dropped_last_use_max_ms >= leased_since_ms
 
 
+def recorded_highwater(record: PidRecord | None, tp: str) -> int:
+    """The highest durable highwater a leader of ``tp`` reported for the PID and this
+    coordinator recorded (``mark_seen``); -1 when none was."""
+    if record is None:
+        return -1
+    entry = record.partitions.get(tp)
+    if not entry or not entry.get("seen"):
+        return -1
+    return int(entry.get("highwater", -1))
+
+
 def next_sequence(
     pid: int,
     tp: str,
@@ -253,14 +265,29 @@ def next_sequence(
     *,
     dropped_last_use_max_ms: int = 0,
     leased_since_ms: int = 0,
+    recorded_highwater: int = -1,
 ) -> int:
     """The sequence a producer must send next to a partition, from its leader's answer.
 
     "No state" on a partition where a leader once reported state means the server expired
     it: answering 0 would make a replayable source resend what is already in the log. The
     same holds where no leader reported state yet (the PID wrote and died before its first
-    renewal) if the partition dropped a PID used since this one's lease of it began."""
+    renewal) if the partition dropped a PID used since this one's lease of it began.
+
+    State found with a durable highwater below the one a leader reported before
+    (``recorded_highwater``) was rebuilt without some of the PID's batches (issue 23,
+    finding 2: a fence alone after retention and a cut): sequences up to the recorded
+    highwater are in the log, so resuming below it would write them again. Durable
+    highwaters never go back on a partition that kept the PID's state, so that is
+    UNKNOWN_PID, never a sequence at or below the recorded highwater."""
     if found:
+        if durable_highwater < recorded_highwater:
+            raise UnknownPid(
+                f"partition {tp} reports pid {pid}'s durable highwater as "
+                f"{durable_highwater}, below the {recorded_highwater} its leader reported "
+                "before: the partition lost part of this PID's state; lease a new PID and "
+                "resume from your own checkpoint"
+            )
         return durable_highwater + 1
     if seen:
         raise UnknownPid(
@@ -287,11 +314,159 @@ def mark_nothing_lost(record: PidRecord, tp: str, checked_ms: int) -> PidRecord:
     if entry is None or entry.get("seen") or entry.get("added_ms", -1) >= checked_ms:
         return record
     out = copy.deepcopy(record)
-    out.partitions[tp]["added_ms"] = checked_ms
+    _mark_nothing_lost_in(out.partitions, tp, checked_ms)
     return out
+
+
+def _mark_nothing_lost_in(partitions: dict[str, dict[str, object]], tp: str, at_ms: int) -> None:
+    entry = partitions.get(tp)
+    if entry is None or entry.get("seen"):
+        return
+    added = entry.get("added_ms", -1)
+    if not isinstance(added, int) or added < at_ms:
+        entry["added_ms"] = at_ms
 
 
 def mark_seen(record: PidRecord, tp: str, highwater: int) -> PidRecord:
+    """A leader reported durable ``highwater`` for the PID on ``tp``. The recorded value
+    never goes down: a lower report is a partition that lost state (``next_sequence``
+    answers UNKNOWN_PID for it), and recording it would make the loss pass later."""
     out = copy.deepcopy(record)
-    out.partitions[tp] = {"seen": True, "highwater": highwater}
+    _mark_seen_in(out.partitions, tp, highwater)
     return out
+
+
+def _mark_seen_in(partitions: dict[str, dict[str, object]], tp: str, highwater: int) -> None:
+    entry = partitions.get(tp) or {}
+    before = entry.get("highwater", -1) if entry.get("seen") else -1
+    partitions[tp] = {
+        "seen": True,
+        "highwater": max(highwater, before if isinstance(before, int) else -1),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderState:
+    """A partition leader's PRODUCER_STATE answer for the PID, as a renewal reads it."""
+
+    found: bool
+    durable_highwater: int = -1
+    dropped_last_use_max_ms: int = 0
+
+
+def renew_sequence(record: PidRecord, tp: str, state: LeaderState, clock_skew_max_ms: int) -> int:
+    """The sequence a renewal of ``record`` (as read, before the renewal) answers for
+    ``tp``, from its leader's state (``next_sequence`` with what the record says of ``tp``)."""
+    return next_sequence(
+        record.pid,
+        tp,
+        bool(record.partitions.get(tp, {}).get("seen", False)),
+        state.found,
+        state.durable_highwater,
+        dropped_last_use_max_ms=state.dropped_last_use_max_ms,
+        leased_since_ms=leased_since(record, tp, clock_skew_max_ms),
+        recorded_highwater=recorded_highwater(record, tp),
+    )
+
+
+def renewed_round(
+    record: PidRecord,
+    expire_ms: int | None,
+    answered: Mapping[str, LeaderState],
+    now_ms: int,
+    checked_ms: int,
+    limits: ExpiryLimits,
+) -> PidRecord:
+    """The record after a renewal round: the lease pushed out once, and every partition of
+    ``answered`` (the renewals of the round that succeeded, with what their leaders said,
+    asked at ``checked_ms``) added, marked seen with its highwater, or marked as having
+    lost nothing. One record for the whole round, so a producer of N partitions writes its
+    PID record once per renewal, not N times (issue 30, item 6)."""
+    parts = copy.deepcopy(record.partitions)
+    for tp, state in answered.items():
+        parts.setdefault(tp, {"seen": False, "added_ms": now_ms})
+        if state.found and state.durable_highwater >= 0:
+            _mark_seen_in(parts, tp, state.durable_highwater)
+        elif not state.found:
+            _mark_nothing_lost_in(parts, tp, checked_ms)
+    clamped = limits.clamp(expire_ms)
+    return _record(
+        owner_of(record),
+        pid=record.pid,
+        generation=record.generation,
+        producer_name=record.producer_name,
+        expire_ms=clamped,
+        expires_at_ms=now_ms + clamped,
+        last_use_ms=now_ms,
+        created_ms=record.created_ms,
+        partitions=parts,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FenceAnswer:
+    """A partition leader's answer to a takeover's FENCE: whether the PID had state there
+    (``existed``), whether the fence created a fresh entry (``created``: the server judged
+    that nothing it dropped can have been this PID's), the durable highwater after the
+    fence, and the server's ``dropped_last_use_max_ms``. Neither existed nor created: the
+    fence wrote nothing (no state there, and creating one could hide a loss)."""
+
+    existed: bool
+    created: bool
+    durable_highwater: int = -1
+    dropped_last_use_max_ms: int = 0
+
+    @property
+    def fenced(self) -> bool:
+        """The partition now holds the new generation: a holder of an older one is refused."""
+        return self.existed or self.created
+
+
+NOT_FENCED = FenceAnswer(existed=False, created=False)
+
+
+def takeover_sequence(
+    record: PidRecord,
+    tp: str,
+    answers: Mapping[str, FenceAnswer],
+    leased_since_ms: Mapping[str, int],
+    untracked: Collection[str] = (),
+) -> int:
+    """The sequence a takeover answers for partition ``tp``, from the FENCE answers of every
+    partition of the PID's lease (``record`` is the record the takeover wrote; ``untracked``
+    are partitions of ``dedup=off`` topics, which keep no producer state and need no fence).
+
+    A takeover answers OK only when every leased partition holds the new generation: one
+    left unfenced (no state there, and the server may not create it) would let the old
+    holder go on appending there with the old generation (on a monotonic topic, any
+    sequence), although the takeover said it was fenced. Such a partition makes the whole
+    takeover UNKNOWN_PID (the PID's state there may be lost; the contract's answer for
+    that), never OK. The requested partition is judged first, by ``next_sequence``."""
+    mine = answers.get(tp, NOT_FENCED)
+    seq = next_sequence(
+        record.pid,
+        tp,
+        bool(record.partitions.get(tp, {}).get("seen", False)),
+        mine.fenced,
+        mine.durable_highwater if mine.fenced else -1,
+        dropped_last_use_max_ms=mine.dropped_last_use_max_ms,
+        leased_since_ms=leased_since_ms.get(tp, 0),
+        recorded_highwater=recorded_highwater(record, tp),
+    )
+    for other in unfenced(answers, untracked, also=[tp, *record.partitions]):
+        raise UnknownPid(
+            f"takeover of pid {record.pid}: partition {other} holds no state for it and "
+            "may not create one (the PID's state there may have been dropped), so it cannot "
+            "be fenced and the old holder could still write there; lease a new PID and "
+            "resume from your own checkpoint"
+        )
+    return seq
+
+
+def unfenced(
+    answers: Mapping[str, FenceAnswer], untracked: Collection[str], also: Iterable[str] = ()
+) -> list[str]:
+    """The partitions (of ``answers`` and ``also``) that keep producer state and whose
+    fence did not make them hold the new generation (no answer counts as not), in order."""
+    tps = sorted(set(answers) | set(also))
+    return [t for t in tps if t not in untracked and not answers.get(t, NOT_FENCED).fenced]

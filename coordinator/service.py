@@ -9,6 +9,7 @@ of every partition in the PID's record has durably recorded the new generation (
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -75,6 +76,17 @@ def _seen(record: PidRecord, tp: str) -> bool:
     return bool(record.partitions.get(tp, {}).get("seen", False))
 
 
+def _leader_state(resp: Response) -> leases.LeaderState:
+    return leases.LeaderState(resp.found, resp.durable_highwater, resp.dropped_last_use_max_ms)
+
+
+def _round_key(req: LeaseRequest) -> tuple[int, int, str | None, int | None] | None:
+    """Requests with the same key renew the same PID the same way (one renewal round)."""
+    if req.pid == leases.NEW_PID or req.generation is None:
+        return None
+    return (req.pid, req.generation, req.producer_name, req.expire_ms)
+
+
 class LeaseService:
     def __init__(
         self,
@@ -128,20 +140,162 @@ class LeaseService:
     def lease_batch(
         self, reqs: list[LeaseRequest], principal: Principal = ANONYMOUS
     ) -> list[dict[str, Any]]:
-        """In request order, so a batch may rely on an earlier item's effect."""
+        """In request order, so a batch may rely on an earlier item's effect. A run of
+        consecutive renewals of one PID (same pid, generation, name and expire_ms: what the
+        SDK's lease keeper sends for all its partitions) is one renewal round: one write of
+        the PID record for the whole run (``_renew_round``)."""
         out: list[dict[str, Any]] = []
-        for req in reqs:
+        i = 0
+        while i < len(reqs):
+            key = _round_key(reqs[i])
+            j = i + 1
+            while key is not None and j < len(reqs) and _round_key(reqs[j]) == key:
+                j += 1
+            if j - i > 1:
+                out.extend(self._renew_round(reqs[i:j], principal))
+            else:
+                out.append(self._batch_item(reqs[i], principal))
+            i = j
+        return out
+
+    def _batch_item(self, req: LeaseRequest, principal: Principal) -> dict[str, Any]:
+        try:
+            return self.lease(req, principal).to_json()
+        except PidleaseError as exc:
+            return exc.to_json()
+        except Exception as exc:
+            log.exception("unexpected error in a batch item")
+            return CoordinatorUnavailable(
+                f"internal error ({type(exc).__name__}); it was logged; retry"
+            ).to_json()
+
+    def _renew_round(self, reqs: list[LeaseRequest], principal: Principal) -> list[dict[str, Any]]:
+        """Renew one PID on every partition of ``reqs`` with one compare-and-set of its
+        record: the leaders are asked in parallel (once, reused if the write must be
+        retried), each item gets its own answer, and the record gets every partition that
+        succeeded (``leases.renewed_round``). Whatever is not a plain renewal (the record
+        is gone, fenced, owned by another principal, ...) is answered item by item through
+        ``lease``, exactly as before."""
+        started = time.perf_counter()
+        first = reqs[0]
+        pid = first.pid
+        answers: list[dict[str, Any] | None] = [None] * len(reqs)
+        for k, req in enumerate(reqs):
             try:
-                out.append(self.lease(req, principal).to_json())
+                spec = self.topic(req.topic)
+                if req.partition >= spec.partitions:
+                    raise UnknownTopicOrPartition(
+                        f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, "
+                        f"not {req.partition}"
+                    )
             except PidleaseError as exc:
-                out.append(exc.to_json())
-            except Exception as exc:
-                log.exception("unexpected error in a batch item")
-                out.append(
-                    CoordinatorUnavailable(
-                        f"internal error ({type(exc).__name__}); it was logged; retry"
-                    ).to_json()
+                self.metrics.lease_failed(time.perf_counter() - started)
+                answers[k] = exc.to_json()
+        todo = [k for k in range(len(reqs)) if answers[k] is None]
+        states: dict[str, leases.LeaderState | PidleaseError] = {}
+        checked_ms = 0
+        got: tuple[PidRecord, int] | None = None
+        cache_allowed = True
+        for attempt in range(self.settings.cas_attempts_max):
+            from_cache = False
+            if got is None and cache_allowed:
+                cache_allowed = False
+                got = self.records.get(pid)
+                from_cache = got is not None
+            if got is None:
+                got = self.store.get_pid(pid)
+                if got is None:
+                    self.records.drop(pid)
+            record, version = got or (None, -1)
+            now = self.clock_ms()
+            try:
+                if record is None or not leases.retained(record, now, self.limits.retention_ms):
+                    raise UnknownPid("decided item by item")
+                self._check_owner(record, principal)
+                kind = leases.classify(first, record, now, self.limits)
+            except PidleaseError:
+                if from_cache:
+                    got = None
+                    continue
+                kind = None
+            if kind is not LeaseKind.RENEW or record is None:
+                # Not a plain renewal: each item decides (and is counted, and logged) alone.
+                for k in todo:
+                    answers[k] = self._batch_item(reqs[k], principal)
+                return [a for a in answers if a is not None]
+            missing = sorted({reqs[k].tp for k in todo} - set(states))
+            if missing:
+                checked_ms = self.clock_ms()
+                states.update(self._leader_states(missing, pid))
+            results: dict[int, int | PidleaseError] = {}
+            ok: dict[str, leases.LeaderState] = {}
+            for k in todo:
+                tp = reqs[k].tp
+                st = states[tp]
+                try:
+                    if isinstance(st, PidleaseError):
+                        raise st
+                    results[k] = leases.renew_sequence(
+                        record, tp, st, self.settings.clock_skew_max_ms
+                    )
+                    ok[tp] = st
+                except PidleaseError as exc:
+                    results[k] = exc
+            updated = record
+            if ok:
+                updated = leases.renewed_round(
+                    record, first.expire_ms, ok, now, checked_ms, self.limits
                 )
+                if not self.store.cas_pid(updated, version):
+                    got = None
+                    if not from_cache:
+                        time.sleep(self._rng.uniform(0, min(0.05, 0.001 * (attempt + 1))))
+                    continue
+                self.records.put(updated, version + 1)
+            token = self._token(updated)
+            latency = time.perf_counter() - started
+            for k, res in results.items():
+                if isinstance(res, PidleaseError):
+                    self.metrics.lease_failed(latency)
+                    answers[k] = res.to_json()
+                else:
+                    self.metrics.lease_done(LeaseKind.RENEW.value, latency)
+                    answers[k] = LeaseResult(LeaseKind.RENEW, updated, res, token).to_json()
+            return [a for a in answers if a is not None]
+        busy = CoordinatorUnavailable(f"pid {pid} is contended; retry")
+        for k in todo:
+            self.metrics.lease_failed(time.perf_counter() - started)
+            answers[k] = busy.to_json()
+        return [a for a in answers if a is not None]
+
+    def _leader_states(
+        self, tps: list[str], pid: int
+    ) -> dict[str, leases.LeaderState | PidleaseError]:
+        """PRODUCER_STATE of ``pid`` on each of ``tps``, asked in parallel; a failure is
+        that partition's answer."""
+        unknown = [tp for tp in tps if self.addresses.get(tp) is None]
+        if unknown:
+            # One pipelined ZooKeeper read for all of them, not one per partition and thread.
+            with contextlib.suppress(PidleaseError):  # then each call asks on its own
+                for tp, address in self._leader_addresses(unknown).items():
+                    self.addresses.put(tp, address)
+        futures = {
+            tp: self._pool.submit(self._producer_state, *split_tp_key(tp), pid) for tp in tps
+        }
+        out: dict[str, leases.LeaderState | PidleaseError] = {}
+        # One deadline for the round: past it, calls not started yet are cancelled (their
+        # items answer COORDINATOR_UNAVAILABLE, retriable), so a slow leader cannot hold
+        # the shared pool (takeovers' FENCE calls use it too) for a whole queue of calls.
+        deadline = time.monotonic() + self.settings.leader_request_timeout_ms / 1000 * 4
+        for tp, fut in futures.items():
+            try:
+                resp = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                out[tp] = _leader_state(resp)
+            except PidleaseError as exc:
+                out[tp] = exc
+            except Exception as exc:  # noqa: BLE001 - a pool timeout or a bug in one call
+                fut.cancel()
+                out[tp] = CoordinatorUnavailable(f"asking the leader of {tp} failed: {exc!r}")
         return out
 
     def topic(self, name: str) -> TopicSpec:
@@ -313,21 +467,11 @@ class LeaseService:
                 if state is None:
                     checked_ms = self.clock_ms()
                     state = self._producer_state(req.topic, req.partition, pid)
-                seq = leases.next_sequence(
-                    pid,
-                    req.tp,
-                    _seen(updated, req.tp),
-                    state.found,
-                    state.durable_highwater,
-                    dropped_last_use_max_ms=state.dropped_last_use_max_ms,
-                    leased_since_ms=leases.leased_since(
-                        record, req.tp, self.settings.clock_skew_max_ms
-                    ),
+                answer = _leader_state(state)
+                seq = leases.renew_sequence(record, req.tp, answer, self.settings.clock_skew_max_ms)
+                updated = leases.renewed_round(
+                    record, req.expire_ms, {req.tp: answer}, now, checked_ms, self.limits
                 )
-                if state.found and state.durable_highwater >= 0:
-                    updated = leases.mark_seen(updated, req.tp, state.durable_highwater)
-                elif not state.found:
-                    updated = leases.mark_nothing_lost(updated, req.tp, checked_ms)
                 if self.store.cas_pid(updated, version):
                     self.records.put(updated, version + 1)
                     return LeaseResult(kind, updated, seq, self._token(updated))
@@ -389,8 +533,15 @@ class LeaseService:
             # re-fences every partition, so nothing is left half-done for the producer.
             raise failure
         highwaters: dict[str, int] = {}
+        fenced: dict[str, leases.FenceAnswer] = {}
         for tp, resp in answers.items():
             if resp.error_code == errors.NONE:
+                fenced[tp] = leases.FenceAnswer(
+                    existed=resp.existed,
+                    created=not resp.existed and resp.fence_offset >= 0,
+                    durable_highwater=resp.durable_highwater,
+                    dropped_last_use_max_ms=resp.dropped_last_use_max_ms,
+                )
                 if resp.existed and resp.durable_highwater >= 0:
                     highwaters[tp] = resp.durable_highwater
                 continue
@@ -401,25 +552,13 @@ class LeaseService:
                     generation=record.generation,
                 )
             if resp.error_code == UnknownPid.code:
-                continue  # no state there and none created: treated as "not found" below
+                continue  # no state there and none created: not fenced (judged below)
             raise CoordinatorUnavailable(
                 f"leader of {tp} refused FENCE: {errors.error_for_code(resp.error_code).name} "
                 f"{resp.detail}"
             )
-        mine = answers.get(req.tp)
-        ok = mine is not None and mine.error_code == errors.NONE
-        if ok and mine is not None and not mine.existed and mine.fence_offset >= 0:
-            seq = 0  # the server created a fresh entry: it judged nothing of this PID dropped
-        else:
-            seq = leases.next_sequence(
-                record.pid,
-                req.tp,
-                _seen(record, req.tp),
-                ok and mine is not None and mine.existed,
-                mine.durable_highwater if mine is not None else -1,
-                dropped_last_use_max_ms=mine.dropped_last_use_max_ms if mine is not None else 0,
-                leased_since_ms=since[req.tp],
-            )
+        untracked = [tp for tp in tps if self.topic(split_tp_key(tp)[0]).dedup == "off"]
+        seq = leases.takeover_sequence(record, req.tp, fenced, since, untracked)
         if highwaters:
             record = self._remember_highwaters(record, highwaters)
         return LeaseResult(LeaseKind.TAKEOVER, record, seq, self._token(record))

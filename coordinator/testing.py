@@ -127,8 +127,9 @@ class FakeStore:
                 out[i] = ServerInfo.from_bytes(got[0])
         return out
 
-    def add_topic(self, name: str, partitions: int, leader: int = 1) -> None:
-        self.nodes[cluster.topic_path(name)] = (TopicSpec(name, partitions).to_bytes(), 0)
+    def add_topic(self, name: str, partitions: int, leader: int = 1, dedup: str = "strict") -> None:
+        spec = TopicSpec(name, partitions, dedup=dedup)
+        self.nodes[cluster.topic_path(name)] = (spec.to_bytes(), 0)
         for p in range(partitions):
             self.nodes[cluster.partition_path(name, p)] = (
                 PartitionState([leader], leader, 0, [leader]).to_bytes(),

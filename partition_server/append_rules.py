@@ -52,7 +52,9 @@ INVALID_PRODUCER_EPOCH); a newer epoch must start at sequence 0 (the client's ow
 bump), else OUT_OF_ORDER; the same epoch takes exactly last+1, wrapping at 2**31, else
 OUT_OF_ORDER, except that a batch equal to one of the last K of this epoch is DUPLICATE
 with its offsets (the caller answers it once those offsets are committed: durability is
-by offset here, not by sequence); no state: sequence 0 creates it, else UNKNOWN_PID. These
+by offset here, not by sequence); no state: sequence 0 creates it, else UNKNOWN_PID; a PID
+whose state is ours (a generation below the base: leased over HTTP) is UNKNOWN_PID too, never
+taken over by a Kafka epoch (which would fence its producer for good). These
 rules take only last+1, so a refusal can never leave a hole, on monotonic topics too.
 
 The table keeps a Kafka PID's sequences as *positions*: ``kafka_position(epoch, n)``, with
@@ -279,6 +281,13 @@ def kafka_base_position(
     return start + base_seq
 
 
+def leased_over_our_protocol(pid: int, generation: int) -> str:
+    return (
+        f"producer id {pid} is leased over the pidlease protocol (generation {generation}); "
+        "a Kafka producer may not use it: get a producer id from InitProducerId"
+    )
+
+
 def check_kafka_append(
     view: PidView, pid: int, generation: int, base_seq: int, count: int, now_ms: int | None
 ) -> Decision:
@@ -297,6 +306,8 @@ def check_kafka_append(
         if now_ms is not None and not view.room_for_new_pid(now_ms):
             return Decision(Outcome.TOO_MANY_PIDS, detail=view.limit_detail())
         return APPEND
+    if current < KAFKA_GENERATION_BASE:
+        return Decision(Outcome.UNKNOWN_PID, detail=leased_over_our_protocol(pid, current))
     epoch = generation - KAFKA_GENERATION_BASE
     if generation < current:
         return Decision(

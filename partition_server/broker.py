@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from partition_server.flusher import Flusher
-from partition_server.partition import Partition, parse_dir_name, wall_clock_ms
+from partition_server.partition import Partition, Role, parse_dir_name, wall_clock_ms
+from partition_server.produce import ProducePath
 from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager, is_replicated
 from partition_server.retention import LogPolicy, segments_to_delete
@@ -59,6 +60,8 @@ class Broker:
         self._snapshot_lock = asyncio.Lock()
         self.recovery: dict[str, Any] = {}
         self.snapshots_taken = 0
+        # The one way a client's batch is appended, for both protocols (produce.py).
+        self.produce = ProducePath(self.route, self.note_append)
         self.replicas = ReplicaManager(
             settings,
             registry,
@@ -118,7 +121,7 @@ class Broker:
         )
         part.set_min_insync(self._min_insync(key[0], a))
         if replicated:
-            part.role = "follower"  # until the replica manager decides
+            part.role = Role.FOLLOWER  # until the replica manager decides
         part.on_roll = self.retention_soon
         return part, report, n
 
@@ -234,22 +237,22 @@ class Broker:
             if is_replicated(ps):
                 self.replicas.apply_guarded(key, part, ps, a)
                 continue
-            role = "leader" if ps.leader == me else "follower"
-            if role != part.role:
-                log.info("partition %s-%d: %s -> %s", key[0], key[1], part.role, role)
+            role = Role.LEADER if ps.leader == me else Role.FOLLOWER
+            if role is not part.role:
+                log.info("partition %s-%d: %s -> %s", key[0], key[1], part.role.value, role.value)
             part.role = role
             leader = a.servers.get(ps.leader)
             part.leader_address = leader.address if leader is not None else ""
         for key, part in self.partitions.items():
             if key not in hosted:
                 part.hosted = False
-                part.role = "none"
+                part.role = Role.NONE
 
     def route(self, topic: str, partition: int) -> tuple[Partition | None, str | None]:
         """(partition to serve, None) when we lead it; (None, leader address or "") when
         another server should; (None, None) when the partition is unknown."""
         part = self.partitions.get((topic, partition))
-        if part is not None and part.hosted and part.role == "leader":
+        if part is not None and part.hosted and part.role is Role.LEADER:
             return part, None
         ps = self.assignment.partitions.get((topic, partition))
         if ps is None:
@@ -373,7 +376,7 @@ class Broker:
         want_snapshot = False
         loop = asyncio.get_running_loop()
         for key, part in list(self.partitions.items()):
-            if not part.hosted or part.role == "none":
+            if not part.hosted or part.role is Role.NONE:
                 continue
             replay_from, truncations = self._snapshot_replay_from.get(key, (0, -1))
             if truncations != part.epochs.truncations:
@@ -436,7 +439,7 @@ class Broker:
         clock of every PID instead)."""
         dropped = 0
         for key, part in self.partitions.items():
-            if part.role != "leader":
+            if part.role is not Role.LEADER:
                 continue
             n = part.state.expire(now_ms, self.s.pid_expire_ms)
             if n:

@@ -3,8 +3,9 @@ and to fetch batches as Kafka consumers read them. Pure partition logic, no sock
 listener owns requests, connections, routing (NOT_LEADER_OR_FOLLOWER when this server does
 not lead the partition) and the long poll of Fetch (``Partition.wait_for_data``).
 
-A Kafka batch goes through the same ``Partition.append`` as ours (the rules tell the two
-apart by generation, append_rules.py) and is stored as sent. What differs is the answer:
+A Kafka batch goes through the same produce path as ours (``produce.py``: route, check,
+append at the routed epoch, bookkeeping; the rules tell the two apart by generation,
+append_rules.py) and is stored as sent. What differs is the answer:
 Kafka's error codes, and a DUPLICATE answered NO_ERROR with its original offsets once those
 offsets are committed (Kafka's producers treat a retried batch's answer as the first one's,
 so it must not come before the data is as safe as an ack says).
@@ -13,10 +14,12 @@ so it must not come before the data is as safe as an ack says).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from partition_server.partition import Partition
+from partition_server.produce import NotRouted, ProducePath
 from partition_server.producer_state import Outcome
 from pidlease.errors import (
     CorruptRecord,
@@ -27,9 +30,15 @@ from pidlease.errors import (
     TooManyPids,
 )
 from pidlease.wire import kafka_batch as K
-from pidlease.wire.protocol import iter_batches
+from pidlease.wire.protocol import BatchHeader, iter_batches
 
-__all__ = ["KafkaFetchResult", "KafkaProduceResult", "kafka_fetch", "kafka_produce"]
+__all__ = [
+    "KafkaFetchResult",
+    "KafkaProduceResult",
+    "Unauthorized",
+    "kafka_fetch",
+    "kafka_produce",
+]
 
 # Kafka's code for each refusal the rules decide.
 _REFUSALS = {
@@ -39,6 +48,7 @@ _REFUSALS = {
     # Never decided for a Kafka batch (durability is by offset there); retriable if it were.
     Outcome.SEQUENCE_UNKNOWN: K.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
 }
+CLUSTER_AUTHORIZATION_FAILED = 31  # Kafka's code (the listener's others: kafka/codes.py)
 # Fetches that find only our control batches (fence records, left out for Kafka
 # consumers) read on past them, at most this many times, so a consumer is never handed an
 # empty answer below the high watermark.
@@ -61,25 +71,63 @@ class KafkaFetchResult:
     records: bytes
 
 
+class Unauthorized(Exception):
+    """The batch's PID belongs to another principal (SASL on)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(f"producer id {pid} belongs to another principal")
+
+
 def kafka_produce(
-    part: Partition, records: bytes | memoryview, *, acks: int, batch_bytes_max: int
-) -> KafkaProduceResult | asyncio.Future[KafkaProduceResult]:
-    """Validate, decide and write one partition's batch of a Produce (see the interface in
-    docs/kafka.md). The decision and the write happen in this call; the returned future
-    (appends and duplicates) resolves by ``acks``: -1 once committed (the high watermark
-    covers it, as our PRODUCE), 1 once fsynced here, 0 at once. It never raises."""
+    path: ProducePath,
+    topic: str,
+    partition: int,
+    records: bytes | memoryview,
+    *,
+    acks: int,
+    batch_bytes_max: int,
+    authorize: Callable[[BatchHeader], None] | None = None,
+) -> KafkaProduceResult | asyncio.Future[KafkaProduceResult] | NotRouted:
+    """Route, validate, authorize, decide and write one partition's batch of a Produce,
+    through the one produce path (``produce.py``: no await between the route and the
+    append; see the interface in docs/kafka.md). ``authorize`` raises ``Unauthorized``
+    for a batch whose PID the principal may not use (decided before the call: the
+    listener awaits the owner lookup first). NotRouted when this server does not lead the
+    partition. The returned future (appends and duplicates) resolves by ``acks``: -1 once
+    committed (the high watermark covers it, as our PRODUCE), 1 once fsynced here, 0 at
+    once. It never raises."""
+    data = memoryview(records)
+
+    def check(part: Partition) -> BatchHeader:
+        h = K.validate_kafka_batch(data, max_bytes=batch_bytes_max)
+        if authorize is not None:
+            authorize(h)
+        return h
+
+    route = path.route(topic, partition)
+    if isinstance(route, NotRouted):
+        return route
+    part = route.part
     try:
-        h = K.validate_kafka_batch(records, max_bytes=batch_bytes_max)
+        r = path.produce(topic, partition, data, check, lambda base, last: base)
     except K.KafkaBatchError as exc:
         return _refused(part, exc.kafka_code, exc.detail)
-    try:
-        d, fut = part.append(memoryview(records), h, lambda base, last: base)
+    except Unauthorized as exc:
+        return _refused(part, CLUSTER_AUTHORIZATION_FAILED, str(exc))
     except TooManyPids as exc:
-        return _refused(part, K.UNKNOWN_SERVER_ERROR, exc.detail)
+        # Our TOO_MANY_PIDS is retriable, nothing written; Kafka has no such code, and the
+        # one every Kafka producer retries with the same sequence for "nothing written,
+        # retry" is NOT_ENOUGH_REPLICAS (docs/kafka.md). The message says why.
+        return _refused(part, K.NOT_ENOUGH_REPLICAS, f"TOO_MANY_PIDS: {exc.detail}")
     except NotEnoughReplicas as exc:
         return _refused(part, K.NOT_ENOUGH_REPLICAS, exc.detail)
+    except NotLeader as exc:
+        return _refused(part, K.NOT_LEADER_OR_FOLLOWER, exc.detail)
     except ServerUnavailable as exc:
         return _refused(part, K.KAFKA_STORAGE_ERROR, exc.detail)
+    if isinstance(r, NotRouted):
+        return r
+    h, d, fut = r.header, r.decision, r.durable
     if fut is not None:
         # Written by this call: its base offset is the log's end before it.
         return _answer_when(part, fut, part.log.next_offset - h.count, h.count, acks)

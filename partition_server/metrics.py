@@ -333,6 +333,13 @@ def estimate_state_bytes(table: Any, sample_max: int = 64) -> int:
     return total + n * (per // sampled)
 
 
+def _role_name(p: Any) -> str:
+    """A partition's role as its label ("leader", "follower", "none"): ``Partition.role``
+    is a ``Role``; a fake partition may carry the name."""
+    role = p.role
+    return str(getattr(role, "value", role))
+
+
 def watch_broker(m: ServerMetrics, broker: Any) -> None:
     """Register the gauges read from a ``Broker`` at scrape time: tracked PIDs and their
     memory, partitions by role, snapshot age, PID expiry, (leaders of replicated
@@ -351,11 +358,14 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
     def by_role() -> dict[LabelValues, float]:
         out: dict[LabelValues, float] = {("leader",): 0, ("follower",): 0}
         for p in parts():
-            out[(p.role,)] = out.get((p.role,), 0) + 1
+            role = _role_name(p)
+            out[(role,)] = out.get((role,), 0) + 1
         return out
 
     def leaders_with_followers() -> list[Any]:
-        return [p for p in parts() if p.role == "leader" and getattr(p, "isr", None) is not None]
+        return [
+            p for p in parts() if _role_name(p) == "leader" and getattr(p, "isr", None) is not None
+        ]
 
     def lag(field: str) -> dict[LabelValues, float]:
         now = broker.clock_ms()

@@ -10,7 +10,7 @@ flushed end. With one replica the two are the same.
 
 Replicated partitions (``replication.py`` drives them): as leader, ``isr`` tracks the
 followers and followers' fetches wait in ``wait_for_data``; as follower, fetched batches go
-through ``append_fetched`` and a divergent suffix is cut by ``truncate_to``."""
+through ``append_replicated`` and a divergent suffix is cut by ``truncate_to``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from partition_server.retention import LogPolicy
 from partition_server.snapshot import PartitionImage, Snapshot
 from partition_server.snapshot import encode as encode_snapshot
 from pidlease.errors import (
+    CorruptRecord,
     NotEnoughReplicas,
     NotLeader,
     OffsetOutOfRange,
@@ -51,6 +53,7 @@ from pidlease.wire.protocol import (
     LATEST_TIMESTAMP,
     BatchHeader,
     encode_control_batch,
+    iter_batches,
     set_base_offset,
 )
 
@@ -69,6 +72,24 @@ def parse_dir_name(name: str) -> tuple[str, int] | None:
 
 
 Waiter = tuple[int, asyncio.Future[Any], Callable[[], Any]]
+
+
+class Role(Enum):
+    """What this replica is for its partition. Only a LEADER takes clients' batches
+    (``Partition.append``, at the epoch it leads); a FOLLOWER takes its leader's
+    (``Partition.append_replicated``); NONE: not hosted here."""
+
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    NONE = "none"
+
+
+class Origin(Enum):
+    """Where an appended batch comes from: a client (the rules decide, as a leader) or
+    replication (the leader's log is the truth; the rules are only compared)."""
+
+    CLIENT = "client"
+    REPLICATION = "replication"
 
 
 class Partition:
@@ -98,7 +119,8 @@ class Partition:
         )
         self._waiters: deque[Waiter] = deque()  # acks: wait for the high watermark
         self._flush_waiters: deque[Waiter] = deque()  # snapshots, follower fetches
-        self.role = "leader"
+        self._role = Role.LEADER
+        self.state.drops_allowed = True  # dropped (expiry, eviction) only where it leads
         self.leader_address = ""
         self.hosted = False  # assigned to this server in ZooKeeper
         self.batches_appended = 0
@@ -244,18 +266,32 @@ class Partition:
 
     # -- appends ---------------------------------------------------------------------------
     def append(
-        self, batch: memoryview, h: BatchHeader, on_durable: Callable[[int, int], Any]
+        self,
+        batch: memoryview,
+        h: BatchHeader,
+        on_durable: Callable[[int, int], Any],
+        *,
+        epoch: int,
     ) -> tuple[Decision, asyncio.Future[Any] | None]:
-        """Check a validated batch and write it when the rules allow. Returns the decision
-        and, on APPEND, a future resolved with ``on_durable(base, last)`` once fsynced.
-        Raises TooManyPids for a new PID the tracked-PID limit has no room for (only here,
-        the leader's decision: followers and replay apply what the log holds), and
-        ServerUnavailable when the log write fails (full disk), NotEnoughReplicas when the
-        in-sync set is below the topic's minimum (before anything is written). Each refusal
-        is noted in the producer state: on a monotonic topic the PID's later batches are
-        refused until this one is resent ("a refusal leaves no hole", docs/protocol.md)."""
+        """Check a client's validated batch and write it when the rules allow. Returns the
+        decision and, on APPEND, a future resolved with ``on_durable(base, last)`` once
+        committed. ``epoch`` is the leader epoch the request was routed at
+        (``produce.ProducePath``): NotLeader (retriable, nothing noted) unless this
+        replica still leads at that epoch, so a batch routed before an await can never
+        reach a follower's log. Raises TooManyPids for a new PID the tracked-PID limit
+        has no room for (only here, the leader's decision: followers and replay apply
+        what the log holds), and ServerUnavailable when the log write fails (full disk),
+        NotEnoughReplicas when the in-sync set is below the topic's minimum (before
+        anything is written). Each refusal is noted in the producer state: on a monotonic
+        topic the PID's later batches are refused until this one is resent ("a refusal
+        leaves no hole", docs/protocol.md)."""
+        if self._role is not Role.LEADER or epoch != self.leader_epoch:
+            raise NotLeader(
+                f"{self.topic}-{self.partition}: routed as leader at epoch {epoch}; this "
+                f"replica is now {self._role.value} at epoch {self.leader_epoch}; retry"
+            )
         now = self.clock_ms()
-        d = self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, now)
+        d = self._decide(h, Origin.CLIENT, now)
         if d.outcome is not Outcome.APPEND:
             if d.outcome is Outcome.DUPLICATE or d.outcome is Outcome.SEQUENCE_UNKNOWN:
                 self.state.refresh(h.pid, now)
@@ -292,6 +328,75 @@ class Partition:
         self._wake_data_waiters()
         last = base + h.count - 1
         return d, self._when_durable(last + 1, lambda: on_durable(base, last))
+
+    def _decide(self, h: BatchHeader, origin: Origin, now: int) -> Decision:
+        """The rules' decision for a data batch. A client's is the leader's: the
+        tracked-PID limit applies (a new PID may be refused TOO_MANY_PIDS). A replicated
+        batch is already in the leader's log: the decision is only compared."""
+        at = now if origin is Origin.CLIENT else None
+        return self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, at)
+
+    def append_replicated(self, data: memoryview, epochs: list[tuple[int, int]]) -> int:
+        """As a follower: append the batches the leader sent (already in its log, offsets
+        set) and replay them into the producer state, as recovery would. ``epochs`` are
+        the leader's (epoch, start) entries for them. Returns the number of batches
+        appended. A mismatch between the leader's log and these rules is counted
+        (``follower_rule_mismatches``), never refused: the leader's log is the truth."""
+        if self._role is Role.LEADER:
+            raise NotLeader(f"{self.topic}-{self.partition}: leads; it appends no fetched batch")
+        start = self.log.next_offset
+        batches = []
+        end = start
+        for h, pos in iter_batches(data):  # checks every checksum
+            if h.base_offset + h.count <= end:
+                continue  # already here (a fetch starts at the batch holding the offset)
+            if h.base_offset != end:
+                raise CorruptRecord(f"fetched batch at offset {h.base_offset}, expected {end}")
+            batches.append((h, pos))
+            end = h.base_offset + h.count
+        if not batches:
+            return 0
+        # Saved before the batches: a crash in between only refetches. A failed save (or a
+        # refused entry) leaves nothing in memory, so the refetch assigns and saves it again.
+        with self.epochs.change():
+            for epoch, first in epochs:
+                latest = self.epochs.latest_epoch
+                if (latest is None or epoch > latest) and max(first, start) < end:
+                    if first < start and start != self.log.log_start_offset:
+                        raise CorruptRecord(
+                            f"leader says epoch {epoch} starts at {first}, inside "
+                            f"this replica's log (ends {start}); reconcile again"
+                        )
+                    # An empty log restarted at the leader's log start (restart_at) holds
+                    # the epoch from there on: nothing below it is here.
+                    self.epochs.assign(epoch, max(first, start))
+        now = self.clock_ms()
+        state = self.state
+        active = self.log.segments[-1]
+        for h, pos in batches:
+            try:
+                self.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
+            except (ServerUnavailable, OSError):
+                # A failed write (a full disk) after the entries above were saved: an entry
+                # starting past the log end would make this replica unable to lead at its
+                # end (the next epoch must start at or after the last one's start). The
+                # file is trimmed the same way at the next open.
+                self.epochs.trim_past(self.log.next_offset)
+                raise
+            if h.is_control:
+                state.apply_fence(h.pid, h.generation, now)
+                continue
+            if state.tracks(h.pid):
+                d = self._decide(h, Origin.REPLICATION, now)
+                if d.outcome is not Outcome.APPEND:
+                    # The leader's log is the truth; a mismatch means the tables drifted
+                    # (expiry at other times, an evicted PID). Counted and shown.
+                    self.follower_rule_mismatches += 1
+            state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
+        self.batches_appended += len(batches)
+        if self.log.segments[-1] is not active:
+            self.rolled()
+        return len(batches)
 
     def rolled(self) -> None:
         """The active segment rolled (an append here or a follower's fetched batch)."""
@@ -378,7 +483,7 @@ class Partition:
         appended twice."""
         self.advance_high_watermark()
         isr = self.isr
-        if self.role != "leader" or isr is None or isr.commits() or not self._waiters:
+        if self.role is not Role.LEADER or isr is None or isr.commits() or not self._waiters:
             return
         log.warning(
             "%s-%d: in-sync replicas %s, below min_insync_replicas %d; %d waiting ack(s) "
@@ -448,7 +553,7 @@ class Partition:
         """Raise the high watermark as far as the replicas allow (leader, or one replica)."""
         if not self.replicated:
             self.set_high_watermark(self.flushed_end)
-        elif self.role == "leader" and self.isr is not None and self.isr.commits():
+        elif self.role is Role.LEADER and self.isr is not None and self.isr.commits():
             self.set_high_watermark(self.isr.high_watermark(self.flushed_end))
 
     def set_high_watermark(self, hw: int) -> None:
@@ -469,12 +574,15 @@ class Partition:
         exc_type: type[PidleaseError] = ServerUnavailable,
         *,
         acks_only: bool = False,
+        above: int = -1,
     ) -> None:
+        """The one way waiters are failed: every ack waiter (and, unless ``acks_only``,
+        every flush waiter) for an end above ``above`` gets ``exc_type(why)``. Used at a
+        role change (the role setter: acks, all), above a cut (``truncate_to``: both,
+        above the new end), when the in-sync set is too small, and at close. Each error
+        used is retriable: the producer resends, and the rules answer the resend."""
         for q in (self._waiters,) if acks_only else (self._waiters, self._flush_waiters):
-            while q:
-                _, fut, _ = q.popleft()
-                if not fut.done():
-                    fut.set_exception(exc_type(why))
+            _fail_above(q, above, exc_type(why))
         self._wake_data_waiters()
 
     # -- reads -----------------------------------------------------------------------------
@@ -542,15 +650,25 @@ class Partition:
 
     # -- replication: roles ---------------------------------------------------------------
     @property
-    def role(self) -> str:
-        """ "leader", "follower" or "none" (not hosted here)."""
+    def role(self) -> Role:
         return self._role
 
     @role.setter
-    def role(self, role: str) -> None:
-        # Producer state is dropped (expiry, eviction) only where the partition leads.
+    def role(self, role: Role) -> None:
+        """Every role change goes through here. Leaving the leadership of a replicated
+        partition fails the acks still waiting (``fail_waiters``: NOT_LEADER, retriable):
+        only the leader's high watermark could answer them, and its batches may be cut."""
+        if not isinstance(role, Role):
+            raise TypeError(f"a replica role is a Role, not {role!r}")
+        was = self._role
         self._role = role
-        self.state.drops_allowed = role == "leader"
+        # Producer state is dropped (expiry, eviction) only where the partition leads.
+        self.state.drops_allowed = role is Role.LEADER
+        if was is Role.LEADER and role is not Role.LEADER and self.replicated:
+            # The producers resend to the new leader, which answers DUPLICATE or appends.
+            self.fail_waiters(
+                f"no longer the leader of {self.topic}-{self.partition}", NotLeader, acks_only=True
+            )
 
     def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
         """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write. As a
@@ -561,27 +679,21 @@ class Partition:
         next reconcile retries."""
         with self.epochs.change():
             self.epochs.assign(epoch, self.log.next_offset)
-        if self.role != "leader":
+        if self.role is not Role.LEADER:
             self.state.raise_last_use(self.clock_ms())
-        self.role = "leader"
+        # The epoch first: a batch routed at the previous epoch is refused from here on.
         self.leader_epoch = epoch
+        self.role = Role.LEADER
         self.leader_id = me
         self.isr = InSyncReplicas(me, replicas, isr, self.clock_ms(), self.min_insync)
         self.advance_high_watermark()
 
     def become_follower(self, leader: int, epoch: int, address: str) -> None:
-        was_leader = self.role == "leader"
-        self.role = "follower"
         self.leader_epoch = epoch
+        self.role = Role.FOLLOWER  # fails the acks waiting, when it led
         self.leader_id = leader
         self.leader_address = address
         self.isr = None
-        if was_leader:
-            # Acks still waiting can no longer be given here; the producers resend to the
-            # new leader, which answers DUPLICATE or appends.
-            self.fail_waiters(
-                f"no longer the leader of {self.topic}-{self.partition}", NotLeader, acks_only=True
-            )
 
     # -- replication: the leader's side ----------------------------------------------------
     def record_replica_fetch(self, replica: int, offset: int) -> None:
@@ -647,11 +759,9 @@ class Partition:
             raise
         self.epochs.truncate_to(end)
         # Offsets above the cut will hold other batches, if any: a wait for one must not
-        # be answered by their flush (a snapshot captured up to there would be written).
-        _fail_above(
-            self._flush_waiters,
-            end,
-            ServerUnavailable(f"{self.topic}-{self.partition}: the log was cut back to {end}"),
+        # be answered by their flush or high watermark (acks, snapshots).
+        self.fail_waiters(
+            f"{self.topic}-{self.partition}: the log was cut back to {end}", above=end
         )
         if self._flush_waiters:
             self.flusher.note_write(self)  # the flush they counted on may be stale now
@@ -758,7 +868,7 @@ class Partition:
         out: dict[str, Any] = {
             "topic": self.topic,
             "partition": self.partition,
-            "role": self.role,
+            "role": self.role.value,
             "log_start_offset": self.log.log_start_offset,
             "log_end_offset": self.log.next_offset,
             "size_bytes": self.log.size_bytes,

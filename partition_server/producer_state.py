@@ -71,6 +71,7 @@ from partition_server.append_rules import (
     FenceOutcome,
     Outcome,
     kafka_base_position,
+    leased_over_our_protocol,
 )
 from pidlease.wire.protocol import KAFKA_GENERATION_BASE
 
@@ -387,6 +388,8 @@ class ProducerStateTable:
                 return Decision(Outcome.TOO_MANY_PIDS, detail=self.limit_detail())
             return _APPEND
         g = self._gen[s]
+        if g < KAFKA_GENERATION_BASE:
+            return Decision(Outcome.UNKNOWN_PID, detail=leased_over_our_protocol(pid, g))
         epoch = generation - KAFKA_GENERATION_BASE
         if generation != g:
             if generation < g:

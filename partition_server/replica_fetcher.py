@@ -27,14 +27,12 @@ from typing import Any
 
 from partition_server.epochs import truncation_step
 from partition_server.partition import Partition
-from partition_server.producer_state import Outcome, Row
+from partition_server.producer_state import Row
 from partition_server.snapshot import CorruptSnapshot
 from partition_server.snapshot import decode as decode_snapshot
 from pidlease import errors
-from pidlease.errors import CorruptRecord, ServerUnavailable
 from pidlease.wire import protocol as P
 from pidlease.wire.framing import FrameTooLarge, read_frame
-from pidlease.wire.protocol import iter_batches
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, peer_ssl_context
 
 log = logging.getLogger("partition_server.replica_fetcher")
@@ -91,65 +89,6 @@ class _Wire:
 
     def close(self) -> None:
         self.writer.close()
-
-
-def append_fetched(part: Partition, data: memoryview, epochs: list[tuple[int, int]]) -> int:
-    """Append the batches a leader sent (already in its log, offsets set) and replay
-    them into the producer state, as recovery would. ``epochs`` are the leader's
-    (epoch, start) entries for them. Returns the number of batches appended."""
-    start = part.log.next_offset
-    batches = []
-    end = start
-    for h, pos in iter_batches(data):  # checks every checksum
-        if h.base_offset + h.count <= end:
-            continue  # already here (a fetch starts at the batch holding the offset)
-        if h.base_offset != end:
-            raise CorruptRecord(f"fetched batch at offset {h.base_offset}, expected {end}")
-        batches.append((h, pos))
-        end = h.base_offset + h.count
-    if not batches:
-        return 0
-    # Saved before the batches: a crash in between only refetches. A failed save (or a
-    # refused entry) leaves nothing in memory, so the refetch assigns and saves it again.
-    with part.epochs.change():
-        for epoch, first in epochs:
-            latest = part.epochs.latest_epoch
-            if (latest is None or epoch > latest) and max(first, start) < end:
-                if first < start and start != part.log.log_start_offset:
-                    raise CorruptRecord(
-                        f"leader says epoch {epoch} starts at {first}, inside "
-                        f"this replica's log (ends {start}); reconcile again"
-                    )
-                # An empty log restarted at the leader's log start (restart_at) holds the
-                # epoch from there on: nothing below it is here.
-                part.epochs.assign(epoch, max(first, start))
-    now = part.clock_ms()
-    state = part.state
-    active = part.log.segments[-1]
-    for h, pos in batches:
-        try:
-            part.log.append(bytes(data[pos : pos + h.size]), h.count, h.timestamp_ms)
-        except (ServerUnavailable, OSError):
-            # A failed write (a full disk) after the entries above were saved: an entry
-            # starting past the log end would make this replica unable to lead at its
-            # end (the next epoch must start at or after the last one's start). The file
-            # is trimmed the same way at the next open.
-            part.epochs.trim_past(part.log.next_offset)
-            raise
-        if h.is_control:
-            state.apply_fence(h.pid, h.generation, now)
-            continue
-        if state.tracks(h.pid):
-            d = state.check_append(h.pid, h.generation, h.base_sequence, h.count)
-            if d.outcome is not Outcome.APPEND:
-                # The leader's log is the truth; a mismatch means the tables drifted
-                # (expiry at other times, an evicted PID). Counted and shown.
-                part.follower_rule_mismatches += 1
-        state.apply_append(h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now)
-    part.batches_appended += len(batches)
-    if part.log.segments[-1] is not active:
-        part.rolled()
-    return len(batches)
 
 
 def _leader_rows(part: Partition, data: memoryview | bytes | None) -> list[Row] | None:
@@ -359,7 +298,7 @@ class ReplicaFetcher:
                 raise FetchSessionError(f"leader answered for epoch {resp.leader_epoch}")
             assert resp.data is not None
             if len(resp.data):
-                n = append_fetched(part, resp.data, resp.epochs or [])
+                n = part.append_replicated(resp.data, resp.epochs or [])
                 self.on_append(n)
                 # Fsynced before the next fetch reports this end to the leader.
                 await part.wait_flushed(part.log.next_offset)

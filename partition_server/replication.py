@@ -34,7 +34,7 @@ from typing import Any
 from partition_server import leadership
 from partition_server.checkpoint import HighWatermarkCheckpoint
 from partition_server.liveness import LiveServers
-from partition_server.partition import Partition
+from partition_server.partition import Partition, Role
 from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import ReplicaFetcher
 from pidlease import errors
@@ -160,7 +160,7 @@ class ReplicaManager:
             return  # not serving yet, or a read older than what this replica already saw
         me = self.me
         if ps.leader == me:
-            if part.role == "leader" and part.leader_epoch == ps.leader_epoch:
+            if part.role is Role.LEADER and part.leader_epoch == ps.leader_epoch:
                 # Nobody else writes the znode during our epoch, so our own writes keep the
                 # in-sync view exact; a read that raced one of them must not undo it.
                 self._drop_departed(key, part, a)
@@ -170,7 +170,7 @@ class ReplicaManager:
             if session is None:
                 # Not sure our session is alive: someone may be elected any moment. Lead
                 # nothing; the lease's return re-reads and decides again.
-                if part.role == "leader":
+                if part.role is Role.LEADER:
                     self.step_down(key, part, "no valid ZooKeeper lease")
                 return
             if self.inherited.get(key) == ps.leader_epoch or me not in ps.isr:
@@ -193,7 +193,7 @@ class ReplicaManager:
         leader = a.servers.get(ps.leader)
         if leader is None:
             self._stop_fetcher(key)
-            if part.role == "leader" or part.leader_epoch != ps.leader_epoch:
+            if part.role is Role.LEADER or part.leader_epoch != ps.leader_epoch:
                 part.become_follower(ps.leader, ps.leader_epoch, "")
             if me in ps.isr:
                 self._zk(key, leadership.elect, after=self._take_written(key))
@@ -207,7 +207,7 @@ class ReplicaManager:
         ):
             return
         self._stop_fetcher(key)
-        if part.role == "leader":
+        if part.role is Role.LEADER:
             log.warning(
                 "%s-%d: deposed at epoch %d; server %d leads epoch %d",
                 key[0],
@@ -419,12 +419,12 @@ class ReplicaManager:
         return P.epoch_end_response(req.correlation_id, 0, epoch=epoch, end_offset=end)
 
     def _check_follower(self, req: P.Request, part: Partition) -> tuple[int, str] | None:
-        if part.role == "leader":
+        if part.role is Role.LEADER:
             # Checked on every fetch, the only thing that moves a replicated high watermark
             # while followers are in the set: no ack after the lease ends, even when the
             # timer that steps down is late (a busy loop).
             self._check_lease_of(part)
-        if part.role != "leader" or part.isr is None:
+        if part.role is not Role.LEADER or part.isr is None:
             return errors.NotLeader.code, f"server {self.me} does not lead this partition now"
         if req.leader_epoch != part.leader_epoch:
             if req.leader_epoch > part.leader_epoch:
@@ -453,7 +453,7 @@ class ReplicaManager:
         """Step down from every leadership whose ZooKeeper lease ended; when the lease is
         back, re-read ZooKeeper so the roles are decided again (by compare-and-set)."""
         for part in list(self.partitions.values()):
-            if part.role == "leader" and part.replicated:
+            if part.role is Role.LEADER and part.replicated:
                 self._check_lease_of(part)
         if self._lease_session(self.mono_ms()):
             with contextlib.suppress(RuntimeError):  # no loop: a test driving it by hand
@@ -501,7 +501,7 @@ class ReplicaManager:
         50 ms while leading, so a confirmation that moved the end is seen)."""
         while True:
             leading = any(
-                k in self._led_in for k, p in self.partitions.items() if p.role == "leader"
+                k in self._led_in for k, p in self.partitions.items() if p.role is Role.LEADER
             )
             wait_ms = 200.0
             if leading:
@@ -509,7 +509,7 @@ class ReplicaManager:
             await asyncio.sleep(wait_ms / 1000)
             try:
                 for part in list(self.partitions.values()):
-                    if part.role == "leader":
+                    if part.role is Role.LEADER:
                         self._check_lease_of(part)
             except Exception:  # keep watching; the next pass retries
                 log.exception("checking the ZooKeeper lease failed")
@@ -542,7 +542,7 @@ class ReplicaManager:
         self._observe_servers(self.registry.assignment)
         gone = frozenset(self.liveness.gone())
         for key, part in list(self.partitions.items()):
-            if part.role == "leader" and part.isr is not None:
+            if part.role is Role.LEADER and part.isr is not None:
                 out = set(part.isr.laggards(now_ms, self.s.replica_lag_time_max_ms))
                 out |= set(part.isr.departed(gone))
                 if out:

@@ -25,7 +25,6 @@ import ssl
 import struct
 import time
 from asyncio import sslproto
-from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -33,7 +32,9 @@ from partition_server.broker import Broker
 from partition_server.kafka import KafkaListener, make_listener
 from partition_server.metrics import ServerMetrics, watch_broker
 from partition_server.metrics_listener import MetricsListener
+from partition_server.ordered import OrderedReplies
 from partition_server.partition import Partition, wall_clock_ms
+from partition_server.produce import NotRouted
 from partition_server.producer_state import FenceOutcome, Outcome
 from partition_server.refusal_guard import Key, Refusal, RefusalGuard
 from partition_server.registry import Registry
@@ -92,18 +93,24 @@ def error_response(
     return P.response(corr, code, detail, b"")
 
 
-class _Conn:
-    """Per-connection pipeline: replies in request order, bounded in number, and the
-    refusal guard of the connection's producers."""
+def _failed_answer(meta: tuple[int, int], exc: Exception) -> bytes:
+    """The answer of a request whose reply future failed, in its API's shape."""
+    api, corr = meta
+    if isinstance(exc, PidleaseError):
+        return error_response(api, corr, exc.code, exc.detail)
+    log.error("request %d failed", corr, exc_info=exc)
+    return error_response(api, corr, errors.PidleaseError.code, str(exc))
 
-    __slots__ = ("dead", "eof", "guard", "missing", "pending", "space", "wake")
 
-    def __init__(self) -> None:
-        self.pending: deque[tuple[int, int, Reply]] = deque()
-        self.wake = asyncio.Event()
-        self.space = asyncio.Event()
-        self.eof = False
-        self.dead = False
+class _Conn(OrderedReplies[tuple[int, int]]):
+    """Per-connection pipeline (``ordered.py``: replies in request order, bounded in
+    number, keyed by (api, correlation id)) and the refusal guard of the connection's
+    producers."""
+
+    __slots__ = ("guard", "missing")
+
+    def __init__(self, inflight_max: int) -> None:
+        super().__init__(inflight_max, _failed_answer)
         self.guard = RefusalGuard()
         # (topic, partition) -> when a re-read of ZooKeeper for this connection did not
         # find it: requests for it soon after are answered without another re-read.
@@ -143,6 +150,7 @@ class PartitionServer:
         self.broker = Broker(settings, self.registry, clock_ms=clock_ms)
         self.metrics = ServerMetrics(settings.server_id, clock_ms=clock_ms)
         watch_broker(self.metrics, self.broker)
+        self.broker.produce.metrics = self.metrics  # both protocols' appends are counted
         self.metrics_listener: MetricsListener | None = None
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -229,8 +237,8 @@ class PartitionServer:
     # -- connections -----------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        conn = _Conn()
-        wtask = asyncio.get_running_loop().create_task(self._write_loop(conn, writer))
+        conn = _Conn(self.s.inflight_requests_max_per_connection)
+        wtask = asyncio.get_running_loop().create_task(conn.write_loop(writer))
         try:
             await self._read_loop(conn, reader)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -240,8 +248,7 @@ class PartitionServer:
         except Exception:
             log.exception("connection failed")
         finally:
-            conn.eof = True
-            conn.wake.set()
+            conn.reading_done()
             try:
                 await wtask
             finally:
@@ -288,7 +295,6 @@ class PartitionServer:
 
     async def _read_loop(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         frame_max = self.s.frame_bytes_max
-        inflight_max = self.s.inflight_requests_max_per_connection
         while not conn.dead:
             try:
                 body = await read_frame(reader, frame_max)
@@ -336,43 +342,10 @@ class PartitionServer:
                     "closing a connection that holds back batches of %d producers", len(conn.guard)
                 )
                 return
-            while len(conn.pending) >= inflight_max and not conn.dead:
-                conn.space.clear()
-                await conn.space.wait()
+            await conn.wait_for_room()
 
     def _push(self, conn: _Conn, api: int, corr: int, reply: Reply) -> None:
-        conn.pending.append((api, corr, reply))
-        conn.wake.set()
-
-    async def _write_loop(self, conn: _Conn, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                if not conn.pending:
-                    if conn.eof:
-                        return
-                    conn.wake.clear()
-                    await conn.wake.wait()
-                    continue
-                api, corr, reply = conn.pending[0]
-                if isinstance(reply, bytes):
-                    data = reply
-                else:
-                    try:
-                        data = await reply
-                    except PidleaseError as exc:
-                        data = error_response(api, corr, exc.code, exc.detail)
-                    except Exception as exc:
-                        log.exception("request %d failed", corr)
-                        data = error_response(api, corr, errors.PidleaseError.code, str(exc))
-                conn.pending.popleft()
-                conn.space.set()
-                writer.write(data)
-                if not conn.pending or writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        except (ConnectionError, OSError):
-            conn.dead = True
-            conn.space.set()
-            writer.close()
+        conn.push((api, corr), reply)
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(
@@ -461,27 +434,11 @@ class PartitionServer:
                 info = self.broker.metadata(self.s.server_id, self.address)
                 info["ops"] = self.metrics.summary()  # the coordinator's dashboard reads it
                 return P.metadata_response(corr, 0, info=info)
+            if api == P.PRODUCE:
+                return self._produce(req, refreshed)
             part, leader = self.broker.route(req.topic, req.partition)
             if part is None:
-                if leader is None and not refreshed:
-                    return None
-                if leader is None:
-                    return error_response(
-                        api,
-                        corr,
-                        errors.UnknownTopicOrPartition.code,
-                        f"no partition {req.topic}/{req.partition}",
-                    )
-                return error_response(
-                    api,
-                    corr,
-                    errors.NotLeader.code,
-                    f"this server does not lead {req.topic}/{req.partition}"
-                    + (f"; the leader is {leader}" if leader else ""),
-                    leader=leader,
-                )
-            if api == P.PRODUCE:
-                return self._produce(req, part)
+                return _not_routed(req, leader, refreshed)
             if api == P.FETCH:
                 return self._fetch(req, part)
             if api == P.LIST_OFFSETS:
@@ -501,34 +458,41 @@ class PartitionServer:
             log.exception("request %d (api %d) failed", corr, api)
             return error_response(api, corr, errors.PidleaseError.code, f"internal error: {exc}")
 
-    def _produce(self, req: P.Request, part: Partition) -> Reply:
+    def _produce(self, req: P.Request, refreshed: bool) -> Reply | None:
+        """PRODUCE through the one produce path (produce.py): routed, checked (size,
+        checksum, lease token) and appended in one call, no await in between."""
         started_s = time.perf_counter()
         corr = req.correlation_id
         batch = req.batch
         assert batch is not None
-        if len(batch) > self.s.batch_bytes_max:
-            raise RecordTooLarge(
-                f"batch of {len(batch)} bytes is over the limit of {self.s.batch_bytes_max}"
-            )
-        h = P.validate_batch(batch)
-        if h.size != len(batch):
-            raise CorruptRecord(f"{len(batch) - h.size} bytes after the batch")
-        if h.is_control:
-            raise InvalidRequest("producers may not write control batches")
-        if h.pid > 0:
-            verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
-        d, fut = part.append(
+
+        def check(part: Partition) -> P.BatchHeader:
+            if len(batch) > self.s.batch_bytes_max:
+                raise RecordTooLarge(
+                    f"batch of {len(batch)} bytes is over the limit of {self.s.batch_bytes_max}"
+                )
+            h = P.validate_batch(batch)
+            if h.size != len(batch):
+                raise CorruptRecord(f"{len(batch) - h.size} bytes after the batch")
+            if h.is_control:
+                raise InvalidRequest("producers may not write control batches")
+            if h.pid > 0:
+                verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
+            return h
+
+        r = self.broker.produce.produce(
+            req.topic,
+            req.partition,
             batch,
-            h,
+            check,
             lambda base, last: P.produce_response(corr, 0, base_offset=base, last_offset=last),
+            started_s=started_s,
         )
-        if fut is not None:
-            self.broker.note_append()
-            self.metrics.appended(h.count, started_s, fut)
-            return fut
-        self.metrics.refused(
-            d.outcome.value, req.topic, req.partition, h.pid, h.generation, h.base_sequence, h.count
-        )
+        if isinstance(r, NotRouted):
+            return _not_routed(req, r.leader, refreshed)
+        if r.durable is not None:
+            return r.durable
+        d = r.decision
         if d.outcome is Outcome.DUPLICATE:
             return P.produce_response(
                 corr,
@@ -640,6 +604,29 @@ class PartitionServer:
             last_use_ms=last_use,
             dropped_last_use_max_ms=part.state.dropped_last_use_max_ms,
         )
+
+
+def _not_routed(req: P.Request, leader: str | None, refreshed: bool) -> bytes | None:
+    """The answer to a request for a partition this server does not lead: None (re-read
+    ZooKeeper, then dispatch again) when it is not known and was not re-read yet."""
+    api, corr = req.api_key, req.correlation_id
+    if leader is None and not refreshed:
+        return None
+    if leader is None:
+        return error_response(
+            api,
+            corr,
+            errors.UnknownTopicOrPartition.code,
+            f"no partition {req.topic}/{req.partition}",
+        )
+    return error_response(
+        api,
+        corr,
+        errors.NotLeader.code,
+        f"this server does not lead {req.topic}/{req.partition}"
+        + (f"; the leader is {leader}" if leader else ""),
+        leader=leader,
+    )
 
 
 def _refused_range_written(part: Partition, pid: int, r: Refusal) -> bool:

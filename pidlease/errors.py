@@ -126,21 +126,16 @@ class PidleaseError(Exception):
 _register(PidleaseError)
 
 
-class ProducerFenced(PidleaseError):
-    """A newer holder of the producer name (a takeover) has the PID: this producer may
-    write nothing more.
+class _DescribesBatch:
+    """What a failed record's error says of its batch (in ``extra``, read through these
+    properties): ``partition``, ``first_sequence`` and ``last_sequence`` (None when the
+    batch was never numbered: the producer numbers its records when a batch leaves for the
+    server) and ``indeterminate``. False: the batch was not written (it never left the
+    producer, or every attempt of it was refused before any append); True: it may have
+    been written (an attempt got no answer, or one that could come after an append). A
+    batch is written whole or not at all."""
 
-    When it fails a sent record's future, it describes that record's batch (in ``extra``,
-    read through the properties): ``partition``, ``first_sequence`` and ``last_sequence``
-    (None when the batch was never numbered: the producer numbers its records when a
-    batch leaves for the server) and ``indeterminate``. False: the batch was not written
-    (it never left the producer, or every attempt of it was refused before any append);
-    True: it may have been written (an attempt got no answer, or one that could come
-    after an append). A batch is written whole or not at all. To learn which, take the
-    name over and compare ``last_sequence_id(partition)`` with ``last_sequence``, or read
-    the partition (docs/sdk.md, "When a producer is fenced")."""
-
-    name, code, http_status = "FENCED", 3, 409
+    extra: dict[str, object]
 
     @property
     def indeterminate(self) -> bool:
@@ -160,6 +155,23 @@ class ProducerFenced(PidleaseError):
     @property
     def last_sequence(self) -> int | None:
         return _int_or_none(self.extra.get("last_sequence"))
+
+
+class ProducerFenced(_DescribesBatch, PidleaseError):
+    """A newer holder of the producer name (a takeover) has the PID: this producer may
+    write nothing more.
+
+    When it fails a sent record's future, it describes that record's batch (in ``extra``,
+    read through the properties): ``partition``, ``first_sequence`` and ``last_sequence``
+    (None when the batch was never numbered: the producer numbers its records when a
+    batch leaves for the server) and ``indeterminate``. False: the batch was not written
+    (it never left the producer, or every attempt of it was refused before any append);
+    True: it may have been written (an attempt got no answer, or one that could come
+    after an append). A batch is written whole or not at all. To learn which, take the
+    name over and compare ``last_sequence_id(partition)`` with ``last_sequence``, or read
+    the partition (docs/sdk.md, "When a producer is fenced")."""
+
+    name, code, http_status = "FENCED", 3, 409
 
 
 def _int_or_none(v: object) -> int | None:
@@ -285,10 +297,15 @@ class ConfigError(PidleaseError, ValueError):
     name, wire = "CONFIG_ERROR", False
 
 
-class DeliveryTimeout(PidleaseError):
+class DeliveryTimeout(_DescribesBatch, PidleaseError):
     """``delivery_timeout_ms`` passed before a record was acknowledged. The outcome of its
     batch is unknown, so the producer cannot continue its sequence: it is closed. A new
-    producer with the same ``producer_name`` resumes from the durable sequence."""
+    producer with the same ``producer_name`` resumes from the durable sequence.
+
+    On a record's future it describes that record's batch as ``ProducerFenced`` does
+    (``partition``, ``first_sequence``, ``last_sequence``, ``indeterminate``), so an
+    application numbering its own records learns what to resend (docs/sdk.md, "When a
+    producer is fenced (or times out)")."""
 
     name, wire = "DELIVERY_TIMEOUT", False
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
-from collections import deque
 from typing import Any
 
 from partition_server.kafka import codec as C
 from partition_server.kafka.apis import KafkaApis, Session
 from partition_server.kafka.codes import UNKNOWN_SERVER_ERROR
-from partition_server.kafka.records import Reply
+from partition_server.ordered import OrderedReplies
 from pidlease.wire.framing import FrameDecoder, FrameTooLarge
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S
 
@@ -35,16 +35,23 @@ class _Close(Exception):
     """Stop reading this connection (answers already queued still go out)."""
 
 
-class _Conn:
-    __slots__ = ("dead", "eof", "pending", "session", "space", "wake")
+Meta = tuple[C.Header | None, Any]  # (header, request); header None for a raw SASL answer
 
-    def __init__(self) -> None:
-        # (header, request, reply); header None for a raw SASL answer.
-        self.pending: deque[tuple[C.Header | None, Any, Reply]] = deque()
-        self.wake = asyncio.Event()
-        self.space = asyncio.Event()
-        self.eof = False
-        self.dead = False
+
+def _failed_answer(apis: KafkaApis, meta: Meta, exc: Exception) -> bytes:
+    h, req = meta
+    assert h is not None  # only a handler's future can fail; a raw SASL answer is bytes
+    log.error("Kafka request %d (api %d) failed", h.correlation_id, h.api_key, exc_info=exc)
+    return apis.error_reply(h, req, UNKNOWN_SERVER_ERROR)
+
+
+class _Conn(OrderedReplies[Meta]):
+    """One connection: its answers in request order (``ordered.py``) and its session."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, apis: KafkaApis, inflight_max: int) -> None:
+        super().__init__(inflight_max, functools.partial(_failed_answer, apis))
         self.session = Session()
 
 
@@ -87,8 +94,8 @@ class KafkaListener:
     # -- one connection --------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
-        conn = _Conn()
-        wtask = asyncio.get_running_loop().create_task(self._write_loop(conn, writer))
+        conn = _Conn(self.apis, self.inflight_max)
+        wtask = asyncio.get_running_loop().create_task(conn.write_loop(writer))
         try:
             await self._read_loop(conn, reader)
         except _Close as exc:
@@ -99,8 +106,7 @@ class KafkaListener:
         except Exception:
             log.exception("Kafka connection failed")
         finally:
-            conn.eof = True
-            conn.wake.set()
+            conn.reading_done()
             try:
                 await wtask
             finally:
@@ -125,9 +131,7 @@ class KafkaListener:
                 await self._one(conn, frame)
                 if conn.session.close_after_reply:
                     return
-                while len(conn.pending) >= self.inflight_max and not conn.dead:
-                    conn.space.clear()
-                    await conn.space.wait()
+                await conn.wait_for_room()
 
     async def _one(self, conn: _Conn, frame: bytes) -> None:
         session = conn.session
@@ -167,37 +171,7 @@ class KafkaListener:
         except C.CodecError as exc:
             raise _Close(str(exc)) from None
 
-    def _push(self, conn: _Conn, h: C.Header | None, req: Any, reply: Reply) -> None:
-        conn.pending.append((h, req, reply))
-        conn.wake.set()
-
-    async def _write_loop(self, conn: _Conn, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                if not conn.pending:
-                    if conn.eof:
-                        return
-                    conn.wake.clear()
-                    await conn.wake.wait()
-                    continue
-                h, req, reply = conn.pending[0]
-                if isinstance(reply, bytes):
-                    data = reply
-                else:
-                    assert reply is not None and h is not None
-                    try:
-                        data = await reply
-                    except Exception:
-                        log.exception(
-                            "Kafka request %d (api %d) failed", h.correlation_id, h.api_key
-                        )
-                        data = self.apis.error_reply(h, req, UNKNOWN_SERVER_ERROR)
-                conn.pending.popleft()
-                conn.space.set()
-                writer.write(data)
-                if not conn.pending or writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
-        except (ConnectionError, OSError):
-            conn.dead = True
-            conn.space.set()
-            writer.close()
+    def _push(
+        self, conn: _Conn, h: C.Header | None, req: Any, reply: bytes | asyncio.Future[bytes]
+    ) -> None:
+        conn.push((h, req), reply)

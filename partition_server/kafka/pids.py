@@ -9,15 +9,13 @@ block. (The partition server may not import ``coordinator``, and calling a coord
 over HTTP would make every InitProducerId depend on one being up; the counter is the
 shared contract, described in ``pidlease/wire/cluster.py``.)
 
-``/kafka_pids/<pid>`` records the principal that initialised the PID and its epoch as
-InitProducerId last handed it out. The leader of a partition reads it (once per PID, then
-cached) to refuse another principal's produce with that PID when SASL is on, and an
-InitProducerId that names its PID (v3+, an epoch bump asked of the broker) is checked
-against it.
-
-Kafka's producer epoch is an int16; a new PID starts at epoch 0 and a bump past 32767 is
-answered with a new PID, as Kafka does, so no Kafka PID ever carries an epoch that does
-not fit.
+``/kafka_pids/<pid>`` records the principal that initialised the PID. The leader of a
+partition reads it (once per PID, then cached) to refuse another principal's produce with
+that PID when SASL is on. An InitProducerId that names a PID (v3+, after the client lost
+track of its sequences) gets a new PID at epoch 0, as Kafka's broker answers a producer
+without a transactional id, and the named PID's record is removed when the same principal
+owns it: a record lives as long as its producer uses the PID. Records of producers that
+simply stop are not removed (see docs/kafka.md, Limits).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ PID_BLOCK = "/pid_block"  # pidlease/wire/cluster.py PID_BLOCK
 KAFKA_PIDS = "/kafka_pids"
 FIRST_PID = 1
 MAX_PID = 2**63 - 1
-EPOCH_MAX = 32767
 CAS_ATTEMPTS = 1000
 OWNERS_CACHED_MAX = 100_000
 
@@ -71,11 +68,27 @@ class KafkaPids:
         self.blocks_reserved = 0
 
     def init(self, principal: str, pid: int = -1, epoch: int = -1) -> KafkaPid:
-        """A new PID at epoch 0 (``pid`` -1), or the given PID's epoch bumped (Kafka's
-        InitProducerId v3+ with an existing producer id and epoch)."""
-        if pid < 0:
-            return self._new(principal)
-        return self._bump(principal, pid, epoch)
+        """A new PID at epoch 0, whatever ``pid`` and ``epoch`` say: Kafka's broker answers
+        an InitProducerId without a transactional id the same way, ignoring the producer
+        id and epoch a client sends (v3+, after UNKNOWN_PRODUCER_ID or a sequence it lost
+        track of). The named PID's record is removed when ``principal`` owns it: its
+        producer has moved to the new PID, and its batches are refused from then on."""
+        rec = self._new(principal)
+        if pid >= 0:
+            self._forget(principal, pid)
+        return rec
+
+    def _forget(self, principal: str, pid: int) -> None:
+        """Remove ``/kafka_pids/<pid>`` if ``principal`` owns it (best effort)."""
+        try:
+            raw, stat = self._zk.get(kafka_pid_path(pid))
+            if _load(raw).principal != principal:
+                return
+            self._zk.delete(kafka_pid_path(pid), version=stat.version)
+        except (NoNodeError, BadVersionError):
+            return
+        with self._lock:
+            self._owners.pop(pid, None)
 
     def owner(self, pid: int) -> str | None:
         """The principal that initialised ``pid``, None when it was not a Kafka
@@ -97,25 +110,6 @@ class KafkaPids:
         self._zk.create(kafka_pid_path(pid), _dump(rec))
         self._remember(pid, principal)
         return rec
-
-    def _bump(self, principal: str, pid: int, epoch: int) -> KafkaPid:
-        try:
-            raw, stat = self._zk.get(kafka_pid_path(pid))
-        except NoNodeError:
-            raise PidError(59, f"producer id {pid} was not initialised here") from None
-        rec = _load(raw)
-        if rec.principal != principal:
-            raise PidError(53, f"producer id {pid} belongs to another principal")
-        if epoch != rec.epoch:
-            raise PidError(90, f"producer epoch {epoch} is not the current {rec.epoch}")
-        if rec.epoch >= EPOCH_MAX:
-            return self._new(principal)  # the epoch would overflow int16: a new PID
-        bumped = KafkaPid(pid, rec.epoch + 1, principal)
-        try:
-            self._zk.set(kafka_pid_path(pid), _dump(bumped), version=stat.version)
-        except BadVersionError:
-            raise PidError(90, f"producer id {pid} was bumped concurrently") from None
-        return bumped
 
     def _read(self, pid: int) -> KafkaPid | None:
         try:

@@ -4,10 +4,12 @@ partitions this server leads (``Broker.route``) and the log side in
 v2 assembly).
 
 Produce is applied inside the call, in the order the connection sent it; only a partition
-not known yet (a ZooKeeper re-read) and, with SASL, the first sight of a PID (who owns it)
-are awaited first. Its answer waits for the batches' durability by ``acks`` within the
-request's timeout; Fetch long-polls on the partitions' data futures up to ``max_wait_ms``
-(at most ``kafka_fetch_wait_max_ms``).
+not known yet (a ZooKeeper re-read) and, with SASL, who owns the PID are awaited first,
+before the partition is routed: the route, the checks and the append then happen in one
+call through the server's produce path (``produce.py``), with no await in between. Its
+answer waits for the batches' durability by ``acks`` within the request's timeout; Fetch
+long-polls on the partitions' data futures up to ``max_wait_ms`` (at most
+``kafka_fetch_wait_max_ms``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Any
 from partition_server.broker import Broker
 from partition_server.kafka import codec as C
 from partition_server.kafka.codes import (
-    CLUSTER_AUTHORIZATION_FAILED,
     INVALID_RECORD,
     NONE,
     NOT_LEADER_OR_FOLLOWER,
@@ -29,9 +30,16 @@ from partition_server.kafka.codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
     UNSUPPORTED_VERSION,
 )
-from partition_server.kafka_partition import KafkaProduceResult, kafka_fetch, kafka_produce
+from partition_server.kafka_partition import (
+    KafkaProduceResult,
+    Unauthorized,
+    kafka_fetch,
+    kafka_produce,
+)
 from partition_server.partition import Partition
+from partition_server.produce import NotRouted
 from partition_server.settings import ServerSettings
+from pidlease.wire.protocol import BatchHeader
 
 log = logging.getLogger("partition_server.kafka")
 
@@ -73,12 +81,17 @@ class RecordApis:
         for t in req.topic_data:
             parts: list[tuple[int, KafkaProduceResult | asyncio.Future[KafkaProduceResult]]] = []
             for pd in t.partition_data:
-                part, leader = self.broker.route(t.name, pd.index)
-                if part is None and leader is None and not refreshed:
+                # What must be awaited comes first (the PID's owner; ZooKeeper for a
+                # partition not known yet); routing and appending come after, in one call
+                # with no await (produce.py), so leadership cannot change in between.
+                authorize = await self._authorizer(pd.records, principal)
+                r = self._produce_now(t.name, pd, acks, authorize, refreshed)
+                if r is None:
                     await self._refresh()
                     refreshed = True
-                    part, leader = self.broker.route(t.name, pd.index)
-                parts.append((pd.index, await self._produce_one(part, leader, pd, acks, principal)))
+                    r = self._produce_now(t.name, pd, acks, authorize, refreshed)
+                assert r is not None
+                parts.append((pd.index, r))
             results.append((t.name, parts))
         if acks == 0:
             return None
@@ -109,30 +122,64 @@ class RecordApis:
 
         return asyncio.ensure_future(answer())
 
-    async def _produce_one(
-        self, part: Partition | None, leader: str | None, pd: Any, acks: int, principal: str
-    ) -> KafkaProduceResult | asyncio.Future[KafkaProduceResult]:
-        if part is None:
-            if leader is None:
-                return KafkaProduceResult(
-                    UNKNOWN_TOPIC_OR_PARTITION, error_message="no such partition"
-                )
-            return KafkaProduceResult(NOT_LEADER_OR_FOLLOWER, error_message="not the leader")
+    async def _authorizer(
+        self, records: bytes | None, principal: str
+    ) -> Callable[[BatchHeader], None] | None:
+        """With SASL: who owns the batch's PID, looked up (in an executor: a first sight
+        reads ZooKeeper) before the batch is routed; the check it returns runs inside the
+        produce path. None when PIDs are not checked (SASL off, no PID)."""
+        if self._owner is None or not records or len(records) < _PID_OFFSET + 8:
+            return None
+        (pid,) = _PID_AT.unpack_from(records, _PID_OFFSET)
+        if pid < 0:
+            return None
+        owner = await asyncio.get_running_loop().run_in_executor(None, self._owner, pid)
+
+        def authorize(h: BatchHeader) -> None:
+            if h.pid != pid or owner != principal:
+                raise Unauthorized(h.pid)
+
+        return authorize
+
+    def _produce_now(
+        self,
+        topic: str,
+        pd: Any,
+        acks: int,
+        authorize: Callable[[BatchHeader], None] | None,
+        refreshed: bool,
+    ) -> KafkaProduceResult | asyncio.Future[KafkaProduceResult] | None:
+        """One partition's batch through the produce path; None when the partition is not
+        known and ZooKeeper was not re-read yet for this request."""
+        path = self.broker.produce
+        route = path.route(topic, pd.index)
+        if isinstance(route, NotRouted):
+            return self._not_routed(route, refreshed)
         if self._stopping():
             return KafkaProduceResult(NOT_LEADER_OR_FOLLOWER, error_message="server stopping")
         records = pd.records
         if not records:
             return KafkaProduceResult(INVALID_RECORD, error_message="no records")
-        if self._owner is not None and len(records) >= _PID_OFFSET + 8:
-            (pid,) = _PID_AT.unpack_from(records, _PID_OFFSET)
-            if pid >= 0:
-                owner = await asyncio.get_running_loop().run_in_executor(None, self._owner, pid)
-                if owner != principal:
-                    return KafkaProduceResult(
-                        CLUSTER_AUTHORIZATION_FAILED,
-                        error_message=f"producer id {pid} belongs to another principal",
-                    )
-        return kafka_produce(part, records, acks=acks, batch_bytes_max=self.s.batch_bytes_max)
+        r = kafka_produce(
+            path,
+            topic,
+            pd.index,
+            records,
+            acks=acks,
+            batch_bytes_max=self.s.batch_bytes_max,
+            authorize=authorize,
+        )
+        if isinstance(r, NotRouted):  # cannot happen: routed just above, no await between
+            return self._not_routed(r, True)
+        return r
+
+    @staticmethod
+    def _not_routed(r: NotRouted, refreshed: bool) -> KafkaProduceResult | None:
+        if r.leader is None:
+            if not refreshed:
+                return None
+            return KafkaProduceResult(UNKNOWN_TOPIC_OR_PARTITION, error_message="no such partition")
+        return KafkaProduceResult(NOT_LEADER_OR_FOLLOWER, error_message="not the leader")
 
     # -- Fetch -----------------------------------------------------------------------------
     def fetch(self, h: C.Header, req: Any) -> Reply:

@@ -162,8 +162,22 @@ def _fresh(exc: errors.PidleaseError) -> errors.PidleaseError:
 
 
 def _refused_send(exc: errors.PidleaseError) -> errors.PidleaseError:
-    """What ``send`` raises on a failed producer: the stored error again; when fenced, one
-    that says the record was not taken (nothing of it can have been written)."""
+    """What ``send`` raises on a failed producer: the stored error again; when fenced or
+    timed out, one that says the record was not taken (nothing of it can have been
+    written)."""
+    if isinstance(exc, errors.DeliveryTimeout):
+        timed_out = errors.DeliveryTimeout(
+            f"{exc.detail}; this record was not accepted: the producer is closed",
+            **{
+                **exc.extra,
+                "partition": None,
+                "first_sequence": None,
+                "last_sequence": None,
+                "indeterminate": False,
+            },
+        )
+        timed_out.__cause__ = exc
+        return timed_out
     if not isinstance(exc, errors.ProducerFenced):
         return _fresh(exc)
     new = errors.ProducerFenced(

@@ -74,6 +74,7 @@ __all__ = [
     "SenderContext",
     "SenderState",
     "fenced_batch",
+    "timed_out_batch",
     "unsent_failure",
 ]
 
@@ -147,6 +148,44 @@ def fenced_batch(
     return err
 
 
+def timed_out_batch(
+    cause: DeliveryTimeout,
+    *,
+    pid: int,
+    generation: int,
+    partition: int,
+    first: int | None,
+    last: int | None,
+    indeterminate: bool,
+    why: str,
+) -> DeliveryTimeout:
+    """The error for one batch of a producer closed by ``delivery_timeout_ms``: ``cause``
+    with the batch's partition, sequences and whether it may have been written, as
+    ``fenced_batch`` says them for a fenced producer."""
+    seqs = f"sequences {first}..{last}" if first is not None else "records not numbered yet"
+    if indeterminate:
+        outcome = (
+            f"partition {partition}, {seqs}: may have been written ({why}). To learn "
+            f"whether: take the name over with a new producer and compare its "
+            f"last_sequence_id({partition}) with {last}, or read partition {partition} "
+            f"for pid {pid}; resend only what is missing"
+        )
+    else:
+        outcome = f"partition {partition}, {seqs}: not written ({why}); resend them"
+    err = DeliveryTimeout(
+        f"producer pid {pid} generation {generation} gave up: {cause.detail}: {outcome}",
+        **{
+            **cause.extra,
+            "partition": partition,
+            "first_sequence": first,
+            "last_sequence": last,
+            "indeterminate": indeterminate,
+        },
+    )
+    err.__cause__ = cause
+    return err
+
+
 def unsent_failure(
     exc: BaseException,
     *,
@@ -158,11 +197,22 @@ def unsent_failure(
 ) -> BaseException:
     """What admitted records that never left the producer fail with (``first_seq`` ..
     ``last_seq``: their explicit sequence ids, -1 when the producer numbers them as it
-    sends): ``exc``, or for a fenced producer a ``ProducerFenced`` saying they were not
-    written."""
+    sends): ``exc``, or for a fenced or timed-out producer an error of its type saying
+    they were not written."""
+    numbered = first_seq >= 0
+    if isinstance(exc, DeliveryTimeout):
+        return timed_out_batch(
+            exc,
+            pid=pid,
+            generation=generation,
+            partition=partition,
+            first=first_seq if numbered else None,
+            last=last_seq if numbered else None,
+            indeterminate=False,
+            why="they never left the producer",
+        )
     if not isinstance(exc, ProducerFenced):
         return exc
-    numbered = first_seq >= 0
     return fenced_batch(
         exc,
         pid=pid,
@@ -454,14 +504,30 @@ class PartitionSender:
 
     def _failure_of(self, exc: BaseException, b: InFlightBatch) -> BaseException:
         """What a sent, unacknowledged batch fails with when the producer fails with
-        ``exc``: for a fenced producer, whether the batch may have been written. It was
-        not when every attempt of it was refused before an append (its own FENCED answer,
-        say); it may have been when an attempt is unanswered or ended otherwise."""
-        if not isinstance(exc, ProducerFenced):
+        ``exc``: for a fenced producer (or one closed by ``delivery_timeout_ms``), whether
+        the batch may have been written. It was not when every attempt of it was refused
+        before an append (its own FENCED answer, say); it may have been when an attempt is
+        unanswered or ended otherwise."""
+        if not isinstance(exc, (ProducerFenced, DeliveryTimeout)):
             return exc
         if b.response is not None and _may_have_written(b.response):
             b.maybe_written = True
         lease = self.ctx.lease
+        if isinstance(exc, DeliveryTimeout):
+            return timed_out_batch(
+                exc,
+                pid=lease.pid,
+                generation=lease.generation,
+                partition=self.partition,
+                first=b.base_sequence,
+                last=b.last_sequence,
+                indeterminate=b.maybe_written,
+                why=(
+                    "it was sent and an attempt of it got no answer that rules a write out"
+                    if b.maybe_written
+                    else "every attempt of it was refused before any append"
+                ),
+            )
         return fenced_batch(
             exc,
             pid=lease.pid,

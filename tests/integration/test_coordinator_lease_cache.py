@@ -13,7 +13,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.devcluster import LocalCluster, http_json
 from pidlease.testing.http import run_many
 from pidlease.wire import cluster as cluster_layout
 from tests.helpers import lease_pid
@@ -104,3 +104,28 @@ def test_concurrent_new_and_renew_through_batched_writes(make_cluster: Any) -> N
     batches = sum(metric(u, "pidlease_zk_write_batches_total") for u in urls)
     batched = sum(metric(u, "pidlease_zk_batched_writes_total") for u in urls)
     assert batched > batches >= 1
+
+
+def test_a_renewal_round_is_one_zookeeper_write_whatever_the_partitions(
+    make_cluster: Any,
+) -> None:
+    """Issue 30, item 6: the lease keeper renews every partition of its PID in one batch;
+    the coordinator writes the PID record once for it (it wrote it once per partition:
+    ~45 MB per round for 1000 partitions). Counted by the coordinator itself."""
+    cluster: LocalCluster = make_cluster(servers=1)
+    cluster.create_topic("wide", 60)
+    url = cluster.coordinator_url
+    status, first = lease_pid(url, topic="wide", expire_ms=60_000)
+    assert status == 200
+    reqs = [
+        {"topic": "wide", "partition": p, "pid": first["pid"], "generation": first["generation"]}
+        for p in range(60)
+    ]
+    for _ in range(3):
+        before = metric(url, "pidlease_zk_write_requests_total")
+        status, body = http_json("POST", url + "/v1/lease_pid/batch", {"requests": reqs})
+        after = metric(url, "pidlease_zk_write_requests_total")
+        assert status == 200 and [r["error"] for r in body["responses"]] == ["NONE"] * 60
+        assert after - before == 1, f"{after - before} ZooKeeper writes for one renewal round"
+    status, view = http_json("GET", url + f"/v1/pids/{first['pid']}")
+    assert status == 200 and len(view["partitions"]) == 60

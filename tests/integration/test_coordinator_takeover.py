@@ -206,3 +206,54 @@ def test_takeover_after_the_server_expired_an_unseen_partition_is_unknown_pid(
     assert status == 200
     status, t = lease_pid(cluster, topic="loose", producer_name="loose-writer")
     assert (status, t["kind"], t["sequence_number"]) == (200, "takeover", 0), t
+
+
+def test_takeover_never_answers_ok_with_a_leased_partition_left_unfenced(
+    make_cluster: Any,
+) -> None:
+    """Issue 30, item 4: the PID's state expired on partition 1 of a monotonic topic while
+    partition 0 stayed in use. A takeover on partition 0 fenced partition 0, got "no state,
+    nothing written" from partition 1 (it may not create one: it dropped a PID used since
+    this lease began) and answered OK; the old holder then appended to partition 1 with
+    the old generation (a monotonic topic takes any sequence from a PID it does not know).
+    The takeover must answer UNKNOWN_PID instead, naming the partition it could not fence."""
+    cluster: LocalCluster = make_cluster(
+        servers=1,
+        env={
+            "PIDLEASE_PID_EXPIRE_MS": "1500",
+            "PIDLEASE_ALLOW_SHORT_PID_EXPIRE": "1",
+            "PIDLEASE_PID_EXPIRE_CHECK_MS": "100",
+        },
+    )
+    cluster.create_topic("orders", 2, dedup="monotonic")
+    status, a = lease_pid(cluster, producer_name="mono", expire_ms=1000)
+    assert status == 200 and a["sequence_number"] == 0
+    gen = {"pid": a["pid"], "generation": a["generation"], "expire_ms": 1000}
+    status, a1 = lease_pid(cluster, partition=1, **gen)
+    assert status == 200 and a1["sequence_number"] == 0
+    w = WireClient(cluster.servers[0].address)
+    try:
+        assert produce(w, a1, 0, 10, n=3).error_code == errors.NONE
+        assert produce(w, a1, 1, 10, n=3).error_code == errors.NONE
+        for p in (0, 1):  # both partitions are "seen" with highwater 12
+            status, r = lease_pid(cluster, partition=p, **gen)
+            assert status == 200 and r["sequence_number"] == 13, r
+        # Partition 0 stays in use (each renewal touches its state there); partition 1 is
+        # left alone until the server expires the PID's state on it (bounded wait).
+        deadline = time.monotonic() + 60
+        while True:
+            status, r = lease_pid(cluster, partition=0, **gen)
+            assert status == 200 and r["sequence_number"] == 13, r
+            tracked = {p["partition"]: p["tracked_pids"] for p in w.metadata()["partitions"]}
+            if tracked == {0: 1, 1: 0}:
+                break
+            assert time.monotonic() < deadline, f"partition 1 never expired the PID: {tracked}"
+            time.sleep(0.3)
+
+        status, t = lease_pid(cluster, producer_name="mono", partition=0)
+        assert (status, t["error"]) == (404, "UNKNOWN_PID"), t
+        assert "orders/1" in t["detail"], t
+        # Partition 0 was fenced all the same: the old holder is refused there.
+        assert produce(w, r, 0, 20).error_code == errors.ProducerFenced.code
+    finally:
+        w.sock.close()

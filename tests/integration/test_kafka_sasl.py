@@ -138,10 +138,13 @@ def test_a_pid_belongs_to_its_principal(cluster) -> None:  # type: ignore[no-unt
                 "producer_epoch": 0,
             },
         )
-        assert int(bump.error_code) != 0
+        # Kafka's answer without a transactional id: a new PID, whatever was named.
+        assert int(bump.error_code) == 0 and bump.producer_id not in (pid, -1)
+        assert bump.producer_epoch == 0
         ok = alice.request(C.PRODUCE, 9, produce_values("owned", 0, batch))
         assert int(ok.responses[0].partition_responses[0].error_code) == 0
-        # Alice may: the epoch goes up by one.
+        # Alice's own InitProducerId naming her PID: a new PID too (as Kafka answers a
+        # non-transactional producer); the old one is hers no more.
         mine = alice.request(
             C.INIT_PRODUCER_ID,
             4,
@@ -151,7 +154,11 @@ def test_a_pid_belongs_to_its_principal(cluster) -> None:  # type: ignore[no-unt
                 "producer_epoch": 0,
             },
         )
-        assert int(mine.error_code) == 0 and (mine.producer_id, mine.producer_epoch) == (pid, 1)
+        assert int(mine.error_code) == 0 and mine.producer_epoch == 0
+        assert mine.producer_id not in (pid, bump.producer_id)
+        again = record_batch([b"alice's again"], pid=pid, epoch=0, base_sequence=1)
+        old = alice.request(C.PRODUCE, 9, produce_values("owned", 0, again))
+        assert int(old.responses[0].partition_responses[0].error_code) == 31
 
 
 def test_sasl_over_tls(make_cluster) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ compare-and-set like the real one) and fake partition leaders; time is a fake cl
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -410,3 +411,243 @@ def test_batch_answers_each_item_even_when_one_breaks(env: Any) -> None:
         "COORDINATOR_UNAVAILABLE",
         "UNKNOWN_TOPIC_OR_PARTITION",
     ]
+
+
+# Issue 30, item 4: a takeover answers OK only when every leased partition holds the new
+# generation; one whose state is gone (and may not be created) stays unfenced.
+def test_takeover_with_a_leased_partition_left_unfenced_is_unknown_pid(env: Any) -> None:
+    svc, _store, leaders, _ = env
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    lease(svc, pid=pid, generation=gen, partition=1)
+    leaders.state[("t", 0, pid)] = (gen, 4)
+    leaders.state[("t", 1, pid)] = (gen, 6)
+    for p in (0, 1):
+        lease(svc, pid=pid, generation=gen, partition=p)  # both seen
+    del leaders.state[("t", 1, pid)]  # the server expired the PID on t/1 only
+    with pytest.raises(UnknownPid, match="t/1"):
+        lease(svc, producer_name="job", partition=0)
+    # t/0 was fenced all the same; t/1 holds nothing, so nothing there claims the new one.
+    assert leaders.state[("t", 0, pid)] == (gen + 1, 4)
+    assert ("t", 1, pid) not in leaders.state
+
+
+def test_takeover_skips_no_partition_of_a_dedup_off_topic(env: Any) -> None:
+    svc, store, leaders, _ = env
+    store.add_topic("loose", 1, dedup="off")
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    lease(svc, topic="loose", pid=pid, generation=gen)
+    leaders.state[("t", 0, pid)] = (gen, 4)
+    # A dedup=off partition keeps no state, so its FENCE never writes: that is no hole.
+    leaders.dropped[("loose", 0)] = 10**12
+    real_fence = leaders.fence
+
+    def fence(address: str, topic: str, *a: Any, **kw: Any) -> Response:
+        if topic == "loose":
+            return Response(1, 0, "", existed=False, durable_highwater=-1)
+        return real_fence(address, topic, *a, **kw)
+
+    leaders.fence = fence
+    t = lease(svc, producer_name="job")
+    assert (t.kind, t.sequence_number) == (LeaseKind.TAKEOVER, 5)
+
+
+# Issue 23, finding 2 / Build 3: state rebuilt below the highwater the coordinator recorded
+# (a fence alone after retention and a cut) must not restart the producer below it.
+def test_renewal_below_the_recorded_highwater_is_unknown_pid(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    leaders.state[("t", 0, pid)] = (gen, 2)
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 3  # recorded: highwater 2
+    leaders.state[("t", 0, pid)] = (gen, -1)  # rebuilt from a fence alone
+    before = store.get_pid(pid)
+    with pytest.raises(UnknownPid, match="below the 2"):
+        lease(svc, pid=pid, generation=gen)
+    assert store.get_pid(pid) == before
+
+
+def test_takeover_below_the_recorded_highwater_is_unknown_pid(env: Any) -> None:
+    svc, store, leaders, _ = env
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    leaders.state[("t", 0, pid)] = (gen, 2)
+    assert lease(svc, pid=pid, generation=gen).sequence_number == 3
+    leaders.state[("t", 0, pid)] = (gen, -1)
+    with pytest.raises(UnknownPid, match="below the 2"):
+        lease(svc, producer_name="job")
+    # What the takeover learnt never lowers the recorded highwater: still refused.
+    with pytest.raises(UnknownPid, match="below the 2"):
+        lease(svc, producer_name="job")
+    assert store.get_pid(pid)[0].partitions["t/0"]["highwater"] == 2
+
+
+# Issue 30, item 6: a renewal round (the lease keeper's batch of every partition) writes the
+# PID record once, not once per partition.
+def test_a_renewal_round_writes_the_pid_record_once(env: Any) -> None:
+    svc, store, leaders, clock = env
+    store.add_topic("wide", 50)
+    r = lease(svc, topic="wide")
+    pid, gen = r.record.pid, r.record.generation
+    reqs = [LeaseRequest("wide", p, pid, None, gen) for p in range(50)]
+    writes = store.writes
+    added = svc.lease_batch(reqs[1:])
+    assert [a["sequence_number"] for a in added] == [0] * 49
+    assert store.writes - writes == 1, "adding 49 partitions is one write"
+    for p in range(50):
+        leaders.state[("wide", p, pid)] = (gen, p)
+    clock.now += 400
+    writes = store.writes
+    out = svc.lease_batch(reqs)
+    assert store.writes - writes == 1, "one renewal round, one write"
+    assert [(o["error"], o["sequence_number"]) for o in out] == [("NONE", p + 1) for p in range(50)]
+    assert {o["expires_at_ms"] for o in out} == {clock.now + 1_000}
+    stored = store.get_pid(pid)[0]
+    assert stored.expires_at_ms == clock.now + 1_000
+    assert all(stored.partitions[f"wide/{p}"] == {"seen": True, "highwater": p} for p in range(50))
+    assert len({o["lease_token"] for o in out}) == 1
+
+
+def test_a_renewal_round_answers_each_partition_on_its_own(env: Any) -> None:
+    svc, store, leaders, clock = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    reqs = [LeaseRequest("t", p, pid, None, gen) for p in range(4)]
+    svc.lease_batch(reqs)
+    for p in range(4):
+        leaders.state[("t", p, pid)] = (gen, 3)
+    svc.lease_batch(reqs)  # all seen, highwater 3
+    del leaders.state[("t", 1, pid)]  # expired on the server
+    leaders.state[("t", 2, pid)] = (gen, 1)  # rebuilt below the recorded highwater
+    leaders.down.add("127.0.0.1:9001")
+    before = store.get_pid(pid)
+    out = svc.lease_batch([*reqs, LeaseRequest("t", 9, pid, None, gen)])
+    assert [o["error"] for o in out] == ["COORDINATOR_UNAVAILABLE"] * 4 + [
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    ]
+    assert store.get_pid(pid) == before, "nothing succeeded: nothing written"
+    leaders.down.clear()
+    svc.addresses.drop("t/0")  # (the down leader's address was forgotten per partition)
+    clock.now += 100
+    out = svc.lease_batch(reqs)
+    assert [o["error"] for o in out] == ["NONE", "UNKNOWN_PID", "UNKNOWN_PID", "NONE"]
+    assert [out[0]["sequence_number"], out[3]["sequence_number"]] == [4, 4]
+    stored = store.get_pid(pid)[0]
+    assert stored.expires_at_ms == clock.now + 1_000
+    assert stored.partitions["t/2"]["highwater"] == 3, "the lower report is not recorded"
+
+
+def test_a_renewal_round_with_a_stale_generation_is_fenced_item_by_item(env: Any) -> None:
+    svc, store, _leaders, _ = env
+    r = lease(svc, producer_name="job")
+    pid, gen = r.record.pid, r.record.generation
+    svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
+    t = lease(svc, producer_name="job")
+    assert t.record.generation == gen + 1
+    out = svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
+    assert [o["error"] for o in out] == ["FENCED"] * 3
+    # Runs are split where the key changes: a takeover in the middle is its own item, and
+    # the renewals after it see its generation.
+    out = svc.lease_batch(
+        [
+            LeaseRequest("t", 0, pid, None, gen + 1),
+            LeaseRequest("t", 1, pid, None, None),
+            LeaseRequest("t", 2, pid, None, gen + 1),
+            LeaseRequest("t", 3, pid, None, gen + 2),
+            LeaseRequest("t", 0, pid, None, gen + 2),
+        ]
+    )
+    assert [(o["error"], o.get("kind")) for o in out] == [
+        ("NONE", "renew"),
+        ("NONE", "takeover"),
+        ("FENCED", None),
+        ("NONE", "renew"),
+        ("NONE", "renew"),
+    ]
+    assert set(store.get_pid(pid)[0].partitions) == {"t/0", "t/1", "t/2", "t/3"}
+
+
+def test_a_renewal_round_retries_its_write_on_a_moved_version(env: Any) -> None:
+    svc, store, _leaders, _ = env
+    r = lease(svc)
+    pid, gen = r.record.pid, r.record.generation
+    real_cas = store.cas_pid
+    moved = []
+
+    def cas_pid(record: Any, version: int) -> bool:
+        if not moved:  # another coordinator renewed meanwhile
+            moved.append(version)
+            got = store.get_pid(pid)
+            assert real_cas(got[0], got[1])
+            return False
+        return bool(real_cas(record, version))
+
+    store.cas_pid = cas_pid
+    out = svc.lease_batch([LeaseRequest("t", p, pid, None, gen) for p in range(3)])
+    assert [o["error"] for o in out] == ["NONE"] * 3
+    assert moved and set(store.get_pid(pid)[0].partitions) == {"t/0", "t/1", "t/2"}
+
+
+def test_a_fenced_renewal_round_is_recorded_per_item_in_the_event_log() -> None:
+    from coordinator.events import EventLog, ObservedLeaseService
+
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
+    store.add_topic("t", 4)
+    store.add_server(1, 9001)
+    settings = CoordinatorSettings(zk="x", pid_block_size=10)
+    svc = ObservedLeaseService(
+        settings,
+        store,
+        PidAllocator(store, 10),
+        leaders,
+        Metrics(),
+        clock_ms=clock,
+        events=EventLog("c1", clock_ms=clock),
+    )
+    try:
+        r = svc.lease(LeaseRequest("t", 0, producer_name="job"))
+        svc.lease(LeaseRequest("t", 0, producer_name="job"))  # takeover: generation + 1
+        out = svc.lease_batch(
+            [LeaseRequest("t", p, r.record.pid, None, r.record.generation) for p in range(3)]
+        )
+        assert [o["error"] for o in out] == ["FENCED"] * 3
+        kinds = sorted(e["kind"] for e in svc.events.recent())
+        assert kinds == ["fenced_lease"] * 3 + ["takeover"]
+    finally:
+        svc.close()
+
+
+def test_a_renewal_round_with_a_slow_leader_is_bounded_and_frees_the_pool() -> None:
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
+    store.add_topic("t", 20)
+    store.add_server(1, 9001)
+    settings = CoordinatorSettings(
+        zk="x", pid_block_size=10, leader_request_timeout_ms=100, fence_parallelism_max=2
+    )
+    svc = LeaseService(settings, store, PidAllocator(store, 10), leaders, Metrics(), clock_ms=clock)
+    real = leaders.producer_state
+
+    def slow(*a: Any) -> Response:
+        time.sleep(0.15)
+        return real(*a)
+
+    leaders.producer_state = slow
+    try:
+        r = svc.lease(LeaseRequest("t", 0))
+        reqs = [LeaseRequest("t", p, r.record.pid, None, r.record.generation) for p in range(20)]
+        started = time.monotonic()
+        out = svc.lease_batch(reqs)
+        took = time.monotonic() - started
+        # 20 calls of 0.15 s on 2 threads would take 1.5 s; the round gives up at 0.4 s.
+        assert took < 1.2, took
+        errors_seen = [o["error"] for o in out]
+        assert "COORDINATOR_UNAVAILABLE" in errors_seen and "NONE" in errors_seen
+        time.sleep(0.5)
+        assert len(leaders.calls) < 20, "the calls not started were cancelled"
+        # The items that succeeded are in the record; the others were not written.
+        stored = store.get_pid(r.record.pid)[0]
+        ok = {f"t/{p}" for p, o in enumerate(out) if o["error"] == "NONE"}
+        assert set(stored.partitions) == ok | {"t/0"}
+    finally:
+        svc.close()

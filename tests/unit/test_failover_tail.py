@@ -14,6 +14,7 @@ from typing import Any
 
 from partition_server import replica_fetcher
 from partition_server.flusher import Flusher
+from partition_server.partition import Role
 from partition_server.registry import Assignment
 from partition_server.replica_fetcher import ReplicaFetcher
 from partition_server.testing import open_part, settle
@@ -46,7 +47,7 @@ def test_the_winner_of_an_election_leads_before_any_re_read(tmp_path: Path) -> N
         assert zk.state.leader == 1 and zk.state.leader_epoch == 5
         # The refresh the write asks for answers nothing here (LeaseRegistry only counts
         # it): the role comes from the state the compare-and-set wrote.
-        assert part.role == "leader" and part.leader_epoch == 5
+        assert part.role is Role.LEADER and part.leader_epoch == 5
         assert part.isr is not None and sorted(part.isr.isr) == [1, 3]
         assert registry.refreshes >= 1
         part.close()
@@ -67,7 +68,7 @@ def test_a_lost_election_takes_no_role(tmp_path: Path) -> None:
         part.become_follower(2, 4, "")
         mgr.apply(KEY, part, ps, Assignment())
         await settle()
-        assert part.role == "follower" and part.leader_epoch == 4
+        assert part.role is Role.FOLLOWER and part.leader_epoch == 4
         part.close()
 
     asyncio.run(go())

@@ -16,8 +16,8 @@ from partition_server.kafka_partition import (
     kafka_fetch,
     kafka_produce,
 )
-from partition_server.partition import Partition
-from partition_server.replica_fetcher import append_fetched
+from partition_server.partition import Partition, Role
+from partition_server.produce import NotRouted, ProducePath
 from partition_server.testing import log_batches, open_part, tear_tail
 from pidlease.wire import kafka_batch as K
 from pidlease.wire import protocol as P
@@ -36,8 +36,18 @@ def kb(epoch: int, seq: int, n: int = 2, pid: int = PID) -> bytes:
     )
 
 
+def kp(
+    part: Partition, raw: bytes, acks: int = -1
+) -> KafkaProduceResult | asyncio.Future[KafkaProduceResult]:
+    """``raw`` through the produce path, routed to ``part`` (which must lead)."""
+    path = ProducePath(lambda t, p: (part, None) if part.role is Role.LEADER else (None, ""))
+    r = kafka_produce(path, "t", 0, raw, acks=acks, batch_bytes_max=BYTES_MAX)
+    assert not isinstance(r, NotRouted)
+    return r
+
+
 async def produce(part: Partition, raw: bytes, acks: int = -1) -> KafkaProduceResult:
-    r = kafka_produce(part, raw, acks=acks, batch_bytes_max=BYTES_MAX)
+    r = kp(part, raw, acks)
     if isinstance(r, KafkaProduceResult):
         return r
     return await asyncio.wait_for(r, 10)
@@ -97,19 +107,19 @@ def test_acks_all_waits_for_the_followers_and_fails_over_as_not_leader(tmp_path:
     async def go() -> None:
         part = open_part(tmp_path)
         part.become_leader(1, 1, [1, 2], [1, 2])
-        fut = kafka_produce(part, kb(0, 0), acks=-1, batch_bytes_max=BYTES_MAX)
+        fut = kp(part, kb(0, 0), -1)
         assert isinstance(fut, asyncio.Future)
         await part.wait_flushed(2)
         await asyncio.sleep(0.01)
         assert not fut.done()  # fsynced here, not on the follower
-        retry = kafka_produce(part, kb(0, 0), acks=-1, batch_bytes_max=BYTES_MAX)
+        retry = kp(part, kb(0, 0), -1)
         await asyncio.sleep(0.01)
         assert isinstance(retry, asyncio.Future) and not retry.done()  # nor its retry
         one = await produce(part, kb(0, 2), acks=1)  # acks=1: fsynced here is enough
         assert (one.error_code, one.base_offset) == (K.NONE, 2)
         part.record_replica_fetch(2, 2)
         assert (await fut).base_offset == 0 and (await retry).base_offset == 0
-        pending = kafka_produce(part, kb(0, 4), acks=-1, batch_bytes_max=BYTES_MAX)
+        pending = kp(part, kb(0, 4), -1)
         assert isinstance(pending, asyncio.Future)
         part.become_follower(2, 2, "127.0.0.1:1")
         assert (await pending).error_code == K.NOT_LEADER_OR_FOLLOWER
@@ -125,7 +135,9 @@ async def fill(part: Partition) -> None:
     ours = bytearray(
         P.encode_batch([(None, b"sdk")], pid=5, generation=1, base_sequence=0, timestamp_ms=1)
     )
-    _, fut = part.append(memoryview(ours), P.validate_batch(bytes(ours)), lambda *_: None)
+    _, fut = part.append(
+        memoryview(ours), P.validate_batch(bytes(ours)), lambda *_: None, epoch=part.leader_epoch
+    )
     assert fut is not None
     await fut
     await part.fence(5, 2, False, lambda *_: None)[1]
@@ -179,7 +191,7 @@ def test_follower_fed_the_leaders_bytes_answers_alike(tmp_path: Path) -> None:
         follower = open_part(tmp_path / "f")
         follower.become_follower(1, 1, "127.0.0.1:1")
         data = b"".join(leader.replica_read(0, BYTES_MAX))
-        append_fetched(follower, memoryview(data), [(1, 0)])
+        follower.append_replicated(memoryview(data), [(1, 0)])
         follower.set_high_watermark(leader.high_watermark)
         assert log_batches(tmp_path / "f", "t", 0) == log_batches(tmp_path / "l", "t", 0)
         assert answers(follower, PROBES) == answers(leader, PROBES)
@@ -272,7 +284,7 @@ def test_recovery_above_the_checkpointed_high_watermark_waits_for_it(tmp_path: P
         # just below the first batch in flight: its position - 1
         assert e is not None and (e.highwater, e.durable_highwater) == (epoch1 + 3, epoch1 - 1)
         again.become_leader(1, 1, [1, 2], [1, 2])
-        retry = kafka_produce(again, kb(1, 0), acks=-1, batch_bytes_max=BYTES_MAX)
+        retry = kp(again, kb(1, 0), -1)
         assert isinstance(retry, asyncio.Future)
         await asyncio.sleep(0.01)
         assert not retry.done()

@@ -54,7 +54,7 @@ def test_a_kafka_pid_whose_segments_all_went_keeps_its_state(tmp_path: Path) -> 
         for seq in range(5):
             raw = kafka(3, seq, OLD_TS)
             h = K.validate_kafka_batch(raw)
-            d, _ = part.append(memoryview(raw), h, lambda *_: None)
+            d, _ = part.append(memoryview(raw), h, lambda *_: None, epoch=part.leader_epoch)
             assert d.outcome is Outcome.APPEND
         await fill(part, 8, range(20), OLD_TS)  # ours, old too
         await fill(part, 8, range(20, 30), clock.now)

@@ -207,6 +207,48 @@ def test_unseen_partition_that_may_have_lost_the_state_is_unknown_pid() -> None:
     )
 
 
+def test_next_sequence_is_never_at_or_below_the_recorded_highwater() -> None:
+    # Issue 23, finding 2: a partition rebuilt the PID from a fence alone (highwater -1)
+    # although its leader had reported durable highwater 2 before.
+    with pytest.raises(UnknownPid, match="below the 2"):
+        leases.next_sequence(
+            7, "t/0", seen=True, found=True, durable_highwater=-1, recorded_highwater=2
+        )
+    with pytest.raises(UnknownPid):
+        leases.next_sequence(
+            7, "t/0", seen=True, found=True, durable_highwater=1, recorded_highwater=2
+        )
+    assert (
+        leases.next_sequence(
+            7, "t/0", seen=True, found=True, durable_highwater=2, recorded_highwater=2
+        )
+        == 3
+    )
+    r = rec(partitions={"t/0": {"seen": True, "highwater": 2}, "t/1": {"seen": False}})
+    assert leases.recorded_highwater(r, "t/0") == 2
+    assert leases.recorded_highwater(r, "t/1") == -1
+    assert leases.recorded_highwater(r, "t/9") == -1
+    assert leases.mark_seen(r, "t/0", -1).partitions["t/0"]["highwater"] == 2, "never lowered"
+    assert leases.mark_seen(r, "t/0", 5).partitions["t/0"]["highwater"] == 5
+    assert leases.mark_seen(r, "t/1", 0).partitions["t/1"] == {"seen": True, "highwater": 0}
+
+
+def test_takeover_with_a_partition_left_unfenced_is_unknown_pid() -> None:
+    r = rec(
+        partitions={"t/0": {"seen": True, "highwater": 4}, "t/1": {"seen": True, "highwater": 9}}
+    )
+    fenced0 = leases.FenceAnswer(existed=True, created=False, durable_highwater=4)
+    since = {"t/0": 1, "t/1": 1}
+    with pytest.raises(UnknownPid, match="t/1"):
+        leases.takeover_sequence(r, "t/0", {"t/0": fenced0, "t/1": leases.NOT_FENCED}, since)
+    with pytest.raises(UnknownPid, match="t/1"):
+        leases.takeover_sequence(r, "t/0", {"t/0": fenced0}, since)  # no answer: not fenced
+    assert leases.takeover_sequence(r, "t/0", {"t/0": fenced0}, since, untracked=["t/1"]) == 5
+    created = leases.FenceAnswer(existed=False, created=True)
+    fresh = rec(partitions={"t/0": {"seen": False, "added_ms": 5}})
+    assert leases.takeover_sequence(fresh, "t/0", {"t/0": created}, {"t/0": 1}) == 0
+
+
 def test_leased_since_comes_from_added_ms_or_the_pid_creation() -> None:
     r = rec(partitions={"t/0": {"seen": False, "added_ms": 90_000}, "t/1": {"seen": False}})
     assert leases.leased_since(r, "t/0", 60_000) == 30_000
@@ -378,6 +420,156 @@ TestLeaseMachine = LeaseMachine.TestCase
 TestLeaseMachine.settings = settings(
     max_examples=200,
     stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# -- takeover fences against the contract ----------------------------------------------------
+# The contract: "A takeover returns only after every partition the PID has written to has
+# recorded the new generation" (dedup=off partitions keep no state and need none), and the
+# sequence it answers continues after the partition's durable highwater, never at or below
+# the highwater the coordinator recorded for it (issue 23, Build 3); otherwise UNKNOWN_PID.
+FENCE_ANSWERS = st.one_of(
+    st.builds(
+        leases.FenceAnswer,
+        existed=st.just(True),
+        created=st.just(False),
+        durable_highwater=st.integers(-1, 6),
+    ),
+    st.just(leases.FenceAnswer(existed=False, created=True)),
+    st.just(leases.NOT_FENCED),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.dictionaries(
+        st.sampled_from(["t/0", "t/1", "t/2", "u/0"]),
+        st.tuples(FENCE_ANSWERS, st.integers(-1, 6), st.booleans()),
+        min_size=1,
+    ),
+    data=st.data(),
+)
+def test_takeover_sequence_follows_the_contract(
+    parts: dict[str, tuple[leases.FenceAnswer, int, bool]], data: st.DataObject
+) -> None:
+    tp = data.draw(st.sampled_from(sorted(parts)))
+    # parts: partition -> (its FENCE answer, the highwater recorded for it, dedup off?)
+    partitions: dict[str, dict[str, object]] = {}
+    for t, (_, recorded, off) in parts.items():
+        partitions[t] = (
+            {"seen": True, "highwater": recorded}
+            if recorded >= 0 and not off
+            else {"seen": False, "added_ms": 1}
+        )
+    record = rec(partitions=partitions)
+    # A dedup=off partition keeps no state: its FENCE writes nothing and finds nothing.
+    answers = {
+        t: leases.NOT_FENCED if off else a
+        for t, (a, _, off) in parts.items()
+        if data.draw(st.integers(0, 9)) > 0
+    }
+    untracked = [t for t, (_, _, off) in parts.items() if off]
+
+    # The reference, from the contract's words only.
+    expected: int | str
+    if any(
+        not off and not (t in answers and (answers[t].existed or answers[t].created))
+        for t, (_, _, off) in parts.items()
+    ):
+        expected = "UNKNOWN_PID"
+    else:
+        _, recorded, off = parts[tp]
+        if off:
+            expected = 0
+        else:
+            hw = answers[tp].durable_highwater if answers[tp].existed else -1
+            expected = "UNKNOWN_PID" if hw < recorded else hw + 1
+
+    try:
+        got: int | str = leases.takeover_sequence(
+            record, tp, answers, dict.fromkeys(parts, 1), untracked
+        )
+    except UnknownPid:
+        got = "UNKNOWN_PID"
+    assert got == expected, (tp, parts, answers)
+
+
+class RecordedHighwaterMachine(RuleBasedStateMachine):
+    """One partition's life under renewals and takeovers. The system under test is the
+    lease rules as service.py applies them (next_sequence / takeover_sequence, then
+    mark_seen); the model knows the truth: what is durable in the log (``acked``), what
+    the server's producer state says (``server``, lower after a rebuild that lost
+    batches), and the highwaters the coordinator was told in OK answers."""
+
+    @initialize()
+    def setup(self) -> None:
+        self.record = rec(partitions={"t/0": {"seen": False, "added_ms": 1}})
+        self.acked = -1
+        self.server: int | None = -1  # None: no state (not written yet counts as -1 here)
+        self.written = False
+        self.reported = -1  # the largest durable highwater told to the coordinator
+
+    @precondition(lambda self: self.server == self.acked)
+    @rule(n=st.integers(1, 3))
+    def append(self, n: int) -> None:
+        self.acked += n
+        self.server = self.acked
+        self.written = True
+
+    @precondition(lambda self: self.acked >= 0)
+    @rule(data=st.data())
+    def rebuild_losing_batches(self, data: st.DataObject) -> None:
+        # e.g. retention deleted the data batches, a fence and a cut rebuilt it from the
+        # fence alone (highwater -1), or a start-over adopted an older row.
+        assert self.server is not None
+        if self.server >= 0:
+            self.server = data.draw(st.integers(-1, self.server - 1))
+
+    def _answer(self, takeover: bool) -> int | str:
+        assert self.server is not None
+        found = self.written or self.server >= 0
+        try:
+            if takeover:
+                answer = leases.FenceAnswer(
+                    existed=found, created=not found, durable_highwater=self.server
+                )
+                return leases.takeover_sequence(self.record, "t/0", {"t/0": answer}, {})
+            return leases.next_sequence(
+                7,
+                "t/0",
+                bool(self.record.partitions["t/0"].get("seen")),
+                found,
+                self.server,
+                recorded_highwater=leases.recorded_highwater(self.record, "t/0"),
+            )
+        except UnknownPid:
+            return "UNKNOWN_PID"
+
+    @rule(takeover=st.booleans())
+    def lease(self, takeover: bool) -> None:
+        got = self._answer(takeover)
+        assert self.server is not None
+        if self.server == self.acked:
+            assert got == self.acked + 1, "an intact partition continues where the log ends"
+        elif self.server < self.reported:
+            assert got == "UNKNOWN_PID", "below what the coordinator was told: state lost"
+        if got != "UNKNOWN_PID":
+            assert isinstance(got, int) and got > self.reported
+            if self.server >= 0:
+                self.record = leases.mark_seen(self.record, "t/0", self.server)
+                self.reported = max(self.reported, self.server)
+
+    @invariant()
+    def recorded_never_goes_down(self) -> None:
+        assert leases.recorded_highwater(self.record, "t/0") == self.reported
+
+
+TestRecordedHighwater = RecordedHighwaterMachine.TestCase
+TestRecordedHighwater.settings = settings(
+    max_examples=150,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -100,7 +100,9 @@ async def _filled(tmp_path: Path) -> Partition:
                 [(None, b"x" * 60)], pid=7, generation=0, base_sequence=seq, timestamp_ms=ts
             )
         )
-        part.append(memoryview(raw), p.validate_batch(bytes(raw)), lambda *_: None)
+        part.append(
+            memoryview(raw), p.validate_batch(bytes(raw)), lambda *_: None, epoch=part.leader_epoch
+        )
     await part.wait_flushed(part.log.next_offset)
     return part
 

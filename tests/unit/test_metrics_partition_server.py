@@ -314,7 +314,12 @@ def test_log_gauges_and_retention_counters_per_partition_from_a_real_broker(
                     timestamp_ms=clock.now,
                 )
             )
-            part.append(memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None)
+            part.append(
+                memoryview(raw),
+                P.validate_batch(bytes(raw)),
+                lambda *_: None,
+                epoch=part.leader_epoch,
+            )
         await part.wait_durable(part.log.next_offset)
         s = scrape(m)
         at = {"topic": "t", "partition": "0"}

@@ -23,7 +23,12 @@ from pidlease.wire.cluster import TopicSpec
 
 def append(part: Partition, raw: bytes) -> tuple[Outcome, asyncio.Future[object] | None]:
     buf = bytearray(raw)
-    d, fut = part.append(memoryview(buf), P.validate_batch(bytes(buf)), lambda base, last: base)
+    d, fut = part.append(
+        memoryview(buf),
+        P.validate_batch(bytes(buf)),
+        lambda base, last: base,
+        epoch=part.leader_epoch,
+    )
     return d.outcome, fut
 
 

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from partition_server.broker import Broker
 from partition_server.partition import Partition
 from partition_server.producer_state import FenceOutcome, Outcome, ProducerStateTable
-from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import MAGIC_V3, PartitionImage, Snapshot, decode, encode
 from partition_server.testing import b as batch
@@ -60,7 +59,7 @@ def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
     clock = ManualClock()
     part = follower(tmp_path, clock)
     b = broker(tmp_path, clock, part)
-    assert append_fetched(part, stored([batch(7, 0, 3)]), [(1, 0)]) == 1
+    assert part.append_replicated(stored([batch(7, 0, 3)]), [(1, 0)]) == 1
     part.set_high_watermark(3)  # the leader's next fetch answer: committed, not in flight
     # The producer stays idle but renews its lease on the leader (PRODUCER_STATE touches
     # the leader's state only) for three expiry periods.
@@ -83,10 +82,10 @@ def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
 def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(tmp_path: Path) -> None:
     clock = ManualClock()
     part = follower(tmp_path, clock, pids_max=1, evict_idle_min_ms=1_000)
-    assert append_fetched(part, stored([batch(7, 0)]), [(1, 0)]) == 1
+    assert part.append_replicated(stored([batch(7, 0)]), [(1, 0)]) == 1
     part.set_high_watermark(1)
     clock.now += 5_000
-    assert append_fetched(part, stored([batch(8, 0)], start=1), [(1, 0)]) == 1
+    assert part.append_replicated(stored([batch(8, 0)], start=1), [(1, 0)]) == 1
     part.set_high_watermark(2)
     assert 7 in part.state and 8 in part.state, "a follower evicted PID 7 to make room"
     assert part.state.dropped_last_use_max_ms == 0

@@ -156,15 +156,15 @@ def test_partition_append_raises_too_many_pids_naming_the_partition(tmp_path: Pa
     part = _partition(tmp_path, 1, clock)
 
     async def go() -> None:
-        d, fut = part.append(*_batch(1, 0), lambda b, e: (b, e))
+        d, fut = part.append(*_batch(1, 0), lambda b, e: (b, e), epoch=part.leader_epoch)
         assert d.outcome is Outcome.APPEND and fut is not None
         assert await fut == (0, 0)
         with pytest.raises(TooManyPids) as info:
-            part.append(*_batch(2, 0), lambda b, e: (b, e))
+            part.append(*_batch(2, 0), lambda b, e: (b, e), epoch=part.leader_epoch)
         assert info.value.retriable and "partition t-0" in info.value.detail
         end = part.log.next_offset
         clock[0] = IDLE
-        d, fut = part.append(*_batch(2, 0), lambda b, e: (b, e))
+        d, fut = part.append(*_batch(2, 0), lambda b, e: (b, e), epoch=part.leader_epoch)
         assert d.outcome is Outcome.APPEND and part.log.next_offset == end + 1
         assert part.state.pids() == [2] and part.state.refused_total == 1
         assert fut is not None

@@ -19,7 +19,6 @@ import pytest
 
 from partition_server import log as log_module
 from partition_server.flusher import Flusher
-from partition_server.replica_fetcher import append_fetched
 from partition_server.testing import InlineExecutor, b, open_part, settle, stored
 
 
@@ -51,7 +50,7 @@ def test_a_failed_cut_calls_the_fsync_error_policy_and_lowers_the_flushed_end(
         )
         part = open_part(tmp_path, flusher)
         part.become_follower(1, 2, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0), (2, 2)])
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0), (2, 2)])
         fsynced = part.wait_flushed(6)
         await settle()
         assert fsynced.done() and part.flushed_end == 6

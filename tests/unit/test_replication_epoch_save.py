@@ -23,8 +23,8 @@ from partition_server import atomic_file
 from partition_server.broker import Broker
 from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher
+from partition_server.partition import Role
 from partition_server.registry import Assignment, Registry
-from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.testing import b, open_part, stored
 from pidlease.errors import ServerUnavailable
@@ -70,16 +70,16 @@ def test_a_failed_save_in_become_leader_changes_nothing_and_the_retry_saves(
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         part.become_follower(1, 1, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2)]), [(1, 0)])
+        part.append_replicated(stored([b(1, 0, 2)]), [(1, 0)])
         assert on_disk(part.log.dir) == [(1, 0)]
         disk.full.add("t-0")
         with pytest.raises(OSError, match=r"No space left on device \(test\)"):
             part.become_leader(2, 2, [1, 2], [1, 2])
-        assert part.role == "follower" and part.leader_epoch == 1
+        assert part.role is Role.FOLLOWER and part.leader_epoch == 1
         assert part.epochs.entries == [(1, 0)], "the epoch stayed in memory, not on disk"
         disk.full.clear()
         part.become_leader(2, 2, [1, 2], [1, 2])  # the reconcile a second later
-        assert part.role == "leader" and part.leader_epoch == 2
+        assert part.role is Role.LEADER and part.leader_epoch == 2
         assert on_disk(part.log.dir) == [(1, 0), (2, 2)], "the retry never saved the epoch"
         part.close()
 
@@ -90,13 +90,13 @@ def test_a_failed_save_of_fetched_epochs_changes_nothing(tmp_path: Path, disk: F
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         part.become_follower(1, 2, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2)]), [(1, 0)])
+        part.append_replicated(stored([b(1, 0, 2)]), [(1, 0)])
         disk.full.add("t-0")
         with pytest.raises(OSError, match=r"No space left on device \(test\)"):
-            append_fetched(part, stored([b(1, 2, 2)], 2), [(2, 2)])
+            part.append_replicated(stored([b(1, 2, 2)], 2), [(2, 2)])
         assert part.epochs.entries == [(1, 0)] and part.log.next_offset == 2
         disk.full.clear()
-        assert append_fetched(part, stored([b(1, 2, 2)], 2), [(2, 2)]) == 1  # the refetch
+        assert part.append_replicated(stored([b(1, 2, 2)], 2), [(2, 2)]) == 1  # the refetch
         assert on_disk(part.log.dir) == [(1, 0), (2, 2)]
         part.close()
 
@@ -116,7 +116,7 @@ def test_a_failed_log_write_after_the_epochs_were_saved_leaves_no_entry_past_the
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         part.become_follower(1, 2, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2)]), [(1, 0)])
+        part.append_replicated(stored([b(1, 0, 2)]), [(1, 0)])
 
         def full(*_a: object) -> int:
             raise ServerUnavailable("write failed: [Errno 28] No space left on device")
@@ -124,7 +124,7 @@ def test_a_failed_log_write_after_the_epochs_were_saved_leaves_no_entry_past_the
         real = part.log.append
         part.log.append = full  # type: ignore[method-assign]
         with pytest.raises(ServerUnavailable):
-            append_fetched(part, stored([b(1, 2, 2), b(1, 4, 2)], 2), [(1, 0), (3, 4)])
+            part.append_replicated(stored([b(1, 2, 2), b(1, 4, 2)], 2), [(1, 0), (3, 4)])
         part.log.append = real  # type: ignore[method-assign]
         assert part.log.next_offset == 2
         assert all(start <= 2 for _, start in part.epochs.entries), part.epochs.entries
@@ -139,7 +139,7 @@ def test_a_failed_save_in_a_cut_changes_nothing(tmp_path: Path, disk: FullDisk) 
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         part.become_follower(1, 2, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2), b(1, 2, 2)]), [(1, 0), (2, 2)])
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2)]), [(1, 0), (2, 2)])
         before = (list(part.epochs.entries), part.epochs.truncations)
         disk.full.add("t-0")
         with pytest.raises(OSError, match=r"No space left on device \(test\)"):
@@ -176,11 +176,11 @@ def test_one_partition_whose_epochs_cannot_be_saved_does_not_stop_the_others(
         registry._read_all = lambda: a  # type: ignore[method-assign]
         assert await asyncio.wait_for(registry.refresh(), 5) is a
         parts = broker.partitions
-        assert parts[("t", 1)].role == "leader", "t-0's failure stopped t-1's assignment"
-        assert parts[("t", 0)].role == "follower"
+        assert parts[("t", 1)].role is Role.LEADER, "t-0's failure stopped t-1's assignment"
+        assert parts[("t", 0)].role is Role.FOLLOWER
         disk.full.clear()
         broker.replicas.reconcile_all()  # the once-a-second retry
-        assert parts[("t", 0)].role == "leader"
+        assert parts[("t", 0)].role is Role.LEADER
         assert on_disk(parts[("t", 0)].log.dir) == [(1, 0)]
         for part in parts.values():
             part.close()
@@ -224,10 +224,10 @@ def test_a_new_partition_that_cannot_be_opened_does_not_stop_the_others(tmp_path
             a.partitions[("t", p)] = PartitionState(leader=1, replicas=[1])
         broker.apply_assignment(a)
         assert ("t", 0) not in broker.partitions
-        assert broker.partitions[("t", 1)].role == "leader"
+        assert broker.partitions[("t", 1)].role is Role.LEADER
         broker._open = opened  # type: ignore[method-assign]
         broker.apply_assignment(a)  # the next re-read
-        assert broker.partitions[("t", 0)].role == "leader"
+        assert broker.partitions[("t", 0)].role is Role.LEADER
         for part in broker.partitions.values():
             part.close()
 

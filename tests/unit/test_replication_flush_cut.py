@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from partition_server.flusher import Flusher
-from partition_server.replica_fetcher import append_fetched
 from partition_server.testing import HeldExecutor, b, open_part, settle, stored
 
 
@@ -20,7 +19,7 @@ def test_a_flush_from_before_a_cut_does_not_cover_batches_fetched_after_it(tmp_p
         ex = HeldExecutor()
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0, executor=ex))
         part.become_follower(1, 1, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0)])  # 0..5
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0)])  # 0..5
         fetched = part.wait_flushed(6)  # the fetcher fsyncs before its next fetch
         await settle()
         assert len(ex.held) == 1  # flush 1: offsets 0..5
@@ -33,7 +32,7 @@ def test_a_flush_from_before_a_cut_does_not_cover_batches_fetched_after_it(tmp_p
         # The fetcher's next session: the leader's log diverges at 2. The new batch is
         # written after flush 2 took its fds: flush 2 does not cover it.
         assert part.truncate_to(2) == 2 and part.flushed_end == 2
-        append_fetched(part, stored([b(2, 0, 3)], 2), [(1, 0), (2, 2)])  # 2..4
+        part.append_replicated(stored([b(2, 0, 3)], 2), [(1, 0), (2, 2)])  # 2..4
         after_cut = part.wait_flushed(part.log.next_offset)
         ex.run_next()
         await settle()
@@ -59,7 +58,7 @@ def test_truncate_during_a_flush_keeps_the_fds_that_flush_holds(tmp_path: Path) 
         flusher = Flusher(mode="batch", interval_ms=0, executor=ex, on_error=failures.append)
         part = open_part(tmp_path, flusher, segment_bytes_max=1)  # one batch per segment
         part.become_follower(1, 1, "127.0.0.1:1")
-        append_fetched(part, stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0)])
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0)])
         assert len(part.log.segments) == 3
         waiting = part.wait_flushed(6)
         await settle()

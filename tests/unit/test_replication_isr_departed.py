@@ -73,7 +73,9 @@ async def read(mgr: ReplicaManager, part: Partition, registry: Any, a: Assignmen
 
 async def append(part: Partition, seq: int) -> asyncio.Future[Any]:
     raw = bytearray(b(7, seq))
-    _, ack = part.append(memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None)
+    _, ack = part.append(
+        memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None, epoch=part.leader_epoch
+    )
     assert ack is not None
     await part.wait_flushed(part.log.next_offset)
     return ack

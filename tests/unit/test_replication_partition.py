@@ -12,7 +12,6 @@ import pytest
 from partition_server.log import PartitionLog
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
-from partition_server.replica_fetcher import append_fetched
 from partition_server.testing import b, open_part, outcome, stored
 from pidlease.errors import CorruptRecord, NotLeader
 from pidlease.wire import protocol as P
@@ -40,7 +39,9 @@ def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
         part.become_leader(1, 1, [1, 2, 3], [1, 2, 3])
         raw = bytearray(b(7, 0, 3))
         h = P.validate_batch(bytes(raw))
-        _, fut = part.append(memoryview(raw), h, lambda base, last: (base, last))
+        _, fut = part.append(
+            memoryview(raw), h, lambda base, last: (base, last), epoch=part.leader_epoch
+        )
         assert fut is not None
         await part.wait_flushed(3)
         await asyncio.sleep(0.01)
@@ -55,7 +56,12 @@ def test_acks_wait_for_the_in_sync_followers(tmp_path: Path) -> None:
         waiter = part.wait_for_data()
         assert not waiter.done()
         raw2 = bytearray(b(7, 3))
-        _, fut2 = part.append(memoryview(raw2), P.validate_batch(bytes(raw2)), lambda *_: None)
+        _, fut2 = part.append(
+            memoryview(raw2),
+            P.validate_batch(bytes(raw2)),
+            lambda *_: None,
+            epoch=part.leader_epoch,
+        )
         assert fut2 is not None
         assert waiter.done()
         # deposed before the followers had it: the ack fails as retriable NOT_LEADER
@@ -95,14 +101,14 @@ def test_follower_appends_what_the_leader_sent_and_refuses_a_gap(tmp_path: Path)
     async def go() -> None:
         part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 3, "127.0.0.1:1")
-        n = append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2)])), [(0, 0), (3, 2)])
+        n = part.append_replicated(memoryview(stored([b(1, 0, 2), b(1, 2)])), [(0, 0), (3, 2)])
         assert n == 2 and part.log.next_offset == 3
         assert part.epochs.entries == [(0, 0), (3, 2)]
         assert part.state.get(1).highwater == 2  # type: ignore[union-attr]
         # the same fetch again changes nothing (a fetch starts at the batch holding the offset)
-        assert append_fetched(part, memoryview(stored([b(1, 2)], 2)), [(3, 2)]) == 0
+        assert part.append_replicated(memoryview(stored([b(1, 2)], 2)), [(3, 2)]) == 0
         with pytest.raises(CorruptRecord):
-            append_fetched(part, memoryview(stored([b(1, 5)], 5)), [(3, 2)])
+            part.append_replicated(memoryview(stored([b(1, 5)], 5)), [(3, 2)])
         await part.wait_flushed(3)
         part.set_high_watermark(3)
         assert outcome(part, 1, 2, 1) is Outcome.DUPLICATE
@@ -117,7 +123,7 @@ def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots
     async def go() -> None:
         part = open_part(tmp_path, segment_bytes_max=SEGMENT_BYTES)
         part.become_follower(1, 1, "127.0.0.1:1")
-        append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
+        part.append_replicated(memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
         await part.wait_flushed(part.log.next_offset)
         part.set_high_watermark(2)
         image = await part.capture()  # rows say pid 1 is at sequence 5
@@ -127,7 +133,7 @@ def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots
         assert part.state.get(1).highwater == 1  # type: ignore[union-attr]
         assert outcome(part, 1, 2, 2) is Outcome.APPEND
         # the new leader's epoch 2 writes other records there, past the old covered_to
-        append_fetched(part, memoryview(stored([b(1, 2, 1), b(9, 0, 5)], 2)), [(1, 0), (2, 2)])
+        part.append_replicated(memoryview(stored([b(1, 2, 1), b(9, 0, 5)], 2)), [(1, 0), (2, 2)])
         await part.wait_flushed(part.log.next_offset)
         assert part.log.next_offset == 8 and part.epochs.entries == [(1, 0), (2, 2)]
         await close(part)

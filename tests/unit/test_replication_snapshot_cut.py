@@ -13,7 +13,6 @@ from partition_server.broker import Broker
 from partition_server.flusher import Flusher
 from partition_server.producer_state import Outcome
 from partition_server.registry import Registry
-from partition_server.replica_fetcher import append_fetched
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import Snapshot, SnapshotStore
 from partition_server.testing import b, open_part, outcome, stored
@@ -24,7 +23,7 @@ def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) 
         part = open_part(tmp_path / "data", Flusher(mode="batch", interval_ms=0))
         part.become_follower(1, 1, "127.0.0.1:1")
         # pid 1: sequences 0-1 at 0..1 and 2-3 at 2..3; pid 2: sequence 0 at 4
-        append_fetched(part, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(2, 0)])), [(1, 0)])
+        part.append_replicated(memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(2, 0)])), [(1, 0)])
         await part.wait_flushed(5)
         part.set_high_watermark(2)
         assert part.state.pids() == [1, 2]  # the capture exports pid 1, then yields
@@ -34,7 +33,7 @@ def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) 
             # sequences 2-3 and pid 2's batch were never committed; the new leader holds
             # pid 9's batch there instead.
             part.truncate_to(2)
-            append_fetched(part, memoryview(stored([b(9, 0, 3)], 2)), [(1, 0), (2, 2)])
+            part.append_replicated(memoryview(stored([b(9, 0, 3)], 2)), [(1, 0), (2, 2)])
 
         cut = asyncio.get_running_loop().create_task(fetcher_session())
         image = await part.capture(chunk_pids=1)  # yields between pids: the cut runs there
@@ -83,7 +82,7 @@ def test_a_snapshot_leaves_out_a_partition_cut_below_what_it_waits_for(tmp_path:
         broker.partitions[("t", 1)] = c
         for p in (a, c):
             p.become_follower(2, 1, "127.0.0.1:1")
-            append_fetched(p, memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
+            p.append_replicated(memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)])), [(1, 0)])
         capture_c = c.capture
 
         async def cut_a_then_capture_c(chunk_pids: int = 20_000):  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from partition_server.broker import Broker
 from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.registry import Assignment
-from partition_server.replica_fetcher import FetchSessionError, _leader_rows, append_fetched
+from partition_server.replica_fetcher import FetchSessionError, _leader_rows
 from partition_server.replication import ReplicaManager
 from partition_server.retention import LOG_START_FILE, LogPolicy, read_log_start
 from partition_server.settings import ServerSettings
@@ -41,7 +41,9 @@ def raw_batch(pid: int, seq: int, ts: int) -> bytearray:
 
 def append(part: Partition, pid: int, seq: int, ts: int) -> tuple[Outcome, int]:
     raw = raw_batch(pid, seq, ts)
-    d, _ = part.append(memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None)
+    d, _ = part.append(
+        memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None, epoch=part.leader_epoch
+    )
     return d.outcome, part.log.next_offset
 
 
@@ -363,7 +365,7 @@ def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_pat
         part.become_follower(2, 1, "127.0.0.1:1")
         b = make_broker(tmp_path, clock, part)
         batches = [old(7, s) for s in range(3)] + [old(8, s) for s in range(20)]
-        assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+        assert part.append_replicated(stored(batches), [(1, 0)]) == 23
         await part.wait_flushed(23)
         part.set_high_watermark(23)
         await b.snapshot_now()
@@ -371,7 +373,7 @@ def test_a_follower_cut_keeps_the_state_of_a_pid_whose_segments_all_went(tmp_pat
         assert part.log.log_start_offset > 3  # PID 7's batches are gone
         # A suffix above the high watermark that the new leader does not have, then cut.
         extra = [bytes(raw_batch(8, 20, clock.now)), bytes(raw_batch(9, 0, clock.now))]
-        assert append_fetched(part, stored(extra, start=23), [(1, 0)]) == 2
+        assert part.append_replicated(stored(extra, start=23), [(1, 0)]) == 2
         await part.wait_flushed(25)
         assert part.truncate_to(23) == 23
         assert outcome(part, 7, 3, 1) is Outcome.APPEND  # not UNKNOWN_PID
@@ -397,7 +399,7 @@ async def follower_past_pid7(
     b = make_broker(tmp_path, clock, part)
     batches = [bytes(raw_batch(7, s, OLD_TS)) for s in range(3)]
     batches += [bytes(raw_batch(8, s, OLD_TS)) for s in range(20)]
-    assert append_fetched(part, stored(batches), [(1, 0)]) == 23
+    assert part.append_replicated(stored(batches), [(1, 0)]) == 23
     await part.wait_flushed(23)
     part.set_high_watermark(23)
     await b.snapshot_now()
@@ -422,7 +424,7 @@ def test_a_follower_cut_rewinds_a_pid_whose_other_batches_all_went(
         part, _ = await follower_past_pid7(tmp_path, clock, policy)
         assert part.log.log_start_offset > 3  # PID 7's committed batches are gone
         extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(cut_batches)]
-        n = append_fetched(part, stored(extra, start=23), [(1, 0)])
+        n = part.append_replicated(stored(extra, start=23), [(1, 0)])
         assert n == cut_batches
         await part.wait_flushed(23 + n)
         assert part.truncate_to(23) == 23
@@ -450,7 +452,7 @@ def test_recovery_from_a_snapshot_taken_before_a_cut_keeps_pids_only_retention_d
         assert start > 3
         extra = [bytes(raw_batch(7, 3 + i, clock.now)) for i in range(2)]
         extra.append(bytes(raw_batch(9, 0, clock.now)))
-        assert append_fetched(part, stored(extra, start=23), [(1, 0)]) == 3
+        assert part.append_replicated(stored(extra, start=23), [(1, 0)]) == 3
         await part.wait_flushed(26)
         await b.snapshot_now()  # sees PID 7 at sequence 4 and PID 9
         assert part.truncate_to(23) == 23
@@ -511,8 +513,8 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
         fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
         fol.become_follower(1, 1, "127.0.0.1:1")
         assert (
-            append_fetched(
-                fol, stored([bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]), [(1, 0)]
+            fol.append_replicated(
+                stored([bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]), [(1, 0)]
             )
             == 2
         )
@@ -523,7 +525,9 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
         assert segment_files(tmp_path / "follower") == [f"{start:020d}.log"]
         assert outcome(fol, 7, 1, 1) is Outcome.DUPLICATE  # its own state stays
         data = lead.replica_read(start, 1 << 20)
-        assert append_fetched(fol, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert (
+            fol.append_replicated(memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        )
         assert fol.log.next_offset == end
         await fol.flusher.wait_idle()
         fol.close()
@@ -534,7 +538,9 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
         new = open_part(tmp_path / "new", clock_ms=clock, policy=policy)
         new.become_follower(1, 1, "127.0.0.1:1")
         new.restart_at(start)
-        assert append_fetched(new, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert (
+            new.append_replicated(memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        )
         assert new.epochs.entries == [(1, start)] and new.log.next_offset == end
         await shut(new)
         await shut(lead)
@@ -575,12 +581,14 @@ def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_
         fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
         fol.become_follower(1, 1, "127.0.0.1:1")
         held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]
-        assert append_fetched(fol, stored(held), [(1, 0)]) == 2
+        assert fol.append_replicated(stored(held), [(1, 0)]) == 2
         await fol.wait_flushed(2)
         fol.set_high_watermark(2)
         fol.restart_at(start, rows)
         data = lead.replica_read(start, 1 << 20)
-        assert append_fetched(fol, memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        assert (
+            fol.append_replicated(memoryview(b"".join(data)), lead.epochs.entries_from(start)) > 0
+        )
         for part in (lead, fol):
             assert outcome(part, 5, 3, 1) is Outcome.APPEND  # not UNKNOWN_PID
             assert outcome(part, 5, 2, 1) is Outcome.DUPLICATE

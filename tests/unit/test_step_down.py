@@ -15,7 +15,7 @@ import pytest
 
 from partition_server.flusher import Flusher
 from partition_server.leadership import ZkLease
-from partition_server.partition import Partition
+from partition_server.partition import Partition, Role
 from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager
 from partition_server.testing import FakeZk, InlineExecutor, open_part, settle
@@ -98,7 +98,7 @@ def setup(
         tmp_path, Flusher(mode="batch", interval_ms=0, executor=InlineExecutor()), clock_ms=clock
     )
     part.hosted = True
-    part.role = "follower"
+    part.role = Role.FOLLOWER
     zk = Zk(ps, live)
     registry = LeaseRegistry(zk)
     settings = SimpleNamespace(
@@ -131,16 +131,16 @@ def test_a_leader_steps_down_when_its_lease_ends(tmp_path: Path) -> None:
         assert registry.lease is not None
         registry.lease.confirm(5, 1_000)  # valid until 2200
         mgr.apply(KEY, part, ps, Assignment())
-        assert part.role == "leader"
+        assert part.role is Role.LEADER
         ack = await append(part, 0)
         await fetch(mgr, part, 2, 1)  # 3 has not fetched: the ack waits
         assert not ack.done()
         clock.now = 2_199
         mgr.check_lease()
-        assert part.role == "leader" and mgr.step_downs_total == 0
+        assert part.role is Role.LEADER and mgr.step_downs_total == 0
         clock.now = 2_200
         mgr.check_lease()
-        assert part.role == "follower" and mgr.step_downs_total == 1
+        assert part.role is Role.FOLLOWER and mgr.step_downs_total == 1
         await settle()
         assert ack.done() and isinstance(ack.exception(), errors.NotLeader)
         assert mgr.inherited[KEY] == 1  # leads again only through step_in
@@ -191,19 +191,19 @@ def test_without_a_lease_nothing_is_led_and_the_lease_back_leads_only_by_step_in
         part, mgr, registry, clock, zk = setup(tmp_path, ps, [1, 2, 3])
         assert registry.lease is not None
         mgr.apply(KEY, part, ps, Assignment())  # no confirmation yet
-        assert part.role == "follower" and zk.sets == 0
+        assert part.role is Role.FOLLOWER and zk.sets == 0
         registry.lease.confirm(5, 1_000)
         mgr.apply(KEY, part, ps, Assignment())
-        assert part.role == "leader"
+        assert part.role is Role.LEADER
         clock.now = 3_000
         mgr.check_lease()
-        assert part.role == "follower"
+        assert part.role is Role.FOLLOWER
         # ZooKeeper back, same session; it still names server 1 at epoch 1. Server 1 does
         # not simply resume: a compare-and-set hands epoch 2 to a live in-sync replica.
         registry.lease.confirm(5, 3_000)
         mgr.apply(KEY, part, zk.state, Assignment())
         await settle()
-        assert part.role == "follower"
+        assert part.role is Role.FOLLOWER
         assert zk.sets == 1 and zk.state.leader == 2 and zk.state.leader_epoch == 2
         assert 1 not in zk.state.isr
         part.close()
@@ -218,12 +218,12 @@ def test_a_new_session_ends_the_leaderships_of_the_old_one(tmp_path: Path) -> No
         assert registry.lease is not None
         registry.lease.confirm(5, 1_000)
         mgr.apply(KEY, part, ps, Assignment())
-        assert part.role == "leader"
+        assert part.role is Role.LEADER
         # The session expired and kazoo made a new one, confirmed before the timer ran:
         # the new lease is valid, but not for a leadership taken in session 5.
         registry.lease.confirm(6, 1_100)
         mgr.check_lease()
-        assert part.role == "follower" and mgr.step_downs_total == 1
+        assert part.role is Role.FOLLOWER and mgr.step_downs_total == 1
         part.close()
 
     asyncio.run(go())
