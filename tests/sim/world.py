@@ -59,7 +59,7 @@ from tests.sim.zk import FakeZk, FakeZkClient
 
 SECRET = "sim-secret"
 EPOCH_MS = 1_700_000_000_000
-ZK3_P = 0.08  # seeds with a 3-server ZooKeeper, when not asked for (--zk3) or against
+ZK3_P = 0.05  # seeds with a 3-server ZooKeeper, when not asked for (--zk3) or against
 KAFKA_P = 0.4  # seeds with Kafka producers, when not asked for (--kafka) or against
 DEADLINE_S = 60.0  # virtual; a run not done by then is stuck (a liveness failure)
 _TMP_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
