@@ -115,6 +115,7 @@ def _history(w: World, key: tuple[str, int], part, name: str) -> list[bytes]:
 def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
     name = f"{key[0]}-{key[1]} ({lins[0].mode}, R{w.topics[key[0]].replication_factor})"
     seen: dict[bytes, int] = defaultdict(int)
+    at_offset: dict[int, bytes] = {}  # offset -> the record there (data batches)
     by_pid: dict[int, list[tuple[int, int, int, bool]]] = defaultdict(
         list
     )  # (gen, base, count, ctl)
@@ -124,8 +125,9 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
             by_pid[h.pid].append((h.generation, h.base_sequence, h.count, h.is_control))
             if h.is_control:
                 continue
-            for rec in P.iter_records(chunk, h, pos):
+            for i, rec in enumerate(P.iter_records(chunk, h, pos)):
                 seen[rec.value] += 1
+                at_offset[h.base_offset + i] = rec.value
                 parts = rec.value.split(b"/")
                 if len(parts) >= 3 and int(parts[2]) != rec.sequence_id:
                     w.violation(
@@ -153,8 +155,31 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
                     f"{name}: record {value.decode()} is in the log {n} times",
                     pid_at=(key, lin.pid),
                 )
+            if offset >= 0 and n and at_offset.get(offset, value) != value:
+                # The answer named an offset that holds another record (an ack resolved by
+                # somebody else's batch at that offset).
+                other = at_offset[offset].decode()
+                w.violation(
+                    f"{name}: acked record {value.decode()} ({'DUPLICATE' if dup else 'OK'} at "
+                    f"offset {offset}) is not in the log at that offset, which holds {other}"
+                )
+            elif offset >= 0 and n == 0 and offset in at_offset:
+                w.trace(
+                    "check",
+                    f"{name}: offset {offset} acked for {value.decode()} holds "
+                    f"{at_offset[offset].decode()}",
+                )
         if not dedup:
             continue
+        for gen, resumed_after, acked_max in lin.resumes:
+            w.checks += 1
+            if resumed_after < acked_max:
+                w.violation(
+                    f"{name}: pid {lin.pid} takeover by generation {gen} resumed after "
+                    f"sequence {resumed_after}, below sequence {acked_max} already acked: "
+                    f"a takeover started below the acked highwater",
+                    pid_at=(key, lin.pid),
+                )
         last = -1
         fence_gen = 0
         for gen, base, count, ctl in by_pid.get(lin.pid, []):
@@ -174,7 +199,7 @@ def _check_partition(w: World, key: tuple[str, int], part, lins: list) -> None:
                     f"sequence {last}: not in sequence order",
                     pid_at=(key, lin.pid),
                 )
-            elif lin.mode == "strict" and base != last + 1:
+            elif (lin.mode == "strict" or lin.kind == "kafka") and base != last + 1:
                 w.violation(
                     f"{name}: pid {lin.pid} batch [{base}..{base + count - 1}] after "
                     f"sequence {last}: a gap on a strict topic",

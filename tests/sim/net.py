@@ -107,6 +107,35 @@ class Conn:
             r.set_exception(ConnectionResetError("connection reset (sim)"))
 
 
+class _Sock:
+    def __init__(self, port: int) -> None:
+        self._port = port
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("sim", self._port)
+
+
+class SimServer:
+    """What ``asyncio.start_server`` returns, as the servers use it."""
+
+    def __init__(self, net: SimNetwork, address: str, port: int, node: Node, handler: Handler):
+        self.net = net
+        self.address = address
+        self.node = node
+        self.handler = handler
+        self.sockets = [_Sock(port)]
+
+    async def start_serving(self) -> None:
+        self.net.listen(self.address, self.node, self.handler)
+
+    def close(self) -> None:
+        if self.net.listeners.get(self.address, (None,))[0] is self.node:
+            self.net.unlisten(self.address)
+
+    async def wait_closed(self) -> None:
+        return None
+
+
 class SimNetwork:
     def __init__(
         self, rng: random.Random, trace: Callable[[str, str], None], world_ctx: contextvars.Context
@@ -136,6 +165,10 @@ class SimNetwork:
     def unlisten(self, address: str) -> None:
         self.listeners.pop(address, None)
 
+    def unlisten_node(self, node: Node) -> None:
+        for address in [a for a, (n, _) in self.listeners.items() if n is node]:
+            del self.listeners[address]
+
     async def connect(self, address: str, client: str) -> tuple[asyncio.StreamReader, SimWriter]:
         await asyncio.sleep(self.delay())
         got = self.listeners.get(address)
@@ -151,6 +184,18 @@ class SimNetwork:
             handler(conn.readers[1], conn.writers[1]), context=ctx
         )
         return conn.readers[0], conn.writers[0]
+
+    async def start_server(
+        self, handler: Handler, host: str, port: int, *, start_serving: bool = True, **_: Any
+    ) -> SimServer:
+        """Stands in for ``asyncio.start_server`` (the server's own port, the Kafka
+        listener's): a listener on ``host:port`` of the calling node, once serving."""
+        me = NODE.get()
+        assert me is not None, "a server starts on a node"
+        srv = SimServer(self, f"{host}:{port}", port, me, handler)
+        if start_serving:
+            await srv.start_serving()
+        return srv
 
     async def open_connection(self, host: str, port: int, **_: Any) -> tuple[Any, Any]:
         """Stands in for ``asyncio.open_connection`` (the replica fetcher's)."""

@@ -80,6 +80,7 @@ class Batch:
     values: list[bytes]
     data: bytes
     done: bool = False
+    sends: int = 0
 
 
 @dataclass
@@ -104,6 +105,12 @@ class Lineage:
     finished: bool = False
     acked: dict[bytes, tuple[int, bool]] = field(default_factory=dict)  # value -> offset, dup
     fences: list[tuple[int, int]] = field(default_factory=list)  # (generation, fence offset)
+    # Per takeover: (generation, the sequence it resumed after, the highest sequence acked
+    # before it); the checker compares the two (a takeover never resumes below an ack).
+    resumes: list[tuple[int, int, int]] = field(default_factory=list)
+    kind: str = "native"  # or "kafka" (kproducer.py: Kafka's wire protocol)
+    principal: str = ""  # kafka, with SASL: who it authenticates as
+    acked_seq_max: int = -1  # the highest sequence acked so far (any holder)
 
 
 class Connection:
@@ -142,7 +149,11 @@ class Producer:
         self.generation = lin.generation
         self.takeover = takeover
         self.tag = f"{lin.name}.g{self.generation}"
-        self.token = make_token(world.secret, lin.pid, self.generation, world.clock_ms() + 10**9)
+        self.token = (
+            make_token(world.secret, lin.pid, self.generation, world.clock_ms() + 10**9)
+            if lin.kind == "native"
+            else b""
+        )
         self.window: deque[Batch] = deque()
         self.conn: Connection | None = None
         self.corr = 0
@@ -213,6 +224,11 @@ class Producer:
                 continue
             if r.error_code == 0:
                 lin.fences.append((self.generation, r.fence_offset))
+                if self.superseded:
+                    # A newer holder started while this fence was on its way: the lineage's
+                    # sequences are that holder's now.
+                    return False
+                lin.resumes.append((self.generation, r.durable_highwater, lin.acked_seq_max))
                 if lin.mode == "strict":
                     lin.next_seq = r.durable_highwater + 1
                 else:
@@ -300,7 +316,7 @@ class Producer:
                     trouble = True
                     break
                 corr, b = outstanding.popleft()
-                r = P.decode_response(P.PRODUCE, body)
+                r = self._decode(body)
                 if r.correlation_id != corr:
                     self.w.violation(
                         f"{self.tag}: answer {r.correlation_id} came when "
@@ -328,7 +344,11 @@ class Producer:
             else:
                 backoff = 0.002
 
+    def _decode(self, body: bytes) -> Any:
+        return P.decode_response(P.PRODUCE, body)
+
     def _send(self, conn: Connection, b: Batch) -> int:
+        b.sends += 1
         corr = self._next_corr()
         if self.w.verbose:
             self._trace(f"send [{b.base}..{b.base + b.count - 1}] as request {corr}")
@@ -342,7 +362,9 @@ class Producer:
         code = r.error_code
         seqs = f"[{b.base}..{b.base + b.count - 1}]"
         if code in (0, errors.DUPLICATE):
-            if code == 0:
+            # A Kafka DUPLICATE is answered NO_ERROR with its first offsets: only a batch
+            # sent once is surely a new append there.
+            if code == 0 and (lin.kind == "native" or b.sends == 1):
                 if r.base_offset <= conn.last_ok_offset:
                     self.w.violation(
                         f"{self.tag}: batch {seqs} appended at offset {r.base_offset}, before "
@@ -352,6 +374,7 @@ class Producer:
                 conn.last_ok_offset = r.last_offset
             if not b.done:
                 b.done = True
+                lin.acked_seq_max = max(lin.acked_seq_max, b.base + b.count - 1)
                 for i, v in enumerate(b.values):
                     off = r.base_offset + i if r.base_offset >= 0 else -1
                     lin.acked[v] = (off, code != 0)

@@ -17,7 +17,7 @@ import pytest
 from tests.sim.cli import replay_command, run_many
 from tests.sim.disk import DiskFaults, DiskShim
 from tests.sim.loop import Node
-from tests.sim.world import run_seed
+from tests.sim.world import World, run_seed
 
 SHORT_SEEDS = 2000
 SHORT_SECONDS = 120.0
@@ -56,6 +56,28 @@ def test_retention_runs_delete_segments_and_replay_exactly() -> None:
         assert a.trace == b.trace
         assert a.segments_deleted > 0 and a.segments_deleted == b.segments_deleted
         assert a.ok, a.failures
+
+
+def test_kafka_and_zk3_runs_replay_exactly() -> None:
+    """``--kafka --zk3``: Kafka producers (SASL, InitProducerId, Produce through each
+    server's real Kafka listener) and a 3-server ZooKeeper with a member cut off from the
+    quorum; a seed still replays exactly, and both paths do run."""
+    for seed in (3, 4):
+        a = run_seed(seed, verbose=True, kafka=True, zk3=True)
+        b = run_seed(seed, verbose=True, kafka=True, zk3=True)
+        assert a.trace == b.trace
+        assert a.kafka_acked > 0 and a.kafka_acked == b.kafka_acked
+        assert any("InitProducerId: pid" in line for line in a.trace)
+        assert a.faults.get("zk_cut_off", 0) > 0
+        assert any("cut off from the quorum" in line for line in a.trace)
+
+
+def test_the_default_mix_has_kafka_zk3_and_buggify_seeds() -> None:
+    """Without flags the new paths come in some seeds (the short forms run them)."""
+    plans = [World(seed).plan_only() for seed in range(60)]
+    assert sum("kafka" in p for p in plans) >= 10
+    assert sum("zk" in p for p in plans) >= 1
+    assert sum("buggify" in p for p in plans) >= 10
 
 
 def test_crash_keeps_what_was_fsynced_and_maybe_a_torn_tail(tmp_path: object) -> None:

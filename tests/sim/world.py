@@ -38,7 +38,7 @@ import partition_server.replication
 import partition_server.server
 from partition_server.leadership import ZkLease
 from partition_server.log import PartitionLog
-from partition_server.partition import Partition, Role, parse_dir_name
+from partition_server.partition import Partition, parse_dir_name
 from partition_server.server import PartitionServer
 from partition_server.settings import ServerSettings
 from pidlease.wire import protocol as P
@@ -51,6 +51,7 @@ from pidlease.wire.cluster import (
     topic_path,
 )
 from tests.sim.disk import DiskFaults, DiskShim
+from tests.sim.kproducer import API_TOKENS, PRINCIPALS, KafkaProducer
 from tests.sim.loop import NODE, Idle, Node, SimLoop
 from tests.sim.net import SimNetwork
 from tests.sim.producer import Lineage, Producer
@@ -58,6 +59,8 @@ from tests.sim.zk import FakeZk, FakeZkClient
 
 SECRET = "sim-secret"
 EPOCH_MS = 1_700_000_000_000
+ZK3_P = 0.05  # seeds with a 3-server ZooKeeper, when not asked for (--zk3) or against
+KAFKA_P = 0.4  # seeds with Kafka producers, when not asked for (--kafka) or against
 DEADLINE_S = 60.0  # virtual; a run not done by then is stuck (a liveness failure)
 _TMP_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -69,6 +72,7 @@ class Result:
     faults: dict[str, int] = field(default_factory=dict)
     checks: int = 0
     acked: int = 0
+    kafka_acked: int = 0  # of which by Kafka producers
     batches: int = 0
     virtual_s: float = 0.0
     segments_deleted: int = 0  # by retention, all servers
@@ -90,6 +94,8 @@ class ServerNode:
         self.host = f"sim-{sid}"
         self.port = 9000 + sid
         self.address = f"{self.host}:{self.port}"
+        self.kafka_port = 9100 + sid
+        self.kafka_address = f"{self.host}:{self.kafka_port}"
         self.data_dir = os.path.join(world.tmp, f"server-{sid}")
         self.node: Node | None = None
         self.server: PartitionServer | None = None
@@ -108,6 +114,7 @@ class ServerNode:
                 host=self.host,
                 port=self.port,
                 data_dir=self.data_dir,
+                kafka_port=self.kafka_port if self.w.kafka else 0,
                 **self.w.server_opts,
             )
         return self._settings
@@ -124,41 +131,47 @@ class ServerNode:
         asyncio.get_running_loop().create_task(self._boot(node), context=ctx)
 
     async def _boot(self, node: Node) -> None:
+        """The real ``PartitionServer.start()``: its ZooKeeper connection is the fake one
+        (``registry.connect`` replaced), its listeners (our port, the Kafka port) are on
+        the simulated network (``asyncio.start_server`` patched)."""
         w = self.w
-        loop = asyncio.get_running_loop()
         try:
             srv = PartitionServer(self.settings(), clock_ms=w.clock_ms)
             self.server = srv
-            zkc = self.zkc = FakeZkClient(w.zk, node.name)
-            srv.registry.zk = zkc
-            zkc.add_listener(srv.registry._on_state)
-            # The leader's lease on its session (docs/replication.md, Step-down), as the
-            # real connect() sets it; heartbeats from the loop (no threads here), on the
-            # virtual clock (this module's `time` patches).
-            s = self.settings()
-            srv.registry.lease = ZkLease(s.zk_session_timeout_ms, s.zk_step_down_margin_ms)
-            srv.registry.heartbeat_on_loop = True
+            reg = srv.registry
+
+            def connect() -> None:
+                zkc = self.zkc = w.zk.client(node.name)
+                reg.zk = zkc
+                zkc.add_listener(reg._on_state)
+                # The leader's lease on its session (docs/replication.md, Step-down), as
+                # the real connect() sets it; heartbeats from the loop (no threads here),
+                # on the virtual clock (this module's `time` patches).
+                s = self.settings()
+                reg.lease = ZkLease(s.zk_session_timeout_ms, s.zk_step_down_margin_ms)
+                reg.heartbeat_on_loop = True
+
+            reg.connect = connect  # type: ignore[method-assign]
             srv.broker.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
-            a = await loop.run_in_executor(None, srv.registry.read_now)
-            srv.broker.recover(a)
-            for key, part in srv.broker.partitions.items():
-                w.check_log_start(part, "recovery")
-                if (node.name, key) in w.rebuilt_from_log_start:
-                    w.note_lost_pids(GAP_RECOVERY, part, node.name)
-            rec = srv.broker.recovery
-            w.trace(
-                "server",
-                f"{node.name} recovered: snapshot {rec['snapshot']}, "
-                f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
-                f"{rec['truncations']} truncations",
-            )
-            srv.registry.on_change = srv.broker.apply_assignment
-            srv.address = self.address
-            await srv.registry.register(self.host, self.port)
-            await srv.registry.refresh()
-            w.net.listen(self.address, node, srv._handle)
-            srv.broker.replicas.start()
-            srv._maint = loop.create_task(srv.broker.maintain())
+            recover = srv.broker.recover
+
+            def recovered(a: Any) -> Any:
+                out = recover(a)
+                for key, part in srv.broker.partitions.items():
+                    w.check_log_start(part, "recovery")
+                    if (node.name, key) in w.rebuilt_from_log_start:
+                        w.note_lost_pids(GAP_RECOVERY, part, node.name)
+                rec = srv.broker.recovery
+                w.trace(
+                    "server",
+                    f"{node.name} recovered: snapshot {rec['snapshot']}, "
+                    f"{rec['batches']} batches, {rec['batches_replayed']} replayed, "
+                    f"{rec['truncations']} truncations",
+                )
+                return out
+
+            srv.broker.recover = recovered  # type: ignore[method-assign]
+            await srv.start()
             self.up = True
             w.trace("server", f"{node.name} serving")
         except Exception as exc:  # noqa: BLE001 - a failed start is a crash; restart it
@@ -175,7 +188,7 @@ class ServerNode:
         self.up = False
         self.crashes += 1
         w = self.w
-        w.net.unlisten(self.address)
+        w.net.unlisten_node(node)
         w.net.cut_node(node)
         notes = w.disk.crash(node, self.data_dir)
         w.trace("server", f"{node.name} CRASH ({why}); torn: {'; '.join(notes) or 'nothing'}")
@@ -183,12 +196,33 @@ class ServerNode:
             session = self.zkc.session
             w.world_later(w.rng.uniform(0.01, 0.2), w.zk.expire, session)
         if restart:
-            w.world_later(w.rng.uniform(0.002, 0.08), self.start)
+            # Now and then down for long (with retention: the leader's log start passes
+            # this replica's end meanwhile, and it starts over).
+            long_down = w.retention and w.rng.random() < 0.2
+            w.world_later(
+                w.rng.uniform(0.1, 0.3) if long_down else w.rng.uniform(0.002, 0.08), self.start
+            )
 
 
 class World:
-    def __init__(self, seed: int, *, verbose: bool = False, retention: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        verbose: bool = False,
+        retention: bool = False,
+        kafka: bool | None = None,
+        zk3: bool | None = None,
+    ) -> None:
         self.seed = seed
+        # A 3-server ZooKeeper ensemble, one member cut off from the quorum now and then
+        # (zk.py): always, never, or in some seeds by the seed (None).
+        self.zk3_mode = zk3
+        # Kafka producers (kproducer.py) on the servers' Kafka listeners: always (True),
+        # never (False), or in some seeds by the seed (None).
+        self.kafka_mode = kafka
+        self.kafka = False
+        self.kafka_sasl = False
         self.rng = random.Random(seed)
         self.verbose = verbose
         self.retention = retention
@@ -202,7 +236,10 @@ class World:
         self.faults = DiskFaults()
         self.disk = DiskShim(self.rng, self.loop.time, self.faults, self.trace)
         self.net = SimNetwork(self.rng, self.trace, self.world_ctx)
-        self.zk = FakeZk(self.rng, self.trace)
+        self.zk3 = self.zk3_mode if self.zk3_mode is not None else self.rng.random() < ZK3_P
+        self.zk = FakeZk(self.rng, self.trace, servers=3 if self.zk3 else 1)
+        self.zk.on_owner_read = self.owner_read
+        self.zk.on_quorum_expiry = self.quorum_expired
         self.servers: dict[int, ServerNode] = {}
         self.lineages: list[Lineage] = []
         self.topics: dict[str, TopicSpec] = {}
@@ -211,6 +248,16 @@ class World:
         self.capture_chunk_pids = self.rng.choice([1, 2, 20_000])
         self.result.plan["capture_chunk_pids"] = self.capture_chunk_pids
         self.final = False  # the end: no more faults
+        # Buggify (FoundationDB's word): faults aimed at the narrow windows the exactly-once
+        # holes of issue 23 need, on in some seeds: a crash shortly after a follower
+        # starts over (restart_at) or cuts its log, a ZooKeeper session that expires while
+        # a Kafka produce waits for the owner of its PID.
+        self.buggify = False
+        self.buggify_p = 0.0
+        self.buggify_crashes = 0
+        self.buggify_expiries = 0
+        self.pending = 0  # late takeovers still to come: the run waits for them
+        self.short_retention: set[str] = set()  # topics with a retention policy (--retention)
         self.fsync_slow_p = 0.0
         self.checks = 0
         self.fault_counts: dict[str, int] = {}
@@ -283,6 +330,21 @@ class World:
         elif self.rng.random() < 0.05:
             d += self.rng.random() * 0.01
         return d
+
+    def _leader(self, topic: str, partition: int) -> int:
+        z = self.zk.nodes.get(partition_path(topic, partition))
+        sid = PartitionState.from_bytes(z.data).leader if z is not None else 1
+        return sid if sid in self.servers else 1
+
+    def kafka_address(self, sid: int) -> str:
+        return self.servers[sid].kafka_address
+
+    def kafka_leader_address(self, topic: str, partition: int) -> str:
+        return self.kafka_address(self._leader(topic, partition))
+
+    def any_live_server(self) -> int:
+        live = [sid for sid, s in sorted(self.servers.items()) if s.up]
+        return self.rng.choice(live) if live else 0
 
     def leader_address(self, topic: str, partition: int) -> str:
         z = self.zk.nodes.get(partition_path(topic, partition))
@@ -405,12 +467,33 @@ class World:
 
         orig_restart = Partition.restart_at
 
-        def restart_at(part: Partition, offset: int, *args: Any) -> None:
-            orig_restart(part, offset, *args)
+        def restart_at(part: Partition, offset: int, *args: Any, **kw: Any) -> None:
+            orig_restart(part, offset, *args, **kw)
             node = NODE.get()
             world.note_lost_pids(GAP_SKIPPED, part, node.name if node else "?")
+            world.count("restart_at")
+            world.after_event(
+                f"{part.topic}-{part.partition} started over at {offset}",
+                node,
+                (part.topic, part.partition),
+            )
 
         put(Partition, "restart_at", restart_at)
+        orig_truncate = Partition.truncate_to
+
+        def truncate_to(part: Partition, offset: int, *args: Any, **kw: Any) -> Any:
+            end = part.log.next_offset
+            out = orig_truncate(part, offset, *args, **kw)
+            if offset < end:
+                world.count("log_cut")
+                world.after_event(
+                    f"{part.topic}-{part.partition} cut from {end} to {offset}",
+                    NODE.get(),
+                    (part.topic, part.partition),
+                )
+            return out
+
+        put(Partition, "truncate_to", truncate_to)
 
         # Snapshots export producer state in chunks with the loop free in between; the
         # chunk is 20 000 PIDs in production, so with the sim's handful of PIDs capture
@@ -430,6 +513,7 @@ class World:
         put(Partition, "mark_durable", mark_durable)
         put(Partition, "set_high_watermark", set_high_watermark)
         put(asyncio, "open_connection", self.net.open_connection)
+        put(asyncio, "start_server", self.net.start_server)
         handler: logging.Handler = _TraceHandler(self) if self.verbose else _GapHandler(self)
         plog = logging.getLogger("partition_server")
         old_level, old_prop = plog.level, plog.propagate
@@ -446,6 +530,17 @@ class World:
             plog.propagate = old_prop
 
     # -- the plan ------------------------------------------------------------------------------
+    def plan_only(self) -> dict[str, Any]:
+        """The plan this seed makes, without running it (tests of the mix)."""
+        try:
+            for root in ALL_ROOTS:
+                self.zk.create(root, b"", makepath=True)
+            self.plan()
+            return dict(self.result.plan)
+        finally:
+            _close_loop(self.loop)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
     def plan(self) -> None:
         rng = self.rng
         plan = self.result.plan
@@ -461,6 +556,14 @@ class World:
         }
         if self.retention:
             self.server_opts["retention_check_ms"] = rng.choice([10, 20, 50])
+        if self.zk3:
+            plan["zk"] = "3 servers"
+        self.kafka = self.kafka_mode if self.kafka_mode is not None else rng.random() < KAFKA_P
+        if self.kafka:
+            self.kafka_sasl = rng.random() < 0.8
+            if self.kafka_sasl:
+                self.server_opts["api_tokens"] = API_TOKENS
+            plan["kafka"] = "sasl" if self.kafka_sasl else "no sasl"
         self.n_servers = 3 if rng.random() < 0.5 else 1
         if self.n_servers > 1:
             self.server_opts.update(
@@ -502,6 +605,7 @@ class World:
         """Small segments that retention deletes while the run goes on (a run lasts well
         under a second of virtual time): by age, by size, or both."""
         rng = self.rng
+        self.short_retention.add(spec.name)
         spec.segment_bytes = rng.choice([256, 512, 1024, 2048])
         spec.segment_ms = rng.choice([SEGMENT_MS_DEFAULT, SEGMENT_MS_DEFAULT, 20, 100])
         by = rng.choice(["time", "size", "both"])
@@ -520,18 +624,46 @@ class World:
             # some PIDs write a batch or three and go idle: more PIDs per
             # partition, longer snapshot captures
             batches_total=rng.choice([rng.randint(1, 3), rng.randint(5, 40)]),
-            max_in_flight=rng.choice([1, 2, 3, 5, 5]),
+            # up to 16: a leader's uncommitted tail (cut when it steps down) can hold more
+            # than the K (5) batches of one PID that producer state remembers
+            max_in_flight=rng.choice([1, 2, 3, 5, 5, 8, 16]),
             records_max=rng.choice([1, 3, 5]),
             holes=rng.random() < 0.5,
             gap_s=rng.choice([0.0, 0.0005, 0.002]),
         )
+        if self.kafka and rng.random() < 0.5:
+            lin.kind = "kafka"
+            lin.pid = -1  # InitProducerId gives it
+            lin.principal = rng.choice(sorted(PRINCIPALS))
+            lin.max_in_flight = min(lin.max_in_flight, 5)  # Kafka's limit with idempotence
         self.lineages.append(lin)
         self.world_later(start, self._start_producer, lin, False)
-        if rng.random() < 0.2:
+        if lin.kind == "native" and rng.random() < 0.2:
             self.world_later(start + rng.uniform(0.005, 0.3), self._takeover, lin)
+        if (
+            lin.kind == "native"
+            and lin.mode != "off"
+            and spec.name in self.short_retention
+            and rng.random() < 0.3
+        ):
+            # Takeovers after retention deleted what the PID wrote (its data batches all
+            # gone, its state kept), with a crash of the leader between two of them: a
+            # replica then cuts its log or recovers, and must still know the PID.
+            t = start + rng.uniform(0.2, 0.45)
+            self.pending += 1
+            self.world_later(t, self._late_takeover, lin, rng.randint(1, 3))
+            self.world_later(t + rng.uniform(0.001, 0.05), self._crash_leader, spec.name, partition)
+            if rng.random() < 0.6:
+                self.pending += 1
+                t2 = t + rng.uniform(0.03, 0.2)
+                self.world_later(t2, self._late_takeover, lin, rng.randint(1, 3))
 
     def _start_producer(self, lin: Lineage, takeover: bool) -> Producer:
-        p = Producer(self, lin, takeover=takeover)
+        p = (
+            KafkaProducer(self, lin)
+            if lin.kind == "kafka"
+            else Producer(self, lin, takeover=takeover)
+        )
         lin_current[id(lin)] = p
         self.loop.create_task(p.run(), context=self.world_ctx)
         return p
@@ -546,6 +678,21 @@ class World:
         if old is not None:
             old.superseded = True
         self._start_producer(lin, True)
+
+    def _late_takeover(self, lin: Lineage, extra: int) -> None:
+        """A new holder of a lineage that may have finished long ago: ``extra`` batches
+        more, after a FENCE (the coordinator's takeover)."""
+        self.pending -= 1
+        if self.final or lin.failed:
+            return
+        self.trace("fault", f"late takeover of {lin.name}: {extra} more batches")
+        lin.batches_total += extra
+        lin.finished = False
+        self._takeover(lin)
+
+    def _crash_leader(self, topic: str, partition: int) -> None:
+        if partition_path(topic, partition) in self.zk.nodes:
+            self._crash(self._leader(topic, partition))
 
     def _create_topic(self, spec: TopicSpec) -> None:
         z = self.zk
@@ -599,6 +746,120 @@ class World:
             t = rng.uniform(0, horizon)
             plan["zk_expiry"] = round(t * 1000)
             self.world_later(t, self._expire, rng.randint(1, self.n_servers))
+        if self.kafka and self.n_servers > 1 and rng.random() < 0.5:
+            # Leaders step down under Kafka produces (their owner lookups await).
+            for _ in range(rng.randint(1, 3)):
+                t = rng.uniform(0, horizon)
+                plan.setdefault("zk_expiries", []).append(round(t * 1000))
+                self.world_later(t, self._expire, rng.randint(1, self.n_servers))
+        if self.zk3:
+            # A member of the ensemble cut off from the quorum (most often the one a leader
+            # talks to); it notices after 0.5-3 s (syncLimit x tickTime; 10 s with
+            # zkserver.py's settings), serving stale reads until then.
+            for _ in range(rng.choice([1, 1, 2])):
+                t = rng.uniform(0.01, horizon)
+                until = rng.choice([0.5, 1.5, 3.0])
+                plan.setdefault("zk_cut_off", []).append((round(t * 1000), until))
+                self.pending += 1  # the run goes on until it is over
+                self.world_later(t, self._zk_isolate, until, rng.random() < 0.7)
+        if rng.random() < 0.5:
+            self.buggify = True
+            self.buggify_p = rng.choice([0.1, 0.3, 0.6])
+            plan["buggify"] = self.buggify_p
+
+    # -- buggify -------------------------------------------------------------------------------
+    def after_event(self, what: str, node: Node | None, key: tuple[str, int] | None = None) -> None:
+        """``what`` just happened on ``node`` (a follower started over, cut its log): with
+        the seed's buggify odds, SIGKILL that process a moment later, before its next
+        snapshot, so its recovery starts from what it persisted (or not) for it. With
+        ``key`` (the partition), half the time also SIGKILL its leader a little later, so
+        that replica may lead, and take over the lineages of that partition after."""
+        if node is None or self.final or not self.buggify or self.buggify_crashes >= 3:
+            return
+        if self.rng.random() >= self.buggify_p:
+            return
+        self.buggify_crashes += 1
+        delay = self.rng.uniform(0.0002, 0.02)
+        self.trace("fault", f"buggify: SIGKILL {node.name} in {delay * 1000:.1f} ms ({what})")
+        self.world_later(delay, self._crash_node, node, what)
+        if key is None or self.rng.random() >= 0.5:
+            return
+        t = delay + self.rng.uniform(0.06, 0.15)
+        self.world_later(t, self._crash_leader, *key)
+        lins = [
+            lin
+            for lin in self.lineages
+            if (lin.topic, lin.partition) == key and lin.kind == "native" and lin.mode != "off"
+        ]
+        for lin in lins[:3]:
+            self.pending += 1
+            self.world_later(t + self.rng.uniform(0.02, 0.08), self._late_takeover, lin, 1)
+
+    def _crash_node(self, node: Node, what: str) -> None:
+        if self.final or not node.alive:
+            return
+        sid = int(node.name[1:].split("#")[0])
+        s = self.servers[sid]
+        if s.node is node:
+            self.count("buggify_crash")
+            s.crash(f"SIGKILL after {what}")
+
+    def owner_read(self, zkc: FakeZkClient) -> None:
+        """A ZooKeeper read of a Kafka PID's owner (``/kafka_pids/<pid>``) was answered:
+        with the seed's buggify odds the session expires right after, while the produce
+        that asked still waits for it (a read that blocked through a reconnect)."""
+        if self.final or not self.buggify or self.buggify_expiries >= 3:
+            return
+        if self.rng.random() >= self.buggify_p:
+            return
+        self.buggify_expiries += 1
+        self.count("buggify_expiry")
+        self.trace("fault", f"buggify: session of {zkc.name} expires during an owner lookup")
+        zkc.expire_session()
+
+    def _done_pending(self) -> None:
+        self.pending -= 1
+
+    def _zk_isolate(self, until: float, at_a_leader: bool) -> None:
+        # The run waits for the quorum's expiry of the sessions cut off (the lease check),
+        # not for the end of a long window.
+        self.world_later(min(until, self.zk.session_timeout_s + 0.05), self._done_pending)
+        if self.final:
+            return
+        zid = self.rng.randrange(len(self.zk.ensemble))
+        if at_a_leader:
+            leaders = sorted(
+                {
+                    PartitionState.from_bytes(z.data).leader
+                    for p, z in self.zk.nodes.items()
+                    if p.startswith("/topics/") and "/partitions/" in p and z.data
+                }
+            )
+            s = self.servers.get(self.rng.choice(leaders)) if leaders else None
+            if s is not None and s.up and s.zkc is not None:
+                zid = s.zkc.server
+        self.count("zk_cut_off")
+        self.zk.isolate(zid, until)
+
+    def quorum_expired(self, session: int, zkc: FakeZkClient) -> None:
+        """The ZooKeeper quorum expired ``session`` (attached to a member cut off from it):
+        other servers may be elected now, so the process of that session must lead no
+        replicated partition any more: its lease (registry.py, ZkLease) ends before the
+        session could have expired."""
+        for sid, s in sorted(self.servers.items()):
+            if s.zkc is not zkc or s.node is None or not s.node.alive or s.server is None:
+                continue
+            for (topic, p), part in sorted(s.server.broker.partitions.items()):
+                spec = self.topics.get(topic)
+                if spec is None or spec.replication_factor < 2 or not _leads(part):
+                    continue
+                self.checks += 1
+                self.violation(
+                    f"{topic}-{p}: server {sid} ({s.node.name}) still leads when the "
+                    f"ZooKeeper quorum expired its session 0x{session:x}: its lease outlived "
+                    f"the session (confirmed by stale reads of a ZooKeeper server cut off "
+                    f"from the quorum)"
+                )
 
     # -- faults ------------------------------------------------------------------------------
     def _crash(self, sid: int) -> None:
@@ -638,13 +899,16 @@ class World:
     async def main(self) -> None:
         for root in ALL_ROOTS:
             self.zk.create(root, b"", makepath=True)
+        # The cluster's PID counter (the coordinator's blocks and InitProducerId's): the
+        # native lineages' PIDs (1000 + n) are below it.
+        self.zk.create("/pid_block", b"100000")
         self.plan()
         for sid in range(1, self.n_servers + 1):
             self.servers[sid] = ServerNode(self, sid)
             self.servers[sid].start()
         while self.loop.time() < DEADLINE_S:
             await asyncio.sleep(0.01)
-            if all(lin.finished or lin.failed for lin in self.lineages):
+            if not self.pending and all(lin.finished or lin.failed for lin in self.lineages):
                 break
         else:
             stuck = [
@@ -665,6 +929,7 @@ class World:
         # Quiet, then one last SIGKILL and recovery from the files: what is left is checked.
         self.final = True
         self._zk_faults(0.0, 0.0)
+        self.zk.heal_all()
         self.faults.enospc_until = self.faults.eio_write_p = self.faults.fsync_fail_p = 0.0
         for s in self.servers.values():
             s.crash("final", restart=False)
@@ -696,16 +961,19 @@ class World:
                 ps = PartitionState.from_bytes(z.data)
                 srv = self.servers[ps.leader].server if ps.leader in self.servers else None
                 part = srv.broker.partitions.get((name, p)) if srv is not None else None
-                if (
-                    part is None
-                    or part.role is not Role.LEADER
-                    or part.high_watermark < part.log.next_offset
-                ):
+                if part is None or not _leads(part) or part.high_watermark < part.log.next_offset:
                     return False
         return True
 
 
 lin_current: dict[int, Producer] = {}
+
+
+def _leads(part: Partition) -> bool:
+    """The replica leads (a role string, or an enum whose name or value says so)."""
+    role = part.role
+    names = {str(role), str(getattr(role, "value", "")), str(getattr(role, "name", ""))}
+    return any(n.lower().rsplit(".", 1)[-1] == "leader" for n in names)
 
 
 class _SlowYields:
@@ -800,7 +1068,8 @@ class _TraceHandler(logging.Handler):
         _note_rebuild(self.world, record)
         node = NODE.get()
         # Wall-clock durations differ between runs of one seed; nothing else does.
-        msg = _WALL_TIME.sub("#s", record.getMessage())
+        # ... nor the run's temporary directory (the real start() logs its data dir).
+        msg = _WALL_TIME.sub("#s", record.getMessage()).replace(self.world.tmp, "$TMP")
         self.world.trace(
             "log", f"[{node.name if node else '-'}] {record.levelname} {record.name}: {msg}"
         )
@@ -817,7 +1086,14 @@ def _freeze_imports() -> None:
     gc.freeze()
 
 
-def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Result:
+def run_seed(
+    seed: int,
+    *,
+    verbose: bool = False,
+    retention: bool = False,
+    kafka: bool | None = None,
+    zk3: bool | None = None,
+) -> Result:
     """Run one seed; the result says what failed (empty: all checks held)."""
     # The run's objects hold cycles (tasks, futures, streams); collect them at the end,
     # quietly (closing a killed node's coroutines runs finally blocks that cannot await
@@ -834,7 +1110,7 @@ def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Re
             was_enabled = gc.isenabled()
             gc.disable()  # collections at allocation-dependent moments: not in a run
             try:
-                r = _run(seed, verbose, retention)
+                r = _run(seed, verbose, retention, kafka, zk3)
             finally:
                 gc.collect()
                 if was_enabled:
@@ -844,9 +1120,9 @@ def run_seed(seed: int, *, verbose: bool = False, retention: bool = False) -> Re
     return r
 
 
-def _run(seed: int, verbose: bool, retention: bool) -> Result:
+def _run(seed: int, verbose: bool, retention: bool, kafka: bool | None, zk3: bool | None) -> Result:
     t0 = time.perf_counter()
-    w = World(seed, verbose=verbose, retention=retention)
+    w = World(seed, verbose=verbose, retention=retention, kafka=kafka, zk3=zk3)
     r = w.result
     try:
         with w.patched():
@@ -869,6 +1145,7 @@ def _run(seed: int, verbose: bool, retention: bool) -> Result:
     r.faults["disk"] = w.disk.injected
     r.segments_deleted = w.segments_deleted
     r.acked = sum(len(lin.acked) for lin in w.lineages)
+    r.kafka_acked = sum(len(lin.acked) for lin in w.lineages if lin.kind == "kafka")
     r.batches = sum(lin.sent for lin in w.lineages)
     r.virtual_s = w.loop.time()
     r.wall_s = time.perf_counter() - t0

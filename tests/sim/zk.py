@@ -1,8 +1,20 @@
 """A fake ZooKeeper with the kazoo client surface the partition server uses (registry.py,
-leadership.py): znodes with versions, ephemeral znodes owned by sessions, one-shot data
-and child watches delivered later on the watching node, failed writes (ConnectionLoss,
-as when the ensemble is unreachable) and session expiry (ephemerals deleted, LOST then
-CONNECTED to the listener)."""
+leadership.py, kafka/pids.py): znodes with versions, ephemeral znodes owned by sessions,
+one-shot data and child watches delivered later on the watching node, failed writes
+(ConnectionLoss, as when the ensemble is unreachable) and session expiry (ephemerals
+deleted, LOST then CONNECTED to the listener).
+
+An ensemble of 3 ZooKeeper servers (``FakeZk(servers=3)``, ``--zk3``): each session is
+attached to one of them. ``isolate(z)`` cuts server ``z`` off from the quorum, as a
+network partition does: it keeps serving the sessions attached to it for up to
+``sync_limit_s`` (syncLimit x tickTime, when a follower notices it lost its leader),
+reads from its copy of the tree as it was when cut off (stale: it sees no election, no
+expiry), while writes and ``sync`` fail (ConnectionLoss: they need the leader) and watch
+events wait. The quorum hears nothing from those sessions: ``session_timeout_s`` later it
+expires them (their ephemerals go, the rest of the cluster elects new leaders), and the
+clients learn it only when their server drops them at the end of the window and they
+reconnect to another (LOST, then CONNECTED with a new session); a session still alive
+then resumes, and its pending watch events are delivered."""
 
 from __future__ import annotations
 
@@ -37,17 +49,97 @@ class _Znode:
     owner: int
 
 
+@dataclass
+class ZkServer:
+    """One server of the ensemble; ``stale`` is its copy of the tree while cut off."""
+
+    zid: int
+    stale: dict[str, _Znode] | None = None
+    cut_at: float = 0.0
+
+
 class FakeZk:
-    def __init__(self, rng: random.Random, trace: Callable[[str, str], None]) -> None:
+    def __init__(
+        self, rng: random.Random, trace: Callable[[str, str], None], servers: int = 1
+    ) -> None:
         self.rng = rng
         self.trace = trace
         self.nodes: dict[str, _Znode] = {"/": _Znode(b"", 0, 0)}
+        self.ensemble = [ZkServer(z) for z in range(servers)]
+        self.clients: list[FakeZkClient] = []
+        self.session_timeout_s = 1.2
+        self.sync_limit_s = 4.0
+        # Called with (session, client) when the quorum expires a session attached to a
+        # server cut off from it (the lease check of world.py).
+        self.on_quorum_expiry: Callable[[int, FakeZkClient], None] | None = None
+        self.ctx = contextvars.copy_context()  # the world's (no node): the ensemble's timers
         self._data_watches: dict[str, list[tuple[FakeZkClient, Callable[..., Any]]]] = {}
         self._child_watches: dict[str, list[tuple[FakeZkClient, Callable[..., Any]]]] = {}
         self.write_fail_p = 0.0
         self.read_fail_p = 0.0
         self._sessions = 0
         self.ops = 0
+        self.on_owner_read: Callable[[FakeZkClient], None] | None = None
+
+    def client(self, name: str) -> FakeZkClient:
+        """A new session for the node ``name``, on a server in touch with the quorum."""
+        c = FakeZkClient(self, name)
+        c.server = self.pick_server()
+        self.clients.append(c)
+        return c
+
+    def pick_server(self) -> int:
+        ok = [z.zid for z in self.ensemble if z.stale is None]
+        return self.rng.choice(ok) if ok else 0
+
+    # -- an ensemble member cut off from the quorum ------------------------------------------
+    def isolate(self, zid: int, until_s: float) -> None:
+        """Cut server ``zid`` off from the quorum now; it notices after ``until_s`` (at most
+        ``sync_limit_s``) and drops its sessions."""
+        z = self.ensemble[zid]
+        if z.stale is not None or len(self.ensemble) < 2:
+            return
+        loop = asyncio.get_running_loop()
+        z.stale = {p: _Znode(n.data, n.version, n.owner) for p, n in self.nodes.items()}
+        z.cut_at = loop.time()
+        attached = [c for c in self.clients if c.server == zid and c.alive()]
+        self.trace(
+            "zk",
+            f"zookeeper server {zid} cut off from the quorum for {until_s * 1000:.0f} ms; "
+            f"sessions on it: {', '.join(c.name for c in attached) or 'none'}",
+        )
+        for c in attached:
+            loop.call_later(
+                self.session_timeout_s, self._quorum_expires, c, c.session, context=self.ctx
+            )
+        loop.call_later(min(until_s, self.sync_limit_s), self.heal, zid, context=self.ctx)
+
+    def _quorum_expires(self, c: FakeZkClient, session: int) -> None:
+        """The quorum heard nothing from ``session`` for the session timeout."""
+        if c.session != session or c.server_cut() is None or not c.alive():
+            return  # it moved to a server in touch with the quorum in time
+        c.expired_on_quorum = True
+        self.trace("zk", f"the quorum expires the session 0x{session:x} of {c.name}")
+        self.expire(session)
+        if self.on_quorum_expiry is not None:
+            self.on_quorum_expiry(session, c)
+
+    def heal(self, zid: int) -> None:
+        """Server ``zid`` noticed it lost the quorum: it drops its sessions (they reconnect
+        elsewhere at once) and rejoins, its stale copy gone."""
+        z = self.ensemble[zid]
+        if z.stale is None:
+            return
+        z.stale = None
+        self.trace("zk", f"zookeeper server {zid} drops its sessions and rejoins the quorum")
+        for c in [c for c in self.clients if c.server == zid]:
+            c.server = self.pick_server()
+            if c.alive():
+                c.reconnected()
+
+    def heal_all(self) -> None:
+        for z in self.ensemble:
+            self.heal(z.zid)
 
     def new_session(self) -> int:
         self._sessions += 1
@@ -59,10 +151,7 @@ class FakeZk:
         return path.rsplit("/", 1)[0] or "/"
 
     def children(self, path: str) -> list[str]:
-        pre = path.rstrip("/") + "/"
-        return sorted(
-            p[len(pre) :] for p in self.nodes if p.startswith(pre) and "/" not in p[len(pre) :]
-        )
+        return _children(self.nodes, path)
 
     def create(self, path: str, data: bytes, owner: int = 0, makepath: bool = False) -> None:
         if path in self.nodes:
@@ -119,19 +208,62 @@ class FakeZkClient:
         self.listeners: list[Callable[[str], Any]] = []
         self.ctx = contextvars.copy_context()  # the node's: watches run there
         self.failed_writes = 0
+        self.server = 0  # the ensemble member this session talks to
+        self.expired_on_quorum = False  # while cut off: the client does not know yet
+        self.held: list[tuple[Callable[..., Any], Any]] = []  # watch events while cut off
 
     # -- session -----------------------------------------------------------------------------
     def add_listener(self, fn: Callable[[str], Any]) -> None:
         self.listeners.append(fn)
 
     def deliver(self, cb: Callable[..., Any], event: Any) -> None:
+        if self.server_cut() is not None:
+            self.held.append((cb, event))  # its server hears of no change
+            return
         loop = asyncio.get_running_loop()
         loop.call_later(self.zk.rng.random() * 0.003, cb, event, context=self.ctx)
 
+    def alive(self) -> bool:
+        """Its process is alive and has not closed it."""
+        node = self.ctx.get(NODE)
+        return self.connected and (node is None or node.alive)
+
+    def server_cut(self) -> dict[str, _Znode] | None:
+        """The stale tree of this session's server when it is cut off, else None."""
+        return self.zk.ensemble[self.server].stale if self.zk.ensemble else None
+
+    def reconnected(self) -> None:
+        """Moved to a server in touch with the quorum: LOST and a new session if the quorum
+        expired this one meanwhile, else the events it missed."""
+        held, self.held = self.held, []
+        if self.expired_on_quorum:
+            self.expired_on_quorum = False
+            self.zk.trace("zk", f"{self.name} reconnects: its session expired")
+            self._lost_then_connected()
+            return
+        for cb, event in held:
+            self.deliver(cb, event)
+        # Watches set on the stale copy fire if the quorum's tree differs (kazoo sends
+        # them again with the last zxid it saw): fire them all, a re-read costs nothing.
+        for table in (self.zk._data_watches, self.zk._child_watches):
+            for path in list(table):
+                mine = [(c, cb) for c, cb in table[path] if c is self]
+                if mine:
+                    table[path] = [(c, cb) for c, cb in table[path] if c is not self]
+                    for _, cb in mine:
+                        self.deliver(cb, WatchedEvent("CHANGED", None, path))
+
     def expire_session(self) -> None:
-        """Session expiry: ephemerals go, the client sees LOST, then reconnects (new id)."""
-        old = self.session
-        self.zk.expire(old)
+        """Session expiry: ephemerals go, the client sees LOST, then reconnects (new id).
+        A client whose server is cut off from the quorum learns it only when it reconnects
+        elsewhere."""
+        self.zk.expire(self.session)
+        if self.server_cut() is not None:
+            self.expired_on_quorum = True
+            return
+        self._lost_then_connected()
+
+    def _lost_then_connected(self) -> None:
         self.session = self.zk.new_session()
         self.client_id = (self.session, b"")
         loop = asyncio.get_running_loop()
@@ -142,6 +274,10 @@ class FakeZkClient:
             )
 
     def _maybe_fail(self, write: bool) -> None:
+        if write and self.server_cut() is not None:
+            self.failed_writes += 1
+            self.zk.trace("zk", f"{self.name}: a write fails (its server is cut off)")
+            raise ConnectionLoss
         p = self.zk.write_fail_p if write else self.zk.read_fail_p
         if p and self.zk.rng.random() < p:
             if write:
@@ -155,11 +291,13 @@ class FakeZkClient:
     def get(self, path: str, watch: Callable[..., Any] | None = None) -> tuple[bytes, Stat]:
         self.zk.ops += 1
         self._maybe_fail(False)
-        z = self.zk.nodes.get(path)
+        z = self._tree().get(path)
         if z is None:
             raise NoNodeError
         if watch is not None:
             self.zk._data_watches.setdefault(path, []).append((self, watch))
+        if path.startswith("/kafka_pids/") and self.zk.on_owner_read is not None:
+            self.zk.on_owner_read(self)
         return z.data, Stat(z.version, z.owner)
 
     def exists(self, path: str, watch: Callable[..., Any] | None = None) -> Stat | None:
@@ -167,7 +305,7 @@ class FakeZkClient:
         self._maybe_fail(False)
         if watch is not None:
             self.zk._data_watches.setdefault(path, []).append((self, watch))
-        z = self.zk.nodes.get(path)
+        z = self._tree().get(path)
         return None if z is None else Stat(z.version, z.owner)
 
     def sync(self, path: str) -> str:
@@ -180,11 +318,12 @@ class FakeZkClient:
     def get_children(self, path: str, watch: Callable[..., Any] | None = None) -> list[str]:
         self.zk.ops += 1
         self._maybe_fail(False)
-        if path not in self.zk.nodes:
+        tree = self._tree()
+        if path not in tree:
             raise NoNodeError
         if watch is not None:
             self.zk._child_watches.setdefault(path, []).append((self, watch))
-        return self.zk.children(path)
+        return _children(tree, path)
 
     def create(
         self, path: str, data: bytes = b"", ephemeral: bool = False, makepath: bool = False
@@ -204,11 +343,27 @@ class FakeZkClient:
         self._maybe_fail(True)
         self.zk.delete(path, version)
 
+    def _tree(self) -> dict[str, _Znode]:
+        stale = self.server_cut()
+        return self.zk.nodes if stale is None else stale
+
+    def ensure_path(self, path: str) -> bool:
+        self.zk.ops += 1
+        self._maybe_fail(True)
+        if path not in self.zk.nodes:
+            self.zk.create(path, b"", 0, True)
+        return True
+
     def stop(self) -> None:
         self.connected = False
 
     def close(self) -> None:
         pass
+
+
+def _children(tree: dict[str, _Znode], path: str) -> list[str]:
+    pre = path.rstrip("/") + "/"
+    return sorted(p[len(pre) :] for p in tree if p.startswith(pre) and "/" not in p[len(pre) :])
 
 
 def node_name() -> str:
