@@ -13,7 +13,7 @@ PATCHES = [
     )
 ]
 SEARCH = "sim"
-SIM_ARGS = ["--retention"]
+SIM_ARGS = ["--retention", "--no-zk3", "--start", "500000"]
 PYTEST = ""
 BUDGET = 3000
 WHY_NOT_SIM = ""

@@ -21,7 +21,7 @@ PATCHES = [
     ),
 ]
 SEARCH = "sim"
-SIM_ARGS: list[str] = []
+SIM_ARGS = ["--zk3"]
 PYTEST = ""
 BUDGET = 3000
 WHY_NOT_SIM = ""
