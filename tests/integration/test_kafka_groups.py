@@ -72,11 +72,11 @@ class Sender(threading.Thread):
         self.acked: list[tuple[int, int, str]] = []
         self.errors: list[KafkaError] = []
         self.sent = 0
-        self._stop = threading.Event()
+        self._halting = threading.Event()
 
     def run(self) -> None:
         t0 = time.monotonic()
-        while not self._stop.is_set():
+        while not self._halting.is_set():
             due = int((time.monotonic() - t0) * self.rate)
             while self.sent < due:
                 i = self.sent
@@ -91,8 +91,11 @@ class Sender(threading.Thread):
         else:
             self.acked.append((msg.partition(), msg.offset(), msg.value().decode()))
 
+    def halt(self) -> None:
+        self._halting.set()
+
     def stop(self) -> None:
-        self._stop.set()
+        self._halting.set()
         self.join(30)
         assert self.p.flush(120) == 0, "undelivered records"
         assert not self.errors, self.errors[:3]
@@ -104,10 +107,13 @@ class Member:
 
     proc: subprocess.Popen[bytes]
     out: Path
+    err: Any
     events: list[tuple[str, float, list[str]]] = field(default_factory=list)
 
     def read(self) -> list[tuple[str, float, list[str]]]:
         ev = []
+        if not self.out.exists():
+            return ev
         for line in self.out.read_text().splitlines():
             parts = line.split(" ")
             if len(parts) >= 2:
@@ -122,14 +128,21 @@ class Member:
 def start_member(c: LocalCluster, group: str, topic: str, out: Path) -> Member:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.kafka_group_consumer"]
-        + [c.kafka_bootstrap, group, topic, str(out)],
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.kafka_group_consumer",
+            c.kafka_bootstrap,
+            group,
+            topic,
+            str(out),
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open(str(out) + ".err", "w"),  # noqa: SIM115 - closed with the process
+        stderr=(err := open(str(out) + ".err", "w")),  # noqa: SIM115 - closed in stop_members
     )
-    return Member(proc, out)
+    return Member(proc, out, err)
 
 
 def reads(members: list[Member]) -> set[tuple[int, int, str]]:
@@ -207,6 +220,7 @@ def stop_members(members: list[Member]) -> None:
         except subprocess.TimeoutExpired:
             m.proc.kill()
             m.proc.wait(10)
+        m.err.close()
 
 
 # -- confluent-kafka: the run ---------------------------------------------------------
@@ -258,6 +272,7 @@ def test_confluent_group_member_and_coordinator_killed_then_all_restarted(  # ty
         assert starts == last, "the restarted group starts each partition at its last commit"
         check_group_log(all_members, sender.acked + more.acked)
     finally:
+        sender.halt()
         stop_members(all_members)
 
 
@@ -348,8 +363,21 @@ def test_kcat_balanced_consumer_commits(make_cluster) -> None:  # type: ignore[n
 
     def consume() -> list[str]:
         r = subprocess.run(
-            [KCAT, "-b", c.kafka_bootstrap, "-G", "kgroup", "-o", "beginning", "-e"]
-            + ["-f", "%s\n", "-X", "session.timeout.ms=6000", "klines"],
+            [
+                KCAT,
+                "-b",
+                c.kafka_bootstrap,
+                "-G",
+                "kgroup",
+                "-e",  # (-o would override the committed offsets in -G mode)
+                "-X",
+                "auto.offset.reset=earliest",
+                "-f",
+                "%s\n",
+                "-X",
+                "session.timeout.ms=6000",
+                "klines",
+            ],
             capture_output=True,
             text=True,
             timeout=90,
