@@ -122,7 +122,7 @@ def stable_group(n: int = 2) -> tuple[Group, list[str], int]:
 
 
 def test_heartbeat_codes() -> None:
-    g, (a, b), now = stable_group()
+    g, (a, _b), now = stable_group()
     assert g.heartbeat(now, a, 1) == G.NONE
     assert g.heartbeat(now, "stranger", 1) == G.UNKNOWN_MEMBER_ID
     assert g.heartbeat(now, a, 0) == G.ILLEGAL_GENERATION
@@ -300,7 +300,7 @@ def test_generations_and_zombies(seq: list[tuple[str, int, int]]) -> None:
 def test_a_session_runs_from_the_join_answer_not_from_the_join() -> None:
     # a waits in JoinGroup for b, who never rejoins: the rebalance completes at its
     # timeout, after a's session timeout; a must not be expired for having waited.
-    g, (a, b), now = stable_group()
+    g, (a, _b), now = stable_group()
     c = new_member(g, now)
     join(g, now, c)
     join(g, now, a)
