@@ -578,3 +578,98 @@ def test_zombie_commit_refused_and_deletes_are_durable(make_cluster) -> None:  #
         assert not _fetch(w, gone).topics, "a deleted group's offsets stay deleted"
         listed = {g.group_id for g in w.request(C.LIST_GROUPS, 4, {"states_filter": []}).groups}
         assert group in listed and gone not in listed
+
+
+# -- fuzzed group requests: no crash, no corrupted state ------------------------------------------
+def _group_frames(w: KafkaWire) -> list[bytes]:
+    """Well-formed group requests, odd on purpose, at several versions."""
+    s6 = dt.timedelta(seconds=6)
+    commit = {
+        "group_id": "fuzz",
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "group_instance_id": None,
+        "topics": [
+            {
+                "name": "gtopic",
+                "partitions": [
+                    {"partition_index": i, "committed_offset": o, "committed_metadata": m}
+                    for i, o, m in [(0, -5, ""), (7, 1, ""), (0, 2**62, "m" * 5000)]
+                ],
+            },
+            {"name": "nope", "partitions": [{"partition_index": 0, "committed_offset": 1}]},
+        ],
+    }
+    join = {
+        "group_id": "fuzz",
+        "session_timeout": s6,
+        "rebalance_timeout": s6,
+        "member_id": "",
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"\xff" * 7}],
+    }
+    reqs: list[tuple[int, int, dict[str, Any]]] = [
+        (C.FIND_COORDINATOR, 0, {"key": ""}),
+        (C.FIND_COORDINATOR, 3, {"key": "fuzz", "key_type": 1}),
+        (C.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["a", "", "x" * 300]}),
+        (C.JOIN_GROUP, 0, {**join, "group_id": ""}),
+        (C.JOIN_GROUP, 5, {**join, "session_timeout": dt.timedelta(0)}),
+        (C.JOIN_GROUP, 5, {**join, "protocols": []}),
+        (C.JOIN_GROUP, 7, {**join, "member_id": "made-up"}),
+        (C.JOIN_GROUP, 2, {**join, "group_id": "g" * 400}),
+        (C.SYNC_GROUP, 5, {"group_id": "fuzz", "generation_id": 9, "member_id": "x"}),
+        (C.SYNC_GROUP, 0, {"group_id": "", "generation_id": -1, "member_id": ""}),
+        (C.HEARTBEAT, 4, {"group_id": "fuzz", "generation_id": -1, "member_id": ""}),
+        (C.LEAVE_GROUP, 4, {"group_id": "fuzz", "members": [{"member_id": "a"}] * 3}),
+        (C.LEAVE_GROUP, 0, {"group_id": "", "member_id": ""}),
+        (C.OFFSET_COMMIT, 2, commit),
+        (C.OFFSET_COMMIT, 8, {**commit, "generation_id_or_member_epoch": 3, "member_id": "m"}),
+        (C.OFFSET_FETCH, 1, {"group_id": "fuzz", "topics": []}),
+        (C.OFFSET_FETCH, 7, {"group_id": "", "topics": None, "require_stable": True}),
+        (C.OFFSET_FETCH, 8, {"groups": [{"group_id": "a", "topics": None}] * 3}),
+        (C.LIST_GROUPS, 4, {"states_filter": ["nonsense", "Empty"]}),
+        (C.DESCRIBE_GROUPS, 5, {"groups": ["", "fuzz", "none"]}),
+        (C.DELETE_GROUPS, 2, {"groups_names": ["", "keep-not", "fuzz"]}),
+        (C.OFFSET_DELETE, 0, {"group_id": "", "topics": [{"name": "gtopic", "partitions": []}]}),
+    ]
+    return [w.frame(k, v, values) for k, v, values in reqs]
+
+
+def test_fuzzed_group_requests(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    c = make_cluster(servers=1)
+    c.create_topic("gtopic", partitions=1)
+    addr = _coordinator(c, "keep")
+    with KafkaWire(addr) as w:
+        wait_for(lambda: _commit(w, "keep", "", -1, 42) == 0, 30, "a first commit")
+        frames = _group_frames(w)
+    rnd = random.Random(25)
+    answered = closed = 0
+    for i in range(400):
+        frame = bytearray(rnd.choice(frames))
+        if i >= len(frames):  # after one clean pass: mutations
+            for _ in range(rnd.randint(1, 4)):
+                frame[rnd.randrange(8, len(frame))] = rnd.randrange(256)
+            if rnd.random() < 0.3:
+                frame = frame[: rnd.randrange(10, len(frame))]
+            struct_len = len(frame) - 4
+            frame[:4] = struct_len.to_bytes(4, "big")
+        with KafkaWire(addr, timeout_s=10) as f:
+            f.send_raw(bytes(frame))
+            f.sock.settimeout(10)
+            try:
+                f.read_frame()
+                answered += 1
+            except (EOFError, ConnectionError):
+                closed += 1
+    assert answered > len(frames)
+    with KafkaWire(addr) as w:
+        assert int(w.request(C.API_VERSIONS, 3, {}).error_code) == 0
+        got = _fetch(w, "keep")
+        assert [(p.partition_index, p.committed_offset) for p in got.topics[0].partitions] == [
+            (0, 42)
+        ], "another group's offsets untouched"
+    log = (c.servers[0].log_path).read_text()
+    assert "Kafka connection failed" not in log and "failed\nTraceback" not in log
+    assert "Traceback" not in log, log[log.find("Traceback") - 300 :][:3000]
