@@ -544,3 +544,115 @@ def _entity_of(hint: Any) -> type[Any] | None:
             if dataclasses.is_dataclass(u) and isinstance(u, type):
                 return u
     return None
+
+
+# -- groups as a whole (``pidlease groups``) -----------------------------------------------------
+DELETE_GROUPS, DESCRIBE_GROUPS, LIST_GROUPS = 42, 15, 16
+
+
+def _servers(url: str, timeout_s: float) -> list[str]:
+    r = httpx.get(f"{coordinator_base_url(url)}/v1/servers", timeout=timeout_s)
+    servers = r.json().get("servers", []) if r.status_code == 200 else []
+    out = [f"{s['host']}:{s['kafka_port']}" for s in servers if s.get("kafka_port")]
+    if not out:
+        raise errors.CoordinatorUnavailable("no partition server has a Kafka listener")
+    return out
+
+
+def _group_conn(url: str, group: str, timeout_s: float) -> _Conn:
+    deadline = time.monotonic() + timeout_s
+    last = 0
+    while time.monotonic() < deadline:
+        for addr in _servers(url, timeout_s):
+            with _Conn(addr, "pidlease-cli", timeout_s) as c:
+                r = c.request(FIND_COORDINATOR, 1, {"key": group, "key_type": 0})
+            if int(r.error_code) == NONE:
+                return _Conn(f"{r.host}:{r.port}", "pidlease-cli", timeout_s)
+            last = int(r.error_code)
+        time.sleep(0.2)
+    raise errors.CoordinatorUnavailable(f"no coordinator for group {group!r} (Kafka error {last})")
+
+
+def list_groups(url: str, timeout_s: float = 30.0) -> list[dict[str, str]]:
+    """Every group of the cluster: (group, protocol type, state), from every server."""
+    out: dict[str, dict[str, str]] = {}
+    for addr in _servers(url, timeout_s):
+        with _Conn(addr, "pidlease-cli", timeout_s) as c:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                r = c.request(LIST_GROUPS, 4, {"states_filter": []})
+                if int(r.error_code) != COORDINATOR_LOAD_IN_PROGRESS:
+                    break
+                if time.monotonic() > deadline:
+                    raise errors.CoordinatorUnavailable(f"{addr}: groups still loading")
+                time.sleep(0.2)
+        for g in r.groups:
+            out[g.group_id] = {
+                "group": g.group_id,
+                "protocol_type": g.protocol_type,
+                "state": g.group_state,
+            }
+    return [out[k] for k in sorted(out)]
+
+
+def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """A group's state, members (with their partitions) and committed offsets, with the
+    lag of each (the partition's high watermark minus the commit)."""
+    with _group_conn(url, group, timeout_s) as c:
+        d = c.request(DESCRIBE_GROUPS, 5, {"groups": [group]}).groups[0]
+        o = c.request(OFFSET_FETCH, 5, {"group_id": group, "topics": None})
+    if int(d.error_code) != NONE:
+        raise errors.CoordinatorUnavailable(f"DescribeGroups: Kafka error {int(d.error_code)}")
+    members = []
+    for m in d.members:
+        parts = (
+            _parse_assignment(bytes(m.member_assignment)) if d.protocol_type == "consumer" else {}
+        )
+        members.append(
+            {
+                "member_id": m.member_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "partitions": {t: sorted(ps) for t, ps in parts.items()},
+            }
+        )
+    hws: dict[str, dict[int, int]] = {}
+    offsets = []
+    for t in o.topics:
+        if t.name not in hws:
+            r = httpx.get(f"{coordinator_base_url(url)}/v1/topics/{t.name}", timeout=timeout_s)
+            rows = r.json().get("partition_states", []) if r.status_code == 200 else []
+            hws[t.name] = {int(x["partition"]): int(x.get("high_watermark", -1)) for x in rows}
+        for p in t.partitions:
+            hw = hws[t.name].get(p.partition_index, -1)
+            off = int(p.committed_offset)
+            offsets.append(
+                {
+                    "topic": t.name,
+                    "partition": p.partition_index,
+                    "committed": off,
+                    "high_watermark": hw,
+                    "lag": hw - off if hw >= 0 and off >= 0 else None,
+                }
+            )
+    return {
+        "group": group,
+        "state": d.group_state,
+        "protocol_type": d.protocol_type,
+        "protocol": d.protocol_data,
+        "members": members,
+        "offsets": offsets,
+    }
+
+
+def delete_group(url: str, group: str, timeout_s: float = 30.0) -> None:
+    """Delete an empty group and its committed offsets."""
+    with _group_conn(url, group, timeout_s) as c:
+        r = c.request(DELETE_GROUPS, 2, {"groups_names": [group]})
+    code = int(r.results[0].error_code)
+    if code == 68:
+        raise errors.InvalidRequest(f"group {group!r} has members: stop them first")
+    if code == 69:
+        raise errors.InvalidRequest(f"no group {group!r}")
+    if code != NONE:
+        raise errors.CoordinatorUnavailable(f"DeleteGroups: Kafka error {code}")
