@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -863,7 +864,12 @@ class GroupCoordinator:
                 (offset_key(gid, t, p), None) for t, p in sorted(g.offsets)
             ]
             records.append((group_key(gid), None))
-            results.append((gid, self._write(slot, records)))
+            # Dead at once (a JoinGroup meanwhile is told to retry), gone when durable;
+            # back to Empty when the tombstones could not be written.
+            g.state = State.DEAD
+            written = self._write(slot, records)
+            written.add_done_callback(functools.partial(_undead, g))
+            results.append((gid, written))
 
         async def run() -> bytes:
             out = []
@@ -920,6 +926,11 @@ class GroupCoordinator:
             return answer(G.NONE, codes)
 
         return asyncio.ensure_future(run())
+
+
+def _undead(g: Group, f: asyncio.Future[int]) -> None:
+    if f.result() != G.NONE and g.state is State.DEAD:
+        g.state = State.EMPTY
 
 
 def _no_coordinator(key: str, why: str) -> dict[str, Any]:

@@ -46,6 +46,20 @@ def test_consume_group_and_groups_commands(make_cluster) -> None:  # type: ignor
     )
     k.commit(offsets=[TopicPartition("clines", 0, 3)], asynchronous=False)
     k.close()
+    # assign() without an offset starts at the group's commit (librdkafka asks OffsetFetch).
+    k = KafkaConsumer(
+        {"bootstrap.servers": c.kafka_bootstrap, "group.id": "kg", "enable.auto.commit": False}
+    )
+    k.assign([TopicPartition("clines", 0)])
+    try:
+        m = None
+        for _ in range(100):
+            m = k.poll(0.5)
+            if m is not None and m.error() is None:
+                break
+        assert m is not None and m.error() is None and m.offset() == 3, m
+    finally:
+        k.close()
     r = cli("groups", "list", "--json", url=url)
     assert r.returncode == 0, r.stderr
     listed = {g["group"]: g["state"] for g in json.loads(r.stdout)}
