@@ -292,7 +292,7 @@ def _consume_group(args: argparse.Namespace) -> int:
     n = 0
     with Consumer(args.coordinator, [args.topic], args.group) as c:
         while args.max is None or n < args.max:
-            recs = c.poll(2.0, max_records=500 if args.max is None else min(500, args.max - n))
+            recs = c.poll(1.0, max_records=500 if args.max is None else min(500, args.max - n))
             if not recs and c.assignment and not args.follow:
                 break
             for rec in recs:

@@ -99,6 +99,7 @@ class Consumer:
         self._lock = threading.Lock()  # one request at a time on the coordinator connection
         self._rejoin = True
         self._closed = False
+        self._closing = threading.Event()  # wakes the heartbeat thread at close
         self._hb: threading.Thread | None = None
 
     # -- what users call -------------------------------------------------------------------
@@ -185,6 +186,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         if self.member_id and self._coord is not None:
             # On failure the session timeout removes us instead.
             with contextlib.suppress(OSError, errors.PidleaseError):
@@ -357,7 +359,7 @@ class Consumer:
 
     def _heartbeats(self) -> None:
         while not self._closed:
-            time.sleep(self.heartbeat_s)
+            self._closing.wait(self.heartbeat_s)
             if self._closed or self._rejoin:
                 continue
             try:
