@@ -358,6 +358,7 @@ def create_app(
                     "address": s.address,
                     "host": s.host,
                     "port": s.port,
+                    "kafka_port": s.kafka_port,  # 0: no Kafka listener
                     "started_ms": s.started_ms,
                 }
                 for s in live

@@ -33,6 +33,7 @@ from partition_server.kafka.codes import (
     UNSUPPORTED_SASL_MECHANISM,
     UNSUPPORTED_VERSION,
 )
+from partition_server.kafka.groups import GROUP_APIS, GroupCoordinator
 from partition_server.kafka.pids import KafkaPids, PidError
 from partition_server.kafka.records import RecordApis, Reply
 from partition_server.kafka.sasl import ANONYMOUS, Principals, parse_plain
@@ -82,6 +83,7 @@ class KafkaApis:
             (lambda pid: self._pids().owner(pid)) if principals.required else None,
             stopping=stopping,
         )
+        self.groups = GroupCoordinator(settings, broker, registry, self._refresh, stopping=stopping)
 
     # -- entry -----------------------------------------------------------------------------
     async def handle(self, h: C.Header, req: Any, session: Session) -> Reply:
@@ -100,6 +102,8 @@ class KafkaApis:
             return self.init_producer_id(h, req, session)
         if k == C.CREATE_TOPICS:
             return self.create_topics(h, req, session)
+        if k in GROUP_APIS:
+            return self.groups.handle(h, req)
         if k == C.SASL_HANDSHAKE:
             return self.sasl_handshake(h, req, session)
         if k == C.SASL_AUTHENTICATE:

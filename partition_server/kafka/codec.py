@@ -34,6 +34,18 @@ CREATE_TOPICS = 19
 INIT_PRODUCER_ID = 22
 SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
+# Consumer groups (kafka/groups.py)
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+DELETE_GROUPS = 42
+OFFSET_DELETE = 47
 
 # Advertised exactly: what the handlers implement and the clients in docs/kafka.md were
 # tested with. Produce >= 3 and Fetch >= 4 are RecordBatch v2 (librdkafka needs them for
@@ -49,6 +61,24 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 4),
     SASL_AUTHENTICATE: (0, 2),
 }
+# The group coordinator's APIs (kafka/groups.py), at the versions librdkafka 2.16 and
+# aiokafka 0.14 ask for and up to the first flexible ones; OffsetFetch 8 is the batched
+# form librdkafka uses, FindCoordinator 4 the batched one.
+SUPPORTED.update(
+    {
+        OFFSET_COMMIT: (2, 8),
+        OFFSET_FETCH: (1, 8),
+        FIND_COORDINATOR: (0, 4),
+        JOIN_GROUP: (0, 7),
+        HEARTBEAT: (0, 4),
+        LEAVE_GROUP: (0, 4),
+        SYNC_GROUP: (0, 5),
+        DESCRIBE_GROUPS: (0, 5),
+        LIST_GROUPS: (0, 4),
+        DELETE_GROUPS: (0, 2),
+        OFFSET_DELETE: (0, 0),
+    }
+)
 
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id: every header's start
 _I32 = struct.Struct(">i")

@@ -88,6 +88,7 @@ class KafkaListener:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        await self.apis.groups.close()
         for w in list(self._writers):
             w.close()
 

@@ -282,6 +282,8 @@ class RecordApis:
                     offset = part.log.log_start_offset
                 else:
                     offset = part.offset_for_timestamp(ts)
+                    if offset >= part.high_watermark:
+                        offset = -1  # no record at or after that time: Kafka answers -1
                 parts.append(
                     {
                         "partition_index": lp.partition_index,

@@ -283,6 +283,82 @@ def cmd_topic_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- consumer groups ---------------------------------------------------------------------------
+def _consume_group(args: argparse.Namespace) -> int:
+    """The partitions the group assigns, from its commits; commits after each poll. Without
+    --follow it stops once a poll finds nothing (its share read to the end)."""
+    from pidlease.client.consumer import Consumer
+
+    n = 0
+    with Consumer(args.coordinator, [args.topic], args.group) as c:
+        while args.max is None or n < args.max:
+            recs = c.poll(1.0, max_records=500 if args.max is None else min(500, args.max - n))
+            if not recs and c.assignment and not args.follow:
+                break
+            for rec in recs:
+                if args.json:
+                    print(
+                        json.dumps(
+                            {
+                                "partition": rec.partition,
+                                "offset": rec.offset,
+                                "key": _text(rec.key),
+                                "value": _text(rec.value),
+                                "timestamp_ms": rec.timestamp_ms,
+                            }
+                        )
+                    )
+                else:
+                    print(f"{rec.partition}\t{rec.offset}\t{_text(rec.key)}\t{_text(rec.value)}")
+                n += 1
+            if recs:
+                c.commit()
+    print(f"{n} records", file=sys.stderr)
+    return 0
+
+
+def cmd_groups_list(args: argparse.Namespace) -> int:
+    from pidlease.client.consumer import list_groups
+
+    groups = list_groups(args.coordinator)
+    if args.json:
+        print(json.dumps(groups))
+    elif not groups:
+        print("no consumer groups")
+    else:
+        rows = [[g["group"], g["protocol_type"], g["state"]] for g in groups]
+        print(_table(rows, ["GROUP", "TYPE", "STATE"]))
+    return 0
+
+
+def cmd_groups_describe(args: argparse.Namespace) -> int:
+    from pidlease.client.consumer import describe_group
+
+    d = describe_group(args.coordinator, args.group)
+    if args.json:
+        print(json.dumps(d))
+        return 0
+    print(f"group {d['group']}: {d['state']} ({d['protocol_type']} {d['protocol']})")
+    for m in d["members"]:
+        parts = " ".join(f"{t}:{','.join(map(str, ps))}" for t, ps in m["partitions"].items())
+        print(f"  member {m['member_id']} ({m['client_id']}): {parts or '-'}")
+    rows = [
+        [o["topic"], o["partition"], o["committed"], o["high_watermark"], o["lag"]]
+        for o in d["offsets"]
+    ]
+    if rows:
+        print(_table(rows, ["TOPIC", "PARTITION", "COMMITTED", "HIGH WATERMARK", "LAG"]))
+    return 0
+
+
+def cmd_groups_delete(args: argparse.Namespace) -> int:
+    from pidlease.client.consumer import delete_group
+
+    delete_group(args.coordinator, args.group)
+    print(f"deleted group {args.group}")
+    return 0
+
+
 # -- data ------------------------------------------------------------------------------------
 def cmd_produce(args: argparse.Namespace) -> int:
     from pidlease.client.producer import Producer
@@ -347,6 +423,8 @@ def _text(b: bytes | None) -> str:
 def cmd_consume(args: argparse.Namespace) -> int:
     from pidlease.client.reader import Reader
 
+    if args.group is not None:
+        return _consume_group(args)
     n = 0
     start: dict[str, Any] = {}
     if args.from_time is not None:
@@ -641,7 +719,23 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--follow", action="store_true", help="keep waiting for new records")
     co.add_argument("--include-control", action="store_true", help="show fence records too")
     co.add_argument("--json", action="store_true", help="one JSON object per record, all fields")
+    co.add_argument(
+        "--group",
+        help="read the partitions this consumer group assigns, from its commits, and commit",
+    )
     co.set_defaults(func=cmd_consume)
+
+    gr = sub.add_parser("groups", help="list, describe, delete consumer groups (Kafka's too)")
+    gsub = gr.add_subparsers(dest="groups_command", required=True)
+    gl = gsub.add_parser("list", help="every consumer group and its state")
+    gd = gsub.add_parser("describe", help="a group's members, partitions, offsets and lag")
+    gd.add_argument("group")
+    gx = gsub.add_parser("delete", help="delete an empty group and its committed offsets")
+    gx.add_argument("group")
+    for g, f in ((gl, cmd_groups_list), (gd, cmd_groups_describe), (gx, cmd_groups_delete)):
+        coord(g)
+        g.add_argument("--json", action="store_true", help="machine-readable output")
+        g.set_defaults(func=f)
 
     pi = sub.add_parser(
         "pids", help="the PID expiry table", epilog="example: pidlease pids --expiring-within 5m"

@@ -18,6 +18,7 @@
 - ``connection``     one pipelined connection to a partition server
 - ``partitioner``    which partition a record goes to when the caller does not say
 - ``reader``         ``Reader``: an iterator over one partition's records
+- ``consumer``       ``Consumer``: a member of a consumer group (the Kafka listener's groups)
 
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
 ``record_columns`` -> ``batch_future`` / ``record_run`` -> ``record_future`` -> ``structs``);
