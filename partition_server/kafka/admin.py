@@ -17,17 +17,21 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
+
 from partition_server.kafka import codec as C
 from partition_server.kafka import configs as CF
 from partition_server.kafka import topics as T
 from partition_server.kafka.codes import (
     INVALID_REQUEST,
     NONE,
+    REQUEST_TIMED_OUT,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_SERVER_ERROR,
 )
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
+from pidlease.errors import describe
 from pidlease.wire.cluster import TopicSpec
 
 log = logging.getLogger("partition_server.kafka")
@@ -74,7 +78,7 @@ class AdminApis:
                 except T.CreateError as exc:
                     entry.update(error_code=exc.code, error_message=str(exc))
                 except Exception as exc:  # noqa: BLE001 - ZooKeeper trouble: said, not raised
-                    entry.update(error_code=UNKNOWN_SERVER_ERROR, error_message=str(exc))
+                    entry.update(_failed(exc))
                 out.append(entry)
             await self._refresh()
             return C.respond(C.DELETE_TOPICS, h.api_version, h.correlation_id, {"responses": out})
@@ -109,7 +113,7 @@ class AdminApis:
                 except T.CreateError as exc:
                     entry.update(error_code=exc.code, error_message=str(exc))
                 except Exception as exc:  # noqa: BLE001
-                    entry.update(error_code=UNKNOWN_SERVER_ERROR, error_message=str(exc))
+                    entry.update(_failed(exc))
                 out.append(entry)
             await self._refresh()
             return C.respond(C.CREATE_PARTITIONS, h.api_version, h.correlation_id, {"results": out})
@@ -135,7 +139,7 @@ class AdminApis:
                 except T.CreateError as exc:
                     entry.update(error_code=exc.code, error_message=str(exc))
                 except Exception as exc:  # noqa: BLE001
-                    entry.update(error_code=UNKNOWN_SERVER_ERROR, error_message=str(exc))
+                    entry.update(_failed(exc))
                 out.append(entry)
             return C.respond(C.DESCRIBE_CONFIGS, h.api_version, h.correlation_id, {"results": out})
 
@@ -182,7 +186,7 @@ class AdminApis:
                 except T.CreateError as exc:
                     entry.update(error_code=exc.code, error_message=str(exc))
                 except Exception as exc:  # noqa: BLE001
-                    entry.update(error_code=UNKNOWN_SERVER_ERROR, error_message=str(exc))
+                    entry.update(_failed(exc))
                 out.append(entry)
             await self._refresh()
             return C.respond(h.api_key, h.api_version, h.correlation_id, {"responses": out})
@@ -216,6 +220,18 @@ def admin_error_values(h: C.Header, req: Any, code: int) -> dict[str, Any]:
     if k == C.DESCRIBE_CONFIGS:
         return {"results": [{**i, "configs": []} for i in items]}
     return {"responses": items}
+
+
+def _failed(exc: Exception) -> dict[str, Any]:
+    """An item that failed on ZooKeeper. A lost connection or a timeout leaves it unknown
+    whether the change was made: REQUEST_TIMED_OUT, retriable, as Kafka answers when its
+    controller does not finish in time."""
+    if isinstance(exc, ConnectionLoss | OperationTimeoutError | SessionExpiredError):
+        return {
+            "error_code": REQUEST_TIMED_OUT,
+            "error_message": f"ZooKeeper: {describe(exc)}; the change may or may not be made",
+        }
+    return {"error_code": UNKNOWN_SERVER_ERROR, "error_message": describe(exc)}
 
 
 def _admin_only(scope: str, what: str) -> None:

@@ -115,8 +115,17 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 TOPIC_PARTITIONS_MAX = 10_000  # the coordinator's limit for a topic
 
 
+def _existing_name(name: str) -> None:
+    """A name that is not a valid topic name names no topic; checked before it becomes a
+    ZooKeeper path ("b/partitions/0" would name a partition's znode, ".." is refused by
+    the client library)."""
+    if topic_name_problem(name):
+        raise CreateError(UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}: not a topic name")
+
+
 def read_spec(zk: Any, name: str) -> tuple[TopicSpec, int]:
     """(spec, znode version); CreateError(UNKNOWN_TOPIC_OR_PARTITION) when absent."""
+    _existing_name(name)
     try:
         raw, stat = zk.get(topic_path(name))
         return TopicSpec.from_bytes(raw), stat.version
@@ -217,6 +226,7 @@ def delete(zk: Any, name: str) -> None:
     topic is gone (``Broker``); until the last chunk the topic is still listed, with fewer
     partitions (a topic of at most that many partitions goes in one transaction).
     CreateError(UNKNOWN_TOPIC_OR_PARTITION) when it does not exist."""
+    _existing_name(name)
     tpath = topic_path(name)
     try:
         raw, _ = zk.get(tpath)
