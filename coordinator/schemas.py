@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from coordinator.leases import LeaseRequest
+from pidlease.wire.cluster import LOG_SETTINGS as _LOG_SETTINGS
 from pidlease.wire.cluster import (
-    LOG_SETTINGS,
     PRODUCER_NAME_MAX,
     RETENTION_MS_DEFAULT,
     SEGMENT_BYTES_MAX,
@@ -21,6 +21,11 @@ from pidlease.wire.cluster import (
     topic_name_problem,
 )
 from pidlease.wire.protocol import MAX_GENERATION, MAX_PID
+
+# The topic settings that may change after creation; defined with their checks in
+# pidlease/wire/cluster.py (the Kafka listener's configs use them too), named here for
+# the HTTP API.
+LOG_SETTINGS = _LOG_SETTINGS
 
 INT64_MAX = 2**63 - 1
 PARTITION_MAX = 2**31 - 1
