@@ -146,8 +146,10 @@ def aiokafka_read(c: LocalCluster, topic: str) -> list[bytes]:
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("codec", CODECS)
-def test_kcat_each_codec(cluster: LocalCluster, codec: str) -> None:
+# kcat: one codec it falls back from (gzip; snappy and lz4 take the same path in its
+# librdkafka) and the one it sends (zstd), to keep CI time down
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_kcat_codecs(cluster: LocalCluster, codec: str) -> None:
     topic = f"kcat-{codec}"
     cluster.create_topic(topic, partitions=1)
     values = values_for(topic)
