@@ -10,51 +10,27 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from coordinator.leases import LeaseRequest
+from pidlease.wire.cluster import LOG_SETTINGS as _LOG_SETTINGS
 from pidlease.wire.cluster import (
     PRODUCER_NAME_MAX,
     RETENTION_MS_DEFAULT,
+    SEGMENT_BYTES_MAX,
     SEGMENT_MS_DEFAULT,
     TOPIC_NAME_MAX,
+    log_setting_problem,
     topic_name_problem,
 )
 from pidlease.wire.protocol import MAX_GENERATION, MAX_PID
+
+# The topic settings that may change after creation; defined with their checks in
+# pidlease/wire/cluster.py (the Kafka listener's configs use them too), named here for
+# the HTTP API.
+LOG_SETTINGS = _LOG_SETTINGS
 
 INT64_MAX = 2**63 - 1
 PARTITION_MAX = 2**31 - 1
 TOPIC_PARTITIONS_MAX = 10_000
 REPLICATION_FACTOR_MAX = 16
-SEGMENT_BYTES_MIN = 4096
-SEGMENT_BYTES_MAX = 1 << 30  # 1 GiB: a segment is read and indexed whole at recovery
-
-# The topic settings that may change after creation (PATCH /v1/topics/{name}); the others
-# (partitions, replication factor, dedup) are fixed for a topic's life.
-LOG_SETTINGS = (
-    "retention_ms",
-    "retention_bytes",
-    "segment_bytes",
-    "segment_ms",
-    "min_insync_replicas",
-)
-
-
-def log_setting_problem(field: str, value: int) -> str | None:
-    """Why ``value`` is not a valid ``field`` (one of LOG_SETTINGS), or None when it is.
-    The holes the ranges leave (a retention of 0, a 10-byte segment) would delete or roll
-    on every write, so they are refused rather than clamped."""
-    if field in ("retention_ms", "retention_bytes") and value == 0:
-        return f"{field} must be -1 (no limit) or at least 1, not 0"
-    if field == "segment_ms" and value == 0:
-        return "segment_ms must be -1 (never roll by time) or at least 1, not 0"
-    if (
-        field == "segment_bytes"
-        and value != 0
-        and not (SEGMENT_BYTES_MIN <= value <= SEGMENT_BYTES_MAX)
-    ):
-        return (
-            f"segment_bytes must be 0 (the server's segment_bytes_max) or "
-            f"{SEGMENT_BYTES_MIN}..{SEGMENT_BYTES_MAX} (1 GiB), not {value}"
-        )
-    return None
 
 
 class _Strict(BaseModel):

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from partition_server import incarnation
 from partition_server.flusher import Flusher
-from partition_server.partition import Partition, Role, parse_dir_name, wall_clock_ms
+from partition_server.partition import Partition, Role, dir_name, parse_dir_name, wall_clock_ms
 from partition_server.produce import ProducePath
 from partition_server.rebuild import forget_start_over
 from partition_server.registry import Assignment, Registry
@@ -82,6 +83,11 @@ class Broker:
         # METADATA and /metrics report them per partition. Kept when a partition leaves
         # (bounded by the partitions ever hosted) so a counter never goes back.
         self.deleted_by_partition: dict[Key, tuple[int, int]] = {}
+        # Per partition directory, the created_ms of the topic it belongs to (incarnation.py);
+        # partitions dropped because their topic was deleted (or deleted and created again).
+        self._incarnation: dict[Key, int] = {}
+        self.partitions_dropped = 0
+        self._drops: set[asyncio.Task[None]] = set()
 
     # -- recovery --------------------------------------------------------------------------
     def _mode(self, topic: str, a: Assignment | None = None) -> str:
@@ -144,13 +150,16 @@ class Broker:
             k: (img.replay_from, img.truncations) for k, img in snap_parts.items()
         }
         t_snap = time.perf_counter() - t0
+        trashed = incarnation.remove_leftovers(self.data_dir)
+        if trashed:
+            log.info("removed %d partition directories of deleted topics", trashed)
         replayed = truncations = batches = 0
         from_index = scanned = rebuilt = 0
         for d in sorted(self.data_dir.iterdir()):
             key = parse_dir_name(d.name) if d.is_dir() else None
             if key is None:
                 continue
-            part, report, n = self._open(key, snap_parts.get(key), a)
+            part, report, n = self._open(key, self._trusted_snapshot(key, d, loaded), a)
             self.partitions[key] = part
             replayed += n
             batches += report.batches
@@ -200,9 +209,97 @@ class Broker:
         self.apply_assignment(a)
         return self.recovery
 
+    def _trusted_snapshot(
+        self, key: Key, d: Path, loaded: tuple[Snapshot, Any] | None
+    ) -> PartitionImage | None:
+        """The newest snapshot's image of a partition found on disk, unless the snapshot
+        (or the high-watermark checkpoint) is older than the directory: then it describes
+        an older directory of that name, of a topic since deleted (incarnation.py)."""
+        inc = incarnation.read(d)
+        img = loaded[0].partitions.get(key) if loaded else None
+        if inc is None:
+            return img
+        self._incarnation[key] = inc[0]
+        born = inc[1]
+        if img is not None and loaded is not None and loaded[0].created_ms < born:
+            log.warning("%s-%d: the snapshot predates this directory; not used", *key)
+            img = None
+            self._snapshot_replay_from.pop(key, None)
+        path = self.replicas.checkpoint.path
+        if key in self._checkpoint_hws and (
+            not path.exists() or path.stat().st_mtime * 1000 < born
+        ):
+            log.warning("%s-%d: the checkpointed high watermark predates it; not used", *key)
+            del self._checkpoint_hws[key]
+        return img
+
+    # -- deleted topics --------------------------------------------------------------------
+    def _drop_deleted(self, a: Assignment) -> None:
+        """Drop every partition whose topic is gone from ZooKeeper, or whose directory is of
+        an older topic of that name (deleted and created again). Only on a full read
+        (``a.listed``): a topic that is unreadable or being created is left alone."""
+        if a.listed is None:
+            return
+        for key in list(self.partitions):
+            spec = a.topics.get(key[0])
+            if key[0] not in a.listed:
+                self._drop(key, "its topic was deleted")
+                continue
+            if spec is None:
+                continue
+            have = self._incarnation.get(key)
+            if have is None:  # a directory from before markers: it is this topic's
+                self._mark(key, spec.created_ms, 0)
+            elif have != spec.created_ms:
+                self._drop(key, "its topic was deleted and created again")
+
+    def _mark(self, key: Key, created_ms: int, born_ms: int) -> None:
+        try:
+            incarnation.write(self.data_dir / dir_name(*key), created_ms, born_ms)
+        except OSError as exc:
+            log.error("%s-%d: writing its incarnation marker failed: %s", *key, describe(exc))
+            return
+        self._incarnation[key] = created_ms
+
+    def _drop(self, key: Key, why: str) -> None:
+        """Stop serving a partition and remove its log, indexes and producer state: the
+        directory is renamed away at once (incarnation.trash: a crash after this never
+        brings it back), its files deleted once its flushes are done. Snapshots taken from
+        now on leave it out; one taken meanwhile does too (``snapshot_now``)."""
+        part = self.partitions.pop(key)
+        log.warning("partition %s-%d: %s; removing its log and producer state", *key, why)
+        part.hosted = False
+        part.role = Role.NONE
+        self.replicas.forget(key)
+        for table in (self._incarnation, self._snapshot_replay_from, self._checkpoint_hws):
+            table.pop(key, None)
+        part.fail_waiters(f"partition {key[0]}-{key[1]}: {why}")
+        trashed = incarnation.trash(self.data_dir / dir_name(*key), self.clock_ms())
+        self.partitions_dropped += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            part.close()
+            if trashed is not None:
+                incarnation.remove(trashed)
+            return
+        task = loop.create_task(self._finish_drop(part, trashed))
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
+
+    async def _finish_drop(self, part: Partition, trashed: Path | None) -> None:
+        try:
+            await asyncio.wait_for(self.flusher.wait_idle(), 30)
+        except TimeoutError:
+            log.warning("%s-%d: flushes still pending; closing anyway", part.topic, part.partition)
+        part.close()
+        if trashed is not None:
+            await asyncio.get_running_loop().run_in_executor(None, incarnation.remove, trashed)
+
     # -- assignment ------------------------------------------------------------------------
     def apply_assignment(self, a: Assignment) -> None:
         self.assignment = a
+        self._drop_deleted(a)
         me = self.s.server_id
         hosted: set[Key] = set()
         for key, ps in a.partitions.items():
@@ -211,7 +308,11 @@ class Broker:
             hosted.add(key)
             part = self.partitions.get(key)
             if part is None:
+                spec = a.topics.get(key[0])
                 try:
+                    if spec is not None:
+                        # a new directory: which topic's it is, and since when
+                        self._mark(key, spec.created_ms, self.clock_ms())
                     part, _, _ = self._open(key, None, a)
                 except OSError as exc:
                     # A full disk, say: the other partitions still get their assignment,
@@ -289,7 +390,10 @@ class Broker:
             self.flusher.flush_soon()
             done = await asyncio.gather(*waits, return_exceptions=True)
             for (key, part, img), res in zip(captured, done, strict=True):
-                if part.epochs.truncations != img.truncations:
+                if self.partitions.get(key) is not part:
+                    # Dropped meanwhile (its topic was deleted): not in this snapshot.
+                    del snap.partitions[key]
+                elif part.epochs.truncations != img.truncations:
                     # Cut since its capture began: recovery would not trust these rows, and
                     # the offsets waited for may be gone (the wait fails then). Left out,
                     # the partition is rebuilt from its log.

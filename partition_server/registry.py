@@ -47,6 +47,9 @@ class Assignment:
     topics: dict[str, TopicSpec] = field(default_factory=dict)
     partitions: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
     servers: dict[int, ServerInfo] = field(default_factory=dict)
+    # Every topic name listed in ZooKeeper, readable or not (a topic being created has an
+    # empty spec): a topic not in it was deleted. None when not a full read of ZooKeeper.
+    listed: set[str] | None = None
 
 
 class Registry:
@@ -394,8 +397,10 @@ class Registry:
 
     def _read_all(self) -> Assignment:
         zk, w = self.zk, self._watch
-        a = Assignment()
+        listed: set[str] = set()
+        a = Assignment(listed=listed)
         for name in zk.get_children(TOPICS, watch=w):
+            listed.add(name)
             try:
                 raw, _ = zk.get(topic_path(name), watch=w)
                 spec = TopicSpec.from_bytes(raw)

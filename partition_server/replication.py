@@ -247,6 +247,10 @@ class ReplicaManager:
 
         return after
 
+    def forget(self, key: Key) -> None:
+        """The partition is dropped (its topic was deleted): stop fetching it."""
+        self._stop_fetcher(key)
+
     def _stop_fetcher(self, key: Key) -> None:
         f = self.fetchers.pop(key, None)
         if f is not None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from partition_server.broker import Broker
 from partition_server.kafka import codec as C
+from partition_server.kafka.admin import ADMIN_APIS, AdminApis, admin_error_values
 from partition_server.kafka.codes import (
     ILLEGAL_SASL_STATE,
     INVALID_REQUEST,
@@ -84,6 +85,7 @@ class KafkaApis:
             stopping=stopping,
         )
         self.groups = GroupCoordinator(settings, broker, registry, self._refresh, stopping=stopping)
+        self.admin = AdminApis(settings, registry, self._refresh)
 
     # -- entry -----------------------------------------------------------------------------
     async def handle(self, h: C.Header, req: Any, session: Session) -> Reply:
@@ -108,6 +110,15 @@ class KafkaApis:
             return self.sasl_handshake(h, req, session)
         if k == C.SASL_AUTHENTICATE:
             return self.sasl_authenticate(h, req.auth_bytes, session)
+        # the admin APIs: admin.py
+        if k == C.DELETE_TOPICS:
+            return self.admin.delete_topics(h, req, session.scope, session.principal)
+        if k == C.CREATE_PARTITIONS:
+            return self.admin.create_partitions(h, req, session.scope, session.principal)
+        if k == C.DESCRIBE_CONFIGS:
+            return self.admin.describe_configs(h, req)
+        if k in (C.ALTER_CONFIGS, C.INCREMENTAL_ALTER_CONFIGS):
+            return self.admin.alter_configs(h, req, session.scope, session.principal)
         raise AssertionError(f"api {k} is advertised but has no handler")
 
     # -- ApiVersions -----------------------------------------------------------------------
@@ -365,6 +376,8 @@ class KafkaApis:
                     for t in req.topics
                 ],
             }
+        elif k in ADMIN_APIS:
+            values = admin_error_values(h, req, code)
         else:
             values = {"error_code": code}
         return C.respond(k, v, corr, values)

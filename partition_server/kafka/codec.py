@@ -46,6 +46,12 @@ DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
 OFFSET_DELETE = 47
+# the admin APIs: admin.py
+DELETE_TOPICS = 20
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+CREATE_PARTITIONS = 37
+INCREMENTAL_ALTER_CONFIGS = 44
 
 # Advertised exactly: what the handlers implement and the clients in docs/kafka.md were
 # tested with. Produce >= 3 and Fetch >= 4 are RecordBatch v2 (librdkafka needs them for
@@ -60,6 +66,12 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (2, 5),
     INIT_PRODUCER_ID: (0, 4),
     SASL_AUTHENTICATE: (0, 2),
+    # admin (admin.py): DeleteTopics from v1 (kio's oldest), v6 names topics by id or name
+    DELETE_TOPICS: (1, 6),
+    DESCRIBE_CONFIGS: (1, 4),
+    ALTER_CONFIGS: (0, 2),
+    CREATE_PARTITIONS: (0, 3),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
 }
 # The group coordinator's APIs (kafka/groups.py), at the versions librdkafka 2.16 and
 # aiokafka 0.14 ask for and up to the first flexible ones; OffsetFetch 8 is the batched

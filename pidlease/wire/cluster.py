@@ -61,6 +61,43 @@ def _dump(obj: Any) -> bytes:
 
 RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # a week, as Kafka's log.retention.hours
 SEGMENT_MS_DEFAULT = 7 * 24 * 3600 * 1000  # an idle active segment rolls after a week
+SEGMENT_BYTES_MIN = 4096
+SEGMENT_BYTES_MAX = 1 << 30  # 1 GiB: a segment is read and indexed whole at recovery
+INT64_MAX = 2**63 - 1
+# The topic settings that may change after creation (PATCH /v1/topics/{name}, Kafka's
+# IncrementalAlterConfigs); the others (partitions, replication factor, dedup) are fixed
+# for a topic's life (partitions only grow: Kafka's CreatePartitions).
+LOG_SETTINGS = (
+    "retention_ms",
+    "retention_bytes",
+    "segment_bytes",
+    "segment_ms",
+    "min_insync_replicas",
+)
+
+
+def log_setting_problem(field: str, value: int) -> str | None:
+    """Why ``value`` is not a valid ``field`` (one of LOG_SETTINGS), or None when it is.
+    The holes the ranges leave (a retention of 0, a 10-byte segment) would delete or roll
+    on every write, so they are refused rather than clamped."""
+    if field in ("retention_ms", "retention_bytes") and value == 0:
+        return f"{field} must be -1 (no limit) or at least 1, not 0"
+    if field == "segment_ms" and value == 0:
+        return "segment_ms must be -1 (never roll by time) or at least 1, not 0"
+    if (
+        field == "segment_bytes"
+        and value != 0
+        and not (SEGMENT_BYTES_MIN <= value <= SEGMENT_BYTES_MAX)
+    ):
+        return (
+            f"segment_bytes must be 0 (the server's segment_bytes_max) or "
+            f"{SEGMENT_BYTES_MIN}..{SEGMENT_BYTES_MAX} (1 GiB), not {value}"
+        )
+    if not -1 <= value <= INT64_MAX:
+        return f"{field} must be -1..{INT64_MAX}, not {value}"
+    if field in ("segment_bytes", "min_insync_replicas") and value < 0:
+        return f"{field} must be 0 (the default) or more, not {value}"
+    return None
 
 
 @dataclass

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import google_crc32c
 
 from pidlease.errors import CorruptRecord
+from pidlease.wire import kafka_codecs as KC
 from pidlease.wire import protocol as P
 
 __all__ = [
@@ -76,8 +77,7 @@ INVALID_RECORD = 87
 _CODEC_MASK = 0x07
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
-SUPPORTED_CODECS = frozenset({0})  # none; docs/kafka.md lists what clients must not set
-_CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+SUPPORTED_CODECS = frozenset(KC.CODEC_NAMES)  # none, gzip, snappy, lz4, zstd
 _SEQUENCE_MAX = 2**31 - 1
 
 
@@ -89,10 +89,17 @@ class KafkaBatchError(CorruptRecord):
         self.kafka_code = kafka_code
 
 
-def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = None) -> P.BatchHeader:
-    """Check that ``buf`` is exactly one well-formed, uncompressed, non-transactional Kafka
-    RecordBatch v2 and return its header (``protocol.decode_kafka_header``'s shape).
-    Raises KafkaBatchError with the Kafka code to answer."""
+def validate_kafka_batch(
+    buf: bytes | memoryview,
+    *,
+    max_bytes: int | None = None,
+    max_decompressed: int = KC.DECOMPRESSED_BYTES_MAX,
+) -> P.BatchHeader:
+    """Check that ``buf`` is exactly one well-formed, non-transactional Kafka RecordBatch
+    v2 and return its header (``protocol.decode_kafka_header``'s shape). A compressed
+    batch (gzip, snappy, lz4, zstd) is decompressed, at most ``max_decompressed`` bytes, and
+    its records checked as an uncompressed batch's; it is stored as sent. Raises
+    KafkaBatchError with the Kafka code to answer."""
     n = len(buf)
     if max_bytes is not None and n > max_bytes:
         raise KafkaBatchError(MESSAGE_TOO_LARGE, f"batch of {n} bytes is over {max_bytes}")
@@ -115,9 +122,8 @@ def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = Non
         raise KafkaBatchError(CORRUPT_MESSAGE, "batch CRC-32C mismatch")
     codec = attributes & _CODEC_MASK
     if codec not in SUPPORTED_CODECS:
-        name = _CODEC_NAMES.get(codec, str(codec))
         raise KafkaBatchError(
-            UNSUPPORTED_COMPRESSION_TYPE, f"compression {name} is not supported; use none"
+            UNSUPPORTED_COMPRESSION_TYPE, f"compression codec {codec} is not one of Kafka's"
         )
     if attributes & (_TRANSACTIONAL | _CONTROL):
         raise KafkaBatchError(INVALID_RECORD, "transactional and control batches are not taken")
@@ -132,8 +138,30 @@ def validate_kafka_batch(buf: bytes | memoryview, *, max_bytes: int | None = Non
             raise KafkaBatchError(INVALID_RECORD, f"producer id {pid} out of range")
     elif pid != -1 or seq != -1:
         raise KafkaBatchError(INVALID_RECORD, "no producer id but a sequence")
-    _walk_records(buf, count, n)
+    if codec:
+        plain = _decompressed(buf, codec, max_decompressed)
+        # The records as the producer wrote them, behind the header, walked as if stored so.
+        _walk_records(
+            bytes(buf[: P.KAFKA_HEADER_SIZE]) + plain, count, P.KAFKA_HEADER_SIZE + len(plain)
+        )
+    else:
+        _walk_records(buf, count, n)
     return P.decode_kafka_header(buf, 0)
+
+
+def _decompressed(buf: bytes | memoryview, codec: int, limit: int) -> bytes:
+    """The records of a compressed batch, or KafkaBatchError: a codec not served here
+    UNSUPPORTED_COMPRESSION_TYPE, over ``limit`` (a bomb) MESSAGE_TOO_LARGE, data that does
+    not decompress CORRUPT_MESSAGE."""
+    try:
+        return KC.decompress(codec, memoryview(buf)[P.KAFKA_HEADER_SIZE :], limit)
+    except KC.CodecError as exc:
+        code = {
+            "unsupported": UNSUPPORTED_COMPRESSION_TYPE,
+            "unavailable": UNSUPPORTED_COMPRESSION_TYPE,
+            "too_large": MESSAGE_TOO_LARGE,
+        }.get(exc.kind, CORRUPT_MESSAGE)
+        raise KafkaBatchError(code, str(exc)) from None
 
 
 # offsetDelta i as its zig-zag varint, for the strided check of uniform records: index i
@@ -427,10 +455,15 @@ def encode_kafka_batch(
     attributes: int = 0,
     partition_leader_epoch: int = -1,
     headers: Sequence[tuple[bytes, bytes | None]] = (),
+    compression: int = 0,
 ) -> bytes:
     """A RecordBatch v2 of ``records`` ((key, value) pairs), as a Kafka producer builds it
-    (``headers`` on every record, for tests of readers that must skip them)."""
+    (``headers`` on every record, for tests of readers that must skip them; ``compression``
+    a codec of ``kafka_codecs``, set in the attributes and applied to the records)."""
     body = b"".join([encode_record(i, k, v, headers=headers) for i, (k, v) in enumerate(records)])
+    if compression:
+        body = KC.compress(compression, body)
+        attributes = (attributes & ~_CODEC_MASK) | compression
     return _assemble(
         body,
         len(records),

@@ -52,6 +52,7 @@ from typing import Any
 import google_crc32c
 
 from pidlease.errors import CorruptRecord
+from pidlease.wire import kafka_codecs
 from pidlease.wire.framing import encode_frame, pack_header
 
 # --- API keys -----------------------------------------------------------------------------
@@ -472,14 +473,19 @@ def iter_records(
 def _iter_kafka_records(
     buf: bytes | memoryview, h: BatchHeader, pos: int, topic: str, partition: int
 ) -> Iterator[Record]:
-    """Records of a stored Kafka batch (uncompressed: the only codec the listener takes).
-    Headers are parsed and dropped; a Record has no place for them."""
-    mv = memoryview(buf)
+    """Records of a stored Kafka batch, compressed or not (``kafka_codecs``: the one
+    decode, the Produce check's). Headers are parsed and dropped; a Record has no place
+    for them."""
     end = pos + h.size
     (_, _, _, _, _, attributes, _, base_ts, _, _, _, _, n) = KAFKA_HEADER.unpack_from(buf, pos)
-    if attributes & 0x07:
-        raise CorruptRecord(f"Kafka batch at offset {h.base_offset} is compressed")
     p = pos + KAFKA_HEADER_SIZE
+    if attributes & 0x07:
+        try:
+            buf = kafka_codecs.decompress(attributes & 0x07, memoryview(buf)[p:end])
+        except kafka_codecs.CodecError as exc:
+            raise CorruptRecord(f"Kafka batch at offset {h.base_offset}: {exc}") from None
+        p, end = 0, len(buf)
+    mv = memoryview(buf)
     # Offsets by position, not by each record's offsetDelta: validation walked only the
     # records' lengths, and position is what the log assigned (count = n offsets).
     for i in range(n):

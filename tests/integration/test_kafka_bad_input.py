@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from partition_server.kafka import codec as C
+from pidlease.wire import kafka_batch as K
+from pidlease.wire import kafka_codecs as KC
 from tests.kafka_wire import KafkaWire, fetch_values, produce_values, record_batch
 
 ENV = {
@@ -81,6 +83,8 @@ def with_magic(batch: bytes, magic: int) -> bytes:
 
 
 GOOD = record_batch([b"x", b"y"])
+# 80 MiB of zeros in a few KB of zstd: past the 64 MiB bound on decompressed records
+ZSTD_BOMB = K.encode_kafka_batch([(None, b"\0" * (80 << 20))], compression=KC.ZSTD)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +92,10 @@ GOOD = record_batch([b"x", b"y"])
     [
         ("wrong CRC", bad_crc(GOOD), {2}),
         ("magic 1", with_magic(GOOD, 1), {2, 43}),
-        ("gzip", with_attributes(GOOD, 1), {76}),
+        # flagged gzip, the records are not: they do not decompress
+        ("gzip flag, plain records", with_attributes(GOOD, 1), {2}),
+        ("codec 5: not Kafka's", with_attributes(GOOD, 5), {76}),
+        ("a zstd bomb", ZSTD_BOMB, {10}),
         ("transactional", with_attributes(GOOD, 0x10), {87}),
         ("control", with_attributes(GOOD, 0x20), {87}),
         ("count over the records", with_count(GOOD, 3), {2, 87}),

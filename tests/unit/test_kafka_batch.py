@@ -107,7 +107,9 @@ def test_refusals_carry_kafka_codes() -> None:
     magic1[16] = 1
     assert codes(bytes(magic1)) == K.UNSUPPORTED_FOR_MESSAGE_FORMAT
     assert codes(raw, max_bytes=len(raw) - 1) == K.MESSAGE_TOO_LARGE
-    for codec in (1, 2, 3, 4):
+    for codec in (1, 2, 3, 4):  # flagged compressed, records not: they do not decompress
+        assert codes(kbatch(2, attributes=codec)) == K.CORRUPT_MESSAGE
+    for codec in (5, 6, 7):  # not Kafka's (tests/unit/test_kafka_compression.py: the codecs)
         assert codes(kbatch(2, attributes=codec)) == K.UNSUPPORTED_COMPRESSION_TYPE
     assert codes(kbatch(2, attributes=0x10)) == K.INVALID_RECORD  # transactional
     assert codes(kbatch(2, attributes=0x20)) == K.INVALID_RECORD  # control
