@@ -34,7 +34,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.attempt import Attempt, PartitionCommit, TaskInfo
+from pipeline.attempt import PartitionCommit, TaskInfo
+from pipeline.columnar import ColumnarAttempt
+from pipeline.encoding import RecordEncoder
 from pipeline.errors import AttemptFenced, InjectedFailure, PipelineError
 from pipeline.options import Faults, WriteSettings
 
@@ -100,31 +102,38 @@ def wants_twin(faults: Faults, task: TaskInfo) -> bool:
 
 
 def run_task(
-    settings: WriteSettings, task: TaskInfo, rows: Iterable[tuple[bytes | None, bytes]]
+    settings: WriteSettings, task: TaskInfo, encoder: RecordEncoder, batches: Iterable[Any]
 ) -> PartitionCommit:
     """What a writer task runs: one attempt, with the faults the options ask for."""
     if wants_twin(settings.faults, task):
-        return run_with_twin(settings, task, list(rows))
-    return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
+        return run_with_twin(settings, task, encoder, list(batches))
+    return ColumnarAttempt(settings, task).run_columns(
+        encoder, batches, hooks_for(settings.faults, task)
+    )
 
 
 def run_with_twin(
-    settings: WriteSettings, task: TaskInfo, rows: list[tuple[bytes | None, bytes]]
+    settings: WriteSettings, task: TaskInfo, encoder: RecordEncoder, batches: list[Any]
 ) -> PartitionCommit:
     """Attempt ``task`` with a speculative copy started beside it (see the module doc)."""
+    rows = sum(b.num_rows for b in batches)
     start_at = settings.faults.speculate_after_rows
     if start_at is None:
-        start_at = len(rows) // 2
-    if not 0 <= start_at < len(rows):
+        start_at = rows // 2
+    if not 0 <= start_at < rows:
         # Nothing left to overlap: a copy started at the end fences nobody.
-        return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
+        return ColumnarAttempt(settings, task).run_columns(
+            encoder, batches, hooks_for(settings.faults, task)
+        )
     twin_task = dataclasses.replace(task, attempt=task.attempt + 1, speculative=True)
     leased = threading.Event()
     outcome: dict[str, Any] = {}
 
     def twin_main() -> None:
         try:
-            outcome["commit"] = Attempt(settings, twin_task, on_leased=leased.set).run(rows)
+            outcome["commit"] = ColumnarAttempt(
+                settings, twin_task, on_leased=leased.set
+            ).run_columns(encoder, batches)
         except BaseException as exc:  # noqa: BLE001 - reported by the original's thread
             outcome["error"] = exc
         finally:
@@ -147,7 +156,8 @@ def run_with_twin(
     original: PartitionCommit | None = None
     original_fenced: AttemptFenced | None = None
     try:
-        original = Attempt(settings, task).run(rows, hooks)
+        # A fenced original waits for the copy's rows and ends as a no-op (fenced=True).
+        original = ColumnarAttempt(settings, task).run_columns(encoder, batches, hooks)
     except AttemptFenced as exc:
         original_fenced = exc
     finally:
@@ -157,14 +167,22 @@ def run_with_twin(
         raise PipelineError(f"the speculative copy did not finish within {TWIN_FINISH_TIMEOUT_S}s")
     twin: PartitionCommit | None = outcome.get("commit")
     twin_error: BaseException | None = outcome.get("error")
-    if twin is not None and original_fenced is not None:
+    if twin is not None and not twin.fenced and (original is None or original.fenced):
         # The copy's takeover already noted the original (by its generation); the
         # original's own figures say more, so they take that entry's place.
-        figures = original_fenced.figures
-        twin.fenced_attempts = [
-            f for f in twin.fenced_attempts if f.get("generation") != figures.get("generation")
-        ] + [figures]
+        figures = original.figures() if original is not None else {}
+        if original_fenced is not None:
+            figures = original_fenced.figures
+        if figures:
+            twin.fenced_attempts = [
+                f
+                for f in twin.fenced_attempts
+                if f.get("generation") != figures.get("generation")
+            ] + [figures]
         return twin
+    if original is not None and not original.fenced and twin is not None and twin.fenced:
+        original.fenced_attempts.append(twin.figures())
+        return original
     if original is not None and isinstance(twin_error, AttemptFenced):
         original.fenced_attempts.append(twin_error.figures)
         return original
