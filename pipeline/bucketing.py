@@ -53,5 +53,43 @@ def bucketed(df: Any, buckets: int = BUCKETS_DEFAULT, partitions: int | None = N
         .cast("int")
         .alias(BUCKET_COLUMN, metadata={BUCKETS_METADATA: buckets}),
     )
-    col = F.col(BUCKET_COLUMN)
-    return out.repartition(partitions, col) if partitions else out.repartition(col)
+    n = partitions or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    # Spark's hash partitioning would put bucket b in pmod(murmur3(b), n): buckets pile up
+    # in some tasks and leave others empty. Shuffling by a stand-in whose murmur3 lands in
+    # partition b mod n spreads them evenly (the partition holding a bucket does not
+    # matter to the records, only that it is one).
+    keys = shuffle_keys(buckets, n)
+    stand_in = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col(BUCKET_COLUMN) + 1)
+    return out.repartition(n, stand_in)
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``Murmur3Hash`` of one int column (``Murmur3_x86_32.hashInt``), as a signed
+    32-bit int: what ``HashPartitioning`` takes ``pmod`` of."""
+    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k1 = _rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = _rotl(seed ^ k1, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def shuffle_keys(buckets: int, partitions: int) -> list[int]:
+    """For each bucket b an int whose Spark hash partition (of ``partitions``) is
+    b mod partitions."""
+    want = {p: [] for p in range(partitions)}  # partition -> ints landing there
+    need = {b % partitions for b in range(buckets)}
+    candidate = 0
+    while any(len(want[p]) < 1 for p in need):
+        want[spark_hash_int(candidate) % partitions].append(candidate)
+        candidate += 1
+    return [want[b % partitions][0] for b in range(buckets)]

@@ -29,7 +29,13 @@ from typing import Any
 from pidlease import errors
 from pidlease.client.producer import AsyncProducer
 from pidlease.client.record_columns import crc32_keys
-from pipeline.attempt import CLOSE_TIMEOUT_MS, Attempt, PartitionCommit, takeover_record
+from pipeline.attempt import (
+    CLOSE_TIMEOUT_MS,
+    Attempt,
+    PartitionCommit,
+    SharedTransport,
+    takeover_record,
+)
 from pipeline.encoding import RecordEncoder
 from pipeline.errors import AttemptFenced, PipelineError, StreamIdentityError
 from pipeline.sequencing import (
@@ -174,10 +180,26 @@ class ColumnarAttempt(Attempt):
         planned_last: dict[int, dict[int, int]],
         hooks: Mapping[int, Callable[[], Any]],
     ) -> PartitionCommit:
+        shared = SharedTransport(self.settings.coordinator)
+        try:
+            return await self._run_shared(cols, buckets, commit, planned_last, hooks, shared)
+        finally:
+            await shared.aclose()
+
+    async def _run_shared(
+        self,
+        cols: Columns,
+        buckets: list[int],
+        commit: PartitionCommit,
+        planned_last: dict[int, dict[int, int]],
+        hooks: Mapping[int, Callable[[], Any]],
+        shared: SharedTransport,
+    ) -> PartitionCommit:
         import numpy as np
         import pyarrow as pa
 
         t = self.task
+        self.coordinator_transport = shared.view
         producers: dict[int, AsyncProducer] = {b: self._open(self.name(b)) for b in buckets}
         started = await asyncio.gather(
             *(p.start() for p in producers.values()), return_exceptions=True
@@ -198,14 +220,20 @@ class ColumnarAttempt(Attempt):
             commit.pid, commit.generation = first.pid, first.generation
             partitions = first.partitions
             resume: dict[int, Resume] = {}
+            earlier: dict[str, Any] | None = None
             for b, p in producers.items():
                 commit.pids[b] = [p.pid, p.generation]
                 resume[b] = Resume({tp: p.last_sequence_id(tp) for tp in range(partitions)})
-                # As before: the attempt that fenced an earlier one records it (the
-                # loser's no-op message may be the one Spark keeps, or none at all).
+                # The attempt that fenced an earlier one records it (the loser's no-op
+                # message may be the one Spark keeps, or none at all): one entry for the
+                # earlier attempt, its durable rows added up over the buckets.
                 fenced = takeover_record(t, p.pid, p.generation, resume[b].last_sequence)
-                if fenced is not None:
-                    commit.fenced_attempts.append(fenced)
+                if fenced is not None and earlier is None:
+                    earlier = fenced
+                elif fenced is not None and earlier is not None:
+                    earlier["durable_rows"] += fenced["durable_rows"]
+            if earlier is not None:
+                commit.fenced_attempts.append(earlier)
             if t.batch_id is not None:
                 check_stream_identity(self.job, t.batch_id, resume)
             parts = route_column(
