@@ -86,7 +86,7 @@ def spark_hash_int(value: int, seed: int = 42) -> int:
 def shuffle_keys(buckets: int, partitions: int) -> list[int]:
     """For each bucket b an int whose Spark hash partition (of ``partitions``) is
     b mod partitions."""
-    want = {p: [] for p in range(partitions)}  # partition -> ints landing there
+    want: dict[int, list[int]] = {p: [] for p in range(partitions)}  # ints landing there
     need = {b % partitions for b in range(buckets)}
     candidate = 0
     while any(len(want[p]) < 1 for p in need):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -251,8 +252,8 @@ class ColumnarAttempt(Attempt):
             for h in hooks:
                 if 0 < h < n:
                     new[h] = True
-            starts = np.flatnonzero(new).tolist() + [n]
-            for s, e in zip(starts[:-1], starts[1:], strict=True):
+            starts = [*np.flatnonzero(new).tolist(), n]
+            for s, e in itertools.pairwise(starts):
                 hook = hooks.get(s)
                 if hook is not None:
                     pause = hook()

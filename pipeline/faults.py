@@ -175,9 +175,7 @@ def run_with_twin(
             figures = original_fenced.figures
         if figures:
             twin.fenced_attempts = [
-                f
-                for f in twin.fenced_attempts
-                if f.get("generation") != figures.get("generation")
+                f for f in twin.fenced_attempts if f.get("generation") != figures.get("generation")
             ] + [figures]
         return twin
     if original is not None and not original.fenced and twin is not None and twin.fenced:

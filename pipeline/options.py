@@ -155,8 +155,7 @@ class WriteSettings:
             report_path=_get(o, "report_path") or None,
             log_report=(_get(o, "log_report") or "true").lower() not in ("false", "0", "no"),
             faults=Faults.parse(o),
-            buckets=_int(o, "buckets", BUCKETS_DEFAULT, low=1, high=BUCKETS_MAX)
-            or BUCKETS_DEFAULT,
+            buckets=_int(o, "buckets", BUCKETS_DEFAULT, low=1, high=BUCKETS_MAX) or BUCKETS_DEFAULT,
         )
 
 

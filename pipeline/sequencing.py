@@ -173,7 +173,7 @@ class Resume:
 
 
 class PlannedRecord(NamedTuple):
-    index: int  # the row's index in the input
+    row: int  # the row's index in the input
     bucket: int
     topic_partition: int
     sequence: int

@@ -168,8 +168,7 @@ class StreamSink(DataSourceStreamArrowWriter):
             # A replay after a restart can be whole, but a batch that only ever skips is
             # worth a look (an earlier query under this job name wrote these ids).
             log.warning(
-                "micro-batch %d of topic %r: all %d rows were already written (skipped "
-                "whole)",
+                "micro-batch %d of topic %r: all %d rows were already written (skipped whole)",
                 batchId,
                 self.settings.topic,
                 report["rows"],

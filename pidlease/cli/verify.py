@@ -45,12 +45,12 @@ _KAFKA_WRAP = 2**31
 StreamKey = int | tuple[int, int]
 
 
-
 SCOPE = (
     "(checked: each (pid, sequence) once, in order per partition, no hole on a strict "
     "topic. Not checked: that every row of the data was sent, nor that a row was not "
     "sent under two ids; compare with the input for that: pidlease-spark audit --against)"
 )
+
 
 class Runs:
     """Sorted, disjoint, non-adjacent runs of integers."""

@@ -297,9 +297,9 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
     with pytest.raises(Exception, match="append-only"):
         _writer(df, url, "strict-topic", "j", tmp_path / "r.json").mode("overwrite").save()
     with pytest.raises(Exception, match=r"write pipeline.bucketed\(df\), not df"):
-        df.write.format("pidlease").option("coordinator", url).option("topic", "strict-topic").option(
-            "job_name", "j"
-        ).mode("append").save()
+        df.write.format("pidlease").option("coordinator", url).option(
+            "topic", "strict-topic"
+        ).option("job_name", "j").mode("append").save()
     stream = pipeline.bucketed(
         spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
     )
@@ -485,8 +485,10 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
     assert (against["input_rows"], against["missing"], against["extra"]) == (total, 0, 0)
     # The comparison sees a row missing and a row twice, which ids alone cannot.
     (second / "z-9.json").write_text(
-        json.dumps({"id": 0, "customer": "c0", "note": "x" * 40}) + "\n"
-        + json.dumps({"id": total, "customer": "c0", "note": "never sent"}) + "\n"
+        json.dumps({"id": 0, "customer": "c0", "note": "x" * 40})
+        + "\n"
+        + json.dumps({"id": total, "customer": "c0", "note": "never sent"})
+        + "\n"
     )
     audit[audit.index(str(first))] = str(second)
     assert main([*audit, "--id-columns", "id"], spark=spark) == 1

@@ -202,7 +202,7 @@ def test_a_stream_under_a_job_name_another_query_used_is_refused(
                 ENC, _batches([f"{k}{batch_id}" for k in keys], values, 2)
             )
         # a new query (fresh checkpoint: batch 0) whose rows fall in buckets written before
-        with pytest.raises(StreamIdentityError, match="checkpointLocation.*new job_name"):
+        with pytest.raises(StreamIdentityError, match=r"checkpointLocation.*new job_name"):
             ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=0)).run_columns(
                 ENC, _batches(["a1", "b1"], values, 2)
             )

@@ -218,9 +218,7 @@ def test_resume_sends_exactly_what_is_not_durable(
     seed: int,
     data: st.DataObject,
 ) -> None:
-    rows = [
-        Row(v % 3, v, None if k is None else b"k%d" % k, b"v%d" % v) for k, v in spec
-    ]
+    rows = [Row(v % 3, v, None if k is None else b"k%d" % k, b"v%d" % v) for k, v in spec]
     first = plan(rows, routing=routing, partitions=partitions, batch_id=batch_id, resume={})
     assert not any(r.written for r in first)
     # The first attempt made some prefix of each (bucket, topic partition) durable.
@@ -242,7 +240,9 @@ def test_resume_sends_exactly_what_is_not_durable(
         resume={b: Resume(d) for b, d in durable.items()},
     )
     written = Counter(
-        (r.key, r.value) for r in first if r.sequence <= durable.get(r.bucket, {}).get(r.topic_partition, -1)
+        (r.key, r.value)
+        for r in first
+        if r.sequence <= durable.get(r.bucket, {}).get(r.topic_partition, -1)
     )
     sent = Counter((r.key, r.value) for r in second if not r.written)
     # together every row exactly once (as a multiset: identical rows count each)
