@@ -186,7 +186,7 @@ def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_pa
     [empty] = job_report.load(tmp_path / "e.json")
     assert empty["rows"] == 0 and empty["tasks"] >= 1
     assert all(p["pid"] == -1 for p in empty["partitions"])
-    assert _log_end_offsets(url, "pairs") == [2000, 1000]
+    assert sum(_log_end_offsets(url, "pairs")) == 3000  # the empty job added nothing
 
 
 def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
