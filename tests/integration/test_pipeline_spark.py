@@ -451,11 +451,12 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
             *("publish", "--input", str(data), "--format", "json", "--topic", "files"),
             *("--key-column", "customer", "--job-name", "files-job", "--coordinator", url),
             *("--buckets", str(BUCKETS), "--partitions", str(partitions)),
-            *("--min-partitions", str(min_partitions), "--master", "local[2]"),
+            *("--min-partitions", str(min_partitions)),
         ]
 
+    # the killed run on 3 cores, the re-run on this module's session (2 cores)
     cmd = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args(first, 4, 8)],
+        [sys.executable, "-m", "pipeline.cli", *args(first, 4, 8), "--master", "local[3]"],
         start_new_session=True,  # its JVM and Python workers are in its process group
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
