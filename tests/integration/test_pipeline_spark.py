@@ -562,3 +562,61 @@ def test_a_micro_batch_replayed_in_another_order_writes_every_row_once(
     doubled = sorted(v for v in set(in_log) if in_log.count(v) > 1)
     assert (lost, doubled) == ([], [])
     assert sorted(in_log) == expected
+
+
+def test_a_fenced_attempt_ends_as_a_no_op_once_the_newer_one_wrote_its_rows(
+    make_cluster: Any,
+) -> None:
+    """Issue 30: a fenced attempt raised ``AttemptFenced``, a task failure that Spark
+    counts toward ``spark.task.maxFailures`` (speculative copies of a skewed task fencing
+    one another could abort the job). Now it waits for the newer attempt's rows and
+    succeeds as a no-op (``fenced``), which the job report counts apart."""
+    import asyncio
+    import threading
+
+    from pidlease.client.reader import Reader
+    from pipeline.attempt import TaskInfo
+    from pipeline.columnar import ColumnarAttempt
+    from pipeline.encoding import RecordEncoder
+    from pipeline.options import WriteSettings
+
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("fenced", partitions=2)
+    url = cluster.coordinator_url
+    settings = WriteSettings.parse({"coordinator": url, "topic": "fenced", "job_name": "j"})
+    encoder = RecordEncoder.for_columns([("key", "string"), ("value", "string")])
+    rows = [(f"k{i % 7}", f"row-{i}") for i in range(3000)]
+    stalled, copy_done = threading.Event(), threading.Event()
+    result: dict[str, Any] = {}
+
+    async def stall() -> None:  # the straggler: its producers live on meanwhile
+        stalled.set()
+        await asyncio.to_thread(copy_done.wait, 120)
+
+    def straggler() -> None:
+        try:
+            result["commit"] = ColumnarAttempt(settings, TaskInfo(0, 0)).run_columns(
+                encoder, _replay_batches(rows), {1000: stall}
+            )
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            result["error"] = exc
+
+    thread = threading.Thread(target=straggler, daemon=True)
+    thread.start()
+    assert stalled.wait(60)
+    # the speculative copy (attempt 1) takes the producers over and writes every row
+    copy = ColumnarAttempt(settings, TaskInfo(0, 1, speculative=True)).run_columns(
+        encoder, _replay_batches(rows[::-1])
+    )
+    copy_done.set()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert "error" not in result, result.get("error")
+    fenced = result["commit"]
+    assert fenced.fenced and fenced.rows == 3000
+    assert fenced.skipped + fenced.sent == 3000 and fenced.sent == fenced.appended
+    assert copy.appended + copy.skipped == 3000 and copy.skipped >= fenced.appended > 0
+    summary = job_report.summarize([fenced], topic="fenced", committed=True)
+    assert summary["fenced_tasks"] == 1 and summary["failed_tasks"] == 0
+    in_log = sorted(r.value.decode() for p in range(2) for r in Reader(url, "fenced", p))
+    assert in_log == sorted(v for _, v in rows)
