@@ -23,11 +23,13 @@ really has. Each is off unless its option is set (``pipeline.options.Faults``).
   sent is delivered meanwhile), after appending ``<os pid> <partition>`` to FILE.
   On a real cluster that is a straggler: Spark's own speculation starts a copy on another
   host, or a test SIGKILLs the executor named by the marker while the task is mid-write.
+  With a marker it stalls once per partition (a resubmitted stage's attempt 0 does not).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import threading
@@ -54,6 +56,13 @@ def _raiser(message: str) -> Callable[[], None]:
 def _staller(faults: Faults, task: TaskInfo) -> Callable[[], Any]:
     def hook() -> Any:
         if faults.stall_marker:
+            # Once per partition: after an executor is lost, Spark may resubmit the write
+            # stage (its shuffle input was on that executor), and the new stage's task is
+            # attempt 0 again; it must not stall (and be killed) once more.
+            with contextlib.suppress(FileNotFoundError):
+                with open(faults.stall_marker, encoding="utf-8") as f:
+                    if any(line.split()[1:] == [str(task.spark_partition)] for line in f):
+                        return None
             with open(faults.stall_marker, "a", encoding="utf-8") as f:
                 f.write(f"{os.getpid()} {task.spark_partition}\n")
         # Awaited by the attempt: its producer delivers what was sent and renews the

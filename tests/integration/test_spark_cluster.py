@@ -216,7 +216,9 @@ def test_publish_command_on_the_cluster_prints_its_report_once(
         0,
     )
     assert r["spark_attempts"]["launched"] == r["tasks"] >= 1
-    assert {p["producer_name"] for p in r["partitions"]} == set(r["producers"])
+    # one producer per bucket (the default 32), named in the partition entries
+    named = {n for p in r["partitions"] for n in p["producer_name"].split(",")}
+    assert named == set(r["producers"]) and len(named) == 32
     PUBLISHED["orders"] = 6000
 
 
@@ -266,13 +268,14 @@ def test_an_executor_killed_mid_write_loses_and_doubles_nothing(
     assert r["committed"] and r["rows"] == ROWS and r["failed_tasks"] == 0
     assert r["appended"] + r["skipped"] + r["duplicates"] == ROWS
     task = {p["spark_partition"]: p for p in r["partitions"]}[1]
-    # The retry took the producer over and skipped what the killed attempt made durable;
-    # it recorded the attempt it fenced, since the killed one sends nothing.
-    assert task["attempt"] >= 1 and 0 < task["skipped"] <= stall_at
-    assert r["retried_tasks"] >= 1 and r["fenced_attempts"] >= 1
-    [fenced] = task["fenced_attempts"]
-    assert (fenced["pid"], fenced["generation"]) == (task["pid"], task["generation"] - 1)
-    assert fenced["durable_rows"] == task["skipped"]
+    # The retry took the producers over and skipped what the killed attempt made durable.
+    # The lost executor held shuffle output (the shuffle by bucket), so Spark may resubmit
+    # the write stage, whose task is attempt 0 again: then no earlier attempt is
+    # recorded (an executor cannot tell a resubmitted stage's attempt 0 from a first).
+    assert 0 < task["skipped"] <= stall_at
+    if task["attempt"] >= 1:
+        [fenced] = task["fenced_attempts"]
+        assert fenced["durable_rows"] == task["skipped"]
     _audit_ok(spark, url, "killed", ROWS)
 
 
