@@ -59,10 +59,12 @@ def _staller(faults: Faults, task: TaskInfo) -> Callable[[], Any]:
             # Once per partition: after an executor is lost, Spark may resubmit the write
             # stage (its shuffle input was on that executor), and the new stage's task is
             # attempt 0 again; it must not stall (and be killed) once more.
-            with contextlib.suppress(FileNotFoundError):
-                with open(faults.stall_marker, encoding="utf-8") as f:
-                    if any(line.split()[1:] == [str(task.spark_partition)] for line in f):
-                        return None
+            with (
+                contextlib.suppress(FileNotFoundError),
+                open(faults.stall_marker, encoding="utf-8") as f,
+            ):
+                if any(line.split()[1:] == [str(task.spark_partition)] for line in f):
+                    return None
             with open(faults.stall_marker, "a", encoding="utf-8") as f:
                 f.write(f"{os.getpid()} {task.spark_partition}\n")
         # Awaited by the attempt: its producer delivers what was sent and renews the
