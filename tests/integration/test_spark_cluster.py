@@ -382,8 +382,9 @@ def test_a_keyed_stream_restarts_from_its_checkpoint_exactly_once(
         assert not q.isActive
         return q.exception()
 
-    # Run 1: micro-batch 1 dies at row 1000 on every attempt, with rows of it durable.
-    assert run(kill_batch_id=1, kill_at_row=1000) is not None
+    # Run 1: micro-batch 1 dies at row 500 of each task (about 1000 rows) on every
+    # attempt, with rows of it durable.
+    assert run(kill_batch_id=1, kill_at_row=500) is not None
     # Run 2: the restart replays batch 1 with the same ids, then batch 2.
     assert run() is None
 
