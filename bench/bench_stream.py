@@ -66,11 +66,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return df.schema
 
         def stream(src: Path, schema: Any, topic: str, name: str) -> float:
-            q = (
+            df = (
                 spark.readStream.schema(schema)
                 .option("maxFilesPerTrigger", args.files_per_batch)
                 .parquet(str(src))
-                .writeStream.format("pidlease")
+            )
+            import pipeline
+
+            if hasattr(pipeline, "bucketed"):  # since issue 30; an older checkout has none
+                df = pipeline.bucketed(df, partitions=args.files_per_batch)
+            q = (
+                df.writeStream.format("pidlease")
                 .option("coordinator", url)
                 .option("topic", topic)
                 .option("partitioning", args.partitioning)

@@ -7,6 +7,7 @@ How the package is built (read this first):
 - ``sink``        batch and streaming writers: checks on the driver, tasks run ``faults.run_task``
 - ``attempt``     one attempt at one Spark partition: lease by name (a takeover fences older
                   attempts), skip what is durable, send the rest with explicit sequence ids
+- ``bucketing``   ``bucketed(df)``: the row hash and bucket columns, and the shuffle by bucket
 - ``sequencing``  pure rules: producer name, topic partition and sequence id of each row
 - ``encoding``    rows (Arrow batches) to (key, value) bytes
 - ``faults``      injected failures and the speculative copy used by tests and demos
@@ -23,9 +24,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FORMAT", "register"]
+__all__ = ["FORMAT", "bucketed", "register"]
 
 FORMAT = "pidlease"
+
+
+def bucketed(df: Any, buckets: int | None = None, partitions: int | None = None) -> Any:
+    """``df`` ready for a pidlease write: row hash and bucket columns, shuffled by bucket
+    (``pipeline.bucketing``)."""
+    from pipeline.bucketing import bucketed as _bucketed
+    from pipeline.sequencing import BUCKETS_DEFAULT
+
+    return _bucketed(df, buckets or BUCKETS_DEFAULT, partitions)
 
 
 def register(spark: Any) -> None:

@@ -1,18 +1,23 @@
-"""One attempt at writing one Spark partition: what a writer task runs.
+"""One attempt at writing one Spark task's rows: what a writer task runs.
 
-An attempt leases its producer by name (``<job>:<spark partition>``): for a retry or a
-speculative copy that is a takeover, which fences every older attempt of the same
-partition. The lease reports, per topic partition, the PID's durable highwater; rows at
-or below it were written by an earlier attempt and are skipped (``Resume``). The rest are
-sent with explicit sequence ids (``pipeline.sequencing``), pipelined through the SDK's
-``AsyncProducer``, and counted as they are acknowledged: appended, or duplicate (the
-partition already had it).
+The rows of a task fall into buckets (``pipeline.sequencing``); each bucket publishes as
+its named producer ``<job>:<bucket>/<buckets>``, and the shuffle ``pipeline.bucketed``
+adds puts every row of a bucket in one task. An attempt leases the producer of every
+bucket it holds: for a retry or a speculative copy that is a takeover, which fences
+every older attempt of the same task. The lease reports, per topic partition, the PID's
+durable highwater; rows at or below it were written by an earlier attempt and are
+skipped (``Resume``). The rest are sent with explicit sequence ids, pipelined through the
+SDK's ``AsyncProducer``, and counted as they are acknowledged: appended, or duplicate
+(the partition already had it). ``pipeline.columnar`` holds the write itself.
 
-A fenced attempt stops at once, closes its producer and raises ``AttemptFenced`` with its
-figures; what it sent before the fence is either in the log (and the newer attempt skips
-it) or was refused, so nothing is lost or doubled. The fenced attempt's task fails, so
-Spark brings back no message of it: the attempt that fenced it records it instead
-(``fenced_attempts``), from what its takeover lease told it (``takeover_record``).
+A fenced attempt stops at once and closes its producers; what it sent before the fence
+is either in the log (and the newer attempt skips it) or was refused. It then waits
+until the newer attempt has made every row of the task durable (``GET /v1/pids/{pid}``)
+and ends as a no-op success (``fenced=True``, counted apart by the driver), never as a
+task failure: Spark counts failures toward ``spark.task.maxFailures``, and a skewed task
+whose copies fence one another would abort the job. A fenced attempt whose rows are not
+all durable within ``FENCED_WAIT_S`` (the newer attempt died too) fails with
+``AttemptFenced`` and Spark retries the task.
 
 The result is a ``PartitionCommit``, the ``WriterCommitMessage`` that Spark brings back to
 the driver, where ``pipeline.job_report`` adds them up.
@@ -20,34 +25,26 @@ the driver, where ``pipeline.job_report`` adds them up.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import itertools
 import logging
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from pidlease import errors
+from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import AsyncProducer
 from pipeline.errors import AttemptFenced, PipelineError
 from pipeline.options import WriteSettings
-from pipeline.sequencing import (
-    STREAM_POSITION_BITS,
-    BatchSequencer,
-    Resume,
-    StreamSequencer,
-    plan,
-    producer_name,
-)
+from pipeline.sequencing import STREAM_POSITION_BITS, producer_name
 
 log = logging.getLogger("pipeline.attempt")
 
 CLOSE_TIMEOUT_MS = 10_000  # a failing attempt waits this long for its in-flight batches
-YIELD_EVERY_RECORDS = 1024  # records admitted between turns of the event loop
+FENCED_WAIT_S = 900.0  # a fenced attempt waits this long for the newer one's rows
+FENCED_POLL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +80,11 @@ class PartitionCommit(WriterCommitMessage):
 
     spark_partition: int
     attempt: int
-    producer_name: str
+    producer_name: str  # the producers' names, comma-separated (one per bucket)
     batch_id: int | None = None
     speculative: bool = False
+    fenced: bool = False  # fenced; a newer attempt wrote the rest: a no-op for the job
+    buckets: list[int] = field(default_factory=list)
     pid: int = -1
     generation: int = -1
     rows: int = 0
@@ -97,6 +96,7 @@ class PartitionCommit(WriterCommitMessage):
         default_factory=dict
     )  # topic partition -> [first, last]
     fenced_attempts: list[dict[str, Any]] = field(default_factory=list)
+    pids: dict[int, list[int]] = field(default_factory=dict)  # bucket -> [pid, generation]
 
     def figures(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,6 +123,36 @@ def takeover_record(
     }
 
 
+class SharedTransport:
+    """One HTTP transport (connection pool, TLS context) to the coordinator for all the
+    producers of an attempt, which closes only when the attempt does: an ``httpx`` client
+    of its own per producer cost ~0.15 s of CPU each (loading the default CA bundle),
+    which a task with one producer per bucket paid per bucket. Plain ``http://`` only; an
+    ``https://`` coordinator keeps the SDK's own client per producer (its TLS settings)."""
+
+    def __init__(self, coordinator: str) -> None:
+        import httpx
+
+        self.real: Any = None
+        self.view: Any = None
+        if not coordinator.lower().startswith("http://"):
+            return
+        real = self.real = httpx.AsyncHTTPTransport(verify=False)  # plain http: no TLS
+
+        class _View(httpx.AsyncBaseTransport):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                return await real.handle_async_request(request)
+
+            async def aclose(self) -> None:  # each producer's client closes its view only
+                return None
+
+        self.view = _View()
+
+    async def aclose(self) -> None:
+        if self.real is not None:
+            await self.real.aclose()
+
+
 def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
     if settings.job_name:
         return settings.job_name
@@ -132,6 +162,9 @@ def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
 
 
 class Attempt:
+    """What every attempt shares: who it is, its producers by bucket, and what it does
+    when fenced. The write is ``pipeline.columnar.ColumnarAttempt``."""
+
     def __init__(
         self,
         settings: WriteSettings,
@@ -141,142 +174,95 @@ class Attempt:
     ) -> None:
         self.settings = settings
         self.task = task
-        self.name = producer_name(job_name_for(settings, task), task.spark_partition)
+        self.job = job_name_for(settings, task)
         self._on_leased = on_leased
 
-    def _open(self) -> AsyncProducer:
+    def name(self, bucket: int) -> str:
+        return producer_name(self.job, bucket, self.settings.buckets)
+
+    def new_commit(self, buckets: list[int]) -> PartitionCommit:
+        t = self.task
+        return PartitionCommit(
+            t.spark_partition,
+            t.attempt,
+            ",".join(self.name(b) for b in buckets),
+            t.batch_id,
+            t.speculative,
+            buckets=list(buckets),
+        )
+
+    def _open(self, name: str) -> AsyncProducer:
         s = self.settings
         return AsyncProducer(
             s.coordinator,
             topic=s.topic,
-            producer_name=self.name,
+            producer_name=name,
             expire_ms=s.expire_ms,
             max_in_flight=s.max_in_flight,
             linger_ms=s.linger_ms,
             batch_records_max=s.batch_records_max,
             api_token=s.api_token,
+            http_transport=self.coordinator_transport,
         )
+
+    coordinator_transport: Any = None  # shared by the attempt's producers (see below)
 
     def _fenced(self, commit: PartitionCommit, exc: BaseException) -> AttemptFenced:
         who = "speculative copy" if self.task.speculative else f"attempt {self.task.attempt}"
         return AttemptFenced(
             f"{who} of Spark partition {self.task.spark_partition} was fenced: a newer "
-            f"attempt took producer {self.name!r} over and continues its rows "
-            f"({exc})",
+            f"attempt took producer(s) {commit.producer_name!r} over and continues its "
+            f"rows ({exc})",
             commit.figures(),
         )
 
-    def run(
+    def durable_highwaters(self, pid: int) -> dict[int, int]:
+        """The PID's live durable highwater per partition of the topic (the coordinator
+        asks the leaders): what a fenced attempt watches."""
+        s = self.settings
+        with LeaseClient(s.coordinator, api_token=s.api_token) as client:
+            view = client.call("GET", f"/v1/pids/{pid}")
+        return {
+            int(p["partition"]): int(p["highwater"])
+            for p in view.get("partitions", [])
+            if p.get("topic") == s.topic
+        }
+
+    def await_newer(
         self,
-        rows: Iterable[tuple[bytes | None, bytes]],
-        hooks: Mapping[int, Callable[[], Any]] | None = None,
+        commit: PartitionCommit,
+        fenced: AttemptFenced,
+        planned_last: Mapping[int, Mapping[int, int]],
     ) -> PartitionCommit:
-        """Publish ``rows`` (this Spark partition's (key, value) pairs, in order).
-        ``hooks[position]()`` runs just before the row at that position (fault injection);
-        when it returns an awaitable, the attempt awaits it (on its event loop, so what was
-        sent goes on being delivered and the lease renewed).
-
-        The SDK's ``AsyncProducer`` runs on this thread's own event loop: about three times
-        the throughput of the blocking ``Producer``, which hands every record to another
-        thread under a lock."""
-        it = iter(rows)
-        first = next(it, None)
-        if first is None:
-            # An empty partition (common in micro-batches) leases nothing: a lease would be
-            # a takeover, with a fence record in every partition, for no row.
-            t = self.task
-            return PartitionCommit(
-                t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative
-            )
-        return asyncio.run(self._run(itertools.chain([first], it), hooks or {}))
-
-    async def _run(
-        self, rows: Iterable[tuple[bytes | None, bytes]], hooks: Mapping[int, Callable[[], Any]]
-    ) -> PartitionCommit:
-        t = self.task
-        commit = PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
-        producer = self._open()
-        try:
-            await producer.start()
-        except errors.ProducerFenced as exc:  # a concurrent takeover won the lease race
-            await producer.close()
-            raise self._fenced(commit, exc) from exc
-        if self._on_leased is not None:
-            self._on_leased()
-        pending: deque[asyncio.Future[Any]] = deque()
-        ok = False
-        try:
-            commit.pid, commit.generation = producer.pid, producer.generation
-            partitions = producer.partitions
-            resume = Resume({tp: producer.last_sequence_id(tp) for tp in range(partitions)})
-            fenced = takeover_record(t, commit.pid, commit.generation, resume.last_sequence)
-            if fenced is not None:
-                commit.fenced_attempts.append(fenced)
-            sequencer = (
-                BatchSequencer(partitions) if t.batch_id is None else StreamSequencer(t.batch_id)
-            )
-            seqs = commit.sequences
-            for rec in plan(
-                rows,
-                routing=self.settings.routing,
-                spark_partition=t.spark_partition,
-                partitions=partitions,
-                sequencer=sequencer,
-                resume=resume,
-            ):
-                if hooks:
-                    hook = hooks.get(rec.position)
-                    if hook is not None:
-                        pause = hook()
-                        if pause is not None:  # a stall: the producer keeps running meanwhile
-                            await pause
-                commit.rows += 1
-                span = seqs.get(rec.topic_partition)
-                if span is None:
-                    seqs[rec.topic_partition] = [rec.sequence, rec.sequence]
-                else:
-                    span[1] = rec.sequence
-                if rec.written:
-                    commit.skipped += 1
-                    continue
-                pending.append(
-                    await producer.send(
-                        rec.value, rec.key, partition=rec.topic_partition, sequence_id=rec.sequence
-                    )
+        """After a fence: wait until every planned id (bucket -> topic partition -> last
+        id) is durable under its producer's PID (the newer attempt wrote it), then end as
+        a no-op success; raise ``fenced`` if that does not happen in ``FENCED_WAIT_S``."""
+        deadline = time.monotonic() + FENCED_WAIT_S
+        while True:
+            done = True
+            for bucket, lasts in planned_last.items():
+                pid = commit.pids.get(bucket, [-1])[0]
+                if pid < 0:  # fenced before its lease: nothing to watch by
+                    raise fenced
+                try:
+                    hw = self.durable_highwaters(pid)
+                except Exception:  # noqa: BLE001 - coordinator busy: ask again
+                    done = False
+                    break
+                if any(hw.get(tp, -1) < last for tp, last in lasts.items()):
+                    done = False
+                    break
+            if done:
+                commit.fenced = True
+                commit.sent = commit.appended + commit.duplicates  # what it did deliver
+                commit.skipped = commit.rows - commit.sent  # the newer attempt's
+                log.warning(
+                    "%s: fenced by a newer attempt, which made all %d rows durable; "
+                    "this attempt ends as a no-op",
+                    commit.producer_name,
+                    commit.rows,
                 )
-                commit.sent += 1
-                if not commit.sent % YIELD_EVERY_RECORDS:
-                    # send() only waits when the buffer is full; let the senders run sooner.
-                    await asyncio.sleep(0)
-                    while pending and pending[0].done():
-                        _count(pending.popleft(), commit)
-            await producer.flush()
-            while pending:
-                _count(pending.popleft(), commit)
-            ok = True
-        except errors.ProducerFenced as exc:
-            while pending and pending[0].done() and pending[0].exception() is None:
-                _count(pending.popleft(), commit)
-            raise self._fenced(commit, exc) from exc
-        finally:
-            await producer.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS)
-            for fut in pending:  # mark failures as seen, so asyncio does not log each one
-                if fut.done() and not fut.cancelled():
-                    fut.exception()
-        log.info(
-            "%s: %d rows, %d skipped, %d appended, %d duplicates",
-            self.name,
-            commit.rows,
-            commit.skipped,
-            commit.appended,
-            commit.duplicates,
-        )
-        return commit
-
-
-def _count(fut: Any, commit: PartitionCommit) -> None:
-    meta = fut.result()  # raises the producer's fatal error, e.g. ProducerFenced
-    if meta.duplicate:
-        commit.duplicates += 1
-    else:
-        commit.appended += 1
+                return commit
+            if time.monotonic() > deadline:
+                raise fenced
+            time.sleep(FENCED_POLL_S)

@@ -20,20 +20,22 @@ from typing import Any
 
 from pidlease.client.lease_client import DEFAULT_COORDINATOR
 from pipeline.options import COORDINATOR_ENV
+from pipeline.sequencing import BUCKETS_DEFAULT
 
 MIN_PARTITIONS_DEFAULT = 8
+PARTITIONS_DEFAULT = 8
 
 DESCRIPTION = """\
 Publish data sets to pidlease exactly once with Spark, and audit topics.
 
 publish reads files (parquet, csv or json) and writes every row to the topic exactly
-once: each Spark partition publishes as the named producer <job-name>:<partition> with
-the row's position as its sequence id, so a retried or speculative task takes the name
-over (fencing the old attempt) and resumes after the last durable row. Running the same
-publish again appends nothing. The job name defaults to one derived from the topic, the
-input path and the format, so re-running the same command is safe; give --job-name to
-publish the same files again as a new data set. Rows keep their Spark partition only if
-the input files and --min-partitions are unchanged.
+once: rows are grouped by a hash of the row into --buckets buckets, each published by
+the named producer <job-name>:<bucket>/<buckets>, and numbered in an order that depends
+on the rows only, so a retried or speculative task takes the names over (fencing the old
+attempt) and resumes after the last durable row, and a re-run over the same rows (files
+listed or split differently, another --master) appends nothing. The job name defaults to
+one derived from the topic, the input path and the format, so re-running the same
+command is safe; give --job-name to publish the same files again as a new data set.
 
 audit reads the whole topic and writes a report (report.json and Parquet tables) of
 records per partition, duplicates per (pid, partition, sequence), missing records (and a
@@ -116,8 +118,23 @@ def parser() -> argparse.ArgumentParser:
         "--min-partitions",
         type=int,
         default=MIN_PARTITIONS_DEFAULT,
-        help="how finely input files are split (spark.sql.files.minPartitionNum); "
-        "fixed so that the split does not depend on --master (default %(default)s)",
+        help="how finely input files are split for reading "
+        "(spark.sql.files.minPartitionNum); the records do not depend on it "
+        "(default %(default)s)",
+    )
+    pub.add_argument(
+        "--buckets",
+        type=int,
+        default=BUCKETS_DEFAULT,
+        help="rows are grouped into this many producers by a hash of the row; part of the "
+        "job's identity: re-run a job with the count it first ran with (default %(default)s)",
+    )
+    pub.add_argument(
+        "--partitions",
+        type=int,
+        default=PARTITIONS_DEFAULT,
+        help="Spark tasks of the write (the shuffle by bucket); any number gives the same "
+        "records (default %(default)s)",
     )
     pub.add_argument("--csv-no-header", action="store_true", help="CSV files have no header line")
     pub.add_argument(
@@ -130,6 +147,19 @@ def parser() -> argparse.ArgumentParser:
     _common(aud)
     aud.add_argument(
         "--out", required=True, help="directory for report.json and the Parquet tables"
+    )
+    aud.add_argument(
+        "--against",
+        metavar="INPUT",
+        help="also compare the topic with this input by content: rows missing, rows "
+        "more than once (what the per-PID audit cannot see)",
+    )
+    aud.add_argument("--format", choices=["parquet", "csv", "json"], help="--against's format")
+    aud.add_argument("--key-column", help="--against: the key column it was published with")
+    aud.add_argument(
+        "--id-columns",
+        help="--against: compare these input columns (comma-separated) with the same "
+        "fields of the records' JSON values, instead of the encoded (key, value)",
     )
     return top
 
@@ -178,7 +208,11 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
             reader = reader.option("header", str(not args.csv_no_header).lower()).option(
                 "inferSchema", str(args.infer_schema).lower()
             )
-        df = reader.load(args.input)
+        import pipeline
+
+        # The row hash, bucket and shuffle by bucket: a row's producer and id do not
+        # depend on how the files are listed or split, nor on the master's cores.
+        df = pipeline.bucketed(reader.load(args.input), args.buckets, args.partitions)
         print(
             f"publishing {args.input} ({args.format}) to {args.topic!r} as job {job!r}",
             file=sys.stderr,
@@ -224,15 +258,41 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
 
 
 def audit(args: argparse.Namespace, spark: Any = None) -> int:
-    from pipeline.audit import run_audit, summary
+    from pipeline.audit import run_audit, summary, write_report
     from pipeline.progress import Progress
 
+    if args.against and not args.format:
+        from pipeline.errors import OptionError
+
+        raise OptionError("--against needs --format (parquet, csv or json)")
     with (
         _Session(args, {}, spark) as session,
         Progress(session, "audit", interval_s=args.progress_interval),
     ):
         report = run_audit(session, args.coordinator, args.topic, args.out)
+        if args.against:
+            from pipeline.against import compare
+
+            reader = session.read.format(args.format)
+            if args.format == "csv":
+                reader = reader.option("header", "true")
+            ids = [c.strip() for c in (args.id_columns or "").split(",") if c.strip()]
+            content = compare(
+                session,
+                args.coordinator,
+                args.topic,
+                reader.load(args.against),
+                key_column=args.key_column,
+                id_columns=ids,
+            )
+            report["against"] = {"input": args.against, **content}
+            report["ok"] = report["ok"] and content["ok"]
+            write_report(report, args.out)
     print(summary(report))
+    if "against" in report:
+        from pipeline.against import summary as content_summary
+
+        print(content_summary(report["against"]))
     print(
         f"report: {Path(args.out) / 'report.json'} (+ partitions, producers, duplicates .parquet)"
     )

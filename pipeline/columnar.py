@@ -1,58 +1,152 @@
 """A write's attempt (a batch task or a micro-batch's) on the SDK's columnar path: Arrow
 batches in, ``send_batch`` calls out, no Python object per row.
 
-``ColumnarAttempt`` is an ``Attempt`` (same producer name, lease, takeover, resume and
-fencing; see ``pipeline.attempt``) that takes the Spark partition as Arrow record batches
-and, per batch, works on whole columns: the encoder's key and value arrays
+``ColumnarAttempt`` takes the task's rows as Arrow record batches, each with the row
+hash and bucket columns that ``pipeline.bucketed`` adds (``sequencing.HASH_COLUMN``,
+``BUCKET_COLUMN``), and works on whole columns: the encoder's key and value arrays
 (``RecordEncoder.encode_columns``), each row's topic partition (``route``'s rules: the
-SDK's key hash ``crc32_keys``, or the Spark partition), its sequence (per topic partition
-in row order: ``BatchSequencer``'s 0, 1, 2, ... for a batch write, ``StreamSequencer``'s
-``batch_id * 2**32`` + 0, 1, 2, ... for a micro-batch), rows at or below the
-takeover's durable highwater skipped (``Resume``), and then one ``send_batch`` per topic
-partition with explicit ids. The result is the same ``PartitionCommit`` the row path
-gives for the same rows (tests/unit/test_pipeline_columnar.py compares them).
-
-Batch writes and streams both take it; a task that starts its own speculative copy
-(``speculate_partition``) takes the row path, which the copy replays from a list.
+SDK's key hash ``crc32_keys``, or the bucket), then the order rows are numbered in, which
+depends on the rows only (``sequencing.canonical_columns``: bucket, topic partition, row
+hash, bytes), each row's sequence (its position in its (bucket, topic partition) group:
+0, 1, 2, ... for a batch write, ``batch_id * 2**32`` + 0, 1, 2, ... for a micro-batch),
+rows at or below the takeover's durable highwater skipped (``Resume``), and then one
+``send_batch`` per (bucket, topic partition) group (cut at ``batch_records_max``...
+by the SDK) with explicit ids, through the bucket's producer. The canonical order needs
+the whole task: its encoded keys and values are held in memory until they are sent
+(about the size of the task's records). ``sequencing.plan`` is the pure reference
+(tests/unit/test_pipeline_columnar.py compares them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pidlease import errors
+from pidlease.client.producer import AsyncProducer
 from pidlease.client.record_columns import crc32_keys
-from pipeline.attempt import Attempt, PartitionCommit, takeover_record
+from pipeline.attempt import (
+    CLOSE_TIMEOUT_MS,
+    Attempt,
+    PartitionCommit,
+    SharedTransport,
+    takeover_record,
+)
 from pipeline.encoding import RecordEncoder
-from pipeline.sequencing import Resume, Routing, stream_sequence
+from pipeline.errors import AttemptFenced, PipelineError, StreamIdentityError
+from pipeline.sequencing import (
+    BUCKET_COLUMN,
+    HASH_COLUMN,
+    STREAM_BATCH_ID_MAX,
+    STREAM_POSITION_BITS,
+    Resume,
+    Routing,
+    canonical_columns,
+    first_sequence,
+    group_positions,
+    stream_sequence,
+)
 
 log = logging.getLogger("pipeline.columnar")
 
 
-def route_column(
-    keys: Any, n: int, *, routing: Routing, spark_partition: int, partitions: int
-) -> Any:
-    """The topic partition of each of ``n`` rows (numpy int64), as ``sequencing.route``
-    gives it row by row."""
+def route_column(keys: Any, buckets: Any, *, routing: Routing, partitions: int) -> Any:
+    """The topic partition of each row (numpy int64), as ``sequencing.route`` gives it row
+    by row (``buckets``: numpy int64, the rows' buckets)."""
     import numpy as np
 
-    fallback = spark_partition % partitions
+    n = len(buckets)
+    fallback = buckets % partitions
     if routing is Routing.SPARK or keys is None:
         if routing is Routing.KEY and n:
             raise ValueError("partitioning 'key' needs a key on every row; this row has none")
-        return np.full(n, fallback, dtype=np.int64)
+        return fallback.astype(np.int64)
     parts = (crc32_keys(keys) % np.uint32(partitions)).astype(np.int64)
     if keys.null_count:
         if routing is Routing.KEY:
             raise ValueError("partitioning 'key' needs a key on every row; this row has none")
         valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False))
-        parts[~valid] = fallback
+        parts[~valid] = fallback[~valid]
     return parts
+
+
+def _column(batch: Any, name: str) -> Any:
+    import numpy as np
+
+    try:
+        col = batch.column(name)
+    except KeyError:
+        raise PipelineError(
+            f"the rows lack the column {name!r}: write pipeline.bucketed(df), which adds "
+            f"the row hash and bucket and the shuffle that puts each bucket in one task"
+        ) from None
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def check_stream_identity(job: str, batch_id: int, resume: Mapping[int, Resume]) -> None:
+    """A stream's producers never hold ids of a later micro-batch than the one being
+    written: a restart replays the last batch at most. Ids beyond it mean this query is
+    not the one that used the job name (a fresh checkpoint restarts batch ids at 0, and
+    every row would be skipped as already written)."""
+    floor = stream_sequence(batch_id + 1, 0) if batch_id < STREAM_BATCH_ID_MAX else None
+    if floor is None:
+        return
+    top = max((h for r in resume.values() for h in r.last_sequence.values()), default=-1)
+    if top >= floor:
+        raise StreamIdentityError(
+            f"job_name {job!r} was used by a streaming query that reached micro-batch "
+            f"{top >> STREAM_POSITION_BITS}; this query is at micro-batch {batch_id}, so "
+            f"it does not run from that query's checkpoint and every row would be skipped "
+            f"as already written. To resume, start the query with the checkpointLocation "
+            f"that job name was used with; to start anew, give a new job_name option."
+        )
+
+
+class Columns:
+    """A task's rows, encoded and in canonical order."""
+
+    def __init__(self, encoder: RecordEncoder, batches: Iterable[Any], buckets_max: int) -> None:
+        import numpy as np
+        import pyarrow as pa
+
+        keys: list[Any] = []
+        values: list[Any] = []
+        buckets: list[Any] = []
+        hashes: list[Any] = []
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            k, v = encoder.encode_columns(batch)
+            keys.append(k)
+            values.append(v)
+            buckets.append(_column(batch, BUCKET_COLUMN))
+            hashes.append(_column(batch, HASH_COLUMN))
+        self.n = sum(len(v) for v in values)
+        if not self.n:
+            self.keys = None
+            self.values = pa.array([], pa.binary())
+            self.buckets = self.hashes = np.zeros(0, dtype=np.int64)
+            return
+        self.keys = None if keys[0] is None else pa.concat_arrays(keys)
+        self.values = pa.concat_arrays(values)
+        self.buckets = np.concatenate(buckets)
+        self.hashes = np.concatenate(hashes)
+        bad = (self.buckets < 0) | (self.buckets >= buckets_max)
+        if bad.any():
+            raise PipelineError(
+                f"a row's bucket {int(self.buckets[bad][0])} is outside 0..{buckets_max - 1} "
+                f"(the bucket count the write was planned with)"
+            )
+
+    def distinct_buckets(self) -> list[int]:
+        import numpy as np
+
+        return [int(b) for b in np.unique(self.buckets)]
 
 
 class ColumnarAttempt(Attempt):
@@ -62,114 +156,140 @@ class ColumnarAttempt(Attempt):
         batches: Iterable[Any],
         hooks: Mapping[int, Callable[[], Any]] | None = None,
     ) -> PartitionCommit:
-        """Publish the Spark partition's Arrow ``batches``. ``hooks[position]()`` runs just
-        before the row at that position (fault injection), as in ``Attempt.run``."""
-        it = (b for b in batches if b.num_rows)
-        first = next(it, None)
-        if first is None:
-            t = self.task
-            return PartitionCommit(
-                t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative
-            )
+        """Publish the task's Arrow ``batches``. ``hooks[i]()`` runs just before the row
+        sent ``i``-th (in the canonical order; fault injection); when it returns an
+        awaitable, the attempt awaits it (on its event loop, so what was sent goes on
+        being delivered and the leases renewed)."""
+        cols = Columns(encoder, batches, self.settings.buckets)
+        buckets = cols.distinct_buckets()
+        commit = self.new_commit(buckets)
+        if not cols.n:
+            # An empty task (common in micro-batches) leases nothing: a lease would be a
+            # takeover, with a fence record in every partition, for no row.
+            return commit
+        planned_last: dict[int, dict[int, int]] = {}
+        try:
+            return asyncio.run(self._run(cols, buckets, commit, planned_last, hooks or {}))
+        except AttemptFenced as fenced:
+            return self.await_newer(commit, fenced, planned_last)
 
-        def all_batches() -> Iterator[Any]:
-            yield first
-            yield from it
-
-        return asyncio.run(self._run_columns(encoder, all_batches(), hooks or {}))
-
-    async def _run_columns(
+    async def _run(
         self,
-        encoder: RecordEncoder,
-        batches: Iterator[Any],
+        cols: Columns,
+        buckets: list[int],
+        commit: PartitionCommit,
+        planned_last: dict[int, dict[int, int]],
         hooks: Mapping[int, Callable[[], Any]],
+    ) -> PartitionCommit:
+        shared = SharedTransport(self.settings.coordinator)
+        try:
+            return await self._run_shared(cols, buckets, commit, planned_last, hooks, shared)
+        finally:
+            await shared.aclose()
+
+    async def _run_shared(
+        self,
+        cols: Columns,
+        buckets: list[int],
+        commit: PartitionCommit,
+        planned_last: dict[int, dict[int, int]],
+        hooks: Mapping[int, Callable[[], Any]],
+        shared: SharedTransport,
     ) -> PartitionCommit:
         import numpy as np
         import pyarrow as pa
 
         t = self.task
-        commit = PartitionCommit(t.spark_partition, t.attempt, self.name, t.batch_id, t.speculative)
-        producer = self._open()
-        try:
-            await producer.start()
-        except errors.ProducerFenced as exc:
-            await producer.close()
-            raise self._fenced(commit, exc) from exc
+        self.coordinator_transport = shared.view
+        producers: dict[int, AsyncProducer] = {b: self._open(self.name(b)) for b in buckets}
+        started = await asyncio.gather(
+            *(p.start() for p in producers.values()), return_exceptions=True
+        )
+        for res in started:
+            if isinstance(res, errors.ProducerFenced):  # a concurrent takeover won the race
+                await asyncio.gather(*(p.close() for p in producers.values()))
+                raise self._fenced(commit, res) from res
+            if isinstance(res, BaseException):
+                await asyncio.gather(*(p.close() for p in producers.values()))
+                raise res
         if self._on_leased is not None:
             self._on_leased()
         pending: deque[Any] = deque()
         ok = False
         try:
-            commit.pid, commit.generation = producer.pid, producer.generation
-            partitions = producer.partitions
-            resume = Resume({tp: producer.last_sequence_id(tp) for tp in range(partitions)})
-            # As Attempt._run: the attempt that fenced an earlier one records it (the loser
-            # sends no commit message).
-            fenced = takeover_record(t, commit.pid, commit.generation, resume.last_sequence)
-            if fenced is not None:
-                commit.fenced_attempts.append(fenced)
-            next_seq = np.zeros(partitions, dtype=np.int64)  # next position per partition
-            # a micro-batch numbers from batch_id * 2**32 (StreamSequencer), a batch from 0
-            base = 0 if t.batch_id is None else stream_sequence(t.batch_id, 0)
-            position = 0
-            hook_at = sorted(hooks)
-            for batch in batches:
-                for piece, start in _cut(batch, position, hook_at):
-                    hook = hooks.get(start)
-                    if hook is not None:
-                        pause = hook()
-                        if inspect.isawaitable(pause):
-                            # a stall: awaited on this loop, so the senders go on delivering
-                            await pause
-                    keys, values = encoder.encode_columns(piece)
-                    n = len(values)
-                    parts = route_column(
-                        keys,
-                        n,
-                        routing=self.settings.routing,
-                        spark_partition=t.spark_partition,
-                        partitions=partitions,
-                    )
-                    commit.rows += n
-                    order = np.argsort(parts, kind="stable")
-                    counts = np.bincount(parts, minlength=partitions)
-                    at = 0
-                    for tp in range(partitions):
-                        c = int(counts[tp])
-                        if not c:
-                            continue
-                        pos = order[at : at + c]
-                        at += c
-                        if t.batch_id is not None:  # rejects a position beyond 2**32 - 1
-                            stream_sequence(t.batch_id, int(next_seq[tp]) + c - 1)
-                        first = base + int(next_seq[tp])
-                        next_seq[tp] += c
-                        span = commit.sequences.get(tp)
-                        if span is None:
-                            commit.sequences[tp] = [first, first + c - 1]
-                        else:
-                            span[1] = first + c - 1
-                        # rows at or below the durable highwater were written before
-                        skip = max(0, min(c, resume.last_sequence.get(tp, -1) - first + 1))
-                        commit.skipped += skip
-                        if skip == c:
-                            continue
-                        idx = pa.array(pos[skip:])
-                        bf = await producer.send_batch(
-                            values.take(idx),
-                            keys=None if keys is None else keys.take(idx),
-                            partition=tp,
-                            sequence_ids=pa.array(
-                                np.arange(first + skip, first + c, dtype=np.int64)
-                            ),
-                        )
-                        pending.append(bf)
-                        commit.sent += c - skip
-                    position = start + n
-                await asyncio.sleep(0)  # let the senders run between Arrow batches
+            first = producers[buckets[0]]
+            commit.pid, commit.generation = first.pid, first.generation
+            partitions = first.partitions
+            resume: dict[int, Resume] = {}
+            earlier: dict[str, Any] | None = None
+            for b, p in producers.items():
+                commit.pids[b] = [p.pid, p.generation]
+                resume[b] = Resume({tp: p.last_sequence_id(tp) for tp in range(partitions)})
+                # The attempt that fenced an earlier one records it (the loser's no-op
+                # message may be the one Spark keeps, or none at all): one entry for the
+                # earlier attempt, its durable rows added up over the buckets.
+                fenced = takeover_record(t, p.pid, p.generation, resume[b].last_sequence)
+                if fenced is not None and earlier is None:
+                    earlier = fenced
+                elif fenced is not None and earlier is not None:
+                    earlier["durable_rows"] += fenced["durable_rows"]
+            if earlier is not None:
+                commit.fenced_attempts.append(earlier)
+            if t.batch_id is not None:
+                check_stream_identity(self.job, t.batch_id, resume)
+            parts = route_column(
+                cols.keys, cols.buckets, routing=self.settings.routing, partitions=partitions
+            )
+            order = canonical_columns(cols.buckets, parts, cols.hashes, cols.keys, cols.values)
+            b_sorted, p_sorted = cols.buckets[order], parts[order]
+            positions = group_positions(b_sorted, p_sorted)
+            base = first_sequence(t.batch_id)
+            n = cols.n
+            commit.rows = n
+            # group boundaries (bucket, topic partition), then cut at hook positions
+            new = np.ones(n, dtype=bool)
+            new[1:] = (b_sorted[1:] != b_sorted[:-1]) | (p_sorted[1:] != p_sorted[:-1])
+            for h in hooks:
+                if 0 < h < n:
+                    new[h] = True
+            starts = [*np.flatnonzero(new).tolist(), n]
+            for s, e in itertools.pairwise(starts):
+                hook = hooks.get(s)
+                if hook is not None:
+                    pause = hook()
+                    if inspect.isawaitable(pause):
+                        # a stall: awaited on this loop, so the senders go on delivering
+                        await pause
+                b, tp = int(b_sorted[s]), int(p_sorted[s])
+                first_pos, last_pos = int(positions[s]), int(positions[e - 1])
+                if t.batch_id is not None:  # rejects a position beyond 2**32 - 1
+                    stream_sequence(t.batch_id, last_pos)
+                lo, hi = base + first_pos, base + last_pos
+                planned_last.setdefault(b, {})[tp] = hi
+                span = commit.sequences.get(tp)
+                if span is None:
+                    commit.sequences[tp] = [lo, hi]
+                else:
+                    span[0], span[1] = min(span[0], lo), max(span[1], hi)
+                # rows at or below the durable highwater were written before
+                c = e - s
+                skip = max(0, min(c, resume[b].last_sequence.get(tp, -1) - lo + 1))
+                commit.skipped += skip
+                if skip == c:
+                    continue
+                idx = pa.array(order[s + skip : e])
+                bf = await producers[b].send_batch(
+                    cols.values.take(idx),
+                    keys=None if cols.keys is None else cols.keys.take(idx),
+                    partition=tp,
+                    sequence_ids=pa.array(np.arange(lo + skip, hi + 1, dtype=np.int64)),
+                )
+                pending.append(bf)
+                commit.sent += c - skip
+                await asyncio.sleep(0)  # let the senders run between groups
                 while pending and pending[0].done():
                     _count(pending.popleft(), commit)
-            await producer.flush()
+            await asyncio.gather(*(p.flush() for p in producers.values()))
             while pending:
                 _count(pending.popleft(), commit)
             ok = True
@@ -178,31 +298,22 @@ class ColumnarAttempt(Attempt):
                 _count(pending.popleft(), commit)
             raise self._fenced(commit, exc) from exc
         finally:
-            await producer.close(timeout_ms=None if ok else 10_000)
+            await asyncio.gather(
+                *(p.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS) for p in producers.values()),
+                return_exceptions=True,
+            )
             for fut in pending:  # mark failures as seen, so asyncio does not log each one
                 if fut.done() and not fut.cancelled():
                     fut.exception()
         log.info(
             "%s: %d rows, %d skipped, %d appended, %d duplicates",
-            self.name,
+            commit.producer_name,
             commit.rows,
             commit.skipped,
             commit.appended,
             commit.duplicates,
         )
         return commit
-
-
-def _cut(batch: Any, position: int, hook_at: list[int]) -> Iterator[tuple[Any, int]]:
-    """``batch`` (whose first row is at ``position``) in pieces that start at each hook
-    position inside it: (piece, position of its first row)."""
-    end = position + batch.num_rows
-    start = position
-    for h in hook_at:
-        if start < h < end:
-            yield batch.slice(start - position, h - start), start
-            start = h
-    yield batch.slice(start - position, end - start), start
 
 
 def _count(fut: Any, commit: PartitionCommit) -> None:

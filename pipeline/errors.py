@@ -3,6 +3,7 @@
     PipelineError
     ├── OptionError        a data source option or CLI argument is missing or malformed
     ├── TopicModeError     the topic's dedup mode cannot give exactly-once for this write
+    ├── StreamIdentityError  a stream's job_name was used by another query (checkpoint)
     ├── AttemptFenced      a newer attempt of the same Spark partition took the producer
     │                      name over; this attempt stopped cleanly and left the rest to it
     └── InjectedFailure    a fault the caller asked for (tests and demos), never raised
@@ -36,6 +37,10 @@ class AttemptFenced(PipelineError):
     def __init__(self, message: str, figures: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.figures = dict(figures or {})
+
+
+class StreamIdentityError(OptionError):
+    """A streaming write under a job name that another query (another checkpoint) used."""
 
 
 class InjectedFailure(PipelineError):

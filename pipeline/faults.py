@@ -23,18 +23,22 @@ really has. Each is off unless its option is set (``pipeline.options.Faults``).
   sent is delivered meanwhile), after appending ``<os pid> <partition>`` to FILE.
   On a real cluster that is a straggler: Spark's own speculation starts a copy on another
   host, or a test SIGKILLs the executor named by the marker while the task is mid-write.
+  With a marker it stalls once per partition (a resubmitted stage's attempt 0 does not).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.attempt import Attempt, PartitionCommit, TaskInfo
+from pipeline.attempt import PartitionCommit, TaskInfo
+from pipeline.columnar import ColumnarAttempt
+from pipeline.encoding import RecordEncoder
 from pipeline.errors import AttemptFenced, InjectedFailure, PipelineError
 from pipeline.options import Faults, WriteSettings
 
@@ -52,6 +56,15 @@ def _raiser(message: str) -> Callable[[], None]:
 def _staller(faults: Faults, task: TaskInfo) -> Callable[[], Any]:
     def hook() -> Any:
         if faults.stall_marker:
+            # Once per partition: after an executor is lost, Spark may resubmit the write
+            # stage (its shuffle input was on that executor), and the new stage's task is
+            # attempt 0 again; it must not stall (and be killed) once more.
+            with (
+                contextlib.suppress(FileNotFoundError),
+                open(faults.stall_marker, encoding="utf-8") as f,
+            ):
+                if any(line.split()[1:] == [str(task.spark_partition)] for line in f):
+                    return None
             with open(faults.stall_marker, "a", encoding="utf-8") as f:
                 f.write(f"{os.getpid()} {task.spark_partition}\n")
         # Awaited by the attempt: its producer delivers what was sent and renews the
@@ -100,31 +113,38 @@ def wants_twin(faults: Faults, task: TaskInfo) -> bool:
 
 
 def run_task(
-    settings: WriteSettings, task: TaskInfo, rows: Iterable[tuple[bytes | None, bytes]]
+    settings: WriteSettings, task: TaskInfo, encoder: RecordEncoder, batches: Iterable[Any]
 ) -> PartitionCommit:
     """What a writer task runs: one attempt, with the faults the options ask for."""
     if wants_twin(settings.faults, task):
-        return run_with_twin(settings, task, list(rows))
-    return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
+        return run_with_twin(settings, task, encoder, list(batches))
+    return ColumnarAttempt(settings, task).run_columns(
+        encoder, batches, hooks_for(settings.faults, task)
+    )
 
 
 def run_with_twin(
-    settings: WriteSettings, task: TaskInfo, rows: list[tuple[bytes | None, bytes]]
+    settings: WriteSettings, task: TaskInfo, encoder: RecordEncoder, batches: list[Any]
 ) -> PartitionCommit:
     """Attempt ``task`` with a speculative copy started beside it (see the module doc)."""
+    rows = sum(b.num_rows for b in batches)
     start_at = settings.faults.speculate_after_rows
     if start_at is None:
-        start_at = len(rows) // 2
-    if not 0 <= start_at < len(rows):
+        start_at = rows // 2
+    if not 0 <= start_at < rows:
         # Nothing left to overlap: a copy started at the end fences nobody.
-        return Attempt(settings, task).run(rows, hooks_for(settings.faults, task))
+        return ColumnarAttempt(settings, task).run_columns(
+            encoder, batches, hooks_for(settings.faults, task)
+        )
     twin_task = dataclasses.replace(task, attempt=task.attempt + 1, speculative=True)
     leased = threading.Event()
     outcome: dict[str, Any] = {}
 
     def twin_main() -> None:
         try:
-            outcome["commit"] = Attempt(settings, twin_task, on_leased=leased.set).run(rows)
+            outcome["commit"] = ColumnarAttempt(
+                settings, twin_task, on_leased=leased.set
+            ).run_columns(encoder, batches)
         except BaseException as exc:  # noqa: BLE001 - reported by the original's thread
             outcome["error"] = exc
         finally:
@@ -147,7 +167,8 @@ def run_with_twin(
     original: PartitionCommit | None = None
     original_fenced: AttemptFenced | None = None
     try:
-        original = Attempt(settings, task).run(rows, hooks)
+        # A fenced original waits for the copy's rows and ends as a no-op (fenced=True).
+        original = ColumnarAttempt(settings, task).run_columns(encoder, batches, hooks)
     except AttemptFenced as exc:
         original_fenced = exc
     finally:
@@ -157,14 +178,20 @@ def run_with_twin(
         raise PipelineError(f"the speculative copy did not finish within {TWIN_FINISH_TIMEOUT_S}s")
     twin: PartitionCommit | None = outcome.get("commit")
     twin_error: BaseException | None = outcome.get("error")
-    if twin is not None and original_fenced is not None:
+    if twin is not None and not twin.fenced and (original is None or original.fenced):
         # The copy's takeover already noted the original (by its generation); the
         # original's own figures say more, so they take that entry's place.
-        figures = original_fenced.figures
-        twin.fenced_attempts = [
-            f for f in twin.fenced_attempts if f.get("generation") != figures.get("generation")
-        ] + [figures]
+        figures = original.figures() if original is not None else {}
+        if original_fenced is not None:
+            figures = original_fenced.figures
+        if figures:
+            twin.fenced_attempts = [
+                f for f in twin.fenced_attempts if f.get("generation") != figures.get("generation")
+            ] + [figures]
         return twin
+    if original is not None and not original.fenced and twin is not None and twin.fenced:
+        original.fenced_attempts.append(twin.figures())
+        return original
     if original is not None and isinstance(twin_error, AttemptFenced):
         original.fenced_attempts.append(twin_error.figures)
         return original

@@ -42,7 +42,12 @@ def summarize(
     report["fenced_attempts"] = sum(len(m.fenced_attempts) for m in done)
     report["retried_tasks"] = sum(1 for m in done if m.attempt > 0 and not m.speculative)
     report["speculative_tasks"] = sum(1 for m in done if m.speculative)
-    report["producers"] = sorted({m.producer_name for m in done})
+    # A fenced attempt that waited for the newer one's rows ends as a no-op success; when
+    # Spark keeps its message, that task's rows were written by the attempt that fenced it.
+    report["fenced_tasks"] = sum(1 for m in done if getattr(m, "fenced", False))
+    report["producers"] = sorted({n for m in done for n in m.producer_name.split(",") if n})
+    if batch_id is not None:
+        report["skipped_whole"] = bool(report["rows"]) and report["skipped"] == report["rows"]
     report["partitions"] = [
         {
             "spark_partition": m.spark_partition,
@@ -54,6 +59,8 @@ def summarize(
             **{c: getattr(m, c) for c in COUNTERS},
             "sequences": {str(tp): span for tp, span in sorted(m.sequences.items())},
             "fenced_attempts": m.fenced_attempts,
+            "fenced": getattr(m, "fenced", False),
+            "buckets": getattr(m, "buckets", []),
         }
         for m in sorted(done, key=lambda m: m.spark_partition)
     ]
@@ -71,6 +78,7 @@ def one_line(report: dict[str, Any]) -> str:
         f"({report['failed_tasks']} failed, {report['retried_tasks']} retried, "
         f"{report.get('speculative_tasks', 0)} speculative, "
         f"{report['fenced_attempts']} earlier attempts fenced)"
+        + (" SKIPPED WHOLE: every row was already written" if report.get("skipped_whole") else "")
     )
 
 

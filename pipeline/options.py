@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pidlease.client.lease_client import DEFAULT_COORDINATOR
 from pipeline.errors import OptionError
-from pipeline.sequencing import Routing
+from pipeline.sequencing import BUCKETS_DEFAULT, BUCKETS_MAX, Routing
 
 COORDINATOR_ENV = "PIDLEASE_COORDINATOR"
 SPLIT_RECORDS_DEFAULT = 250_000
@@ -122,6 +122,7 @@ class WriteSettings:
     report_path: str | None = None
     log_report: bool = True  # also log the report line (the command prints it itself)
     faults: Faults = field(default_factory=Faults)
+    buckets: int = BUCKETS_DEFAULT  # the bucket count (pipeline.bucketed records it)
 
     @classmethod
     def parse(cls, o: Mapping[str, str], *, streaming: bool = False) -> WriteSettings:
@@ -154,6 +155,7 @@ class WriteSettings:
             report_path=_get(o, "report_path") or None,
             log_report=(_get(o, "log_report") or "true").lower() not in ("false", "0", "no"),
             faults=Faults.parse(o),
+            buckets=_int(o, "buckets", BUCKETS_DEFAULT, low=1, high=BUCKETS_MAX) or BUCKETS_DEFAULT,
         )
 
 

@@ -20,6 +20,8 @@ holes, so it needs ``monotonic``. Dedup ``off`` cannot be exactly-once and is re
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,15 +32,56 @@ from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
 from pipeline import job_report
 from pipeline.attempt import PartitionCommit, TaskInfo
-from pipeline.columnar import ColumnarAttempt
 from pipeline.encoding import RecordEncoder
-from pipeline.errors import InjectedFailure, OptionError, TopicModeError
-from pipeline.faults import hooks_for, run_task, wants_twin
+from pipeline.errors import InjectedFailure, OptionError, PipelineError, TopicModeError
+from pipeline.faults import run_task
 from pipeline.options import WriteSettings
+from pipeline.sequencing import BUCKET_COLUMN, BUCKETS_METADATA, HASH_COLUMN
+
+log = logging.getLogger("pipeline.sink")
 
 
 def _columns(schema: StructType) -> list[tuple[str, str]]:
-    return [(f.name, f.dataType.typeName()) for f in schema.fields]
+    """The data columns (the row hash and bucket are not part of the record)."""
+    return [
+        (f.name, f.dataType.typeName())
+        for f in schema.fields
+        if f.name not in (HASH_COLUMN, BUCKET_COLUMN)
+    ]
+
+
+def bucketed_settings(settings: WriteSettings, schema: StructType) -> WriteSettings:
+    """``settings`` with the bucket count of the rows (``pipeline.bucketed`` records it in
+    the bucket column's metadata); refuses rows that were not bucketed."""
+    fields = {f.name: f for f in schema.fields}
+    if HASH_COLUMN not in fields or BUCKET_COLUMN not in fields:
+        raise OptionError(
+            "write pipeline.bucketed(df), not df: a row's producer and sequence id must "
+            "not depend on the order Spark delivers rows in or on how it splits the input, "
+            "so the sink numbers rows by content within buckets, which bucketed() adds "
+            "(with the shuffle that puts each bucket in one task)"
+        )
+    buckets = (fields[BUCKET_COLUMN].metadata or {}).get(BUCKETS_METADATA)
+    if buckets is None:
+        return settings
+    return dataclasses.replace(settings, buckets=int(buckets))
+
+
+def check_buckets_once(messages: list[Any]) -> None:
+    """Every bucket in one Spark task (what the shuffle by bucket guarantees); two tasks
+    holding rows of one bucket would have fenced each other's producer."""
+    seen: dict[int, int] = {}
+    for m in messages:
+        if m is None:
+            continue
+        for b in m.buckets:
+            other = seen.setdefault(b, m.spark_partition)
+            if other != m.spark_partition:
+                raise PipelineError(
+                    f"rows of bucket {b} were written by Spark partitions {other} and "
+                    f"{m.spark_partition}: repartition by the bucket column after "
+                    f"adding it (pipeline.bucketed does); re-run the job"
+                )
 
 
 def check_topic(settings: WriteSettings, *, streaming: bool) -> str:
@@ -66,11 +109,6 @@ def check_topic(settings: WriteSettings, *, streaming: bool) -> str:
     return info.dedup
 
 
-def _rows(encoder: RecordEncoder, batches: Iterator[Any]) -> Iterator[tuple[bytes | None, bytes]]:
-    for batch in batches:
-        yield from encoder.encode(batch)
-
-
 class BatchSink(DataSourceArrowWriter):
     def __init__(self, settings: WriteSettings, encoder: RecordEncoder) -> None:
         self.settings = settings
@@ -80,22 +118,17 @@ class BatchSink(DataSourceArrowWriter):
     def plan(cls, options: Any, schema: StructType, overwrite: bool) -> BatchSink:
         if overwrite:
             raise OptionError("a pidlease topic is an append-only log: use mode('append')")
-        settings = WriteSettings.parse(options)
+        settings = bucketed_settings(WriteSettings.parse(options), schema)
         encoder = RecordEncoder.for_columns(_columns(schema), settings.key_column)
         check_topic(settings, streaming=False)
         return cls(settings, encoder)
 
     def write(self, iterator: Iterator[Any]) -> PartitionCommit:
-        # Whole Arrow batches through the SDK's send_batch (pipeline.columnar); a task
-        # that starts its own speculative copy replays rows from a list: the row path.
-        task = TaskInfo.current()
-        if wants_twin(self.settings.faults, task):
-            return run_task(self.settings, task, _rows(self.encoder, iterator))
-        return ColumnarAttempt(self.settings, task).run_columns(
-            self.encoder, iterator, hooks_for(self.settings.faults, task)
-        )
+        # Whole Arrow batches through the SDK's send_batch (pipeline.columnar).
+        return run_task(self.settings, TaskInfo.current(), self.encoder, iterator)
 
     def commit(self, messages: list[Any]) -> None:
+        check_buckets_once(messages)
         report = job_report.summarize(messages, topic=self.settings.topic, committed=True)
         job_report.save(report, self.settings.report_path, quiet=not self.settings.log_report)
 
@@ -114,7 +147,7 @@ class StreamSink(DataSourceStreamArrowWriter):
         # ``overwrite`` is Spark's "complete" output mode: a log cannot take a batch back.
         if overwrite:
             raise OptionError("a pidlease topic is an append-only log: use outputMode('append')")
-        settings = WriteSettings.parse(options, streaming=True)
+        settings = bucketed_settings(WriteSettings.parse(options, streaming=True), schema)
         encoder = RecordEncoder.for_columns(_columns(schema), settings.key_column)
         check_topic(settings, streaming=True)
         return cls(settings, encoder)
@@ -123,18 +156,23 @@ class StreamSink(DataSourceStreamArrowWriter):
         # The same columnar path as a batch write; the micro-batch's ids (batch_id * 2**32
         # + position per topic partition) are consecutive per partition, so one send_batch
         # per partition and Arrow batch stays one request.
-        task = TaskInfo.current()
-        if wants_twin(self.settings.faults, task):
-            return run_task(self.settings, task, _rows(self.encoder, iterator))
-        return ColumnarAttempt(self.settings, task).run_columns(
-            self.encoder, iterator, hooks_for(self.settings.faults, task)
-        )
+        return run_task(self.settings, TaskInfo.current(), self.encoder, iterator)
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - PySpark's name
+        check_buckets_once(messages)
         killed = self.settings.faults.kill_commit_batch_id == batchId
         report = job_report.summarize(
             messages, topic=self.settings.topic, committed=not killed, batch_id=batchId
         )
+        if report["rows"] and report["skipped"] == report["rows"]:
+            # A replay after a restart can be whole, but a batch that only ever skips is
+            # worth a look (an earlier query under this job name wrote these ids).
+            log.warning(
+                "micro-batch %d of topic %r: all %d rows were already written (skipped whole)",
+                batchId,
+                self.settings.topic,
+                report["rows"],
+            )
         job_report.save(report, self.settings.report_path, append=True)
         if killed:
             raise InjectedFailure(

@@ -15,6 +15,12 @@ records). From them it counts:
 Records of PID 0 (not idempotent) and control records are counted but not checked.
 The topic is exactly-once when every count is 0.
 
+What it cannot see (the report says so under its verdict): it knows ids, not data. A row
+the application never sent, or one row sent under two ids (two producers, or two
+sequences), looks like clean records. Only a comparison with the input by content tells
+(``pidlease-spark audit --against INPUT``), or ``--acked`` for what a producer was told
+was written.
+
 Records a Kafka producer wrote (docs/kafka.md) number their sequences per epoch, from 0
 at each epoch the client starts, wrapping after 2**31 - 1: the audit checks each
 (PID, epoch) as a producer of its own, its sequences unwrapped.
@@ -37,6 +43,13 @@ EXAMPLES_MAX = 5
 _KAFKA_WRAP = 2**31
 # (pid) for our producers, (pid, Kafka epoch) for Kafka's: one stream of sequences each.
 StreamKey = int | tuple[int, int]
+
+
+SCOPE = (
+    "(checked: each (pid, sequence) once, in order per partition, no hole on a strict "
+    "topic. Not checked: that every row of the data was sent, nor that a row was not "
+    "sent under two ids; compare with the input for that: pidlease-spark audit --against)"
+)
 
 
 class Runs:
@@ -188,6 +201,7 @@ class AuditReport:
             lines.append(f"EXACTLY-ONCE: VIOLATED - {totals}")
             for p in self.partitions:
                 lines.extend(f"  {e}" for e in p.examples)
+        lines.append(SCOPE)
         return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import functions as F
 
+import pipeline
 from pidlease.client.lease_client import LeaseClient
 from pipeline import job_report
 from pipeline.audit import run_audit
@@ -28,6 +29,7 @@ from pipeline.session import build_session
 
 ROWS = 1_000_000
 SPARK_PARTITIONS = 4
+BUCKETS = 8  # two per Spark partition (bucket b goes to Spark partition b mod 4)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,8 @@ def spark() -> Any:
 
 def _writer(df: Any, url: str, topic: str, job: str, report: Path, **options: Any) -> Any:
     w = (
-        df.write.format("pidlease")
+        pipeline.bucketed(df, BUCKETS, SPARK_PARTITIONS)
+        .write.format("pidlease")
         .option("coordinator", url)
         .option("topic", topic)
         .option("job_name", job)
@@ -98,11 +101,14 @@ def test_million_rows_exactly_once_through_a_failed_task_and_a_speculative_copy(
         # The retry took the producer over and skipped what attempt 0 had made durable.
         assert tasks[k]["attempt"] >= 1 and not tasks[k]["speculative"]
         assert 0 < tasks[k]["skipped"] <= per_task // 2
+        assert tasks[k]["buckets"] == [k, k + SPARK_PARTITIONS]
     twin = tasks[2]
     assert twin["speculative"] and twin["attempt"] == 1
-    [fenced] = twin["fenced_attempts"]  # the original: fenced, stopped cleanly
+    [fenced] = twin["fenced_attempts"]  # the original: fenced, stopped cleanly, and
+    # ended as a no-op once the copy had made every row durable (no task failure)
     assert fenced["attempt"] == 0 and fenced["generation"] < twin["generation"]
-    assert fenced["pid"] == twin["pid"] and fenced["sent"] >= per_task // 2
+    assert fenced["pid"] == twin["pid"] and fenced["fenced"]
+    assert report["failed_tasks"] == 0
     # What the original had acknowledged, the copy skipped (it may skip more: batches made
     # durable whose acknowledgement the fenced original never processed).
     assert twin["skipped"] >= fenced["appended"] > 0 and twin["appended"] > 0
@@ -114,10 +120,10 @@ def test_million_rows_exactly_once_through_a_failed_task_and_a_speculative_copy(
         0,
         True,
     )
-    assert audit["pids"] == SPARK_PARTITIONS
-    assert sorted(u["producer_name"] for u in audit["pid_usage"]) == [
-        f"nightly-orders:{k}" for k in range(SPARK_PARTITIONS)
-    ]
+    assert audit["pids"] == BUCKETS
+    assert sorted(u["producer_name"] for u in audit["pid_usage"]) == sorted(
+        f"nightly-orders:{b}/{BUCKETS}" for b in range(BUCKETS)
+    )
     # The leases (10 min asked for) of the closed producers are running out, not gone.
     assert all(
         u["state"] in ("active", "expiring")
@@ -139,7 +145,7 @@ def test_million_rows_exactly_once_through_a_failed_task_and_a_speculative_copy(
     assert (again["rows"], again["skipped"], again["sent"], again["appended"]) == (ROWS, ROWS, 0, 0)
     # At most the takeovers' fence records (control records, one per producer) were added.
     after = _log_end_offsets(url, "orders")
-    assert all(0 <= a - b <= SPARK_PARTITIONS for a, b in zip(after, before, strict=True))
+    assert all(0 <= a - b <= BUCKETS for a, b in zip(after, before, strict=True))
     # Every input row is in the topic once: ids 0..ROWS-1, each once.
     assert tuple(_ids_in_topic(spark, url, "orders", "$.id")) == (ROWS, ROWS, 0, ROWS - 1)
 
@@ -165,20 +171,22 @@ def test_rows_map_to_records_and_read_back(spark: Any, make_cluster: Any, tmp_pa
     by_key = {int(r.key): r for r in rows}
     assert sorted(by_key) == list(range(3000))
     for i, r in by_key.items():
-        spark_partition, position = divmod(i, 1000)
         assert r.topic == "pairs" and r.value == f"value-{i}".encode()
-        assert r.partition == spark_partition % 2  # partitioning=spark: k mod N
-        assert r.sequence_id == position  # the row's position in its Spark partition
         assert r.pid > 0 and r.timestamp is not None
-    # Spark partitions 0 and 2 share topic partition 0 as two PIDs, in sequence order each.
-    p0 = [r for r in rows if r.partition == 0]
-    assert len({r.pid for r in p0}) == 2
+    # One PID per bucket; partitioning=spark: a bucket's rows all go to bucket mod 2, in
+    # sequence order 0, 1, 2, ... (a strict topic).
+    pids = sorted({r.pid for r in rows})
+    assert len(pids) == BUCKETS
+    for pid in pids:
+        mine = [r for r in rows if r.pid == pid]
+        assert len({r.partition for r in mine}) == 1
+        assert [r.sequence_id for r in mine] == list(range(len(mine)))
     # Empty Spark partitions lease nothing (a lease would be a takeover with fences).
     _writer(df.where("value IS NULL"), url, "pairs", "empty-job", tmp_path / "e.json").save()
     [empty] = job_report.load(tmp_path / "e.json")
     assert empty["rows"] == 0 and empty["tasks"] >= 1
     assert all(p["pid"] == -1 for p in empty["partitions"])
-    assert _log_end_offsets(url, "pairs") == [2000, 1000]
+    assert sum(_log_end_offsets(url, "pairs")) == 3000  # the empty job added nothing
 
 
 def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
@@ -199,18 +207,22 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     checkpoint = tmp_path / "checkpoint"
     reports = tmp_path / "stream.jsonl"
 
-    def run(**faults: Any) -> None:
+    def run(partitions: int, ck: Path = checkpoint, **faults: Any) -> None:
         stream = (
             spark.readStream.schema("event_id BIGINT, user STRING")
             .option("maxFilesPerTrigger", 1)
             .json(str(source))
         )
+        # a shuffle (by bucket) before the sink: rows reach it in another order on
+        # every replay, and each run shuffles into another number of partitions
         w = (
-            stream.writeStream.format("pidlease")
+            pipeline.bucketed(stream, BUCKETS, partitions)
+            .writeStream.format("pidlease")
             .option("coordinator", url)
             .option("topic", "events")
+            .option("job_name", "events-job")
             .option("key_column", "user")
-            .option("checkpointLocation", str(checkpoint))
+            .option("checkpointLocation", str(ck))
             .option("report_path", str(reports))
             .trigger(availableNow=True)
         )
@@ -224,20 +236,23 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
 
     # Run 1: batch 0 commits; every attempt of batch 1 dies at row 500: the query fails.
     with pytest.raises(Exception, match="kill_batch_id"):
-        run(kill_batch_id=1, kill_at_row=500)
+        run(2, kill_batch_id=1, kill_at_row=500)
     # Run 2: batch 1 is replayed from the checkpoint; batch 2 is written, its commit fails.
     with pytest.raises(Exception, match="kill_commit_batch_id"):
-        run(kill_commit_batch_id=2)
+        run(3, kill_commit_batch_id=2)
     # Run 3: batch 2 is replayed whole; nothing is left to do after it.
-    run()
+    run(4)
 
     lines = job_report.load(reports)
     committed = [r for r in lines if r["committed"]]
     assert [r["batch_id"] for r in committed] == [0, 1, 2]
     first, replayed_1, replayed_2 = committed
     assert first["appended"] == per_file and first["skipped"] == 0
-    assert replayed_1["skipped"] == 500 and replayed_1["appended"] == per_file - 500
+    # batch 1's tasks (2 of them) each died at their row 500, after what they had sent
+    assert 0 < replayed_1["skipped"] <= 1000
+    assert replayed_1["appended"] == per_file - replayed_1["skipped"]
     assert replayed_2["skipped"] == per_file and replayed_2["appended"] == 0
+    assert replayed_2["skipped_whole"] and not replayed_1["skipped_whole"]
     assert any(
         r["batch_id"] == 2 and not r["committed"] and r["appended"] == per_file for r in lines
     )
@@ -249,6 +264,22 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     # Ids are batch_id * 2**32 + position: holes by design, reported apart from missing
     # records (at most one per micro-batch jump per PID and topic partition).
     assert audit["gaps_allowed"] and audit["missing"] == 0 and audit["allowed_gaps"] > 0
+    # By content: the input's rows, encoded as the sink encodes them, each once in the topic.
+    from pipeline.against import compare
+
+    content = compare(
+        spark,
+        url,
+        "events",
+        spark.read.schema("event_id BIGINT, user STRING").json(str(source)),
+        key_column="user",
+    )
+    assert (content["input_rows"], content["missing"], content["extra"]) == (total, 0, 0)
+
+    # A new query (a fresh checkpoint) under the used job name: refused, nothing skipped.
+    with pytest.raises(Exception, match=r"checkpointLocation[\s\S]*new job_name"):
+        run(2, ck=tmp_path / "fresh-checkpoint")
+    assert tuple(_ids_in_topic(spark, url, "events", "$.event_id")) == (total, total, 0, total - 1)
 
 
 def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
@@ -265,7 +296,13 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
         _writer(df, url, "loose", "j", tmp_path / "r.json").save()
     with pytest.raises(Exception, match="append-only"):
         _writer(df, url, "strict-topic", "j", tmp_path / "r.json").mode("overwrite").save()
-    stream = spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
+    with pytest.raises(Exception, match=r"write pipeline.bucketed\(df\), not df"):
+        df.write.format("pidlease").option("coordinator", url).option(
+            "topic", "strict-topic"
+        ).option("job_name", "j").mode("append").save()
+    stream = pipeline.bucketed(
+        spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
+    )
     with pytest.raises(Exception, match=r"must be\s+monotonic"):  # noqa: PT012 - start, or the first micro-batch
         # Spark may plan the sink in start() or in the first micro-batch.
         q = (
@@ -374,3 +411,212 @@ def test_publish_and_audit_commands(
         == 1
     )
     assert "topic 'absent' does not exist" in capsys.readouterr()[1].splitlines()[-1]
+
+
+def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
+    """Issue 30: ``pidlease-spark publish`` SIGKILLed mid-write (the command, its JVM and
+    Python workers), then re-run with the same job name over the same rows in files
+    named and split differently (another task count, another split size): every row once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pipeline.cli import main
+
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("files", partitions=3)
+    url = cluster.coordinator_url
+    files, per_file = 4, 50_000
+    total = files * per_file
+    contents = [
+        "".join(
+            json.dumps({"id": i, "customer": f"c{i % 31}", "note": "x" * 40}) + "\n"
+            for i in range(f * per_file, (f + 1) * per_file)
+        )
+        for f in range(files)
+    ]
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    for f, text in enumerate(contents):
+        (first / f"a-{f}.json").write_text(text)
+        (second / f"z-{files - 1 - f}.json").write_text(text)  # other names, other order
+
+    def args(data: Path, partitions: int, min_partitions: int) -> list[str]:
+        return [
+            *("publish", "--input", str(data), "--format", "json", "--topic", "files"),
+            *("--key-column", "customer", "--job-name", "files-job", "--coordinator", url),
+            *("--buckets", str(BUCKETS), "--partitions", str(partitions)),
+            *("--min-partitions", str(min_partitions)),
+        ]
+
+    # the killed run in a command of its own, the re-run on this module's session
+    cmd = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args(first, 4, 8), "--master", "local[2]"],
+        start_new_session=True,  # its JVM and Python workers are in its process group
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    written = 0
+    try:
+        deadline = time.monotonic() + 480  # a JVM start and a shuffle on loaded cores
+        while time.monotonic() < deadline and cmd.poll() is None:
+            written = sum(_log_end_offsets(url, "files"))
+            if written > 0:
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(cmd.pid, signal.SIGKILL)
+        cmd.wait(60)
+    written = sum(_log_end_offsets(url, "files"))
+    assert 0 < written < total, f"not killed mid-write: {written} of {total} records"
+
+    assert main(args(second, 3, 5), spark=spark) == 0
+    assert tuple(_ids_in_topic(spark, url, "files", "$.id")) == (total, total, 0, total - 1)
+    audit = [
+        *("audit", "--topic", "files", "--out", str(tmp_path / "audit"), "--coordinator", url),
+        *("--against", str(first), "--format", "json", "--key-column", "customer"),
+    ]
+    assert main(audit, spark=spark) == 0
+    against = json.loads((tmp_path / "audit" / "report.json").read_text())["against"]
+    assert (against["input_rows"], against["missing"], against["extra"]) == (total, 0, 0)
+    # The comparison sees a row missing and a row twice, which ids alone cannot.
+    (second / "z-9.json").write_text(
+        json.dumps({"id": 0, "customer": "c0", "note": "x" * 40})
+        + "\n"
+        + json.dumps({"id": total, "customer": "c0", "note": "never sent"})
+        + "\n"
+    )
+    audit[audit.index(str(first))] = str(second)
+    assert main([*audit, "--id-columns", "id"], spark=spark) == 1
+    against = json.loads((tmp_path / "audit" / "report.json").read_text())["against"]
+    assert (against["missing"], against["extra"]) == (2, 0)
+
+
+def _replay_batches(rows: list[tuple[str, str]]) -> list[Any]:
+    """Arrow batches of (key, value) rows, with the row hash and bucket columns that
+    ``pipeline.bucketed`` adds in Spark (here a crc32 of the row: any function of the row
+    will do)."""
+    import zlib
+
+    import pyarrow as pa
+
+    hashes = [zlib.crc32(f"{k}\0{v}".encode()) for k, v in rows]
+    return [
+        pa.record_batch(
+            {
+                "key": pa.array([k for k, _ in rows], pa.string()),
+                "value": pa.array([v for _, v in rows], pa.string()),
+                "_pidlease_row_hash": pa.array(hashes, pa.int64()),
+                "_pidlease_bucket": pa.array([h % 4 for h in hashes], pa.int32()),
+            }
+        )
+    ]
+
+
+def test_a_micro_batch_replayed_in_another_order_writes_every_row_once(
+    make_cluster: Any,
+) -> None:
+    """Issue 30: micro-batch 5, attempt 0, writes rows in order X and dies after 10 rows;
+    the restart replays batch 5 with the rows in order Y (what Spark does after a shuffle).
+    Before row identity stopped depending on the delivery order: 15 distinct rows in the
+    log, 5 lost and 5 twice, and ``pidlease verify`` OK."""
+    import random
+
+    from pidlease.client.reader import Reader
+    from pipeline.attempt import TaskInfo
+    from pipeline.columnar import ColumnarAttempt
+    from pipeline.encoding import RecordEncoder
+    from pipeline.errors import InjectedFailure
+    from pipeline.options import WriteSettings
+
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("replayed", partitions=2, dedup="monotonic")
+    url = cluster.coordinator_url
+    settings = WriteSettings.parse(
+        {"coordinator": url, "topic": "replayed", "job_name": "stream-q"}, streaming=True
+    )
+    encoder = RecordEncoder.for_columns([("key", "string"), ("value", "string")])
+    rows = [(f"k{i % 3}", f"row-{i}") for i in range(20)]
+    order_y = rows[:]
+    random.Random(30).shuffle(order_y)
+    assert order_y != rows
+
+    def die() -> None:
+        raise InjectedFailure("attempt 0 dies after 10 rows")
+
+    task = TaskInfo(spark_partition=0, attempt=0, batch_id=5, query_id="q")
+    with pytest.raises(InjectedFailure):
+        ColumnarAttempt(settings, task).run_columns(encoder, _replay_batches(rows), {10: die})
+    commit = ColumnarAttempt(settings, task).run_columns(encoder, _replay_batches(order_y))
+    assert commit.rows == 20
+    assert commit.skipped > 0  # what attempt 0 made durable is not sent again
+
+    in_log = [r.value.decode() for p in range(2) for r in Reader(url, "replayed", p)]
+    expected = sorted(v for _, v in rows)
+    lost = sorted(set(expected) - set(in_log))
+    doubled = sorted(v for v in set(in_log) if in_log.count(v) > 1)
+    assert (lost, doubled) == ([], [])
+    assert sorted(in_log) == expected
+
+
+def test_a_fenced_attempt_ends_as_a_no_op_once_the_newer_one_wrote_its_rows(
+    make_cluster: Any,
+) -> None:
+    """Issue 30: a fenced attempt raised ``AttemptFenced``, a task failure that Spark
+    counts toward ``spark.task.maxFailures`` (speculative copies of a skewed task fencing
+    one another could abort the job). Now it waits for the newer attempt's rows and
+    succeeds as a no-op (``fenced``), which the job report counts apart."""
+    import asyncio
+    import threading
+
+    from pidlease.client.reader import Reader
+    from pipeline.attempt import TaskInfo
+    from pipeline.columnar import ColumnarAttempt
+    from pipeline.encoding import RecordEncoder
+    from pipeline.options import WriteSettings
+
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("fenced", partitions=2)
+    url = cluster.coordinator_url
+    settings = WriteSettings.parse({"coordinator": url, "topic": "fenced", "job_name": "j"})
+    encoder = RecordEncoder.for_columns([("key", "string"), ("value", "string")])
+    rows = [(f"k{i % 7}", f"row-{i}") for i in range(3000)]
+    stalled, copy_done = threading.Event(), threading.Event()
+    result: dict[str, Any] = {}
+
+    async def stall() -> None:  # the straggler: its producers live on meanwhile
+        stalled.set()
+        await asyncio.to_thread(copy_done.wait, 120)
+
+    def straggler() -> None:
+        try:
+            result["commit"] = ColumnarAttempt(settings, TaskInfo(0, 0)).run_columns(
+                encoder, _replay_batches(rows), {1000: stall}
+            )
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            result["error"] = exc
+
+    thread = threading.Thread(target=straggler, daemon=True)
+    thread.start()
+    assert stalled.wait(60)
+    # the speculative copy (attempt 1) takes the producers over and writes every row
+    copy = ColumnarAttempt(settings, TaskInfo(0, 1, speculative=True)).run_columns(
+        encoder, _replay_batches(rows[::-1])
+    )
+    copy_done.set()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert "error" not in result, result.get("error")
+    fenced = result["commit"]
+    assert fenced.fenced and fenced.rows == 3000
+    assert fenced.skipped + fenced.sent == 3000 and fenced.sent == fenced.appended
+    assert copy.appended + copy.skipped == 3000 and copy.skipped >= fenced.appended > 0
+    summary = job_report.summarize([fenced], topic="fenced", committed=True)
+    assert summary["fenced_tasks"] == 1 and summary["failed_tasks"] == 0
+    in_log = sorted(r.value.decode() for p in range(2) for r in Reader(url, "fenced", p))
+    assert in_log == sorted(v for _, v in rows)

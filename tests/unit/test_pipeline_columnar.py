@@ -1,11 +1,16 @@
-"""The batch write's columnar path (``pipeline.columnar``) against the row path
-(``pipeline.attempt``): the same rows give the same records (keys, values, sequences,
-topic partitions), the same ``PartitionCommit`` figures, the same resume after a takeover;
-and ``encode_columns`` the same bytes as ``encode``."""
+"""The write's columnar path (``pipeline.columnar``) against the pure reference
+(``pipeline.sequencing.plan``): the same rows give the records the reference plans
+(keys, values, sequences, topic partitions, producers by bucket), whatever the order and
+batching they come in; a retry or a replayed micro-batch in another order resumes after
+what is durable with every row once; and ``encode_columns`` gives the same bytes as
+``encode``."""
 
 from __future__ import annotations
 
 import datetime as dt
+import random
+import zlib
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -17,22 +22,24 @@ from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer, fake_cl
 from pipeline.attempt import Attempt, TaskInfo
 from pipeline.columnar import ColumnarAttempt
 from pipeline.encoding import RecordEncoder, key_bytes, value_bytes
-from pipeline.errors import InjectedFailure
+from pipeline.errors import InjectedFailure, PipelineError, StreamIdentityError
 from pipeline.options import WriteSettings
+from pipeline.sequencing import BUCKET_COLUMN, HASH_COLUMN, Routing, Row, plan
 
 pa = pytest.importorskip("pyarrow")
 
 TOPICS = {"t": (3, "strict")}
 STREAM_TOPICS = {"t": (3, "monotonic")}  # a stream's ids leave holes
+BUCKETS = 4
 
 
 def _use_fake(monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator) -> None:
-    def _open(self: Attempt) -> AsyncProducer:
+    def _open(self: Attempt, name: str) -> AsyncProducer:
         s = self.settings
         return AsyncProducer(
             "http://fake",
             topic=s.topic,
-            producer_name=self.name,
+            producer_name=name,
             batch_records_max=s.batch_records_max,
             http_transport=coord.transport(),
         )
@@ -42,7 +49,13 @@ def _use_fake(monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator) -> None:
 
 def _settings(partitioning: str = "auto") -> WriteSettings:
     return WriteSettings.parse(
-        {"coordinator": "http://fake", "topic": "t", "job_name": "J", "partitioning": partitioning}
+        {
+            "coordinator": "http://fake",
+            "topic": "t",
+            "job_name": "J",
+            "partitioning": partitioning,
+            "buckets": str(BUCKETS),
+        }
     )
 
 
@@ -50,53 +63,82 @@ def _log(srv: FakePartitionServer) -> list[list[tuple[Any, ...]]]:
     return [[(r.key, r.value, r.sequence_id, r.pid) for r in srv.records("t", p)] for p in range(3)]
 
 
+def _in_log(srv: FakePartitionServer) -> Counter[bytes]:
+    return Counter(v for part in _log(srv) for _k, v, _s, _p in part)
+
+
 ENC = RecordEncoder.for_columns([("key", "string"), ("value", "string")])
 
 
+def _hash(key: str | None, value: str) -> int:
+    return zlib.crc32(f"{key}\0{value}".encode()) & 0x7F  # 7 bits: ties on the hash
+
+
 def _batches(keys: list[str | None], values: list[str], size: int) -> list[Any]:
+    """Arrow batches with the row hash and bucket columns ``pipeline.bucketed`` adds."""
+    hashes = [_hash(k, v) for k, v in zip(keys, values, strict=True)]
     return [
         pa.record_batch(
-            {"key": pa.array(keys[i : i + size], pa.string()), "value": values[i : i + size]}
+            {
+                "key": pa.array(keys[i : i + size], pa.string()),
+                "value": values[i : i + size],
+                HASH_COLUMN: pa.array(hashes[i : i + size], pa.int64()),
+                BUCKET_COLUMN: pa.array([h % BUCKETS for h in hashes[i : i + size]], pa.int32()),
+            }
         )
         for i in range(0, len(keys), size)
     ]
 
 
+def _shuffled(keys: list[str | None], values: list[str], seed: int) -> tuple[list, list]:
+    pairs = list(zip(keys, values, strict=True))
+    random.Random(seed).shuffle(pairs)
+    return [k for k, _ in pairs], [v for _, v in pairs]
+
+
 @pytest.mark.parametrize("batch_id", [None, 7], ids=["batch", "micro-batch"])
 @pytest.mark.parametrize("partitioning", ["auto", "spark"])
-def test_columnar_and_row_paths_write_the_same(
+def test_columnar_path_writes_what_the_reference_plans(
     monkeypatch: pytest.MonkeyPatch, partitioning: str, batch_id: int | None
 ) -> None:
     keys = [None if i % 7 == 0 else f"customer-{i % 13}" for i in range(500)]
-    values = [f"v{i}" * (i % 5) for i in range(500)]
-    results = []
-    for columnar in (False, True):
-        with fake_cluster(TOPICS if batch_id is None else STREAM_TOPICS) as (srv, coord):
-            _use_fake(monkeypatch, coord)
-            task = TaskInfo(spark_partition=4, attempt=0, batch_id=batch_id, query_id="q")
-            batches = _batches(keys, values, 64)
-            if columnar:
-                commit = ColumnarAttempt(_settings(partitioning), task).run_columns(ENC, batches)
-            else:
-                rows = [pair for b in batches for pair in ENC.encode(b)]
-                commit = Attempt(_settings(partitioning), task).run(rows)
-            results.append((_log(srv), commit.figures()))
-    assert results[0] == results[1]
-    assert results[1][1]["appended"] == 500
-    if batch_id is not None:  # ids from batch_id * 2**32, consecutive per topic partition
-        for part in results[1][0]:
-            seqs = [s for _k, _v, s, _p in part]
-            assert seqs == list(range(batch_id << 32, (batch_id << 32) + len(seqs)))
+    values = [f"v{i % 450}" * (i % 5) for i in range(500)]  # some rows repeat
+    with fake_cluster(TOPICS if batch_id is None else STREAM_TOPICS) as (srv, coord):
+        _use_fake(monkeypatch, coord)
+        task = TaskInfo(spark_partition=4, attempt=0, batch_id=batch_id, query_id="q")
+        k2, v2 = _shuffled(keys, values, 1)
+        commit = ColumnarAttempt(_settings(partitioning), task).run_columns(
+            ENC, _batches(k2, v2, 64)
+        )
+        got = {(k, v, s) for part in _log(srv) for k, v, s, _p in part}
+        by_tp = [{(k, v, s) for k, v, s, _p in part} for part in _log(srv)]
+    rows = [
+        Row(
+            _hash(k, v) % BUCKETS,
+            _hash(k, v),
+            None if k is None else k.encode(),
+            v.encode(),
+        )
+        for k, v in zip(keys, values, strict=True)
+    ]
+    ref = plan(rows, routing=Routing(partitioning), partitions=3, batch_id=batch_id, resume={})
+    assert commit.appended == commit.rows == 500
+    assert sorted(commit.buckets) == sorted({r.bucket for r in rows})
+    assert got == {(r.key, r.value, r.sequence) for r in ref}
+    for tp in range(3):
+        assert by_tp[tp] == {(r.key, r.value, r.sequence) for r in ref if r.topic_partition == tp}
 
 
-def test_a_replayed_micro_batch_resumes_after_what_is_durable(
+def test_a_micro_batch_replayed_in_another_order_writes_every_row_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Issue 30: before, ids were positions in delivery order, and a replay in another
+    order skipped rows never written and appended rows already written."""
     keys = [f"k{i % 5}" for i in range(300)]
     values = [f"v{i}" for i in range(300)]
     with fake_cluster(STREAM_TOPICS) as (srv, coord):
         _use_fake(monkeypatch, coord)
-        # micro-batch 2 of the query, after micro-batch 1 was written whole
+        # micro-batch 1 of the query, written whole
         ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=1, query_id="q")).run_columns(
             ENC, _batches(keys, values, 50)
         )
@@ -108,20 +150,24 @@ def test_a_replayed_micro_batch_resumes_after_what_is_durable(
             ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=2, query_id="q")).run_columns(
                 ENC, _batches(keys, values, 50), {120: boom}
             )
-        # the replay (after a restart from the checkpoint): attempt 0 again, same rows
-        commit = ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=2, query_id="q")).run_columns(
-            ENC, _batches(keys, values, 50)
+        # the replay (after a restart from the checkpoint): the same rows in another
+        # order, in other batches, in another Spark partition
+        k2, v2 = _shuffled(keys, values, 2)
+        commit = ColumnarAttempt(_settings(), TaskInfo(3, 0, batch_id=2, query_id="q")).run_columns(
+            ENC, _batches(k2, v2, 70)
         )
         assert commit.rows == 300
         assert 0 < commit.skipped < 300  # rows before the kill were durable
         assert commit.appended == commit.sent == 300 - commit.skipped
-        got = sorted(v for part in _log(srv) for _k, v, _s, _p in part)
-    assert got == sorted(v.encode() for v in values * 2)  # every row of both batches once
+        got = _in_log(srv)
+    assert got == Counter(v.encode() for v in values * 2)  # every row of both batches once
 
 
-def test_a_retry_resumes_after_what_is_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_retry_in_another_order_resumes_after_what_is_durable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     keys = [f"k{i % 5}" for i in range(300)]
-    values = [f"v{i}" for i in range(300)]
+    values = [f"v{i % 280}" for i in range(300)]  # 20 rows twice: both copies written
     with fake_cluster(TOPICS) as (srv, coord):
         _use_fake(monkeypatch, coord)
 
@@ -132,15 +178,41 @@ def test_a_retry_resumes_after_what_is_durable(monkeypatch: pytest.MonkeyPatch) 
             ColumnarAttempt(_settings(), TaskInfo(0, 0)).run_columns(
                 ENC, _batches(keys, values, 50), {120: boom}
             )
-        commit = ColumnarAttempt(_settings(), TaskInfo(0, 1)).run_columns(
-            ENC, _batches(keys, values, 50)
-        )
+        k2, v2 = _shuffled(keys, values, 3)
+        commit = ColumnarAttempt(_settings(), TaskInfo(0, 1)).run_columns(ENC, _batches(k2, v2, 33))
         assert commit.rows == 300
         assert commit.skipped + commit.sent == 300
         assert commit.skipped > 0  # rows before the failure were durable: not sent again
         assert commit.appended == commit.sent
-        got = sorted(v for part in _log(srv) for _k, v, _s, _p in part)
-    assert got == sorted(v.encode() for v in values)  # every row once
+        assert commit.fenced_attempts  # the retry's takeover found attempt 0's rows
+        got = _in_log(srv)
+    assert got == Counter(v.encode() for v in values)  # every row once, copies twice
+
+
+def test_a_stream_under_a_job_name_another_query_used_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30: a fresh checkpoint restarts batch ids at 0; under a used job_name every
+    row was skipped as already written, silently."""
+    keys, values = ["a", "b"], ["1", "2"]
+    with fake_cluster(STREAM_TOPICS) as (srv, coord):
+        _use_fake(monkeypatch, coord)
+        for batch_id in (0, 1, 2):
+            ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=batch_id)).run_columns(
+                ENC, _batches([f"{k}{batch_id}" for k in keys], values, 2)
+            )
+        # a new query (fresh checkpoint: batch 0) whose rows fall in buckets written before
+        with pytest.raises(StreamIdentityError, match=r"checkpointLocation.*new job_name"):
+            ColumnarAttempt(_settings(), TaskInfo(0, 0, batch_id=0)).run_columns(
+                ENC, _batches(["a1", "b1"], values, 2)
+            )
+        assert sum(_in_log(srv).values()) == 6
+
+
+def test_rows_without_the_bucket_columns_are_refused() -> None:
+    batch = pa.record_batch({"key": pa.array(["a"]), "value": pa.array(["1"])})
+    with pytest.raises(PipelineError, match=r"pipeline.bucketed\(df\)"):
+        ColumnarAttempt(_settings(), TaskInfo(0, 0)).run_columns(ENC, [batch])
 
 
 _key_values = st.one_of(

@@ -1,12 +1,19 @@
-"""The row -> (topic partition, sequence) rules and the resume rule, without Spark.
+"""The row -> (producer, topic partition, sequence) rules and the resume rule, without
+Spark.
 
-The central property: whatever prefix of a Spark partition's records an earlier attempt
-made durable (any per-topic-partition prefix, since in-flight batches may be lost), a new
-attempt that resumes from the durable highwaters sends exactly the records that are not
-yet written: together every row once."""
+The central properties: a row's (bucket, topic partition, sequence) depends on the rows
+only, never on the order they are delivered in or on how they are split (issue 30: a
+replay in another order lost rows and doubled others); identical rows get consecutive
+ids and are all written; and whatever prefix an earlier attempt made durable (any
+per-(bucket, topic partition) prefix, since in-flight batches may be lost), a new attempt
+that resumes from the durable highwaters sends exactly the records not yet written."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,24 +21,30 @@ from hypothesis import strategies as st
 from pidlease.client.partitioner import partition_for_key
 from pipeline.sequencing import (
     STREAM_POSITIONS_MAX,
-    BatchSequencer,
     Resume,
     Routing,
-    StreamSequencer,
+    Row,
+    canonical,
+    canonical_columns,
+    group_positions,
     plan,
     producer_name,
     route,
     stream_sequence,
 )
 
+pa = pytest.importorskip("pyarrow")
 
-def test_producer_name_is_job_and_spark_partition() -> None:
-    assert producer_name("nightly-orders", 7) == "nightly-orders:7"
+
+def test_producer_name_is_job_bucket_and_bucket_count() -> None:
+    assert producer_name("nightly-orders", 7, 32) == "nightly-orders:7/32"
+    with pytest.raises(ValueError, match="outside"):
+        producer_name("j", 32, 32)
 
 
 @pytest.mark.parametrize("routing", [Routing.SPARK, Routing.AUTO])
-def test_rows_without_key_follow_their_spark_partition(routing: Routing) -> None:
-    assert [route(routing, k, None, 3) for k in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+def test_rows_without_key_follow_their_bucket(routing: Routing) -> None:
+    assert [route(routing, b, None, 3) for b in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
 def test_keyed_rows_use_the_sdk_hash_unless_routing_is_spark() -> None:
@@ -46,12 +59,6 @@ def test_key_routing_refuses_a_row_without_key() -> None:
         route(Routing.KEY, 0, None, 4)
 
 
-def test_batch_sequences_are_contiguous_per_topic_partition() -> None:
-    s = BatchSequencer(3)
-    got = [(tp, s.assign(tp)) for tp in [0, 2, 0, 0, 1, 2]]
-    assert got == [(0, 0), (2, 0), (0, 1), (0, 2), (1, 0), (2, 1)]
-
-
 def test_stream_sequence_is_batch_id_and_position() -> None:
     assert stream_sequence(0, 0) == 0
     assert stream_sequence(3, 17) == 3 * 2**32 + 17
@@ -61,120 +68,182 @@ def test_stream_sequence_is_batch_id_and_position() -> None:
     with pytest.raises(ValueError, match="batch id -1 is outside"):
         stream_sequence(-1, 0)
     with pytest.raises(ValueError, match=f"batch id {2**31} is outside"):
-        StreamSequencer(2**31)  # would overflow a 63-bit sequence
+        stream_sequence(2**31, 0)  # would overflow a 63-bit sequence
 
 
-def test_stream_sequencer_counts_positions_per_topic_partition() -> None:
-    s = StreamSequencer(5)
-    got = [s.assign(tp) for tp in [1, 0, 1, 1, 0]]
-    assert got == [5 << 32, 5 << 32, (5 << 32) + 1, (5 << 32) + 2, (5 << 32) + 1]
+def _row(i: int, key: int | None, buckets: int = 4, value: bytes | None = None) -> Row:
+    v = value if value is not None else b"v%d" % i
+    h = hash((key, v)) & 0x7FFF  # small: ties on the hash happen, bytes must decide
+    return Row(h % buckets, h, None if key is None else b"k%d" % key, v)
 
 
-def test_stream_ids_of_a_keyed_micro_batch_are_consecutive_per_topic_partition() -> None:
-    # Keyed rows spread over every topic partition (the default routing): each topic
-    # partition's ids must still follow one another, or the SDK cuts a batch per record.
-    keys = [b"customer-%d" % (i * 7919 % 1000) for i in range(5000)]
-    planned = list(
-        plan(
-            [(k, b"v") for k in keys],
-            routing=Routing.AUTO,
-            spark_partition=3,
-            partitions=4,
-            sequencer=StreamSequencer(9),
-            resume=Resume({}),
-        )
-    )
-    for tp in range(4):
-        seqs = [r.sequence for r in planned if r.topic_partition == tp]
-        assert len(seqs) > 500  # the keys really spread
-        assert seqs == list(range(9 << 32, (9 << 32) + len(seqs)))
+def _identity(planned: list) -> Counter[tuple]:
+    """Each row's (bucket, topic partition, sequence), as a multiset keyed by the row."""
+    return Counter((r.key, r.value, r.bucket, r.topic_partition, r.sequence) for r in planned)
 
 
-def test_stream_ids_are_the_same_on_a_replay_and_grow_with_the_batch_id() -> None:
-    rows = [(b"k%d" % (i % 13), b"v%d" % i) for i in range(300)]
-
-    def ids(batch_id: int) -> list[tuple[int, int]]:
-        return [
-            (r.topic_partition, r.sequence)
-            for r in plan(
-                rows,
-                routing=Routing.AUTO,
-                spark_partition=0,
-                partitions=3,
-                sequencer=StreamSequencer(batch_id),
-                resume=Resume({}),
-            )
-        ]
-
-    assert ids(4) == ids(4)  # a replay from the checkpoint: same rows, same ids
-    later = dict(ids(5))
-    for tp, seq in ids(4):  # every id of batch 5 is above every id of batch 4
-        assert later[tp] > seq
+def test_stream_ids_of_a_keyed_micro_batch_are_consecutive_per_bucket_and_partition() -> None:
+    rows = [_row(i, i * 7919 % 1000) for i in range(5000)]
+    planned = plan(rows, routing=Routing.AUTO, partitions=4, batch_id=9, resume={})
+    for b in range(4):
+        for tp in range(4):
+            seqs = [r.sequence for r in planned if r.topic_partition == tp and r.bucket == b]
+            assert len(seqs) > 100  # the keys really spread
+            assert seqs == list(range(9 << 32, (9 << 32) + len(seqs)))
 
 
-def _rows(keys: list[int | None]) -> list[tuple[bytes | None, bytes]]:
-    return [(None if k is None else b"k%d" % k, b"v%d" % i) for i, k in enumerate(keys)]
+def test_a_replay_in_another_order_gives_every_row_the_same_id() -> None:
+    """Issue 30: ids were positions in delivery order; a replayed micro-batch whose rows
+    came in another order gave rows the ids of others (5 of 20 lost, 5 doubled)."""
+    rows = [_row(i, i % 3) for i in range(20)]
+    shuffled = rows[:]
+    random.Random(30).shuffle(shuffled)
+    first = plan(rows, routing=Routing.AUTO, partitions=2, batch_id=5, resume={})
+    again = plan(shuffled, routing=Routing.AUTO, partitions=2, batch_id=5, resume={})
+    assert _identity(first) == _identity(again)
 
 
-rows_strategy = st.lists(st.one_of(st.none(), st.integers(0, 20)), max_size=60)
+def test_identical_rows_get_consecutive_ids_and_are_all_written() -> None:
+    rows = [_row(0, 1, value=b"same")] * 3 + [_row(i, 1) for i in range(1, 6)]
+    planned = plan(rows, routing=Routing.AUTO, partitions=2, batch_id=None, resume={})
+    same = sorted(r.sequence for r in planned if r.value == b"same")
+    assert len(same) == 3 and same == list(range(same[0], same[0] + 3))
+    assert len({(r.bucket, r.topic_partition, r.sequence) for r in planned}) == len(rows)
+
+
+_rows_st = st.lists(
+    st.tuples(st.one_of(st.none(), st.integers(0, 6)), st.integers(0, 8)), max_size=60
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    keys=rows_strategy,
+    spec=_rows_st,
     partitions=st.integers(1, 5),
-    spark_partition=st.integers(0, 9),
     routing=st.sampled_from([Routing.AUTO, Routing.SPARK]),
     batch_id=st.one_of(st.none(), st.integers(0, 99)),
+    seed=st.integers(0, 2**32),
+)
+def test_ids_depend_on_the_rows_only_not_on_order_or_split(
+    spec: list[tuple[int | None, int]],
+    partitions: int,
+    routing: Routing,
+    batch_id: int | None,
+    seed: int,
+) -> None:
+    # values repeat (duplicate rows), hashes collide (15 bits over few rows is rare, so
+    # half the rows share one hash on purpose)
+    rows = [
+        Row(v % 3, 7 if v % 2 else v, None if k is None else b"k%d" % k, b"v%d" % v)
+        for k, v in spec
+    ]
+    rng = random.Random(seed)
+    shuffled = rows[:]
+    rng.shuffle(shuffled)
+    whole = plan(rows, routing=routing, partitions=partitions, batch_id=batch_id, resume={})
+    again = plan(shuffled, routing=routing, partitions=partitions, batch_id=batch_id, resume={})
+    assert _identity(whole) == _identity(again)
+    # split by bucket into tasks any way (what the shuffle by bucket does): the same ids
+    tasks: dict[int, list[Row]] = {}
+    spread = rng.randint(1, 3)  # tasks; a bucket is in exactly one
+    for r in shuffled:
+        tasks.setdefault(r.bucket % spread, []).append(r)
+    split = Counter[tuple]()
+    for task_rows in tasks.values():
+        split += _identity(
+            plan(task_rows, routing=routing, partitions=partitions, batch_id=batch_id, resume={})
+        )
+    assert split == _identity(whole)
+    # ids are unique per (bucket, topic partition) and consecutive from the base
+    base = 0 if batch_id is None else batch_id << 32
+    groups: dict[tuple[int, int], list[int]] = {}
+    for r in whole:
+        groups.setdefault((r.bucket, r.topic_partition), []).append(r.sequence)
+    for seqs in groups.values():
+        assert seqs == list(range(base, base + len(seqs)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=_rows_st, partitions=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_the_column_order_is_the_reference_order(
+    spec: list[tuple[int | None, int]], partitions: int, seed: int
+) -> None:
+    rows = [
+        Row(v % 3, 7 if v % 2 else v, None if k is None else b"k%d" % k, b"v%d" % v)
+        for k, v in spec
+    ]
+    random.Random(seed).shuffle(rows)
+    parts = [route(Routing.AUTO, r.bucket, r.key, partitions) for r in rows]
+    ref = canonical(
+        [r.bucket for r in rows],
+        parts,
+        [r.row_hash for r in rows],
+        [r.key for r in rows],
+        [r.value for r in rows],
+    )
+    b = np.array([r.bucket for r in rows], dtype=np.int64)
+    p = np.array(parts, dtype=np.int64)
+    order = canonical_columns(
+        b,
+        p,
+        np.array([r.row_hash for r in rows], dtype=np.int64),
+        pa.array([r.key for r in rows], pa.binary()),
+        pa.array([r.value for r in rows], pa.binary()),
+    )
+    # the same rows in the same order (identical rows may swap: they are one row)
+    assert [rows[i] for i in order.tolist()] == [rows[i] for i in ref]
+    pos = group_positions(b[order], p[order]).tolist()
+    expected: list[int] = []
+    seen: Counter[tuple[int, int]] = Counter()
+    for i in ref:
+        expected.append(seen[(rows[i].bucket, parts[i])])
+        seen[(rows[i].bucket, parts[i])] += 1
+    assert pos == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spec=_rows_st,
+    partitions=st.integers(1, 5),
+    routing=st.sampled_from([Routing.AUTO, Routing.SPARK]),
+    batch_id=st.one_of(st.none(), st.integers(0, 99)),
+    seed=st.integers(0, 2**32),
     data=st.data(),
 )
 def test_resume_sends_exactly_what_is_not_durable(
-    keys: list[int | None],
+    spec: list[tuple[int | None, int]],
     partitions: int,
-    spark_partition: int,
     routing: Routing,
     batch_id: int | None,
+    seed: int,
     data: st.DataObject,
 ) -> None:
-    rows = _rows(keys)
-
-    def attempt(resume: Resume) -> list:
-        seq = BatchSequencer(partitions) if batch_id is None else StreamSequencer(batch_id)
-        return list(
-            plan(
-                rows,
-                routing=routing,
-                spark_partition=spark_partition,
-                partitions=partitions,
-                sequencer=seq,
-                resume=resume,
-            )
-        )
-
-    first = attempt(Resume({}))
+    rows = [Row(v % 3, v, None if k is None else b"k%d" % k, b"v%d" % v) for k, v in spec]
+    first = plan(rows, routing=routing, partitions=partitions, batch_id=batch_id, resume={})
     assert not any(r.written for r in first)
-    # Sequences never repeat within a topic partition, and grow in row order.
-    for tp in range(partitions):
-        seqs = [r.sequence for r in first if r.topic_partition == tp]
-        assert seqs == sorted(set(seqs))
-        # Consecutive: strict topics need no holes, and a stream's whole micro-batch
-        # then fits in few SDK batches.
-        base = 0 if batch_id is None else batch_id << 32
-        assert seqs == list(range(base, base + len(seqs)))
-    # The first attempt made some prefix of each topic partition durable.
-    durable: dict[int, int] = {}
-    for tp in range(partitions):
-        mine = [r for r in first if r.topic_partition == tp]
-        n = data.draw(st.integers(0, len(mine)))
-        if n:
-            durable[tp] = mine[n - 1].sequence
-    written_before = {r.position for r in first if r.sequence <= durable.get(r.topic_partition, -1)}
-    second = attempt(Resume(durable))
-    # The retry plans the very same records (a replayable source) ...
-    assert [(r.topic_partition, r.sequence, r.value) for r in second] == [
-        (r.topic_partition, r.sequence, r.value) for r in first
-    ]
-    # ... and skips exactly the durable ones: together every row once.
-    sent_now = {r.position for r in second if not r.written}
-    assert sent_now.isdisjoint(written_before)
-    assert sent_now | written_before == set(range(len(rows)))
+    # The first attempt made some prefix of each (bucket, topic partition) durable.
+    durable: dict[int, dict[int, int]] = {}
+    for b in range(3):
+        for tp in range(partitions):
+            mine = [r for r in first if r.topic_partition == tp and r.bucket == b]
+            n = data.draw(st.integers(0, len(mine)))
+            if n:
+                durable.setdefault(b, {})[tp] = mine[n - 1].sequence
+    # The retry sees the same rows in another order.
+    shuffled = rows[:]
+    random.Random(seed).shuffle(shuffled)
+    second = plan(
+        shuffled,
+        routing=routing,
+        partitions=partitions,
+        batch_id=batch_id,
+        resume={b: Resume(d) for b, d in durable.items()},
+    )
+    written = Counter(
+        (r.key, r.value)
+        for r in first
+        if r.sequence <= durable.get(r.bucket, {}).get(r.topic_partition, -1)
+    )
+    sent = Counter((r.key, r.value) for r in second if not r.written)
+    # together every row exactly once (as a multiset: identical rows count each)
+    assert written + sent == Counter((r.key, r.value) for r in rows)
