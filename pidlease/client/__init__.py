@@ -18,6 +18,9 @@
 - ``connection``     one pipelined connection to a partition server
 - ``partitioner``    which partition a record goes to when the caller does not say
 - ``reader``         ``Reader``: an iterator over one partition's records
+- ``processor``      ``Processor`` / ``AsyncProcessor``: read a topic, write a function of
+                     it to another, effectively once (docs/processing.md)
+- ``mirror``         copying topics between clusters on processors (``pidlease mirror``)
 
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
 ``record_columns`` -> ``batch_future`` / ``record_run`` -> ``record_future`` -> ``structs``);
