@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -101,6 +102,10 @@ def _serve_metrics(port: int, render: Callable[[], str]) -> ThreadingHTTPServer:
 
 
 def cmd_mirror(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     topics = [t.strip() for t in args.topics.split(",") if t.strip()]
     if not topics:
         print("error: --topics names no topic", file=sys.stderr)

@@ -29,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from pidlease.wire.protocol import Record
 
 Output = tuple[bytes | str | None, bytes | str]
 ProcessFn = Callable[[Record], Iterable[Output]]
+
+log = logging.getLogger("pidlease.processor")
 
 FANOUT_MAX_LIMIT = 1 << 16
 CHUNK_RECORDS = 2000  # input records pulled from the reader per step
@@ -295,7 +298,18 @@ class AsyncProcessor:
         self, p: int, prod: AsyncProducer, prog: PartitionProgress, target: int
     ) -> None:
         q = output_partition(p, prod.partitions)
-        plan = resume_plan(prod.last_sequence_id(q), self.fanout_max)
+        last = prod.last_sequence_id(q)
+        plan = resume_plan(last, self.fanout_max)
+        log.info(
+            "%s: %s partition %d resumes at %s (last_sequence_id %d of %s in partition %d)",
+            self.name,
+            self.input_topic,
+            p,
+            "the log start" if plan.offset is None else f"offset {plan.offset}",
+            last,
+            self.output_topic,
+            q,
+        )
         reader = Reader(
             self.input.url,
             self.input_topic,
