@@ -430,6 +430,7 @@ class Processor:
         self._args, self._kwargs = args, kwargs
         self._proc: AsyncProcessor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = False
         AsyncProcessor(*args, **kwargs)  # check the arguments now
 
     @property
@@ -440,11 +441,14 @@ class Processor:
         async def main() -> ProcessorStats:
             self._proc = AsyncProcessor(*self._args, **self._kwargs)
             self._loop = asyncio.get_running_loop()
+            if self._stop_requested:
+                self._proc.stop()
             return await self._proc.run()
 
         return asyncio.run(main())
 
     def stop(self) -> None:
         """From any thread: finish ``run`` after delivering what was handed over."""
+        self._stop_requested = True
         if self._loop is not None and self._proc is not None:
             self._loop.call_soon_threadsafe(self._proc.stop)

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from pidlease import Producer, Reader, errors
+from pidlease import Processor, Producer, Reader, errors
 from pidlease.client.lease_client import LeaseClient
+from pidlease.client.mirror import same_record
 from pidlease.testing.devcluster import LocalCluster
 from pidlease.testing.zkserver import ZooKeeperCluster
 from tests.integration import processor_workers as workers
@@ -324,3 +325,87 @@ def test_sqlite_recipe_stores_each_record_once_through_sigkills(
         got = rows[part]
         want = [(r.offset, r.value) for r in _records(url, "events", part)]
         assert got == want, f"partition {part}: {len(got)} rows against {len(want)} records"
+
+
+RETENTION_ENV = {"PIDLEASE_RETENTION_CHECK_MS": "100", "PIDLEASE_FSYNC_INTERVAL_MS": "1"}
+
+
+def test_input_deleted_by_retention_is_reported_not_skipped(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Retention moving past a processor's position is an error naming the lost offsets;
+    nothing after them is processed (the mirror is this processor with fanout 1)."""
+    cluster = make_cluster(servers=1, env=RETENTION_ENV)
+    url = cluster.coordinator_url
+    cluster.create_topic("src", partitions=1, segment_bytes=4096, retention_bytes=8192)
+    cluster.create_topic("dst", partitions=1, dedup="monotonic")
+    with Producer(url, topic="src", producer_name="w") as p:
+        p.send_batch([b"first-%d" % i for i in range(20)]).result(30)
+
+    def copy() -> Any:
+        return Processor(url, "src", "dst", "copier", same_record, until_caught_up=True).run()
+
+    copy()
+    assert len(_records(url, "dst", 0)) == 20
+    with Producer(url, topic="src", producer_name="w") as p:
+        for i in range(40):
+            p.send_batch([b"x" * 100 + b"-%d-%d" % (i, j) for j in range(10)]).result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        with Reader(url, "src", 0, start="earliest") as rd:
+            first = next(iter(rd)).offset
+        if first > 20:
+            break
+        assert time.monotonic() < deadline, "retention never deleted the first segment"
+        time.sleep(0.2)
+    with pytest.raises(errors.OffsetOutOfRange, match="records lost at the source") as info:
+        copy()
+    assert "offsets 20.." in str(info.value)
+    assert len(_records(url, "dst", 0)) == 20  # nothing past the hole was copied
+
+
+def test_a_takeover_fences_the_running_instance(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Instance B started on A's partitions (same name) takes their producer names over:
+    A stops with ProducerFenced at its next write, B goes on, nothing is doubled."""
+    cluster = make_cluster(servers=1)
+    url = cluster.coordinator_url
+    cluster.create_topic("in", partitions=2)
+    cluster.create_topic("out", partitions=2, dedup="monotonic")
+    feed = Producer(url, topic="in", producer_name="feed")
+    sent = 0
+
+    def send(n: int) -> None:
+        nonlocal sent
+        feed.send_batch([b"r-%d" % i for i in range(sent, sent + n)]).result(30)
+        sent += n
+
+    send(200)
+    a = Processor(url, "in", "out", "copy", same_record, partitions=[0, 1])
+    a_error: list[BaseException] = []
+
+    def run_a() -> None:
+        try:
+            a.run()
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            a_error.append(exc)
+
+    ta = threading.Thread(target=run_a, daemon=True)
+    ta.start()
+    deadline = time.monotonic() + 60
+    while sum(len(_records(url, "out", p)) for p in range(2)) < 200:
+        assert time.monotonic() < deadline and ta.is_alive(), a_error
+        time.sleep(0.2)
+    b = Processor(url, "in", "out", "copy", same_record, instance=0, instances=1)
+    tb = threading.Thread(target=b.run, daemon=True)
+    tb.start()
+    while ta.is_alive() and time.monotonic() < deadline:
+        send(50)  # A learns it was fenced from its next write
+        time.sleep(0.3)
+    assert not ta.is_alive() and isinstance(a_error[0], errors.ProducerFenced), a_error
+    send(100)
+    feed.close()
+    b.stop()  # B delivers what it took and returns
+    tb.join(60)
+    assert not tb.is_alive()
+    Processor(url, "in", "out", "copy", same_record, until_caught_up=True).run()
+    for p in range(2):
+        want = [(r.key, r.value, r.timestamp_ms) for r in _records(url, "in", p)]
+        assert [(r.key, r.value, r.timestamp_ms) for r in _records(url, "out", p)] == want
