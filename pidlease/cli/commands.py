@@ -713,7 +713,8 @@ def main(argv: list[str] | None = None) -> int:
         for cls, hint in _HINTS.items():
             if isinstance(exc, cls):
                 print(
-                    f"hint: {hint.format(url=getattr(args, 'coordinator', DEFAULT_COORDINATOR))}",
+                    # `mirror` has two coordinators: the error names the one it could not reach
+                    f"hint: {hint.format(url=getattr(args, 'coordinator', 'the URL above'))}",
                     file=sys.stderr,
                 )
                 break
