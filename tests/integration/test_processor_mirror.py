@@ -409,3 +409,75 @@ def test_a_takeover_fences_the_running_instance(make_cluster) -> None:  # type: 
     for p in range(2):
         want = [(r.key, r.value, r.timestamp_ms) for r in _records(url, "in", p)]
         assert [(r.key, r.value, r.timestamp_ms) for r in _records(url, "out", p)] == want
+
+
+def test_mirror_across_tls_and_tokens_on_both_sides(  # type: ignore[no-untyped-def]
+    zookeeper: ZooKeeperCluster, tmp_path: Path
+) -> None:
+    """Each cluster with TLS (its own CA) and API tokens of its own: the mirror reaches
+    both with per-side --*-api-token and --*-tls-ca-file and copies exactly."""
+    made: list[LocalCluster] = []
+    try:
+        for side, tokens in (
+            ("src", "ops:admin:src-admin,app:producer:src-prod"),
+            ("dst", "ops:admin:dst-admin"),
+        ):
+            hosts = f"{zookeeper.hosts}/mirror{os.getpid()}-{next(_ids)}-{side}"
+            made.append(
+                LocalCluster(
+                    tmp_path / side,
+                    servers=1,
+                    zk_hosts=hosts,
+                    tls=True,
+                    env={"PIDLEASE_API_TOKENS": tokens},
+                ).start()
+            )
+        src, dst = made
+        assert src.coordinator_url.startswith("https://") and src.ca_file != dst.ca_file
+        with LeaseClient(src.coordinator_url, api_token="src-admin", tls_ca_file=src.ca_file) as c:
+            c.create_topic("orders", partitions=2)
+        with Producer(
+            src.coordinator_url, topic="orders", api_token="src-prod", tls_ca_file=src.ca_file
+        ) as p:
+            p.send_batch([b"s-%d" % i for i in range(500)], keys=[b"%d" % i for i in range(500)])
+        argv = [
+            "-m",
+            "pidlease",
+            "mirror",
+            "--source",
+            src.coordinator_url,
+            "--target",
+            dst.coordinator_url,
+            "--topics",
+            "orders",
+            "--until-caught-up",
+            "--source-tls-ca-file",
+            str(src.ca_file),
+            "--target-tls-ca-file",
+            str(dst.ca_file),
+        ]
+        env = _env()
+        env.update(PIDLEASE_SOURCE_API_TOKEN="src-prod", PIDLEASE_TARGET_API_TOKEN="dst-admin")
+        run = subprocess.run(
+            [sys.executable, *argv], check=False, cwd=ROOT, env=env, capture_output=True
+        )
+        assert run.returncode == 0, run.stderr.decode()[-3000:]
+        # without the target's token: refused, one clear line
+        env.pop("PIDLEASE_TARGET_API_TOKEN")
+        bad = subprocess.run(
+            [sys.executable, *argv], check=False, cwd=ROOT, env=env, capture_output=True
+        )
+        assert bad.returncode == 1 and b"UNAUTHORIZED" in bad.stderr, bad.stderr[-2000:]
+        for part in range(2):
+            with Reader(
+                src.coordinator_url, "orders", part, api_token="src-prod", tls_ca_file=src.ca_file
+            ) as rd:
+                want = [(r.key, r.value, r.timestamp_ms) for r in rd]
+            with Reader(
+                dst.coordinator_url, "orders", part, api_token="dst-admin", tls_ca_file=dst.ca_file
+            ) as rd:
+                got = [(r.key, r.value, r.timestamp_ms) for r in rd]
+            assert got == want and want
+    finally:
+        for c in made:
+            c.stop()
