@@ -365,10 +365,17 @@ class AsyncProcessor:
             keys: list[bytes | str | None] = []
             values: list[bytes | str] = []
             seqs: list[int] = []
+            fn, fanout = self.fn, self.fanout_max
             for rec in group:
-                for seq, (k, v) in outputs_to_send(
-                    rec.offset, list(self.fn(rec)), self.fanout_max, plan
-                ):
+                outs = list(fn(rec))
+                if fanout == 1 and len(outs) == 1:
+                    # the mirror's case, per record: the id is the offset (output_sequence)
+                    k, v = outs[0]
+                    keys.append(k)
+                    values.append(v)
+                    seqs.append(rec.offset)
+                    continue
+                for seq, (k, v) in outputs_to_send(rec.offset, outs, fanout, plan):
                     keys.append(k)
                     values.append(v)
                     seqs.append(seq)
