@@ -137,8 +137,8 @@ def test_mirror_is_exactly_once_through_sigkills(two_clusters, tmp_path: Path) -
     def load() -> None:
         try:
             with Producer(src.coordinator_url, topic="orders", producer_name="loader") as p:
-                # paced to span the kills: about 25 s (long form: about 45 s)
-                chunk, pause = (1000, 0.2) if LONG else (500, 0.6)
+                # paced to span the kills: about 32 s (long form: about 60 s)
+                chunk, pause = (1000, 0.3) if LONG else (500, 0.8)
                 for start in range(0, records, chunk):
                     n = min(chunk, records - start)
                     keys = [b"k%d" % ((start + i) % 101) for i in range(n)]
@@ -168,23 +168,33 @@ def test_mirror_is_exactly_once_through_sigkills(two_clusters, tmp_path: Path) -
         "--progress-interval",
         "1",
     ]
-    killed_leaders = False
+    restarter: threading.Thread | None = None
     for k in range(kills):
         before = _resumes(log)
         proc = _spawn(args, log)
         _wait_started(log, before + 6, proc)  # every partition past its resume point
-        time.sleep(rng.uniform(0.2, 4.0))
-        if k == 1 and not killed_leaders:
+        time.sleep(rng.uniform(0.2, 2.5))
+        if k == 0:
+            # a leader of each cluster SIGKILLed under the running mirror, mid-load; they
+            # come back in the background while the mirror's kills go on
             _wait_topic(dst, "orders")
-            # a leader of each cluster SIGKILLed under the running mirror
             victims = [(src, _leader(src, "orders", 0)), (dst, _leader(dst, "orders", 3))]
             for cluster, svc in victims:
                 cluster.kill(svc)
-            time.sleep(rng.uniform(1.0, 3.0))
-            for cluster, svc in victims:
-                cluster.start_service(svc)
-            killed_leaders = True
+            down_s = rng.uniform(1.0, 3.0)
+
+            def restart(victims: list[Any] = victims, down_s: float = down_s) -> None:
+                time.sleep(down_s)
+                for cluster, svc in victims:
+                    cluster.start_service(svc)
+
+            restarter = threading.Thread(target=restart, daemon=True)
+            restarter.start()
+            time.sleep(rng.uniform(0.5, 2.0))
         _kill(proc)
+    assert restarter is not None
+    restarter.join(120)
+    assert not restarter.is_alive()
     loader.join(180)
     assert load_done.is_set() and not load_error, load_error
     final = subprocess.run(
