@@ -245,21 +245,17 @@ class AsyncProcessor:
         with LeaseClient(
             self.input.url, api_token=self.input.api_token, tls_ca_file=self.input.tls_ca_file
         ) as c:
-            info = c.topic(self.input_topic, offsets=self.until_caught_up)
+            info = c.topic(self.input_topic, offsets=False)
         mine = assigned_partitions(
             info.partitions,
             instance=self._instance,
             instances=self._instances,
             explicit=self._explicit,
         )
-        targets: dict[int, int] = {}
-        if self.until_caught_up:
-            for st in info.partition_states:
-                targets[st.partition] = st.high_watermark
         for p in mine:
             self.stats.partitions[p] = PartitionProgress(p)
         self._pool = ThreadPoolExecutor(max_workers=len(mine), thread_name_prefix="processor")
-        tasks = [asyncio.create_task(self._partition(p, targets.get(p, -1))) for p in mine]
+        tasks = [asyncio.create_task(self._partition(p)) for p in mine]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
@@ -272,8 +268,14 @@ class AsyncProcessor:
             self._pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
-    async def _partition(self, p: int, target: int) -> None:
+    async def _partition(self, p: int) -> None:
         prog = self.stats.partitions[p]
+        target = -1
+        if self.until_caught_up:
+            # the input's end now, from its leader: "everything the input held at start"
+            target = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._end_offset, p
+            )
         prod = AsyncProducer(
             self.output.url,
             topic=self.output_topic,
@@ -293,6 +295,20 @@ class AsyncProcessor:
             await prod.flush()
         finally:
             await prod.close(timeout_ms=None if prod.fatal is None else 0)
+
+    def _end_offset(self, p: int) -> int:
+        """The input partition's high watermark, asked of its leader (LIST_OFFSETS)."""
+        with Reader(
+            self.input.url,
+            self.input_topic,
+            p,
+            start="latest",
+            api_token=self.input.api_token,
+            tls_ca_file=self.input.tls_ca_file,
+        ) as rd:
+            for _ in rd:
+                break
+            return rd.position
 
     async def _copy(
         self, p: int, prod: AsyncProducer, prog: PartitionProgress, target: int
