@@ -26,10 +26,8 @@ def test_mirror_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_mirror_unreachable_source_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        ["mirror", "--source", "http://127.0.0.1:9", "--target", "http://127.0.0.1:9"]
-        + ["--topics", "orders"]
-    )
+    nowhere = "http://127.0.0.1:9"
+    code = main(["mirror", "--source", nowhere, "--target", nowhere, "--topics", "orders"])
     err = capsys.readouterr().err
     assert code == 1
     assert "COORDINATOR_UNAVAILABLE" in err and "http://127.0.0.1:9" in err
