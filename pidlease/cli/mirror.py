@@ -146,6 +146,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
     finally:
         if srv is not None:
             srv.shutdown()
+            srv.server_close()
     copied = sum(pp.processed for s in stats.values() for pp in s.partitions.values())
     state = "caught up" if args.until_caught_up else "stopped"
     print(f"mirrored {copied} records of {', '.join(topics)} as {args.name!r}: {state}")

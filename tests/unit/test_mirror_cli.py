@@ -48,3 +48,24 @@ def test_lag_metrics_and_progress() -> None:
     assert progress_line({"orders": s}) == "mirror: copied 13, lag 5 records (orders 5)"
     unknown = ProcessorStats({0: PartitionProgress(0)})
     assert progress_line({"t": unknown}) == "mirror: copied 0, lag ? records (t ?)"
+
+
+def test_metrics_endpoint_serves_the_lag() -> None:
+    import urllib.error
+    import urllib.request
+
+    from pidlease.cli.mirror import _serve_metrics
+    from pidlease.testing.zkserver import free_port
+
+    s = ProcessorStats({2: PartitionProgress(2, position=4, high_watermark=9)})
+    port = free_port()
+    srv = _serve_metrics(port, lambda: lag_metrics("m", {"t": s}))
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            body = resp.read().decode()
+        assert 'pidlease_mirror_lag_records{mirror="m",topic="t",partition="2"} 5' in body
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+    finally:
+        srv.shutdown()
+        srv.server_close()
