@@ -32,7 +32,7 @@ from pidlease import Processor, Producer, Reader, errors
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.mirror import same_record
 from pidlease.testing.devcluster import LocalCluster
-from pidlease.testing.zkserver import ZooKeeperCluster
+from pidlease.testing.zkserver import ZooKeeperCluster, free_port
 from tests.integration import processor_workers as workers
 
 LONG = os.environ.get("PIDLEASE_MIRROR_LONG") == "1"
@@ -105,6 +105,27 @@ def _wait_started(log: Path, resumes: int, proc: subprocess.Popen[bytes]) -> Non
         assert proc.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the process never started"
         time.sleep(0.1)
+
+
+def _scrape_lag(port: int, timeout_s: float = 30) -> dict[int, int]:
+    """The mirror's lag per partition from its metrics port, once every partition has one."""
+    import re
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        lags = {
+            int(m[1]): int(m[2])
+            for m in re.finditer(
+                r'pidlease_mirror_lag_records\{.*partition="(\d+)"\} (-?\d+)', text
+            )
+        }
+        if lags and all(v >= 0 for v in lags.values()):
+            return lags
+        assert time.monotonic() < deadline, text
+        time.sleep(0.2)
 
 
 def _wait_topic(cluster: LocalCluster, topic: str, timeout_s: float = 60) -> None:
@@ -472,6 +493,28 @@ def test_mirror_across_tls_and_tokens_on_both_sides(  # type: ignore[no-untyped-
             [sys.executable, *argv], check=False, cwd=ROOT, env=env, capture_output=True
         )
         assert run.returncode == 0, run.stderr.decode()[-3000:]
+        # running without --until-caught-up: lag on the metrics port, SIGTERM ends it cleanly
+        port = free_port()
+        log = tmp_path / "follow.log"
+        follow = argv[:-5] + argv[-4:]  # the same without --until-caught-up
+        assert "--until-caught-up" not in follow
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, *follow, "--metrics-port", str(port)],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            _wait_started(log, 2, proc)
+            lag = _scrape_lag(port)
+            assert lag == {0: 0, 1: 0}, lag
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, log.read_text()[-3000:]
+            assert "stopped" in log.read_text()
+        finally:
+            _kill(proc)
         # without the target's token: refused, one clear line
         env.pop("PIDLEASE_TARGET_API_TOKEN")
         bad = subprocess.run(
