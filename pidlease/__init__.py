@@ -3,6 +3,7 @@
 The public surface is this module's names::
 
     from pidlease import Producer, AsyncProducer, Reader, Consumer, RecordMetadata, Record, errors
+    from pidlease import Processor, AsyncProcessor  # consume-transform-produce
 
 How the package is built (read this first; each subpackage's ``__init__`` lists its modules):
 
@@ -29,12 +30,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pidlease import errors
     from pidlease.client.consumer import Consumer
+    from pidlease.client.processor import AsyncProcessor, Processor
     from pidlease.client.producer import AsyncProducer, Producer
     from pidlease.client.reader import Reader
     from pidlease.client.structs import RecordMetadata
     from pidlease.wire.protocol import Record
 
-__all__ = ["Producer", "AsyncProducer", "Reader", "Consumer", "RecordMetadata", "Record", "errors"]
+__all__ = [
+    "Producer",
+    "AsyncProducer",
+    "Reader",
+    "Consumer",
+    "Processor",
+    "AsyncProcessor",
+    "RecordMetadata",
+    "Record",
+    "errors",
+]
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -43,6 +55,8 @@ _LAZY = {
     "RecordMetadata": "pidlease.client.structs",
     "Reader": "pidlease.client.reader",
     "Consumer": "pidlease.client.consumer",
+    "Processor": "pidlease.client.processor",
+    "AsyncProcessor": "pidlease.client.processor",
     "Record": "pidlease.wire.protocol",
     "errors": "pidlease.errors",
 }

@@ -766,6 +766,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.set_defaults(func=cmd_verify)
 
+    from pidlease.cli import mirror as mirror_cli
+
+    mirror_cli.add_parser(sub)
+
     d = sub.add_parser("demo", help="exactly-once under dropped connections and SIGKILLed servers")
     d.add_argument("--records", type=int, default=200_000)
     d.add_argument("--data-dir", help="a fresh dir (default: a new temporary dir)")
@@ -786,6 +790,8 @@ _HINTS: dict[type, str] = {
     errors.Unauthorized: "set PIDLEASE_API_TOKEN (or --api-token) to the coordinator's API token",
     errors.Forbidden: "this token's principal lacks the scope or does not own the PID; "
     "see the detail",
+    errors.OffsetOutOfRange: "the records are gone from the source; to go on without them, "
+    "restart with a new --name (and an empty target topic) or from the log start",
     errors.PidLimitExceeded: "reuse a producer name (--producer-name takes its PID over) instead "
     "of leasing new PIDs, or ask an operator to raise pids_max_per_principal",
 }
@@ -801,7 +807,8 @@ def main(argv: list[str] | None = None) -> int:
         for cls, hint in _HINTS.items():
             if isinstance(exc, cls):
                 print(
-                    f"hint: {hint.format(url=getattr(args, 'coordinator', DEFAULT_COORDINATOR))}",
+                    # `mirror` has two coordinators: the error names the one it could not reach
+                    f"hint: {hint.format(url=getattr(args, 'coordinator', 'the URL above'))}",
                     file=sys.stderr,
                 )
                 break

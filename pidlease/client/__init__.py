@@ -19,6 +19,9 @@
 - ``partitioner``    which partition a record goes to when the caller does not say
 - ``reader``         ``Reader``: an iterator over one partition's records
 - ``consumer``       ``Consumer``: a member of a consumer group (the Kafka listener's groups)
+- ``processor``      ``Processor`` / ``AsyncProcessor``: read a topic, write a function of
+                     it to another, effectively once (docs/processing.md)
+- ``mirror``         copying topics between clusters on processors (``pidlease mirror``)
 
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
 ``record_columns`` -> ``batch_future`` / ``record_run`` -> ``record_future`` -> ``structs``);

@@ -140,6 +140,16 @@ def _as_bytes(x: Any, what: str) -> bytes:
     raise errors.ConfigError(f"{what} must be bytes or str, not {type(x).__name__}")
 
 
+def _check_timestamp(timestamp_ms: object) -> None:
+    """``send_batch(timestamp_ms=)``: None, or ms since the epoch as a non-negative int."""
+    if timestamp_ms is not None and (
+        type(timestamp_ms) is not int or not 0 <= timestamp_ms <= 2**63 - 1
+    ):
+        raise errors.ConfigError(
+            f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}"
+        )
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     """The event loop of the blocking Producer's thread: uvloop's when it is installed
     (less CPU per wake-up and per socket operation), else asyncio's. PIDLEASE_UVLOOP=0
@@ -470,12 +480,16 @@ class AsyncProducer:
         keys: Any = None,
         partition: int | None = None,
         sequence_ids: Any = None,
+        timestamp_ms: int | None = None,
     ) -> AsyncBatchFuture:
         """Admit many records in one call (lists or Arrow arrays; see
         ``record_columns.py``); returns one future whose result is their
         ``BatchMetadata`` in input order. Waits while ``buffer_records_max`` records are
-        unresolved, then takes the whole call. Bad input raises here, changing nothing."""
+        unresolved, then takes the whole call. Bad input raises here, changing nothing.
+        ``timestamp_ms``: the timestamp of every batch the call makes (default: the
+        producer's clock when each batch is built)."""
         self.check_open()
+        _check_timestamp(timestamp_ms)
         cols = Columns.of(values, keys, sequence_ids, bytes_max=self.config.batch_bytes_max)
         assert self._space is not None
         while self._buffered >= self.config.buffer_records_max:
@@ -486,6 +500,9 @@ class AsyncProducer:
         with self.lock:
             planned = self.plan_batch(cols, partition, fut.tracker)
         for p, runs in planned:
+            if timestamp_ms is not None:
+                for r in runs:
+                    r.timestamp_ms = timestamp_ms
             self.enqueue_runs(p, runs)
         fut.tracker.seal()
         return fut
@@ -976,13 +993,17 @@ class Producer:
         keys: Any = None,
         partition: int | None = None,
         sequence_ids: Any = None,
+        timestamp_ms: int | None = None,
     ) -> BatchFuture:
         """Admit many records in one call: ``values`` (and ``keys``, ``sequence_ids``) as
         lists or Arrow arrays. Returns one future whose result is the records'
         ``BatchMetadata`` (a lazy sequence of ``RecordMetadata``, in input order). Same
         guarantees as ``send``; blocks while ``buffer_records_max`` records are
-        unresolved, then takes the whole call. Bad input raises here, changing nothing."""
+        unresolved, then takes the whole call. Bad input raises here, changing nothing.
+        ``timestamp_ms``: the timestamp of every batch the call makes (default: the
+        producer's clock when each batch is built; a mirror keeps its source's)."""
         eng = self._engine
+        _check_timestamp(timestamp_ms)
         cols = Columns.of(values, keys, sequence_ids, bytes_max=self._bytes_max)
         fut = BatchFuture(cols.n)
         with self._lock:
@@ -1004,6 +1025,8 @@ class Producer:
                     self._close_run(p, run)
                     self._handoff.append((p, run))
                 for r in runs:
+                    if timestamp_ms is not None:
+                        r.timestamp_ms = timestamp_ms
                     self._handoff.append((p, r))
                     self._committed += len(r.values)
             if self._handoff and not self._wakeup_scheduled:

@@ -52,6 +52,7 @@ class RecordRun(RunState):
         "last_seq",
         "records_max",
         "size",
+        "timestamp_ms",
         "values",
         "vlen",
     )
@@ -85,6 +86,9 @@ class RecordRun(RunState):
         self.records_max = records_max
         self.bytes_max = bytes_max
         self.closed = False  # handed over whole: it is one batch, nothing joins it
+        # The batch's timestamp when the caller gave one (``send_batch(timestamp_ms=)``,
+        # a mirror keeping its source's); None: the producer's clock when it is built.
+        self.timestamp_ms: int | None = None
 
     @property
     def count(self) -> int:

@@ -798,7 +798,7 @@ class PartitionSender:
             pid=lease.pid,
             generation=lease.generation,
             base_sequence=base,
-            timestamp_ms=int(self.ctx.wall_ms()),
+            timestamp_ms=int(self.ctx.wall_ms()) if run.timestamp_ms is None else run.timestamp_ms,
         )
         # The batch is frozen from here on (a resend is the same bytes): the payloads are
         # not needed any more, and the records' futures keep the run alive.

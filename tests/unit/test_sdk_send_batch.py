@@ -321,3 +321,34 @@ def test_send_batch_and_send_write_the_same_log(
         by_send = [log(srv, "t", q) for q in range(3)]
     assert by_batch == by_send
     assert metas == singles
+
+
+def _timestamps(srv: FakePartitionServer, topic: str, partition: int) -> list[tuple[int, int]]:
+    """(base sequence, timestamp) of each stored batch."""
+    out = []
+    for b in srv.parts[(topic, partition)].batches:
+        h = P.decode_batch_header(b)
+        out.append((h.base_sequence, h.timestamp_ms))
+    return out
+
+
+def test_explicit_timestamp_is_every_batch_s_timestamp(fake) -> None:  # type: ignore[no-untyped-def]
+    """``send_batch(timestamp_ms=T)`` stamps each batch the call makes with T (a mirror
+    keeps its source's timestamps); without it the producer's clock is the timestamp."""
+    srv, coord = fake
+    with make(coord, topic="mono", batch_records_max=2, wall_ms=lambda: 5_000.0) as p:
+        p.send_batch([b"a", b"b", b"c"], partition=0, sequence_ids=[0, 1, 2], timestamp_ms=17)
+        p.send_batch([b"d"], partition=0, sequence_ids=[3]).result(10)
+        for bad in (-1, 1.5, "1", True):
+            with pytest.raises(errors.ConfigError, match="timestamp_ms"):
+                p.send_batch([b"x"], partition=0, sequence_ids=[9], timestamp_ms=bad)
+    assert _timestamps(srv, "mono", 0) == [(0, 17), (2, 17), (3, 5_000)]
+
+    async def run() -> None:
+        async with AsyncProducer(
+            "http://fake", topic="mono", http_transport=coord.transport()
+        ) as ap:
+            await (await ap.send_batch([b"e"], partition=1, timestamp_ms=42))
+
+    asyncio.run(run())
+    assert [ts for _, ts in _timestamps(srv, "mono", 1)] == [42]

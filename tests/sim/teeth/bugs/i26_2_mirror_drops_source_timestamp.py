@@ -1,0 +1,17 @@
+TITLE = (
+    "send_batch(timestamp_ms=) ignored: a mirror's target records get the mirror's clock, "
+    "not the source's timestamps"
+)
+ORIGIN = "issue 26 item 2"
+PATCHES = [
+    (
+        "pidlease/client/sender.py",
+        "timestamp_ms=int(self.ctx.wall_ms()) if run.timestamp_ms is None else run.timestamp_ms,",
+        "timestamp_ms=int(self.ctx.wall_ms()),",
+    )
+]
+SEARCH = "pytest"
+SIM_ARGS: list[str] = []
+PYTEST = "tests/unit/test_sdk_send_batch.py::test_explicit_timestamp_is_every_batch_s_timestamp"
+BUDGET = 1  # one pytest run
+WHY_NOT_SIM = "the simulation drives the partition server, not the SDK's batch building"
