@@ -34,6 +34,19 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# What one more partition may add to a PRODUCER_STATES / FENCES call's deadline: a FENCES
+# answer waits until every fence is durable on the partitions' in-sync followers, and with
+# one fetch loop per followed partition (docs/replication.md, "Not done / limits") 333
+# fences took 5-11 s on a loaded 2-core machine (issue 24).
+MANY_MS_PER_PARTITION = 30
+
+
+def many_timeout_s(timeout_s: float, partitions: int) -> float:
+    """The deadline of one call for ``partitions`` partitions: the one-partition deadline
+    ``timeout_s`` and ``MANY_MS_PER_PARTITION`` for each."""
+    return timeout_s + partitions * MANY_MS_PER_PARTITION / 1000
+
+
 class _Deadline:
     def __init__(self, timeout_s: float) -> None:
         self.end = time.monotonic() + timeout_s
@@ -136,9 +149,7 @@ class LeaderClient:
         return self._entries(address, resp, len(entries))
 
     def _many_timeout_s(self, n: int) -> float:
-        # A thousand fences wait for a thousand appends to be durable on their followers:
-        # more than one does, though far less than a thousand one after another.
-        return self._timeout_s * (1 + n / 1000)
+        return many_timeout_s(self._timeout_s, n)
 
     def _entries(self, address: str, resp: protocol.Response, n: int) -> list[protocol.Response]:
         if resp.error_code != 0:  # the request as a whole was refused: every entry says so

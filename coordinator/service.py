@@ -20,7 +20,7 @@ from typing import Any
 from coordinator import leases
 from coordinator.allocator import PidAllocator
 from coordinator.auth import ANONYMOUS, Principal
-from coordinator.leaders import LeaderClient
+from coordinator.leaders import LeaderClient, many_timeout_s
 from coordinator.lease_cache import AddressCache, RecordCache
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.metrics import Metrics
@@ -346,7 +346,7 @@ class LeaseService:
         # One deadline for all: past it, calls not started yet are cancelled (their
         # partitions answer COORDINATOR_UNAVAILABLE, retriable), so a slow leader cannot
         # hold the shared pool for a whole queue of calls.
-        timeout_s = self.settings.leader_request_timeout_ms / 1000 * (1 + longest / 1000)
+        timeout_s = many_timeout_s(self.settings.leader_request_timeout_ms / 1000, longest)
         deadline = time.monotonic() + timeout_s * 2
         out: dict[str, Response | PidleaseError] = {}
         for chunk, fut in futures:

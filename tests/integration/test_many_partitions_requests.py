@@ -55,7 +55,13 @@ def test_states_and_fences_for_many_partitions_answer_each_partition(server, zk_
         f = c.fences(pid, gen + 1, new, entries)
         assert f.error_code == 0 and f.entries is not None
         got = [(e.error_code, e.existed, e.durable_highwater) for e in f.entries]
-        assert got == [(0, True, 1), (0, True, 0), (0, False, -1), (0, False, -1), (unknown, False, -1)]
+        assert got == [
+            (0, True, 1),
+            (0, True, 0),
+            (0, False, -1),
+            (0, False, -1),
+            (unknown, False, -1),
+        ]
         assert f.entries[2].fence_offset >= 0, "m/2: a fresh entry was written"
         assert f.entries[3].fence_offset == -1, "m/3: nothing written"
         # Every fenced partition refuses the old generation, as after a FENCE each.

@@ -311,7 +311,7 @@ def test_many_partitions_bad_input_is_a_clear_error(api):
         p.decode_request(_many(api, 1, one[:-1]))
     with pytest.raises(CorruptRecord, match="unexpected bytes"):
         p.decode_request(_many(api, 1, one + b"x"))
-    with pytest.raises(ValueError, match="1..10000 partitions"):
+    with pytest.raises(ValueError, match=r"1\.\.10000 partitions"):
         p.producer_states_request(1, 42, [])
 
 
