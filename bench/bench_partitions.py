@@ -13,6 +13,9 @@ servers as processes). For each P:
   sockets (``socket:`` links in /proc/<pid>/fd); ZooKeeper's packets received per second
   over the same window (``mntr``'s ``zk_packets_received``, the four-letter words are on in
   the project's ZooKeeper);
+- **takeover**: the producer closed and a new one started with the same name (a takeover:
+  every partition fenced before the lease answers), until a record sent to every partition
+  is acked (``takeover_lease_s`` is the constructor's share; ``--no-takeover`` skips it);
 - **failover**: SIGKILL the server leading most partitions, send one record to each
   partition it led with the same producer; the first and the last ack after the kill
   (``--no-failover`` skips it).
@@ -170,8 +173,23 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             out["sockets"] = {i: sockets(pid) for i, pid in procs.items()}
             if zk0 is not None and zk1 is not None:
                 out["zk_packets_per_s"] = round((zk1 - zk0) / (z1 - z0), 1)
+            if not args.no_takeover:
+                p.close()
+                t = time.monotonic()
+                p = Producer(
+                    cluster.coordinator_url,
+                    topic=TOPIC,
+                    producer_name="bench-partitions",
+                    start_timeout_ms=args.start_timeout_s * 1000,
+                )
+                out["takeover_lease_s"] = round(time.monotonic() - t, 3)
+                send_all(p, list(range(n)), args.write_timeout_s)
+                out["takeover_write_all_s"] = round(time.monotonic() - t, 3)
             if not args.no_failover:
                 out.update(failover(cluster, p, args))
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            print(f"P={n}: {out['error']}", flush=True)
         finally:
             p.close()
     return out
@@ -199,12 +217,17 @@ def failover(cluster: LocalCluster, p: Producer, args: argparse.Namespace) -> di
 
 
 def show(r: dict[str, Any]) -> str:
-    if "error" in r:
-        return f"| {r['partitions']} | {r.get('create_s', '')} | {r['error']} |"
+    if "first_write_all_s" not in r:
+        return f"| {r['partitions']} | {r.get('create_s', '')} | {r.get('error')} |"
 
     def spread(d: dict[int, Any]) -> str:
         return " / ".join(str(d[k]) for k in sorted(d))
 
+    tk = (
+        f"{r['takeover_write_all_s']} s (lease {r['takeover_lease_s']} s)"
+        if "takeover_write_all_s" in r
+        else "-"
+    )
     fo = (
         f"{r['failover_acked']} of {r['killed_led']}: first {r['failover_first_ack_s']} s, "
         f"last {r['failover_last_ack_s']} s"
@@ -215,7 +238,7 @@ def show(r: dict[str, Any]) -> str:
         f"| {r['partitions']} | {r['create_s']} s | {r['first_write_all_s']} s "
         f"(lease {r['lease_s']} s) | {spread(r['idle_cpu_pct'])} % | "
         f"{spread(r['rss_mb'])} MB | {spread(r['sockets'])} | "
-        f"{r.get('zk_packets_per_s', '-')} | {fo} |"
+        f"{r.get('zk_packets_per_s', '-')} | {tk} | {fo} |"
     )
 
 
@@ -229,6 +252,9 @@ def main() -> int:
     ap.add_argument("--start-timeout-s", type=int, default=120, help="producer start timeout")
     ap.add_argument("--write-timeout-s", type=float, default=300.0)
     ap.add_argument("--no-failover", action="store_true")
+    ap.add_argument(
+        "--no-takeover", action="store_true", help="skip the restart of the producer by name"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = []
@@ -238,10 +264,10 @@ def main() -> int:
         print(json.dumps(r), flush=True)
     print(
         "\n| P | create | first write to all | idle CPU per server | RSS per server | "
-        "sockets per server | ZooKeeper packets/s idle | killed leader's partitions acked "
-        "again (after the kill) |"
+        "sockets per server | ZooKeeper packets/s idle | takeover: write to all | killed "
+        "leader's partitions acked again (after the kill) |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         print(show(r))
     print(f"\nload average at the end: {os.getloadavg()}")
