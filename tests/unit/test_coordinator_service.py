@@ -17,6 +17,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.testing import FakeStore
 from pidlease.errors import (
     CoordinatorUnavailable,
+    NotLeader,
     ProducerFenced,
     UnknownPid,
     UnknownTopicOrPartition,
@@ -683,3 +684,93 @@ def test_a_renewal_round_with_a_slow_leader_is_bounded_and_frees_the_pool() -> N
         assert len(leaders.many_calls) <= 3, leaders.many_calls
     finally:
         svc.close()
+
+
+# Issue 24: what a lease of many partitions needs from the leaders, one request per server.
+@pytest.fixture
+def two_servers() -> Any:
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
+    store.add_topic("t", 10)  # led by server 1
+    store.add_topic("u", 12, leader=2)
+    store.add_server(1, 9001)
+    store.add_server(2, 9002)
+    svc = LeaseService(
+        CoordinatorSettings(zk="x", pid_block_size=10),
+        store,
+        PidAllocator(store, 10),
+        leaders,
+        Metrics(),  # type: ignore[arg-type]
+        clock_ms=clock,
+    )
+    yield svc, store, leaders
+    svc.close()
+
+
+def _all(svc: LeaseService, pid: int, gen: int) -> list[dict[str, Any]]:
+    reqs = [LeaseRequest("t", p, pid, None, gen) for p in range(10)]
+    reqs += [LeaseRequest("u", p, pid, None, gen) for p in range(12)]
+    return svc.lease_batch(reqs)
+
+
+def test_a_renewal_round_and_a_takeover_ask_each_leader_server_once(two_servers: Any) -> None:
+    svc, store, leaders = two_servers
+    r = svc.lease(LeaseRequest("t", 0, producer_name="wide"))
+    pid, gen = r.record.pid, r.record.generation
+    out = _all(svc, pid, gen)
+    assert [o["error"] for o in out] == ["NONE"] * 22
+    assert sorted(leaders.many_calls) == [
+        ("states", "127.0.0.1:9001", 10),
+        ("states", "127.0.0.1:9002", 12),
+    ]
+    leaders.many_calls.clear()
+    t = svc.lease(LeaseRequest("t", 0, producer_name="wide"))  # takeover: fences all 22
+    assert t.kind is LeaseKind.TAKEOVER and t.record.generation == gen + 1
+    assert sorted(leaders.many_calls) == [
+        ("fences", "127.0.0.1:9001", 10),
+        ("fences", "127.0.0.1:9002", 12),
+    ]
+    fenced = {(c[2], c[3]) for c in leaders.calls if c[0] == "fence" and c[5] == gen + 1}
+    assert fenced == {("t", p) for p in range(10)} | {("u", p) for p in range(12)}
+    assert len(store.get_pid(pid)[0].partitions) == 22
+
+
+def test_a_partition_answered_not_leader_is_asked_again_once_alone(two_servers: Any) -> None:
+    svc, _store, leaders = two_servers
+    r = svc.lease(LeaseRequest("t", 0))
+    pid, gen = r.record.pid, r.record.generation
+    real = leaders.producer_states
+    refused: list[int] = []
+
+    def moving(address: str, pid_: int, partitions: list[tuple[str, int]]) -> list[Response]:
+        got = real(address, pid_, partitions)
+        if ("u", 5) in partitions and not refused:
+            refused.append(1)  # the first time only: the leader was moving
+            i = partitions.index(("u", 5))
+            got[i] = Response(0, NotLeader.code, "this server does not lead u/5")
+        return got
+
+    leaders.producer_states = moving  # type: ignore[method-assign]
+    out = _all(svc, pid, gen)
+    assert [o["error"] for o in out] == ["NONE"] * 22
+    assert ("states", "127.0.0.1:9002", 1) in leaders.many_calls  # u/5 again, alone
+
+
+def test_a_leader_refusing_a_partition_twice_fails_that_item_only(two_servers: Any) -> None:
+    svc, store, leaders = two_servers
+    r = svc.lease(LeaseRequest("t", 0))
+    pid, gen = r.record.pid, r.record.generation
+    real = leaders.producer_states
+
+    def refusing(address: str, pid_: int, partitions: list[tuple[str, int]]) -> list[Response]:
+        got = real(address, pid_, partitions)
+        return [
+            Response(0, NotLeader.code, "not leading u/5") if tp == ("u", 5) else g
+            for tp, g in zip(partitions, got, strict=True)
+        ]
+
+    leaders.producer_states = refusing  # type: ignore[method-assign]
+    out = _all(svc, pid, gen)
+    errors_ = [o["error"] for o in out]
+    assert errors_[10 + 5] == "COORDINATOR_UNAVAILABLE" and "NOT_LEADER" in out[15]["detail"]
+    assert errors_.count("NONE") == 21
+    assert "u/5" not in store.get_pid(pid)[0].partitions
