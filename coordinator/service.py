@@ -289,7 +289,11 @@ class LeaseService:
             unknown = [tp for tp in todo if self.addresses.get(tp) is None]
             if unknown:
                 # One pipelined ZooKeeper read for all of them, not one per partition.
-                for tp, found in self._leader_lookup(unknown).items():
+                try:
+                    looked_up = self._leader_lookup(unknown)
+                except PidleaseError as exc:  # ZooKeeper unavailable: each item's answer
+                    looked_up = dict.fromkeys(unknown, exc)
+                for tp, found in looked_up.items():
                     if isinstance(found, str):
                         self.addresses.put(tp, found)
                     else:

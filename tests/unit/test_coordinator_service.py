@@ -774,3 +774,21 @@ def test_a_leader_refusing_a_partition_twice_fails_that_item_only(two_servers: A
     assert errors_[10 + 5] == "COORDINATOR_UNAVAILABLE" and "NOT_LEADER" in out[15]["detail"]
     assert errors_.count("NONE") == 21
     assert "u/5" not in store.get_pid(pid)[0].partitions
+
+
+def test_zookeeper_failing_the_leader_lookup_fails_each_item_not_the_batch(
+    two_servers: Any,
+) -> None:
+    svc, store, _leaders = two_servers
+    r = svc.lease(LeaseRequest("t", 0))
+    pid, gen = r.record.pid, r.record.generation
+    before = store.get_pid(pid)
+
+    def down(*a: Any) -> Any:
+        raise CoordinatorUnavailable("ZooKeeper did not answer")
+
+    store.get_partition_states = down  # type: ignore[method-assign]
+    out = _all(svc, pid, gen)
+    assert [o["error"] for o in out] == ["COORDINATOR_UNAVAILABLE"] * 22
+    assert "ZooKeeper did not answer" in out[0]["detail"]
+    assert store.get_pid(pid) == before
