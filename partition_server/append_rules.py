@@ -28,11 +28,13 @@ reason the rules did not decide (full disk, TOO_MANY_PIDS; the partition reports
 ``note_refused``) while N+1, already in flight, is appended, the resend of N would look
 like an old batch. So:
 
-- a refused batch blocks its PID from its base sequence (the lowest refused base is kept):
-  a later batch whose base is above it is refused SEQUENCE_UNKNOWN (retriable, expected
-  sequence = the blocked base) until a batch from at or below the blocked base is appended
-  (the resend; any append of the PID clears the block) or a takeover (a fence with a newer
-  generation: the new holder resumes after the highwater) abandons the range;
+- a refused batch blocks its PID: a later batch whose base is above the lowest refused
+  range not resent yet is refused SEQUENCE_UNKNOWN (retriable, expected sequence = that
+  range's base), and is itself a refused range then (the table records it,
+  ``ProducerStateTable.check_append``); each range is resent once a batch reaching it is
+  appended, and the block lifts only when every refused range is (not at the first
+  resend: issue 23 item 5), or when a takeover (a fence with a newer generation: the
+  new holder resumes after the highwater) abandons them all;
 - DUPLICATE is answered only for a range the partition wrote: a kept batch (an exact
   match, with its offsets), or a range every sequence of which is held by a kept batch
   or older than every kept batch, the latter only outside the ranges takeovers gave up
@@ -125,7 +127,7 @@ class PidView(Protocol):
         """(base_seq, last_seq, base_offset) of the last K batches, oldest first."""
 
     def blocked_from(self, pid: int) -> int | None:
-        """Monotonic: the lowest base sequence of the PID refused unresolved, or None."""
+        """Monotonic: the lowest sequence of the PID refused and not resent, or None."""
 
     def abandoned_ranges(self, pid: int) -> list[tuple[int, int]]:
         """Monotonic: the [lo, hi) sequence ranges takeovers gave up (hi -1: open)."""

@@ -19,6 +19,7 @@ from typing import Any
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, Role, parse_dir_name, wall_clock_ms
 from partition_server.produce import ProducePath
+from partition_server.rebuild import forget_start_over
 from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager, is_replicated
 from partition_server.retention import LogPolicy, segments_to_delete
@@ -299,6 +300,17 @@ class Broker:
             loop = asyncio.get_running_loop()
             path, nbytes = await loop.run_in_executor(None, self.snapshots.write, snap)
             self.snapshots_taken += 1
+            for key, img in snap.partitions.items():
+                held = self.partitions.get(key)
+                if (
+                    held is not None
+                    and held.start_over_file
+                    and held.epochs.truncations == img.truncations
+                ):
+                    # Captured after the start-over (which raised the truncation count)
+                    # and none since: this file's rows supersede its image (rebuild.py).
+                    held.start_over_file = False
+                    forget_start_over(held.log.dir)
             # What recovery would use now: the newest file (a partition left out of it,
             # cut while it was taken, is rebuilt from its log and so may lose no segment).
             self._snapshot_replay_from = {

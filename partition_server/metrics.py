@@ -368,10 +368,9 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         ]
 
     def lag(field: str) -> dict[LabelValues, float]:
-        now = broker.clock_ms()
         out: dict[LabelValues, float] = {}
         for p in leaders_with_followers():
-            for replica, info in p.isr.lag_report(now).items():
+            for replica, info in p.isr.lag_report(p.isr_clock_ms()).items():
                 key = (p.topic, str(p.partition), str(replica))
                 if field == "offsets":
                     # -1: the follower has not fetched in this leadership yet.

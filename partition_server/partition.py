@@ -18,13 +18,13 @@ import asyncio
 import gc
 import logging
 import time
-from array import array
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from partition_server import rebuild
 from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher, FlushMark
 from partition_server.isr import InSyncReplicas
@@ -36,9 +36,9 @@ from partition_server.producer_state import (
     ProducerStateTable,
     Row,
 )
+from partition_server.rebuild import replay_batch as replay_batch  # noqa: PLC0414 - re-exported: tests replay with it
 from partition_server.retention import LogPolicy
-from partition_server.snapshot import PartitionImage, Snapshot
-from partition_server.snapshot import encode as encode_snapshot
+from partition_server.snapshot import PartitionImage
 from pidlease.errors import (
     CorruptRecord,
     NotEnoughReplicas,
@@ -130,6 +130,7 @@ class Partition:
         self.leader_epoch = -1  # the epoch this replica leads or follows
         self.leader_id = -1
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
+        self.isr_clock_ms: Callable[[], int] = clock_ms  # its clock (become_leader)
         self.min_insync = 1  # the topic's effective min_insync_replicas (the broker sets it)
         self.min_insync_refusals = 0
         self._data_waiter: asyncio.Future[None] | None = None
@@ -137,6 +138,9 @@ class Partition:
         # Called when an append rolls the active segment (the broker runs retention then,
         # so a size limit holds at any ingest rate, not only every retention_check_ms).
         self.on_roll: Callable[[], None] | None = None
+        # A start-over image (rebuild.START_OVER_FILE) is on disk until a server snapshot
+        # holds this partition (the broker removes it then).
+        self.start_over_file = False
 
     @property
     def durable_end(self) -> int:
@@ -165,11 +169,11 @@ class Partition:
     ) -> tuple[Partition, OpenReport, int]:
         """Open the log and rebuild producer state: snapshot rows + replay of the log from
         the snapshot's ``replay_from``; from 0 when the log ends before the snapshot's
-        ``covered_to`` or was cut since the snapshot. ``checkpoint_hw`` (replicated
+        ``covered_to`` or was cut since the snapshot (``rebuild.recover``: the snapshot, or
+        this partition's start-over image). ``checkpoint_hw`` (replicated
         partitions only; None otherwise) caps what counts as durable. Returns (partition,
         log report, batches replayed). ``evict_idle_min_ms`` and ``expire_ms`` are the
         tracked-PID limit's rules (producer_state.py; None: the table's defaults)."""
-        now = clock_ms()
         limits: dict[str, Any] = {"expire_ms": expire_ms}
         if evict_idle_min_ms is not None:
             limits["evict_idle_min_ms"] = evict_idle_min_ms
@@ -179,90 +183,43 @@ class Partition:
         directory = data_dir / dir_name(topic, partition)
         directory.mkdir(parents=True, exist_ok=True)
         epochs = EpochHistory.load(directory)
-        if snapshot is not None:
-            # Valid even when the rows are not trusted below: what was dropped stays dropped.
-            state.note_dropped(snapshot.dropped_last_use_max_ms)
-        distrusted: PartitionImage | None = None  # its rows still hold deleted segments'
-        if snapshot is not None and snapshot.truncations != epochs.truncations:
-            log.warning(
-                "%s-%d: the log was cut back since the snapshot; rebuilding producer "
-                "state from offset 0",
-                topic,
-                partition,
+
+        def open_log(
+            from_offset: int, on_batch: Callable[[BatchHeader], None]
+        ) -> tuple[PartitionLog, OpenReport]:
+            return PartitionLog.open(
+                directory,
+                segment_bytes_max,
+                verify_from_offset=from_offset,
+                on_batch=on_batch,
+                replay_from_offset=from_offset,
+                policy=policy,
+                clock_ms=clock_ms,
+                index_interval_bytes=index_interval_bytes,
             )
-            distrusted, snapshot = snapshot, None
-        from_offset = covered_to = 0
-        if snapshot is not None:
-            from_offset, covered_to = snapshot.replay_from, snapshot.covered_to
-            state.load_rows(snapshot.rows)
-        replayed = 0
 
-        def replay(h: BatchHeader) -> None:
-            nonlocal replayed
-            replayed += 1
-            replay_batch(state, h, now)
-
-        plog, report = PartitionLog.open(
+        plog, report, replayed, checkpoint_hw, start_over_file = rebuild.recover(
             directory,
-            segment_bytes_max,
-            verify_from_offset=from_offset,
-            on_batch=replay,
-            replay_from_offset=from_offset,
-            policy=policy,
-            clock_ms=clock_ms,
-            index_interval_bytes=index_interval_bytes,
+            f"{topic}-{partition}",
+            state,
+            epochs,
+            snapshot,
+            open_log,
+            clock_ms(),
+            checkpoint_hw,
         )
-        if plog.log_start_offset > from_offset and distrusted is None:
-            # Retention deletes only below the newest snapshot's replay_from, so this is a
-            # missing or older snapshot: PIDs only the deleted segments held are not known.
-            log.warning(
-                "%s-%d: the log starts at %d, above the snapshot's replay offset %d; "
-                "producer state of the deleted segments is not recovered",
-                topic,
-                partition,
-                plog.log_start_offset,
-                from_offset,
-            )
-        if plog.next_offset < covered_to:
-            log.warning(
-                "%s-%d: log ends at %d, before the snapshot's offset %d; rebuilding "
-                "producer state from offset 0",
-                topic,
-                partition,
-                plog.next_offset,
-                covered_to,
-            )
-            state.clear()
-            replayed = 0
-            for h in plog.iter_headers(0):
-                replay(h)
-            distrusted = snapshot
-        if distrusted is not None and plog.log_start_offset > 0:
-            restore_deleted_only(state, distrusted.rows, plog, f"{topic}-{partition}")
-        epochs.settle(plog.next_offset)
-        if checkpoint_hw is not None:
-            # Retention deleted only below the high watermark of its time, so the log start
-            # is committed even when the checkpoint lags behind it.
-            checkpoint_hw = min(max(checkpoint_hw, plog.log_start_offset), plog.next_offset)
-            # Batches above the last known high watermark may not be on the in-sync
-            # replicas: in flight again, never DUPLICATE, until the high watermark passes.
-            for h in plog.iter_headers(checkpoint_hw):
-                if not h.is_control and h.base_offset + h.count > checkpoint_hw:
-                    state.mark_pending(h.pid, h.base_sequence, h.last_sequence, h.last_offset)
-        return (
-            cls(
-                topic,
-                partition,
-                plog,
-                state,
-                flusher,
-                clock_ms,
-                epochs=epochs,
-                high_watermark=checkpoint_hw,
-            ),
-            report,
-            replayed,
+        part = cls(
+            topic,
+            partition,
+            plog,
+            state,
+            flusher,
+            clock_ms,
+            epochs=epochs,
+            high_watermark=checkpoint_hw,
         )
+        part.start_over_file = start_over_file
+        return part, report, replayed
 
     # -- appends ---------------------------------------------------------------------------
     def append(
@@ -631,6 +588,7 @@ class Partition:
         replay_from = self.log.next_offset
         pids = self.state.pids()
         rows = []
+        durable: dict[int, int] = {}
         # A million new row objects would set off full GC passes over the whole heap
         # (hundreds of ms each, stalling the loop); rows hold no cycles, so pause the GC.
         gc_was_on = gc.isenabled()
@@ -639,13 +597,20 @@ class Partition:
             for i in range(0, len(pids), chunk_pids):
                 if i:
                     await asyncio.sleep(0)
-                rows.extend(self.state.export_rows(pids[i : i + chunk_pids]))
+                chunk = pids[i : i + chunk_pids]
+                rows.extend(self.state.export_rows(chunk))
+                durable.update(self.state.durable_lags(chunk))
         finally:
             if gc_was_on:
                 gc.enable()
         # Read after the rows: a PID dropped before its row was exported is covered here.
         return PartitionImage(
-            replay_from, self.log.next_offset, rows, truncations, self.state.dropped_last_use_max_ms
+            replay_from,
+            self.log.next_offset,
+            rows,
+            truncations,
+            self.state.dropped_last_use_max_ms,
+            durable,
         )
 
     # -- replication: roles ---------------------------------------------------------------
@@ -670,13 +635,23 @@ class Partition:
                 f"no longer the leader of {self.topic}-{self.partition}", NotLeader, acks_only=True
             )
 
-    def become_leader(self, me: int, epoch: int, replicas: list[int], isr: list[int]) -> None:
+    def become_leader(
+        self,
+        me: int,
+        epoch: int,
+        replicas: list[int],
+        isr: list[int],
+        isr_clock_ms: Callable[[], int] | None = None,
+    ) -> None:
         """Lead ``epoch`` (won in ZooKeeper): record where it starts before any write. As a
         follower this replica saw no renewals (they touch the leader's state only), so
         every PID it holds starts a full expiry period now: a live producer renews within
         it, a dead one expires one period later than it would have. Raises OSError when the
         epoch cannot be saved (a full disk): nothing changes, the role is not taken, and the
-        next reconcile retries."""
+        next reconcile retries. ``isr_clock_ms``: the clock the in-sync bookkeeping reads
+        (fetch and lag times), a monotonic one (``ReplicaManager`` passes its own: a wall
+        clock stepped by NTP would make every follower look lagging at once); without it,
+        ``clock_ms`` (tests that drive one hand-moved clock)."""
         with self.epochs.change():
             self.epochs.assign(epoch, self.log.next_offset)
         if self.role is not Role.LEADER:
@@ -685,7 +660,8 @@ class Partition:
         self.leader_epoch = epoch
         self.role = Role.LEADER
         self.leader_id = me
-        self.isr = InSyncReplicas(me, replicas, isr, self.clock_ms(), self.min_insync)
+        self.isr_clock_ms = isr_clock_ms or self.clock_ms
+        self.isr = InSyncReplicas(me, replicas, isr, self.isr_clock_ms(), self.min_insync)
         self.advance_high_watermark()
 
     def become_follower(self, leader: int, epoch: int, address: str) -> None:
@@ -698,7 +674,7 @@ class Partition:
     # -- replication: the leader's side ----------------------------------------------------
     def record_replica_fetch(self, replica: int, offset: int) -> None:
         assert self.isr is not None
-        self.isr.record_fetch(replica, offset, self.log.next_offset, self.clock_ms())
+        self.isr.record_fetch(replica, offset, self.log.next_offset, self.isr_clock_ms())
         self.advance_high_watermark()
 
     def wait_for_data(self) -> asyncio.Future[None]:
@@ -745,7 +721,7 @@ class Partition:
         # Count the cut first: a crash right after must not trust older snapshot rows. A
         # failed save (full disk) leaves the history and the log as they were (only the
         # ends above are lowered; a flush raises them again): the next session retries.
-        kept = self._rows_kept_through_cut(end)
+        kept = rebuild.rows_kept_through_cut(self.state, self.log, end)
         with self.epochs.change():
             self.epochs.truncations += 1
             self.epochs.truncate_to(offset)
@@ -770,20 +746,22 @@ class Partition:
 
     def rows_below_log_start(self) -> bytes:
         """For a follower starting over at this leader's log start: the rows of the PIDs
-        with no batch left in the log (their batches are all below the start, committed),
-        in the snapshot file's format (checksummed). The follower fetches the rest."""
-        start = self.log.log_start_offset
-        rows = self.state.export_rows(self.state.pids_written_below(start))
-        image = PartitionImage(start, start, rows, self.epochs.truncations)
-        return encode_snapshot(Snapshot(self.clock_ms(), {(self.topic, self.partition): image}))
+        with no batch left in the log, and what was dropped here (``rebuild``)."""
+        return rebuild.rows_below_log_start(
+            self.state,
+            self.topic,
+            self.partition,
+            self.log.log_start_offset,
+            self.epochs.truncations,
+            self.clock_ms(),
+        )
 
-    def restart_at(self, offset: int, leader_rows: list[Row] | None = None) -> None:
+    def restart_at(self, offset: int, leader: PartitionImage | None = None) -> None:
         """The leader's log starts at ``offset``, beyond this replica's end: drop the whole
-        log and go on from there (retention there deleted what this replica lacks). Every
-        batch here is below the leader's log start, so committed: the producer state
-        stays, all of it durable. ``leader_rows`` (``rows_below_log_start`` of the leader)
-        bring the PIDs that wrote only in the skipped range, and newer rows of the PIDs
-        this replica knows (their generation never goes back)."""
+        log and go on from there (retention there deleted what this replica lacks), with
+        the state ``rebuild.start_over`` persisted first: this replica's and the leader's
+        (``rows_below_log_start``) rows of the PIDs that wrote only in the skipped range.
+        Raises OSError, with nothing changed, when that state cannot be saved."""
         log.warning(
             "%s-%d: log ends at %d, below the leader's log start %d: starting over there "
             "with the leader's producer state of %d PID(s) that wrote below it",
@@ -791,8 +769,18 @@ class Partition:
             self.partition,
             self.log.next_offset,
             offset,
-            len(leader_rows or ()),
+            len(leader.rows) if leader is not None else 0,
         )
+        rows = rebuild.start_over(
+            self.state,
+            self.epochs,
+            self.log,
+            (self.topic, self.partition),
+            offset,
+            leader,
+            self.clock_ms(),
+        )
+        self.start_over_file = True
         try:
             self.log.restart_at(offset)
         except OSError as exc:
@@ -800,69 +788,14 @@ class Partition:
             raise
         self.flushed_end = offset
         self.high_watermark = offset
-        self.state.mark_durable(offset)
-        if leader_rows:
-            rows = {r[0]: r for r in self.state.export_rows()}
-            for pid, gen, hw, last_use, flat in leader_rows:
-                mine = rows.get(pid, (pid, gen, hw, last_use, flat))
-                rows[pid] = (pid, max(gen, mine[1]), hw, max(last_use, mine[3]), flat)
-            self.state.load_rows(rows.values())
+        self.state.load_rows(rows)  # all durable: below the leader's log start
         _resolve(self._flush_waiters, offset)
         _resolve(self._waiters, offset)
-
-    def _rows_kept_through_cut(self, end: int) -> list[Row]:
-        """Rows, as of the cut at ``end``, of the PIDs with no batch left in the log below
-        it: their state came from segments retention deleted (all committed) and maybe
-        from batches in the cut range, so a rebuild from the log start cannot restore it.
-        Their batches at or above ``end`` are taken out: those sequences were never
-        committed and must be appended again when resent, never answered DUPLICATE. The
-        highwater is then the last kept batch's, or the durable (committed) highwater when
-        every kept batch was cut: the cut is above the high watermark, so that is the
-        highwater as of the cut. The generation stays as it is (a fence in the cut range
-        keeps refusing the older generation, which the coordinator has moved past). A PID
-        whose every batch was cut and that had nothing committed is left out."""
-        if self.log.log_start_offset == 0:
-            return []
-        in_log = {h.pid for h in self.log.iter_headers(0) if h.base_offset < end}
-        state = self.state
-        rows: list[Row] = []
-        for pid, gen, row_hw, last_use, flat in state.export_rows(
-            [p for p in state.pids() if p not in in_log]
-        ):
-            kept = array("q")
-            for i in range(0, len(flat), 3):
-                if flat[i + 2] < end:
-                    kept.extend(flat[i : i + 3])
-            hw = row_hw
-            if len(kept) < len(flat):
-                hw = kept[-2] if kept else min(row_hw, state.durable_highwater(pid))
-                if hw < 0:
-                    continue  # every batch it wrote was cut: as if it never wrote here
-            rows.append((pid, gen, hw, last_use, kept))
-        return rows
 
     def rebuild_state(self, kept: list[Row] | None = None) -> None:
         """Producer state from the log (and ``kept``, the rows of PIDs whose batches
         retention deleted); batches above the high watermark pending."""
-        now = self.clock_ms()
-        state = self.state
-        state.clear()
-        if kept:
-            state.load_rows(kept)
-        hw = self.high_watermark
-        for h in self.log.iter_headers(0):
-            if h.is_control:
-                state.apply_fence(h.pid, h.generation, now)
-            else:
-                state.apply_append(
-                    h.pid,
-                    h.generation,
-                    h.base_sequence,
-                    h.count,
-                    h.base_offset,
-                    now,
-                    durable=h.base_offset + h.count <= hw,
-                )
+        rebuild.rebuild_from_log(self.state, self.log, self.high_watermark, self.clock_ms(), kept)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -887,7 +820,9 @@ class Partition:
                 min_insync_refusals=self.min_insync_refusals,
             )
             if self.isr is not None:
-                out.update(isr=sorted(self.isr.isr), followers=self.isr.lag_report(self.clock_ms()))
+                out.update(
+                    isr=sorted(self.isr.isr), followers=self.isr.lag_report(self.isr_clock_ms())
+                )
         return out
 
     def close(self) -> None:
@@ -909,47 +844,6 @@ def _fail_above(waiters: deque[Waiter], end_offset: int, exc: Exception) -> None
             fut.set_exception(exc)
     waiters.clear()
     waiters.extend(keep)
-
-
-def restore_deleted_only(
-    state: ProducerStateTable, rows: list[Row], plog: PartitionLog, name: str
-) -> None:
-    """After a rebuild from the log start (the snapshot not trusted: the log was cut
-    since, or ends before what it covered), bring back from that snapshot the PIDs with
-    no batch left in the log: retention deleted their batches (below the log start,
-    never cut since: a cut is above the high watermark, deletion below it, and deletion
-    after a cut waits for a newer snapshot). Only their batches below the log start are
-    kept, and the highwater is the last of those: anything newer the snapshot saw was
-    cut. A PID with none left is not brought back."""
-    start = plog.log_start_offset
-    in_log = {h.pid for h in plog.iter_headers(0)}
-    back: list[Row] = []
-    for pid, gen, row_hw, last_use, flat in rows:
-        if pid in in_log or pid in state:
-            continue
-        kept = array("q")
-        for i in range(0, len(flat), 3):
-            if flat[i + 2] < start:
-                kept.extend(flat[i : i + 3])
-        if kept or not flat:  # a PID only fenced keeps its generation
-            back.append((pid, gen, kept[-2] if kept else row_hw, last_use, kept))
-    if back:
-        state.load_rows(state.export_rows() + back)
-    log.warning(
-        "%s: %d producer(s) whose batches retention deleted restored from the snapshot",
-        name,
-        len(back),
-    )
-
-
-def replay_batch(state: ProducerStateTable, h: BatchHeader, now_ms: int) -> None:
-    """Replay one stored batch into ``state`` (the log is the truth: no checks)."""
-    if h.is_control:
-        state.apply_fence(h.pid, h.generation, now_ms)
-    else:
-        state.apply_append(
-            h.pid, h.generation, h.base_sequence, h.count, h.base_offset, now_ms, durable=True
-        )
 
 
 def wall_clock_ms() -> int:

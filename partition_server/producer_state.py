@@ -73,7 +73,7 @@ from partition_server.append_rules import (
     kafka_base_position,
     leased_over_our_protocol,
 )
-from pidlease.wire.protocol import KAFKA_GENERATION_BASE
+from pidlease.wire.protocol import KAFKA_GENERATION_BASE, BatchHeader
 
 __all__ = [
     "BLOCKED_UNTRACKED_MAX",
@@ -85,7 +85,10 @@ __all__ = [
     "ProducerEntry",
     "ProducerStateTable",
     "Row",
+    "adopt_rows",
     "batch_triples",
+    "cut_row",
+    "pids_with_data",
 ]
 
 # The default of pid_evict_idle_min_ms: the coordinator's longest lease (24 h,
@@ -97,6 +100,9 @@ EVICT_IDLE_MIN_MS_DEFAULT = 86_400_000
 BLOCKED_UNTRACKED_MAX = 10_000
 # Ranges given up by takeovers kept per PID (``ProducerStateTable._abandoned``).
 _HOLES_MAX = 4
+# Refused ranges a block remembers per PID (``ProducerStateTable.note_refused``): more than
+# an SDK can have refused at once (its ``max_in_flight`` is at most 100).
+REFUSED_RANGES_MAX = 128
 
 _U32 = 0xFFFF_FFFF
 _NIL = -1  # end of the LRU list
@@ -231,10 +237,12 @@ class ProducerStateTable:
         self._wide: dict[int, array[int]] = {}  # slot -> flat triples
         self._dhw: dict[int, int] = {}  # pid -> durable highwater, when != H
         self._pending: dict[int, list[tuple[int, int]]] = {}  # pid -> (last_offset, last_seq)
-        # Monotonic only. pid -> lowest base sequence refused with a retriable error
-        # (``note_refused``), for tracked PIDs and for new ones refused TOO_MANY_PIDS; in
-        # refusal order, oldest first (the untracked entries' bound drops from the front).
-        self._blocked: dict[int, int] = {}
+        # Monotonic only. pid -> the ranges refused with a retriable error and not resent
+        # yet (``note_refused``, and the batches the block itself refused), as flat sorted
+        # disjoint [base, last] pairs, for tracked PIDs and for new ones refused
+        # TOO_MANY_PIDS; in refusal order, oldest first (the untracked entries' bound
+        # drops from the front).
+        self._blocked: dict[int, list[int]] = {}
         self._blocked_untracked = 0
         # Monotonic only. pid -> the ranges a takeover gave up, as flat [lo, hi) pairs
         # (hi -1: up to the new holder's first append, not made yet): a block was
@@ -433,12 +441,16 @@ class ProducerStateTable:
         self, pid: int, s: int | None, generation: int, base_seq: int, last_seq: int
     ) -> Decision | None:
         """The refusal of a batch after a refused one of the same PID (monotonic), or None
-        when the other rules decide (a fenced batch, the resend itself, an old batch)."""
-        blocked = self._blocked[pid]
+        when the other rules decide (a fenced batch, the resend itself, an old batch). The
+        refused batch's range joins the block: it is a refusal like any other, and a newer
+        batch must wait for its resend too."""
+        ranges = self._blocked[pid]
+        blocked = ranges[0]
         if base_seq <= blocked:
             return None
         if s is not None and (generation < self._gen[s] or base_seq <= self._hw[s]):
             return None
+        _add_range(ranges, base_seq, last_seq)
         return Decision(
             Outcome.SEQUENCE_UNKNOWN,
             expected_sequence=blocked,
@@ -508,13 +520,29 @@ class ProducerStateTable:
         ``max_in_flight``, already on the wire behind the refused one) and one backoff;
         every refused resend moves the PID to the young end again. A drop needs that many
         other new PIDs refused within that window, and even then the PID's next batch is
-        refused TOO_MANY_PIDS for as long as the partition stays full."""
+        refused TOO_MANY_PIDS for as long as the partition stays full.
+
+        The block remembers every refused range not resent yet (this one, and each batch
+        it refuses itself, ``_check_blocked``) and lifts range by range as the resends are
+        appended (``apply_append``): a batch passes only from at or below the lowest range
+        still refused, so a newer batch can never be appended above a refused one that
+        was not resent, and no refused range becomes a hole that "older than every kept
+        batch" would later answer DUPLICATE (issue 23 item 5: the block used to lift at
+        the resend of the first refused batch). At most ``REFUSED_RANGES_MAX`` ranges per
+        PID: past that the newest are not remembered (a client that pipelines that many
+        refused batches and then resends them out of its own order can leave a hole among
+        them, as a client that sends out of order can on any monotonic topic)."""
         if self.mode != "monotonic" or pid == 0 or generation >= KAFKA_GENERATION_BASE:
             return  # (Kafka batches: their rules take only last+1, so no hole to guard)
-        del count  # the block is per PID, from the refused base on
+        last_seq = base_seq + count - 1
+        s = self._slot.get(pid)
+        if s is not None and last_seq <= self._hw[s]:
+            return  # at or below the highwater: nothing above it waits for this one
         blocked = self._blocked
         old = blocked.pop(pid, None)
-        blocked[pid] = base_seq if old is None or base_seq < old else old
+        ranges = old if old is not None else []
+        _add_range(ranges, base_seq, last_seq)
+        blocked[pid] = ranges
         if old is None and pid not in self._slot:
             self._blocked_untracked += 1
             if self._blocked_untracked > BLOCKED_UNTRACKED_MAX:
@@ -539,8 +567,31 @@ class ProducerStateTable:
         return True
 
     def blocked_from(self, pid: int) -> int | None:
-        """The base sequence ``pid`` is blocked from (monotonic), or None."""
-        return self._blocked.get(pid)
+        """The base sequence ``pid`` is blocked from (monotonic): the lowest base of the
+        ranges refused and not resent yet, or None."""
+        ranges = self._blocked.get(pid)
+        return None if ranges is None else ranges[0]
+
+    def refused_ranges(self, pid: int) -> list[tuple[int, int]]:
+        """The (base, last) ranges of ``pid`` refused and not resent yet, lowest first."""
+        r = self._blocked.get(pid, [])
+        return [(r[i], r[i + 1]) for i in range(0, len(r), 2)]
+
+    def _resent(self, pid: int, last_seq: int) -> None:
+        """``pid`` appended a batch up to ``last_seq``: the refused ranges at or below it are
+        resent (a range it reaches into is left from ``last_seq + 1`` on); the block lifts
+        with the last one."""
+        ranges = self._blocked[pid]
+        i = 0
+        while i < len(ranges) and ranges[i] <= last_seq:
+            if ranges[i + 1] > last_seq:
+                ranges[i] = last_seq + 1
+                break
+            i += 2
+        if i:
+            del ranges[:i]
+        if not ranges:
+            self._unblock(pid)
 
     def limit_detail(self) -> str:
         """Why a new PID was refused and what to do (the partition prefixes its name)."""
@@ -588,10 +639,14 @@ class ProducerStateTable:
     ) -> None:
         if not self.tracks(pid):
             return
-        if self._blocked:
-            # On the leader only the resend (from at or below the blocked base) passes the
-            # check; on a follower or in replay the log is the truth.
-            self._unblock(pid)
+        if self._blocked and pid in self._blocked:
+            # On the leader only a resend (from at or below the lowest range still
+            # refused) passes the check; on a follower or in replay the log is the truth.
+            # Kafka positions are not sequences: a Kafka batch ends any block.
+            if generation >= KAFKA_GENERATION_BASE:
+                self._unblock(pid)
+            else:
+                self._resent(pid, base_seq + count - 1)
         s = self._slot.get(pid)
         if generation >= KAFKA_GENERATION_BASE:
             # A Kafka sequence (i32, wrapping, 0 at each new epoch) becomes its position.
@@ -640,7 +695,7 @@ class ProducerStateTable:
         s = self._slot.get(pid)
         if s is None:
             # A block of an untracked PID is given up too: the new holder starts afresh.
-            blocked = self._blocked.get(pid) if self._blocked else None
+            blocked = self.blocked_from(pid) if self._blocked else None
             if blocked is not None:
                 self._unblock(pid)
             self._create(pid, generation, now_ms)
@@ -651,8 +706,9 @@ class ProducerStateTable:
         if generation > self._gen[s]:
             self._gen[s] = generation
             # A takeover gives up the refused range: the new holder resumes after the
-            # highwater, so nothing of it will be resent; never DUPLICATE it by age.
-            blocked = self._blocked.get(pid) if self._blocked else None
+            # highwater, so nothing of it will be resent; never DUPLICATE it by age. All
+            # the ranges still refused go: from the lowest on, up to where it resumes.
+            blocked = self.blocked_from(pid) if self._blocked else None
             if blocked is not None:
                 self._unblock(pid)
                 self._open_hole(pid, blocked)
@@ -1081,6 +1137,16 @@ class ProducerStateTable:
             out.append((pid, gen[s], hw, lu[s], flat))
         return out
 
+    def durable_lags(self, pids: Iterable[int]) -> dict[int, int]:
+        """The durable highwaters of ``pids`` that lag their highwater (batches above the
+        high watermark), for a snapshot beside ``export_rows`` of the same PIDs (no await
+        in between): a rebuild that loses those batches (a cut) goes back to it
+        (``cut_row``). A PID not named here has its durable highwater at its highwater."""
+        dhw = self._dhw
+        if not dhw:
+            return {}
+        return {pid: dhw[pid] for pid in pids if pid in dhw}
+
     def load_rows(self, rows: Iterable[Row]) -> None:
         """Replace the state with ``rows``, ordered by last use (expiry pops the front)."""
         self.clear()
@@ -1206,6 +1272,73 @@ def _covered(flat: array[int], base_seq: int, last_seq: int, older_written: bool
             if nxt > last_seq:
                 return True
     return False
+
+
+def _add_range(ranges: list[int], base: int, last: int) -> None:
+    """Add the refused range [base, last] to the flat sorted disjoint pairs ``ranges``
+    (overlapping or touching ranges merge); past ``REFUSED_RANGES_MAX`` pairs a range above
+    all of them is not added (``note_refused``)."""
+    i = 0
+    while i < len(ranges) and ranges[i + 1] < base - 1:
+        i += 2
+    j = i
+    while j < len(ranges) and ranges[j] <= last + 1:
+        base = min(base, ranges[j])
+        last = max(last, ranges[j + 1])
+        j += 2
+    if i == j and i == len(ranges) and len(ranges) >= 2 * REFUSED_RANGES_MAX:
+        return
+    ranges[i:j] = [base, last]
+
+
+# -- the rules of rebuilding state (partition_server/rebuild.py applies them) -------------
+def pids_with_data(headers: Iterable[BatchHeader], end: int) -> set[int]:
+    """The PIDs whose state the log below ``end`` carries: those with a *data* batch
+    there. A FENCE raises a generation and carries no sequence: a PID whose only batch
+    left is a fence (retention deleted its data batches, then a takeover) keeps the row
+    that holds its highwater; rebuilt from the fence alone it would be at -1 and a takeover
+    would restart it at sequence 0 (issue 23 item 2)."""
+    return {h.pid for h in headers if not h.is_control and h.base_offset < end}
+
+
+def cut_row(row: Row, end: int, durable_highwater: int | None) -> Row | None:
+    """A PID's row once its batches at or above ``end`` are gone (a cut at ``end``, or a
+    rebuild whose log starts at ``end`` and holds no data batch of it). Such batches were
+    above the high watermark (a cut never goes below it), so their sequences were never
+    committed: a resend must append again, never be answered DUPLICATE. The highwater is
+    the last kept batch's, or, when every kept batch went, ``durable_highwater`` (the
+    committed one, which the row's K batches may no longer show: more than K were cut,
+    issue 23 item 4). None when that is not known (a snapshot from before PLSNAP05) or
+    when the PID had nothing committed: as if it never wrote here. The generation stays:
+    a fence in the cut range keeps refusing the older generation, which the coordinator
+    has moved past."""
+    pid, gen, hw, last_use, flat = row
+    kept = array("q")
+    for i in range(0, len(flat), 3):
+        if flat[i + 2] < end:
+            kept.extend(flat[i : i + 3])
+    if len(kept) == len(flat):
+        return row
+    if kept:
+        return (pid, gen, kept[-2], last_use, kept)
+    if durable_highwater is None:
+        return None
+    hw = min(hw, durable_highwater)
+    return None if hw < 0 else (pid, gen, hw, last_use, kept)
+
+
+def adopt_rows(mine: Iterable[Row], theirs: Iterable[Row]) -> list[Row]:
+    """``mine`` with ``theirs`` taking over the PIDs they name (a follower starting over
+    adopting its leader's rows; a rebuild restoring rows over the fences replay found):
+    their highwater and batches win, the generation and last use never go back."""
+    rows = {r[0]: r for r in mine}
+    for pid, gen, hw, last_use, flat in theirs:
+        m = rows.get(pid)
+        if m is None:
+            rows[pid] = (pid, gen, hw, last_use, flat)
+        else:
+            rows[pid] = (pid, max(gen, m[1]), hw, max(last_use, m[3]), flat)
+    return list(rows.values())
 
 
 def batch_triples(flat: array[int]) -> list[tuple[int, int, int]]:

@@ -1,5 +1,6 @@
 """The connection refusal guard: a producer's batch refused with a retriable error holds
-back that producer's later batches on the same connection until the refused one is resent.
+back that producer's later batches on the same connection until the refused one, and every
+one held back behind it, is resent.
 
 Why: a producer pipelines batches N, N+1, ... on one connection. When N is refused with a
 retriable error (NOT_LEADER in a transition, UNKNOWN_TOPIC_OR_PARTITION just before the
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 # writes; past this many the server closes the connection instead of forgetting a key
 # (a closed connection applies nothing more, so it is always safe).
 GUARD_KEYS_MAX = 4096
+# Refused ranges one key may hold (more than an SDK has in flight: ``max_in_flight`` <= 100).
+GUARD_RANGES_MAX = 128
 
 Key = tuple[str, int, int]  # (topic, partition, pid)
 
@@ -29,10 +32,11 @@ Key = tuple[str, int, int]  # (topic, partition, pid)
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """The refused range of one producer on one partition, on one connection: from the
-    lowest refused base to the highest last sequence refused since (at dispatch or held
-    back here). The producer resends from its base; a later batch may pass without that
-    resend only once the partition holds up to its last (``server._refused_range_written``):
-    one held-back batch the partition lacks would otherwise become a hole no resend fills."""
+    lowest refused base not resent yet to the highest last sequence refused since (at
+    dispatch or held back here). The producer resends from its base; a later batch may pass
+    without that resend only once the partition holds up to its last
+    (``server._refused_range_written``): one held-back batch the partition lacks would
+    otherwise become a hole no resend fills."""
 
     generation: int
     base_sequence: int
@@ -40,13 +44,26 @@ class Refusal:
     code: int
 
 
+@dataclass(slots=True)
+class _Held:
+    """One key's refusals: the generation, the code of the lowest refusal, and each refused
+    range not resent yet as flat sorted disjoint [base, last] pairs."""
+
+    generation: int
+    code: int
+    ranges: list[int]
+
+    def summary(self) -> Refusal:
+        return Refusal(self.generation, self.ranges[0], self.ranges[-1], self.code)
+
+
 class RefusalGuard:
-    """Per-connection map (topic, partition, pid) -> the refusal holding its batches back."""
+    """Per-connection map (topic, partition, pid) -> the refusals holding its batches back."""
 
     __slots__ = ("_held", "keys_max", "overflowed")
 
     def __init__(self, keys_max: int = GUARD_KEYS_MAX) -> None:
-        self._held: dict[Key, Refusal] = {}
+        self._held: dict[Key, _Held] = {}
         self.keys_max = keys_max
         self.overflowed = False  # a refusal could not be recorded: close the connection
 
@@ -57,26 +74,45 @@ class RefusalGuard:
         return bool(self._held)
 
     def get(self, key: Key) -> Refusal | None:
-        return self._held.get(key)
+        h = self._held.get(key)
+        return None if h is None else h.summary()
 
-    def blocking(self, key: Key, generation: int, base_sequence: int) -> Refusal | None:
+    def blocking(
+        self, key: Key, generation: int, base_sequence: int, last_sequence: int | None = None
+    ) -> Refusal | None:
         """The refusal that holds this batch back, or None (it may be dispatched).
 
-        A batch starting at or below the refused base is the producer's in-order resend:
-        it clears the entry. A newer generation (a takeover) starts from its own fence and
-        clears it too. An older generation passes without clearing: the partition fences
-        it, and the newer generation's refusal still stands."""
-        r = self._held.get(key)
-        if r is None:
+        A batch starting at or below the lowest refused range still held is the producer's
+        in-order resend: the refused ranges it covers (up to ``last_sequence``; without it,
+        the whole lowest range) are taken as resent, and the entry goes with the last one.
+        A later batch waits for the resend of every range refused before it, not only the
+        first (issue 23 item 5: the entry used to go at the first resend, so a batch newer
+        than the ones held back behind it passed). If the resend is refused again, the
+        server notes it again. A newer generation (a takeover) starts from its own fence
+        and clears the entry. An older generation passes without clearing: the partition
+        fences it, and the newer generation's refusal still stands."""
+        h = self._held.get(key)
+        if h is None:
             return None
-        if generation > r.generation or (
-            generation == r.generation and base_sequence <= r.base_sequence
-        ):
+        if generation > h.generation:
             del self._held[key]
             return None
-        if generation < r.generation:
+        if generation < h.generation:
             return None
-        return r
+        ranges = h.ranges
+        if base_sequence > ranges[0]:
+            return h.summary()
+        upto = last_sequence if last_sequence is not None else max(base_sequence, ranges[1])
+        i = 0
+        while i < len(ranges) and ranges[i] <= upto:
+            if ranges[i + 1] > upto:
+                ranges[i] = upto + 1
+                break
+            i += 2
+        del ranges[:i]
+        if not ranges:
+            del self._held[key]
+        return None
 
     def clear(self, key: Key) -> None:
         """Forget a key (the server saw the refused range is written already)."""
@@ -86,20 +122,31 @@ class RefusalGuard:
         self, key: Key, generation: int, base_sequence: int, last_sequence: int, code: int
     ) -> None:
         """Record a retriable refusal (answered at dispatch, or a batch this guard held
-        back). The lowest refused base of the newest generation is kept: everything above
-        it waits for its resend; the range grows to the highest refused last sequence."""
-        r = self._held.get(key)
-        if r is not None:
-            if generation < r.generation:
+        back). Per key the newest generation's refusals are kept, each range until it is
+        resent; the code is that of the lowest. Past ``GUARD_RANGES_MAX`` ranges of one
+        key, or ``keys_max`` keys, nothing is forgotten: ``overflowed`` (the server closes
+        the connection, which applies nothing more)."""
+        h = self._held.get(key)
+        if h is not None and generation < h.generation:
+            return
+        if h is None or generation > h.generation:
+            if h is None and len(self._held) >= self.keys_max:
+                self.overflowed = True
                 return
-            if generation == r.generation:
-                last = max(last_sequence, r.last_sequence)
-                if base_sequence >= r.base_sequence:
-                    if last > r.last_sequence:
-                        self._held[key] = Refusal(r.generation, r.base_sequence, last, r.code)
-                    return
-                last_sequence = last
-        elif len(self._held) >= self.keys_max:
+            self._held[key] = _Held(generation, code, [base_sequence, last_sequence])
+            return
+        ranges = h.ranges
+        if base_sequence < ranges[0]:
+            h.code = code
+        i = 0
+        while i < len(ranges) and ranges[i + 1] < base_sequence - 1:
+            i += 2
+        j = i
+        lo, hi = base_sequence, last_sequence
+        while j < len(ranges) and ranges[j] <= hi + 1:
+            lo, hi = min(lo, ranges[j]), max(hi, ranges[j + 1])
+            j += 2
+        if i == j and len(ranges) >= 2 * GUARD_RANGES_MAX:
             self.overflowed = True
             return
-        self._held[key] = Refusal(generation, base_sequence, last_sequence, code)
+        ranges[i:j] = [lo, hi]

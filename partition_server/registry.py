@@ -76,9 +76,12 @@ class Registry:
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         # The simulation (tests/sim) has no threads: it heartbeats from the event loop,
-        # each exists() through run_in_executor, and sets its own lease at boot.
+        # each sync() and exists() through run_in_executor, and sets its own lease at boot.
         self.heartbeat_on_loop = False
         self._hb_task: asyncio.Task[None] | None = None
+        # (session, send time) of the last heartbeat the quorum confirmed: the next one
+        # confirmed in the same session extends the lease from it (``_heartbeat_answered``).
+        self._hb_prev: tuple[int, float] | None = None
 
     def configure_lease(self, *, margin_ms: float, heartbeat_ms: float) -> None:
         """Before connect(): step down ``margin_ms`` before the session could have expired,
@@ -257,10 +260,14 @@ class Registry:
             self._loop.call_soon_threadsafe(self.on_lease)
 
     def _heartbeat_loop(self) -> None:
-        """Confirm the session every ``heartbeat_ms``: an ``exists`` of our own znode,
-        timed from before it is sent. One outstanding at a time; a request queued while
-        kazoo reconnects is answered late, with its old send time, so it extends nothing
-        it should not."""
+        """Confirm the session every ``heartbeat_ms``: a ``sync`` then an ``exists`` of our
+        own znode, timed from before they are sent. ``exists`` alone is answered by
+        whichever ZooKeeper server we are connected to from its own copy, also by a
+        follower cut off from the quorum (for up to syncLimit x tickTime); ``sync`` goes
+        through the quorum's leader, so a cut-off server cannot answer it, and ZooKeeper
+        answers one session's requests in order, so the ``exists`` answer comes after it.
+        One outstanding at a time; a request queued while kazoo reconnects is answered
+        late, with its old send time, so it extends nothing it should not."""
         interval_s = (self.heartbeat_ms or self.timeout_s * 1000 / 6) / 1000
         pending: Any = None
         while not self._hb_stop.is_set():
@@ -282,6 +289,7 @@ class Registry:
                 session = int(cid[0])
                 sent_ms = monotonic_ms()
                 try:
+                    await loop.run_in_executor(None, zk.sync, path)
                     stat = await loop.run_in_executor(None, zk.exists, path)
                 except Exception as exc:  # noqa: BLE001 - the lease simply runs out
                     log.info("ZooKeeper heartbeat failed: %s", describe(exc))
@@ -296,9 +304,17 @@ class Registry:
             return
         if int(cid[0]) != session or stat.ephemeralOwner != session:
             return  # not (or no longer) registered in this session
+        # The quorum's leader keeps the session alive on what the server we talk to
+        # reports of it in its ping replies (every tickTime / 2), so this answer proves
+        # the session alive at the quorum from the *previous* confirmed heartbeat's send
+        # time on, not this one's (docs/replication.md, Step-down); the first heartbeat
+        # of a session only sets that anchor.
+        prev, self._hb_prev = self._hb_prev, (session, sent_ms)
+        if prev is None or prev[0] != session:
+            return
         with self._lease_lock:
             was_valid = self.lease.valid(monotonic_ms())
-            began = self.lease.confirm(session, sent_ms)
+            began = self.lease.confirm(session, prev[1])
         if began or not was_valid:
             self._notify_lease()  # leaderships may be taken (again) now
 
@@ -313,10 +329,12 @@ class Registry:
             return None
         session = int(cid[0])
         sent_ms = monotonic_ms()
-        result = zk.exists_async(server_path(self.server_id))
+        path = server_path(self.server_id)
+        synced = zk.sync_async(path)
+        result = zk.exists_async(path)
         if not result.wait(interval_s * 4):
             return result
-        if not result.successful():
+        if not result.successful() or not synced.ready() or not synced.successful():
             return None
         self._heartbeat_answered(session, sent_ms, result.value)
         return None

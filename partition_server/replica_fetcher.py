@@ -27,8 +27,7 @@ from typing import Any
 
 from partition_server.epochs import truncation_step
 from partition_server.partition import Partition
-from partition_server.producer_state import Row
-from partition_server.snapshot import CorruptSnapshot
+from partition_server.snapshot import CorruptSnapshot, PartitionImage
 from partition_server.snapshot import decode as decode_snapshot
 from pidlease import errors
 from pidlease.wire import protocol as P
@@ -91,16 +90,17 @@ class _Wire:
         self.writer.close()
 
 
-def _leader_rows(part: Partition, data: memoryview | bytes | None) -> list[Row] | None:
-    """The rows a leader sends with a start-over (``Partition.rows_below_log_start``);
-    None from a leader that sends none. A damaged image ends the session (fetch again)."""
+def _leader_rows(part: Partition, data: memoryview | bytes | None) -> PartitionImage | None:
+    """The image a leader sends with a start-over (``Partition.rows_below_log_start``: its
+    rows and what it dropped); None from a leader that sends none. A damaged image ends
+    the session (fetch again)."""
     if not data:
         return None
     try:
         image = decode_snapshot(bytes(data)).partitions.get((part.topic, part.partition))
     except CorruptSnapshot as exc:
         raise FetchSessionError(f"the leader's producer state is unreadable: {exc}") from exc
-    return image.rows if image is not None else None
+    return image
 
 
 class ReplicaFetcher:

@@ -186,7 +186,7 @@ class ReplicaManager:
                 part.log.next_offset,
                 part.high_watermark,
             )
-            part.become_leader(me, ps.leader_epoch, ps.replicas, ps.isr)
+            part.become_leader(me, ps.leader_epoch, ps.replicas, ps.isr, self.isr_clock_ms)
             self._led_in[key] = session
             self._drop_departed(key, part, a)
             return
@@ -320,7 +320,7 @@ class ReplicaManager:
                 [r for r in remove if r in gone],
             )
         # Additions count towards the HW from now on; removals need a new fetch to return.
-        new = isr.begin_change(add, remove, self.clock_ms())
+        new = isr.begin_change(add, remove, part.isr_clock_ms())
 
         def after(state: PartitionState | None) -> None:
             if part.isr is not isr:
@@ -385,7 +385,7 @@ class ReplicaManager:
             )
         part.record_replica_fetch(rid, req.offset)
         joiners = part.isr.joiners(
-            part.high_watermark, self.clock_ms(), self.s.isr_change_min_interval_ms
+            part.high_watermark, part.isr_clock_ms(), self.s.isr_change_min_interval_ms
         )
         if joiners:
             self._change_isr(key, part, joiners, [])
@@ -522,9 +522,8 @@ class ReplicaManager:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(tick_s)
-            now = self.clock_ms()
             try:
-                self.check_isr(now)
+                self.check_isr()
                 if time.monotonic() - last_reconcile >= 1.0:
                     last_reconcile = time.monotonic()
                     self.reconcile_all()
@@ -534,16 +533,26 @@ class ReplicaManager:
             except Exception:  # keep maintaining; the next tick retries
                 log.exception("replication maintenance failed")
 
-    def check_isr(self, now_ms: int) -> None:
+    def isr_clock_ms(self) -> int:
+        """The clock of the in-sync bookkeeping: monotonic (``mono_ms``), never the wall
+        clock, which an NTP step moves by seconds: a step forward would make every
+        follower look ``replica_lag_time_max_ms`` behind and shrink every in-sync set at
+        once (issue 23 item 7)."""
+        return int(self.mono_ms())
+
+    def check_isr(self, now_ms: int | None = None) -> None:
         """One maintenance pass (each tick): in-sync followers not caught up for
         ``replica_lag_time_max_ms``, or whose session ended, leave the set. The departed
         are also removed as soon as a read shows them gone (``_drop_departed``); this
-        retries a write that failed or was skipped while another was in flight."""
+        retries a write that failed or was skipped while another was in flight. Lag is
+        measured on each partition's in-sync clock (``isr_clock_ms``); ``now_ms`` (tests
+        with a hand-moved clock) overrides it."""
         self._observe_servers(self.registry.assignment)
         gone = frozenset(self.liveness.gone())
         for key, part in list(self.partitions.items()):
             if part.role is Role.LEADER and part.isr is not None:
-                out = set(part.isr.laggards(now_ms, self.s.replica_lag_time_max_ms))
+                now = part.isr_clock_ms() if now_ms is None else now_ms
+                out = set(part.isr.laggards(now, self.s.replica_lag_time_max_ms))
                 out |= set(part.isr.departed(gone))
                 if out:
                     self._change_isr(key, part, [], sorted(out), gone)

@@ -391,7 +391,7 @@ class PartitionServer:
         if b is None:
             return None
         topic, partition, pid = b.key
-        r = guard.blocking(b.key, b.generation, b.base_sequence)
+        r = guard.blocking(b.key, b.generation, b.base_sequence, b.last_sequence)
         if r is None:
             return b
         part, _ = self.broker.route(topic, partition)

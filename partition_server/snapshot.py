@@ -15,14 +15,21 @@ snapshot was taken.
 
 File layout (big-endian), written atomically (tmp file, fsync, rename, fsync dir):
 
-    magic "PLSNAP04" | u32 crc32(body) | u64 len(body) | body
+    magic "PLSNAP05" | u32 crc32(body) | u64 len(body) | body
     body = i64 created_ms, u32 partitions, then per partition:
         u16+utf8 topic, u32 partition, i64 replay_from, i64 covered_to,
         i64 truncations (PLSNAP02 files lack it: read as 0),
         i64 dropped_last_use_max_ms (PLSNAP03 and 02 files lack it: read as created_ms), u32 rows,
-        u32 batch_words, rows x (u64 pid, u32 generation, i64 highwater, i64 last_use_ms,
+        u32 batch_words, u32 lags (PLSNAP04 and older lack it and the pairs below),
+        rows x (u64 pid, u32 generation, i64 highwater, i64 last_use_ms,
         u8 batches), batch_words x i64 (the rows' batches as flat (base_seq, last_seq,
-        base_offset) triples, in row order)
+        base_offset) triples, in row order), lags x (u64 pid, i64 durable_highwater)
+
+``durable`` (the lags): the durable highwater of each PID whose batches above the high
+watermark are in the rows (``ProducerStateTable.durable_lags``); every other row's is its
+highwater. A rebuild that does not trust the rows (a cut since) goes back to it for a PID
+whose kept batches were all cut (``producer_state.cut_row``); files from before PLSNAP05
+do not know it (``durable`` None), and such a PID is then not restored, as before.
 
 A file whose magic, length or checksum is wrong is skipped (and logged), and the next
 older one is tried; the last ``kept`` files are kept.
@@ -51,15 +58,18 @@ from pidlease.errors import describe
 
 log = logging.getLogger("partition_server.snapshot")
 
-MAGIC = b"PLSNAP04"
+MAGIC = b"PLSNAP05"
+MAGIC_V4 = b"PLSNAP04"  # before the durable highwaters (lags)
 MAGIC_V3 = b"PLSNAP03"  # before the dropped-PID horizon
 MAGIC_V2 = b"PLSNAP02"  # before replication: no truncation count
 _HEAD = struct.Struct(">IQ")
 _BODY_HEAD = struct.Struct(">qI")
-_PART = struct.Struct(">IqqqqII")
+_PART = struct.Struct(">IqqqqIII")
+_PART_V4 = struct.Struct(">IqqqqII")
 _PART_V3 = struct.Struct(">IqqqII")
 _PART_V2 = struct.Struct(">IqqII")
 _ROW = struct.Struct(">QIqqB")
+_LAG = struct.Struct(">Qq")
 _U16 = struct.Struct(">H")
 SUFFIX = ".snap"
 _SWAP = sys.byteorder == "little"
@@ -76,6 +86,16 @@ class PartitionImage:
     rows: list[Row] = field(default_factory=list)
     truncations: int = 0  # the partition's truncation count at capture (epochs.py)
     dropped_last_use_max_ms: int = 0  # newest last use of a PID dropped before capture
+    # pid -> durable highwater, where it lags the row's highwater; None: not known (a file
+    # from before PLSNAP05)
+    durable: dict[int, int] | None = field(default_factory=dict)
+
+    def durable_highwater(self, pid: int, highwater: int) -> int | None:
+        """The durable highwater of the row of ``pid`` (whose highwater is ``highwater``),
+        None when the file did not record it."""
+        if self.durable is None:
+            return None
+        return self.durable.get(pid, highwater)
 
 
 @dataclass
@@ -99,6 +119,7 @@ def encode(snap: Snapshot) -> bytes:
         flat = array("q")
         for r in img.rows:
             flat.extend(r[4])
+        lags = img.durable or {}
         out.append(
             _U16.pack(len(t))
             + t
@@ -110,21 +131,25 @@ def encode(snap: Snapshot) -> bytes:
                 img.dropped_last_use_max_ms,
                 len(img.rows),
                 len(flat),
+                len(lags),
             )
         )
         out.append(
             b"".join([row_pack(pid, gen, hw, lu, len(b) // 3) for pid, gen, hw, lu, b in img.rows])
         )
         out.append(_be(flat))
+        out.append(b"".join([_LAG.pack(pid, dhw) for pid, dhw in lags.items()]))
     body = b"".join(out)
     return MAGIC + _HEAD.pack(zlib.crc32(body), len(body)) + body
 
 
 def decode(raw: bytes) -> Snapshot:
-    if len(raw) < len(MAGIC) + _HEAD.size or raw[: len(MAGIC)] not in (MAGIC, MAGIC_V3, MAGIC_V2):
+    magic = raw[: len(MAGIC)]
+    if len(raw) < len(MAGIC) + _HEAD.size or magic not in (MAGIC, MAGIC_V4, MAGIC_V3, MAGIC_V2):
         raise CorruptSnapshot("not a snapshot file (bad magic)")
-    v2 = raw[: len(MAGIC)] == MAGIC_V2
-    v3 = raw[: len(MAGIC)] == MAGIC_V3
+    v2 = magic == MAGIC_V2
+    v3 = magic == MAGIC_V3
+    v4 = magic == MAGIC_V4
     crc, n = _HEAD.unpack_from(raw, len(MAGIC))
     body = memoryview(raw)[len(MAGIC) + _HEAD.size :]
     if len(body) != n:
@@ -140,6 +165,7 @@ def decode(raw: bytes) -> Snapshot:
             pos += 2
             topic = bytes(body[pos : pos + tl]).decode()
             pos += tl
+            nlags = -1  # not recorded
             if v2:
                 partition, replay_from, covered_to, nrows, nwords = _PART_V2.unpack_from(body, pos)
                 truncations = 0
@@ -151,20 +177,31 @@ def decode(raw: bytes) -> Snapshot:
                 )
                 dropped = created_ms
                 pos += _PART_V3.size
-            else:
+            elif v4:
                 (partition, replay_from, covered_to, truncations, dropped, nrows, nwords) = (
+                    _PART_V4.unpack_from(body, pos)
+                )
+                pos += _PART_V4.size
+            else:
+                (partition, replay_from, covered_to, truncations, dropped, nrows, nwords, nlags) = (
                     _PART.unpack_from(body, pos)
                 )
                 pos += _PART.size
             end_rows = pos + nrows * _ROW.size
-            if end_rows + 8 * nwords > len(body):
+            end_lags = end_rows + 8 * nwords + _LAG.size * max(nlags, 0)
+            if end_lags > len(body):
                 raise CorruptSnapshot("partition runs past the end of the file")
             heads = list(_ROW.iter_unpack(body[pos:end_rows]))
             flat = array("q")
             flat.frombytes(body[end_rows : end_rows + 8 * nwords])
             if _SWAP:
                 flat.byteswap()
-            pos = end_rows + 8 * nwords
+            durable = (
+                None
+                if nlags < 0
+                else dict(_LAG.iter_unpack(body[end_rows + 8 * nwords : end_lags]))
+            )
+            pos = end_lags
             rows: list[Row] = []
             w = 0
             for pid, gen, hw, lu, nb in heads:
@@ -173,7 +210,7 @@ def decode(raw: bytes) -> Snapshot:
             if w != nwords:
                 raise CorruptSnapshot(f"rows name {w} batch words, the file has {nwords}")
             snap.partitions[(topic, partition)] = PartitionImage(
-                replay_from, covered_to, rows, truncations, dropped
+                replay_from, covered_to, rows, truncations, dropped, durable
             )
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptSnapshot(f"malformed body: {exc}") from exc

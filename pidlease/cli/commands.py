@@ -82,8 +82,8 @@ LOG_SETTING_FLAGS: tuple[tuple[str, str, Callable[[str], int], str], ...] = (
         "--min-insync-replicas",
         "min_insync_replicas",
         int,
-        "in-sync replicas an acks=all produce needs, 1..replication factor (0: 1 for R<=2, "
-        "2 for R>=3); stored and shown, not enforced yet",
+        "in-sync replicas (leader included) a produce or fence needs, 1..replication factor "
+        "(0: 1 for R<=2, 2 for R>=3); fewer in sync: NOT_ENOUGH_REPLICAS, nothing written",
     ),
 )
 

@@ -170,6 +170,13 @@ class FakeZkClient:
         z = self.zk.nodes.get(path)
         return None if z is None else Stat(z.version, z.owner)
 
+    def sync(self, path: str) -> str:
+        """Through the quorum's leader (the lease heartbeat's sync before its exists): it
+        fails as a write does (a server cut off from the quorum cannot answer it)."""
+        self.zk.ops += 1
+        self._maybe_fail(True)
+        return path
+
     def get_children(self, path: str, watch: Callable[..., Any] | None = None) -> list[str]:
         self.zk.ops += 1
         self._maybe_fail(False)

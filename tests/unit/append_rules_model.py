@@ -85,13 +85,27 @@ def only(row: str, answer: Answer) -> Expectation:
 
 @dataclass
 class Refusal:
-    """A refused range of a PID not yet resent (monotonic "a refusal leaves no hole")."""
+    """The refused ranges of a PID not yet resent (monotonic "a refusal leaves no hole":
+    "the partition refuses that PID's later batches (retriable) until the refused range is
+    resent"). Every batch refused with a retriable error is a refused range, also one
+    refused because of an earlier refusal (SEQUENCE_UNKNOWN is retriable): a newer batch
+    waits for all of them, not only for the first (issue 23 item 5)."""
 
-    base: int
+    ranges: list[tuple[int, int]]  # (base, last), each refused and not resent yet
     # After a restart or a takeover that wrote nothing, the contract does not say whether
     # the partition still holds the refusal (it is in no log); the next batch that can tell
     # decides, and the model follows.
     maybe_forgotten: bool = False
+
+    @property
+    def base(self) -> int:
+        """Where the resends must start: the lowest refused sequence not resent."""
+        return min(b for b, _ in self.ranges)
+
+    def resent(self, last: int) -> None:
+        """A batch up to ``last`` was written: the refused sequences at or below it are
+        resent (whatever the batch boundaries of the resend: sequences are the records)."""
+        self.ranges = [(max(b, last + 1), e) for b, e in self.ranges if e > last]
 
 
 @dataclass
@@ -331,32 +345,49 @@ class AppendRulesModel:
         }
 
     # -- what happened --------------------------------------------------------------------
-    def observe(self, pid: int, exp: Expectation, got: Decision) -> None:
-        """Learn from the table's answer whether it still holds a refusal it may have lost."""
+    def observe(self, pid: int, exp: Expectation, got: Decision, base: int, count: int) -> None:
+        """Learn from the table's answer whether it still holds a refusal it may have lost;
+        a retriable refusal (SEQUENCE_UNKNOWN) of a batch above H is a refusal like any
+        other ("refused with a retriable error (..., anything)")."""
         if exp.refusal_probe:
             if got.outcome is Outcome.SEQUENCE_UNKNOWN:
                 self.refusals[pid].maybe_forgotten = False
             elif got.outcome is Outcome.APPEND:
                 del self.refusals[pid]
+        if got.outcome is Outcome.SEQUENCE_UNKNOWN:
+            self.refuse(pid, base, count)
 
     def append(self, pid: int, gen: int, base: int, count: int) -> Stored:
         s = Stored(self.next_offset(), pid, gen, base, count)
         self.log.append(s)
         if pid != 0 and self.mode != "off":
             self.lives.setdefault(pid, Life()).batches.append(s)
-            # the refused range was resent (or one below it appended): the block ends
-            self.refusals.pop(pid, None)
+            # the refused sequences up to this batch's last were resent (or one below
+            # them appended): the block ends once every refused range is
+            r = self.refusals.get(pid)
+            if r is not None:
+                r.resent(s.last)
+                if not r.ranges:
+                    del self.refusals[pid]
         return s
 
-    def refuse(self, pid: int, base: int) -> None:
-        """A batch the rules let through was refused with a retriable error."""
+    def refuse(self, pid: int, base: int, count: int) -> None:
+        """A batch was refused with a retriable error: one the rules let through (full
+        disk, NOT_LEADER...), or one refused because of an earlier refusal. A batch wholly
+        at or below H leaves no hole above which anything could be appended: not a
+        refused range (and never resendable on a monotonic topic)."""
+        last = base + count - 1
         if pid == 0 or self.mode != "monotonic":
+            return
+        if pid in self.lives and last <= self.highwater(pid):
             return
         self._clock += 1
         self._refused.setdefault(pid, []).append((self._clock, base))
         r = self.refusals.get(pid)
-        # a batch refused while another refusal is held has base <= the held one
-        self.refusals[pid] = Refusal(base if r is None else min(r.base, base))
+        if r is None:
+            self.refusals[pid] = Refusal([(base, last)])
+        else:
+            r.ranges.append((base, last))
 
     def fence(self, pid: int, gen: int, outcome: FenceOutcome) -> Stored | None:
         """A takeover with ``gen``; ``outcome`` is what the table answered."""

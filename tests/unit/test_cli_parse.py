@@ -107,3 +107,17 @@ def test_demo_refuses_a_used_data_dir(tmp_path, capsys: pytest.CaptureFixture[st
     (tmp_path / "something").write_text("x")
     assert main(["demo", "--data-dir", str(tmp_path), "--records", "1000"]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_topic_help_says_min_insync_is_enforced() -> None:
+    """Issue 23 item 7: the help still said the minimum was "not enforced yet" long after
+    produces and fences were refused below it (NOT_ENOUGH_REPLICAS)."""
+    topic = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices["topic"]
+    create = next(a for a in topic._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "create"
+    ]
+    text = " ".join(create.format_help().split())
+    assert "--min-insync-replicas" in text
+    assert "not enforced" not in text and "NOT_ENOUGH_REPLICAS" in text

@@ -223,6 +223,7 @@ def test_broker_gauges_from_a_stand_in_broker() -> None:
             hosted=True,
             state=st,
             isr=kw.get("isr"),
+            isr_clock_ms=lambda: 6_000,  # the in-sync set's (monotonic) clock
             log=SimpleNamespace(next_offset=kw.get("end", 0)),
         )
 

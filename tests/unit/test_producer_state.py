@@ -231,10 +231,17 @@ def test_monotonic_refusal_blocks_later_batches_until_the_resend() -> None:
     # what the rules decide before the block still does
     assert t.check_append(1, 0, 0, 10).outcome is Outcome.DUPLICATE
     assert t.check_append(1, 0, 9, 3).outcome is Outcome.OUT_OF_ORDER
-    # the resend (or any batch from at or below the blocked base) appends and unblocks
+    # the resend (or any batch from at or below the blocked base) appends; the batches the
+    # block refused are refused ranges too, and it lifts only once all are resent (issue
+    # 23 item 5: it used to lift here, and 40 was appended above the never-resent 15..20)
     append(t, 1, 0, 10, 5, 10)
-    assert t.blocked_from(1) is None
+    d = t.check_append(1, 0, 40, 1)
+    assert (d.outcome, d.expected_sequence) == (Outcome.SEQUENCE_UNKNOWN, 15)
     append(t, 1, 0, 15, 5, 15)
+    append(t, 1, 0, 20, 1, 20)
+    assert t.blocked_from(1) == 40
+    append(t, 1, 0, 40, 1, 21)
+    assert t.blocked_from(1) is None
     d = t.check_append(1, 0, 10, 5)
     assert (d.outcome, d.base_offset, d.last_offset) == (Outcome.DUPLICATE, 10, 14)
 
@@ -245,8 +252,9 @@ def test_monotonic_refusal_of_a_new_pid_blocks_it_too() -> None:
     d = t.check_append(7, 3, 104, 4)  # room appeared meanwhile: still not before 100
     assert (d.outcome, d.expected_sequence) == (Outcome.SEQUENCE_UNKNOWN, 100)
     append(t, 7, 3, 100, 4, 0)
-    assert t.blocked_from(7) is None
+    assert t.blocked_from(7) == 104  # refused behind 100: waits for its own resend
     append(t, 7, 3, 104, 4, 4)
+    assert t.blocked_from(7) is None
 
 
 def test_takeover_clears_the_block_and_the_given_up_range_is_never_duplicate() -> None:

@@ -234,7 +234,7 @@ class Harness:
                 f"pid {pid} seq {base}..{base + count - 1}: the table answered {fmt(got)}, "
                 f"the contract says {exp}"
             )
-        self.model.observe(pid, exp, got)
+        self.model.observe(pid, exp, got, base, count)
         if got.outcome is Outcome.APPEND:
             if refuse:
                 self.refuse(pid, gen, base, count)
@@ -248,7 +248,7 @@ class Harness:
             self.ack(pid, batch)
 
     def refuse(self, pid: int, gen: int, base: int, count: int) -> None:
-        self.model.refuse(pid, base)
+        self.model.refuse(pid, base, count)
         noted = note_refused(self.table, pid, gen, base, count)
         self.note(
             "     refused with a retriable error, not written"
@@ -591,7 +591,7 @@ def run_limited(mode: str, ops: list[Op]) -> None:
             trace[-1] += f" seq {base}..{base + count - 1} gen {gen}: {fmt(got)}; contract: {want}"
             if not want.allows(got):
                 fail(f"pid {pid}: the table answered {fmt(got)}, the contract says {want}")
-            model.observe(pid, want, got)
+            model.observe(pid, want, got, base, count)
             if got.outcome is Outcome.APPEND:
                 ref.writing(pid, now)
                 s = model.append(pid, gen, base, count)
@@ -602,7 +602,7 @@ def run_limited(mode: str, ops: list[Op]) -> None:
                 ref.touch(pid, now)  # what the partition does on these answers
                 sut.touch(pid, now)
             elif got.outcome is Outcome.TOO_MANY_PIDS:
-                model.refuse(pid, base)  # a retriable refusal like any other
+                model.refuse(pid, base, count)  # a retriable refusal like any other
                 note_refused(sut, pid, gen, base, count)
         elif kind == "flush":
             undurable = [b for b in model.log if b.offset >= model.durable_end]
@@ -668,17 +668,13 @@ def test_monotonic_with_pid_limit_matches_reference(ops: list[Op]) -> None:
     run_limited("monotonic", ops)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="open bug (docs/reliability.md, open items): a block lifts when the first refused "
-    "batch is resent, so a newer batch may be appended above later refused ones that were "
-    "never resent; after a restart their resend is answered DUPLICATE (older than every kept "
-    "batch) where the contract says OUT_OF_ORDER_SEQUENCE. The SDK resends in order and "
-    "cannot reach it; a client that skips its refused batches can.",
-)
 def test_monotonic_refused_run_skipped_then_resent_after_restart_is_not_duplicate() -> None:
-    # Found by this module's random search (hypothesis), kept as its exact replay.
+    """Found by this module's random search (hypothesis), kept as its exact replay (it was
+    a strict xfail until issue 23 item 5): batch 0 is refused (disk full), 1..4 are refused
+    behind it, only 0 is resent, then newer batches 5..9 are sent. The block used to lift
+    at 0's resend, so 5..9 were appended above the never-resent 1..4, whose resend after
+    the restart was answered DUPLICATE (older than every kept batch): acknowledged records
+    missing from the log. Now 5..9 wait until 1..4 are resent."""
     new = ("send", 11, "new", 0, False)
     run(
         "monotonic",
@@ -698,6 +694,51 @@ def test_monotonic_refused_run_skipped_then_resent_after_restart_is_not_duplicat
             ("restart", False),
         ],
     )
+
+
+def test_monotonic_refused_run_skipped_is_not_duplicate_without_a_restart() -> None:
+    """Issue 23 item 5, no restart needed: batch 0 refused (disk full), 1..4 refused behind
+    it, only 0 resent, then newer batches. Before the fix the newer ones were appended above
+    the never-resent 1..4 and, once K more were kept and durable, 1's resend was answered
+    DUPLICATE with offset -1 (older than every kept batch): acknowledged, not in the log."""
+    new = ("send", 11, "new", 0, False)
+    ops = [
+        ("send", 11, "new", 0, True),
+        new,
+        new,
+        new,
+        new,
+        ("send", 11, "resend", 0, False),  # the first refused batch only
+        new,
+        new,
+        new,
+        new,
+        new,
+        ("flush", 1.0),
+        ("send", 11, "resend", 0, False),  # then 1, the oldest one still unanswered
+    ]
+    run("monotonic", ops, compare=False)  # the log guarantees alone: nothing acked is lost
+    run("monotonic", ops)
+
+
+def test_monotonic_block_lifts_only_when_every_refused_range_is_resent() -> None:
+    """The same at the table: the block remembers each range it refused and lifts range by
+    range as the resends are appended."""
+    t = ProducerStateTable(mode="monotonic", batches_kept=K)
+    t.apply_append(1, 0, 0, 1, 0, 0, durable=True)
+    assert t.check_append(1, 0, 1, 1).outcome is Outcome.APPEND
+    t.note_refused(1, 0, 1, 1)  # the disk was full
+    d = t.check_append(1, 0, 3, 2)  # in flight behind it (a hole at 2: monotonic)
+    assert (d.outcome, d.expected_sequence) == (Outcome.SEQUENCE_UNKNOWN, 1)
+    t.apply_append(1, 0, 1, 1, 1, 0, durable=True)  # 1's resend
+    d = t.check_append(1, 0, 5, 1)  # newer than 3..4, which is not resent yet
+    assert (d.outcome, d.expected_sequence) == (Outcome.SEQUENCE_UNKNOWN, 3), fmt(d)
+    assert t.refused_ranges(1) == [(3, 5)]  # 5 was refused too: it joined the range
+    assert append_rules.check_append(t, 1, 0, 3, 2).outcome is Outcome.APPEND
+    t.apply_append(1, 0, 3, 2, 2, 0, durable=True)  # 3..4's resend
+    assert t.blocked_from(1) == 5
+    t.apply_append(1, 0, 5, 1, 4, 0, durable=True)
+    assert t.blocked_from(1) is None and t.check_append(1, 0, 9, 1).outcome is Outcome.APPEND
 
 
 # -- Kafka producers: Kafka's rules (issue 14) -------------------------------------------

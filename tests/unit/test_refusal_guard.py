@@ -78,3 +78,41 @@ def test_the_refused_range_grows_with_every_batch_held_back() -> None:
     g.note(K, 2, 9, 9, NL)  # a newer generation's refusal starts over
     r = g.get(K)
     assert r is not None and (r.generation, r.base_sequence, r.last_sequence) == (2, 9, 9)
+
+
+def test_the_entry_lifts_only_when_the_resends_reach_the_last_refused_batch() -> None:
+    """Issue 23 item 5, at the connection: 10..14 refused (NOT_LEADER), 20..24 held back
+    behind it (a hole at 15..19: monotonic ids). The resend of 10..14 used to clear the
+    entry, so a batch newer than 20..24 passed before 20..24 was resent; on a monotonic
+    topic it was appended above them, and 20..24's resend later answered DUPLICATE."""
+    g = RefusalGuard()
+    g.note(K, 1, 10, 14, NL)  # refused at dispatch
+    assert g.blocking(K, 1, 20, 24) is not None
+    g.note(K, 1, 20, 24, NL)  # held back: the server notes it
+    assert g.blocking(K, 1, 10, 14) is None  # the resend of the first passes ...
+    r = g.blocking(K, 1, 30, 34)  # ... a newer batch still waits for 20..24
+    assert r is not None and (r.base_sequence, r.last_sequence) == (20, 24)
+    g.note(K, 1, 30, 34, NL)
+    assert g.blocking(K, 1, 20, 24) is None
+    assert g.blocking(K, 1, 30, 34) is None and not g  # every refused range resent
+    # A resend refused again is noted again and holds what follows.
+    g.note(K, 1, 40, 44, NL)
+    g.note(K, 1, 45, 49, NL)
+    assert g.blocking(K, 1, 40, 44) is None
+    g.note(K, 1, 40, 44, errors.ServerUnavailable.code)  # refused at dispatch again
+    r = g.blocking(K, 1, 45, 49)
+    assert r is not None and (r.base_sequence, r.code) == (40, errors.ServerUnavailable.code)
+    # Without the batch's last sequence a resend covers the lowest range.
+    assert g.blocking(K, 1, 40) is None
+    assert g.blocking(K, 1, 45) is None and not g
+
+
+def test_too_many_refused_ranges_close_the_connection() -> None:
+    from partition_server.refusal_guard import GUARD_RANGES_MAX
+
+    g = RefusalGuard()
+    for i in range(GUARD_RANGES_MAX):
+        g.note(K, 1, 10 * i, 10 * i + 4, NL)  # holes between: one range each
+    assert not g.overflowed
+    g.note(K, 1, 10 * GUARD_RANGES_MAX, 10 * GUARD_RANGES_MAX + 4, NL)
+    assert g.overflowed

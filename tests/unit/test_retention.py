@@ -577,7 +577,7 @@ def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_
         resp = await replica_fetch_from(lead, tmp_path, clock, offset=2)
         assert resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark == start
         rows = _leader_rows(lead, resp.data)
-        assert rows is not None and {r[0] for r in rows} == {5}  # 7 and 8 are in the log
+        assert rows is not None and {r[0] for r in rows.rows} == {5}  # 7 and 8 are in the log
         fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
         fol.become_follower(1, 1, "127.0.0.1:1")
         held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]

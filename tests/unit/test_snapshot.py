@@ -52,6 +52,41 @@ def test_round_trip() -> None:
     assert decode(encode(s)) == s
 
 
+def test_durable_highwaters_round_trip_and_files_before_them_read_as_unknown() -> None:
+    """PLSNAP05 records the durable highwater of the rows whose batches were above the high
+    watermark (issue 23 item 4); a PLSNAP04 file is still read, with it unknown (None)."""
+    import struct
+    import zlib
+
+    from partition_server import snapshot as S
+
+    s = sample()
+    s.partitions[("orders", 0)].durable = {7: 9, 2**63 - 1: -1}
+    back = decode(encode(s))
+    assert back == s
+    img = back.partitions[("orders", 0)]
+    assert img.durable_highwater(7, 19) == 9
+    assert img.durable_highwater(8, -1) == -1  # not lagging: its highwater
+    # The same image as a PLSNAP04 file wrote it: no lag count, no pairs.
+    img4 = s.partitions[("orders", 0)]
+    flat = array("q")
+    for r in img4.rows:
+        flat.extend(r[4])
+    if S._SWAP:
+        flat.byteswap()
+    t = b"orders"
+    body = struct.pack(">qI", s.created_ms, 1) + struct.pack(">H", len(t)) + t
+    body += struct.pack(
+        ">IqqqqII", 0, img4.replay_from, img4.covered_to, 4, 99, len(img4.rows), len(flat)
+    )
+    body += b"".join(S._ROW.pack(p, g, h, lu, len(f) // 3) for p, g, h, lu, f in img4.rows)
+    body += flat.tobytes()
+    old = decode(b"PLSNAP04" + struct.pack(">IQ", zlib.crc32(body), len(body)) + body)
+    got = old.partitions[("orders", 0)]
+    assert (got.rows, got.truncations, got.dropped_last_use_max_ms) == (img4.rows, 4, 99)
+    assert got.durable is None and got.durable_highwater(7, 19) is None
+
+
 @pytest.mark.parametrize("damage", ["magic", "flip", "short", "long"])
 def test_damaged_files_are_refused(damage: str) -> None:
     raw = bytearray(encode(sample()))
