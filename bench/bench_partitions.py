@@ -24,7 +24,8 @@ servers as processes). For each P:
 
 P in {10, 100, 1000, 3000, 10000}: ``--partitions 10,100,1000,3000,10000`` (the default is
 the short form 10,100,1000). A P whose producer does not start is reported with its error
-and the run goes on to the next P.
+and the run goes on to the next P; so is one whose cluster does not settle (a leader for every
+partition within 300 s).
 """
 
 from __future__ import annotations
@@ -259,7 +260,10 @@ def main() -> int:
     args = ap.parse_args()
     results = []
     for n in (int(x) for x in args.partitions.split(",")):
-        r = measure(n, args)
+        try:
+            r = measure(n, args)
+        except Exception as exc:  # noqa: BLE001 - e.g. the cluster never settled: reported
+            r = {"partitions": n, "error": f"{type(exc).__name__}: {exc}"[:300]}
         results.append(r)
         print(json.dumps(r), flush=True)
     print(
