@@ -6,9 +6,12 @@ FENCES request per live leader for all the partitions it leads) and writes a thi
 then every partition is read back from its leader: each acknowledged record exactly once,
 nothing else but the takeover's fence records.
 
-The short form runs in CI (about 40-70 s on a loaded 2-core machine); the 1000 form is
-what the issue asks for and takes longer there (the replication of a thousand partitions,
-one fetch loop each, dominates: docs/replication.md "Not done / limits")."""
+The short form runs in CI (28-34 s on a loaded 2-core machine); the 1000 form is what the
+issue asks for and took 81-86 s there, too close to CI's 90 s to be the default (the
+replication of a thousand partitions, one fetch loop each, dominates: docs/replication.md
+"Not done / limits"). Before PRODUCER_STATES / FENCES the 1000 form failed at the
+producer's start: "CoordinatorUnavailable: asking the leader of wide/999 failed:
+TimeoutError()"."""
 
 from __future__ import annotations
 
