@@ -1,6 +1,7 @@
 """Calls from the coordinator to partition leaders over the binary protocol: PRODUCER_STATE
 (a PID's durable highwater at lease time), FENCE (record a takeover's new generation) and
-METADATA (offsets for topic descriptions).
+METADATA (offsets for topic descriptions); PRODUCER_STATES and FENCES ask the same for one
+PID on many partitions of one leader in one request.
 
 Blocking sockets, because the coordinator's request handlers run on threads (kazoo is
 thread-based). A small pool keeps up to ``connections_max`` idle connections per leader;
@@ -19,7 +20,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pidlease.errors import CoordinatorUnavailable, CorruptRecord
 from pidlease.wire import protocol
@@ -31,6 +32,19 @@ def split_address(address: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise CoordinatorUnavailable(f"partition leader address {address!r} is malformed")
     return host, int(port)
+
+
+# What one more partition may add to a PRODUCER_STATES / FENCES call's deadline: a FENCES
+# answer waits until every fence is durable on the partitions' in-sync followers, and with
+# one fetch loop per followed partition (docs/replication.md, "Not done / limits") 333
+# fences took 5-11 s on a loaded 2-core machine (issue 24).
+MANY_MS_PER_PARTITION = 30
+
+
+def many_timeout_s(timeout_s: float, partitions: int) -> float:
+    """The deadline of one call for ``partitions`` partitions: the one-partition deadline
+    ``timeout_s`` and ``MANY_MS_PER_PARTITION`` for each."""
+    return timeout_s + partitions * MANY_MS_PER_PARTITION / 1000
 
 
 class _Deadline:
@@ -102,6 +116,51 @@ class LeaderClient:
             ),
         )
 
+    def producer_states(
+        self, address: str, pid: int, partitions: Sequence[tuple[str, int]]
+    ) -> list[protocol.Response]:
+        """PRODUCER_STATE of ``pid`` on each of ``partitions`` (all led by ``address``, at
+        most ``PARTITIONS_PER_REQUEST_MAX``) in one request: one answer per partition, in
+        order, each with its own ``error_code``."""
+        resp = self._call(
+            address,
+            protocol.PRODUCER_STATES,
+            lambda c: protocol.producer_states_request(c, pid, partitions),
+            timeout_s=self._many_timeout_s(len(partitions)),
+        )
+        return self._entries(address, resp, len(partitions))
+
+    def fences(
+        self,
+        address: str,
+        pid: int,
+        generation: int,
+        token: str,
+        entries: Sequence[protocol.PartitionEntry],
+    ) -> list[protocol.Response]:
+        """FENCE on each of ``entries``' partitions in one request, answered once every
+        fence is durable: one answer per partition, in order. Safe to resend."""
+        resp = self._call(
+            address,
+            protocol.FENCES,
+            lambda c: protocol.fences_request(c, pid, generation, token, entries),
+            timeout_s=self._many_timeout_s(len(entries)),
+        )
+        return self._entries(address, resp, len(entries))
+
+    def _many_timeout_s(self, n: int) -> float:
+        return many_timeout_s(self._timeout_s, n)
+
+    def _entries(self, address: str, resp: protocol.Response, n: int) -> list[protocol.Response]:
+        if resp.error_code != 0:  # the request as a whole was refused: every entry says so
+            return [protocol.Response(0, resp.error_code, resp.detail) for _ in range(n)]
+        if resp.entries is None or len(resp.entries) != n:
+            self.failures += 1
+            raise CoordinatorUnavailable(
+                f"partition leader {address} answered {len(resp.entries or [])} partitions of {n}"
+            )
+        return resp.entries
+
     def metadata(self, address: str) -> protocol.Response:
         return self._call(address, protocol.METADATA, protocol.metadata_request)
 
@@ -127,9 +186,17 @@ class LeaderClient:
                 return
         sock.close()
 
-    def _call(self, address: str, api_key: int, build: Callable[[int], bytes]) -> protocol.Response:
+    def _call(
+        self,
+        address: str,
+        api_key: int,
+        build: Callable[[int], bytes],
+        *,
+        timeout_s: float | None = None,
+    ) -> protocol.Response:
         self.calls += 1
-        deadline = _Deadline(self._timeout_s)
+        timeout_s = timeout_s or self._timeout_s
+        deadline = _Deadline(timeout_s)
         host, port = split_address(address)
         name = protocol.API_NAMES[api_key]
         # A pooled connection may have been closed by the server while idle; that shows
@@ -177,7 +244,7 @@ class LeaderClient:
                 self.failures += 1
                 raise CoordinatorUnavailable(
                     f"partition leader {address} did not answer {name} within "
-                    f"{self._timeout_s * 1000:.0f} ms: {exc}"
+                    f"{timeout_s * 1000:.0f} ms: {exc}"
                 ) from exc
             except CorruptRecord as exc:
                 if sock is not None:

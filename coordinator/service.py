@@ -9,7 +9,6 @@ of every partition in the PID's record has durably recorded the new generation (
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -21,7 +20,7 @@ from typing import Any
 from coordinator import leases
 from coordinator.allocator import PidAllocator
 from coordinator.auth import ANONYMOUS, Principal
-from coordinator.leaders import LeaderClient
+from coordinator.leaders import LeaderClient, many_timeout_s
 from coordinator.lease_cache import AddressCache, RecordCache
 from coordinator.leases import LeaseKind, LeaseRequest
 from coordinator.metrics import Metrics
@@ -38,7 +37,12 @@ from pidlease.errors import (
     UnknownTopicOrPartition,
 )
 from pidlease.wire.cluster import PidRecord, TopicSpec, split_tp_key, tp_key
-from pidlease.wire.protocol import Response
+from pidlease.wire.protocol import (
+    FENCE_CREATE_IF_ABSENT,
+    PARTITIONS_PER_REQUEST_MAX,
+    PartitionEntry,
+    Response,
+)
 from pidlease.wire.token import make_token
 
 log = logging.getLogger("coordinator.service")
@@ -271,31 +275,96 @@ class LeaseService:
     def _leader_states(
         self, tps: list[str], pid: int
     ) -> dict[str, leases.LeaderState | PidleaseError]:
-        """PRODUCER_STATE of ``pid`` on each of ``tps``, asked in parallel; a failure is
-        that partition's answer."""
-        unknown = [tp for tp in tps if self.addresses.get(tp) is None]
-        if unknown:
-            # One pipelined ZooKeeper read for all of them, not one per partition and thread.
-            with contextlib.suppress(PidleaseError):  # then each call asks on its own
-                for tp, address in self._leader_addresses(unknown).items():
-                    self.addresses.put(tp, address)
-        futures = {
-            tp: self._pool.submit(self._producer_state, *split_tp_key(tp), pid) for tp in tps
-        }
+        """PRODUCER_STATE of ``pid`` on each of ``tps``: one PRODUCER_STATES request per
+        leader server for all the partitions it leads, the leaders asked in parallel
+        (issue 24). A partition whose leader answered NOT_LEADER (or was not reached) is
+        asked again once, on a fresh ZooKeeper read of its leader, as a lone renewal's
+        call is; a failure after that is that partition's answer."""
         out: dict[str, leases.LeaderState | PidleaseError] = {}
-        # One deadline for the round: past it, calls not started yet are cancelled (their
-        # items answer COORDINATOR_UNAVAILABLE, retriable), so a slow leader cannot hold
-        # the shared pool (takeovers' FENCE calls use it too) for a whole queue of calls.
-        deadline = time.monotonic() + self.settings.leader_request_timeout_ms / 1000 * 4
-        for tp, fut in futures.items():
+        todo = list(tps)
+        for attempt in (0, 1):
+            if attempt:
+                for tp in todo:
+                    self.addresses.drop(tp)  # stale (leader moved or down): ask ZooKeeper
+            unknown = [tp for tp in todo if self.addresses.get(tp) is None]
+            if unknown:
+                # One pipelined ZooKeeper read for all of them, not one per partition.
+                try:
+                    looked_up = self._leader_lookup(unknown)
+                except PidleaseError as exc:  # ZooKeeper unavailable: each item's answer
+                    looked_up = dict.fromkeys(unknown, exc)
+                for tp, found in looked_up.items():
+                    if isinstance(found, str):
+                        self.addresses.put(tp, found)
+                    else:
+                        out[tp] = found
+            by_leader: dict[str, list[str]] = {}
+            for tp in todo:
+                address = self.addresses.get(tp)
+                if address is not None:
+                    by_leader.setdefault(address, []).append(tp)
+            retry: list[str] = []
+            for tp, got in self._per_leader(
+                by_leader,
+                lambda address, chunk: self.leaders.producer_states(
+                    address, pid, [split_tp_key(tp) for tp in chunk]
+                ),
+                "PRODUCER_STATES",
+            ).items():
+                if isinstance(got, Response) and got.error_code == errors.NONE:
+                    out[tp] = _leader_state(got)
+                    continue
+                retry.append(tp)
+                out[tp] = (
+                    got
+                    if isinstance(got, PidleaseError)
+                    # The topic exists in ZooKeeper, so NOT_LEADER or an unknown partition
+                    # on the server is a transition (leader moving, server still
+                    # loading): retriable.
+                    else CoordinatorUnavailable(
+                        f"leader of {tp} answered PRODUCER_STATE with "
+                        f"{errors.error_for_code(got.error_code).name}: {got.detail}"
+                    )
+                )
+            todo = retry
+            if not todo:
+                break
+        return out
+
+    def _per_leader(
+        self,
+        by_leader: dict[str, list[str]],
+        call: Callable[[str, list[str]], list[Response]],
+        what: str,
+    ) -> dict[str, Response | PidleaseError]:
+        """``call(address, partitions)`` for each leader and its partitions (split into
+        requests of at most ``PARTITIONS_PER_REQUEST_MAX``), all in parallel on the
+        shared pool: each partition's answer, or the error its request failed with."""
+        futures: list[tuple[list[str], Future[list[Response]]]] = []
+        longest = 0
+        for address, tps in by_leader.items():
+            for i in range(0, len(tps), PARTITIONS_PER_REQUEST_MAX):
+                chunk = tps[i : i + PARTITIONS_PER_REQUEST_MAX]
+                longest = max(longest, len(chunk))
+                futures.append((chunk, self._pool.submit(call, address, chunk)))
+        # One deadline for all: past it, calls not started yet are cancelled (their
+        # partitions answer COORDINATOR_UNAVAILABLE, retriable), so a slow leader cannot
+        # hold the shared pool for a whole queue of calls.
+        timeout_s = many_timeout_s(self.settings.leader_request_timeout_ms / 1000, longest)
+        deadline = time.monotonic() + timeout_s * 2
+        out: dict[str, Response | PidleaseError] = {}
+        for chunk, fut in futures:
             try:
-                resp = fut.result(timeout=max(0.0, deadline - time.monotonic()))
-                out[tp] = _leader_state(resp)
+                got = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                out.update(zip(chunk, got, strict=True))
             except PidleaseError as exc:
-                out[tp] = exc
+                out.update(dict.fromkeys(chunk, exc))
             except Exception as exc:  # noqa: BLE001 - a pool timeout or a bug in one call
                 fut.cancel()
-                out[tp] = CoordinatorUnavailable(f"asking the leader of {tp} failed: {exc!r}")
+                failed = CoordinatorUnavailable(
+                    f"{what} to the leader of {chunk[0]} failed: {exc!r}"
+                )
+                out.update(dict.fromkeys(chunk, failed))
         return out
 
     def topic(self, name: str) -> TopicSpec:
@@ -504,30 +573,27 @@ class LeaseService:
         tps = sorted(record.partitions)
         addresses = self._leader_addresses(tps)
         since = {tp: leases.leased_since(prior, tp, self.settings.clock_skew_max_ms) for tp in tps}
-        futures: dict[str, Future[Response]] = {}
+        by_leader: dict[str, list[str]] = {}
         for tp in tps:
-            topic, p = split_tp_key(tp)
-            futures[tp] = self._pool.submit(
-                self.leaders.fence,
-                addresses[tp],
-                topic,
-                p,
-                record.pid,
-                record.generation,
-                token,
-                create_if_absent=not _seen(record, tp),
-                leased_since_ms=since[tp],
-            )
-        self.metrics.fences(len(futures))
+            by_leader.setdefault(addresses[tp], []).append(tp)
+
+        def fence(address: str, chunk: list[str]) -> list[Response]:
+            entries = []
+            for tp in chunk:
+                topic, p = split_tp_key(tp)
+                flags = 0 if _seen(record, tp) else FENCE_CREATE_IF_ABSENT
+                entries.append(PartitionEntry(topic, p, flags, since[tp]))
+            return self.leaders.fences(address, record.pid, record.generation, token, entries)
+
+        # One FENCES request per leader server for all the partitions it leads (issue 24).
+        self.metrics.fences(len(tps))
         answers: dict[str, Response] = {}
         failure: PidleaseError | None = None
-        for tp, fut in futures.items():
-            try:
-                answers[tp] = fut.result(timeout=self.settings.leader_request_timeout_ms / 1000 * 2)
-            except PidleaseError as exc:
-                failure = failure or exc
-            except Exception as exc:  # noqa: BLE001 - a pool timeout or a bug in one call
-                failure = failure or CoordinatorUnavailable(f"fencing {tp} failed: {exc!r}")
+        for tp, got in self._per_leader(by_leader, fence, "FENCES").items():
+            if isinstance(got, PidleaseError):
+                failure = failure or got
+            else:
+                answers[tp] = got
         if failure is not None:
             # The new generation is in ZooKeeper; a retried takeover raises it again and
             # re-fences every partition, so nothing is left half-done for the producer.
@@ -587,23 +653,38 @@ class LeaseService:
 
     # -- leaders ---------------------------------------------------------------------------
     def _leader_addresses(self, tps: list[str]) -> dict[str, str]:
+        out = {}
+        for tp, found in self._leader_lookup(tps).items():
+            if isinstance(found, PidleaseError):
+                raise found
+            out[tp] = found
+        return out
+
+    def _leader_lookup(self, tps: list[str]) -> dict[str, str | PidleaseError]:
+        """Each partition's leader address, from one pipelined read of the partitions'
+        states and one of their leaders' entries; or why there is none."""
         keys = [split_tp_key(tp) for tp in tps]
         states = {}
+        out: dict[str, str | PidleaseError] = {}
         for topic in {t for t, _ in keys}:
             parts = [p for t, p in keys if t == topic]
             for p, st in zip(parts, self.store.get_partition_states(topic, parts), strict=True):
                 if st is None:
-                    raise UnknownTopicOrPartition(f"partition {tp_key(topic, p)} does not exist")
-                states[tp_key(topic, p)] = st
+                    out[tp_key(topic, p)] = UnknownTopicOrPartition(
+                        f"partition {tp_key(topic, p)} does not exist"
+                    )
+                else:
+                    states[tp_key(topic, p)] = st
         servers = self.store.get_servers(sorted({st.leader for st in states.values()}))
-        out = {}
         for tp, st in states.items():
             info = servers.get(st.leader)
-            if info is None:
-                raise CoordinatorUnavailable(
+            out[tp] = (
+                info.address
+                if info is not None
+                else CoordinatorUnavailable(
                     f"leader {st.leader} of partition {tp} is not live; retry"
                 )
-            out[tp] = info.address
+            )
         return out
 
     def _producer_state(self, topic: str, partition: int, pid: int) -> Response:
@@ -690,23 +771,28 @@ class LeaseService:
         self._check_owner(record, principal)
         live: dict[str, int | None] = {}
         try:
-            addresses = self._leader_addresses(sorted(record.partitions))
+            lookup = self._leader_lookup(sorted(record.partitions))
         except PidleaseError:
-            addresses = {}
-        futures = {
-            tp: self._pool.submit(self.leaders.producer_state, addr, *split_tp_key(tp), pid)
-            for tp, addr in addresses.items()
-        }
-        for tp, fut in futures.items():
-            try:
-                resp = fut.result(timeout=self.settings.leader_request_timeout_ms / 1000 * 2)
-                live[tp] = (
-                    resp.durable_highwater
-                    if resp.error_code == errors.NONE and resp.found
-                    else None
-                )
-            except Exception:  # noqa: BLE001 - an unreachable leader leaves the recorded value
-                live[tp] = None
+            lookup = {}
+        by_leader: dict[str, list[str]] = {}
+        for tp, found in lookup.items():
+            if isinstance(found, str):
+                by_leader.setdefault(found, []).append(tp)
+        answers = self._per_leader(
+            by_leader,
+            lambda address, chunk: self.leaders.producer_states(
+                address, pid, [split_tp_key(tp) for tp in chunk]
+            ),
+            "PRODUCER_STATES",
+        )
+        for tp, answer in answers.items():
+            # an unreachable leader leaves the recorded value
+            ok = isinstance(answer, Response) and answer.error_code == errors.NONE
+            live[tp] = (
+                answer.durable_highwater
+                if isinstance(answer, Response) and ok and answer.found
+                else None
+            )
         return self.pid_view(record, now, live)
 
     def sweep(self) -> int:

@@ -90,6 +90,8 @@ def error_response(
         return P.epoch_end_response(corr, code, detail)
     if api_key == P.LIST_OFFSETS:
         return P.list_offsets_response(corr, code, detail, leader=leader)
+    if api_key in P.MANY_APIS:
+        return P.entries_response(corr, code, detail, [])
     return P.response(corr, code, detail, b"")
 
 
@@ -323,7 +325,7 @@ class PartitionServer:
                 # dispatch again before reading the next frame, so nothing this connection
                 # sent later is applied first (the pipelining guarantee). Other
                 # connections are not held up: each has its own read loop.
-                key = _partition_of(body)
+                key = _partition_of(body, self.broker.route)
                 reread = not _recently_missing(conn.missing, key, time.monotonic())
                 if reread:
                     await self._refresh_assignment()
@@ -436,6 +438,8 @@ class PartitionServer:
                 return P.metadata_response(corr, 0, info=info)
             if api == P.PRODUCE:
                 return self._produce(req, refreshed)
+            if api in P.MANY_APIS:
+                return self._many(req, refreshed)
             part, leader = self.broker.route(req.topic, req.partition)
             if part is None:
                 return _not_routed(req, leader, refreshed)
@@ -544,42 +548,67 @@ class PartitionServer:
             high_watermark=part.high_watermark,
         )
 
-    def _fence(self, req: P.Request, part: Partition) -> Reply:
-        corr = req.correlation_id
+    def _fence_checks(self, req: P.Request, flags: int) -> None:
         if req.pid == 0 or req.pid > P.MAX_PID:
             raise InvalidRequest(f"fence needs a pid in 1..2**63-1, got {req.pid}")
         if req.generation > P.MAX_GENERATION:
             raise InvalidRequest(f"generation {req.generation} is over 2**31-1")
-        if req.flags & ~P.FENCE_CREATE_IF_ABSENT:
-            raise InvalidRequest(f"unknown fence flags {req.flags:#x}")
+        if flags & ~P.FENCE_CREATE_IF_ABSENT:
+            raise InvalidRequest(f"unknown fence flags {flags:#x}")
         verify_token(self.s.secret_bytes, req.token, req.pid, req.generation, self.clock_ms())
-        create = bool(req.flags & P.FENCE_CREATE_IF_ABSENT)
+
+    def _fence(self, req: P.Request, part: Partition) -> Reply:
+        self._fence_checks(req, req.flags)
+        corr = req.correlation_id
+
+        def answer(
+            code: int, detail: str, existed: bool, dhw: int, offset: int, dropped: int
+        ) -> bytes:
+            return P.fence_response(
+                corr,
+                code,
+                detail,
+                existed=existed,
+                durable_highwater=dhw,
+                fence_offset=offset,
+                dropped_last_use_max_ms=dropped,
+            )
+
+        return self._fence_on(part, req, req.flags, req.leased_since_ms, answer)
+
+    def _fence_on(
+        self,
+        part: Partition,
+        req: P.Request,
+        flags: int,
+        leased_since_ms: int,
+        answer: Callable[[int, str, bool, int, int, int], bytes],
+    ) -> Reply:
+        """FENCE of ``req.pid`` at ``req.generation`` on ``part`` (checked already); the
+        answer, now or once durable, built by ``answer(code, detail, existed,
+        durable_highwater, fence_offset, dropped_last_use_max_ms)``. One code for FENCE
+        and each partition of FENCES."""
+        create = bool(flags & P.FENCE_CREATE_IF_ABSENT)
         # Read where the fence is decided (no await before it): the coordinator judges a
         # not-created answer by the same value the decision used.
         dropped = part.state.dropped_last_use_max_ms
 
         def ok(existed: bool, durable_hw: int, fence_offset: int) -> bytes:
-            return P.fence_response(
-                corr,
-                0,
-                existed=existed,
-                durable_highwater=durable_hw,
-                fence_offset=fence_offset,
-                dropped_last_use_max_ms=dropped,
-            )
+            return answer(0, "", existed, durable_hw, fence_offset, dropped)
 
         outcome, fut = part.fence(
-            req.pid, req.generation, create, ok, leased_since_ms=req.leased_since_ms
+            req.pid, req.generation, create, ok, leased_since_ms=leased_since_ms
         )
         if outcome is FenceOutcome.FENCED:
             e = part.state.get(req.pid)
-            return P.fence_response(
-                corr,
+            return answer(
                 errors.ProducerFenced.code,
                 f"generation {req.generation} is older than the current "
                 f"{e.generation if e else '?'}",
-                existed=True,
-                durable_highwater=e.durable_highwater if e else -1,
+                True,
+                e.durable_highwater if e else -1,
+                -1,
+                0,
             )
         if outcome is FenceOutcome.APPEND:
             self.broker.note_append()
@@ -593,6 +622,60 @@ class PartitionServer:
             )
         return fut
 
+    def _many(self, req: P.Request, refreshed: bool) -> Reply | None:
+        """PRODUCER_STATES / FENCES: the per-partition code of PRODUCER_STATE / FENCE on
+        each partition named, one entry each in request order, answered once every entry
+        is (a fence's once it is durable). A partition not led here is that entry's
+        NOT_LEADER / UNKNOWN_TOPIC_OR_PARTITION; a bad pid, generation, flag or token
+        refuses the whole request. Partitions unknown here (None before ``refreshed``):
+        ZooKeeper is re-read once for the whole request."""
+        assert req.entries is not None
+        routes = [self.broker.route(e.topic, e.partition) for e in req.entries]
+        if not refreshed and any(r == (None, None) for r in routes):
+            return None
+        fence = req.api_key == P.FENCES
+        if fence:
+            for e in req.entries:
+                self._fence_checks(req, e.flags)
+        encode = P.fence_entry if fence else P.state_entry
+        out: list[Reply] = []
+        for e, (part, leader) in zip(req.entries, routes, strict=True):
+            if part is None:
+                if leader is None:
+                    out.append(
+                        encode(
+                            errors.UnknownTopicOrPartition.code,
+                            f"no partition {e.topic}/{e.partition}",
+                        )
+                    )
+                else:
+                    out.append(
+                        encode(
+                            errors.NotLeader.code,
+                            f"this server does not lead {e.topic}/{e.partition}"
+                            + (f"; the leader is {leader}" if leader else ""),
+                        )
+                    )
+                continue
+            if not fence:
+                found, gen, dhw, last_use = part.producer_state(req.pid)
+                out.append(
+                    P.state_entry(
+                        0,
+                        found=found,
+                        generation=gen,
+                        durable_highwater=dhw,
+                        last_use_ms=last_use,
+                        dropped_last_use_max_ms=part.state.dropped_last_use_max_ms,
+                    )
+                )
+                continue
+            try:
+                out.append(self._fence_on(part, req, e.flags, e.leased_since_ms, _fence_entry))
+            except PidleaseError as exc:  # NOT_ENOUGH_REPLICAS: nothing changed there
+                out.append(P.fence_entry(exc.code, exc.detail))
+        return _all_entries(req.correlation_id, out, encode)
+
     def _producer_state(self, req: P.Request, part: Partition) -> Reply:
         found, gen, dhw, last_use = part.producer_state(req.pid)
         return P.producer_state_response(
@@ -604,6 +687,43 @@ class PartitionServer:
             last_use_ms=last_use,
             dropped_last_use_max_ms=part.state.dropped_last_use_max_ms,
         )
+
+
+def _fence_entry(
+    code: int, detail: str, existed: bool, dhw: int, offset: int, dropped: int
+) -> bytes:
+    return P.fence_entry(
+        code,
+        detail,
+        existed=existed,
+        durable_highwater=dhw,
+        fence_offset=offset,
+        dropped_last_use_max_ms=dropped,
+    )
+
+
+def _all_entries(corr: int, entries: list[Reply], encode: Callable[..., bytes]) -> Reply:
+    """One PRODUCER_STATES / FENCES answer of ``entries`` (each bytes or the future of its
+    bytes): now when all are known, else once the last future is done. A future that
+    fails (the partition's role changed before its fence was durable) is that entry's
+    error, not the whole answer's."""
+    waiting = [(i, x) for i, x in enumerate(entries) if not isinstance(x, bytes)]
+    if not waiting:
+        return P.entries_response(corr, 0, "", [x for x in entries if isinstance(x, bytes)])
+
+    async def gather() -> bytes:
+        got = await asyncio.gather(*(f for _, f in waiting), return_exceptions=True)
+        done = list(entries)
+        for (i, _), g in zip(waiting, got, strict=True):
+            if isinstance(g, bytes):
+                done[i] = g
+            elif isinstance(g, PidleaseError):
+                done[i] = encode(g.code, g.detail)
+            else:
+                done[i] = encode(errors.PidleaseError.code, f"internal error: {g!r}")
+        return P.entries_response(corr, 0, "", [x for x in done if isinstance(x, bytes)])
+
+    return asyncio.ensure_future(gather())
 
 
 def _not_routed(req: P.Request, leader: str | None, refreshed: bool) -> bytes | None:
@@ -650,8 +770,14 @@ MISSING_MEMO_S = 1.0
 MISSING_MEMO_KEYS_MAX = 64
 
 
-def _partition_of(body: bytes) -> tuple[str, int]:
+def _partition_of(
+    body: bytes, route: Callable[[str, int], tuple[object, object]]
+) -> tuple[str, int]:
+    """The partition a request was held back for (of many: the first not known here)."""
     req = P.decode_request(body)  # it routed once already, so it decodes
+    for e in req.entries or ():
+        if route(e.topic, e.partition) == (None, None):
+            return e.topic, e.partition
     return req.topic, req.partition
 
 

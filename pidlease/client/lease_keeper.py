@@ -95,7 +95,12 @@ class LeaseKeeper:
         sent_at = self.clock_ms()
         first = await retrying(
             lambda: self.client.lease(
-                self.topic, 0, -1, producer_name=self.producer_name, expire_ms=self.expire_ms
+                self.topic,
+                0,
+                -1,
+                producer_name=self.producer_name,
+                expire_ms=self.expire_ms,
+                partitions=partitions,  # a takeover fences them all: a longer timeout
             ),
             deadline_ms=deadline_ms,
             backoff=self.backoff(),

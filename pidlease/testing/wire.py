@@ -107,6 +107,20 @@ class WireClient:
         self.send(P.PRODUCER_STATE, P.producer_state_request(c, topic, partition, pid), c)
         return self.recv()
 
+    def producer_states(self, pid: int, partitions: list[tuple[str, int]]) -> P.Response:
+        """PRODUCER_STATES: the answer's ``entries``, one per partition, in order."""
+        c = self.next_corr()
+        self.send(P.PRODUCER_STATES, P.producer_states_request(c, pid, partitions), c)
+        return self.recv()
+
+    def fences(
+        self, pid: int, generation: int, token: str, entries: list[P.PartitionEntry]
+    ) -> P.Response:
+        """FENCES: answered once every fence is durable; ``entries`` one per partition."""
+        c = self.next_corr()
+        self.send(P.FENCES, P.fences_request(c, pid, generation, token, entries), c)
+        return self.recv()
+
     def metadata(self) -> dict[str, Any]:
         c = self.next_corr()
         self.send(P.METADATA, P.metadata_request(c), c)

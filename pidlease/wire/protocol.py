@@ -51,7 +51,7 @@ from typing import Any
 
 import google_crc32c
 
-from pidlease.errors import CorruptRecord
+from pidlease.errors import CorruptRecord, InvalidRequest
 from pidlease.wire import kafka_codecs
 from pidlease.wire.framing import encode_frame, pack_header
 
@@ -64,6 +64,10 @@ METADATA = 5
 REPLICA_FETCH = 6
 EPOCH_END = 7
 LIST_OFFSETS = 8
+# PRODUCER_STATE and FENCE for one PID on many partitions in one request (issue 24): what a
+# lease needs from one leader server, one round trip whatever the partition count.
+PRODUCER_STATES = 9
+FENCES = 10
 API_NAMES = {
     PRODUCE: "produce",
     FETCH: "fetch",
@@ -73,7 +77,12 @@ API_NAMES = {
     REPLICA_FETCH: "replica_fetch",
     EPOCH_END: "epoch_end",
     LIST_OFFSETS: "list_offsets",
+    PRODUCER_STATES: "producer_states",
+    FENCES: "fences",
 }
+MANY_APIS = (PRODUCER_STATES, FENCES)
+# Partitions one PRODUCER_STATES / FENCES request may name (a coordinator splits more).
+PARTITIONS_PER_REQUEST_MAX = 10_000
 # LIST_OFFSETS asks for an offset by time; these two negative "times" ask for the ends of
 # the log instead (the values Kafka's ListOffsets uses, so they read the same to its users).
 LATEST_TIMESTAMP = -1  # the high watermark: the next record to be committed
@@ -129,6 +138,8 @@ _FENCE_RESP = struct.Struct(">Bqq")  # existed, durable_highwater, fence_offset
 # and the dropped_last_use_max_ms of FENCE and PRODUCER_STATE answers. Absent reads as 0: unknown.
 _I64 = struct.Struct(">q")
 _STATE_REQ = struct.Struct(">Q")  # pid
+_FENCE_ENTRY = struct.Struct(">Bq")  # flags, leased_since_ms (a FENCES request's partition)
+_U8 = struct.Struct(">B")
 _STATE_RESP = struct.Struct(">BIqq")  # found, generation, durable_highwater, last_use_ms
 _PARTITION = struct.Struct(">I")
 _REPLICA_FETCH_REQ = struct.Struct(
@@ -647,6 +658,66 @@ def producer_state_request(correlation_id: int, topic: str, partition: int, pid:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionEntry:
+    """One partition of a PRODUCER_STATES / FENCES request (``flags`` and
+    ``leased_since_ms``: FENCE's, per partition; 0 in PRODUCER_STATES)."""
+
+    topic: str
+    partition: int
+    flags: int = 0
+    leased_since_ms: int = 0
+
+
+def _entries_count(n: int) -> bytes:
+    if not 1 <= n <= PARTITIONS_PER_REQUEST_MAX:
+        raise ValueError(f"1..{PARTITIONS_PER_REQUEST_MAX} partitions per request, not {n}")
+    return _U32.pack(n)
+
+
+def producer_states_request(
+    correlation_id: int, pid: int, partitions: Sequence[tuple[str, int]]
+) -> bytes:
+    """PRODUCER_STATE of ``pid`` on each of ``partitions`` (topic, partition): ``u64 pid,
+    u32 count``, then per partition ``str topic, u32 partition``. The answer holds one
+    entry per partition, in this order."""
+    return request(
+        PRODUCER_STATES,
+        correlation_id,
+        _STATE_REQ.pack(pid)
+        + _entries_count(len(partitions))
+        + b"".join(pack_str(t) + _PARTITION.pack(p) for t, p in partitions),
+    )
+
+
+def fences_request(
+    correlation_id: int,
+    pid: int,
+    generation: int,
+    token: str,
+    entries: Sequence[PartitionEntry],
+) -> bytes:
+    """FENCE of ``pid`` at ``generation`` on each entry's partition: ``u64 pid, u32
+    generation, str token, u32 count``, then per partition ``str topic, u32 partition, u8
+    flags, i64 leased_since_ms`` (each as in FENCE). One entry per partition in the answer,
+    in this order, each sent once its own fence is durable: the answer waits for all."""
+    return request(
+        FENCES,
+        correlation_id,
+        _STATE_REQ.pack(pid)
+        + _U32.pack(generation)
+        + pack_str(token)
+        + _entries_count(len(entries))
+        + b"".join(
+            pack_str(e.topic)
+            + _PARTITION.pack(e.partition)
+            + _U8.pack(e.flags)
+            + _I64.pack(e.leased_since_ms)
+            for e in entries
+        ),
+    )
+
+
 def metadata_request(correlation_id: int) -> bytes:
     return request(METADATA, correlation_id, b"")
 
@@ -724,6 +795,31 @@ class Request:
     epoch: int = -1
     leased_since_ms: int = 0
     timestamp_ms: int = 0
+    entries: list[PartitionEntry] | None = None  # PRODUCER_STATES, FENCES
+
+
+def _decode_entries(c: Cursor, body: bytes | memoryview, fence: bool) -> list[PartitionEntry]:
+    (n,) = c.take(_U32)
+    if n == 0:
+        raise InvalidRequest("a request for many partitions names none")
+    if n > PARTITIONS_PER_REQUEST_MAX:
+        raise InvalidRequest(
+            f"{n} partitions in one request, over the limit of {PARTITIONS_PER_REQUEST_MAX}"
+        )
+    least = 6 + (9 if fence else 0)  # an empty topic name and the fixed fields
+    if n * least > len(body) - c.pos:
+        raise CorruptRecord(f"frame too short for {n} partitions")
+    out: list[PartitionEntry] = []
+    seen: set[tuple[str, int]] = set()
+    for _ in range(n):
+        topic = c.str()
+        (partition,) = c.take(_PARTITION)
+        flags, since = c.take(_FENCE_ENTRY) if fence else (0, 0)
+        if (topic, partition) in seen:
+            raise InvalidRequest(f"partition {topic}/{partition} named twice in one request")
+        seen.add((topic, partition))
+        out.append(PartitionEntry(topic, partition, flags, since))
+    return out
 
 
 def decode_request(body: bytes | memoryview) -> Request:
@@ -736,6 +832,15 @@ def decode_request(body: bytes | memoryview) -> Request:
         return req
     if api_key not in API_NAMES:
         raise CorruptRecord(f"unknown api key {api_key}")
+    if api_key in MANY_APIS:
+        (req.pid,) = c.take(_STATE_REQ)
+        if api_key == FENCES:
+            (req.generation,) = c.take(_U32)
+            req.token = c.str()
+        req.entries = _decode_entries(c, body, api_key == FENCES)
+        if c.pos != len(body):
+            raise CorruptRecord(f"{len(body) - c.pos} unexpected bytes after the request")
+        return req
     req.topic = c.str()
     (req.partition,) = c.take(_PARTITION)
     if api_key == PRODUCE:
@@ -850,6 +955,51 @@ def producer_state_response(
     )
 
 
+def state_entry(
+    code: int,
+    detail: str = "",
+    *,
+    found: bool = False,
+    generation: int = 0,
+    durable_highwater: int = -1,
+    last_use_ms: int = 0,
+    dropped_last_use_max_ms: int = 0,
+) -> bytes:
+    """One partition's answer in a PRODUCER_STATES answer: ``u16 error_code, str detail``
+    and PRODUCER_STATE's fields, ``dropped_last_use_max_ms`` always present."""
+    return (
+        _U16.pack(code)
+        + pack_str(detail[:1000])
+        + _STATE_RESP.pack(int(found), generation, durable_highwater, last_use_ms)
+        + _I64.pack(dropped_last_use_max_ms)
+    )
+
+
+def fence_entry(
+    code: int,
+    detail: str = "",
+    *,
+    existed: bool = False,
+    durable_highwater: int = -1,
+    fence_offset: int = -1,
+    dropped_last_use_max_ms: int = 0,
+) -> bytes:
+    """One partition's answer in a FENCES answer: ``u16 error_code, str detail`` and
+    FENCE's fields, ``dropped_last_use_max_ms`` always present."""
+    return (
+        _U16.pack(code)
+        + pack_str(detail[:1000])
+        + _FENCE_RESP.pack(int(existed), durable_highwater, fence_offset)
+        + _I64.pack(dropped_last_use_max_ms)
+    )
+
+
+def entries_response(corr: int, code: int, detail: str, entries: Sequence[bytes]) -> bytes:
+    """A PRODUCER_STATES / FENCES answer: ``u32 count`` and the entries (none when the
+    request as a whole was refused: ``code`` says why)."""
+    return response(corr, code, detail, _U32.pack(len(entries)) + b"".join(entries))
+
+
 def _optional_i64(value: int) -> bytes:
     # Left out when 0 (its meaning when absent): frames stay as older versions sent them.
     return _I64.pack(value) if value else b""
@@ -938,6 +1088,20 @@ class Response:
     epoch: int = -1
     end_offset: int = -1
     offset: int = -1
+    entries: list[Response] | None = None  # PRODUCER_STATES, FENCES: one per partition
+
+
+def _decode_entry(c: Cursor, fence: bool) -> Response:
+    (code,) = c.take(_U16)
+    e = Response(0, code, c.str())
+    if fence:
+        existed, e.durable_highwater, e.fence_offset = c.take(_FENCE_RESP)
+        e.existed = bool(existed)
+    else:
+        found, e.generation, e.durable_highwater, e.last_use_ms = c.take(_STATE_RESP)
+        e.found = bool(found)
+    (e.dropped_last_use_max_ms,) = c.take(_I64)
+    return e
 
 
 def decode_response(api_key: int, body: bytes | memoryview) -> Response:
@@ -983,6 +1147,11 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
     elif api_key == LIST_OFFSETS:
         r.offset, r.log_start_offset, r.high_watermark = c.take(_LIST_OFFSETS_RESP)
         r.leader = c.str()
+    elif api_key in MANY_APIS:
+        (n,) = c.take(_U32)
+        if n > PARTITIONS_PER_REQUEST_MAX:
+            raise CorruptRecord(f"answer of {n} partitions, over {PARTITIONS_PER_REQUEST_MAX}")
+        r.entries = [_decode_entry(c, api_key == FENCES) for _ in range(n)]
     return r
 
 

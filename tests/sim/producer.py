@@ -204,8 +204,14 @@ class Producer:
         while True:
             conn = self.conn or await self._connect()
             corr = self._next_corr()
-            conn.writer.write(
-                P.fence_request(
+            # Odd seeds fence through FENCES, the coordinator's request for many partitions
+            # (issue 24), even seeds through FENCE (chosen without drawing from the rng).
+            many = self.w.seed % 2 == 1
+            if many:
+                entry = P.PartitionEntry(lin.topic, lin.partition, P.FENCE_CREATE_IF_ABSENT, 0)
+                frame = P.fences_request(corr, lin.pid, self.generation, self.token, [entry])
+            else:
+                frame = P.fence_request(
                     corr,
                     lin.topic,
                     lin.partition,
@@ -214,9 +220,12 @@ class Producer:
                     self.token,
                     create_if_absent=True,
                 )
-            )
+            conn.writer.write(frame)
             try:
-                r = P.decode_response(P.FENCE, await conn.read_frame())
+                r = P.decode_response(P.FENCES if many else P.FENCE, await conn.read_frame())
+                if many and r.error_code == 0:
+                    assert r.entries is not None and len(r.entries) == 1, r
+                    r = r.entries[0]
             except (ConnectionError, asyncio.IncompleteReadError):
                 self._drop_conn()
                 await asyncio.sleep(backoff)

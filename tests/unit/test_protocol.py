@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidlease.errors import CorruptRecord
+from pidlease.errors import CorruptRecord, InvalidRequest
 from pidlease.wire import protocol as p
 
 records_st = st.lists(
@@ -154,7 +154,9 @@ def test_fence_and_producer_state_optional_trailing_fields():
 @given(st.binary(max_size=200))
 @settings(max_examples=500)
 def test_decode_request_raises_only_corrupt_record(body):
-    with contextlib.suppress(CorruptRecord):
+    # (or InvalidRequest: a PRODUCER_STATES / FENCES naming no partition, too many, or
+    # one twice; both are answered as an error response)
+    with contextlib.suppress(CorruptRecord, InvalidRequest):
         p.decode_request(body)
 
 
@@ -244,3 +246,78 @@ def test_replication_requests_and_responses_round_trip():
 def test_replication_answers_decode_or_raise_corrupt_record(api, body):
     with contextlib.suppress(CorruptRecord):
         p.decode_response(api, body)
+
+
+# -- PRODUCER_STATES and FENCES (issue 24): one PID on many partitions in one request -----
+def test_producer_states_round_trip():
+    parts = [("t", 0), ("t", 7), ("other", 2)]
+    req = p.decode_request(p.producer_states_request(5, 42, parts)[4:])
+    assert (req.api_key, req.correlation_id, req.pid) == (p.PRODUCER_STATES, 5, 42)
+    assert [(e.topic, e.partition) for e in req.entries] == parts
+    entries = [
+        p.state_entry(0, found=True, generation=3, durable_highwater=9, last_use_ms=77),
+        p.state_entry(6, "this server does not lead t/7"),
+        p.state_entry(0, found=False, dropped_last_use_max_ms=123),
+    ]
+    r = p.decode_response(p.PRODUCER_STATES, p.entries_response(5, 0, "", entries)[4:])
+    assert r.correlation_id == 5 and r.error_code == 0
+    got = [(e.error_code, e.found, e.generation, e.durable_highwater) for e in r.entries]
+    assert got == [(0, True, 3, 9), (6, False, 0, -1), (0, False, 0, -1)]
+    assert r.entries[1].detail == "this server does not lead t/7"
+    assert r.entries[0].last_use_ms == 77 and r.entries[2].dropped_last_use_max_ms == 123
+
+
+def test_fences_round_trip():
+    entries = [
+        p.PartitionEntry("t", 0, p.FENCE_CREATE_IF_ABSENT, 1_000),
+        p.PartitionEntry("t", 1, 0, 0),
+    ]
+    req = p.decode_request(p.fences_request(8, 42, 7, "tok", entries)[4:])
+    assert (req.api_key, req.pid, req.generation, req.token) == (p.FENCES, 42, 7, "tok")
+    assert req.entries == entries
+    answer = [
+        p.fence_entry(0, existed=True, durable_highwater=4, fence_offset=10),
+        p.fence_entry(2, "older generation", existed=True, durable_highwater=4),
+    ]
+    r = p.decode_response(p.FENCES, p.entries_response(8, 0, "", answer)[4:])
+    assert [(e.error_code, e.existed, e.durable_highwater, e.fence_offset) for e in r.entries] == [
+        (0, True, 4, 10),
+        (2, True, 4, -1),
+    ]
+    refused = p.decode_response(p.FENCES, p.entries_response(8, 7, "bad token", [])[4:])
+    assert (refused.error_code, refused.detail, refused.entries) == (7, "bad token", [])
+
+
+def _many(api: int, count: int, entries: bytes) -> bytes:
+    head = struct.pack(">BIQ", api, 1, 42)
+    if api == p.FENCES:
+        head += struct.pack(">I", 3) + p.pack_str("tok")
+    return head + struct.pack(">I", count) + entries
+
+
+@pytest.mark.parametrize("api", [p.PRODUCER_STATES, p.FENCES])
+def test_many_partitions_bad_input_is_a_clear_error(api):
+    one = p.pack_str("t") + struct.pack(">I", 0) + (b"\0" * 9 if api == p.FENCES else b"")
+    with pytest.raises(InvalidRequest, match="names none"):
+        p.decode_request(_many(api, 0, b""))
+    with pytest.raises(InvalidRequest, match="over the limit of 10000"):
+        p.decode_request(_many(api, p.PARTITIONS_PER_REQUEST_MAX + 1, one * 10_001))
+    with pytest.raises(InvalidRequest, match="t/0 named twice"):
+        p.decode_request(_many(api, 2, one + one))
+    # A count the frame cannot hold is refused before any entry is read.
+    with pytest.raises(CorruptRecord, match="too short for 5000"):
+        p.decode_request(_many(api, 5000, one))
+    with pytest.raises(CorruptRecord):
+        p.decode_request(_many(api, 1, one[:-1]))
+    with pytest.raises(CorruptRecord, match="unexpected bytes"):
+        p.decode_request(_many(api, 1, one + b"x"))
+    with pytest.raises(ValueError, match=r"1\.\.10000 partitions"):
+        p.producer_states_request(1, 42, [])
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=300)
+def test_many_partitions_answers_decode_or_raise_corrupt_record(body):
+    for api in (p.PRODUCER_STATES, p.FENCES):
+        with contextlib.suppress(CorruptRecord):
+            p.decode_response(api, body)

@@ -312,3 +312,60 @@ def test_reader_partition_out_of_range(fake) -> None:  # type: ignore[no-untyped
     _srv, coord = fake
     with pytest.raises(errors.ConfigError, match=r"partitions 0\.\.1"):
         list(Reader("http://fake", "r", 5, http_transport=coord.transport()))
+
+
+def test_a_big_lease_batch_goes_in_calls_of_at_most_1000_with_longer_timeouts() -> None:
+    """Issue 24: a 2,500-partition producer's batch used to be one call the coordinator
+    refuses (over its batch_requests_max of 1000) with the usual 30 s timeout; now it is
+    three calls in order, each timed out by its size, and a takeover's single lease call
+    gets the timeout of every partition it fences."""
+    from pidlease.client.lease_client import BATCH_REQUESTS_MAX, lease_timeout_s
+
+    seen: list[tuple[int, float]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        body = json.loads(request.content)
+        reqs = body.get("requests", [body])
+        seen.append((len(reqs), request.extensions["timeout"]["read"]))
+        out = [
+            {
+                "error": "NONE",
+                "pid": 5,
+                "generation": 2,
+                "sequence_number": r["partition"],
+                "expire_ms": 1000,
+                "expires_at_ms": 1,
+                "lease_token": "t",
+            }
+            for r in reqs
+        ]
+        return httpx.Response(
+            200, json={"error": "NONE", "responses": out} if "requests" in body else out[0]
+        )
+
+    async def run() -> list:
+        ac = AsyncLeaseClient(
+            "http://c", transport=httpx.MockTransport(handler), request_timeout_ms=30_000
+        )
+        try:
+            got = await ac.lease_batch(
+                [{"topic": "t", "partition": p, "pid": 5} for p in range(2500)]
+            )
+            await ac.lease("t", 0, -1, producer_name="n", partitions=2500)
+            return got
+        finally:
+            await ac.close()
+
+    got = asyncio.run(run())
+    assert [g.sequence_number for g in got] == list(range(2500))
+    assert BATCH_REQUESTS_MAX == 1000
+    assert [n for n, _ in seen] == [1000, 1000, 500, 1]
+    assert [t for _, t in seen] == [
+        lease_timeout_s(30_000, 1000),
+        lease_timeout_s(30_000, 1000),
+        lease_timeout_s(30_000, 500),
+        lease_timeout_s(30_000, 2500),
+    ]
+    assert lease_timeout_s(30_000, 1) == 30.0 and lease_timeout_s(30_000, 1000) > 60
