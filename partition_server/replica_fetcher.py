@@ -558,7 +558,9 @@ class FetchSession:
         if resp.error_code != errors.NONE:
             raise errors.error_for_code(resp.error_code, resp.detail)
         flushing: list[tuple[ReplicaFetcher, int]] = []
+        named = set()
         for got in resp.fetched or []:
+            named.add((got.topic, got.partition))
             f, e = sent.get((got.topic, got.partition), (None, None))
             if f is None or e is None or not self._live(f) or not f.reconciled:
                 continue
@@ -584,6 +586,9 @@ class FetchSession:
             else:
                 part.set_high_watermark(min(got.high_watermark, part.flushed_end))
                 f.answered()
+        for k, (f, _) in sent.items():
+            if k not in named and self._live(f) and f.reconciled:
+                f.answered()  # left out of the answer: the leader took it, nothing new
         if flushing:
             # Fsynced before the next fetch reports these ends to the leader.
             await asyncio.gather(
