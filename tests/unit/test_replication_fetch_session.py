@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,6 +68,14 @@ class IdleLeader:
             writer.close()
 
 
+async def until(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached in time")
+
+
 def settings() -> SimpleNamespace:
     return SimpleNamespace(
         replica_fetch_backoff_ms=10_000,  # a partition's backoff would show as 10 s
@@ -103,9 +112,7 @@ def test_partitions_on_one_leader_share_one_connection_and_one_fetch(tmp_path: P
         fs = [fetcher(p, address, pool, troubles) for p in parts]
         for f in fs:
             f.start()
-        deadline = time.monotonic() + 10
-        while not leader.fetches and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await until(lambda: bool(leader.fetches))
         assert leader.connections == 1
         assert sorted(leader.fetches[0][1]) == [("t", 0), ("t", 1), ("t", 2)]
         # A fourth partition joins while that fetch is parked (2 s): it is fetched at
@@ -114,8 +121,7 @@ def test_partitions_on_one_leader_share_one_connection_and_one_fetch(tmp_path: P
         joined = time.monotonic()
         f4 = fetcher(late, address, pool, troubles)
         f4.start()
-        while len(leader.fetches) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(leader.fetches) >= 2)
         at, keys = leader.fetches[1]
         assert at - joined < WAIT_MS / 1000 / 2, "the new partition waited for the parked fetch"
         assert ("t", 3) in keys and len(keys) == 4
@@ -123,8 +129,7 @@ def test_partitions_on_one_leader_share_one_connection_and_one_fetch(tmp_path: P
         # One partition refused (deposed leader): it backs off alone; the others go on.
         leader.refuse.add(("t", 1))
         n = len(leader.fetches)
-        while len(leader.fetches) < n + 3 and time.monotonic() < deadline + 10:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(leader.fetches) >= n + 3)
         later = leader.fetches[-1][1]
         assert ("t", 1) not in later and len(later) == 3
         assert troubles == [1] and "NotLeader" in fs[1].last_error
