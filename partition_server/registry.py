@@ -406,11 +406,10 @@ class Registry:
                 continue
             a.topics[name] = spec
             plist = _children_or_watch_creation(zk, topic_path(name) + "/partitions", w)
-            for p in plist:
-                if not p.isdigit():
-                    continue
+            reads = self._get_many([partition_path(name, int(p)) for p in plist if p.isdigit()], w)
+            for p, read in zip([p for p in plist if p.isdigit()], reads, strict=True):
                 try:
-                    raw, _ = zk.get(partition_path(name, int(p)), watch=w)
+                    raw, _ = read()
                     a.partitions[(name, int(p))] = PartitionState.from_bytes(raw)
                 except NoNodeError:
                     continue
@@ -425,6 +424,18 @@ class Registry:
             except (NoNodeError, ValueError, TypeError):
                 continue
         return a
+
+    def _get_many(self, paths: list[str], watch: Any) -> list[Any]:
+        """One read per path, sent all at once when the client can (kazoo's ``get_async``:
+        one round trip for a topic's partitions, not one each; issue 24), each returned
+        as a call that gives ``get``'s result or raises its error."""
+        zk = self.zk
+        get_async = getattr(zk, "get_async", None)
+        if get_async is None:  # (the simulation's ZooKeeper: one at a time)
+            return [lambda path=path: zk.get(path, watch=watch) for path in paths]
+        pending = [get_async(path, watch=watch) for path in paths]
+        timeout_s = self.timeout_s
+        return [lambda r=r: r.get(timeout=timeout_s) for r in pending]
 
 
 def _children_or_watch_creation(zk: Any, path: str, watch: Any) -> list[str]:
