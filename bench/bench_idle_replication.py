@@ -12,10 +12,11 @@ processes). For each P, once every partition has a leader and a full in-sync set
   the last ack after the kill.
 
     python bench/bench_idle_replication.py [--partitions 300,1000] [--idle-s 10]
-        [--failover] [--json out.json]
+        [--failover] [--session-timeout-ms N] [--json out.json]
 
-Run it from a checkout (its own tree is put first on the import path, and the servers it
-starts inherit ``PYTHONPATH``), so the same script measures two trees: before and after.
+The servers run the code of the current directory's tree (``python -m`` puts it first on
+their path): to measure another tree, copy this file and ``procstats.py`` into it and run
+it from there.
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ def send_all(p: Any, partitions: list[int], timeout_s: float) -> Acks:
 def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"partitions": n}
     work = Path(tempfile.mkdtemp(prefix=f"pidlease-bench-idle-{n}-"))
-    with LocalCluster(work, servers=3, kafka=False) as cluster:
+    env = {}
+    if args.session_timeout_ms:
+        env["PIDLEASE_ZK_SESSION_TIMEOUT_MS"] = str(args.session_timeout_ms)
+    with LocalCluster(work, servers=3, kafka=False, env=env) as cluster:
         t = time.monotonic()
         cluster.create_topic(TOPIC, partitions=n, replication_factor=3)
         wait_for(lambda: settled(cluster, n), args.settle_timeout_s, "every in-sync set full")
@@ -161,6 +165,13 @@ def main() -> int:
     ap.add_argument("--failover", action="store_true")
     ap.add_argument("--start-timeout-s", type=int, default=120)
     ap.add_argument("--write-timeout-s", type=float, default=300.0)
+    ap.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=0,
+        help="PIDLEASE_ZK_SESSION_TIMEOUT_MS of the servers (0: their default, 1200); longer "
+        "on a loaded machine, where late heartbeats end leases and leaderships churn",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = []
