@@ -120,7 +120,10 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
         out["sockets"] = {i: sockets(pid) for i, pid in procs.items()}
         out["load"] = [round(x, 1) for x in os.getloadavg()]
         if args.failover:
-            out.update(failover(cluster, n, args))
+            try:
+                out.update(failover(cluster, n, args))
+            except Exception as exc:  # noqa: BLE001 - reported next to the idle figures
+                out["failover_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return out
 
 
