@@ -36,6 +36,7 @@ from pidlease.wire.cluster import (
 log = logging.getLogger("partition_server.registry")
 
 READ_RETRY_S = 1.0  # after a failed read of the cluster state
+READ_WINDOW = 32  # partition state reads in flight at once (``_get_many``)
 
 
 def monotonic_ms() -> float:
@@ -411,11 +412,10 @@ class Registry:
                 continue
             a.topics[name] = spec
             plist = _children_or_watch_creation(zk, topic_path(name) + "/partitions", w)
-            for p in plist:
-                if not p.isdigit():
-                    continue
+            reads = self._get_many([partition_path(name, int(p)) for p in plist if p.isdigit()], w)
+            for p, read in zip([p for p in plist if p.isdigit()], reads, strict=True):
                 try:
-                    raw, _ = zk.get(partition_path(name, int(p)), watch=w)
+                    raw, _ = read()
                     a.partitions[(name, int(p))] = PartitionState.from_bytes(raw)
                 except NoNodeError:
                     continue
@@ -430,6 +430,25 @@ class Registry:
             except (NoNodeError, ValueError, TypeError):
                 continue
         return a
+
+    def _get_many(self, paths: list[str], watch: Any) -> list[Any]:
+        """One read per path, sent READ_WINDOW at a time when the client can (kazoo's
+        ``get_async``: a few round trips for a topic's partitions, not one each; issue 24),
+        each returned as a call that gives ``get``'s result or raises its error. Windowed:
+        ZooKeeper answers a session's requests in order, and the lease's heartbeat
+        (``_heartbeat_once``) shares the session; a thousand reads sent at once put it
+        behind all of them, seconds on a loaded machine, and ended leases."""
+        zk = self.zk
+        get_async = getattr(zk, "get_async", None)
+        if get_async is None:  # (the simulation's ZooKeeper: one at a time)
+            return [lambda path=path: zk.get(path, watch=watch) for path in paths]
+        out: list[Any] = []
+        for i in range(0, len(paths), READ_WINDOW):
+            pending = [get_async(path, watch=watch) for path in paths[i : i + READ_WINDOW]]
+            for r in pending:
+                r.wait(self.timeout_s)
+            out.extend(lambda r=r: r.get(timeout=self.timeout_s) for r in pending)
+        return out
 
 
 def _children_or_watch_creation(zk: Any, path: str, watch: Any) -> list[str]:

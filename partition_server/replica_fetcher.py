@@ -1,15 +1,24 @@
-"""A follower's fetch loop for one partition: connect to the leader, find where this log
-diverges from the leader's and cut it there (EPOCH_END rounds, ``epochs.truncation_step``),
-then fetch forever: append what the leader sends, fsync it, and only then fetch again, so
-the offset each fetch carries is what this replica holds durably (the leader counts it
-towards the high watermark).
+"""A follower's fetching: per followed partition, find where this log diverges from the
+leader's and cut it there (EPOCH_END rounds, ``epochs.truncation_step``), then fetch
+forever: append what the leader sends, fsync it, and only then fetch again, so the offset
+each fetch carries is what this replica holds durably (the leader counts it towards the
+high watermark).
 
-One connection per followed partition: the protocol answers in request order per
-connection, so a fetch parked at the leader would hold back every other partition's.
-Any error (connection lost or refused, a timeout, NOT_LEADER, a malformed answer) ends
-the session: the fetcher backs off, asks the registry to re-read ZooKeeper (the leader
-may have changed) and starts over with the reconciliation, so a session never resumes on
-assumptions made against another leader.
+One fetch session per leader server (``FetchSession``, after Kafka's KIP-227): one
+connection and one REPLICA_FETCH_MANY per round for every partition this server follows
+there, answered only for the partitions with something new, and held by the leader while
+none has; an idle pair of servers costs one small round trip per
+``replica_fetch_wait_max_ms`` whatever the partition count. Each partition
+(``ReplicaFetcher``, a member of the session) keeps its own rules: its reconciliation
+(EPOCH_END, pipelined for the members that need one), its fsync before its offset is
+reported, its start-over, its errors. A partition's error (NOT_LEADER, an epoch
+mismatch...) ends that partition's part only: it backs off, asks the registry to re-read
+ZooKeeper and reconciles again; the others go on. A connection's error (lost or refused,
+a timeout, a malformed answer) ends the session for all of them, each starting over with
+its reconciliation, so a partition never resumes on assumptions made against another
+leader. A partition that joins while a fetch is parked at the leader does not wait for
+it: the connection is dropped and a new one opened at once (the members already
+reconciled at their epoch keep that).
 
 A server with TLS on (``tls_certfile``) fetches over TLS, trusting ``tls_ca_file`` (the
 system store when empty) and checking that the leader's certificate names the host it is
@@ -19,6 +28,7 @@ reached at (``pidlease/wire/tls.py``: a TLS cluster is TLS everywhere).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -86,6 +96,37 @@ class _Wire:
             raise FetchSessionError(f"answer for request {resp.correlation_id}, expected {corr}")
         return resp
 
+    async def pipeline(
+        self, api: int, builds: list[Callable[[int], bytes]], timeout_s: float
+    ) -> list[P.Response]:
+        """Several requests written at once, their answers read in order (the server
+        answers a connection's requests in the order they came)."""
+        corrs = []
+        for build in builds:
+            self.corr = (self.corr + 1) & 0xFFFFFFFF
+            corrs.append(self.corr)
+            self.writer.write(build(self.corr))
+
+        async def read_all() -> list[P.Response]:
+            await self.writer.drain()
+            out = []
+            for corr in corrs:
+                try:
+                    body = await read_frame(self.reader, self.frame_bytes_max)
+                except FrameTooLarge as exc:
+                    raise FetchSessionError(
+                        f"answer of {exc.size} bytes is over the frame limit"
+                    ) from exc
+                resp = P.decode_response(api, body)
+                if resp.correlation_id != corr:
+                    raise FetchSessionError(
+                        f"answer for request {resp.correlation_id}, expected {corr}"
+                    )
+                out.append(resp)
+            return out
+
+        return await asyncio.wait_for(read_all(), timeout_s)
+
     def close(self) -> None:
         self.writer.close()
 
@@ -103,8 +144,15 @@ def _leader_rows(part: Partition, data: memoryview | bytes | None) -> PartitionI
     return image
 
 
+Key = tuple[str, int]
+# EPOCH_END requests in flight at once on a session's connection (reconciliations).
+RECONCILE_WINDOW = 32
+
+
 class ReplicaFetcher:
-    """Follows ``leader`` at ``epoch`` for ``part`` until cancelled."""
+    """Follows ``leader`` at ``epoch`` for ``part`` until stopped: a member of the fetch
+    session this server has with ``leader`` (``pool``: this server's sessions; a private
+    one when none is given)."""
 
     def __init__(
         self,
@@ -117,8 +165,10 @@ class ReplicaFetcher:
         settings: Any,
         on_trouble: Callable[[], Any],
         on_append: Callable[[int], Any] = lambda n: None,
+        pool: FetchSessions | None = None,
     ) -> None:
         self.part = part
+        self.key: Key = (part.topic, part.partition)
         self.me = me
         self.leader = leader
         self.epoch = epoch
@@ -126,33 +176,173 @@ class ReplicaFetcher:
         self.s = settings
         self.on_trouble = on_trouble  # asks for a ZooKeeper re-read
         self.on_append = on_append  # batches appended (counts towards snapshots)
-        self.task: asyncio.Task[None] | None = None
+        self.pool = pool if pool is not None else FetchSessions()
+        self.session: FetchSession | None = None
         self.sessions = 0
         self.fetches_answered = 0  # 0: the leader never answered a fetch at this epoch
         self.last_error = ""
+        # The member's own state inside its session.
+        self.reconciled = False  # the log was cut where it diverges from the leader's
+        self.rounds = 0  # EPOCH_END rounds of the current reconciliation
+        self.retry_at = 0.0  # loop time before which it is left out (its backoff)
+        self.backoff_s = settings.replica_fetch_backoff_ms / 1000
+        self.quick_left = NOT_YET_LEADER_RETRIES
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.session = self.pool.join(self)
 
     def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        if self.session is not None:
+            self.session.leave(self)
+            self.session = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.part.topic}-{self.part.partition}"
+
+    def fail(self, exc: BaseException, *, log_it: bool = True) -> None:
+        """This partition's part of the session is over: reconcile again after a pause
+        (a few quick retries for a leader that has not taken the role yet)."""
+        now = asyncio.get_running_loop().time()
+        base_s = self.s.replica_fetch_backoff_ms / 1000
+        not_yet_leader = isinstance(exc, errors.NotLeader) and self.fetches_answered == 0
+        msg = (
+            "no answer from the leader in time (TimeoutError)"
+            if isinstance(exc, TimeoutError) and not str(exc)
+            else errors.describe(exc)
+        )
+        quick = not_yet_leader and self.quick_left > 0
+        if log_it and msg != self.last_error and not quick:
+            log.warning(
+                "%s: fetching from leader %d (%s) epoch %d failed: %s",
+                self.name,
+                self.leader,
+                self.address,
+                self.epoch,
+                msg,
+            )
+        self.last_error = msg
+        self.reconciled = False
+        if quick:
+            # ZooKeeper names this server leader at this epoch, but it has not taken the
+            # role yet (it is applying the election it just won): ask again soon, a
+            # bounded number of times, without the backoff or a ZooKeeper re-read (a
+            # newer state replaces this fetcher anyway, on the registry's watch).
+            self.quick_left -= 1
+            self.retry_at = now + min(NOT_YET_LEADER_RETRY_S, base_s)
+            return
+        self.on_trouble()
+        # A partition that got going starts the backoff over; repeated failures (the
+        # leader is gone, the link is cut) back off up to 10x, not hammering anyone.
+        self.backoff_s = min(self.backoff_s * 2, base_s * 10)
+        self.retry_at = now + self.backoff_s
+
+    def answered(self) -> None:
+        self.last_error = ""
+        self.fetches_answered += 1
+        self.backoff_s = self.s.replica_fetch_backoff_ms / 1000
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "leader": self.leader,
+            "epoch": self.epoch,
+            "address": self.address,
+            "sessions": self.sessions,
+            "last_error": self.last_error,
+        }
+
+
+class FetchSessions:
+    """A server's fetch sessions, one per (leader server, address)."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[tuple[int, str], FetchSession] = {}
+
+    def join(self, f: ReplicaFetcher) -> FetchSession:
+        k = (f.leader, f.address)
+        s = self.sessions.get(k)
+        if s is None or s.closed:
+            s = self.sessions[k] = FetchSession(self, f.leader, f.address, f.me, f.s)
+        s.add(f)
+        return s
+
+    def drop(self, s: FetchSession) -> None:
+        if self.sessions.get((s.leader, s.address)) is s:
+            del self.sessions[(s.leader, s.address)]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            f"{leader}@{address}": {"partitions": len(s.members), "connections": s.connections}
+            for (leader, address), s in sorted(self.sessions.items())
+        }
+
+
+class _Rejoin(Exception):
+    """A partition joined while a fetch was parked: open a new connection now."""
+
+
+class FetchSession:
+    """This server's fetching from one leader server, for every partition it follows
+    there (see the module docstring)."""
+
+    def __init__(self, pool: FetchSessions, leader: int, address: str, me: int, s: Any) -> None:
+        self.pool = pool
+        self.leader = leader
+        self.address = address
+        self.me = me
+        self.s = s
+        self.members: dict[Key, ReplicaFetcher] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.closed = False
+        self.connections = 0
+        self.rotate = 0
+        self._woken = asyncio.Event()  # a member joined (or left): look again
+
+    def add(self, f: ReplicaFetcher) -> None:
+        old = self.members.get(f.key)
+        if old is not None and old is not f:
+            old.session = None
+        f.reconciled = False
+        self.members[f.key] = f
+        self._woken.set()
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def leave(self, f: ReplicaFetcher) -> None:
+        if self.members.get(f.key) is f:
+            del self.members[f.key]
+        if not self.members and not self.closed:
+            self.closed = True
+            self.pool.drop(self)
+            if self.task is not None:
+                self.task.cancel()
+
+    def _live(self, f: ReplicaFetcher) -> bool:
+        """Still this session's member for its partition (checked after every await: a
+        stopped fetcher's partition may lead or follow someone else by then)."""
+        return self.members.get(f.key) is f
 
     async def _run(self) -> None:
         base_s = self.s.replica_fetch_backoff_ms / 1000
         backoff_s = base_s
-        name = f"{self.part.topic}-{self.part.partition}"
-        quick_left = NOT_YET_LEADER_RETRIES
-        while True:
+        last_error = ""
+        while self.members:
             wire: _Wire | None = None
-            not_yet_leader = False
+            rejoin = False
             try:
                 wire = await self._connect()
-                self.sessions += 1
-                await self._reconcile(wire)
-                await self._fetch_forever(wire)
+                self.connections += 1
+                for f in self.members.values():
+                    f.sessions += 1
+                while self.members:
+                    await self._reconcile(wire)
+                    await self._fetch_round(wire)
+                    backoff_s = base_s
+                    last_error = ""
             except asyncio.CancelledError:
                 raise
+            except _Rejoin:
+                rejoin = True
             except (
                 OSError,
                 TimeoutError,
@@ -160,39 +350,37 @@ class ReplicaFetcher:
                 FetchSessionError,
                 errors.PidleaseError,
             ) as exc:
-                not_yet_leader = isinstance(exc, errors.NotLeader) and self.fetches_answered == 0
                 msg = (
                     "no answer from the leader in time (TimeoutError)"
                     if isinstance(exc, TimeoutError) and not str(exc)
                     else errors.describe(exc)
                 )
-                if msg != self.last_error and not (not_yet_leader and quick_left > 0):
+                if msg != last_error:
                     log.warning(
-                        "%s: fetching from leader %d (%s) epoch %d failed: %s",
-                        name,
+                        "fetching %d partition(s) from leader %d (%s) failed: %s",
+                        len(self.members),
                         self.leader,
                         self.address,
-                        self.epoch,
                         msg,
                     )
-                self.last_error = msg
+                last_error = msg
+                for f in list(self.members.values()):
+                    f.reconciled = False
+                    f.last_error = msg
             except Exception:
-                log.exception("%s: replica fetcher failed", name)
+                log.exception("fetching from leader %d (%s) failed", self.leader, self.address)
+                last_error = "internal error"
+                for f in list(self.members.values()):
+                    f.reconciled = False
             finally:
                 if wire is not None:
                     wire.close()
-            if not_yet_leader and quick_left > 0:
-                # ZooKeeper names this server leader at this epoch, but it has not taken the
-                # role yet (it is applying the election it just won): ask again soon, a
-                # bounded number of times, without the backoff or a ZooKeeper re-read (a
-                # newer state replaces this fetcher anyway, on the registry's watch).
-                quick_left -= 1
-                await asyncio.sleep(min(NOT_YET_LEADER_RETRY_S, base_s))
+            if rejoin:
                 continue
-            self.on_trouble()
-            # A session that got going starts the backoff over; repeated failures (the
-            # leader is gone, the link is cut) back off up to 10x, not hammering anyone.
-            backoff_s = base_s if not self.last_error else min(backoff_s * 2, base_s * 10)
+            for f in list(self.members.values()):
+                f.on_trouble()
+                break  # one ZooKeeper re-read for the session (the callback is the server's)
+            backoff_s = min(backoff_s * 2, base_s * 10)
             await asyncio.sleep(backoff_s)
 
     async def _connect(self) -> _Wire:
@@ -213,104 +401,200 @@ class ReplicaFetcher:
         )
         return _Wire(reader, writer, self.s.frame_bytes_max)
 
+    def _due(self, now: float, reconciled: bool) -> list[ReplicaFetcher]:
+        return [
+            f for f in self.members.values() if f.reconciled is reconciled and f.retry_at <= now
+        ]
+
     async def _reconcile(self, wire: _Wire) -> None:
-        """Cut off whatever this log holds that the leader's does not (bounded rounds)."""
-        part = self.part
+        """Cut off whatever the logs of the members that need it hold that the leader's
+        does not: EPOCH_END rounds, pipelined, bounded per partition."""
+        loop = asyncio.get_running_loop()
+        todo = self._due(loop.time(), False)
+        if not todo:
+            return
+        for f in todo:
+            f.rounds = 0
         # Everything here fsynced before the cut: what remains of it is then durable, so
         # the first fetch can report the new end (truncate_to is safe without this).
-        await part.wait_flushed(part.log.next_offset)
+        await asyncio.gather(*(f.part.wait_flushed(f.part.log.next_offset) for f in todo))
         timeout_s = self.s.replica_fetch_timeout_ms / 1000
-        for _ in range(len(part.epochs.entries) + 2):
-            asked = part.epochs.latest_epoch
-            if asked is None:
-                return
-            t, p = part.topic, part.partition
-            resp = await wire.call(
-                P.EPOCH_END,
-                partial(
-                    P.epoch_end_request,
-                    topic=t,
-                    partition=p,
-                    replica_id=self.me,
-                    leader_epoch=self.epoch,
-                    epoch=asked,
-                ),
-                timeout_s,
-            )
-            if resp.error_code != errors.NONE:
-                raise errors.error_for_code(resp.error_code, resp.detail)
-            cut, final = truncation_step(
-                part.epochs, part.log.next_offset, asked, resp.epoch, resp.end_offset
-            )
-            if cut < part.log.next_offset:
-                before = part.log.next_offset
-                end = part.truncate_to(cut)
-                log.warning(
-                    "%s-%d: log diverged from leader %d after offset %d: cut %d..%d "
-                    "(leader's epoch %d ends at %d)",
-                    t,
-                    p,
-                    self.leader,
-                    end,
-                    end,
-                    before,
-                    resp.epoch,
-                    resp.end_offset,
+        while todo:
+            todo = [f for f in todo if self._live(f)]
+            asks: list[tuple[ReplicaFetcher, int]] = []
+            for f in todo:
+                asked = f.part.epochs.latest_epoch
+                if asked is None:
+                    f.reconciled = True
+                else:
+                    asks.append((f, asked))
+            todo = []
+            for i in range(0, len(asks), RECONCILE_WINDOW):
+                chunk = asks[i : i + RECONCILE_WINDOW]
+                answers = await wire.pipeline(
+                    P.EPOCH_END,
+                    [
+                        partial(
+                            P.epoch_end_request,
+                            topic=f.part.topic,
+                            partition=f.part.partition,
+                            replica_id=self.me,
+                            leader_epoch=f.epoch,
+                            epoch=asked,
+                        )
+                        for f, asked in chunk
+                    ],
+                    timeout_s,
                 )
-            if final:
-                return
-        raise FetchSessionError("epoch reconciliation did not settle")
+                for (f, asked), resp in zip(chunk, answers, strict=True):
+                    if not self._live(f):
+                        continue
+                    if resp.error_code != errors.NONE:
+                        f.fail(errors.error_for_code(resp.error_code, resp.detail))
+                        continue
+                    if self._cut(f, asked, resp):
+                        f.reconciled = True
+                    elif f.rounds > len(f.part.epochs.entries) + 2:
+                        f.fail(FetchSessionError("epoch reconciliation did not settle"))
+                    else:
+                        todo.append(f)
 
-    async def _fetch_forever(self, wire: _Wire) -> None:
-        part, s = self.part, self.s
-        t, p = part.topic, part.partition
-        timeout_s = (s.replica_fetch_wait_max_ms + s.replica_fetch_timeout_ms) / 1000
-        # The whole answer is read as one frame: leave room for its head.
-        max_bytes = max(min(s.fetch_bytes_max, s.frame_bytes_max - 65536), 1)
-        while True:
-            offset = part.log.next_offset
-            # The leader counts this offset as held durably here (towards its high
-            # watermark): never send one not fsynced, whatever path led here (a no-op
-            # when the previous round or the reconciliation already waited).
-            await part.wait_flushed(offset)
-            resp = await wire.call(
-                P.REPLICA_FETCH,
-                partial(
-                    P.replica_fetch_request,
-                    topic=t,
-                    partition=p,
-                    replica_id=self.me,
-                    leader_epoch=self.epoch,
-                    offset=offset,
-                    max_bytes=max_bytes,
-                    max_wait_ms=s.replica_fetch_wait_max_ms,
-                ),
-                timeout_s,
+    def _cut(self, f: ReplicaFetcher, asked: int, resp: P.Response) -> bool:
+        part = f.part
+        f.rounds += 1
+        cut, final = truncation_step(
+            part.epochs, part.log.next_offset, asked, resp.epoch, resp.end_offset
+        )
+        if cut < part.log.next_offset:
+            before = part.log.next_offset
+            end = part.truncate_to(cut)
+            log.warning(
+                "%s-%d: log diverged from leader %d after offset %d: cut %d..%d "
+                "(leader's epoch %d ends at %d)",
+                part.topic,
+                part.partition,
+                self.leader,
+                end,
+                end,
+                before,
+                resp.epoch,
+                resp.end_offset,
             )
-            if resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark > offset:
+        return final
+
+    async def _fetch_round(self, wire: _Wire) -> None:
+        s = self.s
+        loop = asyncio.get_running_loop()
+        self._woken.clear()
+        now = loop.time()
+        fetching = self._due(now, True)
+        waiting = [f.retry_at for f in self.members.values() if f.retry_at > now]
+        if not fetching:
+            # Nothing to fetch now: wait for a member to join or its backoff to end.
+            if self._due(now, False):
+                return
+            delay = min(waiting) - now if waiting else s.replica_fetch_wait_max_ms / 1000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), max(delay, 0.0))
+            return
+        # The leader counts each offset as held durably here (towards its high
+        # watermark): never send one not fsynced (a no-op when the previous round or the
+        # reconciliation already waited).
+        await asyncio.gather(*(f.part.wait_flushed(f.part.log.next_offset) for f in fetching))
+        fetching = [f for f in fetching if self._live(f) and f.reconciled]
+        if not fetching or self._due(loop.time(), False):
+            return  # reconcile those that joined meanwhile first
+        # Rotated each round: when the answer's room runs out, others go first next time.
+        self.rotate = (self.rotate + 1) % len(fetching)
+        fetching = fetching[self.rotate :] + fetching[: self.rotate]
+        fetching = fetching[: P.REPLICA_FETCH_PARTITIONS_MAX]
+        sent = {
+            f.key: (
+                f,
+                P.ReplicaFetchEntry(
+                    f.part.topic,
+                    f.part.partition,
+                    f.epoch,
+                    f.part.log.next_offset,
+                    f.part.high_watermark,
+                ),
+            )
+            for f in fetching
+        }
+        wait_ms = s.replica_fetch_wait_max_ms
+        if waiting:
+            wait_ms = max(0, min(wait_ms, int((min(waiting) - now) * 1000)))
+        # The whole answer is read as one frame: leave room for its heads.
+        room = s.frame_bytes_max - 65536 - 64 * len(sent)
+        max_bytes = max(room, 1)
+        part_max = max(min(s.fetch_bytes_max, max_bytes), 1)
+        asked = loop.create_task(  # noqa: RUF006 - awaited below
+            wire.call(
+                P.REPLICA_FETCH_MANY,
+                partial(
+                    P.replica_fetch_many_request,
+                    entries=[e for _, e in sent.values()],
+                    replica_id=self.me,
+                    max_wait_ms=wait_ms,
+                    max_bytes=max_bytes,
+                    partition_max_bytes=part_max,
+                ),
+                (wait_ms + s.replica_fetch_timeout_ms) / 1000,
+            )
+        )
+        woken = loop.create_task(self._woken.wait())
+        try:
+            await asyncio.wait({asked, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not loop.is_closed():  # (a simulation ends with its loop closed)
+                woken.cancel()
+                if not asked.done():
+                    asked.cancel()
+        if not asked.done() or asked.cancelled():
+            # A partition joined while the fetch was parked: a new connection now (the
+            # answer is owed on this one) rather than after the leader's wait.
+            raise _Rejoin
+        resp = asked.result()
+        if resp.error_code != errors.NONE:
+            raise errors.error_for_code(resp.error_code, resp.detail)
+        flushing: list[tuple[ReplicaFetcher, int]] = []
+        named = set()
+        for got in resp.fetched or []:
+            named.add((got.topic, got.partition))
+            f, e = sent.get((got.topic, got.partition), (None, None))
+            if f is None or e is None or not self._live(f) or not f.reconciled:
+                continue
+            part = f.part
+            if got.error_code == errors.OffsetOutOfRange.code and got.high_watermark > e.offset:
                 # The leader's log start (replication.py), and the producer state of the
                 # PIDs that wrote only below it.
-                part.restart_at(resp.high_watermark, _leader_rows(part, resp.data))
+                try:
+                    part.restart_at(got.high_watermark, _leader_rows(part, got.data))
+                except FetchSessionError as exc:
+                    f.fail(exc)
                 continue
-            if resp.error_code != errors.NONE:
-                raise errors.error_for_code(resp.error_code, resp.detail)
-            if resp.leader_epoch != self.epoch:
-                raise FetchSessionError(f"leader answered for epoch {resp.leader_epoch}")
-            assert resp.data is not None
-            if len(resp.data):
-                n = part.append_replicated(resp.data, resp.epochs or [])
-                self.on_append(n)
-                # Fsynced before the next fetch reports this end to the leader.
-                await part.wait_flushed(part.log.next_offset)
-            part.set_high_watermark(min(resp.high_watermark, part.flushed_end))
-            self.last_error = ""
-            self.fetches_answered += 1
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "leader": self.leader,
-            "epoch": self.epoch,
-            "address": self.address,
-            "sessions": self.sessions,
-            "last_error": self.last_error,
-        }
+            if got.error_code != errors.NONE:
+                f.fail(errors.error_for_code(got.error_code, got.detail))
+                continue
+            if got.leader_epoch != f.epoch:
+                f.fail(FetchSessionError(f"leader answered for epoch {got.leader_epoch}"))
+                continue
+            if len(got.data):
+                n = part.append_replicated(memoryview(got.data), got.epochs or [])
+                f.on_append(n)
+                flushing.append((f, got.high_watermark))
+            else:
+                part.set_high_watermark(min(got.high_watermark, part.flushed_end))
+                f.answered()
+        for k, (f, _) in sent.items():
+            if k not in named and self._live(f) and f.reconciled:
+                f.answered()  # left out of the answer: the leader took it, nothing new
+        if flushing:
+            # Fsynced before the next fetch reports these ends to the leader.
+            await asyncio.gather(
+                *(f.part.wait_flushed(f.part.log.next_offset) for f, _ in flushing)
+            )
+            for f, hw in flushing:
+                if self._live(f) and f.reconciled:
+                    f.part.set_high_watermark(min(hw, f.part.flushed_end))
+                    f.answered()

@@ -36,7 +36,7 @@ from partition_server.checkpoint import HighWatermarkCheckpoint
 from partition_server.liveness import LiveServers
 from partition_server.partition import Partition, Role
 from partition_server.registry import Assignment, Registry
-from partition_server.replica_fetcher import ReplicaFetcher
+from partition_server.replica_fetcher import FetchSessions, ReplicaFetcher
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
@@ -74,6 +74,7 @@ class ReplicaManager:
         self.routes = settings.routes
         self.inherited: dict[Key, int] = {}
         self.fetchers: dict[Key, ReplicaFetcher] = {}
+        self.fetch_sessions = FetchSessions()  # one per leader server (replica_fetcher.py)
         self._busy: set[Key] = set()
         self._hw_sent: dict[tuple[Key, int], int] = {}
         self._fetched_at: dict[tuple[Key, int], int] = {}  # the epoch of the last first fetch
@@ -226,6 +227,7 @@ class ReplicaManager:
             settings=self.s,
             on_trouble=self.registry.refresh,
             on_append=self.note_append,
+            pool=self.fetch_sessions,
         )
         self.fetchers[key] = f
         f.start()
@@ -415,6 +417,127 @@ class ReplicaManager:
             data=data,
         )
 
+    async def replica_fetch_many(self, req: P.Request) -> bytes:
+        """REPLICA_FETCH for every partition a follower follows here, in one request (its
+        fetch session with this server). Each partition keeps REPLICA_FETCH's rules: the
+        follower checked (epoch, replica), the offset inside the log or a start-over
+        below the log start, its position recorded for the in-sync set and the high
+        watermark. Only partitions with something new are answered (data, a high
+        watermark above the follower's, an error); while none has, the request waits up
+        to its ``max_wait_ms`` for an append or a high watermark change in any of them."""
+        corr, rid = req.correlation_id, req.replica_id
+        entries = req.fetches or []
+        answered: dict[int, P.ReplicaFetched] = {}
+        live: list[tuple[int, P.ReplicaFetchEntry, Partition]] = []
+        for i, e in enumerate(entries):
+            part = self.partitions.get((e.topic, e.partition))
+            bad = self._fetch_step(e, rid, part)
+            if isinstance(bad, P.ReplicaFetched):
+                answered[i] = bad
+            else:
+                assert part is not None
+                live.append((i, e, part))
+        if not answered and not any(self._news(e, p) for _, e, p in live) and live:
+            wait_s = min(req.max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
+            if wait_s > 0:
+                waits = {p.wait_for_data() for _, _, p in live}
+                await asyncio.wait(waits, timeout=wait_s)
+            for i, e, part in live:
+                bad2 = self._check(rid, e.leader_epoch, part)
+                if bad2 is not None:
+                    answered[i] = P.ReplicaFetched(e.topic, e.partition, bad2[0], bad2[1])
+        budget = max(min(req.max_bytes, self.s.frame_bytes_max - 65536), 1)
+        part_max = min(max(req.flags, 1), self.s.fetch_bytes_max)
+        sent = 0
+        for i, e, part in live:
+            if i in answered or not self._news(e, part):
+                continue
+            data: list[bytes] = []
+            if e.offset < part.log.next_offset and budget - sent > 0:
+                data = part.replica_read(e.offset, min(part_max, budget - sent))
+                size = sum(len(b) for b in data)
+                if sent and sent + size > budget:
+                    continue  # over the frame's room: its turn comes (the follower rotates)
+                sent += size
+            elif e.offset < part.log.next_offset and not part.high_watermark > e.high_watermark:
+                continue  # no room left for its data this round
+            answered[i] = P.ReplicaFetched(
+                e.topic,
+                e.partition,
+                0,
+                "",
+                part.high_watermark,
+                part.leader_epoch,
+                part.epochs.entries_from(e.offset) if data else [],
+                data,  # type: ignore[arg-type]
+            )
+        return P.replica_fetch_many_response(corr, 0, "", [answered[i] for i in sorted(answered)])
+
+    @staticmethod
+    def _news(e: P.ReplicaFetchEntry, part: Partition) -> bool:
+        """Something to send this follower for ``part``: batches past its log end, or a
+        high watermark above its own that it can take (never above its log end)."""
+        return e.offset < part.log.next_offset or (
+            min(part.high_watermark, e.offset) > e.high_watermark
+        )
+
+    def _fetch_step(
+        self, e: P.ReplicaFetchEntry, rid: int, part: Partition | None
+    ) -> P.ReplicaFetched | None:
+        """The first step of one partition's fetch (REPLICA_FETCH's, before any wait):
+        its error answer, or None once its position is recorded."""
+        key = (e.topic, e.partition)
+        if part is None or not part.hosted:
+            return P.ReplicaFetched(
+                e.topic,
+                e.partition,
+                errors.NotLeader.code,
+                f"server {self.me} does not host {e.topic}-{e.partition}",
+            )
+        bad = self._check(rid, e.leader_epoch, part)
+        if bad is not None:
+            return P.ReplicaFetched(e.topic, e.partition, bad[0], bad[1])
+        if not 0 <= e.offset <= part.log.next_offset:
+            return P.ReplicaFetched(
+                e.topic,
+                e.partition,
+                errors.InvalidRequest.code,
+                (
+                    f"offset {e.offset} is outside this leader's log "
+                    f"(ends {part.log.next_offset}); reconcile with EPOCH_END first"
+                ),
+            )
+        if e.offset < part.log.log_start_offset:
+            return P.ReplicaFetched(
+                e.topic,
+                e.partition,
+                errors.OffsetOutOfRange.code,
+                f"offset {e.offset} is below this leader's log start {part.log.log_start_offset}",
+                part.log.log_start_offset,
+                part.leader_epoch,
+                [],
+                part.rows_below_log_start(),
+            )
+        assert part.isr is not None
+        if self._fetched_at.get((key, rid)) != part.leader_epoch:
+            self._fetched_at[(key, rid)] = part.leader_epoch
+            log.info(
+                "%s-%d: first fetch from follower %d at epoch %d (offset %d, log end %d)",
+                key[0],
+                key[1],
+                rid,
+                part.leader_epoch,
+                e.offset,
+                part.log.next_offset,
+            )
+        part.record_replica_fetch(rid, e.offset)
+        joiners = part.isr.joiners(
+            part.high_watermark, part.isr_clock_ms(), self.s.isr_change_min_interval_ms
+        )
+        if joiners:
+            self._change_isr(key, part, joiners, [])
+        return None
+
     def epoch_end(self, req: P.Request, part: Partition) -> bytes:
         bad = self._check_follower(req, part)
         if bad is not None:
@@ -423,6 +546,9 @@ class ReplicaManager:
         return P.epoch_end_response(req.correlation_id, 0, epoch=epoch, end_offset=end)
 
     def _check_follower(self, req: P.Request, part: Partition) -> tuple[int, str] | None:
+        return self._check(req.replica_id, req.leader_epoch, part)
+
+    def _check(self, replica_id: int, leader_epoch: int, part: Partition) -> tuple[int, str] | None:
         if part.role is Role.LEADER:
             # Checked on every fetch, the only thing that moves a replicated high watermark
             # while followers are in the set: no ack after the lease ends, even when the
@@ -430,14 +556,14 @@ class ReplicaManager:
             self._check_lease_of(part)
         if part.role is not Role.LEADER or part.isr is None:
             return errors.NotLeader.code, f"server {self.me} does not lead this partition now"
-        if req.leader_epoch != part.leader_epoch:
-            if req.leader_epoch > part.leader_epoch:
+        if leader_epoch != part.leader_epoch:
+            if leader_epoch > part.leader_epoch:
                 self.registry.refresh()  # the follower knows of a newer epoch: are we deposed?
             return errors.NotLeader.code, (
-                f"this leader is at epoch {part.leader_epoch}, the follower at {req.leader_epoch}"
+                f"this leader is at epoch {part.leader_epoch}, the follower at {leader_epoch}"
             )
-        if req.replica_id not in part.isr.followers:
-            return errors.InvalidRequest.code, f"server {req.replica_id} is not a replica here"
+        if replica_id not in part.isr.followers:
+            return errors.InvalidRequest.code, f"server {replica_id} is not a replica here"
         return None
 
     # -- step-down ---------------------------------------------------------------------------

@@ -88,6 +88,8 @@ def error_response(
         return P.replica_fetch_response(corr, code, detail)
     if api_key == P.EPOCH_END:
         return P.epoch_end_response(corr, code, detail)
+    if api_key == P.REPLICA_FETCH_MANY:
+        return P.replica_fetch_many_response(corr, code, detail)
     if api_key == P.LIST_OFFSETS:
         return P.list_offsets_response(corr, code, detail, leader=leader)
     if api_key in P.MANY_APIS:
@@ -333,7 +335,7 @@ class PartitionServer:
                 assert reply is not None
                 if reread and self.broker.route(*key) == (None, None):
                     _note_missing(conn.missing, key, time.monotonic())
-            elif api == P.REPLICA_FETCH:
+            elif api in (P.REPLICA_FETCH, P.REPLICA_FETCH_MANY):
                 # Let the fetch's task take its first step (check the follower, record its
                 # position) before the next frame: only a long-poll's wait and its read of
                 # the log come later, and those answer with the state at answer time.
@@ -438,6 +440,8 @@ class PartitionServer:
                 return P.metadata_response(corr, 0, info=info)
             if api == P.PRODUCE:
                 return self._produce(req, refreshed)
+            if api == P.REPLICA_FETCH_MANY:
+                return asyncio.ensure_future(self.broker.replicas.replica_fetch_many(req))
             if api in P.MANY_APIS:
                 return self._many(req, refreshed)
             part, leader = self.broker.route(req.topic, req.partition)

@@ -796,6 +796,7 @@ class Request:
     leased_since_ms: int = 0
     timestamp_ms: int = 0
     entries: list[PartitionEntry] | None = None  # PRODUCER_STATES, FENCES
+    fetches: list[ReplicaFetchEntry] | None = None  # REPLICA_FETCH_MANY
 
 
 def _decode_entries(c: Cursor, body: bytes | memoryview, fence: bool) -> list[PartitionEntry]:
@@ -830,6 +831,8 @@ def decode_request(body: bytes | memoryview) -> Request:
     req = Request(api_key, corr)
     if api_key == METADATA:
         return req
+    if api_key == REPLICA_FETCH_MANY:
+        return _decode_replica_fetch_many(c, req)
     if api_key not in API_NAMES:
         raise CorruptRecord(f"unknown api key {api_key}")
     if api_key in MANY_APIS:
@@ -1089,6 +1092,7 @@ class Response:
     end_offset: int = -1
     offset: int = -1
     entries: list[Response] | None = None  # PRODUCER_STATES, FENCES: one per partition
+    fetched: list[ReplicaFetched] | None = None  # REPLICA_FETCH_MANY
 
 
 def _decode_entry(c: Cursor, fence: bool) -> Response:
@@ -1109,6 +1113,8 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
     c = Cursor(body)
     corr, code = c.take(_RESP_HEAD)
     r = Response(corr, code, c.str())
+    if api_key == REPLICA_FETCH_MANY:
+        return _decode_replica_fetched(c, r)
     if api_key == PRODUCE:
         r.base_offset, r.last_offset, r.expected_sequence = c.take(_PRODUCE_RESP)
         r.leader = c.str()
@@ -1159,3 +1165,145 @@ def peek_correlation_id(body: bytes | memoryview) -> int:
     """The correlation id of a response body (first 4 bytes)."""
     correlation_id: int = _U32.unpack_from(body, 0)[0]
     return correlation_id
+
+
+# --- REPLICA_FETCH_MANY (issue 24): one follower's fetch for every partition it follows
+# on one leader server (a fetch session per server pair, after Kafka's KIP-227).
+#
+#   request  = u32 replica_id, u32 max_wait_ms, u32 max_bytes, u32 partition_max_bytes,
+#              u32 n, n x (str topic, u32 partition, i32 leader_epoch, i64 offset,
+#                          i64 high_watermark)
+#   response = u32 n, n x (str topic, u32 partition, u16 error_code, str detail,
+#                          i64 high_watermark, i32 leader_epoch, u16 n_epochs,
+#                          n_epochs x (i32 epoch, i64 start_offset), u32 size, data)
+#
+# Each entry carries what REPLICA_FETCH carries for one partition, plus the follower's own
+# high watermark: the leader answers only the partitions with something new for it (data,
+# a higher high watermark, an error), and holds the request up to ``max_wait_ms`` while
+# none has any (incremental answers; an idle pair costs one small round trip per wait).
+REPLICA_FETCH_MANY = 11
+API_NAMES[REPLICA_FETCH_MANY] = "replica_fetch_many"
+# Partitions one request may name (a follower with more splits them over rounds).
+REPLICA_FETCH_PARTITIONS_MAX = 20_000
+_FETCH_MANY_REQ = struct.Struct(">IIIII")  # replica_id, max_wait_ms, max_bytes, part_max, n
+_FETCH_MANY_ENTRY = struct.Struct(">Iiqq")  # partition, leader_epoch, offset, high_watermark
+_FETCHED_HEAD = struct.Struct(">IH")  # partition, error_code (topic before, detail after)
+_FETCHED_MID = struct.Struct(">qiH")  # high_watermark, leader_epoch, epoch entries
+_FETCH_MANY_ENTRY_MIN = 2 + _FETCH_MANY_ENTRY.size  # an empty topic name
+_FETCHED_ENTRY_MIN = 2 + _FETCHED_HEAD.size + 2 + _FETCHED_MID.size + 4
+
+
+@dataclass(slots=True)
+class ReplicaFetchEntry:
+    """One partition of a REPLICA_FETCH_MANY request: the follower's log end (all of it
+    fsynced), its high watermark, and the leader epoch it follows."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    offset: int
+    high_watermark: int
+
+
+@dataclass(slots=True)
+class ReplicaFetched:
+    """One partition of a REPLICA_FETCH_MANY answer (REPLICA_FETCH's answer for it)."""
+
+    topic: str
+    partition: int
+    error_code: int = 0
+    detail: str = ""
+    high_watermark: int = -1
+    leader_epoch: int = -1
+    epochs: list[tuple[int, int]] | None = None
+    data: memoryview | bytes = b""
+
+
+def replica_fetch_many_request(
+    correlation_id: int,
+    entries: Sequence[ReplicaFetchEntry],
+    *,
+    replica_id: int,
+    max_wait_ms: int,
+    max_bytes: int,
+    partition_max_bytes: int,
+) -> bytes:
+    if len(entries) > REPLICA_FETCH_PARTITIONS_MAX:
+        raise ValueError(
+            f"{len(entries)} partitions in one fetch; at most {REPLICA_FETCH_PARTITIONS_MAX}"
+        )
+    parts = [
+        _FETCH_MANY_REQ.pack(replica_id, max_wait_ms, max_bytes, partition_max_bytes, len(entries))
+    ]
+    for e in entries:
+        parts.append(pack_str(e.topic))
+        parts.append(
+            _FETCH_MANY_ENTRY.pack(e.partition, e.leader_epoch, e.offset, e.high_watermark)
+        )
+    return request(REPLICA_FETCH_MANY, correlation_id, b"".join(parts))
+
+
+def _decode_replica_fetch_many(c: Cursor, req: Request) -> Request:
+    req.replica_id, req.max_wait_ms, req.max_bytes, req.flags, n = c.take(_FETCH_MANY_REQ)
+    if n > REPLICA_FETCH_PARTITIONS_MAX:
+        raise CorruptRecord(
+            f"replica fetch names {n} partitions; at most {REPLICA_FETCH_PARTITIONS_MAX}"
+        )
+    if n * _FETCH_MANY_ENTRY_MIN > len(c.buf) - c.pos:
+        raise CorruptRecord(f"replica fetch names {n} partitions but the frame is too short")
+    entries = []
+    for _ in range(n):
+        topic = c.str()
+        partition, epoch, offset, hw = c.take(_FETCH_MANY_ENTRY)
+        entries.append(ReplicaFetchEntry(topic, partition, epoch, offset, hw))
+    if c.pos != len(c.buf):
+        raise CorruptRecord(f"{len(c.buf) - c.pos} unexpected bytes after the request")
+    req.fetches = entries
+    return req
+
+
+def replica_fetch_many_response(
+    corr: int, code: int, detail: str = "", fetched: Sequence[ReplicaFetched] = ()
+) -> bytes:
+    """``data`` of an entry may be a list of buffers (whole stored batches): joined once."""
+    chunks: list[bytes | memoryview] = [
+        _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]) + _U32.pack(len(fetched))
+    ]
+    for f in fetched:
+        data = f.data
+        bufs = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+        epochs = (f.epochs or [])[:EPOCH_ENTRIES_MAX]
+        chunks.append(
+            pack_str(f.topic)
+            + _FETCHED_HEAD.pack(f.partition, f.error_code)
+            + pack_str(f.detail[:1000])
+            + _FETCHED_MID.pack(f.high_watermark, f.leader_epoch, len(epochs))
+            + b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in epochs)
+            + _U32.pack(sum(len(b) for b in bufs))
+        )
+        chunks.extend(bufs)
+    body = sum(len(x) for x in chunks)
+    return b"".join([pack_header(body), *chunks])
+
+
+def _decode_replica_fetched(c: Cursor, r: Response) -> Response:
+    (n,) = c.take(_U32)
+    if n * _FETCHED_ENTRY_MIN > len(c.buf) - c.pos:
+        raise CorruptRecord(f"replica fetch answer names {n} partitions but is too short")
+    out = []
+    for _ in range(n):
+        topic = c.str()
+        partition, code = c.take(_FETCHED_HEAD)
+        detail = c.str()
+        hw, epoch, n_epochs = c.take(_FETCHED_MID)
+        epochs = [c.take(_EPOCH_ENTRY) for _ in range(n_epochs)]
+        (size,) = c.take(_U32)
+        if c.pos + size > len(c.buf):
+            raise CorruptRecord("replica fetch answer ends in the middle of its data")
+        data = memoryview(c.buf)[c.pos : c.pos + size]
+        c.pos += size
+        out.append(ReplicaFetched(topic, partition, code, detail, hw, epoch, epochs, data))
+    if c.pos != len(c.buf):
+        raise CorruptRecord(f"{len(c.buf) - c.pos} unexpected bytes after the answer")
+    r.fetched = out
+    return r

@@ -75,10 +75,12 @@ def test_a_lost_election_takes_no_role(tmp_path: Path) -> None:
 
 
 class NotYetLeader:
-    """A leader that answers every request NOT_LEADER, counting connections."""
+    """A leader that answers every request NOT_LEADER (each partition of a
+    REPLICA_FETCH_MANY), counting connections and requests."""
 
     def __init__(self) -> None:
         self.connections = 0
+        self.requests = 0
         self.server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -89,17 +91,29 @@ class NotYetLeader:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            req = P.decode_request(await read_frame(reader, 1 << 20))
-            writer.write(
-                P.replica_fetch_response(
-                    req.correlation_id, errors.NotLeader.code, "not leading yet"
-                )
-            )
-            await writer.drain()
+            while True:
+                req = P.decode_request(await read_frame(reader, 1 << 20))
+                self.requests += 1
+                writer.write(self._answer(req))
+                await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    @staticmethod
+    def _answer(req: P.Request) -> bytes:
+        code, why, corr = errors.NotLeader.code, "not leading yet", req.correlation_id
+        if req.api_key == P.EPOCH_END:
+            return P.epoch_end_response(corr, code, why)
+        if req.api_key == P.REPLICA_FETCH_MANY:
+            return P.replica_fetch_many_response(
+                corr,
+                0,
+                "",
+                [P.ReplicaFetched(e.topic, e.partition, code, why) for e in req.fetches or []],
+            )
+        return P.replica_fetch_response(corr, code, why)
 
 
 def fetcher_settings(backoff_ms: float) -> SimpleNamespace:
@@ -140,10 +154,13 @@ def test_a_follower_asks_a_not_yet_leader_again_quickly_a_bounded_number_of_time
         # The first answer and the bounded quick retries, then one ZooKeeper re-read and
         # the usual backoff (2 s here: nothing more for a while).
         assert troubles, "the fetcher never gave up the quick retries"
-        assert leader.connections > 1, "not asked again before the backoff"
-        assert leader.connections == 1 + replica_fetcher.NOT_YET_LEADER_RETRIES
+        # Asked again on the same connection (the fetch session to that server goes on;
+        # only this partition's part of it starts over).
+        assert leader.requests > 1, "not asked again before the backoff"
+        assert leader.requests == 1 + replica_fetcher.NOT_YET_LEADER_RETRIES
         await asyncio.sleep(0.3)
-        assert leader.connections == 1 + replica_fetcher.NOT_YET_LEADER_RETRIES
+        assert leader.requests == 1 + replica_fetcher.NOT_YET_LEADER_RETRIES
+        assert leader.connections == 1
         assert len(troubles) == 1
         assert "NotLeader" in f.last_error
         f.stop()
@@ -180,7 +197,7 @@ def test_a_leader_that_answered_before_gets_the_usual_backoff(tmp_path: Path) ->
         f.start()
         await asyncio.wait_for(gave_up.wait(), 20)
         await asyncio.sleep(0.3)
-        assert leader.connections == 1 and len(troubles) == 1
+        assert leader.requests == 1 and len(troubles) == 1
         f.stop()
         assert leader.server is not None
         leader.server.close()
