@@ -3,13 +3,14 @@
 The rows of a task fall into buckets (``pipeline.sequencing``); each bucket publishes as
 its named producer ``<job>:<bucket>/<buckets>``, and the shuffle ``pipeline.bucketed``
 adds puts every row of a bucket in one task (a plain DataFrame: the task's Spark
-partition is its one bucket, producer ``<job>:<partition>``). An attempt leases the producer of every
-bucket it holds: for a retry or a speculative copy that is a takeover, which fences
-every older attempt of the same task. The lease reports, per topic partition, the PID's
-durable highwater; rows at or below it were written by an earlier attempt and are
-skipped (``Resume``). The rest are sent with explicit sequence ids, pipelined through the
-SDK's ``AsyncProducer``, and counted as they are acknowledged: appended, or duplicate
-(the partition already had it). ``pipeline.columnar`` holds the write itself.
+partition is its one bucket, producer ``<job>:<partition>``). An attempt leases the
+producer of every bucket it holds: for a retry or a speculative copy that is a takeover,
+which fences every older attempt of the same task. The lease reports, per topic
+partition, the PID's durable highwater; rows at or below it were written by an earlier
+attempt and are skipped (``Resume``). The rest are sent with explicit sequence ids,
+pipelined through the SDK's ``AsyncProducer``, and counted as they are acknowledged:
+appended, or duplicate (the partition already had it). ``pipeline.columnar`` holds the
+write itself.
 
 A fenced attempt stops at once and closes its producers; what it sent before the fence
 is either in the log (and the newer attempt skips it) or was refused. It then waits

@@ -13,10 +13,10 @@ rows at or below the takeover's durable highwater skipped (``Resume``), and then
 ``send_batch`` per (bucket, topic partition) group (cut at ``batch_records_max``...
 by the SDK) with explicit ids, through the bucket's producer. A plain DataFrame (no
 bucket columns, ``settings.bucketed`` False) is one bucket, the task's Spark partition,
-with row hash 0, and its order is one Arrow sort (``sequencing.content_order_columns``). The canonical order needs
-the whole task: its encoded keys and values are held in memory until they are sent
-(about the size of the task's records). ``sequencing.plan`` is the pure reference
-(tests/unit/test_pipeline_columnar.py compares them).
+with row hash 0, and its order is one Arrow sort (``sequencing.content_order_columns``).
+The canonical order needs the whole task: its encoded keys and values are held in
+memory until they are sent (about the size of the task's records). ``sequencing.plan``
+is the pure reference (tests/unit/test_pipeline_columnar.py compares them).
 """
 
 from __future__ import annotations
