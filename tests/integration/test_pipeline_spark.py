@@ -282,6 +282,42 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     assert tuple(_ids_in_topic(spark, url, "events", "$.event_id")) == (total, total, 0, total - 1)
 
 
+def test_a_plain_dataframe_is_written_once_and_a_rerun_in_another_order_adds_nothing(
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
+    """The contract's own example, on a DataFrame that did not go through
+    ``pipeline.bucketed``: every row once, each Spark partition one producer
+    ``<job_name>:<partition>``; a re-run of the job with the same split but every
+    partition's rows in reverse order writes nothing (the rows are numbered in an order of
+    their content, not as delivered)."""
+    rows, parts = 3000, 3
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("orders", partitions=2)
+    url = cluster.coordinator_url
+    df = spark.range(rows, numPartitions=parts).selectExpr(
+        "id", "concat('customer-', CAST(id % 7 AS STRING)) AS customer"
+    )
+
+    def write(frame: Any, report: Path) -> dict[str, Any]:
+        frame.write.format("pidlease").option("coordinator", url).option("topic", "orders").option(
+            "job_name", "plain-orders"
+        ).option("key_column", "customer").option("report_path", str(report)).mode("append").save()
+        [rep] = job_report.load(report)
+        return rep
+
+    first = write(df, tmp_path / "first.json")
+    assert (first["rows"], first["appended"], first["skipped"]) == (rows, rows, 0)
+    assert sorted(p["producer_name"] for p in first["partitions"]) == [
+        f"plain-orders:{k}" for k in range(parts)
+    ]
+    assert tuple(_ids_in_topic(spark, url, "orders", "$.id")) == (rows, rows, 0, rows - 1)
+    ends = _log_end_offsets(url, "orders")
+    # the same split (range partitions are fixed), each partition's rows reversed
+    again = write(df.sortWithinPartitions(F.desc("id")), tmp_path / "again.json")
+    assert (again["rows"], again["skipped"], again["appended"]) == (rows, rows, 0)
+    assert _log_end_offsets(url, "orders") == ends
+
+
 def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
     spark: Any, make_cluster: Any, tmp_path: Path
 ) -> None:
@@ -296,10 +332,6 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
         _writer(df, url, "loose", "j", tmp_path / "r.json").save()
     with pytest.raises(Exception, match="append-only"):
         _writer(df, url, "strict-topic", "j", tmp_path / "r.json").mode("overwrite").save()
-    with pytest.raises(Exception, match=r"write pipeline.bucketed\(df\), not df"):
-        df.write.format("pidlease").option("coordinator", url).option(
-            "topic", "strict-topic"
-        ).option("job_name", "j").mode("append").save()
     stream = pipeline.bucketed(
         spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
     )

@@ -210,6 +210,37 @@ def test_a_stream_under_a_job_name_another_query_used_is_refused(
         assert sum(_in_log(srv).values()) == 6
 
 
+def test_the_sink_plans_a_plain_dataframe_with_a_warning_and_bucketed_rows_as_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No refusal of a plain DataFrame (the contract's example): ``bucketed=False`` and one
+    warning naming what it leaves to the split; bucketed rows keep their bucket count."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from pipeline.sequencing import BUCKETS_METADATA
+    from pipeline.sink import bucketed_settings
+
+    plain = StructType([StructField("value", StringType())])
+    with caplog.at_level("WARNING", logger="pipeline.sink"):
+        got = bucketed_settings(_settings(), plain)
+    assert got.bucketed is False
+    [warning] = [r for r in caplog.records if r.name == "pipeline.sink"]
+    assert "pipeline.bucketed(df)" in warning.getMessage()
+    assert "pidlease-spark publish" in warning.getMessage()
+    bucketed = StructType(
+        [
+            StructField("value", StringType()),
+            StructField(HASH_COLUMN, LongType()),
+            StructField(BUCKET_COLUMN, IntegerType(), metadata={BUCKETS_METADATA: 16}),
+        ]
+    )
+    got = bucketed_settings(_settings(), bucketed)
+    assert (got.bucketed, got.buckets) == (True, 16)
+    half = StructType([StructField("value", StringType()), StructField(HASH_COLUMN, LongType())])
+    with pytest.raises(PipelineError, match="only one of"):
+        bucketed_settings(_settings(), half)
+
+
 def test_a_bucketed_write_refuses_rows_without_the_bucket_columns() -> None:
     """``bucketed`` settings (the sink saw the columns in the schema) with rows lacking
     them: a clear error, never rows numbered as a plain partition."""
@@ -282,8 +313,9 @@ def test_a_plain_retry_in_another_order_writes_every_row_once(
             raise InjectedFailure("injected")
 
         with pytest.raises(InjectedFailure):
+            # row 90: in the middle of a topic partition's rows (5 keys of 60 rows each)
             ColumnarAttempt(_plain(_settings()), TaskInfo(2, 0)).run_columns(
-                ENC, _plain_batches(keys, values, 50), {120: boom}
+                ENC, _plain_batches(keys, values, 50), {90: boom}
             )
         k2, v2 = _shuffled(keys, values, 4)
         commit = ColumnarAttempt(_plain(_settings()), TaskInfo(2, 1)).run_columns(
