@@ -2,13 +2,15 @@
 
 The rows of a task fall into buckets (``pipeline.sequencing``); each bucket publishes as
 its named producer ``<job>:<bucket>/<buckets>``, and the shuffle ``pipeline.bucketed``
-adds puts every row of a bucket in one task. An attempt leases the producer of every
-bucket it holds: for a retry or a speculative copy that is a takeover, which fences
-every older attempt of the same task. The lease reports, per topic partition, the PID's
-durable highwater; rows at or below it were written by an earlier attempt and are
-skipped (``Resume``). The rest are sent with explicit sequence ids, pipelined through the
-SDK's ``AsyncProducer``, and counted as they are acknowledged: appended, or duplicate
-(the partition already had it). ``pipeline.columnar`` holds the write itself.
+adds puts every row of a bucket in one task (a plain DataFrame: the task's Spark
+partition is its one bucket, producer ``<job>:<partition>``). An attempt leases the
+producer of every bucket it holds: for a retry or a speculative copy that is a takeover,
+which fences every older attempt of the same task. The lease reports, per topic
+partition, the PID's durable highwater; rows at or below it were written by an earlier
+attempt and are skipped (``Resume``). The rest are sent with explicit sequence ids,
+pipelined through the SDK's ``AsyncProducer``, and counted as they are acknowledged:
+appended, or duplicate (the partition already had it). ``pipeline.columnar`` holds the
+write itself.
 
 A fenced attempt stops at once and closes its producers; what it sent before the fence
 is either in the log (and the newer attempt skips it) or was refused. It then waits
@@ -38,7 +40,7 @@ from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import AsyncProducer
 from pipeline.errors import AttemptFenced, PipelineError
 from pipeline.options import WriteSettings
-from pipeline.sequencing import STREAM_POSITION_BITS, producer_name
+from pipeline.sequencing import STREAM_POSITION_BITS, plain_producer_name, producer_name
 
 log = logging.getLogger("pipeline.attempt")
 
@@ -178,6 +180,8 @@ class Attempt:
         self._on_leased = on_leased
 
     def name(self, bucket: int) -> str:
+        if not self.settings.bucketed:  # a plain DataFrame: the bucket is the Spark partition
+            return plain_producer_name(self.job, bucket)
         return producer_name(self.job, bucket, self.settings.buckets)
 
     def new_commit(self, buckets: list[int]) -> PartitionCommit:

@@ -11,10 +11,12 @@ hash, bytes), each row's sequence (its position in its (bucket, topic partition)
 0, 1, 2, ... for a batch write, ``batch_id * 2**32`` + 0, 1, 2, ... for a micro-batch),
 rows at or below the takeover's durable highwater skipped (``Resume``), and then one
 ``send_batch`` per (bucket, topic partition) group (cut at ``batch_records_max``...
-by the SDK) with explicit ids, through the bucket's producer. The canonical order needs
-the whole task: its encoded keys and values are held in memory until they are sent
-(about the size of the task's records). ``sequencing.plan`` is the pure reference
-(tests/unit/test_pipeline_columnar.py compares them).
+by the SDK) with explicit ids, through the bucket's producer. A plain DataFrame (no
+bucket columns, ``settings.bucketed`` False) is one bucket, the task's Spark partition,
+with row hash 0, and its order is one Arrow sort (``sequencing.content_order_columns``).
+The canonical order needs the whole task: its encoded keys and values are held in
+memory until they are sent (about the size of the task's records). ``sequencing.plan``
+is the pure reference (tests/unit/test_pipeline_columnar.py compares them).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pipeline.sequencing import (
     Resume,
     Routing,
     canonical_columns,
+    content_order_columns,
     first_sequence,
     group_positions,
     stream_sequence,
@@ -110,9 +113,19 @@ def check_stream_identity(job: str, batch_id: int, resume: Mapping[int, Resume])
 class Columns:
     """A task's rows, encoded and in canonical order."""
 
-    def __init__(self, encoder: RecordEncoder, batches: Iterable[Any], buckets_max: int) -> None:
+    def __init__(
+        self,
+        encoder: RecordEncoder,
+        batches: Iterable[Any],
+        buckets_max: int,
+        plain_partition: int | None = None,
+    ) -> None:
+        """``plain_partition``: the Spark partition of a plain (un-bucketed) task, whose
+        rows are all of that bucket with row hash 0; None: the rows carry the columns."""
         import numpy as np
         import pyarrow as pa
+
+        self.plain = plain_partition is not None
 
         keys: list[Any] = []
         values: list[Any] = []
@@ -124,8 +137,12 @@ class Columns:
             k, v = encoder.encode_columns(batch)
             keys.append(k)
             values.append(v)
-            buckets.append(_column(batch, BUCKET_COLUMN))
-            hashes.append(_column(batch, HASH_COLUMN))
+            if plain_partition is not None:
+                buckets.append(np.full(batch.num_rows, plain_partition, dtype=np.int64))
+                hashes.append(np.zeros(batch.num_rows, dtype=np.int64))
+            else:
+                buckets.append(_column(batch, BUCKET_COLUMN))
+                hashes.append(_column(batch, HASH_COLUMN))
         self.n = sum(len(v) for v in values)
         if not self.n:
             self.keys = None
@@ -137,7 +154,7 @@ class Columns:
         self.buckets = np.concatenate(buckets)
         self.hashes = np.concatenate(hashes)
         bad = (self.buckets < 0) | (self.buckets >= buckets_max)
-        if bad.any():
+        if not self.plain and bad.any():
             raise PipelineError(
                 f"a row's bucket {int(self.buckets[bad][0])} is outside 0..{buckets_max - 1} "
                 f"(the bucket count the write was planned with)"
@@ -160,7 +177,8 @@ class ColumnarAttempt(Attempt):
         sent ``i``-th (in the canonical order; fault injection); when it returns an
         awaitable, the attempt awaits it (on its event loop, so what was sent goes on
         being delivered and the leases renewed)."""
-        cols = Columns(encoder, batches, self.settings.buckets)
+        plain = None if self.settings.bucketed else self.task.spark_partition
+        cols = Columns(encoder, batches, self.settings.buckets, plain)
         buckets = cols.distinct_buckets()
         commit = self.new_commit(buckets)
         if not cols.n:
@@ -240,7 +258,10 @@ class ColumnarAttempt(Attempt):
             parts = route_column(
                 cols.keys, cols.buckets, routing=self.settings.routing, partitions=partitions
             )
-            order = canonical_columns(cols.buckets, parts, cols.hashes, cols.keys, cols.values)
+            if cols.plain:  # one bucket, hash 0: by partition, key and value bytes
+                order = content_order_columns(parts, cols.keys, cols.values)
+            else:
+                order = canonical_columns(cols.buckets, parts, cols.hashes, cols.keys, cols.values)
             b_sorted, p_sorted = cols.buckets[order], parts[order]
             positions = group_positions(b_sorted, p_sorted)
             base = first_sequence(t.batch_id)

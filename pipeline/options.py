@@ -123,6 +123,9 @@ class WriteSettings:
     log_report: bool = True  # also log the report line (the command prints it itself)
     faults: Faults = field(default_factory=Faults)
     buckets: int = BUCKETS_DEFAULT  # the bucket count (pipeline.bucketed records it)
+    # the rows carry pipeline.bucketed's columns; False: a plain DataFrame, each Spark
+    # partition one bucket (producer "<job>:<partition>"), set by the sink's plan
+    bucketed: bool = True
 
     @classmethod
     def parse(cls, o: Mapping[str, str], *, streaming: bool = False) -> WriteSettings:

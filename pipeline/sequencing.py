@@ -35,6 +35,16 @@ rows in nor on how it splits the input (issue 30):
 What this asks of the source is what Spark keeps: a re-run of a task, a replayed
 micro-batch or a re-run of the job sees the same multiset of rows (in any order, split
 any way).
+
+**A plain DataFrame** (without the bucket columns, the contract's ``df.write`` example)
+is written without a shuffle: each Spark partition ``p`` is one bucket, published as the
+producer ``J:p`` (``plain_producer_name``; it has no ``/``, a bucketed producer ``J:b/B``
+always has one, so the two never continue each other's numbering), and its rows are
+numbered in the same rows-only order with a row hash of 0 (``content_order_columns``:
+topic partition, then key and value bytes). A re-run or a replayed micro-batch with the
+same split gives every row the same (producer, sequence) in any row order; a different
+split (another core count, file listing or shuffle partition count) moves rows to other
+producers, which only ``pipeline.bucketed`` prevents.
 """
 
 from __future__ import annotations
@@ -69,6 +79,15 @@ def producer_name(job_name: str, bucket: int, buckets: int) -> str:
     if not 0 <= bucket < buckets:
         raise ValueError(f"bucket {bucket} is outside 0..{buckets - 1}")
     return f"{job_name}:{bucket}/{buckets}"
+
+
+def plain_producer_name(job_name: str, spark_partition: int) -> str:
+    """The producer of Spark partition ``spark_partition`` of a plain (un-bucketed) write:
+    the contract's ``<job_name>:<partition>``. Unlike ``producer_name`` it has no ``/``,
+    so a plain and a bucketed write under one job name never share a producer."""
+    if spark_partition < 0:
+        raise ValueError(f"Spark partition {spark_partition} is negative")
+    return f"{job_name}:{spark_partition}"
 
 
 def route(routing: Routing, bucket: int, key: bytes | None, partitions: int) -> int:
@@ -145,6 +164,27 @@ def canonical_columns(buckets: Any, parts: Any, hashes: Any, keys: Any, values: 
         }
         order[s : e + 1] = sorted(run, key=lambda i: rows[i])
     return order
+
+
+def content_order_columns(parts: Any, keys: Any, values: Any) -> Any:
+    """The canonical order of a plain (un-bucketed) task's rows, all of one bucket with a
+    row hash of 0: by topic partition, then key (no key first) and value bytes, one Arrow
+    sort (``canonical`` with equal buckets and hashes is its reference). Numpy int64."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = {"p": pa.array(parts, pa.int64()), "v": values}
+    sort_keys = [("p", "ascending")]
+    if keys is not None:
+        # no key first (``_row_sort_key``): by a has-key column, so the nulls' own
+        # placement never matters
+        cols["has"] = pc.is_valid(keys)
+        cols["k"] = keys
+        sort_keys += [("has", "ascending"), ("k", "ascending")]
+    sort_keys.append(("v", "ascending"))
+    order = pc.sort_indices(pa.table(cols), sort_keys=sort_keys)
+    return np.asarray(order.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def group_positions(buckets: Any, parts: Any) -> Any:

@@ -13,6 +13,10 @@ Both send whole Arrow batches (``pipeline.columnar``: one ``send_batch`` per top
 partition and Arrow batch); only a batch task that starts its own speculative copy
 (a test fault) sends row by row (``pipeline.attempt``).
 
+A plain DataFrame (without ``pipeline.bucketed``'s columns, the contract's example) is
+accepted: each Spark partition is one bucket (``pipeline.sequencing``), and ``plan``
+logs once what that leaves to the input split.
+
 Topic modes: a batch write numbers rows contiguously, so it works on ``strict`` (and
 ``monotonic``) topics; a stream numbers them ``batch_id * 2**32 + position``, which has
 holes, so it needs ``monotonic``. Dedup ``off`` cannot be exactly-once and is refused.
@@ -50,17 +54,31 @@ def _columns(schema: StructType) -> list[tuple[str, str]]:
     ]
 
 
+PLAIN_WARNING = (
+    "job %r writes a plain DataFrame (not pipeline.bucketed(df)): each Spark partition is "
+    "one producer ('<job_name>:<partition>') numbering its rows in an order of the rows' "
+    "content, so a retry, a replayed micro-batch or a re-run with the SAME input split "
+    "writes every row exactly once in any row order; a re-run or restart with another "
+    "split (another core count, another file listing, another spark.sql.shuffle.partitions) "
+    "moves rows to other producers and can write them twice. For split independence write "
+    "pipeline.bucketed(df) (or use pidlease-spark publish, which buckets itself)"
+)
+
+
 def bucketed_settings(settings: WriteSettings, schema: StructType) -> WriteSettings:
     """``settings`` with the bucket count of the rows (``pipeline.bucketed`` records it in
-    the bucket column's metadata); refuses rows that were not bucketed."""
+    the bucket column's metadata); for rows without the bucket columns (a plain
+    DataFrame) ``bucketed=False``, and the warning of what that does not cover, once per
+    job (the sink is planned once per write or streaming query)."""
     fields = {f.name: f for f in schema.fields}
     if HASH_COLUMN not in fields or BUCKET_COLUMN not in fields:
-        raise OptionError(
-            "write pipeline.bucketed(df), not df: a row's producer and sequence id must "
-            "not depend on the order Spark delivers rows in or on how it splits the input, "
-            "so the sink numbers rows by content within buckets, which bucketed() adds "
-            "(with the shuffle that puts each bucket in one task)"
-        )
+        if HASH_COLUMN in fields or BUCKET_COLUMN in fields:
+            raise OptionError(
+                f"the rows have only one of {HASH_COLUMN!r} and {BUCKET_COLUMN!r}: write "
+                f"pipeline.bucketed(df) as it returns it, or a DataFrame with neither"
+            )
+        log.warning(PLAIN_WARNING, settings.job_name or "stream-<query id>")
+        return dataclasses.replace(settings, bucketed=False)
     buckets = (fields[BUCKET_COLUMN].metadata or {}).get(BUCKETS_METADATA)
     if buckets is None:
         return settings

@@ -282,6 +282,61 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     assert tuple(_ids_in_topic(spark, url, "events", "$.event_id")) == (total, total, 0, total - 1)
 
 
+def test_a_plain_dataframe_is_written_once_through_a_retry_in_another_order(
+    spark: Any, make_cluster: Any, tmp_path: Path
+) -> None:
+    """The contract's own example, on a DataFrame that did not go through
+    ``pipeline.bucketed``: each Spark partition is one producer ``<job_name>:<partition>``.
+    Every task's rows come in a random order (a non-deterministic sort key), so attempt 0,
+    which dies after 450 rows, and its retry see their rows in different orders: numbered
+    by position (before), the retry skipped rows never written and appended others again;
+    numbered in an order of their content, every row is in the topic once. A re-run with
+    the same split, each partition reversed, writes nothing."""
+    import random
+
+    rows, parts = 3000, 3
+    cluster = make_cluster(servers=1)
+    cluster.create_topic("orders", partitions=2)
+    url = cluster.coordinator_url
+    df = spark.range(rows, numPartitions=parts).selectExpr(
+        "id", "concat('customer-', CAST(id % 7 AS STRING)) AS customer"
+    )
+
+    # (a lambda: a Python UDF with type hints is taken for a pandas UDF)
+    any_order = F.udf(lambda _: random.random(), "double").asNondeterministic()
+    shuffled = df.sortWithinPartitions(any_order("id"))
+
+    def write(frame: Any, report: Path, **faults: Any) -> dict[str, Any]:
+        w = (
+            frame.write.format("pidlease")
+            .option("coordinator", url)
+            .option("topic", "orders")
+            .option("job_name", "plain-orders")
+            .option("key_column", "customer")
+            .option("report_path", str(report))
+        )
+        for k, v in faults.items():
+            w = w.option(k, str(v))
+        w.mode("append").save()
+        [rep] = job_report.load(report)
+        return rep
+
+    first = write(shuffled, tmp_path / "first.json", fail_after_rows_once=450)
+    assert first["rows"] == rows and first["appended"] + first["skipped"] == rows
+    tasks = {p["spark_partition"]: p for p in first["partitions"]}
+    assert sorted(p["producer_name"] for p in tasks.values()) == [
+        f"plain-orders:{k}" for k in range(parts)
+    ]
+    # every task was retried after attempt 0 had made rows durable
+    assert all(p["attempt"] >= 1 and p["skipped"] > 0 for p in tasks.values())
+    assert tuple(_ids_in_topic(spark, url, "orders", "$.id")) == (rows, rows, 0, rows - 1)
+    # the same split (range partitions are fixed), each partition's rows reversed
+    again = write(df.sortWithinPartitions(F.desc("id")), tmp_path / "again.json")
+    assert (again["rows"], again["skipped"], again["appended"]) == (rows, rows, 0)
+    # (the re-run's takeovers wrote fence records, which are not rows)
+    assert tuple(_ids_in_topic(spark, url, "orders", "$.id")) == (rows, rows, 0, rows - 1)
+
+
 def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
     spark: Any, make_cluster: Any, tmp_path: Path
 ) -> None:
@@ -296,10 +351,6 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
         _writer(df, url, "loose", "j", tmp_path / "r.json").save()
     with pytest.raises(Exception, match="append-only"):
         _writer(df, url, "strict-topic", "j", tmp_path / "r.json").mode("overwrite").save()
-    with pytest.raises(Exception, match=r"write pipeline.bucketed\(df\), not df"):
-        df.write.format("pidlease").option("coordinator", url).option(
-            "topic", "strict-topic"
-        ).option("job_name", "j").mode("append").save()
     stream = pipeline.bucketed(
         spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
     )

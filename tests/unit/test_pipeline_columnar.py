@@ -7,6 +7,7 @@ what is durable with every row once; and ``encode_columns`` gives the same bytes
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 import zlib
@@ -209,10 +210,121 @@ def test_a_stream_under_a_job_name_another_query_used_is_refused(
         assert sum(_in_log(srv).values()) == 6
 
 
-def test_rows_without_the_bucket_columns_are_refused() -> None:
+def test_the_sink_plans_a_plain_dataframe_with_a_warning_and_bucketed_rows_as_before(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No refusal of a plain DataFrame (the contract's example): ``bucketed=False`` and one
+    warning naming what it leaves to the split; bucketed rows keep their bucket count."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from pipeline.sequencing import BUCKETS_METADATA
+    from pipeline.sink import bucketed_settings
+
+    plain = StructType([StructField("value", StringType())])
+    with caplog.at_level("WARNING", logger="pipeline.sink"):
+        got = bucketed_settings(_settings(), plain)
+    assert got.bucketed is False
+    [warning] = [r for r in caplog.records if r.name == "pipeline.sink"]
+    assert "pipeline.bucketed(df)" in warning.getMessage()
+    assert "pidlease-spark publish" in warning.getMessage()
+    bucketed = StructType(
+        [
+            StructField("value", StringType()),
+            StructField(HASH_COLUMN, LongType()),
+            StructField(BUCKET_COLUMN, IntegerType(), metadata={BUCKETS_METADATA: 16}),
+        ]
+    )
+    got = bucketed_settings(_settings(), bucketed)
+    assert (got.bucketed, got.buckets) == (True, 16)
+    half = StructType([StructField("value", StringType()), StructField(HASH_COLUMN, LongType())])
+    with pytest.raises(PipelineError, match="only one of"):
+        bucketed_settings(_settings(), half)
+
+
+def test_a_bucketed_write_refuses_rows_without_the_bucket_columns() -> None:
+    """``bucketed`` settings (the sink saw the columns in the schema) with rows lacking
+    them: a clear error, never rows numbered as a plain partition."""
     batch = pa.record_batch({"key": pa.array(["a"]), "value": pa.array(["1"])})
     with pytest.raises(PipelineError, match=r"pipeline.bucketed\(df\)"):
         ColumnarAttempt(_settings(), TaskInfo(0, 0)).run_columns(ENC, [batch])
+
+
+def _plain(settings: WriteSettings) -> WriteSettings:
+    """What the sink plans for a plain DataFrame (no ``pipeline.bucketed`` columns)."""
+    return dataclasses.replace(settings, bucketed=False)
+
+
+def _plain_batches(keys: list[str | None], values: list[str], size: int) -> list[Any]:
+    return [
+        pa.record_batch(
+            {"key": pa.array(keys[i : i + size], pa.string()), "value": values[i : i + size]}
+        )
+        for i in range(0, len(keys), size)
+    ]
+
+
+@pytest.mark.parametrize("batch_id", [None, 7], ids=["batch", "micro-batch"])
+@pytest.mark.parametrize("partitioning", ["auto", "spark"])
+def test_a_plain_partition_in_two_orders_gets_the_same_ids(
+    monkeypatch: pytest.MonkeyPatch, partitioning: str, batch_id: int | None
+) -> None:
+    """A plain DataFrame's Spark partition is one bucket (producer ``J:<partition>``)
+    numbered in an order of the rows only: the same rows in another order and other Arrow
+    batches get the same (producer, topic partition, sequence), the reference's."""
+    keys = [None if i % 7 == 0 else f"customer-{i % 13}" for i in range(400)]
+    values = [f"v{i % 350}" * (i % 4 + 1) for i in range(400)]  # some rows repeat
+    topics = TOPICS if batch_id is None else STREAM_TOPICS
+    written = []
+    for seed, size in ((1, 64), (2, 37)):
+        k2, v2 = _shuffled(keys, values, seed)
+        with fake_cluster(topics) as (srv, coord):
+            _use_fake(monkeypatch, coord)
+            task = TaskInfo(spark_partition=5, attempt=0, batch_id=batch_id, query_id="q")
+            commit = ColumnarAttempt(_plain(_settings(partitioning)), task).run_columns(
+                ENC, _plain_batches(k2, v2, size)
+            )
+            assert commit.producer_name == "J:5"
+            assert commit.buckets == [5]
+            assert commit.appended == commit.rows == 400
+            written.append(
+                Counter((tp, k, v, s) for tp, part in enumerate(_log(srv)) for k, v, s, _p in part)
+            )
+    assert written[0] == written[1]
+    rows = [
+        Row(5, 0, None if k is None else k.encode(), v.encode())
+        for k, v in zip(keys, values, strict=True)
+    ]
+    ref = plan(rows, routing=Routing(partitioning), partitions=3, batch_id=batch_id, resume={})
+    assert written[0] == Counter((r.topic_partition, r.key, r.value, r.sequence) for r in ref)
+
+
+def test_a_plain_retry_in_another_order_writes_every_row_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30 item 1 for a plain DataFrame with the same split: before, ids were
+    positions in delivery order, so the retry skipped rows never written and wrote
+    others again."""
+    keys = [f"k{i % 5}" for i in range(300)]
+    values = [f"v{i % 280}" for i in range(300)]  # 20 rows twice: both copies written
+    with fake_cluster(TOPICS) as (srv, coord):
+        _use_fake(monkeypatch, coord)
+
+        def boom() -> None:
+            raise InjectedFailure("injected")
+
+        with pytest.raises(InjectedFailure):
+            # row 90: in the middle of a topic partition's rows (5 keys of 60 rows each)
+            ColumnarAttempt(_plain(_settings()), TaskInfo(2, 0)).run_columns(
+                ENC, _plain_batches(keys, values, 50), {90: boom}
+            )
+        k2, v2 = _shuffled(keys, values, 4)
+        commit = ColumnarAttempt(_plain(_settings()), TaskInfo(2, 1)).run_columns(
+            ENC, _plain_batches(k2, v2, 33)
+        )
+        assert commit.skipped > 0 and commit.skipped + commit.sent == 300
+        assert commit.appended == commit.sent
+        got = _in_log(srv)
+    assert got == Counter(v.encode() for v in values)  # every row once, copies twice
 
 
 _key_values = st.one_of(

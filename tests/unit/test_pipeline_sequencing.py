@@ -26,7 +26,9 @@ from pipeline.sequencing import (
     Row,
     canonical,
     canonical_columns,
+    content_order_columns,
     group_positions,
+    plain_producer_name,
     plan,
     producer_name,
     route,
@@ -40,6 +42,20 @@ def test_producer_name_is_job_bucket_and_bucket_count() -> None:
     assert producer_name("nightly-orders", 7, 32) == "nightly-orders:7/32"
     with pytest.raises(ValueError, match="outside"):
         producer_name("j", 32, 32)
+
+
+def test_a_plain_and_a_bucketed_producer_never_share_a_name() -> None:
+    """A plain DataFrame's producer is the contract's ``<job>:<partition>``; a bucketed
+    one always has ``/<buckets>`` after its last colon, a plain one never does, so the
+    two never continue each other's numbering (under one job name or any two)."""
+    assert plain_producer_name("nightly-orders", 3) == "nightly-orders:3"
+    plain = {plain_producer_name(j, p) for j in ("j", "j:1", "j:1/2") for p in range(40)}
+    bucketed = {
+        producer_name(j, b, n) for j in ("j", "j:1", "j:1/2") for n in (1, 2, 32) for b in range(n)
+    }
+    assert not plain & bucketed
+    with pytest.raises(ValueError, match="negative"):
+        plain_producer_name("j", -1)
 
 
 @pytest.mark.parametrize("routing", [Routing.SPARK, Routing.AUTO])
@@ -114,6 +130,49 @@ def test_identical_rows_get_consecutive_ids_and_are_all_written() -> None:
 _rows_st = st.lists(
     st.tuples(st.one_of(st.none(), st.integers(0, 6)), st.integers(0, 8)), max_size=60
 )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spec=_rows_st,
+    partitions=st.integers(1, 5),
+    keyless=st.booleans(),
+    seed=st.integers(0, 2**32),
+)
+def test_the_plain_order_is_the_reference_order_and_ignores_delivery(
+    spec: list[tuple[int | None, int]], partitions: int, keyless: bool, seed: int
+) -> None:
+    """A plain partition (one bucket, row hash 0): ``content_order_columns`` orders rows
+    as ``canonical`` does, and two deliveries of the same rows in different orders get
+    the same ids (topic partition, position) for every row."""
+    rows = [Row(4, 0, None if k is None or keyless else b"k%d" % k, b"v%d" % v) for k, v in spec]
+
+    def ids(delivery: list[Row]) -> Counter[tuple[Row, int, int]]:
+        parts = [route(Routing.AUTO, r.bucket, r.key, partitions) for r in delivery]
+        keys = None if keyless else pa.array([r.key for r in delivery], pa.binary())
+        order = content_order_columns(
+            np.array(parts, dtype=np.int64),
+            keys,
+            pa.array([r.value for r in delivery], pa.binary()),
+        )
+        ref = canonical(
+            [4] * len(delivery),
+            parts,
+            [0] * len(delivery),
+            [r.key for r in delivery],
+            [r.value for r in delivery],
+        )
+        assert [delivery[i] for i in order.tolist()] == [delivery[i] for i in ref]
+        p = np.array(parts, dtype=np.int64)[order]
+        pos = group_positions(np.full(len(delivery), 4, dtype=np.int64), p).tolist()
+        return Counter(
+            (delivery[i], int(tp), n)
+            for i, tp, n in zip(order.tolist(), p.tolist(), pos, strict=True)
+        )
+
+    other = list(rows)
+    random.Random(seed).shuffle(other)
+    assert ids(rows) == ids(other)
 
 
 @settings(max_examples=200, deadline=None)
