@@ -6,8 +6,8 @@ ORIGIN = "docs/reliability.md sim finding 10 (seed 3030)"
 PATCHES = [
     (
         "partition_server/refusal_guard.py",
-        "last = max(last_sequence, r.last_sequence)",
-        "last = r.last_sequence  # TEETH: the held range never grows",
+        "self.ranges[0], self.ranges[-1], self.code)",
+        "self.ranges[0], self.ranges[1], self.code)  # TEETH: the first refused range only",
     )
 ]
 SEARCH = "sim"
