@@ -1,13 +1,15 @@
 TITLE = (
     "the refusal guard lets a later batch through once the partition holds the first refused "
-    "one: after a failover to a leader with part of the run, a hole (OUT_OF_ORDER_SEQUENCE)"
+    "one: after a failover to a leader with part of the run, a hole (OUT_OF_ORDER_SEQUENCE); "
+    "today: note() keeps a generation's first refused range, never adds the batches held back"
 )
 ORIGIN = "docs/reliability.md sim finding 10 (seed 3030)"
 PATCHES = [
     (
         "partition_server/refusal_guard.py",
-        "self.ranges[0], self.ranges[-1], self.code)",
-        "self.ranges[0], self.ranges[1], self.code)  # TEETH: the first refused range only",
+        "        ranges = h.ranges\n        if base_sequence < ranges[0]:\n",
+        "        return  # TEETH: the held range never grows past the first refusal\n"
+        "        ranges = h.ranges\n        if base_sequence < ranges[0]:\n",
     )
 ]
 SEARCH = "sim"
