@@ -6,8 +6,8 @@ ORIGIN = "docs/log.md retention on replicas (commit 8e85b0a)"
 PATCHES = [
     (
         "partition_server/partition.py",
-        "kept = self._rows_kept_through_cut(end)",
-        "kept: list[Row] = []  # TEETH",
+        "kept = rebuild.rows_kept_through_cut(self.state, self.log, end)",
+        "kept = None  # TEETH: only the log's PIDs rebuilt",
     )
 ]
 SEARCH = "sim"

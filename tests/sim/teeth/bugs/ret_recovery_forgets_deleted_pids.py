@@ -5,8 +5,8 @@ TITLE = (
 ORIGIN = "docs/log.md retention gap 1, recovery from a snapshot taken before a cut (commit 2e5900a)"
 PATCHES = [
     (
-        "partition_server/partition.py",
-        'restore_deleted_only(state, distrusted.rows, plog, f"{topic}-{partition}")',
+        "partition_server/rebuild.py",
+        "restore_deleted_only(state, distrusted, plog, name)",
         "pass  # TEETH: nothing restored from the snapshot",
     )
 ]

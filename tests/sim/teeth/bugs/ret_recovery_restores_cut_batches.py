@@ -5,9 +5,9 @@ TITLE = (
 ORIGIN = "docs/log.md retention gap 1, the filter below the log start (commit 2e5900a)"
 PATCHES = [
     (
-        "partition_server/partition.py",
-        "            if flat[i + 2] < start:\n",
-        "            if True:  # TEETH: cut batches kept\n",
+        "partition_server/rebuild.py",
+        "kept = cut_row(row, start, image.durable_highwater(pid, row[2]))",
+        "kept = row  # TEETH: cut batches kept",
     )
 ]
 SEARCH = "pytest"

@@ -5,9 +5,9 @@ TITLE = (
 ORIGIN = "docs/log.md retention gap 2, a follower starting over (commit b540eed)"
 PATCHES = [
     (
-        "partition_server/partition.py",
-        "        if leader_rows:\n            rows = {",
-        "        if False and leader_rows:  # TEETH\n            rows = {",
+        "partition_server/rebuild.py",
+        "if leader is not None and leader.rows:",
+        "if False:  # TEETH: the leader's rows not taken",
     )
 ]
 SEARCH = "pytest"

@@ -6,8 +6,8 @@ ORIGIN = "docs/reliability.md review finding 1b (2026-11-24)"
 PATCHES = [
     (
         "partition_server/refusal_guard.py",
-        'the range grows to the highest refused last sequence."""\n',
-        'the range grows to the highest refused last sequence."""\n'
+        'the connection, which applies nothing more)."""\n',
+        'the connection, which applies nothing more)."""\n'
         "        return  # TEETH: the guard never holds anything back\n",
     )
 ]

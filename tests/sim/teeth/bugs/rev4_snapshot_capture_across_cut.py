@@ -6,8 +6,8 @@ ORIGIN = "docs/reliability.md review finding 4 (2026-11-24)"
 PATCHES = [
     (
         "partition_server/partition.py",
-        "rows, truncations, self.state.dropped_last_use_max_ms",
-        "rows, self.epochs.truncations, self.state.dropped_last_use_max_ms  # TEETH",
+        "            rows,\n            truncations,\n",
+        "            rows,\n            self.epochs.truncations,  # TEETH: read at the end\n",
     )
 ]
 SEARCH = "pytest"

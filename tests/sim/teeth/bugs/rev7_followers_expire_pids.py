@@ -6,13 +6,13 @@ ORIGIN = "docs/reliability.md review finding 7 (2026-11-24)"
 PATCHES = [
     (
         "partition_server/broker.py",
-        '            if part.role != "leader":\n                continue\n'
+        "            if part.role is not Role.LEADER:\n                continue\n"
         "            n = part.state.expire(",
         "            n = part.state.expire(  # TEETH: followers expire too\n",
     ),
     (
         "partition_server/partition.py",
-        'self.state.drops_allowed = role == "leader"',
+        "self.state.drops_allowed = role is Role.LEADER",
         "self.state.drops_allowed = True  # TEETH: every replica drops state",
     ),
 ]

@@ -5,9 +5,9 @@ TITLE = (
 ORIGIN = "docs/reliability.md sim finding 12 (seed 1863 --retention)"
 PATCHES = [
     (
-        "partition_server/partition.py",
-        "in_log = {h.pid for h in self.log.iter_headers(0) if h.base_offset < end}",
-        "in_log = {h.pid for h in self.log.iter_headers(0)}  # TEETH: cut batches count",
+        "partition_server/rebuild.py",
+        "in_log = pids_with_data(plog.iter_headers(0), end)",
+        "in_log = pids_with_data(plog.iter_headers(0), plog.next_offset)  # TEETH: cut ones count",
     )
 ]
 SEARCH = "sim"

@@ -5,8 +5,8 @@ TITLE = (
 ORIGIN = "docs/reliability.md sim finding 14 (seed 500722 --retention)"
 PATCHES = [
     (
-        "partition_server/replica_fetcher.py",
-        "part.epochs.trim_past(part.log.next_offset)",
+        "partition_server/partition.py",
+        "self.epochs.trim_past(self.log.next_offset)",
         "pass  # TEETH: the entry past the log end stays",
     )
 ]
