@@ -86,6 +86,11 @@ class Registry:
         # (session, send time) of the last heartbeat the quorum confirmed: the next one
         # confirmed in the same session extends the lease from it (``_heartbeat_answered``).
         self._hb_prev: tuple[int, float] | None = None
+        # A standalone ZooKeeper is its own session tracker: it touches the session when a
+        # heartbeat arrives, so an answer proves the session alive from that heartbeat's
+        # send time on (``_standalone_zk``); an ensemble member proves it only from the
+        # previous one's.
+        self.standalone_zk = False
 
     def configure_lease(self, *, margin_ms: float, heartbeat_ms: float) -> None:
         """Before connect(): step down ``margin_ms`` before the session could have expired,
@@ -110,6 +115,7 @@ class Registry:
         self._watch_negotiation(zk)
         zk.start(timeout=self.timeout_s)
         self.zk = zk
+        self.standalone_zk = _standalone_zk(zk)
         self.zk.add_listener(self._on_state)
 
     def _watch_negotiation(self, zk: Any) -> None:
@@ -314,6 +320,8 @@ class Registry:
         # time on, not this one's (docs/replication.md, Step-down); the first heartbeat
         # of a session only sets that anchor.
         prev, self._hb_prev = self._hb_prev, (session, sent_ms)
+        if self.standalone_zk:
+            prev = (session, sent_ms)
         if prev is None or prev[0] != session:
             return
         with self._lease_lock:
@@ -336,9 +344,13 @@ class Registry:
         path = server_path(self.server_id)
         synced = zk.sync_async(path)
         result = zk.exists_async(path)
-        if not result.wait(interval_s * 4):
-            return result
-        if not result.successful() or not synced.ready() or not synced.successful():
+        # Both answers are waited for: kazoo may set the sync's result after the exists'
+        # (seen: one heartbeat in two found the sync not ready yet, so a leader on a busy
+        # cluster confirmed nothing for a lease's length and stepped down).
+        for answer in (result, synced):
+            if not answer.wait(interval_s * 4):
+                return answer
+        if not result.successful() or not synced.successful():
             return None
         self._heartbeat_answered(session, sent_ms, result.value)
         return None
@@ -463,3 +475,14 @@ def _children_or_watch_creation(zk: Any, path: str, watch: Any) -> list[str]:
             if zk.exists(path, watch=watch) is None:
                 return []  # its creation fires the watch
     return []  # created and deleted three times over: the data watch fires on the next
+
+
+def _standalone_zk(zk: Any) -> bool:
+    """Whether the ZooKeeper we talk to is one standalone server: its ``/zookeeper/config``
+    is empty (an ensemble's lists its members). Anything else, or a failed read, counts as
+    an ensemble (the cautious lease)."""
+    try:
+        data, _ = zk.get("/zookeeper/config")
+    except Exception:  # noqa: BLE001 - an unknown answer means the cautious lease
+        return False
+    return bool(data == b"")

@@ -167,3 +167,76 @@ def test_the_loop_heartbeat_syncs_too(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "exists" not in zk.calls[-4:]  # the read waits for the sync (in order)
 
     asyncio.run(go())
+
+
+class Standalone(CutOffFollower):
+    """One standalone ZooKeeper server: its ``/zookeeper/config`` is empty (an ensemble's
+    lists its members); it is its own session tracker."""
+
+    def __init__(self, config: bytes) -> None:
+        super().__init__()
+        self.config = config
+
+    def get(self, path: str) -> tuple[bytes, None]:
+        assert path == "/zookeeper/config"
+        return self.config, None
+
+
+def test_a_standalone_zookeeper_confirms_from_this_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A standalone server touches the session when the heartbeat arrives: its answer
+    proves the session alive from this heartbeat's send time, not the previous one's, so
+    a leader on one ZooKeeper keeps a heartbeat interval more of slack (two slow
+    heartbeats in a row under a busy disk made test_follower_loss_cluster's leader step
+    down once in five runs with the cautious anchor)."""
+    reg, _, clock = make(monkeypatch)
+    assert reg.lease is not None
+    zk = reg.zk = Standalone(b"")
+    reg.standalone_zk = registry_mod._standalone_zk(zk)
+    assert reg.standalone_zk
+    reg._heartbeat_once(None, HEARTBEAT_MS / 1000)  # sent at 1000: confirms at once
+    assert reg.lease.valid_until_ms == 1_000 + TIMEOUT_MS - MARGIN_MS
+    clock.now = 1_200
+    reg._heartbeat_once(None, HEARTBEAT_MS / 1000)
+    assert reg.lease.valid_until_ms == 1_200 + TIMEOUT_MS - MARGIN_MS
+    # An ensemble member (its config lists servers) and a failed read keep the cautious one.
+    assert not registry_mod._standalone_zk(Standalone(b"server.1=127.0.0.1:1:2:participant"))
+    assert not registry_mod._standalone_zk(CutOffFollower())
+
+
+class AnsweredLater(Answered):
+    """An answer kazoo sets a moment later, from its own thread: not ready until waited for."""
+
+    def __init__(self, value: Any = None) -> None:
+        super().__init__(value)
+        self.set = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.set = True
+        return True
+
+    def ready(self) -> bool:
+        return self.set
+
+
+class SyncAnsweredAfterExists(CutOffFollower):
+    def sync_async(self, path: str) -> Answered:
+        self.calls.append("sync")
+        return AnsweredLater(path)
+
+
+def test_a_sync_answered_after_the_exists_still_confirms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kazoo may set the sync's result after the exists' although ZooKeeper answered them in
+    order: the heartbeat waits for both. Before, it checked ``synced.ready()`` at once, found
+    it unset about one heartbeat in two on a real cluster, confirmed nothing, and the
+    leader's lease ran out (test_follower_loss_cluster's leader stepped down)."""
+    reg, _, clock = make(monkeypatch)
+    assert reg.lease is not None
+    reg.zk = SyncAnsweredAfterExists()
+    reg._heartbeat_once(None, HEARTBEAT_MS / 1000)
+    clock.now = 1_200
+    reg._heartbeat_once(None, HEARTBEAT_MS / 1000)
+    assert reg.lease.valid_until_ms == 1_000 + TIMEOUT_MS - MARGIN_MS

@@ -16,7 +16,7 @@ PATCHES = [
     ),
     (
         "partition_server/registry.py",
-        "        if not result.successful() or not synced.ready() or not synced.successful():",
+        "        if not result.successful() or not synced.successful():",
         "        if not result.successful():",
     ),
 ]
