@@ -11,11 +11,20 @@ PATCHES = [
         "return {h.pid for h in headers if h.base_offset < end}",
     )
 ]
-SEARCH = "sim"
-SIM_ARGS = ["--retention", "--no-zk3", "--start", "500000"]
-PYTEST = ""
-BUDGET = 3000
-WHY_NOT_SIM = ""
+SEARCH = "pytest"
+SIM_ARGS: list[str] = []
+PYTEST = (
+    "tests/unit/test_rebuild.py::test_a_cut_keeps_the_highwater_of_a_pid_whose_only_batch_lef"
+    "t_is_a_fence"
+)
+BUDGET = 1
+WHY_NOT_SIM = (
+    "the --retention search from seed 500000 first meets seed 501223, which fails on the "
+    "unpatched tree too (a Kafka batch acked at offset 56 of t2-1 and not in the log: an open"
+    " finding, docs/reliability.md); the sim found this hole on the old code (seed 500047) "
+    "but a search that fails without the patch proves nothing, so its unit test searches "
+    "until 501223 is fixed"
+)
 # Found by the unit test tests/unit/test_rebuild.py::test_a_cut_keeps_the_highwater_of_a_pid_
 # whose_only_batch_left_is_a_fence (and ..._recovery_from_a_distrusted_snapshot_...) and the
 # integration test tests/integration/test_rebuild_cluster.py (last_sequence_id -1, not 2).

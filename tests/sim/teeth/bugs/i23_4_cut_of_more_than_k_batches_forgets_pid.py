@@ -12,11 +12,20 @@ PATCHES = [
         "kept = cut_row(row, start, None)",
     )
 ]
-SEARCH = "sim"
-SIM_ARGS = ["--retention", "--no-zk3", "--start", "500000"]
-PYTEST = ""
-BUDGET = 3000
-WHY_NOT_SIM = ""
+SEARCH = "pytest"
+SIM_ARGS: list[str] = []
+PYTEST = (
+    "tests/unit/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_the_c"
+    "ommitted_highwater"
+)
+BUDGET = 1
+WHY_NOT_SIM = (
+    "the --retention search from seed 500000 first meets seed 501223, which fails on the "
+    "unpatched tree too (a Kafka batch acked at offset 56 of t2-1 and not in the log: an open"
+    " finding, docs/reliability.md); the sim found this hole on the old code (seed 500047) "
+    "but a search that fails without the patch proves nothing, so its unit test searches "
+    "until 501223 is fixed"
+)
 # Found by tests/unit/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_
 # the_committed_highwater (UNKNOWN_PID where APPEND).
 # Seen by the current simulation (s22-rebuild, before the "sim" helper's extension): NOT
