@@ -231,7 +231,11 @@ class Registry:
         def done(f: asyncio.Future[None]) -> None:
             exc = f.exception()
             if exc is not None:
-                log.error("re-registration failed: %s", describe(exc))
+                # Retried until it lands: a server whose znode is gone is never elected nor
+                # followed (seed 1205: one failed write left its producers stuck for good).
+                log.error("re-registration failed: %s; retrying in 1 s", describe(exc))
+                if not self._closed and self._loop is not None:
+                    self._loop.call_later(1.0, self._reregister)
 
         fut.add_done_callback(done)
         self.refresh()
