@@ -592,7 +592,11 @@ class PartitionSender:
     def _deadline_s(self, now: float) -> float | None:
         cfg = self._config
         deadlines: list[float] = []
-        if self._retry_at is not None:
+        if not self.ctx.lease.token_ok(now):
+            # Nothing may be sent before the renewal, which wakes every sender: a retry
+            # time or a linger already past is no reason to wake (it spun until then).
+            pass
+        elif self._retry_at is not None:
             deadlines.append(self._retry_at)
         elif len(self.in_flight) < cfg.max_in_flight:
             if self.pending:

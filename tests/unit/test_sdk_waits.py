@@ -60,3 +60,51 @@ def test_waiting_for_answers_before_a_resend_does_not_spin(monkeypatch) -> None:
     assert idle_turns <= 5, f"the sender ran {idle_turns} times while nothing happened"
     assert [r.value for r in srv.records("mono", 0)] == [b"r%d" % i for i in range(5)]
     assert [m.offset for m in metas] == list(range(5))
+
+
+def test_a_lapsed_token_does_not_spin_the_sender(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A sender whose lease token has lapsed (a renewal late under load) waits for the
+    renewal's wake-up: it used to wait for deadlines already past (the linger of its
+    pending run, a passed retry time), so it woke at once, again and again, until the
+    renewal came: 38,194 turns in one loaded CI run of the test above."""
+    turns = [0]
+    collect = sender_module.PartitionSender._collect
+
+    def counted(self, now: float) -> None:  # type: ignore[no-untyped-def]
+        turns[0] += 1
+        collect(self, now)
+
+    monkeypatch.setattr(sender_module.PartitionSender, "_collect", counted)
+    srv = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(srv, TOPICS)
+
+    async def main() -> tuple[int, list]:
+        async with AsyncProducer(
+            "http://fake",
+            "mono",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+            retry_backoff_ms=1,
+            retry_backoff_max_ms=5,
+        ) as p:
+            keeper = p._lease
+            assert keeper is not None
+            good_until = keeper._good_until
+            keeper._good_until = 0.0  # the token lapses: nothing may be sent
+            futs = [await p.send(b"r%d" % i) for i in range(3)]
+            await asyncio.sleep(0.05)
+            before = turns[0]
+            await asyncio.sleep(0.2)  # the renewal has not come: the sender should sleep
+            idle_turns = turns[0] - before
+            assert srv.produce_requests == 0, "sent with a lapsed token"
+            keeper._good_until = good_until
+            p._wake_senders()  # what a renewal does
+            await p.flush()
+            return idle_turns, [await f for f in futs]
+
+    try:
+        idle_turns, metas = asyncio.run(main())
+    finally:
+        srv.stop()
+    assert idle_turns <= 5, f"the sender ran {idle_turns} times while its token had lapsed"
+    assert [m.offset for m in metas] == [0, 1, 2]
