@@ -50,7 +50,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from pidlease import errors
 from pidlease.client.config import ProducerConfig
@@ -106,6 +106,56 @@ _REFUSED_BEFORE_APPEND = frozenset(
 )
 
 
+def _batch_outcome(
+    *,
+    pid: int,
+    partition: int,
+    first: int | None,
+    last: int | None,
+    indeterminate: bool,
+    why: str,
+    resend: str,
+) -> str:
+    """What became of one batch, and what to do: the part of a fenced or timed-out
+    batch's message that names its partition and sequences."""
+    seqs = f"sequences {first}..{last}" if first is not None else "records not numbered yet"
+    if indeterminate:
+        return (
+            f"partition {partition}, {seqs}: may have been written ({why}). To learn "
+            f"whether: take the name over with a new producer and compare its "
+            f"last_sequence_id({partition}) with {last}, or read partition {partition} "
+            f"for pid {pid}; resend only what is missing"
+        )
+    return f"partition {partition}, {seqs}: not written ({why}); {resend}"
+
+
+_E = TypeVar("_E", ProducerFenced, DeliveryTimeout)
+
+
+def _batch_error(
+    cls: type[_E],
+    message: str,
+    cause: _E,
+    *,
+    partition: int,
+    first: int | None,
+    last: int | None,
+    indeterminate: bool,
+) -> _E:
+    err = cls(
+        message,
+        **{
+            **cause.extra,
+            "partition": partition,
+            "first_sequence": first,
+            "last_sequence": last,
+            "indeterminate": indeterminate,
+        },
+    )
+    err.__cause__ = cause
+    return err
+
+
 def fenced_batch(
     cause: ProducerFenced,
     *,
@@ -120,32 +170,25 @@ def fenced_batch(
     """The error for one batch of a fenced producer: ``cause`` (the FENCED answer or lease
     refusal) with the batch's partition, sequences and whether it may have been written,
     and a message that says what to do."""
-    seqs = f"sequences {first}..{last}" if first is not None else "records not numbered yet"
-    if indeterminate:
-        outcome = (
-            f"partition {partition}, {seqs}: may have been written ({why}). To learn "
-            f"whether: take the name over with a new producer and compare its "
-            f"last_sequence_id({partition}) with {last}, or read partition {partition} "
-            f"for pid {pid}; resend only what is missing"
-        )
-    else:
-        outcome = (
-            f"partition {partition}, {seqs}: not written ({why}); resend them with a "
-            f"producer that holds the name"
-        )
-    err = ProducerFenced(
+    outcome = _batch_outcome(
+        pid=pid,
+        partition=partition,
+        first=first,
+        last=last,
+        indeterminate=indeterminate,
+        why=why,
+        resend="resend them with a producer that holds the name",
+    )
+    return _batch_error(
+        ProducerFenced,
         f"producer pid {pid} generation {generation} was fenced (another producer took "
         f"the PID over): {outcome}. Fenced by: {cause.detail}",
-        **{
-            **cause.extra,
-            "partition": partition,
-            "first_sequence": first,
-            "last_sequence": last,
-            "indeterminate": indeterminate,
-        },
+        cause,
+        partition=partition,
+        first=first,
+        last=last,
+        indeterminate=indeterminate,
     )
-    err.__cause__ = cause
-    return err
 
 
 def timed_out_batch(
@@ -162,28 +205,24 @@ def timed_out_batch(
     """The error for one batch of a producer closed by ``delivery_timeout_ms``: ``cause``
     with the batch's partition, sequences and whether it may have been written, as
     ``fenced_batch`` says them for a fenced producer."""
-    seqs = f"sequences {first}..{last}" if first is not None else "records not numbered yet"
-    if indeterminate:
-        outcome = (
-            f"partition {partition}, {seqs}: may have been written ({why}). To learn "
-            f"whether: take the name over with a new producer and compare its "
-            f"last_sequence_id({partition}) with {last}, or read partition {partition} "
-            f"for pid {pid}; resend only what is missing"
-        )
-    else:
-        outcome = f"partition {partition}, {seqs}: not written ({why}); resend them"
-    err = DeliveryTimeout(
-        f"producer pid {pid} generation {generation} gave up: {cause.detail}: {outcome}",
-        **{
-            **cause.extra,
-            "partition": partition,
-            "first_sequence": first,
-            "last_sequence": last,
-            "indeterminate": indeterminate,
-        },
+    outcome = _batch_outcome(
+        pid=pid,
+        partition=partition,
+        first=first,
+        last=last,
+        indeterminate=indeterminate,
+        why=why,
+        resend="resend them",
     )
-    err.__cause__ = cause
-    return err
+    return _batch_error(
+        DeliveryTimeout,
+        f"producer pid {pid} generation {generation} gave up: {cause.detail}: {outcome}",
+        cause,
+        partition=partition,
+        first=first,
+        last=last,
+        indeterminate=indeterminate,
+    )
 
 
 def unsent_failure(
