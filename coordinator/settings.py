@@ -66,7 +66,17 @@ class CoordinatorSettings(BaseSettings):
     )
 
     zk_request_timeout_ms: int = Field(default=5_000, ge=10)
-    zk_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    zk_session_timeout_ms: int = Field(
+        default=10_000,
+        ge=1_000,
+        description=(
+            "ZooKeeper session timeout asked for. Longer than the partition server's "
+            "(1,200) on purpose: a coordinator's session holds no leadership, so a short one "
+            "would only make a busy coordinator lose it (and its housekeeping turn) for "
+            "nothing; the variable has the same name for both services, so set it per "
+            "process if you set it"
+        ),
+    )
     leader_request_timeout_ms: int = Field(default=5_000, ge=10)
     leader_connections_max: int = Field(default=8, ge=1, le=1024)
     fence_parallelism_max: int = Field(default=16, ge=1, le=256)
