@@ -28,6 +28,7 @@ from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
 from pidlease.errors import describe
 from pidlease.wire.cluster import DEDUP_MODES
+from pidlease.wire.protocol import producer_list_part
 
 log = logging.getLogger("partition_server.broker")
 
@@ -361,6 +362,27 @@ class Broker:
             return None, None
         leader = self.assignment.servers.get(ps.leader)
         return None, leader.address if leader is not None else ""
+
+    def producer_list(self, rows_max: int, after: tuple[str, int, int]) -> tuple[list[bytes], bool]:
+        """PRODUCER_LIST: the producer-state rows of the partitions this server leads, in
+        (topic, partition, pid) order after the cursor ``after``, at most ``rows_max``;
+        (encoded partitions, whether more rows follow). Read-only, synchronous (no await:
+        one consistent pass over each table)."""
+        led = sorted(
+            (key, part)
+            for key, part in self.partitions.items()
+            if part.hosted and part.role is Role.LEADER and key >= after[:2]
+        )
+        out: list[bytes] = []
+        left = rows_max
+        for key, part in led:
+            if left <= 0:
+                return out, True
+            after_pid = after[2] if key == after[:2] else -1
+            cols = part.state.rows_after(after_pid, left)
+            left -= len(cols[0])
+            out.append(producer_list_part(key[0], key[1], part.leader_epoch, len(part.state), cols))
+        return out, False
 
     # -- snapshots -------------------------------------------------------------------------
     def note_append(self, batches: int = 1) -> None:
