@@ -168,12 +168,15 @@ class PidColumns:
 def build(
     records: Iterable[PidRecord], taken_ms: int, keep: Callable[[PidRecord], bool]
 ) -> PidColumns:
-    """Columns of the ``records`` that ``keep`` retains, in expiry order."""
-    rows = sorted((r for r in records if keep(r)), key=lambda r: (r.expires_at_ms, r.pid))
+    """Columns of the ``records`` that ``keep`` retains, in expiry order. Streams: each
+    record is dropped once its row is appended (a million parsed records at once would
+    take a gigabyte); the order is applied to the columns at the end."""
     c = PidColumns(taken_ms=taken_ms)
     tp_ids: dict[str, int] = {}
     owners: dict[str, str] = {}
-    for r in rows:
+    for r in records:
+        if not keep(r):
+            continue
         c.pid.append(r.pid)
         c.generation.append(r.generation)
         c.expire_ms.append(r.expire_ms)
@@ -191,7 +194,27 @@ def build(
             c.tp_id.append(got)
             c.tp_seen.append(1 if info.get("seen") else 0)
         c.tp_start.append(len(c.tp_id))
+    ea, pid = c.expires_at_ms, c.pid
+    order = sorted(range(len(pid)), key=lambda i: (ea[i], pid[i]))
+    if any(i != j for i, j in enumerate(order)):
+        _reorder(c, order)
     return c
+
+
+def _reorder(c: PidColumns, order: list[int]) -> None:
+    for name in ("pid", "generation", "expire_ms", "expires_at_ms", "last_use_ms", "created_ms"):
+        col: array[int] = getattr(c, name)
+        setattr(c, name, array("q", [col[i] for i in order]))
+    c.name = [c.name[i] for i in order]
+    c.owner = [c.owner[i] for i in order]
+    start, ids, seen = c.tp_start, c.tp_id, c.tp_seen
+    new_start, new_ids, new_seen = array("I", [0]), array("I"), array("b")
+    for i in order:
+        a, b = start[i], start[i + 1]
+        new_ids.extend(ids[a:b])
+        new_seen.extend(seen[a:b])
+        new_start.append(len(new_ids))
+    c.tp_start, c.tp_id, c.tp_seen = new_start, new_ids, new_seen
 
 
 @dataclass(slots=True)
