@@ -283,8 +283,14 @@ def create_app(
     # -- topics ----------------------------------------------------------------------------
     @app.post("/v1/topics", summary="Create a topic")
     def create_topic(body: TopicBody) -> dict[str, Any]:
+        factor = body.replication_factor or settings.topic_replication_factor_default
+        if body.min_insync_replicas > factor:
+            raise InvalidRequest(
+                f"min_insync_replicas {body.min_insync_replicas} is more than "
+                f"replication_factor {factor} (this coordinator's default)"
+            )
         return coord.topics.create(
-            body.name, body.partitions, body.replication_factor, body.dedup, body.log_settings()
+            body.name, body.partitions, factor, body.dedup, body.log_settings()
         )
 
     # The body is read by hand, not by a model: a fixed field (partitions, dedup, ...) is a

@@ -631,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replication-factor",
         type=int,
         default=1,
-        help="replication factor you intend for topics (checked against --servers)",
+        help="the cluster's default replication factor for new topics (checked against "
+        "--servers; `topic create` without --replication-factor uses it)",
     )
     up.add_argument("--zk-nodes", type=int, choices=(1, 3), default=1, help="ZooKeeper nodes")
     up.add_argument(
@@ -674,7 +675,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tc.add_argument("name")
     tc.add_argument("--partitions", type=int, default=1)
-    tc.add_argument("--replication-factor", type=int, default=1)
+    tc.add_argument(
+        "--replication-factor",
+        type=int,
+        default=None,
+        help="copies of each partition (default: the cluster's, 1 unless the coordinator's "
+        "topic_replication_factor_default or `dev up --replication-factor` says otherwise)",
+    )
     tc.add_argument(
         "--dedup",
         choices=("strict", "monotonic", "off"),
