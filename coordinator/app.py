@@ -114,6 +114,7 @@ class Coordinator:
             self.live_rows,
             clock_ms=clock_ms,
             window_ms=settings.lease_expiring_window_ms,
+            fresher=self.service.records.peek,
         )
         self.dashboard = Dashboard(
             lambda: self.service.list_pids(None, settings.pids_list_max),

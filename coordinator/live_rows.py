@@ -143,6 +143,8 @@ class Refreshing(Generic[T]):
     ``BUSY_SHARE_MAX`` of the time. Only a viewer finding no value at all waits (at most
     ``FIRST_WAIT_S``)."""
 
+    busy_share = BUSY_SHARE_MAX
+
     def __init__(self, clock_ms: Callable[[], int], refresh_ms: int) -> None:
         self.clock_ms = clock_ms
         self.refresh_ms = refresh_ms
@@ -212,7 +214,7 @@ class Refreshing(Generic[T]):
         took = time.monotonic() - t0
         with self._lock:
             self._value, self._taken_ms, self._took_s = value, taken, took
-            self._next_at = time.monotonic() + took / BUSY_SHARE_MAX
+            self._next_at = time.monotonic() + took / self.busy_share
         self.refreshes += 1
         return value
 

@@ -99,9 +99,13 @@ class PidColumns:
         yield from range(k - 1, -1, -1)
 
     def expiring(self, now_ms: int, window_ms: int) -> list[int]:
+        """Rows in the expiring state: within the window's range of the expiry order, the
+        ones ``leases.state_at`` calls expiring (its rule inline: a pass at a million)."""
         k = self.lapsed_count(now_ms)
-        end = bisect.bisect_right(self.expires_at_ms, now_ms + window_ms)
-        return [i for i in range(k, end) if self.state(i, now_ms, window_ms) == "expiring"]
+        ea, em = self.expires_at_ms, self.expire_ms
+        end = bisect.bisect_right(ea, now_ms + window_ms)
+        out = [i for i in range(k, end) if ea[i] - now_ms <= min(window_ms, em[i] // 2)]
+        return out
 
     def counts(self, now_ms: int, window_ms: int) -> dict[str, int]:
         lapsed = self.lapsed_count(now_ms)
@@ -237,6 +241,7 @@ def page(
     idle_ms: int = 60_000,
     offset: int = 0,
     limit: int = 100,
+    fresher: Callable[[int], PidRecord | None] | None = None,
 ) -> Page:
     """One page of the filtered rows in the operator's order, with live cells
     (``live_rows.annotate``). Without a text or "not writing" filter the page costs a
@@ -268,8 +273,28 @@ def page(
             if offset <= matched < offset + limit:
                 picked.append(i)
             matched += 1
-    views = [annotate(cols.view(i, now_ms, window_ms), live, now_ms, idle_ms) for i in picked]
+    views = [cols.view(i, now_ms, window_ms) for i in picked]
+    if fresher is not None:
+        for v in views:
+            _freshen(v, fresher(v["pid"]), now_ms, window_ms)
+    views = [annotate(v, live, now_ms, idle_ms) for v in views]
     return Page(views, matched, counts, len(cols))
+
+
+def _freshen(view: dict[str, Any], record: PidRecord | None, now_ms: int, window_ms: int) -> None:
+    """A page row's lease from a newer record this coordinator holds (it renewed or took
+    the PID over since the scan): at a million PIDs a scan is minutes old, and a lease
+    renewed since must not show as lapsed. Order and counts stay as of the scan."""
+    if record is None or record.last_use_ms <= view["last_use_ms"]:
+        return
+    view.update(
+        generation=record.generation,
+        expire_ms=record.expire_ms,
+        expires_at_ms=record.expires_at_ms,
+        expires_in_ms=record.expires_at_ms - now_ms,
+        last_use_ms=record.last_use_ms,
+        state=leases.lease_state(record, now_ms, window_ms).value,
+    )
 
 
 def _candidates(
@@ -287,6 +312,9 @@ def _candidates(
 
 
 class PidIndex(Refreshing[PidColumns]):
+    # A scan mostly waits for ZooKeeper's answers: it may run half the time.
+    busy_share = 0.5
+
     def __init__(
         self,
         store: Store,
@@ -323,8 +351,15 @@ class Producers:
     as the JSON ``GET /v1/pids`` and the dashboard answer."""
 
     def __init__(
-        self, index: PidIndex, live: LiveRows, *, clock_ms: Callable[[], int], window_ms: int
+        self,
+        index: PidIndex,
+        live: LiveRows,
+        *,
+        clock_ms: Callable[[], int],
+        window_ms: int,
+        fresher: Callable[[int], PidRecord | None] | None = None,
     ) -> None:
+        self.fresher = fresher
         self.index = index
         self.live = live
         self.clock_ms = clock_ms
@@ -358,6 +393,7 @@ class Producers:
             idle_ms=idle_ms,
             offset=offset,
             limit=limit,
+            fresher=self.fresher,
         )
         asked = live is not NOT_YET
         return {

@@ -289,3 +289,22 @@ def test_the_not_writing_filter_joins_the_leaders_rows() -> None:
     # 1 wrote a second ago; 2 stopped two minutes ago; 3 never wrote; 4 has lapsed
     assert sorted(v["pid"] for v in pg.views) == [2, 3] and pg.matched == 2
     assert {v["pid"]: v["append_lag_ms"] for v in pg.views} == {2: 120_000, 3: None}
+
+
+def test_a_lease_renewed_since_the_scan_shows_from_the_fresher_record() -> None:
+    old = PidRecord(
+        pid=1, generation=3, expire_ms=60_000, expires_at_ms=NOW - 5, last_use_ms=NOW - 60_005
+    )
+    cols = build([old], NOW - 120_000, lambda r: True)  # a scan two minutes old
+    renewed = PidRecord(
+        pid=1, generation=3, expire_ms=60_000, expires_at_ms=NOW + 50_000, last_use_ms=NOW - 10_000
+    )
+    stale = page(cols, NOT_YET, NOW, WINDOW).views[0]
+    assert stale["state"] == "lapsed"
+    fresh = page(cols, NOT_YET, NOW, WINDOW, fresher={1: renewed}.get).views[0]
+    assert fresh["state"] == "active" and fresh["expires_in_ms"] == 50_000
+    assert fresh["last_use_ms"] == NOW - 10_000
+    older = PidRecord(
+        pid=1, generation=2, expire_ms=60_000, expires_at_ms=NOW + 1, last_use_ms=NOW - 90_000
+    )
+    assert page(cols, NOT_YET, NOW, WINDOW, fresher={1: older}.get).views[0]["generation"] == 3
