@@ -104,8 +104,7 @@ class PidColumns:
         k = self.lapsed_count(now_ms)
         ea, em = self.expires_at_ms, self.expire_ms
         end = bisect.bisect_right(ea, now_ms + window_ms)
-        out = [i for i in range(k, end) if ea[i] - now_ms <= min(window_ms, em[i] // 2)]
-        return out
+        return [i for i in range(k, end) if ea[i] - now_ms <= min(window_ms, em[i] // 2)]
 
     def counts(self, now_ms: int, window_ms: int) -> dict[str, int]:
         lapsed = self.lapsed_count(now_ms)
