@@ -140,8 +140,8 @@ class Refreshing(Generic[T]):
     a small cluster) the viewer refreshes in line and sees the truth of now, as before
     there was any cache; once they are slow (a million PIDs) the viewer gets the newest
     value at once with its age, and a refresh starts in the background, never more than
-    ``BUSY_SHARE_MAX`` of the time. Only a viewer finding no value at all waits (at most
-    ``FIRST_WAIT_S``)."""
+    ``busy_share`` of the time. Only a viewer finding no value at all waits (at most
+    ``FIRST_WAIT_S``, then a retriable COORDINATOR_UNAVAILABLE)."""
 
     busy_share = BUSY_SHARE_MAX
 
@@ -155,7 +155,8 @@ class Refreshing(Generic[T]):
         self._took_s = 0.0
         self._background = False
         self._next_at = 0.0  # monotonic: no background refresh starts before
-        self._first = threading.Event()
+        self._done = threading.Event()  # set when a background refresh ends
+        self._failed: Exception | None = None  # why the last background refresh failed
         self.refreshes = 0
         self.refresh_failures = 0
 
@@ -163,7 +164,8 @@ class Refreshing(Generic[T]):
         raise NotImplementedError
 
     def _fresh(self, max_age_ms: int) -> bool:
-        return self._value is not None and self.clock_ms() - self._taken_ms <= max_age_ms
+        """Younger than ``max_age_ms``; with 0, never (the viewer wants a refresh)."""
+        return self._value is not None and self.clock_ms() - self._taken_ms < max_age_ms
 
     def current(
         self, max_age_ms: int | None = None, wait_first_s: float = FIRST_WAIT_S
@@ -171,32 +173,45 @@ class Refreshing(Generic[T]):
         max_age_ms = self.refresh_ms if max_age_ms is None else max_age_ms
         if self._fresh(max_age_ms):
             return self._value
-        if self._value is None or self._took_s < INLINE_MAX_S:
+        if self._value is not None and self._took_s < INLINE_MAX_S:
             got = self._refresh_lock.acquire(timeout=wait_first_s)
-            failed = None
             try:
                 if got and not self._fresh(max_age_ms):
-                    failed = self._refresh_logged()
+                    self._refresh_logged()  # a failure leaves the old value, with its age
             finally:
                 if got:
                     self._refresh_lock.release()
-            if failed is not None and self._value is None:
-                raise failed  # nothing to show: the viewer gets the error (a 503), not []
             return self._value
+        # Slow, or nothing yet: in the background. Only a viewer with nothing to show
+        # waits, and at most ``wait_first_s`` (a first scan of a million records takes
+        # minutes: it gets a retriable 503 meanwhile, never a request held for minutes).
         with self._lock:
-            start = not self._background and time.monotonic() >= self._next_at
-            self._background = self._background or start
+            start = not self._background and (
+                self._value is None or time.monotonic() >= self._next_at
+            )
+            if start:
+                self._background = True
+                self._done.clear()
         if start:
             threading.Thread(target=self._in_background, name="refresh", daemon=True).start()
+        if self._value is None:
+            self._done.wait(wait_first_s)
+            if self._value is None:
+                if self._failed is not None and not self._background:
+                    raise self._failed  # nothing to show: the error (a 503), not []
+                raise CoordinatorUnavailable(
+                    f"{type(self).__name__}: the first refresh is still running; retry"
+                )
         return self._value
 
     def _in_background(self) -> None:
         try:
             with self._refresh_lock:
-                self._refresh_logged()
+                self._failed = self._refresh_logged()
         finally:
             with self._lock:
                 self._background = False
+            self._done.set()
 
     def _refresh_logged(self) -> Exception | None:
         try:

@@ -7,6 +7,7 @@ checked against the dashboard's whole-list rules (``dashboard.order_rows``,
 from __future__ import annotations
 
 import random
+import time
 from array import array
 from typing import Any
 
@@ -22,6 +23,7 @@ from coordinator.live_rows import (
     UNREACHABLE,
     LiveRows,
     PartitionRows,
+    Refreshing,
     Snapshot,
     annotate,
     carry_moved,
@@ -30,9 +32,10 @@ from coordinator.live_rows import (
 from coordinator.pid_index import STATES, build, page
 from partition_server.broker import producer_list_pages
 from partition_server.producer_state import ProducerStateTable
-from pidlease.errors import CorruptRecord
+from pidlease.errors import CoordinatorUnavailable, CorruptRecord
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PidRecord
+from tests.helpers import wait_for
 
 NOW = 1_800_000_000_000
 WINDOW = 30_000
@@ -101,8 +104,6 @@ class TableLeaders:
 
     def producer_list(self, address: str, rows_max: int, after: tuple[str, int, int]) -> P.Response:
         if address not in self.servers:
-            from pidlease.errors import CoordinatorUnavailable
-
             raise CoordinatorUnavailable(f"partition leader {address} unreachable")
         self.pages += 1
         parts, more = producer_list_pages(self.servers[address], rows_max, after)
@@ -308,3 +309,48 @@ def test_a_lease_renewed_since_the_scan_shows_from_the_fresher_record() -> None:
         pid=1, generation=2, expire_ms=60_000, expires_at_ms=NOW + 1, last_use_ms=NOW - 90_000
     )
     assert page(cols, NOT_YET, NOW, WINDOW, fresher={1: older}.get).views[0]["generation"] == 3
+
+
+class Counter(Refreshing[int]):
+    """A value that counts its refreshes, each taking ``delay_s``."""
+
+    def __init__(self, clock: list[int], delay_s: float) -> None:
+        super().__init__(lambda: clock[0], refresh_ms=1000)
+        self.delay_s = delay_s
+        self.made = 0
+
+    def _produce(self) -> int:
+        time.sleep(self.delay_s)
+        self.made += 1
+        return self.made
+
+
+def test_quick_refreshes_run_in_the_viewers_request() -> None:
+    clock = [NOW]
+    c = Counter(clock, 0.0)
+    assert c.current(0) == 1  # the first waits for its value
+    assert c.current(0) == 2 and c.current(0) == 3  # max age 0: each call refreshes in line
+    assert c.current(5000) == 3  # young enough: cached
+
+
+def test_a_slow_refresh_never_holds_a_viewer() -> None:
+    clock = [NOW]
+    c = Counter(clock, 0.3)
+    with pytest.raises(CoordinatorUnavailable, match="still running"):
+        c.current(0, wait_first_s=0.05)  # nothing yet: a retriable error, not a long wait
+    wait_for(lambda: c.peek() == 1, 5, "the first refresh")
+    clock[0] += 5000
+    started = time.monotonic()
+    assert c.current(0) == 1  # stale but at once; a refresh starts behind it
+    assert time.monotonic() - started < 0.2
+    # the next background refresh waits out the busy share (0.3 s / 0.2 after the first)
+    wait_for(lambda: c.current(0) == 2, 5, "the background refresh")
+
+
+def test_a_first_refresh_that_fails_is_the_viewers_error() -> None:
+    class Broken(Refreshing[int]):
+        def _produce(self) -> int:
+            raise CoordinatorUnavailable("ZooKeeper is not connected; retry")
+
+    with pytest.raises(CoordinatorUnavailable, match="not connected"):
+        Broken(lambda: NOW, 1000).current(0)
