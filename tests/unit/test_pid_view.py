@@ -354,3 +354,13 @@ def test_a_first_refresh_that_fails_is_the_viewers_error() -> None:
 
     with pytest.raises(CoordinatorUnavailable, match="not connected"):
         Broken(lambda: NOW, 1000).current(0)
+
+
+@pytest.mark.parametrize("text", ["name-4", "1", "t2/", "/3", "NAME", "zz", "5 t", "e-1"])
+def test_the_text_search_finds_what_the_row_rule_finds(text: str) -> None:
+    recs = records(500, 3)
+    for r in recs[::7]:
+        r.partitions["t9/9"] = {}  # some PIDs on two partitions
+    cols = build(recs, NOW, lambda r: True)
+    want = [i for i in range(len(cols)) if cols.matches_text(i, text.lower())]
+    assert cols.text_rows(text.lower()) == want
