@@ -9,8 +9,12 @@ state between polls with the same rule as ``leases.lease_state``. Assets come fr
 ``coordinator/static``, served by the coordinator itself; the Content-Security-Policy
 allows nothing else.
 
-One ZooKeeper scan of the PIDs and one METADATA round to the servers serve every viewer
-for ``REFRESH_MS``: a wall of open dashboards costs the same as one.
+One METADATA round to the servers serves every viewer for ``REFRESH_MS``, and the PID
+table comes from the coordinator's PID view (``producers``: ``pid_index.py`` and
+``live_rows.py``, each a shared cached refresh): a wall of open dashboards costs the same
+as one. The table is one page, filtered and ordered on the coordinator (``PidQuery``);
+without a PID view (unit tests) it is the whole list from ``list_pids``, cut at
+``ROWS_MAX``.
 """
 
 from __future__ import annotations
