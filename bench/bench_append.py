@@ -6,7 +6,7 @@ in batches of 1,000, up to ``--window`` requests in flight. Runs the two modes a
 (``--rounds`` each, alternating which goes first) on the same server and reports the
 median records/s of each and the strict/off ratio. Figures are noisy on a shared machine.
 
-    /work/venv/bin/python bench/bench_append.py [--batches 600] [--rounds 3] [--fsync interval]
+    .venv/bin/python bench/bench_append.py [--batches 600] [--rounds 3] [--fsync interval]
 """
 
 from __future__ import annotations

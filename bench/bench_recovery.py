@@ -9,7 +9,7 @@
 4. snapshots of 100k and 1M PIDs: chunked capture (total, longest event-loop stall),
    file size, and the load time a recovery pays (decode + rebuild the table).
 
-    /work/venv/bin/python bench/bench_recovery.py [--skip-servers] [--replay-batches 200000]
+    .venv/bin/python bench/bench_recovery.py [--skip-servers] [--replay-batches 200000]
 """
 
 from __future__ import annotations

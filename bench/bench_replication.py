@@ -8,7 +8,7 @@ turn, alternating ``--rounds`` times so drifting background load hits both alike
 ack waits for both followers to fetch and fsync the batch; the figures show what that
 costs. Each pass is audited (every record acked once).
 
-    /work/venv/bin/python bench/bench_replication.py [--producers 3] [--records 100000]
+    .venv/bin/python bench/bench_replication.py [--producers 3] [--records 100000]
         [--value-bytes 100] [--rounds 3] [--json out.json]
 """
 

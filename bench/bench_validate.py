@@ -3,7 +3,7 @@ every batch against the current version (strided fast path for uniform records, 
 otherwise). Single process, no server; prints the best-of-``--repeat`` microseconds per
 batch for each shape, with the batch passed as a memoryview as the partition server does.
 
-    /work/venv/bin/python bench/bench_validate.py [--repeat 7] [--number 2000]
+    .venv/bin/python bench/bench_validate.py [--repeat 7] [--number 2000]
 """
 
 from __future__ import annotations

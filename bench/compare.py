@@ -1,7 +1,7 @@
 """The one command: pidlease side by side with NATS JetStream, Redis Streams and a bare
 Python append server (the ceiling), plus the figures only pidlease has.
 
-    /work/venv/bin/python -m bench.compare --records 200000 --producers 2
+    .venv/bin/python -m bench.compare --records 200000 --producers 2
 
 starts every server it needs on 127.0.0.1 under a temporary directory, runs the workload
 of ``bench/workload.py`` (pass 1: every record acknowledged; pass 2: the same records
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",")]
     wanted = [s for s in args.systems.split(",") if s]
-    command = "/work/venv/bin/python -m bench.compare " + " ".join(
+    command = ".venv/bin/python -m bench.compare " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     machine = report.machine_info()

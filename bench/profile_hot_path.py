@@ -1,7 +1,7 @@
 """Profile the hot path: one producer's ``send()`` loop (the SDK, both of its threads)
 and the partition server's produce path, at the same time, with py-spy.
 
-    /work/venv/bin/python -m bench.profile_hot_path [--records 300000] [--value-bytes 100] [--wire]
+    .venv/bin/python -m bench.profile_hot_path [--records 300000] [--value-bytes 100] [--wire]
 
 Starts a local cluster (ZooKeeper, coordinator, one partition server), runs one producer
 process under ``py-spy record`` and attaches a second py-spy to the partition server, then

@@ -13,6 +13,8 @@
     app.py          FastAPI routes and error translation
     metrics.py      Prometheus text
     dashboard.py    the PID expiry page
+    live_rows.py    the leaders' producer rows (PRODUCER_LIST), cached with their age
+    pid_index.py    every PID record as compact columns: the PID list's pages and filters
 
 Run with ``python -m coordinator``; see docs/coordinator.md.
 """

@@ -26,14 +26,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.allocator import PidAllocator
 from coordinator.auth import ANONYMOUS, Principal
-from coordinator.dashboard import CSP, HORIZON_MS_DEFAULT, Dashboard
+from coordinator.dashboard import (
+    CSP,
+    HORIZON_MS_DEFAULT,
+    PAGE_ROWS,
+    PAGE_ROWS_MAX,
+    Dashboard,
+    PidQuery,
+)
 from coordinator.events import EventLog, ObservedLeaseService
 from coordinator.fastlease import FastLease
 from coordinator.fleet import Fleet
 from coordinator.guard import Guard
 from coordinator.housekeeper import Housekeeper
 from coordinator.leaders import LeaderClient
+from coordinator.live_rows import IDLE_MS_DEFAULT, LiveRows
 from coordinator.metrics import Metrics
+from coordinator.pid_index import STATES as PID_STATES
+from coordinator.pid_index import PidIndex, Producers
 from coordinator.schemas import (
     LOG_SETTINGS,
     LeaseBatchBody,
@@ -93,6 +103,19 @@ class Coordinator:
         self.fleet = Fleet(
             self.store, self.leaders, self.events, timeout_ms=settings.leader_request_timeout_ms
         )
+        # The operator's view of every PID (issue 29): the records' index and the
+        # leaders' rows, each refreshed at most once per viewer round (pid_index.py).
+        self.live_rows = LiveRows(self.store, self.leaders, clock_ms=clock_ms)
+        self.pid_index = PidIndex(
+            self.store, clock_ms=clock_ms, retention_ms=settings.pid_retention_ms
+        )
+        self.producers = Producers(
+            self.pid_index,
+            self.live_rows,
+            clock_ms=clock_ms,
+            window_ms=settings.lease_expiring_window_ms,
+            fresher=self.service.records.peek,
+        )
         self.dashboard = Dashboard(
             lambda: self.service.list_pids(None, settings.pids_list_max),
             self.fleet,
@@ -100,6 +123,7 @@ class Coordinator:
             clock_ms=clock_ms,
             coordinator_id=settings.coordinator_id,
             expiring_window_ms=settings.lease_expiring_window_ms,
+            producers=self.producers,
         )
         self.topics = Topics(self.store, self.leaders, clock_ms)
         info = {
@@ -149,6 +173,7 @@ class Coordinator:
         self.fleet.close()
         self.service.close()
         self.leaders.close()
+        self.live_rows.close()
         self.store.stop()
 
     @property
@@ -163,6 +188,10 @@ def _validation_detail(errs: list[Any]) -> tuple[str, list[dict[str, Any]]]:
         items.append({"field": loc, "problem": e.get("msg", "invalid")})
     detail = "; ".join(f"{i['field']}: {i['problem']}" for i in items) or "malformed request"
     return detail, items
+
+
+# Repeatable: ?state=active&state=expiring (none: every state).
+STATE_FILTER = Query(None, description="lease states to list; repeat for several")
 
 
 def create_app(
@@ -255,8 +284,14 @@ def create_app(
     # -- topics ----------------------------------------------------------------------------
     @app.post("/v1/topics", summary="Create a topic")
     def create_topic(body: TopicBody) -> dict[str, Any]:
+        factor = body.replication_factor or settings.topic_replication_factor_default
+        if body.min_insync_replicas > factor:
+            raise InvalidRequest(
+                f"min_insync_replicas {body.min_insync_replicas} is more than "
+                f"replication_factor {factor} (this coordinator's default)"
+            )
         return coord.topics.create(
-            body.name, body.partitions, body.replication_factor, body.dedup, body.log_settings()
+            body.name, body.partitions, factor, body.dedup, body.log_settings()
         )
 
     # The body is read by hand, not by a model: a fixed field (partitions, dedup, ...) is a
@@ -336,12 +371,30 @@ def create_app(
     # -- PIDs, servers ---------------------------------------------------------------------
     @app.get("/v1/pids")
     def list_pids(
-        state: Literal["active", "expiring", "lapsed"] | None = None, limit: int = Query(1000, ge=1)
+        state: list[Literal["active", "expiring", "lapsed"]] | None = STATE_FILTER,
+        limit: int = Query(1000, ge=1),
+        offset: int = Query(0, ge=0, le=MAX_PID),
+        q: str = Query("", max_length=200, description="text in the name, pid or partitions"),
+        not_writing: bool = Query(
+            False, description="only leases still running whose highwaters did not move"
+        ),
+        idle_ms: int = Query(IDLE_MS_DEFAULT, ge=0, le=MAX_PID),
+        max_age_ms: int = Query(
+            0, ge=0, le=MAX_PID, description="how old a cached snapshot may be; 0: fresh"
+        ),
     ) -> dict[str, Any]:
         if limit > settings.pids_list_max:
             raise InvalidRequest(f"limit is at most {settings.pids_list_max}")
-        pids = coord.service.list_pids(state, limit)
-        return {"error": "NONE", "count": len(pids), "pids": pids}
+        body = coord.producers.query(
+            states=frozenset(state) if state else frozenset(PID_STATES),
+            text=q,
+            not_writing=not_writing,
+            idle_ms=idle_ms,
+            offset=offset,
+            limit=limit,
+            max_age_ms=max_age_ms,
+        )
+        return {"error": "NONE", **body}
 
     @app.get("/v1/pids/{pid}")
     def describe_pid(request: Request, pid: int = Path(ge=1, le=MAX_PID)) -> dict[str, Any]:
@@ -395,8 +448,24 @@ def create_app(
     @app.get(
         "/dashboard/data", summary="What the dashboard page polls (counts, PIDs, servers, events)"
     )
-    def dashboard_data(horizon_ms: int = Query(HORIZON_MS_DEFAULT, ge=1)) -> JSONResponse:
-        return JSONResponse(coord.dashboard.data(horizon_ms), headers={"Cache-Control": "no-store"})
+    def dashboard_data(
+        horizon_ms: int = Query(HORIZON_MS_DEFAULT, ge=1),
+        state: list[Literal["active", "expiring", "lapsed"]] | None = STATE_FILTER,
+        q: str = Query("", max_length=200),
+        not_writing: bool = False,
+        offset: int = Query(0, ge=0, le=MAX_PID),
+        limit: int = Query(PAGE_ROWS, ge=1, le=PAGE_ROWS_MAX),
+    ) -> JSONResponse:
+        query = PidQuery(
+            states=frozenset(state) if state else frozenset(PID_STATES),
+            text=q,
+            not_writing=not_writing,
+            offset=offset,
+            limit=limit,
+        )
+        return JSONResponse(
+            coord.dashboard.data(horizon_ms, query), headers={"Cache-Control": "no-store"}
+        )
 
     @app.get("/dashboard/static/{name}", include_in_schema=False)
     def dashboard_asset(name: str) -> Response:

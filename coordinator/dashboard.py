@@ -9,8 +9,12 @@ state between polls with the same rule as ``leases.lease_state``. Assets come fr
 ``coordinator/static``, served by the coordinator itself; the Content-Security-Policy
 allows nothing else.
 
-One ZooKeeper scan of the PIDs and one METADATA round to the servers serve every viewer
-for ``REFRESH_MS``: a wall of open dashboards costs the same as one.
+One METADATA round to the servers serves every viewer for ``REFRESH_MS``, and the PID
+table comes from the coordinator's PID view (``producers``: ``pid_index.py`` and
+``live_rows.py``, each a shared cached refresh): a wall of open dashboards costs the same
+as one. The table is one page, filtered and ordered on the coordinator (``PidQuery``);
+without a PID view (unit tests) it is the whole list from ``list_pids``, cut at
+``ROWS_MAX``.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coordinator.events import EventLog
 from coordinator.fleet import Fleet
+from coordinator.live_rows import IDLE_MS_DEFAULT
+from coordinator.pid_index import Producers
 from pidlease.errors import describe
 
 log = logging.getLogger("coordinator.dashboard")
@@ -37,6 +44,21 @@ TIMELINE_BUCKETS = 30
 HORIZON_MS_DEFAULT = 300_000
 HORIZON_MS_MIN, HORIZON_MS_MAX = 10_000, 7 * 86_400_000
 STATES = ("active", "expiring", "lapsed")
+PAGE_ROWS = 100  # PID rows per dashboard page with an index (``producers``)
+PAGE_ROWS_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PidQuery:
+    """What the dashboard's "Producers" table asks for: filters and a page."""
+
+    states: frozenset[str] = frozenset(STATES)
+    text: str = ""
+    not_writing: bool = False
+    idle_ms: int = IDLE_MS_DEFAULT
+    offset: int = 0
+    limit: int = PAGE_ROWS
+
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_TYPES = {
@@ -123,8 +145,12 @@ class Dashboard:
         coordinator_id: str,
         expiring_window_ms: int,
         refresh_ms: int = REFRESH_MS,
+        producers: Producers | None = None,
     ) -> None:
         self._list_pids = list_pids
+        # The PID table's source at scale (issue 29): pages, filters and live highwaters
+        # from the coordinator's index; without it, the whole list from ``list_pids``.
+        self.producers = producers
         self.fleet = fleet
         self.events = events
         self.clock_ms = clock_ms
@@ -150,6 +176,11 @@ class Dashboard:
 
     def last_counts(self) -> dict[str, float] | None:
         """Counts per state of the newest snapshot, without scanning (for /metrics)."""
+        if self.producers is not None:
+            cols = self.producers.index.peek()
+            if cols is None:
+                return None
+            return dict(cols.counts(self.clock_ms(), self.expiring_window_ms))
         got = self._pids
         if got is None:
             return None
@@ -164,24 +195,19 @@ class Dashboard:
             return got[1]
 
     # -- the JSON the page polls -----------------------------------------------------------
-    def data(self, horizon_ms: int = HORIZON_MS_DEFAULT) -> dict[str, Any]:
+    def data(
+        self, horizon_ms: int = HORIZON_MS_DEFAULT, query: PidQuery | None = None
+    ) -> dict[str, Any]:
         horizon_ms = min(max(horizon_ms, HORIZON_MS_MIN), HORIZON_MS_MAX)
-        now, pids = self.pids()
         servers = self.servers()
-        rows = order_rows(pids, ROWS_MAX)
         logs = log_rows(servers, LOG_ROWS_MAX + 1)
         return {
             "error": "NONE",
             "coordinator_id": self.coordinator_id,
-            "now_ms": now,
             "served_ms": self.clock_ms(),
             "refresh_ms": self.refresh_ms,
             "expiring_window_ms": self.expiring_window_ms,
-            "total": len(pids),
-            "truncated": len(rows) < len(pids),
-            "counts": {s: sum(1 for p in pids if p["state"] == s) for s in STATES},
-            "pids": rows,
-            "timeline": timeline(pids, horizon_ms),
+            **self.producers_data(horizon_ms, query or PidQuery()),
             # The logs travel once, in their own table, not again inside each server.
             "servers": [{k: v for k, v in s.items() if k != "logs"} for s in servers],
             "logs": logs[:LOG_ROWS_MAX],
@@ -189,8 +215,50 @@ class Dashboard:
             "events": self.events.recent(EVENTS_SHOWN),
         }
 
+    def producers_data(self, horizon_ms: int, query: PidQuery) -> dict[str, Any]:
+        """The "Producers" part of the data: one page of PIDs (filtered, in the
+        operator's order, with live highwaters), the counts and the expiry timeline. With
+        an index (``producers``) only the page travels; without, the whole list is
+        ordered here and cut at ``ROWS_MAX``."""
+        if self.producers is None:
+            now, pids = self.pids()
+            rows = order_rows(pids, ROWS_MAX)
+            return {
+                "now_ms": now,
+                "total": len(pids),
+                "truncated": len(rows) < len(pids),
+                "counts": {s: sum(1 for p in pids if p["state"] == s) for s in STATES},
+                "pids": rows,
+                "timeline": timeline(pids, horizon_ms),
+            }
+        body = self.producers.query(
+            states=query.states,
+            text=query.text,
+            not_writing=query.not_writing,
+            idle_ms=query.idle_ms,
+            offset=query.offset,
+            limit=query.limit,
+            max_age_ms=self.refresh_ms,
+        )
+        cols = self.producers.index.get(self.refresh_ms)
+        now = body["served_ms"]
+        return {
+            "now_ms": now,
+            "total": body["total"],
+            "truncated": body["matched"] > len(body["pids"]),
+            "counts": body["counts"],
+            "pids": body["pids"],
+            "timeline": cols.timeline(now, horizon_ms, TIMELINE_BUCKETS),
+            "producers": {k: v for k, v in body.items() if k != "pids"},
+        }
+
     # -- the page --------------------------------------------------------------------------
     def page(self) -> str:
+        if self.producers is not None:
+            body = self.producers.query(limit=PAGE_ROWS, max_age_ms=self.refresh_ms)
+            return render_page(
+                body["pids"], body["counts"], body["served_ms"], self.coordinator_id, body["total"]
+            )
         now, pids = self.pids()
         rows = order_rows(pids, ROWS_MAX)
         counts = {s: sum(1 for p in pids if p["state"] == s) for s in STATES}
@@ -212,9 +280,38 @@ def _dur(ms: int) -> str:
     return f"{sign}{s // 86_400}d"
 
 
+def _highwater(x: dict[str, Any]) -> str:
+    """One partition's cell text: the live highwater, or why there is none."""
+    status = x.get("status", "live")
+    if status == "leader unreachable":
+        return "unreachable"
+    if status == "not asked yet":
+        return "?"
+    if status == "no state":
+        return "none"
+    return str(x["highwater"])
+
+
+def parts_text(p: dict[str, Any]) -> str:
+    """``topic/partition@highwater`` for each partition of a PID view (as ``pidlease pids``
+    prints it)."""
+    return " ".join(f"{x['topic']}/{x['partition']}@{_highwater(x)}" for x in p["partitions"])
+
+
+def _append_cells(p: dict[str, Any], now_ms: int) -> str:
+    last = p.get("last_append_ms")
+    lag = p.get("append_lag_ms")
+    writing = "writing" if p.get("writing") else "not writing"
+    return (
+        f'<td data-col="lastappend" class="{writing.replace(" ", "-")}">'
+        f"{'never seen' if last is None else _dur(now_ms - last) + ' ago'}</td>"
+        f'<td data-col="lag">{"" if lag is None else _dur(lag)}</td>'
+    )
+
+
 def _row(p: dict[str, Any], now_ms: int) -> str:
     e = html.escape
-    parts = " ".join(f"{x['topic']}/{x['partition']}@{x['highwater']}" for x in p["partitions"])
+    parts = parts_text(p)
     # Cells are found by data-col; the state cell's class is the state alone, so a page
     # grep for class="lapsed" finds exactly the lapsed rows.
     return (
@@ -222,6 +319,7 @@ def _row(p: dict[str, Any], now_ms: int) -> str:
         f'<td data-col="pid">{p["pid"]}</td><td data-col="gen">{p["generation"]}</td>'
         f'<td data-col="parts">{e(parts)}</td>'
         f'<td data-col="lastuse">{_dur(now_ms - p["last_use_ms"])} ago</td>'
+        f"{_append_cells(p, now_ms)}"
         f'<td data-col="expires">{_dur(p["expires_in_ms"])}</td>'
         f'<td data-col="state" class="{e(p["state"])}">{e(p["state"])}</td></tr>'
     )
@@ -244,7 +342,9 @@ def render_page(
             ("pid", "pid"),
             ("generation", "generation"),
             ("partitions", "partitions (highwater)"),
-            ("last_use_ms", "last use"),
+            ("last_use_ms", "last renewal"),
+            ("last_append_ms", "last append"),
+            ("append_lag_ms", "append lag"),
             ("expires_at_ms", "lease expires in"),
             ("state", "state"),
         )
@@ -272,7 +372,10 @@ updated <span id="updated">at load</span> <span id="status" class="ok"></span></
 <label><input type="checkbox" class="state-filter" value="active" checked> active</label>
 <label><input type="checkbox" class="state-filter" value="expiring" checked> expiring</label>
 <label><input type="checkbox" class="state-filter" value="lapsed" checked> lapsed</label>
-<span id="shown" class="note"></span></div>
+<label><input type="checkbox" id="not-writing"> leased but not writing</label>
+<span id="shown" class="note"></span> <span id="asof" class="note"></span>
+<button id="prev" type="button">previous</button> <button id="next" type="button">next</button>
+</div>
 <table id="pids"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>
 <section class="panel"><h2>Partition servers</h2>
 <table id="servers"><thead><tr><th>server</th><th>address</th><th>partitions</th>

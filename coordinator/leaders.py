@@ -1,7 +1,8 @@
 """Calls from the coordinator to partition leaders over the binary protocol: PRODUCER_STATE
 (a PID's durable highwater at lease time), FENCE (record a takeover's new generation) and
 METADATA (offsets for topic descriptions); PRODUCER_STATES and FENCES ask the same for one
-PID on many partitions of one leader in one request.
+PID on many partitions of one leader in one request; PRODUCER_LIST pages through every PID's
+row on the partitions a leader leads (the operator's view, ``live_rows.py``).
 
 Blocking sockets, because the coordinator's request handlers run on threads (kazoo is
 thread-based). A small pool keeps up to ``connections_max`` idle connections per leader;
@@ -160,6 +161,22 @@ class LeaderClient:
                 f"partition leader {address} answered {len(resp.entries or [])} partitions of {n}"
             )
         return resp.entries
+
+    def producer_list(
+        self,
+        address: str,
+        rows_max: int = protocol.PRODUCER_LIST_ROWS_MAX,
+        after: tuple[str, int, int] = ("", -1, -1),
+    ) -> protocol.Response:
+        """One page of PRODUCER_LIST: the producer-state rows of the partitions ``address``
+        leads, after the cursor ``after`` (``rows``; ``existed``: more to ask). The deadline
+        grows with the page, like a PRODUCER_STATES call's with its partitions."""
+        return self._call(
+            address,
+            protocol.PRODUCER_LIST,
+            lambda c: protocol.producer_list_request(c, rows_max, after),
+            timeout_s=self._timeout_s + rows_max / 100_000,
+        )
 
     def metadata(self, address: str) -> protocol.Response:
         return self._call(address, protocol.METADATA, protocol.metadata_request)

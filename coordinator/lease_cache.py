@@ -46,6 +46,12 @@ class RecordCache:
             self.hits += 1
             return got
 
+    def peek(self, pid: int) -> PidRecord | None:
+        """The cached record, without counting a hit or a miss or moving it (the PID
+        views' freshening, ``pid_index.py``)."""
+        got = self._data.get(pid)
+        return None if got is None else got[0]
+
     def put(self, record: PidRecord, version: int) -> None:
         if self.entries_max <= 0:
             return

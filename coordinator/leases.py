@@ -109,10 +109,16 @@ class ExpiryLimits:
 def lease_state(record: PidRecord, now_ms: int, window_ms: int) -> LeaseState:
     """``expiring`` once the time left is at most min(window, expire_ms/2): a producer
     renewing at half its lease never shows as expiring, one that stopped soon does."""
-    left_ms = record.expires_at_ms - now_ms
+    return state_at(record.expires_at_ms, record.expire_ms, now_ms, window_ms)
+
+
+def state_at(expires_at_ms: int, expire_ms: int, now_ms: int, window_ms: int) -> LeaseState:
+    """``lease_state`` from the two fields it reads (the PID index keeps columns, not
+    records)."""
+    left_ms = expires_at_ms - now_ms
     if left_ms <= 0:
         return LeaseState.LAPSED
-    if left_ms <= min(window_ms, record.expire_ms // 2):
+    if left_ms <= min(window_ms, expire_ms // 2):
         return LeaseState.EXPIRING
     return LeaseState.ACTIVE
 

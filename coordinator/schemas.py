@@ -115,7 +115,8 @@ class _LogSettingsChecks(_Strict):
 class TopicBody(_LogSettingsChecks):
     name: str = Field(min_length=1, max_length=TOPIC_NAME_MAX)
     partitions: int = Field(ge=1, le=TOPIC_PARTITIONS_MAX)
-    replication_factor: int = Field(1, ge=1, le=REPLICATION_FACTOR_MAX)
+    # None: the coordinator's topic_replication_factor_default.
+    replication_factor: int | None = Field(None, ge=1, le=REPLICATION_FACTOR_MAX)
     dedup: Literal["strict", "monotonic", "off"] = "strict"
     retention_ms: int = Field(RETENTION_MS_DEFAULT, ge=-1, le=INT64_MAX, description=_RETENTION_MS)
     retention_bytes: int = Field(-1, ge=-1, le=INT64_MAX, description=_RETENTION_BYTES)
@@ -133,7 +134,9 @@ class TopicBody(_LogSettingsChecks):
 
     @model_validator(mode="after")
     def _min_insync_fits(self) -> TopicBody:
-        if self.min_insync_replicas > self.replication_factor:
+        if self.replication_factor is not None and (
+            self.min_insync_replicas > self.replication_factor
+        ):
             raise ValueError(
                 f"min_insync_replicas {self.min_insync_replicas} is more than "
                 f"replication_factor {self.replication_factor}"

@@ -41,6 +41,15 @@ class CoordinatorSettings(BaseSettings):
     pids_max_per_principal: int = Field(default=0, ge=0)
 
     pid_block_size: int = Field(default=100, ge=1, le=1_000_000)
+    topic_replication_factor_default: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description=(
+            "replication factor of a topic created without one (`pidlease dev up "
+            "--replication-factor N` sets it); a create still needs that many live servers"
+        ),
+    )
     lease_expire_ms_default: int = Field(default=60_000, ge=1)
     lease_expire_ms_min: int = Field(default=100, ge=1)
     lease_expire_ms_max: int = Field(default=86_400_000, ge=1)

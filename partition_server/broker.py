@@ -20,6 +20,7 @@ from partition_server import incarnation
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, Role, dir_name, parse_dir_name, wall_clock_ms
 from partition_server.produce import ProducePath
+from partition_server.producer_state import ProducerStateTable
 from partition_server.rebuild import forget_start_over
 from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager, is_replicated
@@ -28,10 +29,30 @@ from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
 from pidlease.errors import describe
 from pidlease.wire.cluster import DEDUP_MODES
+from pidlease.wire.protocol import producer_list_part
 
 log = logging.getLogger("partition_server.broker")
 
 Key = tuple[str, int]
+
+
+def producer_list_pages(
+    led: list[tuple[Key, int, ProducerStateTable]], rows_max: int, after: tuple[str, int, int]
+) -> tuple[list[bytes], bool]:
+    """One PRODUCER_LIST answer: the rows of the ``led`` partitions ((topic, partition),
+    leader epoch, table) in (topic, partition, pid) order after the cursor ``after``, at
+    most ``rows_max``; (encoded partitions, whether more rows follow). Read-only and
+    synchronous (no await: one consistent pass over each table)."""
+    out: list[bytes] = []
+    left = rows_max
+    for key, epoch, table in sorted((x for x in led if x[0] >= after[:2]), key=lambda x: x[0]):
+        after_pid = after[2] if key == after[:2] else -1
+        cols = table.rows_after(after_pid, left)
+        out.append(producer_list_part(key[0], key[1], epoch, len(table), cols))
+        left -= len(cols[0])
+        if left <= 0:  # full: this partition or the next may hold more
+            return out, True
+    return out, False
 
 
 class Broker:
@@ -361,6 +382,15 @@ class Broker:
             return None, None
         leader = self.assignment.servers.get(ps.leader)
         return None, leader.address if leader is not None else ""
+
+    def producer_list(self, rows_max: int, after: tuple[str, int, int]) -> tuple[list[bytes], bool]:
+        """PRODUCER_LIST over the partitions this server leads (``producer_list_pages``)."""
+        led = [
+            (key, part.leader_epoch, part.state)
+            for key, part in self.partitions.items()
+            if part.hosted and part.role is Role.LEADER
+        ]
+        return producer_list_pages(led, rows_max, after)
 
     # -- snapshots -------------------------------------------------------------------------
     def note_append(self, batches: int = 1) -> None:

@@ -1137,6 +1137,24 @@ class ProducerStateTable:
             out.append((pid, gen[s], hw, lu[s], flat))
         return out
 
+    def rows_after(
+        self, after_pid: int, limit: int
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """At most ``limit`` rows of the PIDs above ``after_pid``, in PID order, as columns
+        (pids, generations, durable highwaters, last uses): what an operator's view of
+        every PID reads (PRODUCER_LIST). Read-only: no PID's last use moves."""
+        pids = sorted(p for p in self._slot if p > after_pid) if after_pid >= 0 else None
+        if pids is None:
+            pids = sorted(self._slot)
+        del pids[limit:]
+        slot, dhw = self._slot, self._dhw
+        slots = [slot[p] for p in pids]
+        gen, hws, lu = self._gen, self._hw, self._lu
+        hw = [hws[s] for s in slots]
+        if dhw:
+            hw = [dhw.get(p, h) for p, h in zip(pids, hw, strict=True)]
+        return pids, [gen[s] for s in slots], hw, [lu[s] for s in slots]
+
     def durable_lags(self, pids: Iterable[int]) -> dict[int, int]:
         """The durable highwaters of ``pids`` that lag their highwater (batches above the
         high watermark), for a snapshot beside ``export_rows`` of the same PIDs (no await

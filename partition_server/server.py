@@ -442,6 +442,11 @@ class PartitionServer:
                 return self._produce(req, refreshed)
             if api == P.REPLICA_FETCH_MANY:
                 return asyncio.ensure_future(self.broker.replicas.replica_fetch_many(req))
+            if api == P.PRODUCER_LIST:
+                parts, more = self.broker.producer_list(
+                    req.max_bytes, (req.topic, req.partition, req.pid)
+                )
+                return P.producer_list_response(corr, 0, "", parts, more)
             if api in P.MANY_APIS:
                 return self._many(req, refreshed)
             part, leader = self.broker.route(req.topic, req.partition)

@@ -61,7 +61,10 @@
     if (left <= Math.min(data.expiring_window_ms, Math.floor(p.expire_ms / 2))) return "expiring";
     return "active";
   }
-  const partsText = (p) => p.partitions.map((x) => `${x.topic}/${x.partition}@${x.highwater}`).join(" ");
+  // A partition's live highwater, or why there is none (coordinator/dashboard.py _highwater).
+  const HW_WORDS = { "leader unreachable": "unreachable", "not asked yet": "?", "no state": "none" };
+  const hwText = (x) => HW_WORDS[x.status] || String(x.highwater);
+  const partsText = (p) => p.partitions.map((x) => `${x.topic}/${x.partition}@${hwText(x)}`).join(" ");
 
   // -- the PID table ---------------------------------------------------------------------
   function sortValue(p, key, t) {
@@ -89,7 +92,7 @@
 
   function makeRow(pid) {
     const tr = el("tr", { "data-pid": String(pid) });
-    for (const col of ["name", "pid", "gen", "parts", "lastuse", "expires", "state"]) {
+    for (const col of ["name", "pid", "gen", "parts", "lastuse", "lastappend", "lag", "expires", "state"]) {
       tr.appendChild(el("td", { "data-col": col }));
     }
     return tr;
@@ -110,18 +113,67 @@
       setText(c[2], String(p.generation));
       setText(c[3], partsText(p));
       setText(c[4], `${dur(t - p.last_use_ms)} ago`);
-      setText(c[5], dur(p.expires_at_ms - t));
+      renderAppend(c[5], c[6], p, t);
+      setText(c[7], dur(p.expires_at_ms - t));
       const state = stateOf(p, t);
-      if (c[6].className !== state) c[6].className = state;
-      setText(c[6], state);
+      if (c[8].className !== state) c[8].className = state;
+      setText(c[8], state);
       if (tbody.children[i] !== tr) tbody.insertBefore(tr, tbody.children[i] || null);
     });
     for (const [pid, tr] of rowsByPid) {
       if (!keep.has(pid)) { tr.remove(); rowsByPid.delete(pid); }
     }
     while (tbody.children.length > rows.length) tbody.lastElementChild.remove();
-    const more = data.truncated ? ` (the ${data.pids.length} most urgent of ${data.total})` : "";
-    setText($("shown"), `${rows.length} shown${more}`);
+    renderPager(rows.length);
+  }
+
+  // -- the PID table's server side: page, filters, age of the leaders' answers ----------
+  let pidOffset = 0;
+  function pidQuery() {
+    const params = new URLSearchParams();
+    const needle = $("filter").value.trim();
+    if (needle) params.set("q", needle);
+    const states = [...document.querySelectorAll(".state-filter:checked")].map((c) => c.value);
+    if (states.length && states.length < 3) for (const s of states) params.append("state", s);
+    if ($("not-writing").checked) params.set("not_writing", "true");
+    params.set("offset", String(pidOffset));
+    return params.toString();
+  }
+
+  function renderAppend(cell, lagCell, p, t) {
+    const writing = p.writing ? "writing" : "not-writing";
+    if (cell.className !== writing) cell.className = writing;
+    setText(cell, p.last_append_ms == null ? "never seen" : `${dur(t - p.last_append_ms)} ago`);
+    setText(lagCell, p.append_lag_ms == null ? "" : dur(p.append_lag_ms));
+  }
+
+  function renderPager(shown) {
+    const meta = data.producers;
+    if (!meta) {
+      const more = data.truncated ? ` (the ${data.pids.length} most urgent of ${data.total})` : "";
+      setText($("shown"), `${shown} shown${more}`);
+      return;
+    }
+    const first = meta.matched ? meta.offset + 1 : 0;
+    setText($("shown"), `${shown} shown, ${first}-${meta.offset + meta.count} of ${meta.matched} matching`);
+    $("prev").disabled = meta.offset <= 0;
+    $("next").disabled = meta.offset + meta.count >= meta.matched;
+    const age = meta.age_ms == null ? "highwaters not asked yet" : `highwaters as of ${dur(meta.age_ms)} ago`;
+    const gone = meta.leaders_unreachable.length ? `; unreachable: server ${meta.leaders_unreachable.map((u) => u.server_id).join(", ")}` : "";
+    setText($("asof"), `${age}, records as of ${dur(meta.records_age_ms)} ago${gone}`);
+  }
+
+  function turnPage(step) {
+    const meta = data && data.producers;
+    if (!meta) return;
+    pidOffset = Math.max(0, pidOffset + step * meta.limit);
+    schedule(0);
+  }
+
+  function refilter() {
+    pidOffset = 0;
+    if (data) renderTable();
+    schedule(0);
   }
 
   function setSort(key) {
@@ -248,7 +300,7 @@
   async function poll() {
     pollTimer = null;
     try {
-      const resp = await fetch(`/dashboard/data?horizon_ms=${$("horizon").value}`, { cache: "no-store" });
+      const resp = await fetch(`/dashboard/data?horizon_ms=${$("horizon").value}&${pidQuery()}`, { cache: "no-store" });
       const body = await resp.json();
       if (!resp.ok) throw new Error(`${body.error}: ${body.detail}`);
       if (!data) $("pids").tBodies[0].replaceChildren();  // adopt nothing from the first paint
@@ -280,8 +332,11 @@
       th.addEventListener("click", () => setSort(th.dataset.sort));
       th.addEventListener("keydown", (ev) => { if (ev.key === "Enter") setSort(th.dataset.sort); });
     }
-    $("filter").addEventListener("input", () => data && renderTable());
-    for (const c of document.querySelectorAll(".state-filter")) c.addEventListener("change", () => data && renderTable());
+    $("filter").addEventListener("input", refilter);
+    for (const c of document.querySelectorAll(".state-filter")) c.addEventListener("change", refilter);
+    $("not-writing").addEventListener("change", refilter);
+    $("prev").addEventListener("click", () => turnPage(-1));
+    $("next").addEventListener("click", () => turnPage(1));
     $("horizon").addEventListener("change", () => schedule(0));
     setInterval(() => data && renderTable(), TICK_MS);
     sortKey = "";  // the first setSort picks ascending expiry

@@ -474,7 +474,13 @@ def cmd_pids(args: argparse.Namespace) -> int:
         params: dict[str, Any] = {"limit": args.limit}
         if args.state:
             params["state"] = args.state
-        pids = list(c.call("GET", "/v1/pids", params=params).get("pids", []))
+        if args.not_writing:
+            params["not_writing"] = "true"
+            params["idle_ms"] = args.idle
+        if args.filter:
+            params["q"] = args.filter
+        body = c.call("GET", "/v1/pids", params=params)
+        pids = list(body.get("pids", []))
     if args.expiring_within is not None:
         # Still running and out within DURATION: lapsed leases are not "expiring" any more.
         pids = [p for p in pids if 0 < p.get("expires_in_ms", 0) <= args.expiring_within]
@@ -491,9 +497,10 @@ def cmd_pids(args: argparse.Namespace) -> int:
             p.get("state"),
             _human_ms(int(p.get("expires_in_ms", 0))),
             _human_ms(max(0, now_ms - int(p.get("last_use_ms", now_ms)))) + " ago",
+            _last_append(p, now_ms),
+            "-" if p.get("append_lag_ms") is None else _human_ms(int(p["append_lag_ms"])),
             ",".join(
-                f"{q['topic']}/{q['partition']}@{q.get('highwater', -1)}"
-                for q in p.get("partitions", [])
+                f"{q['topic']}/{q['partition']}@{_highwater(q)}" for q in p.get("partitions", [])
             )
             or "-",
         ]
@@ -509,6 +516,8 @@ def cmd_pids(args: argparse.Namespace) -> int:
                 "STATE",
                 "EXPIRES_IN",
                 "LAST_USE",
+                "LAST_APPEND",
+                "APPEND_LAG",
                 "PARTITIONS(topic/p@highwater)",
             ],
         )
@@ -517,7 +526,32 @@ def cmd_pids(args: argparse.Namespace) -> int:
         s: sum(1 for p in pids if p.get("state") == s) for s in ("active", "expiring", "lapsed")
     }
     print(f"{len(rows)} PIDs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if body.get("age_ms") is not None:
+        print(f"highwaters as of {_human_ms(int(body['age_ms']))} ago", file=sys.stderr)
+    for gone in body.get("leaders_unreachable") or ():
+        print(f"server {gone['server_id']} unreachable: {gone['detail']}", file=sys.stderr)
+    if body.get("matched", 0) > len(pids) and args.expiring_within is None:
+        print(f"first {len(pids)} of {body['matched']}: raise --limit", file=sys.stderr)
     return 0
+
+
+def _highwater(part: dict[str, Any]) -> str:
+    """A partition's live highwater, or why there is none (as the dashboard shows it)."""
+    status = part.get("status", "live")
+    if status == "leader unreachable":
+        return "unreachable"
+    if status == "not asked yet":
+        return "?"
+    if status == "no state":
+        return "none"
+    return str(part.get("highwater"))
+
+
+def _last_append(p: dict[str, Any], now_ms: int) -> str:
+    last = p.get("last_append_ms")
+    if last is None:
+        return "never"
+    return _human_ms(max(0, now_ms - int(last))) + " ago" + ("" if p.get("writing") else "!")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -597,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--replication-factor",
         type=int,
         default=1,
-        help="replication factor you intend for topics (checked against --servers)",
+        help="the cluster's default replication factor for new topics (checked against "
+        "--servers; `topic create` without --replication-factor uses it)",
     )
     up.add_argument("--zk-nodes", type=int, choices=(1, 3), default=1, help="ZooKeeper nodes")
     up.add_argument(
@@ -640,7 +675,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tc.add_argument("name")
     tc.add_argument("--partitions", type=int, default=1)
-    tc.add_argument("--replication-factor", type=int, default=1)
+    tc.add_argument(
+        "--replication-factor",
+        type=int,
+        default=None,
+        help="copies of each partition (default: the cluster's, 1 unless the coordinator's "
+        "topic_replication_factor_default or `dev up --replication-factor` says otherwise)",
+    )
     tc.add_argument(
         "--dedup",
         choices=("strict", "monotonic", "off"),
@@ -748,6 +789,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="only running leases that expire within e.g. 30s, 5m, 1h",
     )
     pi.add_argument("--state", choices=("active", "expiring", "lapsed"), help="only this state")
+    pi.add_argument(
+        "--not-writing",
+        action="store_true",
+        help="only leases still running whose highwaters did not move within --idle",
+    )
+    pi.add_argument("--idle", type=parse_duration_ms, default=60_000, metavar="DURATION")
+    pi.add_argument("--filter", default="", help="text in the name, pid or partitions")
     pi.add_argument("--limit", type=int, default=1000)
     pi.add_argument("--json", action="store_true")
     pi.set_defaults(func=cmd_pids)

@@ -160,7 +160,13 @@ def up(
         f"1 coordinator, {servers} partition server(s)..."
     )
     cluster = LocalCluster(
-        data_dir, servers=servers, zk_nodes=zk_nodes, zk_hosts=zk_hosts, coordinator_ports=[port]
+        data_dir,
+        servers=servers,
+        zk_nodes=zk_nodes,
+        zk_hosts=zk_hosts,
+        coordinator_ports=[port],
+        # The cluster's default for `topic create` without --replication-factor (issue 29).
+        env={"PIDLEASE_TOPIC_REPLICATION_FACTOR_DEFAULT": str(replication_factor)},
     )
     try:
         cluster.start()
@@ -178,8 +184,8 @@ def up(
         )
     out(f"kafka bootstrap: {cluster.kafka_bootstrap}")
     out(
-        "try:  pidlease topic create orders --partitions 3 "
-        f"--replication-factor {replication_factor}"
+        "try:  pidlease topic create orders --partitions 3   "
+        f"(replication factor {replication_factor}: this cluster's default)"
     )
     if detach:
         # The processes outlive us on purpose (`dev down` stops them by pid); mark the

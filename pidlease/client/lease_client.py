@@ -402,24 +402,18 @@ class LeaseClient:
         name: str,
         *,
         partitions: int,
-        replication_factor: int = 1,
+        replication_factor: int | None = 1,
         dedup: str = "strict",
         **settings: int,
     ) -> dict[str, Any]:
         """``settings``: any of the log settings (``retention_ms``, ``retention_bytes``,
         ``segment_bytes``, ``segment_ms``, ``min_insync_replicas``); left out, the
-        coordinator's defaults. The coordinator checks names and ranges."""
-        return self.call(
-            "POST",
-            "/v1/topics",
-            {
-                "name": name,
-                "partitions": partitions,
-                "replication_factor": replication_factor,
-                "dedup": dedup,
-                **settings,
-            },
-        )
+        coordinator's defaults. The coordinator checks names and ranges.
+        ``replication_factor=None``: the coordinator's ``topic_replication_factor_default``."""
+        body: dict[str, Any] = {"name": name, "partitions": partitions, "dedup": dedup}
+        if replication_factor is not None:
+            body["replication_factor"] = replication_factor
+        return self.call("POST", "/v1/topics", {**body, **settings})
 
     def alter_topic(self, name: str, **settings: int) -> dict[str, Any]:
         """Change some of a topic's log settings (names as for ``create_topic``); the

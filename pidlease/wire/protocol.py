@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +108,7 @@ MAX_GENERATION = 2**31 - 1
 MAX_SEQUENCE = 2**63 - 1
 MAX_PID = 2**63 - 1  # PIDs are positive 64-bit integers; kept signed-safe for JSON users
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+_LITTLE = sys.byteorder == "little"  # the wire is big-endian
 
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
@@ -833,6 +836,8 @@ def decode_request(body: bytes | memoryview) -> Request:
         return req
     if api_key == REPLICA_FETCH_MANY:
         return _decode_replica_fetch_many(c, req)
+    if api_key == PRODUCER_LIST:
+        return _decode_producer_list_request(c, req)
     if api_key not in API_NAMES:
         raise CorruptRecord(f"unknown api key {api_key}")
     if api_key in MANY_APIS:
@@ -1093,6 +1098,7 @@ class Response:
     offset: int = -1
     entries: list[Response] | None = None  # PRODUCER_STATES, FENCES: one per partition
     fetched: list[ReplicaFetched] | None = None  # REPLICA_FETCH_MANY
+    rows: list[ProducerRows] | None = None  # PRODUCER_LIST (``existed``: more to ask)
 
 
 def _decode_entry(c: Cursor, fence: bool) -> Response:
@@ -1115,6 +1121,8 @@ def decode_response(api_key: int, body: bytes | memoryview) -> Response:
     r = Response(corr, code, c.str())
     if api_key == REPLICA_FETCH_MANY:
         return _decode_replica_fetched(c, r)
+    if api_key == PRODUCER_LIST:
+        return _decode_producer_list(c, r)
     if api_key == PRODUCE:
         r.base_offset, r.last_offset, r.expected_sequence = c.take(_PRODUCE_RESP)
         r.leader = c.str()
@@ -1306,4 +1314,138 @@ def _decode_replica_fetched(c: Cursor, r: Response) -> Response:
     if c.pos != len(c.buf):
         raise CorruptRecord(f"{len(c.buf) - c.pos} unexpected bytes after the answer")
     r.fetched = out
+    return r
+
+
+# --- PRODUCER_LIST (issue 29): every producer-state row a server holds for the partitions
+# it leads, for the operator's view of all PIDs (one request per leader per refresh, not
+# one PRODUCER_STATE per PID). Read-only: unlike PRODUCER_STATE it refreshes no PID's last
+# use, so watching PIDs never keeps them alive.
+#
+#   request  = u32 rows_max, str after_topic, i32 after_partition, i64 after_pid
+#   response = u8 more, u32 n, n x (str topic, u32 partition, i32 leader_epoch,
+#                                    u32 tracked, u32 rows, rows x u64 pid,
+#                                    rows x u32 generation, rows x i64 durable_highwater,
+#                                    rows x i64 last_use_ms)
+#
+# Partitions come in (topic, partition) order and each one's rows in PID order, starting
+# after the cursor (after_topic, after_partition, after_pid; "", -1, -1: from the start);
+# at most ``rows_max`` rows per answer (a partition may be split over answers; ``more``
+# says to ask again from the last row). ``tracked`` is the partition's whole row count.
+# Rows travel as columns: a server encodes a million in a few array copies.
+PRODUCER_LIST = 12
+API_NAMES[PRODUCER_LIST] = "producer_list"
+PRODUCER_LIST_ROWS_MAX = 200_000  # 28 bytes a row: 5.6 MB, well under a 16 MB frame
+_LIST_REQ_ROWS = struct.Struct(">I")
+_LIST_REQ_AFTER = struct.Struct(">iq")  # after_partition, after_pid
+_LIST_PART = struct.Struct(">IiII")  # partition, leader_epoch, tracked, rows
+_LIST_ROW_BYTES = 8 + 4 + 8 + 8
+
+
+@dataclass(slots=True)
+class ProducerRows:
+    """One partition's rows in a PRODUCER_LIST answer, as columns in PID order."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    tracked: int
+    pids: array[int]
+    generations: array[int]
+    durable_highwaters: array[int]
+    last_use_ms: array[int]
+
+
+def _column(typecode: str, values: Sequence[int] | array[int]) -> bytes:
+    col = array(typecode, values)
+    if _LITTLE:
+        col.byteswap()
+    return col.tobytes()
+
+
+def _read_column(c: Cursor, typecode: str, n: int) -> array[int]:
+    col = array(typecode)
+    size = col.itemsize * n
+    if c.pos + size > len(c.buf):
+        raise CorruptRecord("producer list answer ends in the middle of a column")
+    col.frombytes(bytes(c.buf[c.pos : c.pos + size]))
+    c.pos += size
+    if _LITTLE:
+        col.byteswap()
+    return col
+
+
+def producer_list_request(
+    correlation_id: int,
+    rows_max: int = PRODUCER_LIST_ROWS_MAX,
+    after: tuple[str, int, int] = ("", -1, -1),
+) -> bytes:
+    topic, partition, pid = after
+    return request(
+        PRODUCER_LIST,
+        correlation_id,
+        _LIST_REQ_ROWS.pack(rows_max) + pack_str(topic) + _LIST_REQ_AFTER.pack(partition, pid),
+    )
+
+
+def _decode_producer_list_request(c: Cursor, req: Request) -> Request:
+    (rows_max,) = c.take(_LIST_REQ_ROWS)
+    if not 1 <= rows_max <= PRODUCER_LIST_ROWS_MAX:
+        raise CorruptRecord(f"rows_max {rows_max} is not within 1..{PRODUCER_LIST_ROWS_MAX}")
+    req.max_bytes = rows_max
+    req.topic = c.str()
+    req.partition, req.pid = c.take(_LIST_REQ_AFTER)
+    if c.pos != len(c.buf):
+        raise CorruptRecord(f"{len(c.buf) - c.pos} unexpected bytes after the request")
+    return req
+
+
+def producer_list_part(
+    topic: str,
+    partition: int,
+    leader_epoch: int,
+    tracked: int,
+    columns: tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[int]],
+) -> bytes:
+    """One partition of a PRODUCER_LIST answer: ``columns`` = (pids, generations,
+    durable highwaters, last uses), equally long, in PID order."""
+    pids, gens, dhws, lus = columns
+    return (
+        pack_str(topic)
+        + _LIST_PART.pack(partition, leader_epoch, tracked, len(pids))
+        + _column("Q", pids)
+        + _column("I", gens)
+        + _column("q", dhws)
+        + _column("q", lus)
+    )
+
+
+def producer_list_response(
+    corr: int, code: int, detail: str = "", parts: Sequence[bytes] = (), more: bool = False
+) -> bytes:
+    chunks = [
+        _RESP_HEAD.pack(corr, code) + pack_str(detail[:1000]),
+        _U8.pack(int(more)) + _U32.pack(len(parts)),
+        *parts,
+    ]
+    return b"".join([pack_header(sum(len(x) for x in chunks)), *chunks])
+
+
+def _decode_producer_list(c: Cursor, r: Response) -> Response:
+    r.rows = []
+    if c.pos == len(c.buf):  # an error answer carries no rows
+        return r
+    more, n = c.take(_U8) + c.take(_U32)
+    r.existed = bool(more)
+    if n * (2 + _LIST_PART.size) > len(c.buf) - c.pos:
+        raise CorruptRecord(f"producer list answer names {n} partitions but is too short")
+    for _ in range(n):
+        topic = c.str()
+        partition, epoch, tracked, rows = c.take(_LIST_PART)
+        if rows * _LIST_ROW_BYTES > len(c.buf) - c.pos:
+            raise CorruptRecord(f"producer list answer names {rows} rows but is too short")
+        cols = [_read_column(c, t, rows) for t in ("Q", "I", "q", "q")]
+        r.rows.append(ProducerRows(topic, partition, epoch, tracked, *cols))
+    if c.pos != len(c.buf):
+        raise CorruptRecord(f"{len(c.buf) - c.pos} unexpected bytes after the answer")
     return r

@@ -139,7 +139,17 @@ def test_dev_up_detach_and_down(tmp_path: Path) -> None:
     data = tmp_path / "dev"
     port = free_port()
     up = cli(
-        "dev", "up", "--servers", "2", "--detach", "--data-dir", str(data), "--port", str(port)
+        "dev",
+        "up",
+        "--servers",
+        "2",
+        "--replication-factor",
+        "2",
+        "--detach",
+        "--data-dir",
+        str(data),
+        "--port",
+        str(port),
     )
     assert up.returncode == 0, up.stdout + up.stderr
     url = f"http://127.0.0.1:{port}"
@@ -150,7 +160,13 @@ def test_dev_up_detach_and_down(tmp_path: Path) -> None:
         assert len(pids) == 4 and all(_alive(p) for p in pids)  # zk, coordinator, 2 servers
         again = cli("dev", "up", "--detach", "--data-dir", str(data), "--port", str(port))
         assert again.returncode == 1 and "already running" in again.stderr
-        assert cli("topic", "create", "t", "--partitions", "2", url=url).returncode == 0
+        # `dev up --replication-factor 2` is the cluster's default for new topics (issue 29:
+        # before, `topic create` made R=1 unless told again).
+        made = cli("topic", "create", "t", "--partitions", "2", url=url)
+        assert made.returncode == 0, made.stderr
+        assert "replication factor 2," in made.stdout, made.stdout
+        one = cli("topic", "create", "t1", "--replication-factor", "1", url=url)
+        assert "replication factor 1," in one.stdout, one.stdout + one.stderr
         r = cli("produce", "t", url=url, stdin="a\nb\nc\n")
         assert r.returncode == 0 and "3 new" in r.stdout
         # The Kafka listeners are on, and printed (CONTRACT.md, "Kafka protocol").

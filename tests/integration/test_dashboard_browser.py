@@ -151,7 +151,11 @@ def test_dashboard_lifecycle_takeover_sort_filter(
         renewer.join(15)
     row = page.locator(f'#pids tbody tr[data-pid="{pid}"]')
     assert row.locator('td[data-col="name"]').inner_text() == "nightly-export"
-    assert row.locator('td[data-col="parts"]').inner_text() == "orders/0@-1"
+    # Leased, never written: its leader holds no state for it ("none"; -1 before issue 29),
+    # and it shows as not writing.
+    assert row.locator('td[data-col="parts"]').inner_text() == "orders/0@none"
+    assert row.locator('td[data-col="lastappend"]').inner_text() == "never seen"
+    assert row.locator('td[data-col="lastappend"]').get_attribute("class") == "not-writing"
 
     # Left alone, it goes expiring, then lapsed.
     page.wait_for_selector(f'#pids tbody tr[data-pid="{pid}"] td[data-col="state"].lapsed')

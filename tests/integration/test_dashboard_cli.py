@@ -45,6 +45,8 @@ def test_pids_filters_table_and_json(make_cluster: Any) -> None:
         "STATE",
         "EXPIRES_IN",
         "LAST_USE",
+        "LAST_APPEND",
+        "APPEND_LAG",
         "PARTITIONS(topic/p@highwater)",
     ]
     assert [ln.split()[1] for ln in lines[1:4]] == ["gone", "minutely", "hourly"]
