@@ -13,6 +13,7 @@
     app.py          FastAPI routes and error translation
     metrics.py      Prometheus text
     dashboard.py    the PID expiry page
+    groups_view.py  the dashboard's consumer groups and their lag (Kafka listeners)
 
 Run with ``python -m coordinator``; see docs/coordinator.md.
 """

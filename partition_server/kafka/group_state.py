@@ -178,6 +178,9 @@ class Group:
         # When the group last became EMPTY (its group record's time after a reload): the
         # start of its offsets' retention (``expired``).
         self.empty_since_ms = 0
+        # Offset commits written and not yet durable (the shell counts them): nothing
+        # expires meanwhile, or a tombstone after them would undo an acknowledged commit.
+        self.writes_in_flight = 0
 
     # -- joining ---------------------------------------------------------------------------
     def join(
@@ -528,9 +531,11 @@ class Group:
         without a commit for more than ``retention_ms`` loses all its offsets and goes
         itself. In a consumer group with members, the offsets of topics no member
         subscribes to go once committed more than ``retention_ms`` ago (none when a
-        subscription cannot be read). Nothing else ever expires: a group with members
+        subscription cannot be read). Nothing expires while a commit of the group is being
+        written (``writes_in_flight``): its record would land before the tombstones, and a
+        group tombstone would take it too. Nothing else ever expires: a group with members
         keeps the offsets of what it reads, however old."""
-        if self.state is State.DEAD or self.pending:
+        if self.state is State.DEAD or self.pending or self.writes_in_flight:
             return [], False
         if self.state is State.EMPTY:
             last = max([self.empty_since_ms, *(e.commit_ms for e in self.offsets.values())])

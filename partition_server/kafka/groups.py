@@ -710,6 +710,7 @@ class GroupCoordinator:
             if generation >= 0 or mid:
                 return all_(G.UNKNOWN_MEMBER_ID if mid else G.ILLEGAL_GENERATION)
             g = slot.groups[gid] = Group(gid)
+            g.empty_since_ms = self._clock()  # its retention runs from its first commit
         code = g.commit_check(mid, generation)
         if code != G.NONE:
             return all_(code)
@@ -737,6 +738,8 @@ class GroupCoordinator:
         if not records:
             return answer(codes)
         written = self._write(slot, records)
+        g.writes_in_flight += 1
+        written.add_done_callback(functools.partial(_commit_done, g))
 
         async def run() -> bytes:
             c = await self._written(written)
@@ -971,6 +974,10 @@ class GroupCoordinator:
             return answer(G.NONE, codes)
 
         return asyncio.ensure_future(run())
+
+
+def _commit_done(g: Group, _f: asyncio.Future[int]) -> None:
+    g.writes_in_flight -= 1
 
 
 def _expired(expiring: set[str], gid: str, _f: asyncio.Future[int]) -> None:

@@ -6,7 +6,8 @@
 - a commit (from an ``assign()`` consumer of an empty group) starts the wait over;
 - a group with members never loses the offsets of topics its members subscribe to; those
   of other topics go once their commit is older than the retention;
-- a member id handed out (a member on its way in) and a deleted group expire nothing;
+- a member id handed out (a member on its way in), a commit being written and a deleted
+  group expire nothing;
 - after a reload the wait starts from the group record's time, not from the reload.
 """
 
@@ -111,3 +112,17 @@ def test_a_rejoined_group_is_not_expired() -> None:
     # Its topic is subscribed: nothing goes, however late.
     assert g.expired(100 * RET, RET) == ([], False)
     assert SESSION < RET
+
+
+def test_nothing_expires_while_a_commit_is_being_written() -> None:
+    # A group created by its first commit (an assign() consumer): the commit is in flight,
+    # not yet in ``offsets``. Expiring then would write a group tombstone after the commit
+    # and take the acknowledged commit with it (seen: the dashboard test's group vanished).
+    g = Group("g")
+    g.empty_since_ms = 1_000
+    g.writes_in_flight = 1
+    assert g.expired(1_000 + 10 * RET, RET) == ([], False)
+    g.writes_in_flight = 0
+    commit(g, "orders", 0, 5, 2_000)
+    assert g.expired(2_000 + RET, RET) == ([], False)
+    assert g.expired(2_000 + RET + 1, RET) == ([("orders", 0)], True)
