@@ -186,7 +186,7 @@ class LeaseService:
         answers: list[dict[str, Any] | None] = [None] * len(reqs)
         for k, req in enumerate(reqs):
             try:
-                spec = self.topic(req.topic)
+                spec = self.topic(req.topic, req.partition)
                 if req.partition >= spec.partitions:
                     raise UnknownTopicOrPartition(
                         f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, "
@@ -367,9 +367,12 @@ class LeaseService:
                 out.update(dict.fromkeys(chunk, failed))
         return out
 
-    def topic(self, name: str) -> TopicSpec:
+    def topic(self, name: str, partition: int = 0) -> TopicSpec:
+        """The topic's spec, cached; read again when ``partition`` is beyond the cached
+        count (partitions added since, by CreatePartitions on a partition server or by
+        another coordinator: a cached count would refuse them for good)."""
         spec = self._topics.get(name)
-        if spec is None:
+        if spec is None or partition >= spec.partitions:
             spec = self.store.get_topic(name)
             if spec is None:
                 raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
@@ -378,7 +381,7 @@ class LeaseService:
 
     # -- the three kinds -------------------------------------------------------------------
     def _lease(self, req: LeaseRequest, principal: Principal = ANONYMOUS) -> LeaseResult:
-        spec = self.topic(req.topic)
+        spec = self.topic(req.topic, req.partition)
         if req.partition >= spec.partitions:
             raise UnknownTopicOrPartition(
                 f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, not {req.partition}"
