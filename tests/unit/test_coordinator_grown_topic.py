@@ -31,3 +31,39 @@ def test_a_partition_added_after_the_topic_was_cached_can_be_leased(env: Any) ->
     assert all("lease_token" in a for a in answers), answers
     with pytest.raises(UnknownTopicOrPartition):
         lease(svc, partition=6, pid=pid, generation=gen)  # still beyond: refused
+
+
+def test_a_renewal_round_without_the_address_cache_answers_every_item() -> None:
+    # The leaders' addresses were read from ZooKeeper, put in the cache and read back from
+    # it; with the cache off (leader_address_cache_ms=0), or an entry dropped or expired
+    # by another request in between, a partition had no answer at all and the round died
+    # on a KeyError (seen once in test_sdk_producer_new_partitions: "internal error
+    # (KeyError)" for a renewal, a retriable failure only by luck of the catch-all).
+    from coordinator.allocator import PidAllocator
+    from coordinator.metrics import Metrics
+    from coordinator.service import LeaseService
+    from coordinator.settings import CoordinatorSettings
+    from coordinator.testing import FakeStore
+    from tests.helpers import ManualClock
+    from tests.unit.test_coordinator_service import FakeLeaders
+
+    store, leaders, clock = FakeStore(), FakeLeaders(), ManualClock()
+    store.add_topic("t", 4)
+    store.add_server(1, 9001)
+    svc = LeaseService(
+        CoordinatorSettings(zk="x", pid_block_size=10, leader_address_cache_ms=0),
+        store,
+        PidAllocator(store, 10),
+        leaders,
+        Metrics(),  # type: ignore[arg-type]
+        clock_ms=clock,
+    )
+    try:
+        r = lease(svc)
+        pid, gen = r.record.pid, r.record.generation
+        answers = svc.lease_batch(
+            [LeaseRequest(topic="t", partition=p, pid=pid, generation=gen) for p in range(4)]
+        )
+        assert all("lease_token" in a for a in answers), answers
+    finally:
+        svc.close()
