@@ -15,6 +15,7 @@
     dashboard.py    the PID expiry page
     live_rows.py    the leaders' producer rows (PRODUCER_LIST), cached with their age
     pid_index.py    every PID record as compact columns: the PID list's pages and filters
+    groups_view.py  the dashboard's consumer groups and their lag (Kafka listeners)
 
 Run with ``python -m coordinator``; see docs/coordinator.md.
 """

@@ -37,6 +37,7 @@ from coordinator.dashboard import (
 from coordinator.events import EventLog, ObservedLeaseService
 from coordinator.fastlease import FastLease
 from coordinator.fleet import Fleet
+from coordinator.groups_view import GroupsView
 from coordinator.guard import Guard
 from coordinator.housekeeper import Housekeeper
 from coordinator.leaders import LeaderClient
@@ -124,6 +125,9 @@ class Coordinator:
             coordinator_id=settings.coordinator_id,
             expiring_window_ms=settings.lease_expiring_window_ms,
             producers=self.producers,
+            groups_view=GroupsView(
+                self.store.live_servers, timeout_ms=settings.leader_request_timeout_ms
+            ),
         )
         self.topics = Topics(self.store, self.leaders, clock_ms)
         info = {
@@ -163,6 +167,13 @@ class Coordinator:
             # A lambda, not the bound method: it follows a dashboard replaced after start-up.
             lambda: self.dashboard.last_counts(),  # noqa: PLW0108
         )
+        # Consumer group lag, from the dashboard's newest groups snapshot (issue 25).
+        self.metrics.multi_labelled["pidlease_group_lag"] = (
+            "Records of a partition below its high watermark that a consumer group has not "
+            "committed yet (high watermark minus the group's committed offset), from a "
+            "snapshot taken at most once a second, shared with the dashboard.",
+            lambda: self.dashboard.group_lag(),  # noqa: PLW0108
+        )
 
     def start(self) -> None:
         self.store.start()
@@ -171,6 +182,8 @@ class Coordinator:
     def stop(self) -> None:
         self.housekeeper.stop()
         self.fleet.close()
+        if self.dashboard.groups_view is not None:
+            self.dashboard.groups_view.close()
         self.service.close()
         self.leaders.close()
         self.live_rows.close()

@@ -32,6 +32,7 @@ from coordinator.events import EventLog
 from coordinator.fleet import Fleet
 from coordinator.live_rows import IDLE_MS_DEFAULT
 from coordinator.pid_index import Producers
+from coordinator.groups_view import GROUPS_MAX, GroupsView, lag_rows
 from pidlease.errors import describe
 
 log = logging.getLogger("coordinator.dashboard")
@@ -146,6 +147,7 @@ class Dashboard:
         expiring_window_ms: int,
         refresh_ms: int = REFRESH_MS,
         producers: Producers | None = None,
+        groups_view: GroupsView | None = None,
     ) -> None:
         self._list_pids = list_pids
         # The PID table's source at scale (issue 29): pages, filters and live highwaters
@@ -161,6 +163,9 @@ class Dashboard:
         self._pids: tuple[float, int, list[dict[str, Any]]] | None = None  # (taken, now_ms, views)
         self._servers: tuple[float, list[dict[str, Any]]] | None = None
         self.static = load_static()
+        self.groups_view = groups_view
+        # (taken, group x partition rows with lag, servers that did not answer)
+        self._groups: tuple[float, list[dict[str, Any]], list[str]] | None = None
 
     # -- shared snapshots ------------------------------------------------------------------
     def pids(self) -> tuple[int, list[dict[str, Any]]]:
@@ -194,6 +199,39 @@ class Dashboard:
                 self._servers = got
             return got[1]
 
+    # -- consumer groups (issue 25) --------------------------------------------------------
+    def groups(self, servers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+        """(group x partition rows with their lag, servers whose groups are unknown), at most
+        ``refresh_ms`` old; the high watermarks are those of ``servers`` (the fleet's
+        survey of the same round)."""
+        if self.groups_view is None:
+            return [], []
+        with self._lock:
+            got = self._groups
+            if got is None or time.monotonic() - got[0] > self.refresh_ms / 1000:
+                groups, silent = self.groups_view.survey()
+                hws = {
+                    (r["topic"], r["partition"]): int(r.get("high_watermark", -1))
+                    for r in log_rows(servers, 1 << 30)
+                }
+                got = (time.monotonic(), lag_rows(groups, hws), silent)
+                self._groups = got
+            return got[1], got[2]
+
+    def group_lag(self) -> list[tuple[dict[str, str], float]] | None:
+        """``pidlease_group_lag`` samples (for /metrics): one per (group, topic, partition)
+        with a known lag, from the shared snapshots (refreshed when older than
+        ``refresh_ms``: a scrape costs the servers what one dashboard poll does). None
+        without a groups view."""
+        if self.groups_view is None:
+            return None
+        rows, _ = self.groups(self.servers())
+        return [
+            ({"group": r["group"], "topic": r["topic"], "partition": str(r["partition"])}, r["lag"])
+            for r in rows
+            if r["lag"] is not None
+        ]
+
     # -- the JSON the page polls -----------------------------------------------------------
     def data(
         self, horizon_ms: int = HORIZON_MS_DEFAULT, query: PidQuery | None = None
@@ -201,6 +239,7 @@ class Dashboard:
         horizon_ms = min(max(horizon_ms, HORIZON_MS_MIN), HORIZON_MS_MAX)
         servers = self.servers()
         logs = log_rows(servers, LOG_ROWS_MAX + 1)
+        groups, groups_silent = self.groups(servers)
         return {
             "error": "NONE",
             "coordinator_id": self.coordinator_id,
@@ -213,6 +252,9 @@ class Dashboard:
             "logs": logs[:LOG_ROWS_MAX],
             "logs_truncated": len(logs) > LOG_ROWS_MAX,
             "events": self.events.recent(EVENTS_SHOWN),
+            "groups": groups[:GROUPS_MAX],
+            "groups_truncated": len(groups) > GROUPS_MAX,
+            "groups_unknown": groups_silent,
         }
 
     def producers_data(self, horizon_ms: int, query: PidQuery) -> dict[str, Any]:
@@ -386,6 +428,10 @@ updated <span id="updated">at load</span> <span id="status" class="ok"></span></
 <table id="logs"><thead><tr><th>topic</th><th>partition</th><th>leader</th><th>log start</th>
 <th>log end</th><th>high watermark</th><th>size</th><th>retention deleted</th></tr></thead>
 <tbody></tbody></table><p id="logs-note" class="note"></p></section>
+<section class="panel"><h2>Consumer groups</h2>
+<table id="groups"><thead><tr><th>group</th><th>state</th><th>members</th><th>coordinator</th>
+<th>topic</th><th>partition</th><th>committed</th><th>high watermark</th><th>lag</th></tr></thead>
+<tbody></tbody></table><p id="groups-note" class="note"></p></section>
 <section class="panel"><h2>Recent fenced and duplicate events</h2>
 <ol id="events" class="events"></ol></section>
 <noscript><p>Without JavaScript this page does not update itself; reload it.</p></noscript>

@@ -33,6 +33,11 @@ class Metrics:
         self.gauges: dict[str, Callable[[], float]] = {}
         # name -> (help, label name, callback returning {label value: number} or None)
         self.labelled: dict[str, tuple[str, str, Callable[[], dict[str, float] | None]]] = {}
+        # name -> (help, callback returning [({label: value}, number)] or None): gauges
+        # with several labels (consumer group lag by group, topic and partition).
+        self.multi_labelled: dict[
+            str, tuple[str, Callable[[], list[tuple[dict[str, str], float]] | None]]
+        ] = {}
 
     def lease_done(self, kind: str, latency_s: float) -> None:
         with self._lock:
@@ -108,4 +113,22 @@ class Metrics:
             kind = "counter" if name.endswith("_total") else "gauge"
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             lines += [f'{name}{{{label}="{key}"}} {v}' for key, v in sorted(values.items())]
+        for name, (help_text, samples_fn) in sorted(self.multi_labelled.items()):
+            try:
+                samples = samples_fn()
+            except Exception:
+                log.exception("gauge %s failed", name)
+                continue
+            if samples is None:
+                continue
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            for labels, v in samples:
+                text = ",".join(f'{k}="{label_value(x)}"' for k, x in labels.items())
+                lines.append(f"{name}{{{text}}} {v}")
         return "\n".join(lines) + "\n"
+
+
+def label_value(text: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped (a group id
+    may hold any of them)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -186,7 +186,7 @@ class LeaseService:
         answers: list[dict[str, Any] | None] = [None] * len(reqs)
         for k, req in enumerate(reqs):
             try:
-                spec = self.topic(req.topic)
+                spec = self.topic(req.topic, req.partition)
                 if req.partition >= spec.partitions:
                     raise UnknownTopicOrPartition(
                         f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, "
@@ -286,7 +286,11 @@ class LeaseService:
             if attempt:
                 for tp in todo:
                     self.addresses.drop(tp)  # stale (leader moved or down): ask ZooKeeper
-            unknown = [tp for tp in todo if self.addresses.get(tp) is None]
+            # Each partition's address for this attempt, read from the cache once: another
+            # request may drop or the TTL expire an entry at any time (with the cache off,
+            # always), and a partition without an address here would get no answer at all.
+            addresses = {tp: self.addresses.get(tp) for tp in todo}
+            unknown = [tp for tp, a in addresses.items() if a is None]
             if unknown:
                 # One pipelined ZooKeeper read for all of them, not one per partition.
                 try:
@@ -296,13 +300,16 @@ class LeaseService:
                 for tp, found in looked_up.items():
                     if isinstance(found, str):
                         self.addresses.put(tp, found)
+                        addresses[tp] = found
                     else:
                         out[tp] = found
             by_leader: dict[str, list[str]] = {}
             for tp in todo:
-                address = self.addresses.get(tp)
+                address = addresses.get(tp)
                 if address is not None:
                     by_leader.setdefault(address, []).append(tp)
+                elif tp not in out:
+                    out[tp] = CoordinatorUnavailable(f"no leader address for {tp}; retry")
             retry: list[str] = []
             for tp, got in self._per_leader(
                 by_leader,
@@ -367,9 +374,12 @@ class LeaseService:
                 out.update(dict.fromkeys(chunk, failed))
         return out
 
-    def topic(self, name: str) -> TopicSpec:
+    def topic(self, name: str, partition: int = 0) -> TopicSpec:
+        """The topic's spec, cached; read again when ``partition`` is beyond the cached
+        count (partitions added since, by CreatePartitions on a partition server or by
+        another coordinator: a cached count would refuse them for good)."""
         spec = self._topics.get(name)
-        if spec is None:
+        if spec is None or partition >= spec.partitions:
             spec = self.store.get_topic(name)
             if spec is None:
                 raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
@@ -378,7 +388,7 @@ class LeaseService:
 
     # -- the three kinds -------------------------------------------------------------------
     def _lease(self, req: LeaseRequest, principal: Principal = ANONYMOUS) -> LeaseResult:
-        spec = self.topic(req.topic)
+        spec = self.topic(req.topic, req.partition)
         if req.partition >= spec.partitions:
             raise UnknownTopicOrPartition(
                 f"topic {req.topic!r} has partitions 0..{spec.partitions - 1}, not {req.partition}"

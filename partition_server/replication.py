@@ -440,8 +440,10 @@ class ReplicaManager:
         if not answered and not any(self._news(e, p) for _, e, p in live) and live:
             wait_s = min(req.max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
             if wait_s > 0:
+                # The first append or high watermark change in any of them ends the wait
+                # (waiting for all of them held each acks=all write for the whole wait).
                 waits = {p.wait_for_data() for _, _, p in live}
-                await asyncio.wait(waits, timeout=wait_s)
+                await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
             for i, e, part in live:
                 bad2 = self._check(rid, e.leader_epoch, part)
                 if bad2 is not None:

@@ -242,6 +242,15 @@ class ServerSettings(BaseSettings):
         ge=0,
         description="most a Kafka Fetch is held waiting for data, whatever it asks",
     )
+    group_offsets_retention_ms: int = Field(
+        default=604_800_000,
+        ge=1_000,
+        description=(
+            "Kafka's offsets.retention.minutes: an empty consumer group's committed offsets "
+            "(and the group) are deleted once it has been empty and without a commit this "
+            "long; in a group with members, those of topics no member subscribes to"
+        ),
+    )
     api_token: str = Field(
         default="",
         description=(

@@ -259,6 +259,27 @@
       : (data.logs.length ? "" : "no partition leader reported a log yet"));
   }
 
+  // -- consumer groups (issue 25): one row per group and committed partition -------------
+  function renderGroups() {
+    const rows = (data.groups || []).map((g) => {
+      const tr = el("tr", { "data-group": g.group, "data-topic": g.topic === null ? "" : g.topic,
+        "data-partition": g.partition === null ? "" : String(g.partition) });
+      const cells = [g.group, g.state, String(g.members), g.coordinator,
+        g.topic === null ? "-" : g.topic, g.partition === null ? "-" : String(g.partition),
+        g.committed === null ? "-" : String(g.committed), g.high_watermark === null ? "?" : known(g.high_watermark),
+        g.lag === null ? (g.topic === null ? "-" : "?") : String(g.lag)];
+      cells.forEach((text, i) => tr.appendChild(el("td", { "data-col": String(i) }, text)));
+      if (g.lag !== null && g.lag > 0) tr.cells[8].className = "lagging";
+      return tr;
+    });
+    $("groups").tBodies[0].replaceChildren(...rows);
+    const notes = [];
+    if (data.groups_truncated) notes.push(`first ${data.groups.length} rows shown`);
+    if (!rows.length) notes.push("no consumer groups yet");
+    for (const s of data.groups_unknown || []) notes.push(`groups unknown on ${s}`);
+    setText($("groups-note"), notes.join("; "));
+  }
+
   function eventText(e) {
     const who = `pid ${e.pid}${e.producer_name ? ` (${e.producer_name})` : ""}`;
     const where = e.topic !== undefined ? ` on ${e.topic}/${e.partition}` : "";
@@ -311,6 +332,7 @@
       renderTimeline();
       renderServers();
       renderLogs();
+      renderGroups();
       renderEvents();
       $("status").className = "ok";
       setText($("status"), "live");

@@ -24,6 +24,10 @@ a commit during COMPLETING_REBALANCE is REBALANCE_IN_PROGRESS; a commit with gen
 with the group only for its offsets). So a member removed by a rebalance (a zombie) can
 never commit again: its member id is gone, and a new one comes with a new generation.
 
+Offset retention (``expired``, Kafka's ``offsets.retention.minutes`` as since KIP-211):
+an EMPTY group loses its offsets, and goes, once empty and without a commit for the
+retention; a group with members only loses those of topics none of them subscribes to.
+
 Static membership (``group.instance.id``) is not implemented: the instance id is kept
 and shown, and the member is treated as a dynamic one.
 """
@@ -171,6 +175,12 @@ class Group:
         self.initial_delay_ms = initial_delay_ms
         self.rebalance_deadline_ms = 0
         self.join_not_before_ms = 0
+        # When the group last became EMPTY (its group record's time after a reload): the
+        # start of its offsets' retention (``expired``).
+        self.empty_since_ms = 0
+        # Offset commits written and not yet durable (the shell counts them): nothing
+        # expires meanwhile, or a tombstone after them would undo an acknowledged commit.
+        self.writes_in_flight = 0
 
     # -- joining ---------------------------------------------------------------------------
     def join(
@@ -292,7 +302,7 @@ class Group:
             del self.members[m.member_id]
         if not self.members:
             self.generation += 1
-            self._to_empty()
+            self._to_empty(now_ms)
             ev.emptied = True
             return ev
         self.generation += 1
@@ -337,8 +347,9 @@ class Group:
             members,
         )
 
-    def _to_empty(self) -> None:
+    def _to_empty(self, now_ms: int) -> None:
         self.state = State.EMPTY
+        self.empty_since_ms = now_ms
         self.leader = None
         self.protocol_name = None
         if not self.offsets:
@@ -452,7 +463,7 @@ class Group:
         if not self.members:
             if self.state is State.PREPARING_REBALANCE:
                 self.generation += 1
-            self._to_empty()
+            self._to_empty(now_ms)
             ev.emptied = True
             return ev
         if self.state is State.PREPARING_REBALANCE:
@@ -510,6 +521,38 @@ class Group:
                 return None
             out |= topics
         return out
+
+    # -- retention -------------------------------------------------------------------------
+    def expired(self, now_ms: int, retention_ms: int) -> tuple[list[tuple[str, int]], bool]:
+        """What offset retention lets go (Kafka's ``offsets.retention.minutes``, as since
+        KIP-211): (the offsets to delete, whether the whole group goes with them).
+
+        An EMPTY group (no members, no member id handed out) that has been empty and
+        without a commit for more than ``retention_ms`` loses all its offsets and goes
+        itself. In a consumer group with members, the offsets of topics no member
+        subscribes to go once committed more than ``retention_ms`` ago (none when a
+        subscription cannot be read). Nothing expires while a commit of the group is being
+        written (``writes_in_flight``): its record would land before the tombstones, and a
+        group tombstone would take it too. Nothing else ever expires: a group with members
+        keeps the offsets of what it reads, however old."""
+        if self.state is State.DEAD or self.pending or self.writes_in_flight:
+            return [], False
+        if self.state is State.EMPTY:
+            last = max([self.empty_since_ms, *(e.commit_ms for e in self.offsets.values())])
+            if now_ms - last > retention_ms:
+                return sorted(self.offsets), True
+            return [], False
+        if self.protocol_type != "consumer":
+            return [], False
+        subscribed = self.subscribed_topics()
+        if subscribed is None:
+            return [], False
+        gone = [
+            tp
+            for tp, e in self.offsets.items()
+            if tp[0] not in subscribed and now_ms - e.commit_ms > retention_ms
+        ]
+        return sorted(gone), False
 
     def removable(self) -> bool:
         """Nothing left to remember: no members and no offsets."""

@@ -26,8 +26,13 @@ UNKNOWN_MEMBER_ID and rejoin, so no member of the old coordinator can commit), o
 and generations are. A partition that stops leading here drops its groups and answers
 every waiting request NOT_COORDINATOR.
 
+**Retention.** Once a second each loaded partition's groups are checked against
+``group_offsets_retention_ms`` (Kafka's ``offsets.retention.minutes``; the rule is
+``Group.expired``): what expires gets tombstones through the same durable path, so a
+reload after a coordinator's death does not bring it back.
+
 Not done: compaction of the group log (it grows with every commit; replay reads it all),
-offset expiry (``offsets.retention.minutes``), static membership, group ACLs beyond SASL.
+static membership, group ACLs beyond SASL.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ TICK_S = 0.1
 LOAD_TIMEOUT_S = 30.0
 WRITE_TIMEOUT_S = 15.0
 LOAD_READ_BYTES = 1 << 20
+EXPIRE_CHECK_MS = 1_000
 
 GROUP_APIS = frozenset(
     [
@@ -103,13 +109,16 @@ def offset_value(e: G.OffsetEntry) -> bytes:
     ).encode()
 
 
-def group_value(g: Group) -> bytes:
+def group_value(g: Group, ts_ms: int) -> bytes:
+    """A group's record; ``ts`` (when written; for a group going empty, when it did) starts
+    its offsets' retention after a reload."""
     return json.dumps(
         {
             "gen": g.generation,
             "pt": g.protocol_type,
             "pn": g.protocol_name,
             "members": len(g.members),
+            "ts": ts_ms,
         }
     ).encode()
 
@@ -141,6 +150,7 @@ def apply_record(groups: dict[str, Group], key: bytes | None, value: bytes | Non
             g = groups.setdefault(gid, Group(gid))
             g.generation = max(g.generation, int(v["gen"]))
             g.protocol_type = v["pt"]
+            g.empty_since_ms = max(g.empty_since_ms, int(v.get("ts", 0)))
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         log.warning("group log: skipping a record that does not parse: %s", exc)
 
@@ -155,6 +165,8 @@ class Slot:
     groups: dict[str, Group] = field(default_factory=dict)
     loaded: bool = False
     task: asyncio.Task[None] | None = None
+    expire_at_ms: int = 0  # the next offset retention pass
+    expiring: set[str] = field(default_factory=set)  # groups whose tombstones are pending
 
 
 class GroupCoordinator:
@@ -329,6 +341,39 @@ class GroupCoordinator:
                 continue
             for g in list(slot.groups.values()):
                 self._deliver(slot, g, g.tick(now))
+            if now >= slot.expire_at_ms:
+                slot.expire_at_ms = now + EXPIRE_CHECK_MS
+                self._expire(slot, now)
+
+    def _expire(self, slot: Slot, now: int) -> None:
+        """Offset retention (``Group.expired``): tombstones for the offsets it lets go, and
+        for the group itself when it goes whole (DEAD meanwhile, as DeleteGroups: a
+        JoinGroup in between is told to retry; back to EMPTY if the write fails)."""
+        retention = self.s.group_offsets_retention_ms
+        for g in list(slot.groups.values()):
+            if g.group_id in slot.expiring:
+                continue
+            gone, whole = g.expired(now, retention)
+            if not gone and not whole:
+                continue
+            gid = g.group_id
+            records: list[tuple[bytes, bytes | None]] = [
+                (offset_key(gid, t, p), None) for t, p in gone
+            ]
+            if whole:
+                records.append((group_key(gid), None))
+                g.state = State.DEAD
+            log.info(
+                "group %r: %d committed offsets expired (%s)",
+                gid,
+                len(gone),
+                "the group goes with them" if whole else "topics no member subscribes to",
+            )
+            slot.expiring.add(gid)
+            written = self._write(slot, records)
+            if whole:
+                written.add_done_callback(functools.partial(_undead, g))
+            written.add_done_callback(functools.partial(_expired, slot.expiring, gid))
 
     # -- delivering what the rules decided ---------------------------------------------------
     def _deliver(self, slot: Slot, g: Group, ev: Events) -> None:
@@ -341,7 +386,7 @@ class GroupCoordinator:
             if cb2 is not None:
                 cb2(s)
         if ev.emptied:
-            self._write(slot, [(group_key(g.group_id), group_value(g))])
+            self._write(slot, [(group_key(g.group_id), group_value(g, g.empty_since_ms))])
 
     def _write(self, slot: Slot, records: list[tuple[bytes, bytes | None]]) -> asyncio.Future[int]:
         """Append ``records`` to the slot's partition through the produce path, acks=all;
@@ -572,7 +617,7 @@ class GroupCoordinator:
         self._syncs[(slot.index, gid, mid)] = resolve
         if plan_ is not None:
             generation = g.generation
-            written = self._write(slot, [(group_key(gid), group_value(g))])
+            written = self._write(slot, [(group_key(gid), group_value(g, self._clock()))])
 
             def stored(f: asyncio.Future[int]) -> None:
                 c = f.result()
@@ -665,6 +710,7 @@ class GroupCoordinator:
             if generation >= 0 or mid:
                 return all_(G.UNKNOWN_MEMBER_ID if mid else G.ILLEGAL_GENERATION)
             g = slot.groups[gid] = Group(gid)
+            g.empty_since_ms = self._clock()  # its retention runs from its first commit
         code = g.commit_check(mid, generation)
         if code != G.NONE:
             return all_(code)
@@ -692,6 +738,8 @@ class GroupCoordinator:
         if not records:
             return answer(codes)
         written = self._write(slot, records)
+        g.writes_in_flight += 1
+        written.add_done_callback(functools.partial(_commit_done, g))
 
         async def run() -> bytes:
             c = await self._written(written)
@@ -926,6 +974,14 @@ class GroupCoordinator:
             return answer(G.NONE, codes)
 
         return asyncio.ensure_future(run())
+
+
+def _commit_done(g: Group, _f: asyncio.Future[int]) -> None:
+    g.writes_in_flight -= 1
+
+
+def _expired(expiring: set[str], gid: str, _f: asyncio.Future[int]) -> None:
+    expiring.discard(gid)
 
 
 def _undead(g: Group, f: asyncio.Future[int]) -> None:

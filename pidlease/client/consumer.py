@@ -658,3 +658,48 @@ def delete_group(url: str, group: str, timeout_s: float = 30.0) -> None:
         raise errors.InvalidRequest(f"no group {group!r}")
     if code != NONE:
         raise errors.CoordinatorUnavailable(f"DeleteGroups: Kafka error {code}")
+
+
+def server_groups(address: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    """The groups one server's Kafka listener coordinates (ListGroups answers only those),
+    each with its state, member count and committed offsets, in three requests (ListGroups,
+    DescribeGroups and a batched OffsetFetch). Groups still loading on that server are
+    left out. Raises OSError or EOFError when the listener cannot be reached."""
+    with _Conn(address, "pidlease-dashboard", timeout_s) as c:
+        listed = c.request(LIST_GROUPS, 4, {"states_filter": []})
+        ids = sorted(g.group_id for g in listed.groups)
+        if not ids:
+            return []
+        described = c.request(DESCRIBE_GROUPS, 5, {"groups": ids})
+        fetched = c.request(
+            OFFSET_FETCH,
+            8,
+            {"groups": [{"group_id": g, "topics": None} for g in ids], "require_stable": False},
+        )
+    offsets: dict[str, list[dict[str, Any]]] = {}
+    for g in fetched.groups:
+        if int(g.error_code) != NONE:
+            continue
+        offsets[g.group_id] = [
+            {"topic": t.name, "partition": p.partition_index, "committed": int(p.committed_offset)}
+            for t in g.topics
+            for p in t.partitions
+            if int(p.committed_offset) >= 0
+        ]
+    out = []
+    for d in described.groups:
+        if int(d.error_code) != NONE:
+            continue
+        out.append(
+            {
+                "group": d.group_id,
+                "state": d.group_state,
+                "protocol_type": d.protocol_type,
+                "members": len(d.members),
+                "coordinator": address,
+                "offsets": sorted(
+                    offsets.get(d.group_id, []), key=lambda o: (o["topic"], o["partition"])
+                ),
+            }
+        )
+    return out

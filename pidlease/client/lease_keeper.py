@@ -4,11 +4,12 @@ every produce request carries.
 At start, partition 0 is leased with ``pid=-1`` (and the producer name, which makes a
 known name a takeover), then every other partition in one batch request with that pid
 and generation; each answer's ``sequence_number`` is where that partition continues.
-Renewal asks for all partitions again at half the lease's lifetime, measured from when
-the request left, so our idea of the expiry is never later than the coordinator's. A
-token is used only until a margin before it expires (10 %, at most 5 s), so a batch never
-arrives with a dying token; when renewals keep failing the token runs out and the
-partitions wait (``token_ok`` is False) until a renewal succeeds.
+Partitions added to the topic later are leased by ``extend`` (the producer looks at the
+topic after each renewal). Renewal asks for all partitions again at half the lease's
+lifetime, measured from when the request left, so our idea of the expiry is never later
+than the coordinator's. A token is used only until a margin before it expires (10 %, at
+most 5 s), so a batch never arrives with a dying token; when renewals keep failing the
+token runs out and the partitions wait (``token_ok`` is False) until a renewal succeeds.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class LeaseKeeper:
         backoff_max_ms: float,
         on_fatal: Callable[[errors.PidleaseError], None],
         on_renewed: Callable[[], None],
+        on_renewal: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
         self.topic = topic
@@ -57,6 +59,7 @@ class LeaseKeeper:
         self._backoff_ms = (backoff_ms, backoff_max_ms)
         self._on_fatal = on_fatal
         self._on_renewed = on_renewed
+        self._on_renewal = on_renewal
         self._good_until = 0.0
         self._renew_at = 0.0
         self._partitions = 0
@@ -132,6 +135,30 @@ class LeaseKeeper:
                 await asyncio.sleep(backoff.next_ms() / 1000)
         return leases
 
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    async def extend(self, partitions: int) -> dict[int, Lease]:
+        """Lease the partitions from the current count up to ``partitions`` (added to the
+        topic since) with this PID and generation, in one batch; renewals cover them from
+        then on. Raises the first failure (nothing is added then: the caller tries again
+        at the next renewal)."""
+        new = list(range(self._partitions, partitions))
+        if not new:
+            return {}
+        sent_at = self.clock_ms()
+        answers = await self.client.lease_batch([self.request(p) for p in new])
+        leases: dict[int, Lease] = {}
+        for p, ans in zip(new, answers, strict=True):
+            if not isinstance(ans, Lease):
+                raise ans
+            leases[p] = ans
+        for lease in leases.values():
+            self._take(lease, sent_at)
+        self._partitions = partitions
+        return leases
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="lease-renewal")
 
@@ -182,3 +209,4 @@ class LeaseKeeper:
                 self._take(a, sent_at)
             if not was_ok:
                 self._on_renewed()
+            self._on_renewal()

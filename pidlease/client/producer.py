@@ -263,6 +263,8 @@ class AsyncProducer:
         # shared Condition (they are RecordFutures), its open runs (see Producer.send).
         self.release_hook: Callable[[int], None] | None = None
         self.fail_hook: Callable[[errors.PidleaseError], None] | None = None
+        # Set by Producer: the topic grew to n partitions (called under ``lock``).
+        self.grow_hook: Callable[[int], None] | None = None
         self.future_condition: threading.Condition | None = None
         self.open_runs: Producer | None = None
         self._http_transport = http_transport
@@ -273,6 +275,8 @@ class AsyncProducer:
         self._lease: LeaseKeeper | None = None
         self._pool: LeaderPool | None = None
         self._senders: list[PartitionSender] = []
+        self._ctx: SenderContext | None = None
+        self._growing: asyncio.Task[int] | None = None
         self._partitioner: Partitioner | None = None
         self._explicit: bool | None = None
         self._last_given: list[int] = []
@@ -344,6 +348,7 @@ class AsyncProducer:
                 backoff_max_ms=cfg.retry_backoff_max_ms,
                 on_fatal=self.fail,
                 on_renewed=self._wake_senders,
+                on_renewal=self._look_for_new_partitions,
             )
             self._pool = LeaderPool(
                 client,
@@ -384,6 +389,7 @@ class AsyncProducer:
             on_resent=self._on_resent,
             on_resolved=self.records_resolved,
         )
+        self._ctx = ctx
         self._senders = [
             PartitionSender(ctx, p, next_sequence=leases[p].sequence_number)
             for p in range(self.partitions)
@@ -781,6 +787,55 @@ class AsyncProducer:
         for s in self._senders:
             s.wake()
 
+    # -- partitions added to the topic while running ----------------------------------------
+    def _look_for_new_partitions(self) -> None:
+        """After each lease renewal: has the topic grown (CreatePartitions, ``pidlease topic
+        alter --partitions``)? One look at a time."""
+        if self._growing is None or self._growing.done():
+            self._growing = asyncio.get_running_loop().create_task(self.check_partitions())
+
+    async def check_partitions(self) -> int:
+        """Take up partitions added to the topic since the start: lease them with this PID
+        (the existing ones and their sequences are untouched), start their senders, and
+        route records to them from now on (round robin and key hash over the new count, as
+        a Kafka producer does). Returns the partition count. A failure leaves the count as
+        it was (the next renewal looks again)."""
+        if self._state is not ProducerState.OPEN or self._client is None:
+            return self.partitions
+        assert self._lease is not None and self._pool is not None and self._ctx is not None
+        try:
+            info = await self._client.topic(self.topic, offsets=False)
+            if info.partitions <= self.partitions:
+                return self.partitions
+            self._pool.apply(info)
+            leases = await self._lease.extend(info.partitions)
+        except errors.PidleaseError as exc:
+            log.info("topic %s: new partitions not taken up yet (%s)", self.topic, exc.name)
+            return self.partitions
+        if self._state is not ProducerState.OPEN:
+            return self.partitions
+        old, n = self.partitions, info.partitions
+        senders = [
+            PartitionSender(self._ctx, p, next_sequence=leases[p].sequence_number)
+            for p in range(old, n)
+        ]
+        with self.lock:
+            self._senders.extend(senders)
+            self._last_given.extend(leases[p].sequence_number - 1 for p in range(old, n))
+            acks = [BatchAck(self.topic, p, -1, 0, True) for p in range(old, n)]
+            self._replayed_ack.extend(acks)
+            self._replayed.extend(settled_run(ack) for ack in acks)
+            self._partitioner = Partitioner(n, start=self.rng.randrange(n))
+            self.partitions = n
+            if self.grow_hook is not None:
+                self.grow_hook(n)
+        for sender in senders:
+            sender.start()
+        log.info(
+            "topic %s: %d partitions now (was %d); leased with pid %s", self.topic, n, old, self.pid
+        )
+        return n
+
     def wake_partition(self, partition: int) -> None:
         """Its sender has something new to look at (loop thread)."""
         self._senders[partition].wake()
@@ -875,6 +930,7 @@ class Producer:
         self._space = threading.Condition(self._engine.lock)
         self._engine.release_hook = self._release
         self._engine.fail_hook = self._on_fail
+        self._engine.grow_hook = self._grown
         self._engine.future_condition = cond = threading.Condition()
         self._engine.open_runs = self
         self._future_class = future_class(cond)
@@ -895,6 +951,18 @@ class Producer:
         with self._lock:
             self._open_runs = [None] * eng.partitions
             self._move_to(ProducerState.OPEN)
+
+    def _grown(self, n: int) -> None:
+        """The topic grew to ``n`` partitions (the engine's ``check_partitions``, under the
+        lock): room for their open runs, and the new round robin."""
+        self._open_runs.extend([None] * (n - len(self._open_runs)))
+        self._single = n == 1
+        self._next_round_robin = self._engine.partitioner.next_round_robin
+
+    def check_partitions(self) -> int:
+        """Take up partitions added to the topic now, rather than at the next lease renewal
+        (when the producer looks by itself); returns the partition count."""
+        return self._call(self._engine.check_partitions())
 
     def _move_to(self, state: ProducerState) -> None:
         self._state = _checked_move(self.topic, self._state, state)

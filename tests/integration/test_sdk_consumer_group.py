@@ -9,7 +9,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
 from confluent_kafka import Consumer as KafkaConsumer
 
 from pidlease.client.consumer import Consumer
@@ -17,14 +16,6 @@ from pidlease.client.producer import Producer as SdkProducer
 from tests.helpers import wait_for
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "open (2026-11-27): failed in the stop's fresh-clone CI run of the merged branches "
-        "(it passed in its helper's runs); not analysed for lack of time: the SDK Consumer "
-        "sharing a group with librdkafka (issue 25)"
-    ),
-)
 def test_sdk_consumer_and_a_kafka_consumer_in_one_group(make_cluster) -> None:  # type: ignore[no-untyped-def]
     c = make_cluster(servers=2)
     c.create_topic("shared", partitions=4, replication_factor=2)
