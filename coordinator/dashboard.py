@@ -30,9 +30,9 @@ from typing import Any
 
 from coordinator.events import EventLog
 from coordinator.fleet import Fleet
+from coordinator.groups_view import GROUPS_MAX, GroupsView, lag_rows
 from coordinator.live_rows import IDLE_MS_DEFAULT
 from coordinator.pid_index import Producers
-from coordinator.groups_view import GROUPS_MAX, GroupsView, lag_rows
 from pidlease.errors import describe
 
 log = logging.getLogger("coordinator.dashboard")
