@@ -45,9 +45,11 @@ class Paced(threading.Thread):
     """One SDK producer sending ``rate`` records a second round-robin over ``partitions``
     until stopped; keeps every future and the time of every ack."""
 
-    def __init__(self, cluster: LocalCluster, partitions: int, rate: int = 1000) -> None:
+    def __init__(
+        self, cluster: LocalCluster, partitions: int, rate: int = 1000, topic: str = TOPIC
+    ) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.partitions, self.rate = cluster, partitions, rate
+        self.cluster, self.partitions, self.rate, self.topic = cluster, partitions, rate, topic
         self.stop = threading.Event()
         self.futures: list[Any] = []
         self.ack_times: list[float] = []
@@ -62,7 +64,9 @@ class Paced(threading.Thread):
 
     def run(self) -> None:
         try:
-            with Producer(self.cluster.coordinator_url, topic=TOPIC, producer_name="handoff") as p:
+            with Producer(
+                self.cluster.coordinator_url, topic=self.topic, producer_name="handoff"
+            ) as p:
                 self.pid = p.pid
                 t0, i = time.monotonic(), 0
                 while not self.stop.is_set() and i < 1_000_000:
@@ -97,7 +101,7 @@ class Paced(threading.Thread):
             (m.partition, self.pid, m.sequence_id)
             for m in (f.result(timeout=0) for f in self.futures)
         ]
-        report = verify_topic(cluster.coordinator_url, TOPIC, acked=acked)
+        report = verify_topic(cluster.coordinator_url, self.topic, acked=acked)
         print(report.summary())
         assert report.ok, report.summary()
         assert report.total("records") == len(acked)
