@@ -40,7 +40,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -118,7 +118,6 @@ class Move:
     last: str = ""
     steps: int = 0
     gone_since: float | None = None  # a target server not live since (monotonic s)
-    started_s: float = field(default_factory=time.monotonic)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,9 +142,11 @@ class MoveRunner:
         parallel: int = 4,
         poll_s: float = 0.2,
         rollback_after_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.zk = zk
         self.rollback_after_s = rollback_after_s
+        self.clock = clock  # seconds, monotonic (the simulation's virtual one in tests/sim)
         self.progress = progress
         self.parallel = max(1, parallel)
         self.poll_s = poll_s
@@ -208,12 +209,12 @@ class MoveRunner:
         live = self._live()
         if needs_rollback(m.target, m.original, live):
             gone = [r for r in m.target if r not in live]
-            now = time.monotonic()
+            now = self.clock()
             if m.gone_since is None:
                 m.gone_since = now
                 self.progress(
                     f"{m.key[0]}-{m.key[1]}: target server(s) {gone} not live; waiting up to "
-                    f"{self.rollback_after_s:.0f} s before rolling back"
+                    f"{self.rollback_after_s:g} s before rolling back"
                 )
             if now - m.gone_since >= self.rollback_after_s:
                 self.progress(
@@ -342,7 +343,7 @@ class MoveJobs:
         current, live = read_cluster(self.zk)
         for key, (_, target) in MoveRunner(self.zk).pending().items():
             if key in current:
-                current[key] = [r for r in target if r in current[key]] or current[key]
+                current[key] = list(target)  # resumed first: plan from where it ends
         missing = sorted(set(drain) - set(live))
         if missing:
             from pidlease.errors import InvalidRequest

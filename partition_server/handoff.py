@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -164,10 +163,10 @@ async def controlled_shutdown(rm: ReplicaManager, timeout_s: float) -> dict[str,
     rm.leaving = True
     zk = rm.registry.zk
     loop = asyncio.get_running_loop()
-    deadline = time.monotonic() + timeout_s
+    deadline = loop.time() + timeout_s  # the loop's clock: monotonic (virtual in tests/sim)
     handed: set[Key] = set()
     tried: set[Key] = set()
-    while time.monotonic() < deadline:
+    while loop.time() < deadline:
         todo: list[tuple[Key, int, dict[int, int]]] = []
         for key, part in list(rm.partitions.items()):
             ps = rm.registry.assignment.partitions.get(key)
