@@ -344,11 +344,14 @@ class MoveJobs:
         for key, (_, target) in MoveRunner(self.zk).pending().items():
             if key in current:
                 current[key] = list(target)  # resumed first: plan from where it ends
-        missing = sorted(set(drain) - set(live))
-        if missing:
+        holding = {r for reps in current.values() for r in reps}
+        unknown = sorted(set(drain) - set(live) - holding)
+        if unknown:
             from pidlease.errors import InvalidRequest
 
-            raise InvalidRequest(f"server(s) {missing} are not live; live: {live}")
+            raise InvalidRequest(
+                f"server(s) {unknown} are neither live nor hold a replica; live: {live}"
+            )
         targets = plan(current, live, drain)
         eligible = sorted(set(live) - set(drain))
         return {

@@ -86,16 +86,17 @@ def preferred_due(
     me: int,
     live: Collection[int],
     *,
-    log_end: int,
+    high_watermark: int,
     follower_end: int,
     led_for_ms: float,
     settle_ms: float,
 ) -> bool:
     """Whether the leader ``me`` should hand leadership to its partition's preferred
     replica now: it is not the preferred replica itself, the preferred one is live, in the
-    in-sync set as ZooKeeper holds it, and has fetched everything this leader holds (so
-    the move cuts nothing and the new leader's high watermark is at once where ours is),
-    and this leadership is at least ``settle_ms`` old (a leader that just took over first
+    in-sync set as ZooKeeper holds it, and has fetched up to this leader's high watermark
+    (everything acked: the move cuts at most the unacked tail, whose producers resend it
+    after NOT_LEADER; requiring the whole log would never be met under steady load), and
+    this leadership is at least ``settle_ms`` old (a leader that just took over first
     serves what is waiting)."""
     pref = ps.replicas[0]
     return (
@@ -103,7 +104,7 @@ def preferred_due(
         and pref != me
         and pref in live
         and pref in ps.isr
-        and follower_end >= log_end
+        and follower_end >= high_watermark
         and led_for_ms >= settle_ms
     )
 
@@ -247,7 +248,7 @@ class PreferredLeader:
                 ps,
                 rm.me,
                 live,
-                log_end=part.log.next_offset,
+                high_watermark=part.high_watermark,
                 follower_end=f.end_offset,
                 led_for_ms=now - since[1],
                 settle_ms=settle,

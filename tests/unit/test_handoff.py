@@ -65,7 +65,7 @@ def test_a_named_target_must_be_live_and_in_sync() -> None:
 
 def test_preferred_due() -> None:
     ps = PartitionState(replicas=[1, 2, 3], leader=2, leader_epoch=4, isr=[1, 2, 3])
-    kw = {"log_end": 10, "follower_end": 10, "led_for_ms": 5000.0, "settle_ms": 1000.0}
+    kw = {"high_watermark": 10, "follower_end": 10, "led_for_ms": 5000.0, "settle_ms": 1000.0}
     assert preferred_due(ps, 2, {1, 2, 3}, **kw)  # type: ignore[arg-type]
     assert not preferred_due(ps, 1, {1, 2, 3}, **kw)  # type: ignore[arg-type] - not the leader
     assert not preferred_due(ps, 2, {2, 3}, **kw)  # type: ignore[arg-type] - preferred is down
