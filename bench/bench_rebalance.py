@@ -154,7 +154,14 @@ def loads(cluster: LocalCluster, servers: list[int]) -> tuple[dict[int, int], di
     return replica_loads(reps, servers), leader_loads(leads, servers)
 
 
-def report(name: str, loadz: list[Load], start: float, end: float, steady: list[float]) -> None:
+def report(
+    name: str,
+    loadz: list[Load],
+    start: float,
+    end: float,
+    steady: list[float],
+    steady_window: tuple[float, float],
+) -> None:
     lat = [x for ld in loadz for x in ld.window(start, end)]
     gap = max(ld.longest_gap(start, end) for ld in loadz)
     print(
@@ -167,9 +174,11 @@ def report(name: str, loadz: list[Load], start: float, end: float, steady: list[
     )
     for ld in loadz:
         mine = ld.window(start, end)
+        base = ld.window(*steady_window)
         print(
             f"    {ld.kind}: p50 {pct(mine, 0.5) * 1000:.0f} ms, p99 {pct(mine, 0.99) * 1000:.0f} "
-            f"ms, max {max(mine, default=float('nan')) * 1000:.0f} ms",
+            f"ms, max {max(mine, default=float('nan')) * 1000:.0f} ms (steady: p50 "
+            f"{pct(base, 0.5) * 1000:.0f} ms, p99 {pct(base, 0.99) * 1000:.0f} ms)",
             flush=True,
         )
 
@@ -180,8 +189,18 @@ def main() -> int:
     )
     ap.add_argument("--partitions", type=int, default=60)
     ap.add_argument("--rate", type=int, default=500, help="records/s per producer")
+    ap.add_argument("--trace", action="store_true", help="log the SDK (DEBUG) to sdk.log")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-rebalance-"))
+    if args.trace:
+        import logging
+
+        handler = logging.FileHandler(work / "sdk.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        sdk_log = logging.getLogger("pidlease.client")
+        sdk_log.addHandler(handler)
+        sdk_log.setLevel(logging.DEBUG)
+        print(f"logs in {work}", flush=True)
     env = {"PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "10000"}
     with LocalCluster(work, servers=3, env=env) as cluster:
         cluster.create_topic(TOPIC, partitions=args.partitions, replication_factor=3)
@@ -192,19 +211,20 @@ def main() -> int:
         time.sleep(8.0)
         t_steady = time.monotonic()
         time.sleep(5.0)
-        steady = [x for ld in loadz for x in ld.window(t_steady, time.monotonic())]
+        steady_window = (t_steady, time.monotonic())
+        steady = [x for ld in loadz for x in ld.window(*steady_window)]
         cluster.add_server(4, extra_env=env)
         print("rebalance onto server 4:", flush=True)
         t0 = time.monotonic()
         run_job(cluster, "/v1/cluster/rebalance")
         t1 = time.monotonic()
-        report("rebalance", loadz, t0, t1, steady)
+        report("rebalance", loadz, t0, t1, steady, steady_window)
         reps, leads = loads(cluster, [1, 2, 3, 4])
         print(f"  replicas per server {reps}, leaders {leads}", flush=True)
         print("drain of server 2:", flush=True)
         run_job(cluster, "/v1/servers/2/drain")
         t2 = time.monotonic()
-        report("drain", loadz, t1, t2, steady)
+        report("drain", loadz, t1, t2, steady, steady_window)
         cluster.stop_service(cluster.server(2))
         reps, leads = loads(cluster, [1, 3, 4])
         print(f"  replicas per server {reps}, leaders {leads}; server 2 stopped", flush=True)
@@ -215,9 +235,12 @@ def main() -> int:
             ld.join(180)
         errors = [e for ld in loadz for e in ld.errors]
         sdk = loadz[0]
+        unresolved = [f for f in sdk.futures if not f.done()]
+        if unresolved:
+            errors.append(f"{len(unresolved)} SDK sends never answered")
         acked = [
             (m.partition, sdk.pid, m.sequence_id)
-            for m in (f.result(timeout=0) for f in sdk.futures if f.exception() is None)
+            for m in (f.result(timeout=0) for f in sdk.futures if f.done() and not f.exception())
         ]
         audit = verify_topic(cluster.coordinator_url, TOPIC, acked=acked)
         total_acked = sum(len(ld.acks) for ld in loadz)

@@ -179,8 +179,8 @@ async def controlled_shutdown(rm: ReplicaManager, timeout_s: float) -> dict[str,
             if part.role is Role.LEADER:
                 rm.resign(key, part)
             todo.append((key, ps.leader_epoch, ends))
-        if not todo or zk is None:
-            break
+        if not todo or zk is None or not getattr(zk, "connected", True):
+            break  # (ZooKeeper unreachable: nothing can be written; stop as before)
         tried |= {k for k, _, _ in todo}
         results = await asyncio.gather(
             *(

@@ -115,3 +115,35 @@ def test_the_order_of_steps() -> None:
     assert next_step(s.state, [4, 2, 3], live, 2).kind == "done"
     dead = PartitionState(replicas=[1, 2, 3], leader=1, leader_epoch=5, isr=[1, 2, 3])
     assert next_step(dead, [4, 2, 3], {2, 3, 4}, 2).kind == "wait"  # leader 1 not live
+
+
+def _zk_with(parts: dict[int, list[int]], live: list[int]) -> object:
+    """The simulation's in-memory ZooKeeper (kazoo's surface) with topic t."""
+    import random
+
+    from pidlease.wire.cluster import TopicSpec, partition_path, server_path, topic_path
+    from tests.sim.zk import FakeZk
+
+    zk = FakeZk(random.Random(0), lambda *_: None)
+    zk.create("/servers", b"", makepath=True)
+    zk.create(topic_path("t"), TopicSpec("t", len(parts), 2, "strict").to_bytes(), makepath=True)
+    for p, reps in parts.items():
+        ps = PartitionState(replicas=reps, leader=reps[0], leader_epoch=0, isr=list(reps))
+        zk.create(partition_path("t", p), ps.to_bytes(), makepath=True)
+    for s in live:
+        zk.create(server_path(s), b"", makepath=True)
+    return zk.client("coordinator")
+
+
+def test_a_dead_server_can_be_drained_an_unknown_one_cannot() -> None:
+    import pytest
+
+    from coordinator.moves import MoveJobs
+    from pidlease.errors import InvalidRequest
+
+    zkc = _zk_with({0: [1, 2], 1: [2, 3], 2: [3, 1]}, live=[1, 3])
+    plan = MoveJobs(zkc).plan(drain=[2])  # server 2 is down and holds replicas
+    targets = plan["_targets"]
+    assert all(2 not in reps and len(reps) == 2 for reps in targets.values())
+    with pytest.raises(InvalidRequest, match="neither live nor hold a replica"):
+        MoveJobs(zkc).plan(drain=[7])
