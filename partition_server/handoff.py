@@ -166,16 +166,23 @@ async def controlled_shutdown(rm: ReplicaManager, timeout_s: float) -> dict[str,
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s  # the loop's clock: monotonic (virtual in tests/sim)
     handed: set[Key] = set()
+    kept: set[Key] = set()  # nobody to take it: led until the server stops
     tried: set[Key] = set()
     while loop.time() < deadline:
         todo: list[tuple[Key, int, dict[int, int]]] = []
+        a = rm.registry.assignment
         for key, part in list(rm.partitions.items()):
-            ps = rm.registry.assignment.partitions.get(key)
-            if key in handed or ps is None or len(ps.replicas) < 2 or ps.leader != rm.me:
+            ps = a.partitions.get(key)
+            if key in handed or key in kept or ps is None or len(ps.replicas) < 2:
+                continue
+            if ps.leader != rm.me:
                 continue
             ends = {}
             if part.isr is not None:
                 ends = {r: f.end_offset for r, f in part.isr.followers.items()}
+            if successor(ps, rm.me, set(a.servers), ends) is None:
+                kept.add(key)  # no live in-sync follower: keep serving it to the end
+                continue
             if part.role is Role.LEADER:
                 rm.resign(key, part)
             todo.append((key, ps.leader_epoch, ends))
@@ -203,13 +210,13 @@ async def controlled_shutdown(rm: ReplicaManager, timeout_s: float) -> dict[str,
         if all(k in handed for k, _, _ in todo):
             continue  # one more pass finds anything left (none, usually) and ends
         await asyncio.sleep(0.1)
-    kept = len(tried - handed)
+    n_kept = len((tried | kept) - handed)
     log.info(
         "controlled shutdown: %d partition(s) handed over, %d kept (no live in-sync follower)",
         len(handed),
-        kept,
+        n_kept,
     )
-    return {"handed_over": len(handed), "kept": kept}
+    return {"handed_over": len(handed), "kept": n_kept}
 
 
 class PreferredLeader:

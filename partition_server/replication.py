@@ -165,10 +165,10 @@ class ReplicaManager:
         if not self.started or ps.leader_epoch < part.leader_epoch:
             return  # not serving yet, or a read older than what this replica already saw
         me = self.me
-        if self.leaving and (ps.leader == me or ps.leader not in a.servers):
-            # A controlled shutdown (handoff.py): lead nothing and win no election.
-            if part.role is Role.LEADER:
-                self.resign(key, part)
+        leading = part.role is Role.LEADER and part.leader_epoch == ps.leader_epoch
+        if self.leaving and (ps.leader == me or ps.leader not in a.servers) and not leading:
+            # A controlled shutdown (handoff.py): take no leadership and win no election;
+            # one that nobody could take over is kept until the server stops.
             return
         if ps.leader == me:
             if part.role is Role.LEADER and part.leader_epoch == ps.leader_epoch:
