@@ -2,9 +2,9 @@
 coordinator/moves.py, rebalance.py; issue 27): a fourth server added under load and
 `pidlease cluster rebalance` run (replicas and leaders within one of even), then
 `pidlease server drain 2` and the server stopped, with an SDK producer writing all along:
-no error reaches it and `verify` finds every acked record once. And a move whose new
-replica is SIGKILLed while it catches up: the partition stays healthy and the move ends
-(resumed after the restart)."""
+no error reaches it and `verify` finds every acked record once. A move whose new replica
+is SIGKILLed while it catches up: rolled back when it stays down, resumed when it comes
+back. And a move with the moving replica SIGKILLed after each of its steps."""
 
 from __future__ import annotations
 
@@ -157,4 +157,62 @@ def test_a_move_whose_new_replica_is_killed_rolls_back_or_resumes(make_cluster) 
         60,
         "every replica in sync",
     )
+    prod.finish(cluster)
+
+
+@pytest.mark.slow
+def test_a_move_survives_a_sigkill_of_the_moving_replica_after_each_step(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The coordinator's own steps (``MoveRunner``) driven one at a time; after step k
+    (k = 1: the new replica added, 2: leadership moved to it, 3: the old replica removed)
+    the new replica's server is SIGKILLed and restarted; the move then runs to its end.
+    Each partition stays led by an in-sync replica throughout, and the producer's acked
+    records are all there once."""
+    from kazoo.client import KazooClient
+
+    from coordinator.moves import Move, MoveRunner
+
+    cluster: LocalCluster = make_cluster(servers=4, env=ENV)
+    status, _ = http_json(
+        "POST",
+        f"{cluster.coordinator_url}/v1/topics",
+        {"name": TOPIC, "partitions": 3, "replication_factor": 2},
+    )
+    assert status == 200
+    wait_for(lambda: all(len(s["isr"]) == 2 for s in states(cluster).values()), 30, "in sync")
+    prod = Paced(cluster, partitions=3, rate=600, topic=TOPIC)
+    prod.start()
+    wait_for(lambda: len(prod.ack_times) > 1500, 60, "the producer running")
+    zk = KazooClient(hosts=cluster.zk_hosts)
+    zk.start(timeout=30)
+    try:
+        runner = MoveRunner(zk, progress=print, rollback_after_s=120.0)
+        for p, kill_after in ((0, 1), (1, 2), (2, 3)):
+            st = states(cluster)[p]
+            gaining = next(s for s in (1, 2, 3, 4) if s not in st["replicas"])
+            target = [gaining, st["leader"]]  # leadership moves to the new replica
+            m = Move((TOPIC, p), list(st["replicas"]), target)
+            runner.record(m.key, m.original, m.target)
+
+            def step_until(steps: int, m: Move = m) -> bool:
+                return runner.step(m) or m.steps >= steps
+
+            wait_for(lambda k=kill_after: step_until(k), 90, f"{TOPIC}-{p}: step {kill_after}")
+            print(f"{TOPIC}-{p}: SIGKILL of server {gaining} after step {kill_after}")
+            cluster.kill(cluster.server(gaining))
+            time.sleep(1.0)
+            cluster.start_service(cluster.server(gaining))
+            wait_for(lambda m=m: runner.step(m), 120, f"{TOPIC}-{p}: the move's end")
+            assert m.state == "done", m.to_json()
+            s = states(cluster)[p]
+            assert s["replicas"] == target and s["leader"] in s["isr"], s
+    finally:
+        zk.stop()
+        zk.close()
+    wait_for(
+        lambda: all(sorted(s["isr"]) == sorted(s["replicas"]) for s in states(cluster).values()),
+        60,
+        "every replica in sync",
+    )
+    t_end = time.monotonic()
+    wait_for(lambda: prod.acks_after(t_end) > 500, 60, "acks after the moves")
     prod.finish(cluster)
