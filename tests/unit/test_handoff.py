@@ -4,6 +4,10 @@ docs/replication.md ("Handing leadership over") checks them over generated state
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -77,3 +81,57 @@ def test_preferred_due() -> None:
     assert not preferred_due(out, 2, {1, 2, 3}, **kw)  # type: ignore[arg-type] - not in sync
     pref = PartitionState(replicas=[2, 1, 3], leader=2, leader_epoch=4, isr=[1, 2, 3])
     assert not preferred_due(pref, 2, {1, 2, 3}, **kw)  # type: ignore[arg-type] - already
+
+
+# -- the controlled shutdown on a replica manager (a real partition, a fake ZooKeeper) ------
+def _shutdown(tmp_path: Path, isr: list[int]) -> tuple[dict[str, int], Any, Any, Any]:
+    from partition_server.handoff import controlled_shutdown
+    from partition_server.partition import Role
+    from partition_server.registry import Assignment
+    from pidlease.wire.cluster import ServerInfo
+    from tests.unit.test_step_down import KEY, setup
+
+    async def go() -> tuple[dict[str, int], Any, Any, Any]:
+        ps = PartitionState([1, 2, 3], 1, 1, isr)
+        part, mgr, registry, _clock, zk = setup(tmp_path, ps, [1, 2, 3])
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        a = Assignment(partitions={KEY: ps}, servers={s: ServerInfo(s, "h", 1) for s in (1, 2, 3)})
+        registry.assignment = a
+        mgr.apply(KEY, part, ps, a)
+        assert part.role is Role.LEADER
+
+        def refresh() -> Any:
+            fut = asyncio.get_running_loop().create_future()
+            registry.assignment = Assignment(partitions={KEY: zk.state}, servers=a.servers)
+            fut.set_result(registry.assignment)
+            return fut
+
+        registry.refresh = refresh  # type: ignore[method-assign]
+        out = await controlled_shutdown(mgr, 1.0)
+        if zk.state.leader == 1:
+            mgr.apply(KEY, part, zk.state, registry.assignment)  # a re-read meanwhile
+        role = part.role
+        part.close()
+        return out, zk, role, mgr
+
+    return asyncio.run(go())
+
+
+def test_a_controlled_shutdown_hands_over_to_an_in_sync_follower(tmp_path: Path) -> None:
+    from partition_server.partition import Role
+
+    out, zk, role, _ = _shutdown(tmp_path, [1, 2, 3])
+    assert out == {"handed_over": 1, "kept": 0}
+    st = zk.state
+    assert st.leader in (2, 3) and st.leader_epoch == 2 and 1 not in st.isr
+    assert role is Role.FOLLOWER  # it stopped leading before the write
+
+
+def test_a_partition_nobody_can_take_is_kept_and_served(tmp_path: Path) -> None:
+    from partition_server.partition import Role
+
+    out, zk, role, _ = _shutdown(tmp_path, [1])
+    assert out == {"handed_over": 0, "kept": 1}
+    assert zk.sets == 0 and zk.state.leader == 1 and zk.state.leader_epoch == 1
+    assert role is Role.LEADER  # still serving its producers until the server stops
