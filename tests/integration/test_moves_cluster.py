@@ -9,6 +9,7 @@ back. And a move with the moving replica SIGKILLed after each of its steps."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,10 +90,11 @@ def test_rebalance_onto_a_new_server_then_drain_one_under_load(make_cluster) -> 
     prod.finish(cluster)
 
 
-def drain_4(cluster: LocalCluster, rollback_after_s: float) -> list[int]:
-    """Start draining server 4; the servers that gain a replica."""
+def drain_4(cluster: LocalCluster, rollback_after_s: float, *, dry_run: bool = False) -> list[int]:
+    """Start draining server 4 (or only plan it); the servers that gain a replica."""
     url = f"{cluster.coordinator_url}/v1/servers/4/drain"
-    status, body = http_json("POST", url, {"rollback_after_s": rollback_after_s})
+    body_in = {"rollback_after_s": rollback_after_s, "dry_run": dry_run}
+    status, body = http_json("POST", url, body_in)
     assert status == 200, body
     return sorted({r for m in body["moves"] for r in m["to"] if r not in m["from"]})
 
@@ -128,7 +130,11 @@ def test_a_move_whose_new_replica_is_killed_rolls_back_or_resumes(make_cluster) 
     wait_for(lambda: len(prod.ack_times) > 3000, 60, "some log to catch up on")
     # 1. The gaining server is SIGKILLed and stays down past the grace: its moves roll back
     # (the original replicas never left), the others finish.
-    victim = drain_4(cluster, rollback_after_s=3.0)[0]
+    # Stopped (SIGSTOP) before the drain starts, so its new replica cannot catch up first;
+    # the plan is the dry run's (same state), so the victim gains a replica.
+    victim = drain_4(cluster, rollback_after_s=3.0, dry_run=True)[0]
+    cluster.signal_service(cluster.server(victim), signal.SIGSTOP)
+    assert victim in drain_4(cluster, rollback_after_s=3.0)
     cluster.kill(cluster.server(victim))
     st = drain_ended(cluster)
     states_ = [m["state"] for m in st["moves"]]
