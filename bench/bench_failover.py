@@ -1,4 +1,6 @@
-"""The pause a producer sees when the leader of its partition dies, over ``--kills`` kills.
+"""The pause a producer sees when the leader of its partition dies (``--mode kill``, SIGKILL)
+or is stopped (``--mode term``, SIGTERM: a controlled shutdown hands its leadership to an
+in-sync follower first, partition_server/handoff.py), over ``--kills`` rounds.
 
 A real local cluster (ZooKeeper, a coordinator, three partition servers as processes), one
 partition with R=3, one producer sending ``--rate`` records a second without pause. Each
@@ -15,14 +17,18 @@ producer's retry backoff (at most 250 ms after a lost leader) and metadata refre
 new leader's first high watermark (its followers fetch once). At the end every acked
 record is audited (present exactly once).
 
-    python bench/bench_failover.py [--kills 20] [--session-timeout-ms N] [--rate 2000]
-        [--json out.json] [--trace]
+With ``--mode term`` the pause is the handover's: one compare-and-set, the new leader's
+first high watermark, the producer's retry and metadata refresh; no session timeout.
+
+    python bench/bench_failover.py [--kills 20] [--mode kill|term] [--session-timeout-ms N]
+        [--rate 2000] [--json out.json] [--trace]
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import itertools
 import json
 import logging
@@ -125,6 +131,12 @@ def main() -> int:
         default=None,
         help="PIDLEASE_ZK_SESSION_TIMEOUT_MS of the servers (default: the servers' default)",
     )
+    ap.add_argument(
+        "--mode",
+        choices=("kill", "term"),
+        default="kill",
+        help="kill: SIGKILL the leader; term: SIGTERM it (controlled shutdown)",
+    )
     ap.add_argument("--lag-time-ms", type=int, default=10_000)
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--json", type=Path)
@@ -153,7 +165,10 @@ def main() -> int:
             leader = st["leader"]
             time.sleep(1.0)  # a steady second before the kill
             t_kill, wall_kill = time.monotonic(), time.time()
-            cluster.kill(cluster.server(leader))
+            if args.mode == "term":
+                cluster.stop_service(cluster.server(leader))  # SIGTERM, waits for the exit
+            else:
+                cluster.kill(cluster.server(leader))
             wait_for(lambda t=t_kill: prod.acks_after(t) > args.rate, 120, "acks after the kill")
             pause, gap_end = prod.longest_gap(t_kill - 1.0, time.monotonic())
             new = partition_state(cluster)
@@ -171,7 +186,7 @@ def main() -> int:
                 }
             )
             print(
-                f"kill {k + 1}: server {leader} -> leader {new['leader']} (epoch "
+                f"{args.mode} {k + 1}: server {leader} -> leader {new['leader']} (epoch "
                 f"{new['leader_epoch']}), pause {pause:.2f} s",
                 flush=True,
             )
@@ -181,6 +196,14 @@ def main() -> int:
                 120,
                 f"server {leader} back in sync",
             )
+            # The preferred-leader election moves leadership back to the restarted server
+            # (its pause is not this round's): let it land before the next round.
+            with contextlib.suppress(TimeoutError):
+                wait_for(
+                    lambda: (st := partition_state(cluster))["leader"] == st["replicas"][0],
+                    15,
+                    "leadership back on the preferred replica",
+                )
         prod.stop.set()
         prod.join(120)
         if prod.error is not None:
@@ -193,7 +216,8 @@ def main() -> int:
     p50 = statistics.median(pauses)
     p90 = statistics.quantiles(pauses, n=10)[-1] if len(pauses) > 1 else pauses[0]
     print(
-        f"\n{args.kills} leader kills, ZooKeeper session timeout {session} ms, "
+        f"\n{args.kills} leader {'SIGTERMs' if args.mode == 'term' else 'kills'}, "
+        f"ZooKeeper session timeout {session} ms, "
         f"{args.rate} records/s: pause p50 {p50:.2f} s, p90 {p90:.2f} s, max "
         f"{max(pauses):.2f} s, min {min(pauses):.2f} s; {len(acked):,} records acked, audit OK"
     )

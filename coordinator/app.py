@@ -43,12 +43,14 @@ from coordinator.housekeeper import Housekeeper
 from coordinator.leaders import LeaderClient
 from coordinator.live_rows import IDLE_MS_DEFAULT, LiveRows
 from coordinator.metrics import Metrics
+from coordinator.moves import MoveJobs
 from coordinator.pid_index import STATES as PID_STATES
 from coordinator.pid_index import PidIndex, Producers
 from coordinator.schemas import (
     LOG_SETTINGS,
     LeaseBatchBody,
     LeaseBody,
+    MovesBody,
     TopicAlterBody,
     TopicBody,
 )
@@ -130,6 +132,7 @@ class Coordinator:
             ),
         )
         self.topics = Topics(self.store, self.leaders, clock_ms)
+        self.moves = MoveJobs(self.store.zk)
         info = {
             "id": settings.coordinator_id,
             "host": settings.http_host,
@@ -434,6 +437,36 @@ def create_app(
     @app.get("/v1/coordinators")
     def coordinators() -> dict[str, Any]:
         return {"error": "NONE", "coordinators": coord.store.coordinators()}
+
+    # -- elasticity (issue 27; coordinator/moves.py, rebalance.py): admin scope --------------
+    @app.post("/v1/cluster/rebalance", summary="Plan, and unless dry_run start, a rebalance")
+    def rebalance(body: MovesBody) -> dict[str, Any]:
+        if not coord.healthy:
+            raise CoordinatorUnavailable("ZooKeeper is not connected; retry")
+        return {
+            "error": "NONE",
+            **coord.moves.start(
+                "rebalance", dry_run=body.dry_run, rollback_after_s=body.rollback_after_s
+            ),
+        }
+
+    @app.post("/v1/servers/{server_id}/drain", summary="Move every replica off one server")
+    def drain(body: MovesBody, server_id: int = Path(ge=0, le=2**31 - 1)) -> dict[str, Any]:
+        if not coord.healthy:
+            raise CoordinatorUnavailable("ZooKeeper is not connected; retry")
+        return {
+            "error": "NONE",
+            **coord.moves.start(
+                f"drain of server {server_id}",
+                [server_id],
+                dry_run=body.dry_run,
+                rollback_after_s=body.rollback_after_s,
+            ),
+        }
+
+    @app.get("/v1/cluster/moves", summary="Progress of the running or last rebalance or drain")
+    def moves_status() -> dict[str, Any]:
+        return {"error": "NONE", **coord.moves.status()}
 
     # -- operations ------------------------------------------------------------------------
     @app.get("/healthz")

@@ -37,6 +37,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+class MovesBody(_Strict):
+    dry_run: bool = Field(False, description="only plan: print the moves, change nothing")
+    rollback_after_s: float = Field(
+        30.0,
+        ge=0,
+        le=86_400,
+        description="a move whose new server is not live this long goes back to where it was",
+    )
+
+
 class LeaseBody(_Strict):
     topic: str = Field(min_length=1, max_length=TOPIC_NAME_MAX)
     partition: int = Field(ge=0, le=PARTITION_MAX)

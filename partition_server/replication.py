@@ -33,6 +33,7 @@ from typing import Any
 
 from partition_server import leadership
 from partition_server.checkpoint import HighWatermarkCheckpoint
+from partition_server.handoff import PreferredLeader
 from partition_server.liveness import LiveServers
 from partition_server.partition import Partition, Role
 from partition_server.registry import Assignment, Registry
@@ -91,6 +92,10 @@ class ReplicaManager:
         self._led_in: dict[Key, int | None] = {}
         self.step_downs: list[dict[str, Any]] = []  # the last few, for METADATA
         self.step_downs_total = 0
+        # Handing leadership over (handoff.py): a controlled shutdown began (lead nothing,
+        # win no election), and the preferred-leader election run on each maintenance tick.
+        self.leaving = False
+        self.preferred = PreferredLeader(self)
         if hasattr(registry, "configure_lease"):  # test doubles may have no lease at all
             registry.configure_lease(
                 margin_ms=getattr(settings, "zk_step_down_margin_ms", 0),
@@ -160,6 +165,11 @@ class ReplicaManager:
         if not self.started or ps.leader_epoch < part.leader_epoch:
             return  # not serving yet, or a read older than what this replica already saw
         me = self.me
+        leading = part.role is Role.LEADER and part.leader_epoch == ps.leader_epoch
+        if self.leaving and (ps.leader == me or ps.leader not in a.servers) and not leading:
+            # A controlled shutdown (handoff.py): take no leadership and win no election;
+            # one that nobody could take over is kept until the server stops.
+            return
         if ps.leader == me:
             if part.role is Role.LEADER and part.leader_epoch == ps.leader_epoch:
                 # Nobody else writes the znode during our epoch, so our own writes keep the
@@ -605,10 +615,7 @@ class ReplicaManager:
         ``step_in``, a compare-and-set to a new epoch or to another in-sync replica."""
         epoch = part.leader_epoch
         now = self.mono_ms()
-        self._stop_fetcher(key)
-        part.become_follower(-1, epoch, "")
-        self.inherited[key] = epoch
-        self._led_in.pop(key, None)
+        self.resign(key, part)
         self.step_downs_total += 1
         event = {
             "topic": key[0],
@@ -627,6 +634,13 @@ class ReplicaManager:
             why,
             self._lease_remaining_ms(now),
         )
+
+    def resign(self, key: Key, part: Partition) -> None:
+        """Stop leading ``key`` at once (see ``step_down``); the epoch is inherited."""
+        self._stop_fetcher(key)
+        part.become_follower(-1, part.leader_epoch, "")
+        self.inherited[key] = part.leader_epoch
+        self._led_in.pop(key, None)
 
     async def _watch_lease(self) -> None:
         """Steps down when a lease ends, waking at the end of the lease (at most every
@@ -656,6 +670,7 @@ class ReplicaManager:
             await asyncio.sleep(tick_s)
             try:
                 self.check_isr()
+                self.preferred.tick()
                 if time.monotonic() - last_reconcile >= 1.0:
                     last_reconcile = time.monotonic()
                     self.reconcile_all()

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from partition_server.broker import Broker
+from partition_server.handoff import controlled_shutdown
 from partition_server.kafka import KafkaListener, make_listener
 from partition_server.metrics import ServerMetrics, watch_broker
 from partition_server.metrics_listener import MetricsListener
@@ -221,8 +222,17 @@ class PartitionServer:
         )
 
     async def stop(self) -> None:
-        # New requests get SERVER_UNAVAILABLE (retriable); the ones in flight are answered
-        # after the final flush, then connections close.
+        # First, still serving, hand every partition this server leads to an in-sync
+        # follower (handoff.py: a controlled shutdown; producers see a pause, not errors).
+        # Then new requests get SERVER_UNAVAILABLE (retriable); the ones in flight are
+        # answered after the final flush, then connections close.
+        if self.s.controlled_shutdown_timeout_ms > 0 and self.broker.replicas.started:
+            try:
+                await controlled_shutdown(
+                    self.broker.replicas, self.s.controlled_shutdown_timeout_ms / 1000
+                )
+            except Exception as exc:  # noqa: BLE001 - stopping anyway, as after a SIGKILL
+                log.warning("controlled shutdown failed: %s", errors.describe(exc))
         self._stopping = True
         if self._server is not None:
             self._server.close()

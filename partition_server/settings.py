@@ -124,6 +124,31 @@ class ServerSettings(BaseSettings):
             "session timeout minus the margin"
         ),
     )
+    controlled_shutdown_timeout_ms: int = Field(
+        default=5_000,
+        ge=0,
+        le=600_000,
+        description=(
+            "on SIGTERM, how long the server tries to hand each partition it leads to an "
+            "in-sync follower before it leaves (0: no handover, the old stop)"
+        ),
+    )
+    preferred_leader_election: bool = Field(
+        default=True,
+        description=(
+            "a leader that is not its partition's preferred replica (the first of the "
+            "assignment) hands leadership back to it once it is live and caught up"
+        ),
+    )
+    preferred_leader_settle_ms: int = Field(
+        default=3_000,
+        ge=0,
+        le=3_600_000,
+        description=(
+            "a leadership lasts at least this long before it is handed to the preferred "
+            "replica (no flapping while a restarted server catches up)"
+        ),
+    )
     replica_lag_time_max_ms: int = Field(
         default=10_000,
         ge=100,

@@ -566,6 +566,51 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _run_moves(args: argparse.Namespace, path: str, what: str) -> int:
+    """POST the plan (or the dry run), then poll the progress until the moves end."""
+    import time
+
+    with _client(args) as c:
+        body = c.call("POST", path, {"dry_run": bool(args.dry_run)})
+        moves = body.get("moves", [])
+        if args.json and args.dry_run:
+            print(json.dumps(body))
+            return 0
+        print(f"{what}: {len(moves)} move(s) planned over live servers {body.get('live')}")
+        for m in moves:
+            print(f"  {m['topic']}-{m['partition']}: {m['from']} -> {m['to']}")
+        print(f"replicas per server after: {body.get('replicas_after')}")
+        print(f"leaders per server after:  {body.get('leaders_after')}")
+        if args.dry_run:
+            print("dry run: nothing moved")
+            return 0
+        seen = 0
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            st = c.call("GET", "/v1/cluster/moves")
+            lines = st.get("lines", [])
+            for line in lines[seen:]:
+                print(line, flush=True)
+            seen = len(lines)
+            if not st.get("running"):
+                left = [m for m in st.get("moves", []) if m["state"] != "done"]
+                if st.get("failure") or left:
+                    print(f"error: {st.get('failure') or f'{len(left)} move(s) not done'}")
+                    return 1
+                return 0
+            time.sleep(0.5)
+    print(f"error: still running after {args.timeout} s (see GET /v1/cluster/moves)")
+    return 1
+
+
+def cmd_cluster_rebalance(args: argparse.Namespace) -> int:
+    return _run_moves(args, "/v1/cluster/rebalance", "rebalance")
+
+
+def cmd_server_drain(args: argparse.Namespace) -> int:
+    return _run_moves(args, f"/v1/servers/{args.id}/drain", f"drain of server {args.id}")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pidlease.cli.demo import run_demo
 
@@ -817,6 +862,25 @@ def build_parser() -> argparse.ArgumentParser:
     from pidlease.cli import mirror as mirror_cli
 
     mirror_cli.add_parser(sub)
+
+    cl = sub.add_parser("cluster", help="rebalance replicas and leaders over the live servers")
+    clsub = cl.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    cr = clsub.add_parser(
+        "rebalance",
+        help="move replicas and leaderships so every live server holds an even share",
+    )
+    sv = sub.add_parser("server", help="drain a partition server before removing it")
+    svsub = sv.add_subparsers(dest="server_command", metavar="ACTION", required=True)
+    sd = svsub.add_parser("drain", help="move every replica off server ID")
+    sd.add_argument("id", type=int, metavar="ID")
+    for p, f in ((cr, cmd_cluster_rebalance), (sd, cmd_server_drain)):
+        coord(p)
+        p.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+        p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+        p.add_argument(
+            "--timeout", type=float, default=3600.0, help="seconds to wait for the moves"
+        )
+        p.set_defaults(func=f)
 
     d = sub.add_parser("demo", help="exactly-once under dropped connections and SIGKILLed servers")
     d.add_argument("--records", type=int, default=200_000)

@@ -137,6 +137,8 @@ def test_scope_matrix(make_cluster, tmp_path) -> None:  # type: ignore[no-untype
         (ADMIN, "GET", "/v1/pids", None),
         (ADMIN, "GET", "/v1/servers", None),
         (ADMIN, "GET", "/v1/coordinators", None),
+        (ADMIN, "POST", "/v1/cluster/rebalance", lambda who: {"dry_run": True}),
+        (ADMIN, "GET", "/v1/cluster/moves", None),
         (ADMIN, "GET", "/dashboard", None),
         (ADMIN, "GET", "/dashboard/data", None),
         (OPEN, "GET", "/healthz", None),

@@ -33,6 +33,9 @@ ENV = {
     "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200",
     "PIDLEASE_FSYNC_INTERVAL_MS": "1",
     "PIDLEASE_RETENTION_CHECK_MS": "100",
+    # The scenario places leadership by hand (kills and restarts): a restarted preferred
+    # replica must not take it back (issue 27's preferred-leader election, on by default).
+    "PIDLEASE_PREFERRED_LEADER_ELECTION": "false",
 }
 SETTINGS = {"retention_ms": 6_000, "segment_bytes": 4096}
 

@@ -31,6 +31,9 @@ ENV = {
     "PIDLEASE_ZK_SESSION_TIMEOUT_MS": "4000",
     "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
     "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200",
+    # The kills must hit different servers: leadership must not return to a restarted
+    # preferred replica (issue 27's preferred-leader election, on by default).
+    "PIDLEASE_PREFERRED_LEADER_ELECTION": "false",
 }
 
 

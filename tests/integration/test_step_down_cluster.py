@@ -37,6 +37,9 @@ ENV = {
     "PIDLEASE_FSYNC_INTERVAL_MS": "1",
     "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "3000",
     "PIDLEASE_HW_CHECKPOINT_INTERVAL_MS": "200",
+    # The scenario places leadership by hand (kills and restarts): a restarted preferred
+    # replica must not take it back (issue 27's preferred-leader election, on by default).
+    "PIDLEASE_PREFERRED_LEADER_ELECTION": "false",
 }
 # Generous for a loaded machine; the measured figure is printed (issue 16's goal: 2 s).
 REACKED_WITHIN_S = 6.0

@@ -51,6 +51,7 @@ from pidlease.wire.cluster import (
     topic_path,
 )
 from tests.sim.disk import DiskFaults, DiskShim
+from tests.sim.elastic import Elastic
 from tests.sim.kproducer import API_TOKENS, PRINCIPALS, KafkaProducer
 from tests.sim.loop import NODE, Idle, Node, SimLoop
 from tests.sim.net import SimNetwork
@@ -600,6 +601,9 @@ class World:
                     start = created + rng.uniform(-0.02, 0.01) if created else rng.uniform(0, 0.02)
                     self._plan_lineage(spec, p, max(start, 0.0))
         self._plan_faults()
+        mode = os.environ.get("PIDLEASE_SIM_ELASTIC")
+        self.elastic = Elastic(self, None if mode is None else mode == "1")
+        self.elastic.plan()  # its own random stream: the draws above are unchanged
 
     def _retention_policy(self, spec: TopicSpec) -> None:
         """Small segments that retention deletes while the run goes on (a run lasts well
