@@ -69,9 +69,7 @@ def test_the_partitions_of_a_dead_leader_move_in_a_few_transactions() -> None:
         assert out[("t", p)] == PartitionState([1, 2, 3], 2, 5, [2, 3]) == read(zk, p)
 
 
-def test_a_transaction_that_meets_a_moved_znode_writes_nothing_and_the_lost_one_drops_out() -> (
-    None
-):
+def test_a_transaction_that_meets_a_moved_znode_writes_nothing_and_the_lost_one_drops_out() -> None:
     """Server 3 wins partition 7 between our read and our commit: our first transaction
     fails whole (no partition of it written), the re-read finds 7 led by 3 (the rule says
     no) and the others are written in the next round; 7 keeps 3's state."""
