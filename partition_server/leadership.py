@@ -266,8 +266,15 @@ def write_many(
             else:
                 planned.append((c, plan[0], got[1], plan[1]))
         retry: dict[tuple[str, int], Change] = {}
-        for i in range(0, len(planned), multi_max):
-            chunk = planned[i : i + multi_max]
+        # One kind per transaction: a race lost by an election (another survivor won it)
+        # fails only elections, never this server's in-sync changes of its own partitions.
+        chunks = [
+            same[i : i + multi_max]
+            for kind in ("set_isr", "step_in", "elect")
+            for same in [[x for x in planned if x[0].kind == kind]]
+            for i in range(0, len(same), multi_max)
+        ]
+        for chunk in chunks:
             t = zk.transaction()
             for c, new, version, _why in chunk:
                 t.set_data(partition_path(c.topic, c.partition), new.to_bytes(), version=version)

@@ -144,3 +144,25 @@ def test_bulk_rules_are_the_single_rules(seed: int) -> None:
             want = leadership.set_isr(one_c, "t", ch.partition, me, ch.epoch, list(ch.isr))
         assert got[ch.key] == want, (ch, states[ch.partition])
         assert read(bulk_zk, ch.partition) == read(one_zk, ch.partition)
+
+
+def test_a_lost_election_race_does_not_fail_the_in_sync_changes_beside_it() -> None:
+    """Server 2 leads 0-9 (server 1, dead, follows them) and asks to elect itself for 10-19
+    (led by 1): server 3 wins 10-19 first. The in-sync changes go out in their own
+    transaction and land in the first round; only the elections are re-read."""
+    states = {p: PartitionState([2, 3, 1], 2, 0, [2, 3, 1]) for p in range(10)}
+    states.update({p: PartitionState([1, 2, 3], 1, 0, [1, 2, 3]) for p in range(10, 20)})
+    zk, c = world(states, live={2, 3})
+
+    def server_3_first(n: int) -> None:
+        if n == 0:
+            for p in range(10, 20):
+                zk.set(partition_path("t", p), PartitionState([1, 2, 3], 3, 1, [2, 3]).to_bytes())
+
+    counting = Counting(c, server_3_first)
+    changes = [Change("t", p, "elect") for p in range(10, 20)]
+    changes += [Change("t", p, "set_isr", 0, (2, 3)) for p in range(10)]
+    out = write_many(counting, 2, changes)
+    assert counting.commits == [10, 10]  # the in-sync changes, then the elections (lost)
+    assert all(out[("t", p)] == PartitionState([2, 3, 1], 2, 0, [2, 3]) for p in range(10))
+    assert all(out[("t", p)] is None and read(zk, p).leader == 3 for p in range(10, 20))
