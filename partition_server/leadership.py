@@ -231,9 +231,11 @@ def _plan(
     raise ValueError(f"unknown leadership change {c.kind!r}")
 
 
-def write_many(
-    zk: Any, me: int, changes: list[Change], *, multi_max: int = MULTI_MAX
-) -> dict[tuple[str, int], PartitionState | None]:
+Planned = list[tuple[Change, PartitionState, int, str]]  # (change, new state, version, why)
+Results = dict[tuple[str, int], PartitionState | None]
+
+
+def write_many(zk: Any, me: int, changes: list[Change], *, multi_max: int = MULTI_MAX) -> Results:
     """Many leadership writes (the partitions of a dead server, the in-sync sets it leaves)
     in a few ZooKeeper transactions instead of one compare-and-set each. Each change is
     planned by the same rule as its single function, against its znode as just read, and
@@ -246,65 +248,82 @@ def write_many(
     Returns, per key, the state written (or the one read, for an in-sync set already as
     asked), or None when not written: the rule said no, or the rounds ran out (the caller's
     re-read and reconcile retry). A ZooKeeper error other than a lost race raises: the
-    caller treats every change as maybe written."""
-    result: dict[tuple[str, int], PartitionState | None] = {}
+    caller treats every change as maybe written. Blocking; ``ReplicaManager`` runs the same
+    two steps (:func:`read_and_plan`, :func:`commit_planned`) as two executor calls, so
+    the simulation can let other servers move between a read and its commit."""
+    result: Results = {}
     pending = {c.key: c for c in changes}
     for _ in range(BULK_ROUNDS):
         if not pending:
             break
-        reads = _read_many(zk, list(pending))
-        live: dict[int, bool] = {}
-        servers: list[set[int]] = []
-        planned: list[tuple[Change, PartitionState, int, str]] = []
-        for key, c in pending.items():
-            got = reads.get(key)
-            plan = None if got is None else _plan(zk, c, got[0], me, live, servers)
-            if got is None or plan is None:
-                result[key] = None
-            elif plan[0] is got[0]:
-                result[key] = got[0]  # nothing to write
-            else:
-                planned.append((c, plan[0], got[1], plan[1]))
-        retry: dict[tuple[str, int], Change] = {}
-        # One kind per transaction: a race lost by an election (another survivor won it)
-        # fails only elections, never this server's in-sync changes of its own partitions.
-        chunks = [
-            same[i : i + multi_max]
-            for kind in ("set_isr", "step_in", "elect")
-            for same in [[x for x in planned if x[0].kind == kind]]
-            for i in range(0, len(same), multi_max)
-        ]
-        for chunk in chunks:
-            t = zk.transaction()
-            for c, new, version, _why in chunk:
-                t.set_data(partition_path(c.topic, c.partition), new.to_bytes(), version=version)
-            answers = t.commit()
-            failed = [a for a in answers if isinstance(a, Exception)]
-            if not failed:
-                for c, new, _version, why in chunk:
-                    log.info(
-                        "%s-%d: %s -> leader %d epoch %d isr %s",
-                        c.topic,
-                        c.partition,
-                        why,
-                        new.leader,
-                        new.leader_epoch,
-                        new.isr,
-                    )
-                    result[c.key] = new
-                continue
-            if not all(isinstance(a, _LOST_RACE) for a in failed):
-                raise failed[0]
-            log.info(
-                "a transaction of %d leadership writes lost a race (a state changed); "
-                "re-reading them",
-                len(chunk),
-            )
-            retry.update((c.key, c) for c, _new, _version, _why in chunk)
-        pending = retry
+        planned = read_and_plan(zk, me, list(pending.values()), result)
+        pending = commit_planned(zk, planned, result, multi_max=multi_max)
     for key in pending:
         result[key] = None
     return result
+
+
+def read_and_plan(zk: Any, me: int, changes: list[Change], result: Results) -> Planned:
+    """Step 1 of a round: read the changes' znodes and plan each by its rule; the changes
+    with nothing to write get their answer in ``result``."""
+    reads = _read_many(zk, [c.key for c in changes])
+    live: dict[int, bool] = {}
+    servers: list[set[int]] = []
+    planned: Planned = []
+    for c in changes:
+        got = reads.get(c.key)
+        plan = None if got is None else _plan(zk, c, got[0], me, live, servers)
+        if got is None or plan is None:
+            result[c.key] = None
+        elif plan[0] is got[0]:
+            result[c.key] = got[0]  # nothing to write
+        else:
+            planned.append((c, plan[0], got[1], plan[1]))
+    return planned
+
+
+def commit_planned(
+    zk: Any, planned: Planned, result: Results, *, multi_max: int = MULTI_MAX
+) -> dict[tuple[str, int], Change]:
+    """Step 2: commit the plans, with the versions they were read at, in transactions of
+    one kind of change each (a race lost by an election, another survivor having won it,
+    fails only elections, never this server's in-sync changes of its own partitions).
+    Written ones go in ``result``; returns those of a transaction that lost a race, to be
+    read and planned again."""
+    retry: dict[tuple[str, int], Change] = {}
+    chunks = [
+        same[i : i + multi_max]
+        for kind in ("set_isr", "step_in", "elect")
+        for same in [[x for x in planned if x[0].kind == kind]]
+        for i in range(0, len(same), multi_max)
+    ]
+    for chunk in chunks:
+        t = zk.transaction()
+        for c, new, version, _why in chunk:
+            t.set_data(partition_path(c.topic, c.partition), new.to_bytes(), version=version)
+        answers = t.commit()
+        failed = [a for a in answers if isinstance(a, Exception)]
+        if not failed:
+            for c, new, _version, why in chunk:
+                log.info(
+                    "%s-%d: %s -> leader %d epoch %d isr %s",
+                    c.topic,
+                    c.partition,
+                    why,
+                    new.leader,
+                    new.leader_epoch,
+                    new.isr,
+                )
+                result[c.key] = new
+            continue
+        if not all(isinstance(a, _LOST_RACE) for a in failed):
+            raise failed[0]
+        log.info(
+            "a transaction of %d leadership writes lost a race (a state changed); re-reading them",
+            len(chunk),
+        )
+        retry.update((c.key, c) for c, _new, _version, _why in chunk)
+    return retry
 
 
 class ZkLease:

@@ -335,9 +335,7 @@ class ReplicaManager:
                     after(None)
             return
         changes = [change for change, _after in batch.values()]
-        fut = asyncio.get_running_loop().run_in_executor(
-            self.zk_executor, leadership.write_many, zk, self.me, changes
-        )
+        task = asyncio.get_running_loop().create_task(self._write_many(zk, changes))
 
         def done(f: asyncio.Future[dict[Key, PartitionState | None]]) -> None:
             exc = None if f.cancelled() else f.exception()
@@ -362,7 +360,33 @@ class ReplicaManager:
             if not f.cancelled():
                 self.registry.refresh()
 
-        fut.add_done_callback(done)
+        task.add_done_callback(done)
+
+    async def _write_many(
+        self, zk: Any, changes: list[leadership.Change]
+    ) -> dict[Key, PartitionState | None]:
+        """``leadership.write_many``, each round's read and commit a call of their own in
+        the executor (the same steps; in the simulation other servers move in between)."""
+        loop = asyncio.get_running_loop()
+        result: dict[Key, PartitionState | None] = {}
+        pending = {c.key: c for c in changes}
+        for _ in range(leadership.BULK_ROUNDS):
+            if not pending:
+                break
+            planned = await loop.run_in_executor(
+                self.zk_executor,
+                leadership.read_and_plan,
+                zk,
+                self.me,
+                list(pending.values()),
+                result,
+            )
+            pending = await loop.run_in_executor(
+                self.zk_executor, leadership.commit_planned, zk, planned, result
+            )
+        for key in pending:
+            result[key] = None
+        return result
 
     def _lead_won(self, won: list[tuple[Key, PartitionState, Any]]) -> None:
         """Leaderships this server just won (an election, a step-in): each needs its epoch's
