@@ -184,7 +184,7 @@ def _read_many(zk: Any, keys: list[tuple[str, int]]) -> dict[tuple[str, int], An
     whatever is in flight)."""
     out: dict[tuple[str, int], Any] = {}
     get_async = getattr(zk, "get_async", None)
-    window = 64 if get_async is not None else 1
+    window = 32 if get_async is not None else 1
     for i in range(0, len(keys), window):
         part = keys[i : i + window]
         answers: list[Any] = (
