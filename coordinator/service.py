@@ -286,21 +286,27 @@ class LeaseService:
             if attempt:
                 for tp in todo:
                     self.addresses.drop(tp)  # stale (leader moved or down): ask ZooKeeper
-            unknown = [tp for tp in todo if self.addresses.get(tp) is None]
+            # Read from the cache once: an entry may expire while the others are looked up
+            # (seconds for thousands of partitions on a loaded machine), and a second read
+            # then found neither an address nor an answer for it (KeyError, an HTTP 500).
+            known = {tp: self.addresses.get(tp) for tp in todo}
+            unknown = [tp for tp, address in known.items() if address is None]
             if unknown:
                 # One pipelined ZooKeeper read for all of them, not one per partition.
                 try:
                     looked_up = self._leader_lookup(unknown)
                 except PidleaseError as exc:  # ZooKeeper unavailable: each item's answer
                     looked_up = dict.fromkeys(unknown, exc)
-                for tp, found in looked_up.items():
+                for tp in unknown:
+                    found = looked_up.get(tp, CoordinatorUnavailable(f"no leader found for {tp}"))
                     if isinstance(found, str):
                         self.addresses.put(tp, found)
+                        known[tp] = found
                     else:
                         out[tp] = found
             by_leader: dict[str, list[str]] = {}
             for tp in todo:
-                address = self.addresses.get(tp)
+                address = known[tp]
                 if address is not None:
                     by_leader.setdefault(address, []).append(tp)
             retry: list[str] = []
