@@ -101,7 +101,7 @@ def test_a_leadership_not_taken_after_its_prewrite_leaves_the_file_as_the_histor
     replica never led)."""
 
     async def go() -> None:
-        zk, mgr, parts, a = setup(tmp_path)
+        _zk, mgr, parts, a = setup(tmp_path)
         first = parts[("t", 0)]
         real = first.epochs.prewrite
 
