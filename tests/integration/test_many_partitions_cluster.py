@@ -10,9 +10,9 @@ The 1000 form is the default since elections, in-sync changes and new epochs wen
 and fetch sessions carry every partition a pair of servers shares: 32-63 s for the test on
 the shared 2-core machine at load average 14-18 (32 s with every change of issue 24 item
 3), where it took 81-86 s before (one fetch loop and one compare-and-set per partition),
-too close to CI's budget to be the default then; the 300 form took 28-34 s. Before PRODUCER_STATES / FENCES the
-1000 form failed at the producer's start: "CoordinatorUnavailable: asking the leader of
-wide/999 failed: TimeoutError()"."""
+too close to CI's budget to be the default then; the 300 form took 28-34 s. Before
+PRODUCER_STATES / FENCES the 1000 form failed at the producer's start:
+"CoordinatorUnavailable: asking the leader of wide/999 failed: TimeoutError()"."""
 
 from __future__ import annotations
 
