@@ -378,11 +378,15 @@ def create_app(
             "ZooKeeper only (leaders, replicas, in-sync sets), never blocked by a partition "
             "server that does not answer (what producers and readers use to find leaders)",
         ),
+        first: int = Query(0, ge=0, description="the first partition shown (a page)"),
+        count: int | None = Query(
+            None, ge=1, description="how many partitions from ``first`` (default: all)"
+        ),
     ) -> dict[str, Any]:
         problem = topic_name_problem(name)
         if problem:
             raise InvalidRequest(problem)
-        return coord.topics.describe(name, with_offsets=offsets)
+        return coord.topics.describe(name, with_offsets=offsets, first=first, count=count)
 
     # -- PIDs, servers ---------------------------------------------------------------------
     @app.get("/v1/pids")

@@ -286,26 +286,27 @@ class LeaseService:
             if attempt:
                 for tp in todo:
                     self.addresses.drop(tp)  # stale (leader moved or down): ask ZooKeeper
-            # Each partition's address for this attempt, read from the cache once: another
-            # request may drop or the TTL expire an entry at any time (with the cache off,
-            # always), and a partition without an address here would get no answer at all.
-            addresses = {tp: self.addresses.get(tp) for tp in todo}
-            unknown = [tp for tp, a in addresses.items() if a is None]
+            # Read from the cache once: an entry may expire while the others are looked up
+            # (seconds for thousands of partitions on a loaded machine), and a second read
+            # then found neither an address nor an answer for it (KeyError, an HTTP 500).
+            known = {tp: self.addresses.get(tp) for tp in todo}
+            unknown = [tp for tp, address in known.items() if address is None]
             if unknown:
                 # One pipelined ZooKeeper read for all of them, not one per partition.
                 try:
                     looked_up = self._leader_lookup(unknown)
                 except PidleaseError as exc:  # ZooKeeper unavailable: each item's answer
                     looked_up = dict.fromkeys(unknown, exc)
-                for tp, found in looked_up.items():
+                for tp in unknown:
+                    found = looked_up.get(tp, CoordinatorUnavailable(f"no leader found for {tp}"))
                     if isinstance(found, str):
                         self.addresses.put(tp, found)
-                        addresses[tp] = found
+                        known[tp] = found
                     else:
                         out[tp] = found
             by_leader: dict[str, list[str]] = {}
             for tp in todo:
-                address = addresses.get(tp)
+                address = known.get(tp)
                 if address is not None:
                     by_leader.setdefault(address, []).append(tp)
                 elif tp not in out:

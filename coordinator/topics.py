@@ -208,17 +208,24 @@ class Topics:
                 )
         return out
 
-    def describe(self, name: str, *, with_offsets: bool = True) -> dict[str, Any]:
+    def describe(
+        self, name: str, *, with_offsets: bool = True, first: int = 0, count: int | None = None
+    ) -> dict[str, Any]:
+        """The topic and its partitions ``first`` .. ``first + count - 1`` (all by default):
+        a page of a topic of thousands (``pidlease topic describe --from --limit``), whose
+        offsets then ask only the leaders of that page."""
         spec = self.store.get_topic(name)
         if spec is None:
             raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
-        states = self.store.get_partition_states(name, list(range(spec.partitions)))
+        last = spec.partitions if count is None else min(spec.partitions, first + count)
+        numbers = list(range(min(first, spec.partitions), last))
+        states = self.store.get_partition_states(name, numbers)
         servers = self.store.get_servers(sorted({s.leader for s in states if s is not None}))
         metadata: dict[int, dict[str, Any] | None] = {}
         if with_offsets and servers:
             metadata = self._metadata(servers)
         rows: list[dict[str, Any]] = []
-        for p, st in enumerate(states):
+        for p, st in zip(numbers, states, strict=True):
             if st is None:
                 rows.append(
                     {
@@ -258,6 +265,7 @@ class Topics:
             "created_ms": spec.created_ms,
             **settings_of(spec),
             "partition_states": rows,
+            **({} if first == 0 and count is None else {"first_partition": first}),
         }
 
     def _metadata(self, servers: dict[int, Any]) -> dict[int, dict[str, Any] | None]:

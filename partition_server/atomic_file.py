@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Blocking (two fsyncs): run it in an executor from the event loop."""
-    tmp = path.with_suffix(".tmp")
+def write_atomically(path: Path, data: bytes, tmp_suffix: str = ".tmp") -> None:
+    """Blocking (two fsyncs): run it in an executor from the event loop. ``tmp_suffix``:
+    the temporary file's, for a writer that may run beside the usual one (each renames
+    only a file it wrote whole)."""
+    tmp = path.with_suffix(tmp_suffix)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

@@ -55,6 +55,11 @@ class EpochHistory:
         self.truncations = truncations
         self.path = path
         self.found = True  # False: there was no file (load)
+        # The bytes this process last wrote to the file, or None when unknown: ``save``
+        # skips a write of the same bytes (``prepare`` / ``prewrite``: many new leaderships
+        # write their files in parallel, off the event loop, before they are taken).
+        self.on_disk: bytes | None = None
+        self.saves = 0
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -176,12 +181,45 @@ class EpochHistory:
             self.entries = [(0, 0)]
         self.trim_past(log_end)
 
-    def save(self) -> None:
-        """Replace the file atomically and durably (blocking: a few hundred bytes)."""
-        assert self.path is not None
+    def encode(self) -> bytes:
         body = f"truncations {self.truncations}\n" + "".join(f"{e} {s}\n" for e, s in self.entries)
-        data = f"{_HEADER} {zlib.crc32(body.encode()):08x}\n{body}".encode()
+        return f"{_HEADER} {zlib.crc32(body.encode()):08x}\n{body}".encode()
+
+    def save(self) -> None:
+        """Replace the file atomically and durably (blocking: a few hundred bytes), unless
+        it already holds these bytes (written by :meth:`prewrite`)."""
+        assert self.path is not None
+        data = self.encode()
+        if data == self.on_disk:
+            return
         write_atomically(self.path, data)
+        self.on_disk = data
+        self.saves += 1
+
+    # -- a new leadership's entry written ahead (issue 24: many at once) -------------------
+    def token(self) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        """What the history is now, saves included: unchanged between two calls means no
+        entry moved and no file was written meanwhile."""
+        return tuple(self.entries), self.truncations, self.saves
+
+    def prepare(self, epoch: int, start_offset: int) -> bytes | None:
+        """The file's bytes after ``assign(epoch, start_offset)``, changing nothing; None
+        when that assign would change nothing or is refused."""
+        copy = EpochHistory(self.entries, self.truncations)
+        try:
+            if not copy.assign(epoch, start_offset):
+                return None
+        except ValueError:
+            return None
+        return copy.encode()
+
+    def prewrite(self, data: bytes) -> None:
+        """Blocking, in an executor: write ``data`` (from :meth:`prepare`) to the file, under
+        its own temporary name. The caller, back on the loop, then takes the leadership
+        (whose ``save`` finds the bytes there: ``on_disk``) or, when anything changed
+        meanwhile or the leadership was not taken, saves the history again."""
+        assert self.path is not None
+        write_atomically(self.path, data, tmp_suffix=".pre.tmp")
 
     def __repr__(self) -> str:
         return f"EpochHistory({self.entries}, truncations={self.truncations})"

@@ -25,13 +25,18 @@ the assignment and follows whatever won).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError, RolledBackError, RuntimeInconsistency
 
 from pidlease.wire.cluster import SERVERS, PartitionState, partition_path, server_path
 
 log = logging.getLogger("partition_server.leadership")
+
+# The answers of a multi that failed because a znode moved (the failing write), and of its
+# other writes (not applied).
+_LOST_RACE = (BadVersionError, NoNodeError, RolledBackError, RuntimeInconsistency)
 
 
 def _read(zk: Any, topic: str, partition: int) -> tuple[PartitionState, int] | None:
@@ -62,6 +67,54 @@ def _write(
     return new
 
 
+def plan_elect(ps: PartitionState, me: int, leader_live: bool) -> PartitionState | None:
+    """The ``elect`` rule on the state just read: the state to write, or None (not ours)."""
+    if ps.leader == me or me not in ps.isr or me not in ps.replicas:
+        return None
+    if leader_live:
+        return None  # the leader is back (or never left)
+    isr = [r for r in ps.isr if r != ps.leader]
+    return PartitionState(
+        replicas=ps.replicas, leader=me, leader_epoch=ps.leader_epoch + 1, isr=isr
+    )
+
+
+def plan_step_in(
+    ps: PartitionState, me: int, epoch: int, live: set[int]
+) -> tuple[PartitionState, str] | None:
+    """The ``step_in`` rule on the state just read (``live``: the servers registered)."""
+    if ps.leader != me or ps.leader_epoch != epoch:
+        return None  # already moved on
+    others = [r for r in ps.isr if r != me and r in live]
+    if others:
+        new = PartitionState(
+            replicas=ps.replicas,
+            leader=others[0],
+            leader_epoch=ps.leader_epoch + 1,
+            isr=[r for r in ps.isr if r != me],
+        )
+        return new, f"server {me} restarted; hands leadership to in-sync server {others[0]}"
+    new = PartitionState(
+        replicas=ps.replicas,
+        leader=me,
+        leader_epoch=ps.leader_epoch + 1,
+        isr=ps.isr if me in ps.isr else [*ps.isr, me],
+    )
+    return new, f"server {me} restarted as the only live in-sync replica; new epoch"
+
+
+def plan_set_isr(ps: PartitionState, me: int, epoch: int, isr: list[int]) -> PartitionState | None:
+    """The ``set_isr`` rule on the state just read: the state to write (``ps`` itself when
+    it already says so: nothing to write), or None (no longer our epoch)."""
+    if ps.leader != me or ps.leader_epoch != epoch:
+        return None
+    if sorted(ps.isr) == sorted(isr):
+        return ps
+    return PartitionState(
+        replicas=ps.replicas, leader=me, leader_epoch=epoch, isr=sorted(isr, key=ps.replicas.index)
+    )
+
+
 def elect(zk: Any, topic: str, partition: int, me: int) -> PartitionState | None:
     got = _read(zk, topic, partition)
     if got is None:
@@ -69,10 +122,9 @@ def elect(zk: Any, topic: str, partition: int, me: int) -> PartitionState | None
     ps, version = got
     if ps.leader == me or me not in ps.isr or me not in ps.replicas:
         return None
-    if zk.exists(server_path(ps.leader)) is not None:
-        return None  # the leader is back (or never left)
-    isr = [r for r in ps.isr if r != ps.leader]
-    new = PartitionState(replicas=ps.replicas, leader=me, leader_epoch=ps.leader_epoch + 1, isr=isr)
+    new = plan_elect(ps, me, zk.exists(server_path(ps.leader)) is not None)
+    if new is None:
+        return None
     return _write(zk, topic, partition, new, version, f"election after leader {ps.leader} left")
 
 
@@ -84,24 +136,10 @@ def step_in(zk: Any, topic: str, partition: int, me: int, epoch: int) -> Partiti
     if ps.leader != me or ps.leader_epoch != epoch:
         return None  # already moved on
     live = {int(c) for c in zk.get_children(SERVERS) if c.isdigit()}
-    others = [r for r in ps.isr if r != me and r in live]
-    if others:
-        new = PartitionState(
-            replicas=ps.replicas,
-            leader=others[0],
-            leader_epoch=ps.leader_epoch + 1,
-            isr=[r for r in ps.isr if r != me],
-        )
-        why = f"server {me} restarted; hands leadership to in-sync server {others[0]}"
-    else:
-        new = PartitionState(
-            replicas=ps.replicas,
-            leader=me,
-            leader_epoch=ps.leader_epoch + 1,
-            isr=ps.isr if me in ps.isr else [*ps.isr, me],
-        )
-        why = f"server {me} restarted as the only live in-sync replica; new epoch"
-    return _write(zk, topic, partition, new, version, why)
+    planned = plan_step_in(ps, me, epoch, live)
+    if planned is None:
+        return None
+    return _write(zk, topic, partition, planned[0], version, planned[1])
 
 
 def set_isr(
@@ -111,14 +149,181 @@ def set_isr(
     if got is None:
         return None
     ps, version = got
-    if ps.leader != me or ps.leader_epoch != epoch:
-        return None
-    if sorted(ps.isr) == sorted(isr):
-        return ps
-    new = PartitionState(
-        replicas=ps.replicas, leader=me, leader_epoch=epoch, isr=sorted(isr, key=ps.replicas.index)
-    )
+    new = plan_set_isr(ps, me, epoch, isr)
+    if new is None or new is ps:
+        return new
     return _write(zk, topic, partition, new, version, f"in-sync set {ps.isr} -> {new.isr}")
+
+
+# -- in bulk (issue 24 item 3) ---------------------------------------------------------------
+MULTI_MAX = 250  # writes per ZooKeeper transaction (a few dozen KB, far below jute.maxbuffer)
+READ_TIMEOUT_S = 10.0  # one pipelined read's answer (kazoo fails them on a lost connection)
+BULK_ROUNDS = 4  # read-plan-commit rounds before the rest is left to the next reconcile
+
+
+@dataclass(frozen=True)
+class Change:
+    """One leadership write asked for: ``kind`` is ``elect``, ``step_in`` (``epoch``: the
+    one this server was named for) or ``set_isr`` (``epoch``: the leadership's, ``isr``:
+    the set wanted)."""
+
+    topic: str
+    partition: int
+    kind: str
+    epoch: int = 0
+    isr: tuple[int, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+def _read_many(zk: Any, keys: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+    """Each partition's (state, version), or None when its znode is gone; pipelined when
+    the client can (kazoo ``get_async``), in windows (the session's heartbeat waits behind
+    whatever is in flight)."""
+    out: dict[tuple[str, int], Any] = {}
+    get_async = getattr(zk, "get_async", None)
+    window = 32 if get_async is not None else 1
+    for i in range(0, len(keys), window):
+        part = keys[i : i + window]
+        answers: list[Any] = (
+            [get_async(partition_path(t, p)) for t, p in part] if get_async is not None else []
+        )
+        for j, key in enumerate(part):
+            try:
+                raw, stat = (
+                    answers[j].get(timeout=READ_TIMEOUT_S)
+                    if answers
+                    else zk.get(partition_path(*key))
+                )
+            except NoNodeError:
+                out[key] = None
+                continue
+            out[key] = (PartitionState.from_bytes(raw), stat.version)
+    return out
+
+
+def _plan(
+    zk: Any, c: Change, ps: PartitionState, me: int, live: dict[int, bool], servers: list[set[int]]
+) -> tuple[PartitionState, str] | None:
+    """The single functions' rules, with ZooKeeper's answers about servers read once per
+    round (``live``: one ``exists`` per leader asked about; ``servers``: the children of
+    ``/servers``, read at most once), after the states they are checked against."""
+    if c.kind == "elect":
+        if ps.leader == me or me not in ps.isr or me not in ps.replicas:
+            return None
+        if ps.leader not in live:
+            live[ps.leader] = zk.exists(server_path(ps.leader)) is not None
+        new = plan_elect(ps, me, live[ps.leader])
+        return None if new is None else (new, f"election after leader {ps.leader} left")
+    if c.kind == "step_in":
+        if ps.leader != me or ps.leader_epoch != c.epoch:
+            return None
+        if not servers:
+            servers.append({int(s) for s in zk.get_children(SERVERS) if s.isdigit()})
+        return plan_step_in(ps, me, c.epoch, servers[0])
+    if c.kind == "set_isr":
+        new = plan_set_isr(ps, me, c.epoch, list(c.isr))
+        if new is None or new is ps:
+            return None if new is None else (ps, "")
+        return new, f"in-sync set {ps.isr} -> {new.isr}"
+    raise ValueError(f"unknown leadership change {c.kind!r}")
+
+
+Planned = list[tuple[Change, PartitionState, int, str]]  # (change, new state, version, why)
+Results = dict[tuple[str, int], PartitionState | None]
+
+
+def write_many(zk: Any, me: int, changes: list[Change], *, multi_max: int = MULTI_MAX) -> Results:
+    """Many leadership writes (the partitions of a dead server, the in-sync sets it leaves)
+    in a few ZooKeeper transactions instead of one compare-and-set each. Each change is
+    planned by the same rule as its single function, against its znode as just read, and
+    written with that read's version: a transaction (kazoo ``transaction()``, ZooKeeper
+    ``multi``) of up to ``multi_max`` versioned writes commits all or nothing, so no rule
+    is weaker than a single compare-and-set's. When one znode moved meanwhile (another
+    survivor won it) the whole transaction fails: its changes are read and planned again
+    (those lost drop out, their rule no longer holding), at most ``BULK_ROUNDS`` rounds.
+
+    Returns, per key, the state written (or the one read, for an in-sync set already as
+    asked), or None when not written: the rule said no, or the rounds ran out (the caller's
+    re-read and reconcile retry). A ZooKeeper error other than a lost race raises: the
+    caller treats every change as maybe written. Blocking; ``ReplicaManager`` runs the same
+    two steps (:func:`read_and_plan`, :func:`commit_planned`) as two executor calls, so
+    the simulation can let other servers move between a read and its commit."""
+    result: Results = {}
+    pending = {c.key: c for c in changes}
+    for _ in range(BULK_ROUNDS):
+        if not pending:
+            break
+        planned = read_and_plan(zk, me, list(pending.values()), result)
+        pending = commit_planned(zk, planned, result, multi_max=multi_max)
+    for key in pending:
+        result[key] = None
+    return result
+
+
+def read_and_plan(zk: Any, me: int, changes: list[Change], result: Results) -> Planned:
+    """Step 1 of a round: read the changes' znodes and plan each by its rule; the changes
+    with nothing to write get their answer in ``result``."""
+    reads = _read_many(zk, [c.key for c in changes])
+    live: dict[int, bool] = {}
+    servers: list[set[int]] = []
+    planned: Planned = []
+    for c in changes:
+        got = reads.get(c.key)
+        plan = None if got is None else _plan(zk, c, got[0], me, live, servers)
+        if got is None or plan is None:
+            result[c.key] = None
+        elif plan[0] is got[0]:
+            result[c.key] = got[0]  # nothing to write
+        else:
+            planned.append((c, plan[0], got[1], plan[1]))
+    return planned
+
+
+def commit_planned(
+    zk: Any, planned: Planned, result: Results, *, multi_max: int = MULTI_MAX
+) -> dict[tuple[str, int], Change]:
+    """Step 2: commit the plans, with the versions they were read at, in transactions of
+    one kind of change each (a race lost by an election, another survivor having won it,
+    fails only elections, never this server's in-sync changes of its own partitions).
+    Written ones go in ``result``; returns those of a transaction that lost a race, to be
+    read and planned again."""
+    retry: dict[tuple[str, int], Change] = {}
+    chunks = [
+        same[i : i + multi_max]
+        for kind in ("set_isr", "step_in", "elect")
+        for same in [[x for x in planned if x[0].kind == kind]]
+        for i in range(0, len(same), multi_max)
+    ]
+    for chunk in chunks:
+        t = zk.transaction()
+        for c, new, version, _why in chunk:
+            t.set_data(partition_path(c.topic, c.partition), new.to_bytes(), version=version)
+        answers = t.commit()
+        failed = [a for a in answers if isinstance(a, Exception)]
+        if not failed:
+            for c, new, _version, why in chunk:
+                log.info(
+                    "%s-%d: %s -> leader %d epoch %d isr %s",
+                    c.topic,
+                    c.partition,
+                    why,
+                    new.leader,
+                    new.leader_epoch,
+                    new.isr,
+                )
+                result[c.key] = new
+            continue
+        if not all(isinstance(a, _LOST_RACE) for a in failed):
+            raise failed[0]
+        log.info(
+            "a transaction of %d leadership writes lost a race (a state changed); re-reading them",
+            len(chunk),
+        )
+        retry.update((c.key, c) for c, _new, _version, _why in chunk)
+    return retry
 
 
 class ZkLease:

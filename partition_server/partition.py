@@ -293,6 +293,46 @@ class Partition:
         at = now if origin is Origin.CLIENT else None
         return self.state.check_append(h.pid, h.generation, h.base_sequence, h.count, at)
 
+    def _assign_fetched_epochs(
+        self, hist: EpochHistory, epochs: list[tuple[int, int]], start: int, end: int
+    ) -> None:
+        for epoch, first in epochs:
+            latest = hist.latest_epoch
+            if (latest is None or epoch > latest) and max(first, start) < end:
+                if first < start and start != self.log.log_start_offset:
+                    raise CorruptRecord(
+                        f"leader says epoch {epoch} starts at {first}, inside "
+                        f"this replica's log (ends {start}); reconcile again"
+                    )
+                # An empty log restarted at the leader's log start (restart_at) holds
+                # the epoch from there on: nothing below it is here.
+                hist.assign(epoch, max(first, start))
+
+    def prepare_replicated_epochs(
+        self, data: memoryview | bytes, epochs: list[tuple[int, int]]
+    ) -> bytes | None:
+        """The leader-epoch file's bytes once ``append_replicated(data, epochs)`` has
+        assigned the entries it brings, changing nothing; None when it brings none (or would
+        refuse them). A follower's fetch round writes these files for many partitions at
+        once, off the loop (``EpochHistory.prewrite``), before it appends (issue 24)."""
+        if self._role is Role.LEADER or not epochs:
+            return None
+        latest = self.epochs.latest_epoch
+        if latest is not None and all(e <= latest for e, _ in epochs):
+            return None  # the common case: nothing new
+        start = end = self.log.next_offset
+        try:
+            for h, _ in iter_batches(data):
+                if h.base_offset + h.count > end:
+                    if h.base_offset != end:
+                        return None
+                    end = h.base_offset + h.count
+            copy = EpochHistory(self.epochs.entries, self.epochs.truncations)
+            self._assign_fetched_epochs(copy, epochs, start, end)
+        except (CorruptRecord, ValueError):
+            return None
+        return copy.encode() if copy.entries != self.epochs.entries else None
+
     def append_replicated(self, data: memoryview, epochs: list[tuple[int, int]]) -> int:
         """As a follower: append the batches the leader sent (already in its log, offsets
         set) and replay them into the producer state, as recovery would. ``epochs`` are
@@ -316,17 +356,7 @@ class Partition:
         # Saved before the batches: a crash in between only refetches. A failed save (or a
         # refused entry) leaves nothing in memory, so the refetch assigns and saves it again.
         with self.epochs.change():
-            for epoch, first in epochs:
-                latest = self.epochs.latest_epoch
-                if (latest is None or epoch > latest) and max(first, start) < end:
-                    if first < start and start != self.log.log_start_offset:
-                        raise CorruptRecord(
-                            f"leader says epoch {epoch} starts at {first}, inside "
-                            f"this replica's log (ends {start}); reconcile again"
-                        )
-                    # An empty log restarted at the leader's log start (restart_at) holds
-                    # the epoch from there on: nothing below it is here.
-                    self.epochs.assign(epoch, max(first, start))
+            self._assign_fetched_epochs(self.epochs, epochs, start, end)
         now = self.clock_ms()
         state = self.state
         active = self.log.segments[-1]

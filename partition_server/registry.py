@@ -69,6 +69,10 @@ class Registry:
         self._session_lost = False
         self._closed = False
         self._retry: asyncio.TimerHandle | None = None  # a re-read after a failed one
+        # Partitions whose state znode changed since the last read (``_watch``): read alone
+        # when no full read is wanted (``_read_changed``); counted for METADATA and tests.
+        self._dirty: set[tuple[str, int]] = set()
+        self.partial_reads = 0
         # The leader's lease on its session (``ZkLease``; docs/replication.md, Step-down).
         # None until connect(): a registry that never talks to ZooKeeper (unit tests
         # driving roles by hand) enforces nothing.
@@ -360,9 +364,22 @@ class Registry:
         return None
 
     # -- reading the cluster state ---------------------------------------------------------
-    def _watch(self, _event: object) -> None:
-        if self._loop is not None and not self._closed:
+    def _watch(self, event: object) -> None:
+        if self._loop is None or self._closed:
+            return
+        key = _changed_partition(event)
+        if key is not None:
+            # One partition's state changed (an election, an in-sync change): read that
+            # one again, not the whole cluster. The changes that come together (a dead
+            # server's partitions moved in a few transactions) are read together.
+            self._loop.call_soon_threadsafe(self._changed, key)
+        else:
             self._loop.call_soon_threadsafe(self.refresh)
+
+    def _changed(self, key: tuple[str, int]) -> None:
+        self._dirty.add(key)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     def refresh(self) -> asyncio.Future[Assignment]:
         """Re-read ZooKeeper; the future resolves with an Assignment read after this call."""
@@ -377,8 +394,12 @@ class Registry:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._want and not self._closed:
+        while (self._want or self._dirty) and not self._closed:
+            if not self._want:
+                await self._read_changed(loop)
+                continue
             self._want = False
+            self._dirty.clear()  # the full read covers them
             waiters, self._waiters = self._waiters, []
             try:
                 a = await loop.run_in_executor(None, self._read_all)
@@ -406,6 +427,46 @@ class Registry:
             for w in waiters:
                 if not w.done():
                     w.set_result(a)
+
+    async def _read_changed(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read again only the partitions whose state znode fired (re-arming their watches),
+        into a copy of the last assignment (``listed`` None: not a full read, no topic is
+        taken for deleted). A partition gone, or a failed read, asks for a full read."""
+        keys = sorted(self._dirty)
+        self._dirty.clear()
+        try:
+            got = await loop.run_in_executor(None, self._read_partitions, keys)
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper down: the full read retries
+            log.warning("reading %d changed partition(s) failed (%s)", len(keys), describe(exc))
+            self._want = True
+            return
+        if got is None:
+            self._want = True
+            return
+        old = self.assignment
+        a = Assignment(topics=old.topics, partitions={**old.partitions, **got}, servers=old.servers)
+        self.assignment = a
+        self.partial_reads += 1
+        if self.on_change is not None:
+            try:
+                self.on_change(a)
+            except Exception:
+                log.exception("applying the partition states read from ZooKeeper failed")
+
+    def _read_partitions(
+        self, keys: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], PartitionState] | None:
+        reads = self._get_many([partition_path(t, p) for t, p in keys], self._watch)
+        out: dict[tuple[str, int], PartitionState] = {}
+        for key, read in zip(keys, reads, strict=True):
+            try:
+                raw, _ = read()
+                out[key] = PartitionState.from_bytes(raw)
+            except NoNodeError:
+                return None  # its topic is being deleted: read everything
+            except (ValueError, TypeError) as exc:
+                log.warning("partition %s/%d has an unreadable state: %s", *key, describe(exc))
+        return out
 
     def _read_again(self) -> None:
         self._retry = None
@@ -465,6 +526,20 @@ class Registry:
                 r.wait(self.timeout_s)
             out.extend(lambda r=r: r.get(timeout=self.timeout_s) for r in pending)
         return out
+
+
+def _changed_partition(event: object) -> tuple[str, int] | None:
+    """The partition whose state znode a data watch says CHANGED, else None (a creation,
+    a deletion, children, a topic's spec, the servers: a full read)."""
+    if getattr(event, "type", None) != "CHANGED":
+        return None
+    parts = str(getattr(event, "path", "")).split("/")
+    # /topics/<name>/partitions/<p>
+    if len(parts) != 5 or "/" + parts[1] != TOPICS or parts[3] != "partitions":
+        return None
+    if not parts[4].isdigit() or not parts[2]:
+        return None
+    return parts[2], int(parts[4])
 
 
 def _children_or_watch_creation(zk: Any, path: str, watch: Any) -> list[str]:

@@ -153,6 +153,36 @@ class FakeZk:
             raise ConnectionLoss
         self.raw, self.version = data, self.version + 1
 
+    def transaction(self) -> _FakeTransaction:
+        return _FakeTransaction(self)
+
+
+class _FakeTransaction:
+    """kazoo's ``TransactionRequest`` over :class:`FakeZk` (its one znode): ``commit``
+    applies every write or none, answering a stale version as kazoo does (a list with the
+    error in place of the result), a lost connection by raising."""
+
+    def __init__(self, zk: FakeZk) -> None:
+        self.zk = zk
+        self.writes: list[tuple[bytes, int]] = []
+
+    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
+        self.writes.append((value, version))
+
+    def commit(self) -> list[Any]:
+        zk = self.zk
+        zk.sets += 1
+        if any(v not in (-1, zk.version + i) for i, (_, v) in enumerate(self.writes)):
+            return [BadVersionError() for _ in self.writes]
+        landed = not zk.fail_sets or zk.land_failed
+        if landed:
+            for data, _ in self.writes:
+                zk.raw, zk.version = data, zk.version + 1
+        if zk.fail_sets:
+            zk.fail_sets -= 1
+            raise ConnectionLoss
+        return [_Stat(zk.version) for _ in self.writes]
+
 
 def open_part(
     data_dir: Path,

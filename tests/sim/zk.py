@@ -30,6 +30,8 @@ from kazoo.exceptions import (  # type: ignore[import-untyped]
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
+    RolledBackError,
+    RuntimeInconsistency,
 )
 from kazoo.protocol.states import KazooState, WatchedEvent  # type: ignore[import-untyped]
 
@@ -343,6 +345,9 @@ class FakeZkClient:
         self._maybe_fail(True)
         self.zk.delete(path, version)
 
+    def transaction(self) -> FakeTransaction:
+        return FakeTransaction(self)
+
     def _tree(self) -> dict[str, _Znode]:
         stale = self.server_cut()
         return self.zk.nodes if stale is None else stale
@@ -359,6 +364,39 @@ class FakeZkClient:
 
     def close(self) -> None:
         pass
+
+
+class FakeTransaction:
+    """kazoo's ``TransactionRequest`` (ZooKeeper ``multi``), the versioned writes the
+    partition servers' bulk leadership changes make (``leadership.write_many``): ``commit``
+    is one write request (it fails as one: ConnectionLoss, raised), and applies every write
+    or none. A stale version or a missing znode fails the whole transaction: kazoo's answer
+    is a list with the error at the failing write and RolledBackError (before it) or
+    RuntimeInconsistency (after it) at the others; nothing changes, no watch fires."""
+
+    def __init__(self, client: FakeZkClient) -> None:
+        self.client = client
+        self.writes: list[tuple[str, bytes, int]] = []
+
+    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
+        self.writes.append((path, value, version))
+
+    def commit(self) -> list[Any]:
+        c = self.client
+        c.zk.ops += 1
+        c._maybe_fail(True)  # one request, as the real multi is
+        nodes = c.zk.nodes
+        versions = {p: z.version for p, z in nodes.items() if p in {w[0] for w in self.writes}}
+        for i, (path, _value, version) in enumerate(self.writes):
+            if path not in versions or version not in (-1, versions[path]):
+                err: Exception = NoNodeError() if path not in versions else BadVersionError()
+                return [
+                    RolledBackError() if j < i else err if j == i else RuntimeInconsistency()
+                    for j in range(len(self.writes))
+                ]
+            versions[path] += 1
+        c.zk.trace("zk", f"{c.name}: a transaction of {len(self.writes)} writes")
+        return [c.zk.set(path, value, version) for path, value, version in self.writes]
 
 
 def _children(tree: dict[str, _Znode], path: str) -> list[str]:

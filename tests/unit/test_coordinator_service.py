@@ -792,3 +792,33 @@ def test_zookeeper_failing_the_leader_lookup_fails_each_item_not_the_batch(
     assert [o["error"] for o in out] == ["COORDINATOR_UNAVAILABLE"] * 22
     assert "ZooKeeper did not answer" in out[0]["detail"]
     assert store.get_pid(pid) == before
+
+
+def test_leader_addresses_that_expire_during_the_lookup_of_others_are_still_asked(
+    two_servers: Any,
+) -> None:
+    """The cached leaders of t/* are fresh when a renewal round starts; looking up the
+    leaders of u/* (not cached) in ZooKeeper outlasts their time to live (a loaded machine,
+    3000 partitions): the round must still ask t/*'s leader with the addresses it started
+    from. It used to read the cache again after the lookup, find t/* gone, ask nobody for
+    them and fail the whole request with KeyError: 't/0' (an HTTP 500; seen at P=3000 in
+    bench/bench_partitions.py as KeyError: 'wide/2001')."""
+    from coordinator.lease_cache import AddressCache
+
+    svc, store, _leaders = two_servers
+    now = [0.0]
+    svc.addresses = AddressCache(1_000, clock_s=lambda: now[0])
+    r = svc.lease(LeaseRequest("t", 0))
+    pid, gen = r.record.pid, r.record.generation
+    assert [o["error"] for o in _all(svc, pid, gen)] == ["NONE"] * 22  # caches all 22
+    for p in range(12):
+        svc.addresses.drop(f"u/{p}")
+    real = store.get_partition_states
+
+    def slow(topic: str, parts: list[int]) -> Any:
+        now[0] += 2.0  # past the time to live of everything cached before
+        return real(topic, parts)
+
+    store.get_partition_states = slow  # type: ignore[method-assign]
+    out = _all(svc, pid, gen)
+    assert [o["error"] for o in out] == ["NONE"] * 22

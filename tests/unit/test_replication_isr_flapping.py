@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 
 from partition_server.replication import ReplicaManager
-from partition_server.testing import FakeZk
+from partition_server.testing import FakeZk, settle
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
 from tests.unit.test_replication_isr_retry import KEY, LAG_MS, append, fetch, setup
@@ -26,7 +26,7 @@ async def run(mgr: ReplicaManager, clock: ManualClock, until_ms: int, fetchers: 
         for r in fetchers:
             await fetch(mgr, part, r, part.log.next_offset)
         mgr.check_isr(clock.now)
-        await asyncio.sleep(0)
+        await settle()  # a leadership write takes a few turns of the loop (read, commit)
 
 
 def test_an_unreachable_follower_of_an_idle_partition_is_removed_once(tmp_path: Path) -> None:

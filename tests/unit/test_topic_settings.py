@@ -330,6 +330,33 @@ def test_describe_without_offsets_asks_no_partition_server() -> None:
     assert client.get("/v1/topics/t?offsets=maybe").status_code == 422
 
 
+def test_describe_pages_a_topic_of_many_partitions() -> None:
+    """``GET /v1/topics/{name}?first=&count=`` (``pidlease topic describe --from --limit``):
+    a page of a topic of 10,000 partitions, the rest untouched; past the end, empty; a
+    negative start or an empty page, 422."""
+
+    class Leaders:
+        def metadata(self, address: str) -> Any:
+            raise CoordinatorUnavailable(f"{address} does not answer")
+
+    coord = Coordinator(CoordinatorSettings(zk="127.0.0.1:1/none"))
+    store = FakeStore()
+    store.add_topic("t", 10_000)
+    store.add_server(1, 9001)
+    coord.topics = Topics(store, Leaders(), lambda: 0)  # type: ignore[arg-type]
+    client = TestClient(create_app(coordinator=coord, start=False))
+    body = client.get("/v1/topics/t?offsets=false&first=9990&count=100").json()
+    assert [p["partition"] for p in body["partition_states"]] == list(range(9990, 10_000))
+    assert body["partitions"] == 10_000 and body["first_partition"] == 9990
+    body = client.get("/v1/topics/t?offsets=false&first=20&count=5").json()
+    assert [p["partition"] for p in body["partition_states"]] == [20, 21, 22, 23, 24]
+    assert client.get("/v1/topics/t?offsets=false&first=10000").json()["partition_states"] == []
+    whole = client.get("/v1/topics/t?offsets=false").json()
+    assert len(whole["partition_states"]) == 10_000 and "first_partition" not in whole
+    assert client.get("/v1/topics/t?first=-1").status_code == 422
+    assert client.get("/v1/topics/t?count=0").status_code == 422
+
+
 def test_producers_and_readers_look_leaders_up_without_offsets() -> None:
     """The SDK's leader lookups ask for ``offsets=false``; `topic describe` does not."""
     import httpx

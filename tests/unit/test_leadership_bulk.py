@@ -1,0 +1,168 @@
+"""Leadership changes in bulk (issue 24 item 3): ``leadership.write_many`` against the
+simulation's fake ZooKeeper (versioned znodes, ephemeral ``/servers/<id>``, ``multi`` that
+applies all or nothing). The rules are the single functions' (``elect``, ``step_in``,
+``set_isr``): checked here against them on random states, and a transaction never writes
+over a znode that moved after it was read."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from kazoo.exceptions import ConnectionLoss
+
+from partition_server import leadership
+from partition_server.leadership import Change, write_many
+from pidlease.wire.cluster import PartitionState, partition_path, server_path
+from tests.sim.zk import FakeZk, FakeZkClient
+
+
+def world(states: dict[int, PartitionState], live: set[int]) -> tuple[FakeZk, FakeZkClient]:
+    zk = FakeZk(random.Random(0), lambda *_: None)
+    c = zk.client("test")
+    c.ensure_path("/servers")
+    for sid in live:
+        zk.create(server_path(sid), b"{}", owner=c.session, makepath=True)
+    for p, ps in states.items():
+        zk.create(partition_path("t", p), ps.to_bytes(), makepath=True)
+    return zk, c
+
+
+def read(zk: FakeZk, p: int) -> PartitionState:
+    return PartitionState.from_bytes(zk.nodes[partition_path("t", p)].data)
+
+
+class Counting:
+    """The client, counting transactions and the writes in each; ``before_commit`` runs
+    before each commit (another server moving first)."""
+
+    def __init__(self, c: FakeZkClient, before_commit: Any = None) -> None:
+        self.c = c
+        self.commits: list[int] = []
+        self.before_commit = before_commit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.c, name)
+
+    def transaction(self) -> Any:
+        t = self.c.transaction()
+        commit = t.commit
+
+        def counted() -> list[Any]:
+            if self.before_commit is not None:
+                self.before_commit(len(self.commits))
+            self.commits.append(len(t.writes))
+            return commit()
+
+        t.commit = counted  # type: ignore[method-assign]
+        return t
+
+
+def test_the_partitions_of_a_dead_leader_move_in_a_few_transactions() -> None:
+    states = {p: PartitionState([1, 2, 3], 1, 4, [1, 2, 3]) for p in range(600)}
+    zk, c = world(states, live={2, 3})
+    counting = Counting(c)
+    out = write_many(counting, 2, [Change("t", p, "elect") for p in range(600)], multi_max=250)
+    assert counting.commits == [250, 250, 100]
+    for p in range(600):
+        assert out[("t", p)] == PartitionState([1, 2, 3], 2, 5, [2, 3]) == read(zk, p)
+
+
+def test_a_transaction_that_meets_a_moved_znode_writes_nothing_and_the_lost_one_drops_out() -> None:
+    """Server 3 wins partition 7 between our read and our commit: our first transaction
+    fails whole (no partition of it written), the re-read finds 7 led by 3 (the rule says
+    no) and the others are written in the next round; 7 keeps 3's state."""
+    states = {p: PartitionState([1, 2, 3], 1, 4, [1, 2, 3]) for p in range(20)}
+    zk, c = world(states, live={2, 3})
+
+    def server_3_first(n: int) -> None:
+        if n == 0:
+            zk.set(partition_path("t", 7), PartitionState([1, 2, 3], 3, 5, [2, 3]).to_bytes())
+
+    counting = Counting(c, server_3_first)
+    out = write_many(counting, 2, [Change("t", p, "elect") for p in range(20)])
+    assert counting.commits == [20, 19]
+    assert out[("t", 7)] is None
+    assert read(zk, 7) == PartitionState([1, 2, 3], 3, 5, [2, 3])
+    for p in set(range(20)) - {7}:
+        assert read(zk, p) == PartitionState([1, 2, 3], 2, 5, [2, 3]) == out[("t", p)]
+
+
+def test_a_znode_that_keeps_moving_is_left_to_the_next_reconcile() -> None:
+    states = {p: PartitionState([1, 2, 3], 2, 4, [1, 2, 3]) for p in range(3)}
+    zk, c = world(states, live={1, 2, 3})
+
+    def bump(_: int) -> None:  # the same state again, a new version: the CAS must fail
+        zk.set(partition_path("t", 0), zk.nodes[partition_path("t", 0)].data)
+
+    counting = Counting(c, bump)
+    out = write_many(counting, 2, [Change("t", p, "set_isr", 4, (2, 3)) for p in range(3)])
+    assert len(counting.commits) == leadership.BULK_ROUNDS
+    assert all(v is None for v in out.values())
+    assert all(read(zk, p).isr == [1, 2, 3] for p in range(3))
+
+
+def test_a_lost_connection_raises() -> None:
+    zk, c = world({0: PartitionState([1, 2], 1, 0, [1, 2])}, live={2})
+    zk.write_fail_p = 1.0
+    with pytest.raises(ConnectionLoss):
+        write_many(c, 2, [Change("t", 0, "elect")])
+    assert read(zk, 0).leader == 1
+
+
+def random_state(rng: random.Random) -> PartitionState:
+    replicas = rng.sample([1, 2, 3, 4], rng.choice([2, 3]))
+    leader = rng.choice(replicas)
+    isr = [r for r in replicas if r == leader or rng.random() < 0.6]
+    return PartitionState(replicas, leader, rng.randint(0, 5), isr)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bulk_rules_are_the_single_rules(seed: int) -> None:
+    """Random states, random changes asked by server ``me``: what ``write_many`` writes
+    (or refuses) for each partition is what the single function does on a copy."""
+    rng = random.Random(seed)
+    me = rng.choice([1, 2, 3, 4])
+    live = {s for s in (1, 2, 3, 4) if s == me or rng.random() < 0.5}
+    states = {p: random_state(rng) for p in range(12)}
+    changes = []
+    for p, ps in states.items():
+        kind = rng.choice(["elect", "step_in", "set_isr"])
+        epoch = ps.leader_epoch if rng.random() < 0.8 else ps.leader_epoch + 1
+        isr = tuple(r for r in ps.replicas if r == me or rng.random() < 0.5)
+        changes.append(Change("t", p, kind, epoch, isr))
+    bulk_zk, bulk_c = world(states, live)
+    got = write_many(bulk_c, me, changes)
+    for ch in changes:
+        one_zk, one_c = world({ch.partition: states[ch.partition]}, live)
+        if ch.kind == "elect":
+            want = leadership.elect(one_c, "t", ch.partition, me)
+        elif ch.kind == "step_in":
+            want = leadership.step_in(one_c, "t", ch.partition, me, ch.epoch)
+        else:
+            want = leadership.set_isr(one_c, "t", ch.partition, me, ch.epoch, list(ch.isr))
+        assert got[ch.key] == want, (ch, states[ch.partition])
+        assert read(bulk_zk, ch.partition) == read(one_zk, ch.partition)
+
+
+def test_a_lost_election_race_does_not_fail_the_in_sync_changes_beside_it() -> None:
+    """Server 2 leads 0-9 (server 1, dead, follows them) and asks to elect itself for 10-19
+    (led by 1): server 3 wins 10-19 first. The in-sync changes go out in their own
+    transaction and land in the first round; only the elections are re-read."""
+    states = {p: PartitionState([2, 3, 1], 2, 0, [2, 3, 1]) for p in range(10)}
+    states.update({p: PartitionState([1, 2, 3], 1, 0, [1, 2, 3]) for p in range(10, 20)})
+    zk, c = world(states, live={2, 3})
+
+    def server_3_first(n: int) -> None:
+        if n == 0:
+            for p in range(10, 20):
+                zk.set(partition_path("t", p), PartitionState([1, 2, 3], 3, 1, [2, 3]).to_bytes())
+
+    counting = Counting(c, server_3_first)
+    changes = [Change("t", p, "elect") for p in range(10, 20)]
+    changes += [Change("t", p, "set_isr", 0, (2, 3)) for p in range(10)]
+    out = write_many(counting, 2, changes)
+    assert counting.commits == [10, 10]  # the in-sync changes, then the elections (lost)
+    assert all(out[("t", p)] == PartitionState([2, 3, 1], 2, 0, [2, 3]) for p in range(10))
+    assert all(out[("t", p)] is None and read(zk, p).leader == 3 for p in range(10, 20))

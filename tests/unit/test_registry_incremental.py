@@ -1,0 +1,73 @@
+"""A partition state's change is read alone (issue 24 items 3-4): the registry reads again
+only the partitions whose state znode fired, not every topic, partition and server; a
+deleted partition, a topic's spec or the servers still bring a full read. Against the
+simulation's fake ZooKeeper (one-shot watches delivered on the loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from partition_server.registry import Assignment, Registry
+from pidlease.wire.cluster import (
+    PartitionState,
+    ServerInfo,
+    TopicSpec,
+    partition_path,
+    server_path,
+    topic_path,
+)
+from tests.sim.zk import FakeZk
+
+
+async def settle(reg: Registry, pred: Any) -> None:
+    """Until ``pred()`` holds and no read is under way (the fake delivers each watch event
+    0-3 ms later, so changes made together may take more than one read)."""
+    for _ in range(400):  # bounded: 400 x 5 ms
+        if pred() and (reg._task is None or reg._task.done()):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("not seen")
+
+
+def test_changed_partitions_are_read_alone_and_a_deletion_reads_everything() -> None:
+    async def go() -> None:
+        zk = FakeZk(random.Random(1), lambda *_: None)
+        admin = zk.client("admin")
+        admin.create(topic_path("t"), TopicSpec(name="t", partitions=50).to_bytes(), makepath=True)
+        for p in range(50):
+            admin.create(
+                partition_path("t", p),
+                PartitionState([1, 2], 1, 0, [1, 2]).to_bytes(),
+                makepath=True,
+            )
+        admin.create(server_path(1), ServerInfo(1, "127.0.0.1", 9001).to_bytes(), makepath=True)
+        reg = Registry("unused:2181", 2)
+        reg.zk = zk.client("server-2")
+        seen: list[Assignment] = []
+        reg.on_change = seen.append
+        await reg.refresh()
+        assert len(reg.assignment.partitions) == 50 and len(seen) == 1
+        for p in (3, 7, 11):  # a few leader changes at once (one transaction elsewhere)
+            admin.set(partition_path("t", p), PartitionState([1, 2], 2, 1, [2]).to_bytes())
+        ops = zk.ops
+        await settle(
+            reg, lambda: all(seen[-1].partitions[("t", p)].leader == 2 for p in (3, 7, 11))
+        )
+        assert 1 <= reg.partial_reads <= 3
+        assert zk.ops - ops <= 3  # those three, not the 50 + topics + servers again
+        a = seen[-1]
+        assert a.listed is None  # not a full read: no topic may be taken for deleted
+        assert all(a.partitions[("t", p)].leader == 2 for p in (3, 7, 11))
+        assert a.partitions[("t", 4)].leader == 1 and a.servers.keys() == {1}
+        # The watches were armed again: a second change is seen too.
+        admin.set(partition_path("t", 7), PartitionState([1, 2], 1, 2, [1, 2]).to_bytes())
+        await settle(reg, lambda: seen[-1].partitions[("t", 7)].leader_epoch == 2)
+        assert seen[-1].partitions[("t", 7)].leader_epoch == 2
+        # A server leaving is a full read (its child watch).
+        admin.delete(server_path(1))
+        await settle(reg, lambda: seen[-1].listed is not None and not seen[-1].servers)
+        assert seen[-1].listed == {"t"} and seen[-1].servers == {}
+
+    asyncio.run(go())
