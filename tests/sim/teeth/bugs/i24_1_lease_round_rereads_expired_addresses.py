@@ -7,7 +7,7 @@ ORIGIN = "issue 24 item 1 (found by bench/bench_partitions.py at P=3000)"
 PATCHES = [
     (
         "coordinator/service.py",
-        "                address = known[tp]\n",
+        "                address = known.get(tp)\n",
         "                address = self.addresses.get(tp)\n",
     )
 ]
