@@ -1,0 +1,141 @@
+"""``spark.readStream.format("pidlease")`` on a real cluster with real Spark (local mode):
+a streaming query pidlease -> pidlease (``tests/integration/spark_stream_worker.py``),
+its driver SIGKILLed (the whole process group: JVM and Python workers) in the middle of
+micro-batches, restarted from its checkpoint while the input grows, then run to the end
+with ``Trigger.AvailableNow``: the output holds the transform of every input record
+exactly once."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from pidlease import Producer, Reader
+from pidlease.client.lease_client import LeaseClient
+from tests.integration import spark_stream_worker as worker
+
+ROOT = Path(__file__).resolve().parents[2]
+CHUNK = 12_000  # input records added before each run
+KILLS = 2
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _ends(url: str, topic: str) -> list[int]:
+    with LeaseClient(url) as c:
+        return [p.high_watermark for p in c.topic(topic).partition_states]
+
+
+def _records(url: str, topic: str, partitions: int) -> list[Any]:
+    out: list[Any] = []
+    for p in range(partitions):
+        with Reader(url, topic, p) as rd:
+            out.extend(rd)
+    return out
+
+
+def _load(url: str, start: int, n: int) -> None:
+    with Producer(url, topic="raw", producer_name="raw-loader") as prod:
+        for a in range(start, start + n, 500):
+            ids = range(a, min(a + 500, start + n))
+            prod.send_batch([b"r-%d" % i for i in ids], keys=[b"k%d" % (i % 13) for i in ids])
+        prod.flush()
+
+
+def _committed_records(checkpoint: Path) -> int:
+    """Input records of the micro-batches the checkpoint records as committed: the last
+    committed batch's end offsets (Spark's offset log: a version line, the batch's
+    metadata, then one line per source)."""
+    commits = sorted(int(f.name) for f in (checkpoint / "commits").glob("[0-9]*"))
+    if not commits:
+        return 0
+    lines = (checkpoint / "offsets" / str(commits[-1])).read_text().splitlines()
+    return sum(json.loads(lines[2]).values())
+
+
+def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_once(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    cluster = make_cluster(servers=1)
+    url = cluster.coordinator_url
+    cluster.create_topic("raw", partitions=3)
+    cluster.create_topic("out", partitions=2, dedup="monotonic")
+    checkpoint = tmp_path / "checkpoint"
+    log = tmp_path / "driver.log"
+
+    def spawn(trigger: str) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.spark_stream_worker"]
+                + [url, str(checkpoint), trigger],
+                cwd=ROOT,
+                env=_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # the JVM and the Python workers in its group
+            )
+
+    mid_batch = 0
+    loaded = 0
+    for k in range(KILLS):
+        _load(url, loaded, CHUNK)
+        loaded += CHUNK
+        base = sum(_ends(url, "out"))
+        driver = spawn("continuous")
+        try:
+            # Kill once the run has written more than one micro-batch's worth: a batch
+            # is committed, the next one is on its way (its tasks write 200 rows a call).
+            deadline = time.monotonic() + 300  # a JVM start on loaded cores
+            while time.monotonic() < deadline and driver.poll() is None:
+                if sum(_ends(url, "out")) - base > worker.MAX_RECORDS_PER_TRIGGER * 1.3:
+                    break
+                time.sleep(0.05)
+            assert driver.poll() is None, log.read_text()[-4000:]
+        finally:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(60)
+        written = sum(_ends(url, "out"))
+        committed = _committed_records(checkpoint)
+        print(f"kill {k}: {written} records written, {committed} in committed batches")
+        assert written < loaded, f"kill {k} came after the whole input was written"
+        if written > committed:
+            mid_batch += 1  # rows of an uncommitted micro-batch are in the output
+    assert mid_batch > 0, "no kill landed inside a micro-batch"
+
+    _load(url, loaded, CHUNK)
+    loaded += CHUNK
+    driver = spawn("available-now")
+    try:
+        assert driver.wait(400) == 0, log.read_text()[-4000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(60)
+
+    raw = _records(url, "raw", 3)
+    assert len(raw) == loaded
+    want = collections.Counter(
+        (r.key, worker.transform(r.value, r.partition, r.offset)) for r in raw
+    )
+    got = collections.Counter((r.key, r.value) for r in _records(url, "out", 2))
+    assert sum(got.values()) == loaded, f"{sum(got.values())} outputs for {loaded} inputs"
+    assert got == want
+    # the checkpoint's last micro-batch ends at the input's end (offsets count the
+    # loader's fence records too)
+    assert _committed_records(checkpoint) == sum(_ends(url, "raw")) > loaded
