@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 
 from pidlease import errors
 from pidlease.client.processor import (
+    AsyncProcessor,
     ResumePlan,
     assigned_partitions,
     output_partition,
     output_sequence,
     outputs_to_send,
+    processor_group,
     producer_name,
     resume_plan,
 )
@@ -54,6 +56,15 @@ def test_partition_assignment() -> None:
         assigned_partitions(6, instance=2, instances=2)
     assert output_partition(5, 6) == 5 and output_partition(5, 2) == 1
     assert producer_name("clean", "raw", 3) == "clean/raw/3"
+    assert processor_group("clean") == "pidlease-processor/clean"
+
+
+@pytest.mark.parametrize(
+    "static", [{"partitions": [0]}, {"instances": 2}, {"until_caught_up": True}]
+)
+def test_group_mode_refuses_the_static_assignment_flags(static: dict[str, object]) -> None:
+    with pytest.raises(errors.ConfigError, match="group=True"):
+        AsyncProcessor("http://127.0.0.1:1", "raw", "clean", "n", list, group=True, **static)  # type: ignore[arg-type]
 
 
 @st.composite
