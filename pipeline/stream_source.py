@@ -153,9 +153,7 @@ class StreamReadSettings:
     def parse(cls, o: Mapping[str, str]) -> StreamReadSettings:
         starting = (_get(o, "starting_offsets") or "earliest").lower()
         if starting not in ("earliest", "latest"):
-            raise OptionError(
-                f"option starting_offsets={starting!r} must be earliest or latest"
-            )
+            raise OptionError(f"option starting_offsets={starting!r} must be earliest or latest")
         return cls(
             coordinator=coordinator_url(o),
             topic=_topic(o),
@@ -223,9 +221,7 @@ class StreamScan(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = parse_offsets(start or {})
         max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         marks = {p: hw for p, (_, hw) in self._log_offsets().items()}
-        return dump_offsets(
-            next_end(begin, marks, max_records=max_records, target=self._target)
-        )
+        return dump_offsets(next_end(begin, marks, max_records=max_records, target=self._target))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return plan_ranges(parse_offsets(start), parse_offsets(end), self.settings.split_records)
@@ -278,9 +274,7 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     deadline = time.monotonic() + RANGE_WAIT_S
-    with Reader(
-        settings.coordinator, topic, p, rng.start, api_token=settings.api_token
-    ) as reader:
+    with Reader(settings.coordinator, topic, p, rng.start, api_token=settings.api_token) as reader:
         while reader.position < rng.end:
             try:
                 for rec in reader:

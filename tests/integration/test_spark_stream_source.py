@@ -80,10 +80,10 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
     log = tmp_path / "driver.log"
 
     def spawn(trigger: str) -> subprocess.Popen[bytes]:
+        args = ["-m", "tests.integration.spark_stream_worker", url, str(checkpoint), trigger]
         with log.open("ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.spark_stream_worker"]
-                + [url, str(checkpoint), trigger],
+                [sys.executable, *args],
                 cwd=ROOT,
                 env=_env(),
                 stdout=out,
