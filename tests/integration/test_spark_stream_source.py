@@ -139,3 +139,33 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
     # the checkpoint's last micro-batch ends at the input's end (offsets count the
     # loader's fence records too)
     assert _committed_records(checkpoint) == sum(_ends(url, "raw")) > loaded
+
+
+def test_a_range_reads_exactly_its_offsets_however_the_log_grows(make_cluster: Any) -> None:
+    """What a replay relies on: a task of range ``[start, end)`` returns the records of
+    those offsets and nothing else, the same ones after the log grew past ``end``, and a
+    range ending on a fence record (a control record: an offset, no record) ends there."""
+    from pipeline.stream_source import StreamRange, StreamReadSettings, read_range
+
+    cluster = make_cluster(servers=1)
+    url = cluster.coordinator_url
+    cluster.create_topic("raw", partitions=1)
+    settings = StreamReadSettings(coordinator=url, topic="raw")
+
+    def offsets(rng: StreamRange) -> list[tuple[int, bytes]]:
+        rows: list[tuple[int, bytes]] = []
+        for b in read_range(settings, rng):
+            d = b.to_pydict()
+            rows.extend(zip(d["offset"], d["value"], strict=True))
+        return rows
+
+    _load(url, 0, 1000)
+    end = _ends(url, "raw")[0]
+    assert end == 1000
+    first = offsets(StreamRange(0, 10, 510))
+    assert [o for o, _ in first] == list(range(10, 510))
+    _load(url, 1000, 1000)  # the second lease fences: offset 1000 is a control record
+    assert offsets(StreamRange(0, 10, 510)) == first
+    assert offsets(StreamRange(0, 0, end + 1)) == offsets(StreamRange(0, 0, end))
+    assert [o for o, _ in offsets(StreamRange(0, 999, 1003))] == [999, 1001, 1002]
+    assert [o for o, _ in offsets(StreamRange(0, 998, 1001))] == [998, 999]  # ends on it
