@@ -14,15 +14,21 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import count
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pidlease import Producer, Reader
+from pidlease.testing.devcluster import LocalCluster
+from pidlease.testing.zkserver import ZooKeeperCluster
 from tests.integration import processor_workers as workers
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 6000
 ALL = list(range(workers.PARTITIONS))
+_ids = count()
 
 
 def _env() -> dict[str, str]:
@@ -144,3 +150,85 @@ def test_group_members_share_partitions_and_a_takeover_fences_the_old_holder(
         assert got == want, f"partition {p}: {len(got)} outputs against {len(want)} expected"
     assert a_had and set(a_had) <= set(ALL)
     print(f"a had {a_had} before its pause; fenced at its resume: {fenced}")
+
+
+@pytest.fixture
+def two_small_clusters(zookeeper: ZooKeeperCluster, tmp_path: Path):  # type: ignore[no-untyped-def]
+    made: list[LocalCluster] = []
+    for side in ("src", "dst"):
+        hosts = f"{zookeeper.hosts}/group{os.getpid()}-{next(_ids)}-{side}"
+        made.append(LocalCluster(tmp_path / side, servers=1, zk_hosts=hosts).start())
+    yield made
+    for c in made:
+        c.stop()
+
+
+def test_mirrors_in_a_group_split_the_partitions_and_take_over_a_killed_one(  # type: ignore[no-untyped-def]
+    two_small_clusters, tmp_path: Path
+) -> None:
+    """``pidlease mirror --group``: two instances split the source's partitions; one is
+    SIGKILLed and the other takes everything over; the target is the source, once."""
+    from tests.integration.test_processor_mirror import check_mirror
+
+    src, dst = two_small_clusters
+    partitions, records = 4, 8000
+    src.create_topic("orders", partitions=partitions)
+    every = list(range(partitions))
+
+    def load() -> None:
+        with Producer(src.coordinator_url, topic="orders", producer_name="loader") as p:
+            for start in range(0, records, 400):
+                ids = range(start, start + 400)
+                p.send_batch([b"v-%d" % i for i in ids], keys=[b"k%d" % (i % 31) for i in ids])
+                time.sleep(0.4)
+            p.flush()
+
+    args = ["--source", src.coordinator_url, "--target", dst.coordinator_url]
+    args += ["--topics", "orders", "--name", "dc1-to-dc2", "--group"]
+    logs = [tmp_path / "mirror-a.log", tmp_path / "mirror-b.log"]
+
+    def spawn(log: Path) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "pidlease", "mirror", *args],
+                cwd=ROOT,
+                env=_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    a = spawn(logs[0])
+    procs = [a]
+    try:
+        _wait("a has every partition", lambda: every in _shares(logs[0]), 90, *logs)
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        b = spawn(logs[1])
+        procs.append(b)
+        _wait(
+            "a and b split the partitions",
+            lambda: (
+                bool(_shares(logs[0]) and _shares(logs[1]))
+                and bool(_shares(logs[0])[-1])
+                and sorted(_shares(logs[0])[-1] + _shares(logs[1])[-1]) == every
+            ),
+            90,
+            *logs,
+        )
+        time.sleep(1.5)  # both copy for a while
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        _wait("b takes a's partitions over", lambda: _shares(logs[1])[-1] == every, 60, *logs)
+        loader.join(120)
+        _wait(
+            "the target has every record",
+            lambda: sum(len(_records(dst.coordinator_url, "orders", p)) for p in every) >= records,
+            120,
+            *logs,
+        )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+    assert check_mirror(src.coordinator_url, dst.coordinator_url, "orders", partitions) == records
