@@ -169,3 +169,53 @@ def test_a_range_reads_exactly_its_offsets_however_the_log_grows(make_cluster: A
     assert offsets(StreamRange(0, 0, end + 1)) == offsets(StreamRange(0, 0, end))
     assert [o for o, _ in offsets(StreamRange(0, 999, 1003))] == [999, 1001, 1002]
     assert [o for o, _ in offsets(StreamRange(0, 998, 1001))] == [998, 999]  # ends on it
+
+
+RETENTION_ENV = {"PIDLEASE_RETENTION_CHECK_MS": "100", "PIDLEASE_FSYNC_INTERVAL_MS": "1"}
+
+
+def test_offsets_from_the_leaders_and_records_lost_to_retention(make_cluster: Any) -> None:
+    """The driver side against a real cluster (no Spark needed): ``earliest`` starts at the
+    log start, ``latest`` at the high watermarks, a limit is shared, AvailableNow stops
+    at the watermarks of its start; a range retention deleted fails the task, naming it."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from pidlease import errors
+    from pipeline.stream_source import StreamRange, StreamReadSettings, StreamScan, read_range
+
+    cluster = make_cluster(servers=1, env=RETENTION_ENV)
+    url = cluster.coordinator_url
+    cluster.create_topic("raw", partitions=2, segment_bytes=4096, retention_bytes=8192)
+    with Producer(url, topic="raw", producer_name="w") as prod:
+        prod.send_batch([b"a-%d" % i for i in range(30)], partition=0).result(30)
+        prod.send_batch([b"b-%d" % i for i in range(10)], partition=1).result(30)
+
+    def scan(**options: str) -> StreamScan:
+        return StreamScan(StreamReadSettings.parse({"coordinator": url, "topic": "raw", **options}))
+
+    assert scan().initialOffset() == {"0": 0, "1": 0}
+    assert scan(starting_offsets="latest").initialOffset() == {"0": 30, "1": 10}
+    start = {"0": 5, "1": 0}
+    assert scan().latestOffset(start, ReadAllAvailable()) == {"0": 30, "1": 10}
+    assert scan().latestOffset(start, ReadMaxRows(12)) == {"0": 11, "1": 6}
+    assert scan().latestOffset() == {"0": 30, "1": 10}  # PySpark < 4.2 asks without a start
+    now = scan()
+    now.prepareForTriggerAvailableNow()
+    with Producer(url, topic="raw", producer_name="w2") as prod:
+        prod.send_batch([b"c-%d" % i for i in range(5)], partition=1).result(30)
+    assert now.latestOffset(start, ReadAllAvailable()) == {"0": 30, "1": 10}
+    assert scan().latestOffset(start, ReadAllAvailable())["1"] > 10
+    assert [r.end - r.start for r in scan().partitions({"0": 0}, {"0": 30, "1": 4})] == [30, 4]
+
+    # retention deletes partition 0's first segments under a query that has not read them
+    with Producer(url, topic="raw", producer_name="w") as prod:
+        for i in range(40):
+            prod.send_batch([b"x" * 100 + b"-%d" % i] * 10, partition=0).result(30)
+    deadline = time.monotonic() + 60
+    while scan().initialOffset()["0"] == 0:
+        assert time.monotonic() < deadline, "retention never deleted the first segment"
+        time.sleep(0.2)
+    settings = StreamReadSettings(coordinator=url, topic="raw")
+    with pytest.raises(errors.OffsetOutOfRange, match="records lost at the source") as info:
+        list(read_range(settings, StreamRange(0, 5, 30)))
+    assert "offsets from 5 were deleted" in str(info.value)
