@@ -244,6 +244,12 @@ class AsyncProcessor:
                 "group=True: the group assigns the partitions; partitions, instances and "
                 "until_caught_up need the static assignment (group=False)"
             )
+        if group and (api_token or tls_ca_file):
+            raise errors.ConfigError(
+                "group=True: the consumer group's member (pidlease.client.consumer) speaks "
+                "to the input cluster in plaintext without credentials; with api_token or "
+                "tls_ca_file on the input use the static assignment (instance/instances)"
+            )
         self.group = group
         self._session_timeout_ms = session_timeout_ms
         self.fanout_max = fanout_max

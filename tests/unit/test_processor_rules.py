@@ -60,7 +60,14 @@ def test_partition_assignment() -> None:
 
 
 @pytest.mark.parametrize(
-    "static", [{"partitions": [0]}, {"instances": 2}, {"until_caught_up": True}]
+    "static",
+    [
+        {"partitions": [0]},
+        {"instances": 2},
+        {"until_caught_up": True},
+        {"api_token": "t"},
+        {"tls_ca_file": "ca.pem"},
+    ],
 )
 def test_group_mode_refuses_the_static_assignment_flags(static: dict[str, object]) -> None:
     with pytest.raises(errors.ConfigError, match="group=True"):
