@@ -239,8 +239,8 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
     """Every record of ``[rng.start, rng.end)`` as Arrow batches (``pipeline.scan``'s
     schema), in offset order. The range was below the high watermark when it was planned,
     so its records exist: the reader goes on until its position reaches ``end`` (control
-    records take offsets and are not returned), waiting up to ``RANGE_WAIT_S`` for a new
-    leader to catch up; a range that retention deleted raises ``OffsetOutOfRange``."""
+    records take offsets and are not returned), waiting up to ``RANGE_WAIT_S`` without
+    progress for a new leader to catch up; a range that retention deleted raises ``OffsetOutOfRange``."""
     import pyarrow as pa
 
     if rng.end <= rng.start:
@@ -273,7 +273,7 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
             c.clear()
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    deadline = time.monotonic() + RANGE_WAIT_S
+    deadline, progressed = time.monotonic() + RANGE_WAIT_S, rng.start
     with Reader(settings.coordinator, topic, p, rng.start, api_token=settings.api_token) as reader:
         while reader.position < rng.end:
             try:
@@ -299,10 +299,12 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
                     latest=exc.extra.get("latest"),
                 ) from exc
             if reader.position < rng.end:
+                if reader.position > progressed:  # moving: the wait starts again
+                    progressed, deadline = reader.position, time.monotonic() + RANGE_WAIT_S
                 if time.monotonic() > deadline:
                     raise PipelineError(
                         f"{topic!r} partition {p}: offsets {reader.position}..{rng.end - 1} "
-                        f"of this micro-batch were not readable within {RANGE_WAIT_S:.0f} s "
+                        f"of this micro-batch were not readable for {RANGE_WAIT_S:.0f} s "
                         f"(high watermark {reader.high_watermark})"
                     )
                 time.sleep(RANGE_POLL_S)
