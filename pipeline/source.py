@@ -18,7 +18,6 @@ from pyspark.sql.types import StructType
 from pipeline.options import ReadSettings
 from pipeline.scan import SCHEMA_DDL, Scan
 from pipeline.sink import BatchSink, StreamSink
-from pipeline.stream_source import StreamReadSettings, StreamScan
 
 FORMAT = "pidlease"
 
@@ -35,6 +34,10 @@ class PidleaseDataSource(DataSource):
         return Scan(ReadSettings.parse(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        # Imported here: it needs pyspark.sql.streaming.datasource (PySpark >= 4.2), the
+        # batch source and the sinks do not.
+        from pipeline.stream_source import StreamReadSettings, StreamScan
+
         return StreamScan(StreamReadSettings.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
