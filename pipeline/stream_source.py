@@ -240,7 +240,8 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
     schema), in offset order. The range was below the high watermark when it was planned,
     so its records exist: the reader goes on until its position reaches ``end`` (control
     records take offsets and are not returned), waiting up to ``RANGE_WAIT_S`` without
-    progress for a new leader to catch up; a range that retention deleted raises ``OffsetOutOfRange``."""
+    progress for a new leader to catch up; a range that retention deleted raises
+    ``OffsetOutOfRange``."""
     import pyarrow as pa
 
     if rng.end <= rng.start:
