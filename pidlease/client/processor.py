@@ -73,6 +73,15 @@ def processor_group(name: str) -> str:
     return f"pidlease-processor/{name}"
 
 
+def may_retake(now_s: float, fenced_at_s: float, fenced_generation: int, generation: int) -> bool:
+    """Group mode: may a member start a partition again that it was fenced on (another
+    instance took it over) while the group still gave it to this member? Once the group
+    moved on (a new generation: the assignment was recomputed with everyone's view), or
+    after ``FENCED_RETRY_S`` (the other holder had time to learn it lost the partition);
+    not before, or two members would take the partition from each other in turn."""
+    return generation != fenced_generation or now_s - fenced_at_s >= FENCED_RETRY_S
+
+
 def output_partition(input_partition: int, output_partitions: int) -> int:
     """Where the outputs of ``input_partition`` go: one output partition per input one."""
     return input_partition % output_partitions
@@ -352,8 +361,7 @@ class AsyncProcessor:
                     self._stops[p].set()
                 now = time.monotonic()
                 for p in sorted(mine - set(tasks)):
-                    when, generation = fenced.get(p, (-FENCED_RETRY_S, -1))
-                    if now - when < FENCED_RETRY_S and generation == consumer.generation:
+                    if p in fenced and not may_retake(now, *fenced[p], consumer.generation):
                         continue
                     fenced.pop(p, None)
                     self.stats.partitions[p] = PartitionProgress(p)

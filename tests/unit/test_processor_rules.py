@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 from pidlease import errors
 from pidlease.client.processor import (
+    FENCED_RETRY_S,
     AsyncProcessor,
     ResumePlan,
     assigned_partitions,
+    may_retake,
     output_partition,
     output_sequence,
     outputs_to_send,
@@ -57,6 +59,14 @@ def test_partition_assignment() -> None:
     assert output_partition(5, 6) == 5 and output_partition(5, 2) == 1
     assert producer_name("clean", "raw", 3) == "clean/raw/3"
     assert processor_group("clean") == "pidlease-processor/clean"
+
+
+def test_a_fenced_partition_is_retaken_after_the_group_moved_on_or_the_retry_time() -> None:
+    r = FENCED_RETRY_S
+    assert not may_retake(100.0, 100.0, 4, 4)  # just fenced, same generation: leave it
+    assert not may_retake(100.0 + r - 0.1, 100.0, 4, 4)
+    assert may_retake(100.0 + r, 100.0, 4, 4)  # the other holder had its time
+    assert may_retake(100.1, 100.0, 4, 5)  # a new generation: the group decided again
 
 
 @pytest.mark.parametrize(
