@@ -53,7 +53,10 @@ def main(argv: list[str]) -> int:
         .option("coordinator", url)
         .option("topic", "out")
         .option("job_name", "stream-job")
-        .option("batch_records_max", 200)  # many requests per task: a kill lands mid-batch
+        # many small requests, one at a time: a micro-batch's write takes long enough
+        # for the test to kill the driver in the middle of it
+        .option("batch_records_max", 50)
+        .option("max_in_flight", 1)
         .option("checkpointLocation", checkpoint)
     )
     w = (
