@@ -8,10 +8,12 @@ CHECKPOINT. TRIGGER is ``continuous`` (a micro-batch every 200 ms until killed) 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 MAX_RECORDS_PER_TRIGGER = 4000
 BUCKETS = 8
+ODD_BUCKET_DELAY_S = 0.001  # per row of the odd buckets, in the write's stage
 
 
 def transform(value: bytes, partition: int, offset: int) -> bytes:
@@ -24,6 +26,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
 
     import pipeline
+    from pipeline.sequencing import BUCKET_COLUMN
     from pipeline.session import build_session
 
     spark = build_session(
@@ -47,16 +50,25 @@ def main(argv: list[str]) -> int:
             F.col("offset").cast("string"),
         ).alias("value"),
     )
+
+    @F.udf("string")
+    def slow_on_odd_buckets(bucket: int, value: str) -> str:
+        # The sink holds a task's rows until the task's input ends (it numbers them in
+        # content order), then sends them in a burst: the task of the odd buckets (Spark
+        # partition 1) is slowed down so that for a while each micro-batch has the rows of
+        # one task written and not the other's: a kill lands inside a micro-batch's write.
+        if bucket % 2:
+            time.sleep(ODD_BUCKET_DELAY_S)
+        return value
+
+    ready = pipeline.bucketed(out, BUCKETS, 2)
     w: Any = (
-        pipeline.bucketed(out, BUCKETS, 2)
+        ready.withColumn("value", slow_on_odd_buckets(F.col(BUCKET_COLUMN), F.col("value")))
         .writeStream.format("pidlease")
         .option("coordinator", url)
         .option("topic", "out")
         .option("job_name", "stream-job")
-        # many small requests, one at a time: a micro-batch's write takes long enough
-        # for the test to kill the driver in the middle of it
-        .option("batch_records_max", 50)
-        .option("max_in_flight", 1)
+        .option("batch_records_max", 200)
         .option("checkpointLocation", checkpoint)
     )
     w = (

@@ -135,7 +135,7 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
                 # is committed, the next one is on its way (its tasks write 200 rows a call).
                 deadline = time.monotonic() + 300  # a JVM start on loaded cores
                 while time.monotonic() < deadline and driver.poll() is None:
-                    if sum(_ends(url, "out")) > base + worker.MAX_RECORDS_PER_TRIGGER * 1.5:
+                    if sum(_ends(url, "out")) > base + worker.MAX_RECORDS_PER_TRIGGER * 1.3:
                         break
                     time.sleep(0.05)
             finally:
