@@ -1,5 +1,5 @@
 """The PySpark side of pidlease: a ``pidlease`` data source for batch and streaming writes
-and batch reads, and the ``pidlease-spark`` publish/audit commands.
+and reads, and the ``pidlease-spark`` publish/audit commands.
 
 How the package is built (read this first):
 
@@ -13,6 +13,8 @@ How the package is built (read this first):
 - ``faults``      injected failures and the speculative copy used by tests and demos
 - ``job_report``  the commit messages added up on the driver
 - ``scan``        the batch read: offset ranges per topic partition, read with the SDK
+- ``stream_source``  the streaming read (``readStream``): offsets per partition in Spark's
+                  checkpoint, each micro-batch's ranges read with the SDK
 - ``audit``       the exactly-once audit of a topic, in Spark, written as JSON and Parquet
 - ``session`` / ``progress`` / ``cli``   the ``pidlease-spark`` command
 

@@ -1,5 +1,6 @@
 """The ``pidlease`` Python data source: the one class Spark knows, which hands out the
-scan (``pipeline.scan``) and the sinks (``pipeline.sink``)."""
+scan (``pipeline.scan``), the stream's reader (``pipeline.stream_source``) and the sinks
+(``pipeline.sink``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
 )
@@ -30,6 +32,13 @@ class PidleaseDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return Scan(ReadSettings.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        # Imported here: it needs pyspark.sql.streaming.datasource (PySpark >= 4.2), the
+        # batch source and the sinks do not.
+        from pipeline.stream_source import StreamReadSettings, StreamScan
+
+        return StreamScan(StreamReadSettings.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return BatchSink.plan(self.options, schema, overwrite)

@@ -69,6 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     m.add_argument("--instance", type=int, default=0, help="this instance's index (static split)")
     m.add_argument("--instances", type=int, default=1, help="instances sharing --name")
+    m.add_argument(
+        "--group",
+        action="store_true",
+        help="instances sharing --name split the partitions through a consumer group "
+        "(instead of --instance/--instances); a dead instance's partitions are taken over",
+    )
     m.add_argument("--metrics-port", type=int, help="serve Prometheus text on 127.0.0.1:PORT")
     m.add_argument(
         "--progress-interval",
@@ -124,6 +130,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         until_caught_up=args.until_caught_up,
         instance=args.instance,
         instances=args.instances,
+        group=args.group,
     )
     srv = None
     if args.metrics_port is not None:

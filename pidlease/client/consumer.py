@@ -141,6 +141,15 @@ class Consumer:
                     self.positions[tp] = max(self.positions[tp], reader.position)
         return out
 
+    def sync_membership(self) -> bool:
+        """Join, or rejoin after a rebalance the heartbeat heard of, without reading: for a
+        member that reads on its own and keeps its positions elsewhere (``Processor``).
+        True when it (re)joined: ``assignment`` and ``generation`` are the new ones."""
+        if self._closed or not self._rejoin:
+            return False
+        self._join()
+        return True
+
     def commit(self) -> None:
         """Commit the next offset of every assigned partition (what was read so far)."""
         offsets = {tp: o for tp, o in self.positions.items() if o >= 0}

@@ -98,6 +98,7 @@ class Mirror:
         partitions: list[int] | None = None,
         instance: int = 0,
         instances: int = 1,
+        group: bool = False,
         producer_options: dict[str, object] | None = None,
     ) -> None:
         if not topics:
@@ -115,6 +116,7 @@ class Mirror:
                 partitions=partitions,
                 instance=instance,
                 instances=instances,
+                group=group,
                 until_caught_up=until_caught_up,
                 api_token=source.api_token,
                 tls_ca_file=source.tls_ca_file,

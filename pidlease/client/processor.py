@@ -21,6 +21,14 @@ move records. ``docs/processing.md`` is the argument for why they are enough.
   ``instances``, or an explicit ``partitions`` list); starting an instance on partitions
   another holds takes their names over, which fences the other: it stops with
   ``ProducerFenced``.
+- Or, with ``group=True``, through a consumer group (``processor_group(name)``, the
+  partition servers' Kafka group coordinator, ``pidlease.client.consumer``): the group
+  hands each member its partitions, and a member that dies (no heartbeat for
+  ``session_timeout_ms``) loses them to the others, whose producers lease the same names
+  and so fence whatever the dead (or only paused) member still had in flight. A member
+  fenced on a partition the group still gives it leaves that partition alone for
+  ``FENCED_RETRY_S``. The group only decides who works; what is written is decided by the
+  names and the resume rule alone, so a race between two members costs time, not records.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,12 +59,27 @@ log = logging.getLogger("pidlease.processor")
 FANOUT_MAX_LIMIT = 1 << 16
 CHUNK_RECORDS = 2000  # input records pulled from the reader per step
 PENDING_CALLS_MAX = 64  # send_batch calls in flight per partition before waiting for one
+FENCED_RETRY_S = 20.0  # group mode: a partition fenced away from us is left alone this long
 
 
 # -- the rules ---------------------------------------------------------------------------
 def producer_name(name: str, input_topic: str, partition: int) -> str:
     """The producer name that owns input partition ``partition``'s outputs."""
     return f"{name}/{input_topic}/{partition}"
+
+
+def processor_group(name: str) -> str:
+    """The consumer group of the instances named ``name`` (``group=True``)."""
+    return f"pidlease-processor/{name}"
+
+
+def may_retake(now_s: float, fenced_at_s: float, fenced_generation: int, generation: int) -> bool:
+    """Group mode: may a member start a partition again that it was fenced on (another
+    instance took it over) while the group still gave it to this member? Once the group
+    moved on (a new generation: the assignment was recomputed with everyone's view), or
+    after ``FENCED_RETRY_S`` (the other holder had time to learn it lost the partition);
+    not before, or two members would take the partition from each other in turn."""
+    return generation != fenced_generation or now_s - fenced_at_s >= FENCED_RETRY_S
 
 
 def output_partition(input_partition: int, output_partitions: int) -> int:
@@ -199,6 +223,8 @@ class AsyncProcessor:
         instance: int = 0,
         instances: int = 1,
         until_caught_up: bool = False,
+        group: bool = False,
+        session_timeout_ms: int = 10_000,
         api_token: str | None = None,
         tls_ca_file: str | None = None,
         output_api_token: str | None = None,
@@ -222,6 +248,19 @@ class AsyncProcessor:
             name,
             fn,
         )
+        if group and (partitions is not None or instances != 1 or until_caught_up):
+            raise errors.ConfigError(
+                "group=True: the group assigns the partitions; partitions, instances and "
+                "until_caught_up need the static assignment (group=False)"
+            )
+        if group and (api_token or tls_ca_file):
+            raise errors.ConfigError(
+                "group=True: the consumer group's member (pidlease.client.consumer) speaks "
+                "to the input cluster in plaintext without credentials; with api_token or "
+                "tls_ca_file on the input use the static assignment (instance/instances)"
+            )
+        self.group = group
+        self._session_timeout_ms = session_timeout_ms
         self.fanout_max = fanout_max
         self._explicit = None if partitions is None else list(partitions)
         self._instance, self._instances = instance, instances
@@ -230,11 +269,14 @@ class AsyncProcessor:
         self._producer_options = dict(producer_options or {})
         self.stats = ProcessorStats()
         self._stop = asyncio.Event()
+        self._stops: dict[int, asyncio.Event] = {}  # per partition task: stop it alone
         self._pool: ThreadPoolExecutor | None = None
 
     def stop(self) -> None:
         """Ask ``run`` to finish: what was handed to the producers is delivered first."""
         self._stop.set()
+        for e in self._stops.values():
+            e.set()
 
     async def run(self) -> ProcessorStats:
         """Process until stopped (or, with ``until_caught_up``, until every assigned input
@@ -246,6 +288,8 @@ class AsyncProcessor:
             self.input.url, api_token=self.input.api_token, tls_ca_file=self.input.tls_ca_file
         ) as c:
             info = c.topic(self.input_topic, offsets=False)
+        if self.group:
+            return await self._run_group(info.partitions)
         mine = assigned_partitions(
             info.partitions,
             instance=self._instance,
@@ -268,8 +312,75 @@ class AsyncProcessor:
             self._pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
+    async def _run_group(self, partitions: int) -> ProcessorStats:
+        """Group mode: start a partition's task when the group gives it, stop it when the
+        group takes it away; a fenced partition is someone else's for now."""
+        from pidlease.client.consumer import Consumer  # the Kafka schemas load on use
+
+        loop = asyncio.get_running_loop()
+        member = ThreadPoolExecutor(max_workers=1, thread_name_prefix="processor-group")
+        self._pool = ThreadPoolExecutor(
+            max_workers=2 * partitions + 1, thread_name_prefix="processor"
+        )
+        consumer = Consumer(
+            self.input.url,
+            [self.input_topic],
+            processor_group(self.name),
+            session_timeout_ms=self._session_timeout_ms,
+            heartbeat_interval_ms=max(100, self._session_timeout_ms // 10),
+        )
+        tasks: dict[int, asyncio.Task[None]] = {}
+        fenced: dict[int, tuple[float, int]] = {}  # partition -> (when, group generation)
+        try:
+            while not self._stop.is_set():
+                if await loop.run_in_executor(member, consumer.sync_membership):
+                    log.info(
+                        "%s: group generation %d gives this member partitions %s",
+                        self.name,
+                        consumer.generation,
+                        [p for t, p in consumer.assignment if t == self.input_topic],
+                    )
+                mine = {p for t, p in consumer.assignment if t == self.input_topic}
+                for p, t in list(tasks.items()):
+                    if not t.done():
+                        continue
+                    del tasks[p]
+                    self.stats.partitions.pop(p, None)
+                    exc = None if t.cancelled() else t.exception()
+                    if isinstance(exc, errors.ProducerFenced):
+                        log.warning(
+                            "%s: %s partition %d was taken over by another instance (fenced)",
+                            self.name,
+                            self.input_topic,
+                            p,
+                        )
+                        fenced[p] = (time.monotonic(), consumer.generation)
+                    elif exc is not None:
+                        raise exc
+                for p in set(tasks) - mine:  # revoked: deliver what was handed over, stop
+                    self._stops[p].set()
+                now = time.monotonic()
+                for p in sorted(mine - set(tasks)):
+                    if p in fenced and not may_retake(now, *fenced[p], consumer.generation):
+                        continue
+                    fenced.pop(p, None)
+                    self.stats.partitions[p] = PartitionProgress(p)
+                    self._stops[p] = asyncio.Event()
+                    tasks[p] = asyncio.create_task(self._partition(p))
+                await _sleep_or_stop(self._stop, self._poll_s)
+        finally:
+            self.stop()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await loop.run_in_executor(member, consumer.close)
+            member.shutdown(wait=False)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        return self.stats
+
     async def _partition(self, p: int) -> None:
         prog = self.stats.partitions[p]
+        stop = self._stops.setdefault(p, asyncio.Event())
+        if self._stop.is_set():
+            stop.set()
         target = -1
         if self.until_caught_up:
             # the input's end now, from its leader: "everything the input held at start"
@@ -291,7 +402,7 @@ class AsyncProcessor:
                     f"output topic {self.output_topic!r} is dedup={prod.dedup}: a processor "
                     "needs a monotonic topic (its sequence ids are input positions, with holes)"
                 )
-            await self._copy(p, prod, prog, target)
+            await self._copy(p, prod, prog, target, stop)
             await prod.flush()
         finally:
             await prod.close(timeout_ms=None if prod.fatal is None else 0)
@@ -311,7 +422,7 @@ class AsyncProcessor:
             return rd.position
 
     async def _copy(
-        self, p: int, prod: AsyncProducer, prog: PartitionProgress, target: int
+        self, p: int, prod: AsyncProducer, prog: PartitionProgress, target: int, stop: asyncio.Event
     ) -> None:
         q = output_partition(p, prod.partitions)
         last = prod.last_sequence_id(q)
@@ -342,7 +453,7 @@ class AsyncProcessor:
         prog.position = plan.offset if plan.offset is not None else -1
         try:
             while True:
-                if self._stop.is_set():
+                if stop.is_set():
                     return
                 try:
                     chunk, at_end = await loop.run_in_executor(
@@ -363,7 +474,7 @@ class AsyncProcessor:
                             prog.written += len(await pending.popleft())
                         return
                     if not chunk:
-                        await _sleep_or_stop(self._stop, self._poll_s)
+                        await _sleep_or_stop(stop, self._poll_s)
         finally:
             reader.close()
 

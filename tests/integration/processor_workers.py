@@ -71,6 +71,17 @@ def main(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if kind == "clean":
         Processor(url, "raw", "clean", "cleaner", clean, fanout_max=2, until_caught_up=until).run()
+    elif kind == "clean-group":  # instances share raw's partitions through the group
+        Processor(
+            url,
+            "raw",
+            "clean",
+            "cleaner",
+            clean,
+            fanout_max=2,
+            group=True,
+            session_timeout_ms=6000,
+        ).run()
     elif kind == "enrich":
         Processor(
             url, "clean", "enriched", "enricher", enrich, fanout_max=2, until_caught_up=until

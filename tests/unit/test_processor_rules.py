@@ -16,11 +16,15 @@ from hypothesis import strategies as st
 
 from pidlease import errors
 from pidlease.client.processor import (
+    FENCED_RETRY_S,
+    AsyncProcessor,
     ResumePlan,
     assigned_partitions,
+    may_retake,
     output_partition,
     output_sequence,
     outputs_to_send,
+    processor_group,
     producer_name,
     resume_plan,
 )
@@ -54,6 +58,30 @@ def test_partition_assignment() -> None:
         assigned_partitions(6, instance=2, instances=2)
     assert output_partition(5, 6) == 5 and output_partition(5, 2) == 1
     assert producer_name("clean", "raw", 3) == "clean/raw/3"
+    assert processor_group("clean") == "pidlease-processor/clean"
+
+
+def test_a_fenced_partition_is_retaken_after_the_group_moved_on_or_the_retry_time() -> None:
+    r = FENCED_RETRY_S
+    assert not may_retake(100.0, 100.0, 4, 4)  # just fenced, same generation: leave it
+    assert not may_retake(100.0 + r - 0.1, 100.0, 4, 4)
+    assert may_retake(100.0 + r, 100.0, 4, 4)  # the other holder had its time
+    assert may_retake(100.1, 100.0, 4, 5)  # a new generation: the group decided again
+
+
+@pytest.mark.parametrize(
+    "static",
+    [
+        {"partitions": [0]},
+        {"instances": 2},
+        {"until_caught_up": True},
+        {"api_token": "t"},
+        {"tls_ca_file": "ca.pem"},
+    ],
+)
+def test_group_mode_refuses_the_static_assignment_flags(static: dict[str, object]) -> None:
+    with pytest.raises(errors.ConfigError, match="group=True"):
+        AsyncProcessor("http://127.0.0.1:1", "raw", "clean", "n", list, group=True, **static)  # type: ignore[arg-type]
 
 
 @st.composite
