@@ -469,7 +469,8 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
 ) -> None:
     """Issue 30: ``pidlease-spark publish`` SIGKILLed mid-write (the command, its JVM and
     Python workers), then re-run with the same job name over the same rows in files
-    named and split differently (another task count, another split size): every row once."""
+    named and split differently (another task count, another split size): every row once.
+    Run once more on another core count when finished: nothing new, the audit passes."""
     import os
     import signal
     import subprocess
@@ -532,6 +533,35 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
         *("audit", "--topic", "files", "--out", str(tmp_path / "audit"), "--coordinator", url),
         *("--against", str(first), "--format", "json", "--key-column", "customer"),
     ]
+    assert main(audit, spark=spark) == 0
+    against = json.loads((tmp_path / "audit" / "report.json").read_text())["against"]
+    assert (against["input_rows"], against["missing"], against["extra"]) == (total, 0, 0)
+
+    # The finished job re-run on another core count (local[1], its own JVM; this module's
+    # session is local[2,4]) and another split writes nothing new, and the audit passes.
+    before = _log_end_offsets(url, "files")
+    report = tmp_path / "rerun.json"
+    rerun = subprocess.run(
+        [
+            *(sys.executable, "-m", "pipeline.cli", *args(first, 2, 3)),
+            *("--master", "local[1]", "--report", str(report)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    [again] = job_report.load(report)
+    assert (again["rows"], again["skipped"], again["sent"], again["appended"]) == (
+        total,
+        total,
+        0,
+        0,
+    )
+    after = _log_end_offsets(url, "files")
+    # at most the takeovers' fence records (control records, one per producer)
+    assert all(0 <= a - b <= BUCKETS for a, b in zip(after, before, strict=True))
     assert main(audit, spark=spark) == 0
     against = json.loads((tmp_path / "audit" / "report.json").read_text())["against"]
     assert (against["input_rows"], against["missing"], against["extra"]) == (total, 0, 0)
