@@ -38,6 +38,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -363,8 +364,7 @@ def compare_plain(
             )
             cpu_runs[variant].append(next(iter(used.values())))
 
-    def median(xs: list[float]) -> float:
-        return sorted(xs)[len(xs) // 2]
+    median = statistics.median
 
     return {
         "repeat": args.repeat,
