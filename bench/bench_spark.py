@@ -38,6 +38,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -238,8 +239,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "concat(lpad(CAST(id AS STRING), 20, '0'), repeat('x', 80)) AS value",
             )
 
-        def to_pidlease(df: Any, topic: str, job: str) -> None:
-            if hasattr(pipeline, "bucketed"):  # since issue 30; an older checkout has none
+        def to_pidlease(df: Any, topic: str, job: str, bucketed: bool = True) -> None:
+            # pipeline.bucketed since issue 30 (an older checkout has none)
+            if bucketed and hasattr(pipeline, "bucketed"):
                 df = pipeline.bucketed(df, args.buckets, partitions=args.spark_partitions)
             (
                 df.write.format("pidlease")
@@ -269,6 +271,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t_write = _timed(
             "pidlease write", lambda: to_pidlease(df, "bench", "bench-job"), cpu, measure
         )
+        identity = compare_plain(args, cluster, df, to_pidlease, measure) if args.plain else None
+        if args.no_read:
+            return {
+                "rows": args.rows,
+                "master": args.master,
+                "pidlease_checkout": checkout,
+                "write_rows_per_s": {
+                    "pidlease": round(args.rows / t_write),
+                    "parquet": round(args.rows / t_parquet_write),
+                    "ratio": round(t_parquet_write / t_write, 3),
+                },
+                "executor_cpu_us_per_row": {
+                    what: {k: round(v * 1e6 / args.rows, 2) for k, v in used.items()}
+                    for what, used in cpu.items()
+                },
+                "bucketed_against_plain": identity,
+            }
         t_rerun = _timed(
             "pidlease re-run (appends nothing)", lambda: to_pidlease(df, "bench", "bench-job")
         )
@@ -304,6 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for what, used in cpu.items()
             },
             "rerun_rows_per_s": round(rate(t_rerun)),
+            "bucketed_against_plain": identity,
             "read_rows_per_s": {
                 "pidlease": round(rate(t_read)),
                 "parquet": round(rate(t_parquet_read)),
@@ -317,6 +337,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if standalone is not None:
             standalone.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def compare_plain(
+    args: argparse.Namespace, cluster: Any, df: Any, to_pidlease: Any, measure: Any
+) -> dict[str, Any]:
+    """The cost of row identity, in one run: ``--repeat`` pairs of writes of the same rows,
+    each to a topic of its own, through ``pipeline.bucketed`` (row hash, bucket, shuffle
+    by bucket, content order) and as a plain DataFrame (no shuffle; one producer per Spark
+    partition, content order within it), alternated (and which goes first too) so both
+    see the same load."""
+    times: dict[str, list[float]] = {"bucketed": [], "plain": []}
+    cpu_runs: dict[str, list[dict[str, float]]] = {"bucketed": [], "plain": []}
+    for i in range(args.repeat):
+        for variant in ("bucketed", "plain") if i % 2 == 0 else ("plain", "bucketed"):
+            topic = f"cmp-{variant}-{i}"
+            cluster.create_topic(topic, partitions=args.topic_partitions)
+            used: dict[str, dict[str, float]] = {}
+            times[variant].append(
+                _timed(
+                    f"pidlease write, {variant} #{i + 1}",
+                    lambda t=topic, v=variant: to_pidlease(df, t, t, v == "bucketed"),
+                    used,
+                    measure,
+                )
+            )
+            cpu_runs[variant].append(next(iter(used.values())))
+
+    median = statistics.median
+
+    return {
+        "repeat": args.repeat,
+        "rows_per_s": {v: [round(args.rows / t) for t in ts] for v, ts in times.items()},
+        # per pair: the bucketed write's time over the plain one's (1.2 = 20 % slower)
+        "time_ratio": [
+            round(b / p, 3) for b, p in zip(times["bucketed"], times["plain"], strict=True)
+        ],
+        "median_time_ratio": round(median(times["bucketed"]) / median(times["plain"]), 3),
+        "executor_cpu_us_per_row": {
+            v: {k: round(median([r[k] for r in runs]) * 1e6 / args.rows, 2) for k in runs[0]}
+            for v, runs in cpu_runs.items()
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,10 +405,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-memory", default="1536m", help="with --standalone")
     p.add_argument("--executor-memory", default="1g", help="on a spark:// master")
     p.add_argument("--json", help="also write the result to this file")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="also compare, in this run, the bucketed write with a plain DataFrame's "
+        "(no shuffle): --repeat pairs, alternated",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="pairs of writes with --plain")
+    p.add_argument(
+        "--no-read", action="store_true", help="measure the writes only (no re-run, no reads)"
+    )
     args = p.parse_args(argv)
     result = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"master {result['master']}, pidlease from {result['pidlease_checkout']}")
-    w, r = result["write_rows_per_s"], result["read_rows_per_s"]
+    w = result["write_rows_per_s"]
     print(
         f"write: pidlease {w['pidlease']:,} rows/s, parquet {w['parquet']:,} rows/s, "
         f"ratio {w['ratio']:.3f}"
@@ -357,13 +431,19 @@ def main(argv: list[str] | None = None) -> int:
             f"executor CPU per row, {what}: python {used['python']} us, jvm {used['jvm']} us"
             + extra
         )
-    print(f"re-run of the same job (skips every row): {result['rerun_rows_per_s']:,} rows/s")
-    print(
-        f"read:  pidlease {r['pidlease']:,} rows/s, parquet {r['parquet']:,} rows/s, "
-        f"ratio {r['ratio']:.3f}"
-    )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    cmp = result.get("bucketed_against_plain")
+    if cmp:
+        print(
+            f"bucketed against plain, {cmp['repeat']} pairs: rows/s {cmp['rows_per_s']}, "
+            f"time ratios {cmp['time_ratio']}, median {cmp['median_time_ratio']}"
+        )
+    if "read_rows_per_s" in result:
+        r = result["read_rows_per_s"]
+        print(f"re-run of the same job (skips every row): {result['rerun_rows_per_s']:,} rows/s")
+        print(
+            f"read:  pidlease {r['pidlease']:,} rows/s, parquet {r['parquet']:,} rows/s, "
+            f"ratio {r['ratio']:.3f}"
+        )
     print(json.dumps(result))
     return 0
 

@@ -233,6 +233,7 @@ class ColumnarAttempt(Attempt):
         if self._on_leased is not None:
             self._on_leased()
         pending: deque[Any] = deque()
+        self._pending, self._commit = pending, commit
         ok = False
         try:
             first = producers[buckets[0]]
@@ -335,6 +336,20 @@ class ColumnarAttempt(Attempt):
             commit.duplicates,
         )
         return commit
+
+    _pending: deque[Any] | None = None  # the running attempt's sent, unprocessed batches
+    _commit: PartitionCommit | None = None
+
+    async def acknowledged(self) -> None:
+        """Return once at least one batch this attempt sent was answered (appended or
+        duplicate), or at once when it has sent nothing; for a hook (fault injection):
+        a speculative copy started after this fences an attempt that has acknowledged
+        rows, whatever the machine's speed."""
+        commit, pending = self._commit, self._pending
+        if commit is None or pending is None or commit.appended + commit.duplicates:
+            return
+        if pending:  # the oldest: answers are counted in the order sent
+            await asyncio.wait([pending[0]])
 
 
 def _count(fut: Any, commit: PartitionCommit) -> None:

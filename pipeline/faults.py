@@ -7,8 +7,10 @@ really has. Each is off unless its option is set (``pipeline.options.Faults``).
   the retry takes the producer over and resumes after what is durable.
 - ``speculate_partition=K`` (``speculate_after_rows=N``, default half the rows): Spark
   starts no speculative tasks in local mode, so attempt 0 of Spark partition K starts its
-  own speculative copy when it reaches row N: a second ``Attempt`` of the same partition,
-  on the same rows, with its own producer and connections, on a thread beside the first.
+  own speculative copy when it reaches row N and has an answer for one of the batches it
+  sent (so it has acknowledged rows to be fenced with, however slow the machine): a
+  second ``Attempt`` of the same partition, on the same rows, with its own producer and
+  connections, on a thread beside the first.
   The copy's lease is a takeover, so the original is fenced at its next append; it stops
   cleanly and the copy finishes the partition. The task reports the copy's result, with
   the fenced attempt's figures in ``fenced_attempts`` (as Spark keeps the result of
@@ -154,10 +156,18 @@ def run_with_twin(
         target=twin_main, daemon=True, name=f"pidlease-speculative-{task.spark_partition}"
     )
 
-    def launch() -> None:
+    attempt = ColumnarAttempt(settings, task)
+
+    async def launch() -> None:
+        # Start the copy only once the original has an answer for one of its batches: a
+        # copy started while everything the original sent is still in flight (a slow
+        # machine) fences it before it acknowledged anything, and the test of a fenced
+        # original's acknowledged rows tests nothing.
+        await attempt.acknowledged()
         thread.start()
-        # Go on only once the copy holds the newer generation, so the two really overlap.
-        if not leased.wait(TWIN_LEASE_TIMEOUT_S):
+        # Go on only once the copy holds the newer generation, so the two really overlap
+        # (waited off the loop: the original's batches in flight go on being answered).
+        if not await asyncio.to_thread(leased.wait, TWIN_LEASE_TIMEOUT_S):
             raise PipelineError(
                 f"the speculative copy did not lease within {TWIN_LEASE_TIMEOUT_S}s"
             )
@@ -168,7 +178,7 @@ def run_with_twin(
     original_fenced: AttemptFenced | None = None
     try:
         # A fenced original waits for the copy's rows and ends as a no-op (fenced=True).
-        original = ColumnarAttempt(settings, task).run_columns(encoder, batches, hooks)
+        original = attempt.run_columns(encoder, batches, hooks)
     except AttemptFenced as exc:
         original_fenced = exc
     finally:

@@ -144,9 +144,16 @@ def canonical_columns(buckets: Any, parts: Any, hashes: Any, keys: Any, values: 
     row)."""
     import numpy as np
 
-    order = np.lexsort((hashes, parts, buckets))
-    if len(order) < 2:
-        return order
+    if len(buckets) < 2:
+        return np.arange(len(buckets), dtype=np.int64)
+    # By hash, then a stable sort by (bucket, partition) as one small integer: a radix
+    # sort when it fits 16 bits. The same order as np.lexsort((hashes, parts, buckets)),
+    # which took 0.9 us a row (250,000 rows: 0.22 s against 0.011 s).
+    order = np.argsort(hashes)
+    group = buckets[order] * (int(parts.max()) + 1) + parts[order]
+    top = int(group.max())
+    narrow = np.int16 if top < 2**15 else np.int32 if top < 2**31 else np.int64
+    order = order[np.argsort(group.astype(narrow), kind="stable")]
     b, p, h = buckets[order], parts[order], hashes[order]
     tie = (b[1:] == b[:-1]) & (p[1:] == p[:-1]) & (h[1:] == h[:-1])
     if not tie.any():

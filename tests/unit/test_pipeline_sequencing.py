@@ -260,6 +260,38 @@ def test_the_column_order_is_the_reference_order(
     assert pos == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 4095),  # bucket (BUCKETS_MAX)
+            st.integers(0, 9999),  # topic partition
+            st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([-1, 0, 2**63 - 1])),
+            st.binary(max_size=3),
+        ),
+        max_size=60,
+    ),
+)
+def test_the_column_order_is_the_reference_order_for_wide_buckets_partitions_and_hashes(
+    rows: list[tuple[int, int, int, bytes]],
+) -> None:
+    """Any bucket count, partition count and 64-bit hash (the column order's sort narrows
+    (bucket, partition) to 16, 32 or 64 bits)."""
+    b = [r[0] for r in rows]
+    p = [r[1] for r in rows]
+    h = [r[2] for r in rows]
+    v = [r[3] for r in rows]
+    order = canonical_columns(
+        np.array(b, dtype=np.int64),
+        np.array(p, dtype=np.int64),
+        np.array(h, dtype=np.int64),
+        None,
+        pa.array(v, pa.binary()),
+    )
+    ref = canonical(b, p, h, [None] * len(rows), v)
+    assert [rows[i] for i in order.tolist()] == [rows[i] for i in ref]
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     spec=_rows_st,
