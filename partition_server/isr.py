@@ -20,8 +20,15 @@ Rules (Kafka's, simplified to one fetch per partition):
 - Lagging: a follower is caught up when a fetch reaches the leader's log end as it was at
   that fetch, or at its previous fetch (a follower that keeps pace with a busy leader is
   never exactly at the end). One not caught up for ``lag_ms`` leaves the set.
-- Joining: a follower outside the set joins once its log end reaches the high watermark:
-  then it holds everything that is acked. Only a fetch that arrived after the leader
+- Joining: a follower outside the set joins once its log end reaches the high watermark
+  and the leader's log end at the start of its leadership (``epoch_start``): then it holds
+  everything that is acked. The high watermark alone is not enough after a failover: the
+  new leader may have learnt less of it than the old one acked (its own high watermark
+  lags by a fetch), and what the old leader may have acked is everything every in-sync
+  replica held, so everything below the new leader's log end when it took over (Kafka's
+  rule too). Without it (simulation seed 501223) a follower that had started over, empty,
+  at the new leader's high watermark rejoined below an acked batch, was elected when the
+  leader died, and the batch was lost. Only a fetch that arrived after the leader
   decided to remove it counts (``fetches_at_removal``): the log end it reported before is
   stale, and on an idle partition it equals the high watermark for ever, so an unreachable
   follower would be re-admitted on its old fetch and removed again every tick. Joining
@@ -62,9 +69,16 @@ class FollowerProgress:
 
 class InSyncReplicas:
     def __init__(
-        self, leader: int, replicas: list[int], isr: list[int], now_ms: int, min_insync: int = 1
+        self,
+        leader: int,
+        replicas: list[int],
+        isr: list[int],
+        now_ms: int,
+        min_insync: int = 1,
+        epoch_start: int = 0,
     ) -> None:
         self.leader = leader
+        self.epoch_start = epoch_start  # the leader's log end when this leadership began
         self.min_insync = min_insync
         self.replicas = list(replicas)
         self.isr: set[int] = set(isr) | {leader}
@@ -136,8 +150,9 @@ class InSyncReplicas:
 
     def joiners(self, high_watermark: int, now_ms: int = 0, min_interval_ms: int = 0) -> list[int]:
         """Followers outside the set whose log end, reported by a fetch since the leader
-        decided to remove them, has reached the high watermark (again, when the write
-        adding them failed). None within ``min_interval_ms`` of the last change."""
+        decided to remove them, has reached the high watermark and ``epoch_start`` (again,
+        when the write adding them failed). None within ``min_interval_ms`` of the last
+        change."""
         if self.last_change_ms is not None and now_ms - self.last_change_ms < min_interval_ms:
             return []
         return sorted(
@@ -147,7 +162,7 @@ class InSyncReplicas:
             and (r not in self.pending_add or r in self.retry_add)
             and p.fetches > p.fetches_at_removal
             and p.end_offset >= 0
-            and p.end_offset >= high_watermark
+            and p.end_offset >= max(high_watermark, self.epoch_start)
         )
 
     def begin_change(self, add: list[int], remove: list[int], now_ms: int = 0) -> list[int]:

@@ -691,7 +691,9 @@ class Partition:
         self.role = Role.LEADER
         self.leader_id = me
         self.isr_clock_ms = isr_clock_ms or self.clock_ms
-        self.isr = InSyncReplicas(me, replicas, isr, self.isr_clock_ms(), self.min_insync)
+        self.isr = InSyncReplicas(
+            me, replicas, isr, self.isr_clock_ms(), self.min_insync, self.log.next_offset
+        )
         self.advance_high_watermark()
 
     def become_follower(self, leader: int, epoch: int, address: str) -> None:

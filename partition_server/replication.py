@@ -15,7 +15,8 @@ every watch and once a second (``reconcile_all``), so a step that failed is retr
 As leader it answers REPLICA_FETCH (a fetch that has everything waits up to
 ``replica_fetch_wait_max_ms`` for an append or a new high watermark) and EPOCH_END, moves a
 follower out of the in-sync set after ``replica_lag_time_max_ms`` without catching up and
-back in once a fetch since its removal reaches the high watermark, at most one addition
+back in once a fetch since its removal reaches the high watermark and the leader's log end
+at the start of its epoch (``isr.py``, Joining), at most one addition
 per ``isr_change_min_interval_ms`` (``isr.py`` decides, ``leadership`` writes). A follower
 whose ``/servers/<id>`` is gone leaves the set at once (``liveness.py``).
 """
@@ -477,7 +478,7 @@ class ReplicaManager:
                 key[0],
                 key[1],
                 add,
-                part.high_watermark,
+                max(part.high_watermark, isr.epoch_start),
             )
         if [r for r in remove if r not in gone]:
             log.warning(

@@ -136,3 +136,20 @@ def test_additions_wait_the_minimum_interval_after_a_change_and_removals_do_not(
     s.set_isr(s.begin_change([3], [], 21_000))
     # 2 stops fetching: its removal is due whatever the last change, and not held back
     assert s.laggards(20_101, 20_000) == [2]
+
+
+def test_joining_needs_the_leaders_log_end_at_the_start_of_its_epoch() -> None:
+    # A new leader whose log ends at 57 but whose high watermark (learnt as a follower)
+    # is 56: the old leader may have acked 56. A follower at 56 holds the high watermark
+    # but not 56; it joins at 57 (simulation seed 501223).
+    s = InSyncReplicas(3, [1, 2, 3], [3], now_ms=0, min_insync=2, epoch_start=57)
+    s.record_fetch(1, 56, 57, 1)
+    assert s.joiners(56) == []
+    s.record_fetch(1, 57, 58, 2)
+    assert s.joiners(56) == [1]
+    # past the epoch's start, the high watermark is the bar again
+    s = InSyncReplicas(3, [1, 2, 3], [3], now_ms=0, epoch_start=57)
+    s.record_fetch(1, 60, 80, 1)
+    assert s.joiners(70) == []
+    s.record_fetch(1, 70, 80, 2)
+    assert s.joiners(70) == [1]

@@ -145,3 +145,25 @@ def test_cutting_a_divergent_suffix_rebuilds_state_and_distrusts_older_snapshots
         await close(again)
 
     asyncio.run(go())
+
+
+def test_a_follower_rejoins_only_once_it_holds_the_new_leaders_log_at_its_epoch_start(
+    tmp_path: Path,
+) -> None:
+    """Simulation seed 501223 (before the fix): the old leader acked offset 56 (its high
+    watermark 57); the new leader held 56 but had only learnt a high watermark of 56. A
+    follower that had started over at 56 (empty) fetched at 56, "reached the high
+    watermark", rejoined the in-sync set, and was elected when the leader died: the acked
+    batch at 56 was gone. What the old leader may have acked is everything below the new
+    leader's log end at the start of its epoch, not below its high watermark."""
+    write_log(tmp_path, [b(7, 0, 3), b(7, 3)])  # offsets 0..3, log end 4
+    part = open_part(tmp_path, hw=3)  # it learnt a high watermark of 3 as a follower
+    part.set_min_insync(2)
+    part.become_leader(1, 2, [1, 2, 3], [1])
+    assert part.isr is not None
+    assert part.high_watermark == 3  # one in sync of the two needed: it cannot move
+    part.record_replica_fetch(2, 3)  # follower 2 holds 0..2: not offset 3, maybe acked
+    assert part.isr.joiners(part.high_watermark) == []
+    part.record_replica_fetch(2, 4)
+    assert part.isr.joiners(part.high_watermark) == [2]
+    part.close()

@@ -20,11 +20,11 @@ PYTEST = (
 )
 BUDGET = 1
 WHY_NOT_SIM = (
-    "the --retention search from seed 500000 first meets seed 501223, which fails on the "
-    "unpatched tree too (a Kafka batch acked at offset 56 of t2-1 and not in the log: an open"
-    " finding, docs/reliability.md); the sim found this hole on the old code (seed 500047) "
-    "but a search that fails without the patch proves nothing, so its unit test searches "
-    "until 501223 is fixed"
+    "not found by the simulation in 3,000 seeds of `run --retention --no-zk3 --start 500000` "
+    "(2,557 s, 71 seeds/min on the loaded machine; 2026-11-27, after seed 501223 was fixed, "
+    "sim finding 16): it needs more than K (5) batches of one PID cut at once and a crash "
+    "before the next snapshot, then that replica leading when the PID writes again, a chain "
+    "those seeds did not produce (not analysed further). Its unit test searches"
 )
 # Found by tests/unit/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_
 # the_committed_highwater (UNKNOWN_PID where APPEND).
