@@ -47,6 +47,7 @@ from partition_server.producer_state import (
     adopt_rows,
     cut_row,
     pids_with_data,
+    row_below,
 )
 from partition_server.snapshot import CorruptSnapshot, PartitionImage, Snapshot
 from partition_server.snapshot import decode as decode_snapshot
@@ -257,11 +258,13 @@ def rebuild_from_log(
 def rows_below_log_start(
     state: ProducerStateTable, topic: str, partition: int, start: int, truncations: int, now: int
 ) -> bytes:
-    """The leader's side of a start-over: the rows of the PIDs with no data batch left in
-    its log (their batches are all below the start, committed), with the horizon of what
-    it dropped (``dropped_last_use_max_ms``: the follower, once it leads, must not create
-    a PID whose state was dropped here), in the snapshot file's format (checksummed)."""
-    rows = state.export_rows(state.pids_written_below(start))
+    """The leader's side of a start-over: its rows as of its log start (``row_below``):
+    the rows of the PIDs with no data batch left in its log (their batches are all below
+    the start, committed) and the batches below the start of the PIDs that also wrote
+    above it (the follower replays those), with the horizon of what it dropped
+    (``dropped_last_use_max_ms``: the follower, once it leads, must not create a PID whose
+    state was dropped here), in the snapshot file's format (checksummed)."""
+    rows = [r for r in (row_below(row, start) for row in state.export_rows()) if r is not None]
     image = PartitionImage(start, start, rows, truncations, state.dropped_last_use_max_ms)
     return encode_snapshot(Snapshot(now, {(topic, partition): image}))
 
