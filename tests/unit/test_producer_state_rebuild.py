@@ -1,6 +1,6 @@
 """The rules of rebuilding producer state (producer_state.py: ``pids_with_data``,
-``cut_row``, ``adopt_rows``, ``row_below``), held to a reference model that knows a PID's whole history,
-not only the K batches its row keeps (issue 23 items 2 and 4)."""
+``cut_row``, ``adopt_rows``, ``row_below``), held to a reference model that knows a PID's
+whole history, not only the K batches its row keeps (issue 23 items 2 and 4)."""
 
 from __future__ import annotations
 
