@@ -792,7 +792,7 @@ class Partition:
         """The leader's log starts at ``offset``, beyond this replica's end: drop the whole
         log and go on from there (retention there deleted what this replica lacks), with
         the state ``rebuild.start_over`` persisted first: this replica's and the leader's
-        (``rows_below_log_start``) rows of the PIDs that wrote only in the skipped range.
+        (``rows_below_log_start``: its rows as of its log start) rows.
         Raises OSError, with nothing changed, when that state cannot be saved."""
         log.warning(
             "%s-%d: log ends at %d, below the leader's log start %d: starting over there "

@@ -1345,6 +1345,21 @@ def cut_row(row: Row, end: int, durable_highwater: int | None) -> Row | None:
     return None if hw < 0 else (pid, gen, hw, last_use, kept)
 
 
+def row_below(row: Row, start: int) -> Row | None:
+    """A leader's row as a replica starting over at ``start`` (the leader's log start, so
+    everything below it is committed) needs it before it replays the log from there: the
+    PID's state as of ``start``. The row itself when every batch it keeps is below (or it
+    keeps none); its batches below ``start`` when some are at or above it (those the
+    replica fetches and replays; without the ones below, its row would skip from its own
+    older batches to the fetched ones, and a resend of a committed batch the leader still
+    answers DUPLICATE would be OUT_OF_ORDER_SEQUENCE there, Kafka's rule: simulation seed
+    500201); None when all are at or above it: the log from ``start`` carries the PID."""
+    flat = row[4]
+    if flat and all(flat[i + 2] >= start for i in range(0, len(flat), 3)):
+        return None
+    return cut_row(row, start, None)
+
+
 def adopt_rows(mine: Iterable[Row], theirs: Iterable[Row]) -> list[Row]:
     """``mine`` with ``theirs`` taking over the PIDs they name (a follower starting over
     adopting its leader's rows; a rebuild restoring rows over the fences replay found):

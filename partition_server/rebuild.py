@@ -6,8 +6,8 @@ them is in docs/log.md, "Producer state outlives the segments that carried it"):
   log start when no image is trusted, then ``restore_deleted_only``;
 - ``rows_kept_through_cut`` and ``rebuild_from_log``: a follower's cut (``truncate_to``);
 - ``rows_below_log_start`` and ``start_over``: a follower whose log ends below its leader's
-  log start drops its log and adopts the leader's rows of the PIDs with no batch left
-  there (``restart_at``);
+  log start drops its log and adopts the leader's rows as of that start (``row_below``),
+  then replays the leader's log from there (``restart_at``);
 - ``replay_batch``: one stored batch, as replay and the rebuilds apply it.
 
 Partition keeps thin calls to these (the sim wraps ``Partition.restart_at``). The rules
@@ -47,6 +47,7 @@ from partition_server.producer_state import (
     adopt_rows,
     cut_row,
     pids_with_data,
+    row_below,
 )
 from partition_server.snapshot import CorruptSnapshot, PartitionImage, Snapshot
 from partition_server.snapshot import decode as decode_snapshot
@@ -257,11 +258,13 @@ def rebuild_from_log(
 def rows_below_log_start(
     state: ProducerStateTable, topic: str, partition: int, start: int, truncations: int, now: int
 ) -> bytes:
-    """The leader's side of a start-over: the rows of the PIDs with no data batch left in
-    its log (their batches are all below the start, committed), with the horizon of what
-    it dropped (``dropped_last_use_max_ms``: the follower, once it leads, must not create
-    a PID whose state was dropped here), in the snapshot file's format (checksummed)."""
-    rows = state.export_rows(state.pids_written_below(start))
+    """The leader's side of a start-over: its rows as of its log start (``row_below``):
+    the rows of the PIDs with no data batch left in its log (their batches are all below
+    the start, committed) and the batches below the start of the PIDs that also wrote
+    above it (the follower replays those), with the horizon of what it dropped
+    (``dropped_last_use_max_ms``: the follower, once it leads, must not create a PID whose
+    state was dropped here), in the snapshot file's format (checksummed)."""
+    rows = [r for r in (row_below(row, start) for row in state.export_rows()) if r is not None]
     image = PartitionImage(start, start, rows, truncations, state.dropped_last_use_max_ms)
     return encode_snapshot(Snapshot(now, {(topic, partition): image}))
 
@@ -278,9 +281,9 @@ def start_over(
     """Persist the state a follower adopts when it starts over at ``offset`` and return
     its rows; the caller then drops the log (``PartitionLog.restart_at``) and loads them.
     Every batch here is below the leader's log start, so committed: this replica's rows
-    stay, all durable; the leader's (``rows_below_log_start``) bring the PIDs that wrote
-    only in the skipped range, and newer rows of the PIDs this replica knows (their
-    generation never goes back).
+    stay, all durable; the leader's (``rows_below_log_start``, as of its log start) bring
+    the PIDs that wrote in the skipped range, and replace the rows this replica has of
+    them (their generation never goes back).
 
     Order (each step fsynced before the next; OSError from the first two changes nothing
     that counts): the image is written at the truncation count + 1, then that count is

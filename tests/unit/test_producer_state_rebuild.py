@@ -1,6 +1,6 @@
 """The rules of rebuilding producer state (producer_state.py: ``pids_with_data``,
-``cut_row``, ``adopt_rows``), held to a reference model that knows a PID's whole history,
-not only the K batches its row keeps (issue 23 items 2 and 4)."""
+``cut_row``, ``adopt_rows``, ``row_below``), held to a reference model that knows a PID's
+whole history, not only the K batches its row keeps (issue 23 items 2 and 4)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from partition_server.producer_state import (
     adopt_rows,
     cut_row,
     pids_with_data,
+    row_below,
 )
 from pidlease.wire.protocol import FLAG_CONTROL, BatchHeader
 
@@ -99,3 +100,43 @@ def test_adopted_rows_win_but_never_lower_a_generation_or_a_last_use(
             assert lu == max(theirs[pid][1], mine.get(pid, (0, 0))[1])
         else:
             assert (gen, hw, lu) == (mine[pid][0], 1, mine[pid][1])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3), max_size=10),
+    start_at=st.integers(0, 10),
+    held=st.integers(0, 10),
+    k=st.integers(1, 5),
+)
+def test_a_start_over_with_the_leaders_rows_below_its_start_ends_as_the_leader(
+    sizes: list[int], start_at: int, held: int, k: int
+) -> None:
+    """A PID wrote batches of ``sizes`` records; the leader's log starts at the batch
+    ``start_at`` (retention deleted those below, all committed). A follower that held the
+    first ``held`` batches below it starts over there: it adopts the leader's row as of
+    the start (``row_below``) and replays the batches from it. Whatever K, it then keeps
+    the leader's row (simulation seed 500201: it skipped from its own batches to the
+    fetched ones)."""
+    offs, seq, off = [], 0, 0
+    for n in sizes:
+        offs.append((seq, n, off))
+        seq, off = seq + n, off + n + 1  # another producer's batch after each
+    start_at = min(start_at, len(offs))
+    start = offs[start_at][2] if start_at < len(offs) else off
+    lead = ProducerStateTable(batches_kept=k)
+    for b, n, o in offs:
+        lead.apply_append(7, 0, b, n, o, 1, durable=True)
+    fol = ProducerStateTable(batches_kept=k)
+    for b, n, o in offs[: min(held, start_at)]:
+        fol.apply_append(7, 0, b, n, o, 1, durable=True)
+    theirs = [r for r in (row_below(r, start) for r in lead.export_rows()) if r is not None]
+    fol.load_rows(adopt_rows(fol.export_rows(), theirs))
+    for b, n, o in offs[start_at:]:
+        fol.apply_append(7, 0, b, n, o, 1, durable=True)
+    assert [r[2:5:2] for r in fol.export_rows()] == [r[2:5:2] for r in lead.export_rows()]
+    if 7 in lead:
+        [(_, _, hw, _, flat)] = lead.export_rows([7])
+        for b in {flat[i] for i in range(0, len(flat), 3)}:
+            assert fol.check_append(7, 0, b, 1).outcome is Outcome.DUPLICATE
+        assert fol.check_append(7, 0, hw + 1, 1).outcome is Outcome.APPEND

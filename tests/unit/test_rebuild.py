@@ -20,7 +20,9 @@ from partition_server.retention import LogPolicy
 from partition_server.snapshot import decode as decode_snapshot
 from partition_server.testing import open_part, outcome, stored
 from pidlease import errors
+from pidlease.wire import kafka_batch as K
 from pidlease.wire import protocol as P
+from pidlease.wire.protocol import KAFKA_GENERATION_BASE
 from tests.helpers import ManualClock
 from tests.unit.test_retention import (
     HOUR_MS,
@@ -267,6 +269,87 @@ def test_a_start_over_whose_count_cannot_be_saved_changes_nothing(
         await shut(again)
         again = reopen(fdir, clock, fb, policy=POLICY, hw=start)
         assert outcome(again, 7, 6, 1) is Outcome.APPEND
+        await shut(again)
+        await shut(lead)
+
+    asyncio.run(go())
+
+
+def kafka_batch(pid: int, seq: int, ts: int) -> bytes:
+    """A Kafka idempotent producer's batch (epoch 0), as the Kafka listener stores it."""
+    return K.encode_kafka_batch(
+        [(None, b"x" * 600)],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+        base_timestamp_ms=ts,
+    )
+
+
+def kafka_append(part: Partition, pid: int, seq: int, ts: int) -> None:
+    raw = bytearray(kafka_batch(pid, seq, ts))
+    d, _ = part.append(
+        memoryview(raw),
+        K.validate_kafka_batch(bytes(raw)),
+        lambda *_: None,
+        epoch=part.leader_epoch,
+    )
+    assert d.outcome is Outcome.APPEND
+
+
+def kafka_outcome(part: Partition, pid: int, seq: int) -> Outcome:
+    return part.state.check_append(pid, KAFKA_GENERATION_BASE, seq, 1).outcome
+
+
+def test_a_follower_starting_over_keeps_the_leaders_batches_below_its_log_start(
+    tmp_path: Path,
+) -> None:
+    """Simulation seed 500201 (--retention): Kafka producer 7 wrote 0..5 (retention deleted them on
+    the leader) and then 6, still in the leader's log. A follower holding 0..1 starts over
+    at the leader's log start: the leader's rows must bring PID 7's batches below that
+    start too, not only the rows of PIDs with no batch left there. Without them the
+    follower's row went from 1 straight to 6 (the fetched batch); leading later it answered
+    a resend of 5 (committed, deleted) OUT_OF_ORDER_SEQUENCE where the leader said
+    DUPLICATE (Kafka's rules: a sequence below the next is a duplicate only when a kept
+    batch holds it), and the producer failed."""
+    clock = ManualClock(100 * HOUR_MS)
+
+    async def go() -> None:
+        lead = open_part(tmp_path / "leader", clock_ms=clock, policy=POLICY)
+        lead.hosted = True
+        lead.become_leader(1, 1, [1, 2], [1])
+        b = make_broker(tmp_path / "leader", clock, lead)
+        for seq in range(6):
+            kafka_append(lead, 7, seq, OLD_TS)
+        for seq in range(20):
+            append(lead, 8, seq, OLD_TS)
+        kafka_append(lead, 7, 6, clock.now)
+        await lead.wait_durable(lead.log.next_offset)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        start = lead.log.log_start_offset
+        assert 6 <= start < lead.log.next_offset  # PID 7's 0..5 deleted, its 6 kept
+        fdir = tmp_path / "follower"
+        fol = open_part(fdir, clock_ms=clock, policy=POLICY)
+        fol.become_follower(1, 1, "127.0.0.1:1")
+        held = [kafka_batch(7, s, OLD_TS) for s in range(2)]
+        assert fol.append_replicated(stored(held), [(1, 0)]) == 2
+        await fol.wait_flushed(2)
+        fol.set_high_watermark(2)
+        resp = await replica_fetch_from(lead, tmp_path, clock, offset=2)
+        assert resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark == start
+        assert resp.data is not None
+        fol.restart_at(start, _leader_rows(fol, resp.data))
+        data = lead.replica_read(start, 1 << 20)
+        assert fol.append_replicated(memoryview(b"".join(data)), lead.epochs.entries_from(start))
+        await fol.wait_flushed(fol.log.next_offset)
+        fol.set_high_watermark(fol.log.next_offset)
+        answers = [(kafka_outcome(fol, 7, s), kafka_outcome(lead, 7, s)) for s in range(8)]
+        assert kafka_outcome(fol, 7, 5) is Outcome.DUPLICATE
+        assert [f for f, _ in answers] == [ld for _, ld in answers]
+        await shut(fol)  # and so after a crash (the start-over image holds them)
+        again = reopen(fdir, clock, make_broker(fdir, clock, fol), policy=POLICY, hw=start)
+        assert kafka_outcome(again, 7, 5) is Outcome.DUPLICATE
         await shut(again)
         await shut(lead)
 

@@ -551,9 +551,9 @@ def test_a_replica_fetch_below_the_leaders_log_start_restarts_the_follower_there
 def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_skipped_range(
     tmp_path: Path,
 ) -> None:
-    """The start-over answer carries the leader's rows of the PIDs with no batch left in
-    its log: PID 5 wrote only in the range the follower skips; without them the follower,
-    once it leads, would answer its next batch UNKNOWN_PID (docs/log.md)."""
+    """The start-over answer carries the leader's rows as of its log start: PID 5 wrote
+    only in the range the follower skips; without its row the follower, once it leads,
+    would answer its next batch UNKNOWN_PID (docs/log.md)."""
     clock = ManualClock(100 * HOUR_MS)
     policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
 
@@ -577,7 +577,10 @@ def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_
         resp = await replica_fetch_from(lead, tmp_path, clock, offset=2)
         assert resp.error_code == errors.OffsetOutOfRange.code and resp.high_watermark == start
         rows = _leader_rows(lead, resp.data)
-        assert rows is not None and {r[0] for r in rows.rows} == {5}  # 7 and 8 are in the log
+        # 5 whole; 7 and 8 also wrote above the start: their batches below it (sim finding
+        # s23.1), the follower replays the others
+        assert rows is not None and {r[0] for r in rows.rows} == {5, 7, 8}
+        assert all(r[4][i + 2] < start for r in rows.rows for i in range(0, len(r[4]), 3))
         fol = open_part(tmp_path / "follower", clock_ms=clock, policy=policy)
         fol.become_follower(1, 1, "127.0.0.1:1")
         held = [bytes(raw_batch(7, s, OLD_TS)) for s in range(2)]
