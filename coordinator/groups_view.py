@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from pidlease.client.consumer import server_groups
 from pidlease.errors import describe
 from pidlease.wire.cluster import ServerInfo
+from pidlease.wire.kafka_conn import server_groups
 
 log = logging.getLogger("coordinator.groups_view")
 

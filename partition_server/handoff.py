@@ -32,21 +32,44 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Executor
+from typing import Any, Protocol
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from partition_server.partition import Role
+from partition_server.partition import Partition, Role
+from partition_server.registry import Registry
 from pidlease import errors
 from pidlease.wire.cluster import SERVERS, PartitionState, partition_path
-
-if TYPE_CHECKING:
-    from partition_server.replication import ReplicaManager
 
 log = logging.getLogger("partition_server.handoff")
 
 Key = tuple[str, int]
+
+
+class ReplicaManager(Protocol):
+    """What a handover uses of ``replication.ReplicaManager`` (which imports this module,
+    so it is named here by its shape, not imported)."""
+
+    s: Any
+    me: int
+    registry: Registry
+    partitions: dict[Key, Partition]
+    zk_executor: Executor | None
+    leaving: bool
+    mono_ms: Callable[[], float]
+    _busy: set[Key]
+
+    def _zk(
+        self,
+        key: Key,
+        op: Callable[..., PartitionState | None],
+        *args: Any,
+        after: Callable[[PartitionState | None], None] | None = None,
+    ) -> None: ...
+
+    def resign(self, key: Key, part: Partition) -> None: ...
 
 
 def successor(

@@ -20,26 +20,20 @@ iteration rejoins, as Kafka's consumers do. Not done: the Kafka listener's TLS a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
-import functools
-import io
-import socket
 import struct
 import threading
 import time
-import typing
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
 import httpx
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
 
 from pidlease import errors
 from pidlease.client.lease_client import coordinator_base_url
 from pidlease.client.reader import Reader
 from pidlease.wire import protocol
+from pidlease.wire.kafka_conn import KafkaConn as _Conn
 
 __all__ = ["CommitFailed", "Consumer"]
 
@@ -481,82 +475,6 @@ def _parse_assignment(data: bytes) -> dict[str, list[int]]:
 
 
 # -- a blocking Kafka connection (kio's message schemas) -----------------------------------------
-class _Conn:
-    def __init__(self, address: str, client_id: str, timeout_s: float) -> None:
-        host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        self.client_id = client_id.encode()
-        self.corr = 0
-
-    def request(self, api_key: int, version: int, values: dict[str, Any]) -> Any:
-        self.corr += 1
-        body = _build(load_request_schema(api_key, version), values)
-        head = struct.pack(">hhi", api_key, version, self.corr)
-        head += struct.pack(">h", len(self.client_id)) + self.client_id
-        if type(body).__flexible__:
-            head += b"\0"
-        out = io.BytesIO()
-        entity_writer(type(body))(out, body)
-        payload = head + out.getvalue()
-        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
-        (n,) = struct.unpack(">i", self._exact(4))
-        frame = self._exact(n)
-        cls = load_response_schema(api_key, version)
-        obj, _ = entity_reader(cls)(frame, 4 + (1 if cls.__flexible__ else 0))
-        return obj
-
-    def _exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            got = self.sock.recv(n - len(buf))
-            if not got:
-                raise ConnectionError("the Kafka listener closed the connection")
-            buf += got
-        return bytes(buf)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _build(cls: Any, values: dict[str, Any]) -> Any:
-    """A kio request of ``cls`` from plain values (nested entities as dicts)."""
-    kwargs: dict[str, Any] = {}
-    for f, hint in _fields(cls):
-        if f.name in values:
-            v = values[f.name]
-            entity = _entity_of(hint)
-            if entity is not None and isinstance(v, list):
-                v = tuple(_build(entity, x) if isinstance(x, dict) else x for x in v)
-            elif isinstance(v, list):
-                v = tuple(v)
-            kwargs[f.name] = v
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kwargs[f.name] = None
-    return cls(**kwargs)
-
-
-@functools.cache
-def _fields(cls: Any) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
-
-
-def _entity_of(hint: Any) -> type[Any] | None:
-    for t in (hint, *typing.get_args(hint)):
-        if dataclasses.is_dataclass(t) and isinstance(t, type):
-            return t
-        for u in typing.get_args(t):
-            if dataclasses.is_dataclass(u) and isinstance(u, type):
-                return u
-    return None
-
-
 # -- groups as a whole (``pidlease groups``) -----------------------------------------------------
 DELETE_GROUPS, DESCRIBE_GROUPS, LIST_GROUPS = 42, 15, 16
 
@@ -667,48 +585,3 @@ def delete_group(url: str, group: str, timeout_s: float = 30.0) -> None:
         raise errors.InvalidRequest(f"no group {group!r}")
     if code != NONE:
         raise errors.CoordinatorUnavailable(f"DeleteGroups: Kafka error {code}")
-
-
-def server_groups(address: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    """The groups one server's Kafka listener coordinates (ListGroups answers only those),
-    each with its state, member count and committed offsets, in three requests (ListGroups,
-    DescribeGroups and a batched OffsetFetch). Groups still loading on that server are
-    left out. Raises OSError or EOFError when the listener cannot be reached."""
-    with _Conn(address, "pidlease-dashboard", timeout_s) as c:
-        listed = c.request(LIST_GROUPS, 4, {"states_filter": []})
-        ids = sorted(g.group_id for g in listed.groups)
-        if not ids:
-            return []
-        described = c.request(DESCRIBE_GROUPS, 5, {"groups": ids})
-        fetched = c.request(
-            OFFSET_FETCH,
-            8,
-            {"groups": [{"group_id": g, "topics": None} for g in ids], "require_stable": False},
-        )
-    offsets: dict[str, list[dict[str, Any]]] = {}
-    for g in fetched.groups:
-        if int(g.error_code) != NONE:
-            continue
-        offsets[g.group_id] = [
-            {"topic": t.name, "partition": p.partition_index, "committed": int(p.committed_offset)}
-            for t in g.topics
-            for p in t.partitions
-            if int(p.committed_offset) >= 0
-        ]
-    out = []
-    for d in described.groups:
-        if int(d.error_code) != NONE:
-            continue
-        out.append(
-            {
-                "group": d.group_id,
-                "state": d.group_state,
-                "protocol_type": d.protocol_type,
-                "members": len(d.members),
-                "coordinator": address,
-                "offsets": sorted(
-                    offsets.get(d.group_id, []), key=lambda o: (o["topic"], o["partition"])
-                ),
-            }
-        )
-    return out
