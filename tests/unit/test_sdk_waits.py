@@ -156,3 +156,41 @@ def test_a_crashed_lease_renewal_fails_the_producer_instead_of_starving_flush(
     assert flushed, "flush() still waiting 2 s after the lease renewal task died"
     assert isinstance(exc, errors.PidleaseError) and "lease renewal crashed" in str(exc), exc
     assert srv.produce_requests == 0, "sent with a lapsed token"
+
+
+def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A sender that crashes fails the producer (``_run``'s handler), and ``fail_all``
+    fails what is in its window and pending. A batch being built was in neither: its run
+    had left ``pending`` before ``RecordRun.batch`` ran, so a build that raised left its
+    records unresolved and uncounted, and flush() waited for ever on a failed producer."""
+    srv = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(srv, TOPICS)
+
+    def broken_batch(self, **_kw):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug while building the batch")
+
+    async def main() -> tuple[bool, BaseException | None]:
+        p = await AsyncProducer(
+            "http://fake",
+            "mono",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+        ).start()
+        try:
+            monkeypatch.setattr(sender_module.RecordRun, "batch", broken_batch)
+            fut = await p.send(b"r0")
+            try:
+                await asyncio.wait_for(p.flush(), 2.0)
+            except TimeoutError:
+                return False, None
+            return True, fut.exception() if fut.done() else None
+        finally:
+            await p.close(timeout_ms=500)
+
+    try:
+        flushed, exc = asyncio.run(main())
+    finally:
+        srv.stop()
+    assert flushed, "flush() still waiting 2 s after the sender crashed building a batch"
+    assert isinstance(exc, errors.PidleaseError) and "crashed" in str(exc), exc
+    assert srv.produce_requests == 0
