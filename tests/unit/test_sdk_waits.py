@@ -177,6 +177,11 @@ def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch
             linger_ms=0,
         ).start()
         try:
+            # Connected before the crash, and the server's side of it seen: a connection
+            # cut before the fake server took it up leaks its socket there.
+            assert p._pool is not None
+            await p._pool.connection_for(0)
+            await wait_until(lambda: srv.connections() == 1)
             monkeypatch.setattr(sender_module.RecordRun, "batch", broken_batch)
             fut = await p.send(b"r0")
             try:
@@ -186,6 +191,7 @@ def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch
             return True, fut.exception() if fut.done() else None
         finally:
             await p.close(timeout_ms=500)
+            await wait_until(lambda: srv.connections() == 0)
 
     try:
         flushed, exc = asyncio.run(main())
