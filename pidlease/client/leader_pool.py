@@ -82,8 +82,14 @@ class LeaderPool:
             self._refreshing.set_exception(exc)
             self._refreshing.exception()  # retrieved: waiters re-raise it themselves
             raise
-        except BaseException:
-            self._refreshing.cancel()
+        except BaseException as exc:
+            # Not cancel(): the senders waiting on it would get CancelledError, which ends
+            # their tasks silently (their records never resolve: flush() waits for ever).
+            # They get a retriable error instead, and retry.
+            self._refreshing.set_exception(
+                errors.CoordinatorUnavailable(f"leader lookup of {self.topic} ended: {exc!r}")
+            )
+            self._refreshing.exception()
             raise
         finally:
             self._refreshing = None
@@ -113,8 +119,9 @@ class LeaderPool:
             pending.set_exception(exc)
             pending.exception()
             raise
-        except BaseException:
-            pending.cancel()
+        except BaseException as exc:  # not cancel(): see refresh
+            pending.set_exception(errors.ServerUnavailable(f"connect to {addr} ended: {exc!r}"))
+            pending.exception()
             raise
         finally:
             del self._connecting[addr]

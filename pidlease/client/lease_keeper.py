@@ -174,6 +174,16 @@ class LeaseKeeper:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
+        try:
+            await self._renew_forever()
+        except Exception as exc:  # a bug here must fail the producer, not starve it
+            # Without renewals the token lapses and every sender waits for a renewal that
+            # never comes (token_ok stays False): flush() and close() would wait for ever
+            # with the event loop idle and no request sent.
+            log.exception("lease renewal of topic %s crashed", self.topic)
+            self._on_fatal(errors.PidleaseError(f"lease renewal crashed: {exc!r}"))
+
+    async def _renew_forever(self) -> None:
         backoff = self.backoff()
         while not self._stopped:
             delay_s = max(0.0, (self._renew_at - self.clock_ms()) / 1000)

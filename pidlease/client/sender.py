@@ -826,16 +826,10 @@ class PartitionSender:
         self._transmit(b, conn)
 
     def _build_batch(self) -> InFlightBatch:
-        run = self.pending.popleft()
+        run = self.pending[0]
         run.closed = True
         n = len(run.values)
-        self.pending_records -= n
-        if run.first_seq >= 0:
-            base = run.first_seq
-            self.next_sequence = max(self.next_sequence, run.last_seq + 1)
-        else:
-            base = self.next_sequence
-            self.next_sequence += n
+        base = run.first_seq if run.first_seq >= 0 else self.next_sequence
         lease = self.ctx.lease
         batch = run.batch(
             pid=lease.pid,
@@ -843,6 +837,15 @@ class PartitionSender:
             base_sequence=base,
             timestamp_ms=int(self.ctx.wall_ms()) if run.timestamp_ms is None else run.timestamp_ms,
         )
+        # Built: only now does the run leave pending. A build that raises leaves it there,
+        # where the crash handler's fail_all fails and counts its records (held only here,
+        # they were never resolved and flush() waited for ever).
+        self.pending.popleft()
+        self.pending_records -= n
+        if run.first_seq >= 0:
+            self.next_sequence = max(self.next_sequence, run.last_seq + 1)
+        else:
+            self.next_sequence += n
         # The batch is frozen from here on (a resend is the same bytes): the payloads are
         # not needed any more, and the records' futures keep the run alive.
         run.values = []

@@ -108,3 +108,95 @@ def test_a_lapsed_token_does_not_spin_the_sender(monkeypatch) -> None:  # type: 
         srv.stop()
     assert idle_turns <= 5, f"the sender ran {idle_turns} times while its token had lapsed"
     assert [m.offset for m in metas] == [0, 1, 2]
+
+
+def test_a_crashed_lease_renewal_fails_the_producer_instead_of_starving_flush(
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """The renewal task dying of an error that is not a PidleaseError (a bug, an
+    unexpected exception from the HTTP stack) used to end it silently: the token then
+    lapsed, every sender waited for a renewal's wake-up that never came, and flush()
+    waited for ever with the event loop idle and no request sent (the symptom of the
+    open finding in docs/operations.md). It must fail the producer instead."""
+    srv = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(srv, TOPICS)
+
+    async def broken_lease_batch(self, requests):  # type: ignore[no-untyped-def]
+        raise RuntimeError("unexpected error in the HTTP stack")
+
+    async def main() -> tuple[bool, BaseException | None]:
+        p = await AsyncProducer(
+            "http://fake",
+            "mono",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+            retry_backoff_ms=1,
+            retry_backoff_max_ms=5,
+        ).start()
+        try:
+            keeper = p._lease
+            assert keeper is not None
+            monkeypatch.setattr(type(keeper.client), "lease_batch", broken_lease_batch)
+            keeper._good_until = 0.0  # the token lapsed: only a renewal lets records go
+            keeper._renew_at = 0.0  # the renewal is due now
+            keeper._wake.set()
+            fut = await p.send(b"r0")
+            try:
+                await asyncio.wait_for(p.flush(), 2.0)
+            except TimeoutError:
+                return False, None
+            return True, fut.exception()
+        finally:
+            await p.close(timeout_ms=500)  # bounded: a starved sender would hold it too
+
+    try:
+        flushed, exc = asyncio.run(main())
+    finally:
+        srv.stop()
+    assert flushed, "flush() still waiting 2 s after the lease renewal task died"
+    assert isinstance(exc, errors.PidleaseError) and "lease renewal crashed" in str(exc), exc
+    assert srv.produce_requests == 0, "sent with a lapsed token"
+
+
+def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A sender that crashes fails the producer (``_run``'s handler), and ``fail_all``
+    fails what is in its window and pending. A batch being built was in neither: its run
+    had left ``pending`` before ``RecordRun.batch`` ran, so a build that raised left its
+    records unresolved and uncounted, and flush() waited for ever on a failed producer."""
+    srv = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(srv, TOPICS)
+
+    def broken_batch(self, **_kw):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug while building the batch")
+
+    async def main() -> tuple[bool, BaseException | None]:
+        p = await AsyncProducer(
+            "http://fake",
+            "mono",
+            http_transport=coord.transport(),  # type: ignore[arg-type]
+            linger_ms=0,
+        ).start()
+        try:
+            # Connected before the crash, and the server's side of it seen: a connection
+            # cut before the fake server took it up leaks its socket there.
+            assert p._pool is not None
+            await p._pool.connection_for(0)
+            await wait_until(lambda: srv.connections() == 1)
+            monkeypatch.setattr(sender_module.RecordRun, "batch", broken_batch)
+            fut = await p.send(b"r0")
+            try:
+                await asyncio.wait_for(p.flush(), 2.0)
+            except TimeoutError:
+                return False, None
+            return True, fut.exception() if fut.done() else None
+        finally:
+            await p.close(timeout_ms=500)
+            await wait_until(lambda: srv.connections() == 0)
+
+    try:
+        flushed, exc = asyncio.run(main())
+    finally:
+        srv.stop()
+    assert flushed, "flush() still waiting 2 s after the sender crashed building a batch"
+    assert isinstance(exc, errors.PidleaseError) and "crashed" in str(exc), exc
+    assert srv.produce_requests == 0
