@@ -827,7 +827,9 @@ def _decode_entries(c: Cursor, body: bytes | memoryview, fence: bool) -> list[Pa
 
 
 def decode_request(body: bytes | memoryview) -> Request:
-    """Parse a request frame's body. Raises CorruptRecord on anything malformed; the
+    """Parse a request frame's body. Raises CorruptRecord on anything malformed, and
+    InvalidRequest on a well-formed request that breaks a request rule (a many-partition
+    request naming none, more than ``PARTITIONS_PER_REQUEST_MAX``, or one twice); the
     caller answers with that error (using ``correlation_id`` when it was readable)."""
     c = Cursor(body)
     api_key, corr = c.take(_REQ_HEAD)
