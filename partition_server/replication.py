@@ -52,6 +52,9 @@ def is_replicated(ps: PartitionState | None) -> bool:
     return ps is not None and len(ps.replicas) > 1
 
 
+_BULK_FAILURES_LOGGED = 10  # a failed bulk write names its first writes
+
+
 class ReplicaManager:
     def __init__(
         self,
@@ -352,11 +355,17 @@ class ReplicaManager:
             exc = None if f.cancelled() else f.exception()
             written: dict[Key, PartitionState | None] = {}
             if exc is not None:
-                log.warning(
-                    "%d leadership write(s) failed (maybe written): %s",
-                    len(changes),
-                    errors.describe(exc),
-                )
+                # Each write by name (as a single write's failure is logged), the first
+                # few; a lost connection may have landed them all the same.
+                why = errors.describe(exc)
+                for c in changes[:_BULK_FAILURES_LOGGED]:
+                    log.warning("%s-%d: %s failed: %s", c.topic, c.partition, c.kind, why)
+                if len(changes) > _BULK_FAILURES_LOGGED:
+                    log.warning(
+                        "and %d more leadership write(s) failed (maybe written): %s",
+                        len(changes) - _BULK_FAILURES_LOGGED,
+                        why,
+                    )
             elif not f.cancelled():
                 written = f.result()
             won: list[tuple[Key, PartitionState, Any]] = []

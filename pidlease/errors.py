@@ -289,6 +289,15 @@ class NotEnoughReplicas(PidleaseError):
 # -- client-side errors: raised by the SDK, never sent by a server -------------------------
 
 
+class CommitFailed(PidleaseError):
+    """A consumer group rebalanced since the records were read: their offsets are not
+    committed (another member may read them again); the ``Consumer``'s next poll rejoins.
+    SDK-only (``pidlease.client.consumer``), defined here so the registry holds it whether
+    or not the consumer was imported."""
+
+    name, wire, retriable = "COMMIT_FAILED", False, True
+
+
 class ConfigError(PidleaseError, ValueError):
     """A local mistake by the caller, found before anything is sent: a bad setting, URL or
     TLS option, a partition or sequence id the topic cannot take, a value of the wrong

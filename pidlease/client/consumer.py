@@ -32,6 +32,7 @@ import httpx
 from pidlease import errors
 from pidlease.client.lease_client import coordinator_base_url
 from pidlease.client.reader import Reader
+from pidlease.errors import CommitFailed
 from pidlease.wire import protocol
 from pidlease.wire.kafka_conn import KafkaConn as _Conn
 
@@ -47,13 +48,6 @@ _RETRIABLE = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORD
 _REJOIN = {ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS}
 ASSIGNOR = "range"
 TP = tuple[str, int]
-
-
-class CommitFailed(errors.PidleaseError):
-    """The group rebalanced since the records were read: their offsets are not committed
-    (another member may read them again). The next iteration rejoins."""
-
-    name, wire, retriable = "COMMIT_FAILED", False, True
 
 
 class Consumer:
