@@ -147,6 +147,7 @@ def cmd_partition_server(args: argparse.Namespace) -> int:
         {
             "zk": "PIDLEASE_ZK",
             "port": "PIDLEASE_PORT",
+            "kafka_port": "PIDLEASE_KAFKA_PORT",
             "server_id": "PIDLEASE_SERVER_ID",
             "data_dir": "PIDLEASE_DATA_DIR",
         },
@@ -715,6 +716,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     zk(s, "ZooKeeper hosts with chroot (env PIDLEASE_ZK)")
     s.add_argument("--port", type=int, help="TCP port (env PIDLEASE_PORT)")
+    s.add_argument(
+        "--kafka-port",
+        type=int,
+        help="Kafka listener and group coordinator port (env PIDLEASE_KAFKA_PORT, default "
+        "9092; 0: none)",
+    )
     s.add_argument("--server-id", type=int, help="server id (env PIDLEASE_SERVER_ID)")
     s.add_argument("--data-dir", help="log directory (env PIDLEASE_DATA_DIR)")
     s.set_defaults(func=cmd_partition_server)
