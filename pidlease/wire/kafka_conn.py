@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import io
 import socket
+import ssl
 import struct
 import typing
 from typing import Any, Self
@@ -20,12 +21,54 @@ NONE = 0
 OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 9, 15, 16
 
 
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+
+
+class SaslRefused(Exception):
+    """The Kafka listener refused our SASL/PLAIN credentials (not retriable)."""
+
+
 class KafkaConn:
-    def __init__(self, address: str, client_id: str, timeout_s: float) -> None:
+    """One connection to a Kafka listener: over TLS with ``ssl_context`` (the listener
+    speaks TLS when its server does), authenticated with SASL/PLAIN when ``sasl`` is
+    ``(user, token)`` (the listener requires it when the server has API tokens; an empty
+    user authenticates as the principal the token belongs to)."""
+
+    def __init__(
+        self,
+        address: str,
+        client_id: str,
+        timeout_s: float,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        sasl: tuple[str, str] | None = None,
+    ) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.client_id = client_id.encode()
         self.corr = 0
+        if sasl is not None:
+            try:
+                self._authenticate(*sasl)
+            except BaseException:
+                self.sock.close()
+                raise
+
+    def _authenticate(self, user: str, token: str) -> None:
+        r = self.request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+        if int(r.error_code) != NONE:
+            raise SaslRefused(f"SaslHandshake PLAIN refused (Kafka error {int(r.error_code)})")
+        auth = b"\0" + user.encode() + b"\0" + token.encode()
+        a = self.request(SASL_AUTHENTICATE, 2, {"auth_bytes": auth})
+        if int(a.error_code) != NONE:
+            raise SaslRefused(a.error_message or f"Kafka error {int(a.error_code)}")
 
     def request(self, api_key: int, version: int, values: dict[str, Any]) -> Any:
         self.corr += 1
