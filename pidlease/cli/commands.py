@@ -301,7 +301,13 @@ def _consume_group(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import Consumer
 
     n = 0
-    with Consumer(args.coordinator, [args.topic], args.group) as c:
+    with Consumer(
+        args.coordinator,
+        [args.topic],
+        args.group,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    ) as c:
         while args.max is None or n < args.max:
             recs = c.poll(1.0, max_records=500 if args.max is None else min(500, args.max - n))
             if not recs and c.assignment and not args.follow:
@@ -331,7 +337,11 @@ def _consume_group(args: argparse.Namespace) -> int:
 def cmd_groups_list(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import list_groups
 
-    groups = list_groups(args.coordinator)
+    groups = list_groups(
+        args.coordinator,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    )
     if args.json:
         print(json.dumps(groups))
     elif not groups:
@@ -345,7 +355,12 @@ def cmd_groups_list(args: argparse.Namespace) -> int:
 def cmd_groups_describe(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import describe_group
 
-    d = describe_group(args.coordinator, args.group)
+    d = describe_group(
+        args.coordinator,
+        args.group,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    )
     if args.json:
         print(json.dumps(d))
         return 0
@@ -365,7 +380,12 @@ def cmd_groups_describe(args: argparse.Namespace) -> int:
 def cmd_groups_delete(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import delete_group
 
-    delete_group(args.coordinator, args.group)
+    delete_group(
+        args.coordinator,
+        args.group,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    )
     print(f"deleted group {args.group}")
     return 0
 

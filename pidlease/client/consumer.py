@@ -35,8 +35,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
-import httpx
-
 from pidlease import errors
 from pidlease.client.lease_client import API_TOKEN_ENV, LeaseClient, coordinator_base_url
 from pidlease.client.reader import Reader
@@ -508,34 +506,69 @@ def _parse_assignment(data: bytes) -> dict[str, list[int]]:
 DELETE_GROUPS, DESCRIBE_GROUPS, LIST_GROUPS = 42, 15, 16
 
 
-def _servers(url: str, timeout_s: float) -> list[str]:
-    r = httpx.get(f"{coordinator_base_url(url)}/v1/servers", timeout=timeout_s)
-    servers = r.json().get("servers", []) if r.status_code == 200 else []
+class _Door:
+    """How the group functions below reach a cluster: the Consumer's settings (token and CA
+    file, else ``PIDLEASE_API_TOKEN`` / ``PIDLEASE_TLS_CA_FILE``) for the coordinator's
+    HTTP(S) and the Kafka listeners' TLS and SASL/PLAIN."""
+
+    def __init__(
+        self, url: str, timeout_s: float, api_token: str | None, tls_ca_file: str | None
+    ) -> None:
+        self.url, self.timeout_s = coordinator_base_url(url), timeout_s
+        self.auth: dict[str, Any] = {"api_token": api_token, "tls_ca_file": tls_ca_file}
+        self.ssl = client_ssl_context(tls_ca_file)
+        token = api_token if api_token is not None else os.environ.get(API_TOKEN_ENV, "")
+        self.sasl = ("", token) if token else None
+
+    def http(self) -> LeaseClient:
+        return LeaseClient(self.url, request_timeout_ms=int(self.timeout_s * 1000), **self.auth)
+
+    def conn(self, address: str) -> _Conn:
+        try:
+            return _Conn(
+                address, "pidlease-cli", self.timeout_s, ssl_context=self.ssl, sasl=self.sasl
+            )
+        except SaslRefused as exc:
+            raise errors.Unauthorized(
+                f"the Kafka listener at {address} refused the api_token: {exc}"
+            ) from exc
+
+
+def _servers(door: _Door) -> list[str]:
+    with door.http() as c:
+        servers = c.call("GET", "/v1/servers").get("servers", [])
     out = [f"{s['host']}:{s['kafka_port']}" for s in servers if s.get("kafka_port")]
     if not out:
         raise errors.CoordinatorUnavailable("no partition server has a Kafka listener")
     return out
 
 
-def _group_conn(url: str, group: str, timeout_s: float) -> _Conn:
-    deadline = time.monotonic() + timeout_s
+def _group_conn(door: _Door, group: str) -> _Conn:
+    deadline = time.monotonic() + door.timeout_s
     last = 0
     while time.monotonic() < deadline:
-        for addr in _servers(url, timeout_s):
-            with _Conn(addr, "pidlease-cli", timeout_s) as c:
+        for addr in _servers(door):
+            with door.conn(addr) as c:
                 r = c.request(FIND_COORDINATOR, 1, {"key": group, "key_type": 0})
             if int(r.error_code) == NONE:
-                return _Conn(f"{r.host}:{r.port}", "pidlease-cli", timeout_s)
+                return door.conn(f"{r.host}:{r.port}")
             last = int(r.error_code)
         time.sleep(0.2)
     raise errors.CoordinatorUnavailable(f"no coordinator for group {group!r} (Kafka error {last})")
 
 
-def list_groups(url: str, timeout_s: float = 30.0) -> list[dict[str, str]]:
+def list_groups(
+    url: str,
+    timeout_s: float = 30.0,
+    *,
+    api_token: str | None = None,
+    tls_ca_file: str | None = None,
+) -> list[dict[str, str]]:
     """Every group of the cluster: (group, protocol type, state), from every server."""
+    door = _Door(url, timeout_s, api_token, tls_ca_file)
     out: dict[str, dict[str, str]] = {}
-    for addr in _servers(url, timeout_s):
-        with _Conn(addr, "pidlease-cli", timeout_s) as c:
+    for addr in _servers(door):
+        with door.conn(addr) as c:
             deadline = time.monotonic() + timeout_s
             while True:
                 r = c.request(LIST_GROUPS, 4, {"states_filter": []})
@@ -553,10 +586,18 @@ def list_groups(url: str, timeout_s: float = 30.0) -> list[dict[str, str]]:
     return [out[k] for k in sorted(out)]
 
 
-def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def describe_group(
+    url: str,
+    group: str,
+    timeout_s: float = 30.0,
+    *,
+    api_token: str | None = None,
+    tls_ca_file: str | None = None,
+) -> dict[str, Any]:
     """A group's state, members (with their partitions) and committed offsets, with the
     lag of each (the partition's high watermark minus the commit)."""
-    with _group_conn(url, group, timeout_s) as c:
+    door = _Door(url, timeout_s, api_token, tls_ca_file)
+    with _group_conn(door, group) as c:
         d = c.request(DESCRIBE_GROUPS, 5, {"groups": [group]}).groups[0]
         o = c.request(OFFSET_FETCH, 5, {"group_id": group, "topics": None})
     if int(d.error_code) != NONE:
@@ -578,8 +619,11 @@ def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, A
     offsets = []
     for t in o.topics:
         if t.name not in hws:
-            r = httpx.get(f"{coordinator_base_url(url)}/v1/topics/{t.name}", timeout=timeout_s)
-            rows = r.json().get("partition_states", []) if r.status_code == 200 else []
+            try:
+                with door.http() as h:
+                    rows = h.call("GET", f"/v1/topics/{t.name}").get("partition_states", [])
+            except (errors.UnknownTopicOrPartition, errors.CoordinatorUnavailable):
+                rows = []
             hws[t.name] = {int(x["partition"]): int(x.get("high_watermark", -1)) for x in rows}
         for p in t.partitions:
             hw = hws[t.name].get(p.partition_index, -1)
@@ -603,9 +647,16 @@ def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, A
     }
 
 
-def delete_group(url: str, group: str, timeout_s: float = 30.0) -> None:
+def delete_group(
+    url: str,
+    group: str,
+    timeout_s: float = 30.0,
+    *,
+    api_token: str | None = None,
+    tls_ca_file: str | None = None,
+) -> None:
     """Delete an empty group and its committed offsets."""
-    with _group_conn(url, group, timeout_s) as c:
+    with _group_conn(_Door(url, timeout_s, api_token, tls_ca_file), group) as c:
         r = c.request(DELETE_GROUPS, 2, {"groups_names": [group]})
     code = int(r.results[0].error_code)
     if code == 68:
