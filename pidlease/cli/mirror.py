@@ -120,6 +120,12 @@ def _serve_metrics(port: int, render: Callable[[], str]) -> ThreadingHTTPServer:
     return srv
 
 
+def group_choice(args: argparse.Namespace) -> bool | None:
+    """``--group``: True; ``--no-group``: False; neither: None, the processors' default
+    (the group, unless --instances or --until-caught-up ask for the static assignment)."""
+    return True if args.group else (False if args.no_group else None)
+
+
 def cmd_mirror(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
@@ -143,7 +149,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         until_caught_up=args.until_caught_up,
         instance=args.instance,
         instances=args.instances,
-        group=True if args.group else (False if args.no_group else None),
+        group=group_choice(args),
     )
     srv = None
     if args.metrics_port is not None:
