@@ -8,7 +8,7 @@
 - ``record_columns`` ``send_batch``: a call's records as columns (lists or Arrow), routed
                      and encoded per batch in one step
 - ``batch_future``   the outcome of a ``send_batch`` call: its one future, lazy metadata
-- ``record_run``     records of one partition that fit in one batch, and their outcome
+- ``batch_outcome``     records of one partition that fit in one batch, and their outcome
 - ``record_future``  the cheap per-record future ``Producer.send`` returns
 - ``structs``        small value types: ``RecordMetadata``, ``BatchAck``
 - ``retry``          the retry policy: ``Backoff``, which errors are retriable
@@ -24,6 +24,6 @@
 - ``mirror``         copying topics between clusters on processors (``pidlease mirror``)
 
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
-``record_columns`` -> ``batch_future`` / ``record_run`` -> ``record_future`` -> ``structs``);
+``record_columns`` -> ``batch_future`` / ``batch_outcome`` -> ``record_future`` -> ``structs``);
 tests/unit/test_import_graph.py fails on any cycle.
 """

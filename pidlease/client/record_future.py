@@ -8,10 +8,10 @@ half of the producer's CPU per record. Kafka's Java producer answers the same pr
 one latch per batch behind light per-record futures (``FutureRecordMetadata`` points at
 its batch's ``ProduceRequestResult``). This module does the same:
 
-- A ``RecordFuture`` holds only where its record is: ``record_run`` (the ``RunState`` of
-  its batch, in practice the ``RecordRun`` the record was appended to) and
+- A ``RecordFuture`` holds only where its record is: ``batch_outcome`` (the ``BatchOutcome`` of
+  its batch, in practice the ``ProducerBatch`` the record was appended to) and
   ``record_index`` (the record's index in it). Its state is read from the run: resolving
-  a batch is one store on the run (``resolve_run`` / ``fail_run``), whatever the number
+  a batch is one store on the run (``resolve_outcome`` / ``fail_outcome``), whatever the number
   of records.
 - Where its record is is the future's public contract with whoever makes it: set once,
   before the future is handed out (``place``; the blocking producer's inline send path
@@ -69,20 +69,20 @@ _SETTLED = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
 __all__ = [
     "BatchAck",
     "RecordFuture",
-    "RunState",
+    "BatchOutcome",
     "fail_all",
-    "fail_run",
+    "fail_outcome",
     "future_class",
     "place",
-    "resolve_run",
+    "resolve_outcome",
     "settle",
-    "settled_run",
+    "settled_outcome",
 ]
 
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
-class RunState:
+class BatchOutcome:
     """The shared outcome of a batch's records: PENDING, then FINISHED with ``outcome`` a
     ``BatchAck`` or an exception. ``watched``: futures of the run with waiters or callbacks."""
 
@@ -94,9 +94,9 @@ class RunState:
         self.watched: list[RecordFuture] | None = None
 
 
-def settled_run(outcome: BatchAck | BaseException) -> RunState:
+def settled_outcome(outcome: BatchAck | BaseException) -> BatchOutcome:
     """A run that is already resolved (``outcome``: a BatchAck or an exception)."""
-    run = RunState()
+    run = BatchOutcome()
     run.outcome = outcome
     run.state = FINISHED
     return run
@@ -105,11 +105,11 @@ def settled_run(outcome: BatchAck | BaseException) -> RunState:
 class RecordFuture(Future[RecordMetadata]):
     """The future of one record's ``RecordMetadata``; see the module docstring. Use the
     class ``future_class(condition)`` returns: it carries the shared Condition. Whoever
-    makes one places it on its run at once (sets ``record_run`` and ``record_index``, or
+    makes one places it on its run at once (sets ``batch_outcome`` and ``record_index``, or
     calls ``place``) and never again."""
 
     _condition: threading.Condition
-    record_run: RunState  # the run (batch) of this future's record
+    batch_outcome: BatchOutcome  # the run (batch) of this future's record
     record_index: int = 0  # the record's index in it
     _own: str | None = None  # the state set on this future itself (cancel, set_result)
     _result: Any = None  # RecordMetadata once built (or set by hand)
@@ -122,7 +122,7 @@ class RecordFuture(Future[RecordMetadata]):
     @property
     def _state(self) -> str:
         own = self._own
-        return own if own in _SETTLED else self.record_run.state
+        return own if own in _SETTLED else self.batch_outcome.state
 
     @_state.setter
     def _state(self, value: str) -> None:
@@ -135,7 +135,7 @@ class RecordFuture(Future[RecordMetadata]):
         if name in {"_waiters", "_done_callbacks"}:
             made: list[Any] = []
             object.__setattr__(self, name, made)
-            run = self.record_run
+            run = self.batch_outcome
             if run.state == PENDING:  # a resolved run never looks at them again
                 if run.watched is None:
                     run.watched = [self]
@@ -157,7 +157,7 @@ class RecordFuture(Future[RecordMetadata]):
             if self._exception is not None:
                 raise self._exception
             return r
-        out = self.record_run.outcome
+        out = self.batch_outcome.outcome
         if isinstance(out, BaseException):
             raise out
         assert out is not None  # FINISHED: an outcome was stored with the state
@@ -165,7 +165,7 @@ class RecordFuture(Future[RecordMetadata]):
         return r
 
     def result(self, timeout: float | None = None) -> Any:
-        if self._own is None and self.record_run.state == FINISHED:  # no lock needed: final
+        if self._own is None and self.batch_outcome.state == FINISHED:  # no lock needed: final
             return self._outcome()
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -173,8 +173,8 @@ class RecordFuture(Future[RecordMetadata]):
             return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._own is None and self.record_run.state == FINISHED:
-            out = self.record_run.outcome
+        if self._own is None and self.batch_outcome.state == FINISHED:
+            out = self.batch_outcome.outcome
             return out if isinstance(out, BaseException) else None
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -183,7 +183,7 @@ class RecordFuture(Future[RecordMetadata]):
                 raise CancelledError
             if self._own == FINISHED:
                 return self._exception
-            out = self.record_run.outcome
+            out = self.batch_outcome.outcome
             return out if isinstance(out, BaseException) else None
 
     def __repr__(self) -> str:
@@ -195,7 +195,7 @@ def future_class(condition: threading.Condition) -> type[RecordFuture]:
     return type("RecordFuture", (RecordFuture,), {"_condition": condition})
 
 
-def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> None:
+def _settle_run(condition: threading.Condition, run: BatchOutcome, outcome: Any) -> None:
     failed = isinstance(outcome, BaseException)
     with_callbacks = []
     with condition:
@@ -220,25 +220,27 @@ def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> 
         f._invoke_callbacks()  # noqa: SLF001 - Future's private protocol, see the top
 
 
-def resolve_run(condition: threading.Condition, run: RunState, ack: BatchAck) -> None:
+def resolve_outcome(condition: threading.Condition, run: BatchOutcome, ack: BatchAck) -> None:
     """Resolve every future of ``run`` (record ``i`` gets ``ack.metadata(i)``) at once;
     futures the user cancelled stay cancelled. A run already resolved is left alone."""
     _settle_run(condition, run, ack)
 
 
-def fail_run(condition: threading.Condition, run: RunState, exc: BaseException) -> None:
+def fail_outcome(condition: threading.Condition, run: BatchOutcome, exc: BaseException) -> None:
     """Fail every still-open future of ``run`` with ``exc``."""
     _settle_run(condition, run, exc)
 
 
-def place(future: RecordFuture, run: RunState, i: int) -> None:
+def place(future: RecordFuture, run: BatchOutcome, i: int) -> None:
     """Make ``future`` the future of record ``i`` of ``run`` (its state and outcome are the
     run's from now on). Only for a future not handed to anyone yet: no lock needed."""
-    future.record_run = run
+    future.batch_outcome = run
     future.record_index = i
 
 
-def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: BaseException) -> None:
+def fail_all(
+    condition: threading.Condition, runs: Iterable[BatchOutcome], exc: BaseException
+) -> None:
     """Fail every run of ``runs`` that is still open."""
     for run in runs:
         _settle_run(condition, run, exc)

@@ -103,7 +103,7 @@ SDK_MODULES = (
     "wire.protocol",
     "client.reader",
     "client.record_future",
-    "client.record_run",
+    "client.producer_batch",
     "client.sender",
     "client.config",
     "client.retry",

@@ -1,4 +1,4 @@
-"""``RecordRun``: records of one partition, admitted one after the other, that fit in one
+"""``ProducerBatch``: records of one partition, admitted one after the other, that fit in one
 batch; and, once it is sent, the shared outcome of those records.
 
 This is how a record travels from ``send`` to the wire without per-record work on the
@@ -10,7 +10,7 @@ partition's sender, which turns the head run into a batch with one join, one CRC
 header (``batch``). Like Kafka's ``RecordAccumulator``, batch boundaries are decided when
 records are appended, and a run is exactly one batch.
 
-The run is also the ``RunState`` of its records' futures: the blocking ``Producer``'s
+The run is also the ``BatchOutcome`` of its records' futures: the blocking ``Producer``'s
 ``RecordFuture``s point at it (``record_future.py``), so resolving the batch is one store
 on the run. The ``AsyncProducer``'s asyncio futures are kept in ``futures`` and resolved
 one by one.
@@ -28,18 +28,18 @@ from functools import partial
 from typing import Any
 
 from pidlease.client.config import RECORD_OVERHEAD
-from pidlease.client.record_future import RunState, fail_run, place, resolve_run, settle
+from pidlease.client.record_future import BatchOutcome, fail_outcome, place, resolve_outcome, settle
 from pidlease.client.structs import BatchAck
 from pidlease.wire import protocol
 from pidlease.wire.protocol import BATCH_HEADER_SIZE
 
-__all__ = ["RECORD_OVERHEAD", "RecordRun"]
+__all__ = ["RECORD_OVERHEAD", "ProducerBatch"]
 
 _REC_HEAD = protocol.REC_HEAD
 _head_no_key = partial(_REC_HEAD.pack, -1)
 
 
-class RecordRun(RunState):
+class ProducerBatch(BatchOutcome):
     __slots__ = (
         "bytes_max",
         "cap",
@@ -186,7 +186,7 @@ class RecordRun(RunState):
         run; asyncio futures one by one."""
         if self.futures is None:
             assert condition is not None, "linked runs need the futures' Condition"
-            resolve_run(condition, self, ack)
+            resolve_outcome(condition, self, ack)
         else:
             for i, fut in enumerate(self.futures):
                 settle(fut, ack.metadata(i))
@@ -195,7 +195,7 @@ class RecordRun(RunState):
         """Fail the records of this run that are still open."""
         if self.futures is None:
             assert condition is not None, "linked runs need the futures' Condition"
-            fail_run(condition, self, exc)
+            fail_outcome(condition, self, exc)
         else:
             for fut in self.futures:
                 settle(fut, exc=exc)
