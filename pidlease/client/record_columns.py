@@ -13,7 +13,7 @@ run's body is built in one step: for Arrow, the record heads are one numpy array
 end to end, so a batch body is one slice of that buffer.
 
 Each run is an ``EncodedBatch``: a ``ProducerBatch`` whose body is already encoded, so the
-partition's sender treats it like any other run (ordering, the in-flight window,
+partition's sender treats it like any other batch (ordering, the in-flight window,
 resends, fencing) and a resend sends the same bytes. Its outcome goes to the call's
 ``BatchTracker`` (``batch_future.py``), which completes the call's one future when every
 run is settled; the future's result is ``BatchMetadata``, a lazy sequence (a record's
@@ -418,10 +418,11 @@ def encode_list(vals: list[bytes], keys: list[bytes | None] | None) -> list[byte
 
 
 class EncodedBatch(ProducerBatch):
-    """A run of ``send_batch``: its body already encoded (``parts``), ``count`` records.
-    ``values`` holds one shared placeholder per record, so everything that counts a run's
-    records (``len(run.values)``) counts these too; nothing can join it (``closed``). Its
-    outcome goes to the call's tracker (slot ``slot``)."""
+    """A batch of ``send_batch``: its body already encoded (``parts``), ``count`` records.
+    ``values`` holds one shared placeholder per record, so everything that counts a
+    batch's records (``len(batch.values)``) counts these too; nothing can join it (it is
+    appended to the accumulator closed, and ``add`` refuses). Its outcome goes to the
+    call's tracker (slot ``slot``)."""
 
     __slots__ = ("parts", "slot", "tracker")
 
@@ -442,7 +443,6 @@ class EncodedBatch(ProducerBatch):
         self.counted = count
         if first_seq >= 0:
             self.last_seq = first_seq + count - 1
-        self.closed = True
         self.tracker = tracker
         self.slot = slot
 

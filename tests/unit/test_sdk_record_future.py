@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from pidlease.client.producer_batch import ProducerBatch
 from pidlease.client.record_future import (
     BatchAck,
     fail_all,
@@ -19,7 +20,6 @@ from pidlease.client.record_future import (
     future_class,
     resolve_outcome,
 )
-from pidlease.client.producer_batch import ProducerBatch
 from pidlease.client.sender import RecordMetadata
 from pidlease.wire import protocol
 from pidlease.wire.protocol import BATCH_HEADER_SIZE
