@@ -52,7 +52,7 @@ from pidlease.client.batch_future import (
     BatchTracker,
 )
 from pidlease.client.config import DEFAULTS as _DEFAULTS
-from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig
+from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig, ProducerSettings
 from pidlease.client.leader_pool import LeaderPool
 from pidlease.client.lease_client import (
     DEFAULT_COORDINATOR,
@@ -199,12 +199,10 @@ def _refused_send(exc: errors.PidleaseError) -> errors.PidleaseError:
     return new
 
 
-class AsyncProducer:
-    """Exactly-once producer for one topic, on the running event loop.
-
-    ``await AsyncProducer.create(url, topic, ...)`` (or ``async with AsyncProducer(...)``,
-    or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
-    returns an asyncio future of its ``RecordMetadata``."""
+class _Settings:
+    """The constructor ``AsyncProducer`` and ``Producer`` share: one signature (the
+    keywords docs/sdk.md and the contract list), read into one ``ProducerSettings`` and
+    checked here, then given to the class's ``_build``."""
 
     def __init__(
         self,
@@ -234,7 +232,7 @@ class AsyncProducer:
     ) -> None:
         if not topic:
             raise errors.ConfigError("a producer needs a topic")
-        self.config = ProducerConfig(
+        config = ProducerConfig(
             max_in_flight=max_in_flight,
             linger_ms=linger_ms,
             delivery_timeout_ms=delivery_timeout_ms,
@@ -247,14 +245,52 @@ class AsyncProducer:
             start_timeout_ms=start_timeout_ms,
             metadata_refresh_min_ms=metadata_refresh_min_ms,
         )
-        self.config.check()
-        self.coordinator_url = coordinator_base_url(coordinator_url)
-        self.topic = topic
-        self.producer_name = producer_name
-        self.expire_ms = expire_ms
-        self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
-        self.wall_ms = wall_ms or (lambda: time.time() * 1000)
-        self.rng = rng or random.Random()
+        config.check()
+        self._build(
+            ProducerSettings(
+                coordinator_url=coordinator_url,
+                topic=topic,
+                config=config,
+                producer_name=producer_name,
+                expire_ms=expire_ms,
+                http_transport=http_transport,
+                api_token=api_token,
+                tls_ca_file=tls_ca_file,
+                tls=tls,
+                clock_ms=clock_ms,
+                wall_ms=wall_ms,
+                rng=rng,
+            )
+        )
+
+    def _build(self, settings: ProducerSettings) -> None:
+        raise NotImplementedError
+
+
+class AsyncProducer(_Settings):
+    """Exactly-once producer for one topic, on the running event loop.
+
+    ``await AsyncProducer.create(url, topic, ...)`` (or ``async with AsyncProducer(...)``,
+    or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
+    returns an asyncio future of its ``RecordMetadata``."""
+
+    @classmethod
+    def from_settings(cls, settings: ProducerSettings) -> AsyncProducer:
+        """A producer built from checked settings (what the blocking ``Producer`` does)."""
+        engine = cls.__new__(cls)
+        engine._build(settings)  # noqa: SLF001 - its own class, instead of __init__
+        return engine
+
+    def _build(self, settings: ProducerSettings) -> None:
+        self.settings = settings
+        self.config = settings.config
+        self.coordinator_url = coordinator_base_url(settings.coordinator_url)
+        self.topic = settings.topic
+        self.producer_name = settings.producer_name
+        self.expire_ms = settings.expire_ms
+        self.clock_ms = settings.clock_ms or (lambda: time.monotonic() * 1000)
+        self.wall_ms = settings.wall_ms or (lambda: time.time() * 1000)
+        self.rng = settings.rng or random.Random()
         self.partitions = 0
         self.dedup = "strict"
         self.fatal: errors.PidleaseError | None = None
@@ -267,10 +303,7 @@ class AsyncProducer:
         self.future_condition: threading.Condition | None = None
         self.grow_hook: Callable[[int], None] | None = None
         self.accumulator: Accumulator | None = None  # made by start()
-        self._http_transport = http_transport
-        self._api_token = api_token
-        self._tls_ca_file, self._tls = tls_ca_file, tls  # pidlease/wire/tls.py
-        self._ssl = client_ssl_context(tls_ca_file, tls)
+        self._ssl = client_ssl_context(settings.tls_ca_file, settings.tls)
         self._client: AsyncLeaseClient | None = None
         self._lease: LeaseKeeper | None = None
         self._pool: LeaderPool | None = None
@@ -329,10 +362,10 @@ class AsyncProducer:
         client = self._client = AsyncLeaseClient(
             self.coordinator_url,
             request_timeout_ms=cfg.request_timeout_ms,
-            transport=self._http_transport,
-            api_token=self._api_token,
-            tls_ca_file=self._tls_ca_file,
-            tls=self._tls,
+            transport=self.settings.http_transport,
+            api_token=self.settings.api_token,
+            tls_ca_file=self.settings.tls_ca_file,
+            tls=self.settings.tls,
         )
         try:
             self._lease = LeaseKeeper(
@@ -817,63 +850,13 @@ class AsyncProducer:
         return n
 
 
-class Producer:
+class Producer(_Settings):
     """The blocking producer: an ``AsyncProducer`` on a background thread's event loop.
     ``send`` returns a ``concurrent.futures.Future`` of ``RecordMetadata``; it blocks only
     while ``buffer_records_max`` records are unresolved. Construction leases the PID."""
 
-    def __init__(
-        self,
-        coordinator_url: str = DEFAULT_COORDINATOR,
-        topic: str = "",
-        *,
-        producer_name: str | None = None,
-        expire_ms: int | None = None,
-        max_in_flight: int = _DEFAULTS.max_in_flight,
-        linger_ms: float = _DEFAULTS.linger_ms,
-        delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
-        batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
-        batch_records_max: int = _DEFAULTS.batch_records_max,
-        buffer_records_max: int = _DEFAULTS.buffer_records_max,
-        request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
-        retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
-        retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
-        start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
-        metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
-        http_transport: httpx.AsyncBaseTransport | None = None,
-        api_token: str | None = None,
-        tls_ca_file: str | None = None,
-        tls: bool = False,
-        clock_ms: Callable[[], float] | None = None,
-        wall_ms: Callable[[], float] | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        # The same keywords as AsyncProducer (tests/unit/test_producer_settings.py checks
-        # the two signatures agree), passed by name so none can land in the wrong slot.
-        self._engine = AsyncProducer(
-            coordinator_url,
-            topic,
-            producer_name=producer_name,
-            expire_ms=expire_ms,
-            max_in_flight=max_in_flight,
-            linger_ms=linger_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            batch_bytes_max=batch_bytes_max,
-            batch_records_max=batch_records_max,
-            buffer_records_max=buffer_records_max,
-            request_timeout_ms=request_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms,
-            retry_backoff_max_ms=retry_backoff_max_ms,
-            start_timeout_ms=start_timeout_ms,
-            metadata_refresh_min_ms=metadata_refresh_min_ms,
-            http_transport=http_transport,
-            api_token=api_token,
-            tls_ca_file=tls_ca_file,
-            tls=tls,
-            clock_ms=clock_ms,
-            wall_ms=wall_ms,
-            rng=rng,
-        )
+    def _build(self, settings: ProducerSettings) -> None:
+        self._engine = AsyncProducer.from_settings(settings)
         # Records admitted on callers' threads go into the engine's accumulator, under the
         # engine's lock: send's inline case appends to the partition's open batch itself
         # (``_open``: the accumulator's slots), within the room the batch reserved.
@@ -889,7 +872,7 @@ class Producer:
         self._future_class = future_class(cond)
         self._loop = _new_loop()
         self._thread = threading.Thread(
-            target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True
+            target=self._run_loop, name=f"pidlease-producer-{settings.topic}", daemon=True
         )
         self._thread.start()
         try:
