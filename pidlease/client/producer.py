@@ -2,25 +2,30 @@
 engine on a background thread's event loop, for blocking code).
 
 The engine ties together the lease (``lease_keeper.py``: PID, generation, token,
-renewal), the leaders and their connections (``leader_pool.py``), and one
-``PartitionSender`` per partition (``sender.py``: batching, the in-flight window,
-resends). Records enter through ``admit`` (validation, partition choice, sequence-mode
-checks) under a lock, so ``Producer.send`` can admit on the caller's thread and raise bad
-input at once, before anything is queued.
+renewal), the leaders and their connections (``leader_pool.py``), the ``Accumulator``
+(``accumulator.py``: each partition's open and closed batches, the one buffer counter)
+and one ``PartitionSender`` per partition (``sender.py``: drains its partition's batches,
+the in-flight window, resends). Records enter through ``admit`` (validation, partition
+choice, sequence-mode checks) and are appended to the accumulator under one lock, so
+``Producer.send`` can admit on the caller's thread and raise bad input at once, before
+anything is queued. A send waits for buffer space in one loop per class
+(``Producer._wait_for_space``, ``AsyncProducer._wait_for_space``).
 
 Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
 unresolved future and the producer; later sends raise the same error type. When fenced,
 each batch's ``ProducerFenced`` says whether it may have been written (``indeterminate``,
 with its partition and sequences; ``sender.PartitionSender.fail_all``).
 
-The senders get their collaborators explicitly (``SenderContext``: the leader pool, the
-lease, the settings, the clocks, and callbacks into the engine); they never see the
-producer. The engine's lifecycle is ``ProducerState`` (checked transitions).
+The senders get their collaborators explicitly (``SenderContext``: the accumulator, the
+leader pool, the lease, the settings, the clocks, and callbacks for a fatal error, a
+retry, resent batches); they never see the producer, and nothing in the send path calls
+back into it. Both classes take the same keywords through one constructor (``_Settings``,
+read into one ``ProducerSettings``). The engine's lifecycle is ``ProducerState`` (checked transitions).
 
 Fast path and readable path. ``send`` runs once per record, so its common case is written
 out inline in two places: ``AsyncProducer.admit`` (bytes, no key, no partition, own
 numbering: a few checks) and ``Producer.send`` (the same, appended straight to the
-partition's open run). Everything else, and every record when the switch
+partition's open batch in the accumulator). Everything else, and every record when the switch
 ``PIDLEASE_SDK_READABLE_PATH=1`` is set (read once, at import: ``READABLE_PATH``; a
 producer takes its value when it is built), goes through the readable path: ``admit``'s
 full checks, ``Partitioner.partition``, ``ProducerBatch.add``. Both give the same records,
