@@ -20,7 +20,8 @@ The senders get their collaborators explicitly (``SenderContext``: the accumulat
 leader pool, the lease, the settings, the clocks, and callbacks for a fatal error, a
 retry, resent batches); they never see the producer, and nothing in the send path calls
 back into it. Both classes take the same keywords through one constructor (``_Settings``,
-read into one ``ProducerSettings``). The engine's lifecycle is ``ProducerState`` (checked transitions).
+read into one ``ProducerSettings``). The engine's lifecycle is ``ProducerState``
+(checked transitions).
 
 Fast path and readable path. ``send`` runs once per record, so its common case is written
 out inline in two places: ``AsyncProducer.admit`` (bytes, no key, no partition, own
