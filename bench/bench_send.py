@@ -12,7 +12,7 @@ an in-process sink, not a server: the coordinator is an ``httpx.MockTransport`` 
 request on the next loop iteration. What is measured is the SDK alone (both of its
 threads), without a server competing for the two cores.
 
-Three variants, interleaved in every repetition so drift hits them alike:
+Six variants, interleaved in every repetition so drift hits them alike:
 
 - ``old``            ``--old-rev`` (default fceb23d, before the engine was untangled),
                      extracted with ``git archive`` into a temporary directory and put
@@ -23,6 +23,8 @@ Three variants, interleaved in every repetition so drift hits them alike:
 - ``new-batch``      this tree, the records handed over by ``send_batch`` in calls of
                      ``--batch-call`` records (a list of bytes) instead of one ``send``
                      each ("send() us/record" is then the calls' time per record)
+- ``old-readable``, ``old-batch``: the same two on ``--old-rev``, so each new variant is
+                     compared with its own old one
 """
 
 from __future__ import annotations
@@ -235,14 +237,16 @@ def main() -> None:
     if args.child:
         child(args.records, args.value_bytes, args.partitions)
         return
-    names = ("old", "new-fast", "new-readable", "new-batch")
+    names = ("old", "new-fast", "old-readable", "new-readable", "old-batch", "new-batch")
     got: dict[str, dict[str, list[float]]] = {n: {m: [] for m in METRICS} for n in names}
     with tempfile.TemporaryDirectory(prefix="pidlease-bench-send-") as tmp:
         old = _old_tree(args.old_rev, Path(tmp))
         runs = {
             "old": (old, False, 0),
             "new-fast": (ROOT, False, 0),
+            "old-readable": (old, True, 0),
             "new-readable": (ROOT, True, 0),
+            "old-batch": (old, False, args.batch_call),
             "new-batch": (ROOT, False, args.batch_call),
         }
         for rep in range(args.reps):
@@ -270,8 +274,11 @@ def main() -> None:
                 f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
                 f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]"
             )
-        for n in names[1:]:
-            print(f"    {n + ' / old':20s} {med[n][k] / med['old'][k]:.3f}")
+        for new, base in (("new-fast", "old"), ("new-readable", "old-readable")) + (
+            ("new-batch", "old-batch"),
+            ("new-batch", "old"),
+        ):
+            print(f"    {new + ' / ' + base:26s} {med[new][k] / med[base][k]:.3f}")
 
 
 if __name__ == "__main__":
