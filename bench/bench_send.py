@@ -189,6 +189,13 @@ def _old_tree(rev: str, into: Path) -> Path:
     return into
 
 
+# each new variant against its own old one (and send_batch against the old send)
+RATIOS = (
+    ("new-fast", "old"),
+    ("new-readable", "old-readable"),
+    ("new-batch", "old-batch"),
+    ("new-batch", "old"),
+)
 METRICS = {"records_per_s": "records/s", "cpu_us": "CPU us/record", "send_us": "send() us/record"}
 
 
@@ -274,10 +281,7 @@ def main() -> None:
                 f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
                 f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]"
             )
-        for new, base in (("new-fast", "old"), ("new-readable", "old-readable")) + (
-            ("new-batch", "old-batch"),
-            ("new-batch", "old"),
-        ):
+        for new, base in RATIOS:
             print(f"    {new + ' / ' + base:26s} {med[new][k] / med[base][k]:.3f}")
 
 
