@@ -7,7 +7,8 @@ producer it owns one buffer counter, ``used``: records admitted and not resolved
 the room an open batch has reserved for records the blocking ``Producer.send`` appends
 itself. Admission waits while ``used`` reaches ``buffer_records_max``.
 
-Both sides of it take the producer's lock (``lock``):
+Both sides of it take the producer's lock (``lock``) to change it, except where a
+method says why it need not:
 
 - the producer appends (``append``, ``append_closed``; ``Producer.send``'s inline case
   appends to ``open[p]`` itself, within the room the batch reserved);
@@ -225,8 +226,10 @@ class Accumulator:
     def next_batch(self, partition: int) -> ProducerBatch | None:
         """The partition's next batch to send, still queued (``pop`` it once built): the
         oldest closed one, else the open one, which closes (nothing joins it any more)."""
+        closed = self.closed[partition]
+        if closed:  # only this partition's sender takes from the left: no lock needed
+            return closed[0]
         with self.lock:
-            closed = self.closed[partition]
             if not closed:
                 batch = self.open[partition]
                 if batch is None:
@@ -235,9 +238,10 @@ class Accumulator:
             return closed[0]
 
     def pop(self, partition: int, batch: ProducerBatch) -> None:
-        """``batch`` (from ``next_batch``) was built into a request: it leaves the queue."""
-        with self.lock:
-            taken = self.closed[partition].popleft()
+        """``batch`` (from ``next_batch``) was built into a request: it leaves the queue.
+        Without the lock: a deque's popleft and the producer's appends (on the right, under
+        the lock) are each atomic, and only the partition's sender pops."""
+        taken = self.closed[partition].popleft()
         assert taken is batch, "a sender pops the batch next_batch gave it"
 
     def take_all(self, partition: int) -> list[ProducerBatch]:

@@ -508,7 +508,10 @@ class AsyncProducer(_Settings):
     ) -> asyncio.Future[RecordMetadata]:
         """Admit one record; returns the future of its RecordMetadata. Waits while
         ``buffer_records_max`` records are unresolved. Bad input raises here."""
-        acc = await self._wait_for_space()
+        self.check_open()
+        acc = self.accumulator
+        if acc is None or acc.used >= acc.buffer_max:
+            acc = await self._wait_for_space()
         fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         with self.lock:
             got = self.admit(value, key, partition, sequence_id, fut)
@@ -1039,12 +1042,14 @@ class Producer(_Settings):
         appends the record to its partition's open batch (``Accumulator.append``, which
         also sets the batch's room for the inline case)."""
         eng = self._engine
-        self._wait_for_space(partition)
+        acc = self._acc
+        if acc.used >= acc.buffer_max or self._state is not ProducerState.OPEN:
+            self._wait_for_space(partition)  # (the common case checked inline: per record)
         got = eng.admit(value, key, partition, sequence_id, fut)
         if got is None:
             return fut  # an explicit sequence id already durable: resolved as a duplicate
         p, key_b, value_b, seq = got
-        self._acc.append(p, key_b, value_b, fut, seq)
+        acc.append(p, key_b, value_b, fut, seq)
         self._fast = eng.own_numbering_open()
         return fut
 
