@@ -36,6 +36,7 @@ the SDK's unit tests run both ways (tests/unit/conftest.py).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import enum
@@ -205,7 +206,7 @@ def _refused_send(exc: errors.PidleaseError) -> errors.PidleaseError:
     return new
 
 
-class _Settings:
+class _Settings(abc.ABC):
     """The constructor ``AsyncProducer`` and ``Producer`` share: one signature (the
     keywords docs/sdk.md and the contract list), read into one ``ProducerSettings`` and
     checked here, then given to the class's ``_build``."""
@@ -269,8 +270,9 @@ class _Settings:
             )
         )
 
+    @abc.abstractmethod
     def _build(self, settings: ProducerSettings) -> None:
-        raise NotImplementedError
+        """Build the producer from checked settings."""
 
 
 class AsyncProducer(_Settings):
