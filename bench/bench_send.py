@@ -239,12 +239,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--old-rev", default="fceb23d")
     ap.add_argument("--batch-call", type=int, default=10_000, help="records per send_batch")
+    ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.records, args.value_bytes, args.partitions)
         return
-    names = ("old", "new-fast", "old-readable", "new-readable", "old-batch", "new-batch")
+    names: tuple[str, ...] = (
+        "old",
+        "new-fast",
+        "old-readable",
+        "new-readable",
+        "old-batch",
+        "new-batch",
+    )
     got: dict[str, dict[str, list[float]]] = {n: {m: [] for m in METRICS} for n in names}
     with tempfile.TemporaryDirectory(prefix="pidlease-bench-send-") as tmp:
         old = _old_tree(args.old_rev, Path(tmp))
@@ -256,6 +264,9 @@ def main() -> None:
             "old-batch": (old, False, args.batch_call),
             "new-batch": (ROOT, False, args.batch_call),
         }
+        if args.only:
+            runs = {n: r for n, r in runs.items() if n in args.only.split(",")}
+            names = tuple(runs)
         for rep in range(args.reps):
             line = []
             for name, (path, readable, batch_call) in runs.items():
@@ -281,7 +292,7 @@ def main() -> None:
                 f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
                 f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]"
             )
-        for new, base in RATIOS:
+        for new, base in (r for r in RATIOS if set(r) <= set(names)):
             print(f"    {new + ' / ' + base:26s} {med[new][k] / med[base][k]:.3f}")
 
 
