@@ -341,7 +341,7 @@ _NEXT_STATES = {
 
 @dataclass(slots=True, eq=False)
 class InFlightBatch:
-    run: ProducerBatch  # its records' futures (the payloads are dropped once built)
+    source: ProducerBatch  # what it was built from: its records' futures (payloads dropped)
     count: int
     base_sequence: int
     batch: bytes
@@ -446,35 +446,35 @@ class PartitionSender:
                 continue
             self._settle_failed(b, exc)
             n += b.count
-        for run in self.acc.take_all(self.partition):
-            self._fail_run(
-                run,
+        for source in self.acc.take_all(self.partition):
+            self._fail_batch(
+                source,
                 unsent_failure(
                     exc,
                     pid=lease.pid,
                     generation=lease.generation,
                     partition=self.partition,
-                    first_seq=run.first_seq,
-                    last_seq=run.last_seq,
+                    first_seq=source.first_seq,
+                    last_seq=source.last_seq,
                 ),
             )
-            n += len(run.values)
+            n += len(source.values)
         self.in_flight.clear()
         self._count_resolved(n)
         self._wake.set()
 
-    def _fail_run(self, run: ProducerBatch, exc: BaseException) -> None:
-        run.fail(exc, self.ctx.future_condition)
+    def _fail_batch(self, source: ProducerBatch, exc: BaseException) -> None:
+        source.fail(exc, self.ctx.future_condition)
 
     def _settle_failed(self, b: InFlightBatch, exc: BaseException) -> None:
         """Resolve a sent batch of a failed producer: acknowledged when it was answered
         OK, else failed with what is known of it (``_failure_of``)."""
         ack = self._ack_of(b)
         if ack is not None:
-            b.run.resolve(ack, self.ctx.future_condition)
+            b.source.resolve(ack, self.ctx.future_condition)
             self.last_acked = max(self.last_acked, b.last_sequence)
         else:
-            self._fail_run(b.run, self._failure_of(exc, b))
+            self._fail_batch(b.source, self._failure_of(exc, b))
 
     def _settle_drained(
         self, b: InFlightBatch, exc: BaseException, _answer: asyncio.Future[protocol.Response]
@@ -707,7 +707,7 @@ class PartitionSender:
         cond = self.ctx.future_condition
         while self.in_flight and self.in_flight[0].done:
             b = self.in_flight.popleft()
-            b.run.resolve(BatchAck(topic, p, b.base_offset, b.base_sequence, b.duplicate), cond)
+            b.source.resolve(BatchAck(topic, p, b.base_offset, b.base_sequence, b.duplicate), cond)
             self.last_acked = max(self.last_acked, b.last_sequence)
             self._count_resolved(b.count)
 
@@ -755,36 +755,38 @@ class PartitionSender:
             return
         # Other tasks ran during the await: the batch to send is the partition's oldest now
         # (the open one closes here, so nothing joins it while it is built).
-        run = self.acc.next_batch(self.partition)
-        if run is None:
+        source = self.acc.next_batch(self.partition)
+        if source is None:
             return
-        b = self._build_batch(run)
+        b = self._build_batch(source)
         # Built: only now does the batch leave the accumulator. A build that raises leaves
         # it there, where the crash handler's fail_all fails and counts its records (held
         # only here, they were never resolved and flush() waited for ever).
-        self.acc.pop(self.partition, run)
+        self.acc.pop(self.partition, source)
         self.in_flight.append(b)
         self._transmit(b, conn)
 
-    def _build_batch(self, run: ProducerBatch) -> InFlightBatch:
-        n = len(run.values)
-        base = run.first_seq if run.first_seq >= 0 else self.next_sequence
+    def _build_batch(self, source: ProducerBatch) -> InFlightBatch:
+        n = len(source.values)
+        base = source.first_seq if source.first_seq >= 0 else self.next_sequence
         lease = self.ctx.lease
-        batch = run.batch(
+        wire = source.batch(
             pid=lease.pid,
             generation=lease.generation,
             base_sequence=base,
-            timestamp_ms=int(self.ctx.wall_ms()) if run.timestamp_ms is None else run.timestamp_ms,
+            timestamp_ms=int(self.ctx.wall_ms())
+            if source.timestamp_ms is None
+            else source.timestamp_ms,
         )
-        if run.first_seq >= 0:
-            self.next_sequence = max(self.next_sequence, run.last_seq + 1)
+        if source.first_seq >= 0:
+            self.next_sequence = max(self.next_sequence, source.last_seq + 1)
         else:
             self.next_sequence += n
         # The batch is frozen from here on (a resend is the same bytes): the payloads are
-        # not needed any more, and the records' futures keep the run alive.
-        run.values = []
-        run.keyed = None
-        return InFlightBatch(run, n, base, batch, run.first_ms)
+        # not needed any more, and the records' futures keep it alive.
+        source.values = []
+        source.keyed = None
+        return InFlightBatch(source, n, base, wire, source.first_ms)
 
     def _transmit(self, b: InFlightBatch, conn: Connection) -> None:
         ctx = self.ctx
