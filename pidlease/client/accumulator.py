@@ -43,8 +43,8 @@ __all__ = ["Accumulator"]
 
 class Accumulator:
     """The batches of every partition of one producer that its senders have not taken
-    (see the module docstring). Every method but the slot reads runs under ``lock``
-    unless it says otherwise."""
+    (see the module docstring). The producer's methods run with ``lock`` held by the
+    caller; the sender's take it themselves, or say why they need not."""
 
     def __init__(
         self,

@@ -578,11 +578,11 @@ class AsyncProducer(_Settings):
         the accumulator, closed, after the records sent before (under self.lock)."""
         acc = self.accumulator
         assert acc is not None
-        for p, runs in self.plan_batch(cols, partition, tracker):
+        for p, batches in self.plan_batch(cols, partition, tracker):
             if timestamp_ms is not None:
-                for r in runs:
+                for r in batches:
                     r.timestamp_ms = timestamp_ms
-            acc.append_closed(p, runs)
+            acc.append_closed(p, batches)
 
     async def flush(self) -> None:
         """Wait until every record admitted so far is resolved (acked or failed); records
@@ -706,7 +706,7 @@ class AsyncProducer(_Settings):
     ) -> list[tuple[int, list[ProducerBatch]]]:
         """Place the records of a ``send_batch`` call (under self.lock): routing, the
         explicit-id rules of ``admit`` for every partition (all checked before anything
-        changes), then the runs of each partition. Raises on bad input, changing nothing."""
+        changes), then the batches of each partition. Raises on bad input, changing nothing."""
         self.check_open()
         explicit = cols.seqs is not None
         if self._explicit is not None and self._explicit != explicit:
@@ -989,14 +989,14 @@ class Producer(_Settings):
             ):
                 # round robin: the Partitioner's own iterator (under the lock)
                 p = 0 if self._single else self._next_round_robin()
-                run = self._open[p]
-                if run is not None:
-                    values = run.values
+                batch = self._open[p]
+                if batch is not None:
+                    values = batch.values
                     i = len(values)
-                    if i < run.cap and len(value) == run.vlen:
-                        # record_future.place(fut, run, i), written out: a call costs
+                    if i < batch.cap and len(value) == batch.vlen:
+                        # record_future.place(fut, batch, i), written out: a call costs
                         # this line ~8 % (see RecordFuture)
-                        fut.batch_outcome = run
+                        fut.batch_outcome = batch
                         fut.record_index = i
                         values.append(value)
                         return fut
