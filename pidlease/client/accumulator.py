@@ -142,7 +142,7 @@ class Accumulator:
             return
         batch = self.open[partition]
         if batch is not None:
-            self._close(partition, batch)
+            self._close(partition, batch, wake=False)  # one wake-up below for both
         queue = self.closed[partition]
         n = 0
         for b in batches:

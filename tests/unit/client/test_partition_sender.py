@@ -157,7 +157,7 @@ def make_rig(**settings: Any) -> Rig:
         topic=TOPIC,
         config=cfg,
         accumulator=acc,
-        leaders=leaders,  # type: ignore[arg-type] - a ScriptedConnection speaks Connection's part
+        leaders=leaders,  # type: ignore[arg-type]  # a ScriptedConnection: the part it uses
         lease=lease,
         clock_ms=clock,
         wall_ms=clock,
