@@ -770,13 +770,12 @@ class PartitionSender:
         n = len(source.values)
         base = source.first_seq if source.first_seq >= 0 else self.next_sequence
         lease = self.ctx.lease
+        stamp = source.timestamp_ms  # the caller's (send_batch(timestamp_ms=)), or None
         wire = source.batch(
             pid=lease.pid,
             generation=lease.generation,
             base_sequence=base,
-            timestamp_ms=int(self.ctx.wall_ms())
-            if source.timestamp_ms is None
-            else source.timestamp_ms,
+            timestamp_ms=int(self.ctx.wall_ms()) if stamp is None else stamp,
         )
         if source.first_seq >= 0:
             self.next_sequence = max(self.next_sequence, source.last_seq + 1)
