@@ -2,12 +2,12 @@
 
 - ``producer``       ``AsyncProducer`` (the engine, on asyncio) and ``Producer`` (the same
                      engine on a background thread, for blocking code); ``ProducerState``
-- ``config``         ``ProducerConfig``: the producer's settings, checked
-- ``accumulator``    per partition the open batch and the closed ones its sender has not
-                     taken, the linger deadline; the one buffer counter
+- ``config``         ``ProducerConfig`` (the tuning, checked) and ``ProducerSettings``
 - ``sender``         one task per partition: drains the accumulator, the in-flight window,
                      resends; given its collaborators (``SenderContext``), it never sees
                      the producer
+- ``accumulator``    per partition the open batch and the closed ones its sender has not
+                     taken, the linger deadline; the one buffer counter
 - ``record_columns`` ``send_batch``: a call's records as columns (lists or Arrow), routed
                      and encoded per batch in one step
 - ``batch_future``   the outcome of a ``send_batch`` call: its one future, lazy metadata
