@@ -24,7 +24,8 @@ threads (the blocking ``Producer``), once per burst through ``call_soon_threadsa
 
 The shape is aiokafka's ``MessageAccumulator`` (batches per partition, drained by the
 sender, which never sees the producer), with the futures resolved a batch at a time by one
-store (``record_future.py``) and the buffer counted per batch, not per record.
+store (``record_future.py``) and, for the blocking producer, the buffer counted per batch
+(the room an open batch reserves), not per record.
 """
 
 from __future__ import annotations
