@@ -27,7 +27,9 @@ give the moves a log worth throttling; ``--no-drain`` stops after the rebalance)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import statistics
 import sys
 import tempfile
@@ -56,7 +58,7 @@ class Load(threading.Thread):
     ) -> None:
         super().__init__(daemon=True)
         self.kind, self.cluster, self.partitions, self.rate = kind, cluster, partitions, rate
-        self.pad = b"x" * pad
+        self.pad = pad  # random bytes: a compressed batch stays this big
         self.stop = threading.Event()
         self.acks: list[tuple[float, float]] = []
         self.errors: list[str] = []
@@ -85,7 +87,7 @@ class Load(threading.Thread):
             t0, i = time.monotonic(), 0
             while not self.stop.is_set():
                 ts = time.monotonic()
-                f = p.send(b"sdk-%d" % i + self.pad, partition=i % self.partitions)
+                f = p.send(b"sdk-%d" % i + os.urandom(self.pad), partition=i % self.partitions)
                 f.add_done_callback(
                     lambda f, ts=ts: self._ack(ts) if f.exception() is None else None
                 )
@@ -155,6 +157,22 @@ def run_job(cluster: LocalCluster, path: str) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(path)
+
+
+def throttled_bytes(cluster: LocalCluster) -> int:
+    """Bytes the servers sent under the move throttle (their counters, summed)."""
+    import urllib.request
+
+    total = 0
+    for svc in cluster.servers:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(svc.metrics_url, timeout=5) as r,
+        ):
+            for line in r.read().decode().splitlines():
+                if line.startswith("pidlease_server_move_throttled_bytes_total "):
+                    total += int(float(line.split()[1]))
+    return total
 
 
 def loads(cluster: LocalCluster, servers: list[int]) -> tuple[dict[int, int], dict[int, int]]:
@@ -249,6 +267,7 @@ def main() -> int:
         run_job(cluster, "/v1/cluster/rebalance")
         t1 = time.monotonic()
         report("rebalance", loadz, t0, t1, steady, steady_window)
+        print(f"  sent under the move throttle: {throttled_bytes(cluster):,} bytes", flush=True)
         reps, leads = loads(cluster, [1, 2, 3, 4])
         print(f"  replicas per server {reps}, leaders {leads}", flush=True)
         if not args.no_drain:
