@@ -115,7 +115,10 @@ class Load(threading.Thread):
                     self.errors.append(str(err))
 
             p.produce(
-                TOPIC, b"kafka-%d" % i + self.pad, partition=i % self.partitions, on_delivery=done
+                TOPIC,
+                b"kafka-%d" % i + os.urandom(self.pad),
+                partition=i % self.partitions,
+                on_delivery=done,
             )
             p.poll(0)
             i += 1
