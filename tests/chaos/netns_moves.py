@@ -1,21 +1,22 @@
 """Replica moves under the nemesis (issue 27 item 5), on namespace hosts (netns_cluster.py):
-producers pipeline into the suite's topic while a fourth server joins and the coordinator
-runs ``rebalance`` onto it (and, in the long form, drains it again), and a fault is
-injected at each step of the moves as they are seen in ZooKeeper:
+producers pipeline into the suite's topic while a fourth server joins, the coordinator
+runs ``rebalance`` onto it and then drains it again (the long form: two rounds), and a
+fault is injected at each phase of the moves as they are seen in ZooKeeper (the move
+records under ``/moves`` and the partitions' states):
 
-- a move's **add** step (the new replica catching up): the new replica cut from the
+- a move's **add** phase (the new replica catching up): the new replica cut from the
   partition's leader for a few seconds, then SIGKILLed and restarted;
-- its **lead** step (the new replica leads): the new leader, the moving replica, SIGKILLed
-  and restarted (an election among the old replicas meanwhile);
+- its **lead** phase (the move's new first replica leads): that replica, the moving one,
+  SIGKILLed and restarted (an election among the others meanwhile);
 - the next add: the **coordinator** running the job SIGKILLed and restarted (the job is
   taken over once its owner node is gone: coordinator/moves.py ``MoveJobs``);
 - the next lead: the **leader's link down** (isolated) for a few seconds;
-- a **remove** step seen: the leader SIGKILLed and restarted.
+- a **remove** seen: the leader SIGKILLed and restarted.
 
 Faults come one at a time, each ended (healed, restarted) before the next is armed. After
-the job ends (run again while moves are left: a rollback, a job that lost its owner), the
-exactly-once checker reads the whole log and compares it with every acknowledgement; the
-replicas must be in sync, within one of even, and each partition's replicas
+the jobs end (each run again while moves are left: a rollback, a job that lost its owner),
+the exactly-once checker reads the whole log and compares it with every acknowledgement;
+the replicas must be in sync, within one of even, and each partition's replicas
 byte-identical.
 
 ``python -m tests.chaos.netns_moves [--long]`` runs it from the command line (as root);
@@ -122,6 +123,7 @@ class MovesResult:
     leaders: dict[int, int] = field(default_factory=dict)
     differ: list[str] = field(default_factory=list)
     took_s: float = 0.0
+    trace: list[str] = field(default_factory=list)  # the injector's view of the moves
 
     def summary(self) -> str:
         return "\n".join(
@@ -131,14 +133,16 @@ class MovesResult:
                 *(f"  fault: {f}" for f in self.faults),
                 f"  replicas per server {self.replicas}, leaders {self.leaders}",
                 f"  replicas that differ: {self.differ}",
+                *(f"  seen: {t}" for t in self.trace[-60:]),
                 f"  {self.report.summary() if self.report else 'no check'}",
             ]
         )
 
 
 class Injector(threading.Thread):
-    """Watches every partition's state; when one is seen at the step the next fault waits
-    for (its move record present), injects it, then arms the next."""
+    """Watches the moves (their records under ``/moves`` and their partitions' states);
+    when a move enters the phase the next fault waits for, injects it, then arms the next
+    (on a phase entered from then on)."""
 
     def __init__(self, net: Network, cluster: NetCluster, faults: list[Fault]) -> None:
         super().__init__(daemon=True)
@@ -146,59 +150,67 @@ class Injector(threading.Thread):
         self.done_flag = threading.Event()
         self.injected: list[str] = []
         self.errors: list[str] = []
-        self._seen: dict[tuple[str, int], PartitionState] = {}
+        self._rec: dict[tuple[str, int], tuple[list[int], list[int]]] = {}  # from, to
+        self._phase: dict[tuple[str, int], str | None] = {}
+        self.trace: list[str] = []  # every phase change seen (printed by the summary)
 
-    def _moving(self) -> dict[tuple[str, int], list[int]]:
+    def _records(self) -> dict[tuple[str, int], tuple[list[int], list[int]]]:
         zk = self.c.zk()
-        out: dict[tuple[str, int], list[int]] = {}
+        out: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
         for t in zk.get_children("/moves") if zk.exists("/moves") else []:
             for p in zk.get_children(f"/moves/{t}"):
                 with contextlib.suppress(Exception):
-                    out[(t, int(p))] = list(json.loads(zk.get(f"/moves/{t}/{p}")[0])["to"])
+                    rec = json.loads(zk.get(f"/moves/{t}/{p}")[0])
+                    out[(t, int(p))] = (list(rec["from"]), list(rec["to"]))
         return out
 
     @staticmethod
-    def _step_of(
-        old: PartitionState | None, new: PartitionState, target: list[int]
-    ) -> tuple[str, int] | None:
-        """The move step between two states, and the moving replica (see ``Fault``)."""
-        if old is None or new.leader_epoch == old.leader_epoch:
-            return None
-        added = [r for r in new.replicas if r not in old.replicas]
-        if added:
+    def phase(ps: PartitionState, orig: list[int], target: list[int]) -> tuple[str, int] | None:
+        """Where a move stands (see ``Fault``), and its moving replica: "add" once a new
+        replica is in the list, "lead" once the target's first replica leads (when it
+        did not before; also a move that only changes the preferred leader), "remove"
+        once the list is the target."""
+        added = [r for r in target if r not in orig]
+        if ps.replicas == target and target != orig:
+            return "remove", ps.leader
+        if ps.leader == target[0] != orig[0]:
+            return "lead", ps.leader
+        if added and any(r in ps.replicas for r in added):
             return "add", added[0]
-        if len(new.replicas) < len(old.replicas):
-            return "remove", new.leader
-        if new.leader != old.leader and new.leader == target[0]:
-            return "lead", new.leader
         return None
 
     def run(self) -> None:
-        deadline = time.monotonic() + JOB_MAX_S * RUNS_MAX
+        deadline = time.monotonic() + JOB_MAX_S * RUNS_MAX * 2
         while self.faults and not self.done_flag.is_set() and time.monotonic() < deadline:
             try:
-                moving = self._moving()
-                for key, target in moving.items():
-                    raw, _ = self.c.zk().get(partition_path(*key))
-                    ps = PartitionState.from_bytes(raw)
-                    step = self._step_of(self._seen.get(key), ps, target)
-                    self._seen[key] = ps
-                    if self.faults and step is not None and step[0] == self.faults[0].on:
-                        f = self.faults.pop(0)
-                        tp = f"{key[0]}-{key[1]}"
-                        line = (
-                            f"{time.strftime('%H:%M:%S')} {tp} after its {step[0]} step "
-                            f"(replicas {ps.replicas}, leader {ps.leader}, moving replica "
-                            f"{step[1]}): {f.what}"
+                recs = self._records()
+                self._rec.update(recs)
+                for key, (orig, target) in list(self._rec.items()):
+                    ps = PartitionState.from_bytes(self.c.zk().get(partition_path(*key))[0])
+                    ph = self.phase(ps, orig, target)
+                    was = self._phase.get(key)
+                    self._phase[key] = ph[0] if ph else None
+                    if (ph[0] if ph else None) != was:
+                        self.trace.append(
+                            f"{time.strftime('%H:%M:%S')} {key[0]}-{key[1]} {orig}->{target}: "
+                            f"{was} -> {ph[0] if ph else None} (replicas {ps.replicas}, "
+                            f"leader {ps.leader}, in sync {ps.isr})"
                         )
-                        print(f"FAULT {line}", flush=True)
-                        f.act(self.net, self.c, ps, step[1])
-                        self.injected.append(line)
-                        self._seen.clear()  # the next fault: on a step seen from now on
-                        break
-                for key in list(self._seen):
-                    if key not in moving:
-                        del self._seen[key]
+                    if key not in recs and (ph is None or ph[0] == "remove"):
+                        del self._rec[key]  # ended (done, or rolled back)
+                        self._phase.pop(key, None)
+                    if ph is None or ph[0] == was or ph[0] != self.faults[0].on:
+                        continue
+                    f = self.faults.pop(0)
+                    line = (
+                        f"{time.strftime('%H:%M:%S')} {key[0]}-{key[1]} in its {ph[0]} phase "
+                        f"(replicas {ps.replicas}, leader {ps.leader}, moving replica "
+                        f"{ph[1]}): {f.what}"
+                    )
+                    print(f"FAULT {line}", flush=True)
+                    f.act(self.net, self.c, ps, ph[1])
+                    self.injected.append(line)
+                    break
             except Exception as exc:  # noqa: BLE001 - ZooKeeper cut for a moment: look again
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             time.sleep(0.05)
@@ -233,23 +245,21 @@ def _wait_job(url: str) -> dict[str, Any]:
 
 
 def run_moves(
-    net: Network, cluster: NetCluster, *, drain_after: bool = False, load_idx: int = 100
+    net: Network, cluster: NetCluster, *, rounds: int = 1, load_idx: int = 100
 ) -> MovesResult:
     """The scenario (see the module docstring) on a started cluster whose topics exist
-    (``Suite.setup``) and whose host ``s4`` is free."""
-    res = MovesResult("rebalance onto a new server" + (", then its drain" if drain_after else ""))
+    (``Suite.setup``) and whose host ``s4`` is free: ``rounds`` times a rebalance onto
+    server 4 and its drain, the faults injected once per round."""
+    res = MovesResult(f"{rounds} x (rebalance onto a new server, then its drain)")
     t0 = time.monotonic()
     load = Load(cluster.coordinator_url, load_idx).start()
-    inj = Injector(net, cluster, FAULTS * (2 if drain_after else 1))
+    inj = Injector(net, cluster, FAULTS * rounds)
     all_acks: list[AckAt] = []
     try:
         time.sleep(2.0)
         cluster.add_server(NEW)
         inj.start()
-        jobs = [("/v1/cluster/rebalance", lambda reps: NEW in reps)]
-        if drain_after:
-            jobs.append((f"/v1/servers/{NEW}/drain", lambda reps: NEW not in reps))
-        for path, _ in jobs:
+        for path in ["/v1/cluster/rebalance", f"/v1/servers/{NEW}/drain"] * rounds:
             for _ in range(RUNS_MAX):
                 res.runs += 1
                 body = _job(cluster.coordinator_url, path)
@@ -263,13 +273,14 @@ def run_moves(
         inj.done_flag.set()
         inj.join(JOB_MAX_S)
         res.faults = inj.injected + [f"(injector retried after: {e})" for e in inj.errors[:3]]
+        res.trace = inj.trace
     finally:
         inj.done_flag.set()
         load.stop()
     all_acks += load.acks
     res.acked, res.failed = len(load.acks), dict(load.failed)
     res.took_s = time.monotonic() - t0
-    servers = [s for s in cluster.server_ids() if not (drain_after and s == NEW)]
+    servers = [s for s in cluster.server_ids() if s != NEW]  # drained
     _wait_in_sync(cluster)
     assign = _assignment(cluster)
     res.replicas = replica_loads(assign, servers)
@@ -353,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     from netns_suite import Suite
 
     ap = argparse.ArgumentParser(prog="python -m tests.chaos.netns_moves")
-    ap.add_argument("--long", action="store_true", help="also drain the new server again")
+    ap.add_argument("--long", action="store_true", help="two rounds, the faults in each")
     ap.add_argument("--data-dir", type=Path, default=None)
     args = ap.parse_args(argv)
     why = unavailable()
@@ -366,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         suite = Suite(net, cluster, 0.0)
         suite.setup()
         try:
-            res = run_moves(net, cluster, drain_after=args.long)
+            res = run_moves(net, cluster, rounds=2 if args.long else 1)
         finally:
             suite.teardown()
     bad = verdict(res)

@@ -1,11 +1,11 @@
 """Replica moves under the nemesis on network-namespace hosts, short form (CI): a fourth
-server joins and the coordinator rebalances onto it while a fault hits each step of the
-moves (the new replica cut and SIGKILLed while it catches up, the moving replica killed
-once it leads, the coordinator killed mid-job, the leader's link down, the leader killed
-after a remove: netns_moves.py); then the exactly-once check of the whole log, replicas
-in sync, even and byte-identical. The long form (``--chaos-long`` or
-``PIDLEASE_CHAOS_LONG=1``, or ``python -m tests.chaos.netns_moves --long``) then drains the
-new server again, with the same faults at its steps.
+server joins, the coordinator rebalances onto it and then drains it, while a fault hits
+each phase of the moves (the new replica cut and SIGKILLed while it catches up, the moving
+replica killed once it leads, the coordinator killed mid-job, the leader's link down, the
+leader killed after a remove: netns_moves.py); then the exactly-once check of the whole
+log, replicas in sync, even and byte-identical. The long form (``--chaos-long`` or
+``PIDLEASE_CHAOS_LONG=1``, or ``python -m tests.chaos.netns_moves --long``) runs two
+rounds, the faults in each.
 
 Skipped, with the reason, where namespaces cannot be made (not root, no ``ip``/``nft``).
 """
@@ -33,7 +33,7 @@ def test_a_rebalance_with_a_fault_at_each_move_step_loses_nothing(
         suite = Suite(net, cluster, 0.0)
         suite.setup()
         try:
-            res = run_moves(net, cluster, drain_after=chaos_long)
+            res = run_moves(net, cluster, rounds=2 if chaos_long else 1)
         finally:
             suite.teardown()
     assert verdict(res) == [], res.summary()
