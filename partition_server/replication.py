@@ -593,6 +593,9 @@ class ReplicaManager:
         moving = self._moving(key, rid, part)
         if moving:
             max_bytes = await self._move_allowance(max_bytes, req.max_wait_ms)
+            bad = self._check_follower(req, part)  # it may have waited: still leading?
+            if bad is not None:
+                return P.replica_fetch_response(corr, bad[0], bad[1])
         data = part.replica_read(req.offset, max_bytes)
         if moving:
             self.move_throttle.spent(sum(len(b) for b in data))
@@ -702,7 +705,8 @@ class ReplicaManager:
     ) -> set[int]:
         """The entries of a session fetch that are moving replicas' catch-up. When those
         are all it has news for and the budget is spent, wait (up to its wait) for the
-        budget to refill, so the follower does not come back at once for nothing."""
+        budget to refill, so the follower does not come back at once for nothing; then
+        check each entry again, as after the fetch's own wait (an error in ``answered``)."""
         moving = {i for i, e, p in live if self._moving((e.topic, e.partition), rid, p)}
         if not moving:
             return moving
@@ -712,6 +716,10 @@ class ReplicaManager:
             if wait_s > 0:
                 limit = min(max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
                 await asyncio.sleep(min(wait_s, limit))
+                for i, e, part in live:
+                    bad = None if i in answered else self._check(rid, e.leader_epoch, part)
+                    if bad is not None:
+                        answered[i] = P.ReplicaFetched(e.topic, e.partition, bad[0], bad[1])
         return moving
 
     @staticmethod
