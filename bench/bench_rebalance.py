@@ -170,7 +170,7 @@ def throttled_bytes(cluster: LocalCluster) -> int:
     for svc in cluster.servers:
         with (
             contextlib.suppress(OSError),
-            urllib.request.urlopen(svc.metrics_url, timeout=5) as r,
+            urllib.request.urlopen(svc.metrics_url + "/metrics", timeout=5) as r,
         ):
             for line in r.read().decode().splitlines():
                 if line.startswith("pidlease_server_move_throttled_bytes_total "):

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pidlease.cli.verify import verify_topic
 from pidlease.client.producer import Producer
 from pidlease.testing.devcluster import LocalCluster, http_json
 from tests.helpers import wait_for
@@ -33,7 +34,7 @@ def state(cluster: LocalCluster) -> dict[str, Any]:
 
 
 def throttled(cluster: LocalCluster, server: int) -> int:
-    with urllib.request.urlopen(cluster.server(server).metrics_url, timeout=5) as r:
+    with urllib.request.urlopen(cluster.server(server).metrics_url + "/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
             if line.startswith("pidlease_server_move_throttled_bytes_total "):
                 return int(float(line.split()[1]))
@@ -56,9 +57,10 @@ def test_a_move_is_throttled_by_bytes_and_producers_keep_their_acks(make_cluster
     assert status == 200
     wait_for(lambda: len(state(cluster)["isr"]) == 2, 30, "in sync")
     with Producer(cluster.coordinator_url, topic=TOPIC, producer_name="fill") as p:
-        for i in range(3000):  # ~3 MiB of random bytes (compression gains nothing)
-            p.send(b"%d-" % i + os.urandom(1024), partition=0)
+        # ~3 MiB of random bytes (compression gains nothing)
+        fill = [p.send(b"%d-" % i + os.urandom(1024), partition=0) for i in range(3000)]
         p.flush()
+        filled = [(0, p.pid, f.result(timeout=0).sequence_id) for f in fill]
     st = state(cluster)
     leader, size = st["leader"], log_bytes(cluster, st["leader"])
     assert size > 3_000_000, size
@@ -90,4 +92,9 @@ def test_a_move_is_throttled_by_bytes_and_producers_keep_their_acks(make_cluster
     assert took >= (size - RATE) / RATE, (took, size)
     # Acks kept coming: the in-sync follower was never throttled.
     assert prod.longest_gap(t0, time.monotonic()) < 3.0
-    prod.finish(cluster)
+    prod.stop.set()
+    prod.join(120)
+    assert prod.error is None and not [f for f in prod.futures if f.exception() is not None]
+    acked = filled + [(0, prod.pid, f.result(timeout=0).sequence_id) for f in prod.futures]
+    report = verify_topic(cluster.coordinator_url, TOPIC, acked=acked)
+    assert report.ok and report.total("records") == len(acked), report.summary()
