@@ -376,6 +376,7 @@ class MoveJobs:
         self.running = False
         self.error = ""
         self.takeovers = 0
+        self._dropped0 = 0  # the job's lines dropped before ``lines[0]`` (the CLI counts them)
         self._lost = threading.Event()  # this coordinator no longer owns the job it runs
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -452,6 +453,7 @@ class MoveJobs:
             self.drain, self.started_ms = drain, int(job.get("started_ms", self.clock_ms()))
             self.rollback_after_s = float(job.get("rollback_after_s", 30.0))
             self.lines, self.moves = list(job["lines"]), []
+            self._dropped0 = int(job.get("lines_dropped", 0))
             self._lost.clear()
         self._thread = threading.Thread(
             target=self._run, args=(None, None), name="moves", daemon=True
@@ -486,7 +488,7 @@ class MoveJobs:
                 "running": running,
                 "failure": self.error,
                 "lines": lines,
-                "lines_dropped": max(0, len(self.lines) - len(lines)),
+                "lines_dropped": self._dropped0 + max(0, len(self.lines) - len(lines)),
                 "moves": [m.to_json() for m in self.moves],
             }
 
@@ -513,7 +515,10 @@ class MoveJobs:
         log.info("%s", line)
         with self._lock:
             self.lines.append(line)
-            del self.lines[:-2000]
+            over = len(self.lines) - 2000
+            if over > 0:
+                del self.lines[:over]
+                self._dropped0 += over
 
     def plan(self, drain: Collection[int] = ()) -> dict[str, Any]:
         from coordinator.rebalance import leader_loads, plan, replica_loads
@@ -583,6 +588,7 @@ class MoveJobs:
             self.drain, self.started_ms = sorted(drain), self.clock_ms()
             self.rollback_after_s = rollback_after_s
             self.lines, self.moves = [], []
+            self._dropped0 = 0
             self._lost.clear()
         try:
             got = self._read_job()
@@ -691,6 +697,6 @@ class MoveJobs:
                 "owner": self.me if self.kind else "",
                 "failure": self.error,
                 "lines": list(self.lines),
-                "lines_dropped": 0,
+                "lines_dropped": self._dropped0,
                 "moves": [m.to_json() for m in self.moves],
             }
