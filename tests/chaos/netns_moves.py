@@ -1,7 +1,8 @@
 """Replica moves under the nemesis (issue 27 item 5), on namespace hosts (netns_cluster.py):
 producers pipeline into the suite's topic while a fourth server joins, the coordinator
-runs ``rebalance`` onto it and then drains it again (the long form: two rounds), and a
-fault is injected at each phase of the moves as they are seen in ZooKeeper (the move
+runs ``rebalance`` onto it and then drains it again (a round; rounds again, at most 4,
+while faults are left: moves can be quicker than faults; the long form at least two, the
+faults in each), with the move throttle low so a catch-up lasts, and a fault is injected at each phase of the moves as they are seen in ZooKeeper (the move
 records under ``/moves`` and the partitions' states):
 
 - a move's **add** phase (the new replica catching up): the new replica cut from the
@@ -53,11 +54,14 @@ CUT_S = 3.0
 DOWN_S = 1.0
 JOB_MAX_S = 240.0
 RUNS_MAX = 4  # rebalance asked again while moves are left (bounded)
-# Short ZooKeeper sessions for the servers: a killed one's replicas leave the in-sync set
-# within seconds, as in the suite's short form.
+ROUNDS_MAX = 4  # rebalance + drain rounds while faults are left (bounded)
+# A follower out of sync within seconds, as in the suite's short form; the move throttle
+# low (above the topic's write rate), so a move's catch-up lasts long enough for a fault,
+# and the throttle itself is under the nemesis.
 SERVER_ENV = {
     "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "4000",
     "PIDLEASE_PREFERRED_LEADER_SETTLE_MS": "1000",
+    "PIDLEASE_MOVE_FETCH_BYTES_PER_S": str(256 * 1024),
 }
 
 
@@ -115,6 +119,7 @@ class MovesResult:
     name: str
     faults: list[str] = field(default_factory=list)  # what was injected, on which partition
     runs: int = 0
+    rounds: int = 0
     job_lines: list[str] = field(default_factory=list)
     acked: int = 0
     failed: dict[str, int] = field(default_factory=dict)
@@ -128,7 +133,8 @@ class MovesResult:
     def summary(self) -> str:
         return "\n".join(
             [
-                f"MOVES {self.name}: {self.runs} job run(s) in {self.took_s:.1f} s, acked "
+                f"MOVES {self.name}: {self.rounds} round(s), {self.runs} job run(s) in "
+                f"{self.took_s:.1f} s, acked "
                 f"{self.acked}, failed {self.failed}",
                 *(f"  fault: {f}" for f in self.faults),
                 f"  replicas per server {self.replicas}, leaders {self.leaders}",
@@ -250,7 +256,7 @@ def run_moves(
     """The scenario (see the module docstring) on a started cluster whose topics exist
     (``Suite.setup``) and whose host ``s4`` is free: ``rounds`` times a rebalance onto
     server 4 and its drain, the faults injected once per round."""
-    res = MovesResult(f"{rounds} x (rebalance onto a new server, then its drain)")
+    res = MovesResult(f"rebalance onto a new server, then its drain (at least {rounds} x)")
     t0 = time.monotonic()
     load = Load(cluster.coordinator_url, load_idx).start()
     inj = Injector(net, cluster, FAULTS * rounds)
@@ -259,7 +265,13 @@ def run_moves(
         time.sleep(2.0)
         cluster.add_server(NEW)
         inj.start()
-        for path in ["/v1/cluster/rebalance", f"/v1/servers/{NEW}/drain"] * rounds:
+        # A round: a rebalance onto server 4, then its drain; more rounds (bounded) while
+        # faults are left, for moves quicker than the faults.
+        paths = ["/v1/cluster/rebalance", f"/v1/servers/{NEW}/drain"]
+        for n, path in enumerate(paths * ROUNDS_MAX):
+            if n >= 2 * rounds and n % 2 == 0 and not inj.faults:
+                break
+            res.rounds = n // 2 + 1
             for _ in range(RUNS_MAX):
                 res.runs += 1
                 body = _job(cluster.coordinator_url, path)
