@@ -341,8 +341,9 @@ class MoveJobs:
     owner's progress (the owner writes it to the job node about once a second).
 
     When the owner dies its ephemeral node goes with its session; every coordinator
-    looks about every ``takeover_poll_s`` and the first to create the owner node again
-    (in a transaction with the job node's version) takes the job over: it plans again for
+    looks about once a second (``JOB_PUBLISH_S``, or ``takeover_poll_s`` when shorter),
+    and the first to create the owner node again (in a transaction with the job node's
+    version) takes the job over: it plans again for
     the same kind and drained servers, from where the moves are (the moves recorded under
     ``/moves`` resume first, ``MoveRunner.pending``). An owner that finds the owner node
     gone or someone else's (its session expired) stops driving moves at once; every move

@@ -2,8 +2,9 @@
 producers pipeline into the suite's topic while a fourth server joins, the coordinator
 runs ``rebalance`` onto it and then drains it again (a round; rounds again, at most 4,
 while faults are left: moves can be quicker than faults; the long form at least two, the
-faults in each), with the move throttle low so a catch-up lasts, and a fault is injected at each phase of the moves as they are seen in ZooKeeper (the move
-records under ``/moves`` and the partitions' states):
+faults in each), with the move throttle low so a catch-up lasts, and a fault is injected
+at each phase of the moves as they are seen in ZooKeeper (the move records under
+``/moves`` and the partitions' states):
 
 - a move's **add** phase (the new replica catching up): the new replica cut from the
   partition's leader for a few seconds, then SIGKILLed and restarted;
@@ -202,8 +203,11 @@ class Injector(threading.Thread):
                             f"{was} -> {ph[0] if ph else None} (replicas {ps.replicas}, "
                             f"leader {ps.leader}, in sync {ps.isr})"
                         )
-                    if key not in recs and (ph is None or ph[0] == "remove"):
-                        del self._rec[key]  # ended (done, or rolled back)
+                    if key not in recs:
+                        # Ended (done, rolled back): looked at once more, so a remove
+                        # whose record went before this poll is still seen; never again
+                        # against this record (a later move of it has its own).
+                        del self._rec[key]
                         self._phase.pop(key, None)
                     if ph is None or ph[0] == was or ph[0] != self.faults[0].on:
                         continue
