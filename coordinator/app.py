@@ -132,7 +132,7 @@ class Coordinator:
             ),
         )
         self.topics = Topics(self.store, self.leaders, clock_ms)
-        self.moves = MoveJobs(self.store.zk)
+        self.moves = MoveJobs(self.store.zk, coordinator_id=settings.coordinator_id)
         info = {
             "id": settings.coordinator_id,
             "host": settings.http_host,
@@ -181,8 +181,10 @@ class Coordinator:
     def start(self) -> None:
         self.store.start()
         self.housekeeper.start()
+        self.moves.start_watching()  # the cluster's one moves job: progress, takeover
 
     def stop(self) -> None:
+        self.moves.stop_watching()
         self.housekeeper.stop()
         self.fleet.close()
         if self.dashboard.groups_view is not None:

@@ -166,6 +166,16 @@ class ServerSettings(BaseSettings):
             "follower; 0: no limit"
         ),
     )
+    move_fetch_bytes_per_s: int = Field(
+        default=16 * MiB,
+        ge=0,
+        description=(
+            "bytes per second this server, as leader, sends to the replicas catching up for "
+            "a move (a partition mid-move, the replica not in sync), all of them together; "
+            "in-sync followers and other catch-ups are not throttled; 0: no throttle "
+            "(Kafka's leader.replication.throttled.rate)"
+        ),
+    )
     replica_fetch_wait_max_ms: int = Field(
         default=500,
         ge=1,
