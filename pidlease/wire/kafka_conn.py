@@ -16,7 +16,10 @@ from typing import Any, Self
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-NONE = 0
+from pidlease.wire.kafka_errors import (
+    NONE,
+)
+
 OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 9, 15, 16
 
 
