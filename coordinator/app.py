@@ -79,9 +79,7 @@ class Coordinator:
             request_timeout_ms=settings.zk_request_timeout_ms,
             session_timeout_ms=settings.zk_session_timeout_ms,
         )
-        self.allocator = PidAllocator(
-            self.store, settings.pid_block_size, attempts_max=settings.cas_attempts_max
-        )
+        self.allocator = PidAllocator(self.store, settings.pid_block_size)
         # A TLS coordinator calls the partition servers over TLS too (pidlease/wire/tls.py).
         peer_tls = (
             peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
