@@ -42,7 +42,6 @@ from pidlease.errors import CommitFailed
 from pidlease.wire import protocol
 from pidlease.wire.kafka_conn import KafkaConn as _Conn
 from pidlease.wire.kafka_conn import SaslRefused
-from pidlease.wire.tls import client_ssl_context
 from pidlease.wire.kafka_errors import (
     COORDINATOR_LOAD_IN_PROGRESS,
     COORDINATOR_NOT_AVAILABLE,
@@ -55,6 +54,7 @@ from pidlease.wire.kafka_errors import (
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
 )
+from pidlease.wire.tls import client_ssl_context
 
 __all__ = ["CommitFailed", "Consumer"]
 
