@@ -12,12 +12,13 @@ neither the producers' acks nor the redundancy after a crash wait on a rebalance
 One token bucket per server (every moving replica it leads shares the rate): it holds at
 most one second of the rate, a read takes what it sent (the bucket may go below zero by
 the last read's overshoot: a read returns at least one whole batch), and a fetch that
-finds the bucket empty waits for it to refill, up to its wait. Pure apart from the clock.
+finds the bucket empty waits for it to refill, up to its wait. Pure: the caller passes the
+clock (the replica manager passes its module's ``time.monotonic``, which the simulation
+replaces: tests/unit/test_sim_seam.py).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 
@@ -28,7 +29,7 @@ def is_moving(replicas: list[int], isr: list[int], replication_factor: int, repl
 
 
 class MoveThrottle:
-    def __init__(self, bytes_per_s: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bytes_per_s: int, *, clock: Callable[[], float]) -> None:
         self.rate = max(0, bytes_per_s)  # 0: no throttle
         self.clock = clock
         self.tokens = float(self.rate)

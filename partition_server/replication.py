@@ -107,7 +107,9 @@ class ReplicaManager:
         self.leaving = False
         self.preferred = PreferredLeader(self)
         # The catch-up fetches of moving replicas share one bytes/s budget (move_throttle.py).
-        self.move_throttle = MoveThrottle(int(getattr(settings, "move_fetch_bytes_per_s", 0)))
+        self.move_throttle = MoveThrottle(
+            int(getattr(settings, "move_fetch_bytes_per_s", 0)), clock=time.monotonic
+        )
         if hasattr(registry, "configure_lease"):  # test doubles may have no lease at all
             registry.configure_lease(
                 margin_ms=getattr(settings, "zk_step_down_margin_ms", 0),
