@@ -190,7 +190,7 @@ def test_a_range_reads_exactly_its_offsets_however_the_log_grows(make_cluster: A
     """What a replay relies on: a task of range ``[start, end)`` returns the records of
     those offsets and nothing else, the same ones after the log grew past ``end``, and a
     range ending on a fence record (a control record: an offset, no record) ends there."""
-    from pipeline.stream_source import StreamRange, StreamReadSettings, read_range
+    from pidlease.spark.stream_source import StreamRange, StreamReadSettings, read_range
 
     cluster = make_cluster(servers=1)
     url = cluster.coordinator_url
@@ -226,7 +226,7 @@ def test_offsets_from_the_leaders_and_records_lost_to_retention(make_cluster: An
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
     from pidlease import errors
-    from pipeline.stream_source import StreamRange, StreamReadSettings, StreamScan, read_range
+    from pidlease.spark.stream_source import StreamRange, StreamReadSettings, StreamScan, read_range
 
     cluster = make_cluster(servers=1, env=RETENTION_ENV)
     url = cluster.coordinator_url

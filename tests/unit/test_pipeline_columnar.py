@@ -1,5 +1,5 @@
-"""The write's columnar path (``pipeline.columnar``) against the pure reference
-(``pipeline.sequencing.plan``): the same rows give the records the reference plans
+"""The write's columnar path (``pidlease.spark.columnar``) against the pure reference
+(``pidlease.spark.sequencing.plan``): the same rows give the records the reference plans
 (keys, values, sequences, topic partitions, producers by bucket), whatever the order and
 batching they come in; a retry or a replayed micro-batch in another order resumes after
 what is durable with every row once; and ``encode_columns`` gives the same bytes as
@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidlease.client.producer import AsyncProducer
+from pidlease.spark.attempt import Attempt, TaskInfo
+from pidlease.spark.columnar import ColumnarAttempt
+from pidlease.spark.encoding import RecordEncoder, key_bytes, value_bytes
+from pidlease.spark.errors import InjectedFailure, PipelineError, StreamIdentityError
+from pidlease.spark.options import WriteSettings
+from pidlease.spark.sequencing import BUCKET_COLUMN, HASH_COLUMN, Routing, Row, plan
 from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer, fake_cluster
-from pipeline.attempt import Attempt, TaskInfo
-from pipeline.columnar import ColumnarAttempt
-from pipeline.encoding import RecordEncoder, key_bytes, value_bytes
-from pipeline.errors import InjectedFailure, PipelineError, StreamIdentityError
-from pipeline.options import WriteSettings
-from pipeline.sequencing import BUCKET_COLUMN, HASH_COLUMN, Routing, Row, plan
 
 pa = pytest.importorskip("pyarrow")
 
@@ -76,7 +76,7 @@ def _hash(key: str | None, value: str) -> int:
 
 
 def _batches(keys: list[str | None], values: list[str], size: int) -> list[Any]:
-    """Arrow batches with the row hash and bucket columns ``pipeline.bucketed`` adds."""
+    """Arrow batches with the row hash and bucket columns ``pidlease.spark.bucketed`` adds."""
     hashes = [_hash(k, v) for k, v in zip(keys, values, strict=True)]
     return [
         pa.record_batch(
@@ -217,15 +217,15 @@ def test_the_sink_plans_a_plain_dataframe_with_a_warning_and_bucketed_rows_as_be
     warning naming what it leaves to the split; bucketed rows keep their bucket count."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    from pipeline.sequencing import BUCKETS_METADATA
-    from pipeline.sink import bucketed_settings
+    from pidlease.spark.sequencing import BUCKETS_METADATA
+    from pidlease.spark.sink import bucketed_settings
 
     plain = StructType([StructField("value", StringType())])
-    with caplog.at_level("WARNING", logger="pipeline.sink"):
+    with caplog.at_level("WARNING", logger="pidlease.spark.sink"):
         got = bucketed_settings(_settings(), plain)
     assert got.bucketed is False
-    [warning] = [r for r in caplog.records if r.name == "pipeline.sink"]
-    assert "pipeline.bucketed(df)" in warning.getMessage()
+    [warning] = [r for r in caplog.records if r.name == "pidlease.spark.sink"]
+    assert "pidlease.spark.bucketed(df)" in warning.getMessage()
     assert "pidlease-spark publish" in warning.getMessage()
     bucketed = StructType(
         [
@@ -245,12 +245,12 @@ def test_a_bucketed_write_refuses_rows_without_the_bucket_columns() -> None:
     """``bucketed`` settings (the sink saw the columns in the schema) with rows lacking
     them: a clear error, never rows numbered as a plain partition."""
     batch = pa.record_batch({"key": pa.array(["a"]), "value": pa.array(["1"])})
-    with pytest.raises(PipelineError, match=r"pipeline.bucketed\(df\)"):
+    with pytest.raises(PipelineError, match=r"pidlease.spark.bucketed\(df\)"):
         ColumnarAttempt(_settings(), TaskInfo(0, 0)).run_columns(ENC, [batch])
 
 
 def _plain(settings: WriteSettings) -> WriteSettings:
-    """What the sink plans for a plain DataFrame (no ``pipeline.bucketed`` columns)."""
+    """What the sink plans for a plain DataFrame (no ``pidlease.spark.bucketed`` columns)."""
     return dataclasses.replace(settings, bucketed=False)
 
 

@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.reader import Reader
-from pipeline.options import ReadSettings
+from pidlease.spark.options import ReadSettings
 
 SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, pid BIGINT, generation BIGINT, "

@@ -1,7 +1,7 @@
 """One attempt at writing one Spark task's rows: what a writer task runs.
 
-The rows of a task fall into buckets (``pipeline.sequencing``); each bucket publishes as
-its named producer ``<job>:<bucket>/<buckets>``, and the shuffle ``pipeline.bucketed``
+The rows of a task fall into buckets (``pidlease.spark.sequencing``); each bucket publishes as
+its named producer ``<job>:<bucket>/<buckets>``, and the shuffle ``pidlease.spark.bucketed``
 adds puts every row of a bucket in one task (a plain DataFrame: the task's Spark
 partition is its one bucket, producer ``<job>:<partition>``). An attempt leases the
 producer of every bucket it holds: for a retry or a speculative copy that is a takeover,
@@ -9,7 +9,7 @@ which fences every older attempt of the same task. The lease reports, per topic
 partition, the PID's durable highwater; rows at or below it were written by an earlier
 attempt and are skipped (``Resume``). The rest are sent with explicit sequence ids,
 pipelined through the SDK's ``AsyncProducer``, and counted as they are acknowledged:
-appended, or duplicate (the partition already had it). ``pipeline.columnar`` holds the
+appended, or duplicate (the partition already had it). ``pidlease.spark.columnar`` holds the
 write itself.
 
 A fenced attempt stops at once and closes its producers; what it sent before the fence
@@ -22,7 +22,7 @@ all durable within ``FENCED_WAIT_S`` (the newer attempt died too) fails with
 ``AttemptFenced`` and Spark retries the task.
 
 The result is a ``PartitionCommit``, the ``WriterCommitMessage`` that Spark brings back to
-the driver, where ``pipeline.job_report`` adds them up.
+the driver, where ``pidlease.spark.job_report`` adds them up.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import AsyncProducer
-from pipeline.errors import AttemptFenced, PipelineError
-from pipeline.options import WriteSettings
-from pipeline.sequencing import STREAM_POSITION_BITS, plain_producer_name, producer_name
+from pidlease.spark.errors import AttemptFenced, PipelineError
+from pidlease.spark.options import WriteSettings
+from pidlease.spark.sequencing import STREAM_POSITION_BITS, plain_producer_name, producer_name
 
-log = logging.getLogger("pipeline.attempt")
+log = logging.getLogger("pidlease.spark.attempt")
 
 CLOSE_TIMEOUT_MS = 10_000  # a failing attempt waits this long for its in-flight batches
 FENCED_WAIT_S = 900.0  # a fenced attempt waits this long for the newer one's rows
@@ -165,7 +165,7 @@ def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
 
 class Attempt:
     """What every attempt shares: who it is, its producers by bucket, and what it does
-    when fenced. The write is ``pipeline.columnar.ColumnarAttempt``."""
+    when fenced. The write is ``pidlease.spark.columnar.ColumnarAttempt``."""
 
     def __init__(
         self,

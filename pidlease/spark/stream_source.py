@@ -5,7 +5,7 @@ every partition of the topic, so the range a micro-batch reads is ``[start[p], e
 of each partition. Spark writes that range into the query's checkpoint (its offset log)
 *before* the batch runs and replays exactly that range after a crash; a pidlease partition
 is an immutable log, so a replay reads the same records in the same order. With the
-exactly-once streaming sink (``pipeline.sink``, content identity: docs/pipeline.md) the
+exactly-once streaming sink (``pidlease.spark.sink``, content identity: docs/pipeline.md) the
 replayed batch maps to the same ids, which the output partitions resolve as duplicates:
 pidlease -> pidlease is effectively once across restarts (docs/processing.md).
 
@@ -43,11 +43,11 @@ from pyspark.sql.streaming.datasource import (
 from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.reader import Reader
-from pipeline.errors import OptionError, PipelineError
-from pipeline.options import SPLIT_RECORDS_DEFAULT, _get, _int, _topic, coordinator_url
-from pipeline.scan import ARROW_BATCH_RECORDS, _arrow_schema
+from pidlease.spark.errors import OptionError, PipelineError
+from pidlease.spark.options import SPLIT_RECORDS_DEFAULT, _get, _int, _topic, coordinator_url
+from pidlease.spark.scan import ARROW_BATCH_RECORDS, _arrow_schema
 
-log = logging.getLogger("pipeline.stream_source")
+log = logging.getLogger("pidlease.spark.stream_source")
 
 # How long a task waits for the records of its range to be readable (a leader failover of
 # the input: the new leader's high watermark can lag the old one's for a moment).
@@ -236,7 +236,7 @@ class StreamScan(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
-    """Every record of ``[rng.start, rng.end)`` as Arrow batches (``pipeline.scan``'s
+    """Every record of ``[rng.start, rng.end)`` as Arrow batches (``pidlease.spark.scan``'s
     schema), in offset order. The range was below the high watermark when it was planned,
     so its records exist: the reader goes on until its position reaches ``end`` (control
     records take offsets and are not returned), waiting up to ``RANGE_WAIT_S`` without

@@ -2,7 +2,7 @@
 batches in, ``send_batch`` calls out, no Python object per row.
 
 ``ColumnarAttempt`` takes the task's rows as Arrow record batches, each with the row
-hash and bucket columns that ``pipeline.bucketed`` adds (``sequencing.HASH_COLUMN``,
+hash and bucket columns that ``pidlease.spark.bucketed`` adds (``sequencing.HASH_COLUMN``,
 ``BUCKET_COLUMN``), and works on whole columns: the encoder's key and value arrays
 (``RecordEncoder.encode_columns``), each row's topic partition (``route``'s rules: the
 SDK's key hash ``crc32_keys``, or the bucket), then the order rows are numbered in, which
@@ -32,16 +32,16 @@ from typing import Any
 from pidlease import errors
 from pidlease.client.producer import AsyncProducer
 from pidlease.client.record_columns import crc32_keys
-from pipeline.attempt import (
+from pidlease.spark.attempt import (
     CLOSE_TIMEOUT_MS,
     Attempt,
     PartitionCommit,
     SharedTransport,
     takeover_record,
 )
-from pipeline.encoding import RecordEncoder
-from pipeline.errors import AttemptFenced, PipelineError, StreamIdentityError
-from pipeline.sequencing import (
+from pidlease.spark.encoding import RecordEncoder
+from pidlease.spark.errors import AttemptFenced, PipelineError, StreamIdentityError
+from pidlease.spark.sequencing import (
     BUCKET_COLUMN,
     HASH_COLUMN,
     STREAM_BATCH_ID_MAX,
@@ -55,7 +55,7 @@ from pipeline.sequencing import (
     stream_sequence,
 )
 
-log = logging.getLogger("pipeline.columnar")
+log = logging.getLogger("pidlease.spark.columnar")
 
 
 def route_column(keys: Any, buckets: Any, *, routing: Routing, partitions: int) -> Any:
@@ -85,7 +85,7 @@ def _column(batch: Any, name: str) -> Any:
         col = batch.column(name)
     except KeyError:
         raise PipelineError(
-            f"the rows lack the column {name!r}: write pipeline.bucketed(df), which adds "
+            f"the rows lack the column {name!r}: write pidlease.spark.bucketed(df), which adds "
             f"the row hash and bucket and the shuffle that puts each bucket in one task"
         ) from None
     return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
