@@ -1,16 +1,28 @@
-"""One attempt at writing one Spark task's rows: what a writer task runs.
+"""One attempt at writing one Spark task's rows: who it is, its producers' leases, what it
+does when fenced. ``pidlease.spark.columnar.ColumnarAttempt`` is the write itself.
 
 The rows of a task fall into buckets (``pidlease.spark.sequencing``); each bucket publishes as
 its named producer ``<job>:<bucket>/<buckets>``, and the shuffle ``pidlease.spark.bucketed``
 adds puts every row of a bucket in one task (a plain DataFrame: the task's Spark
 partition is its one bucket, producer ``<job>:<partition>``). An attempt leases the
-producer of every bucket it holds: for a retry or a speculative copy that is a takeover,
-which fences every older attempt of the same task. The lease reports, per topic
-partition, the PID's durable highwater; rows at or below it were written by an earlier
-attempt and are skipped (``Resume``). The rest are sent with explicit sequence ids,
-pipelined through the SDK's ``AsyncProducer``, and counted as they are acknowledged:
-appended, or duplicate (the partition already had it). ``pidlease.spark.columnar`` holds the
-write itself.
+producer of every bucket it holds (``Attempt.lease``): by name, which for a known name is
+a takeover that fences every older holder (a fence record in each partition the PID has
+used). The lease reports, per topic partition, the PID's durable highwater; rows at or
+below it were written by an earlier attempt and are skipped (``Resume``). The rest are
+sent with explicit sequence ids, pipelined through the SDK's ``AsyncProducer``, and
+counted as they are acknowledged: appended, or duplicate (the partition already had it).
+
+A stream fences once per query run, not once per micro-batch (issue 26): the writer
+Spark ships to the tasks carries the run's leases (``run_leases``: taken over by the
+driver when it ships the writer, ``pidlease.spark.sink``), and the first attempt of a
+micro-batch's task renews its producer at the run's generation instead of taking it
+over (``SharedTransport``, ``resumed_lease``). That fences nothing and needs no fence: a
+writer of an earlier micro-batch holding the same generation writes only ids below this
+batch's (ids are ``batch_id * 2**32 + position``, and a micro-batch starts once the one
+before it is durable); every writer of the same micro-batch from an earlier run was fenced by the
+run's takeover. A retry or a speculative copy (attempt > 0) still takes over, fencing the
+attempts before it; a renewal answered FENCED (such a takeover came first) or
+UNKNOWN_PID falls back to a takeover.
 
 A fenced attempt stops at once and closes its producers; what it sent before the fence
 is either in the log (and the newer attempt skips it) or was refused. It then waits
@@ -27,7 +39,9 @@ the driver, where ``pidlease.spark.job_report`` adds them up.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +50,7 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.producer import AsyncProducer
 from pidlease.spark.errors import AttemptFenced, PipelineError
@@ -125,25 +140,67 @@ def takeover_record(
     }
 
 
+def resumed_lease(body: bytes, resume: dict[str, tuple[int, int]]) -> bytes | None:
+    """A producer's first lease (``pid -1`` and its name) as a renewal of the run's lease of
+    that name (``pid`` and ``generation`` given: no takeover, no fence), once per name
+    (``resume`` loses the name); None for any other request."""
+    try:
+        req = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(req, dict) or req.get("pid") != -1 or "generation" in req:
+        return None
+    held = resume.pop(str(req.get("producer_name")), None)
+    if held is None:
+        return None
+    req["pid"], req["generation"] = held
+    return json.dumps(req).encode()
+
+
 class SharedTransport:
     """One HTTP transport (connection pool, TLS context) to the coordinator for all the
     producers of an attempt, which closes only when the attempt does: an ``httpx`` client
     of its own per producer cost ~0.15 s of CPU each (loading the default CA bundle),
     which a task with one producer per bucket paid per bucket. Plain ``http://`` only; an
-    ``https://`` coordinator keeps the SDK's own client per producer (its TLS settings)."""
+    ``https://`` coordinator keeps the SDK's own client per producer (its TLS settings),
+    and its producers take over where a run lease would have been renewed.
 
-    def __init__(self, coordinator: str) -> None:
+    ``resume`` (producer name -> the run's pid and generation): the first lease of each of
+    these names goes out as a renewal at that generation (``resumed_lease``); the names
+    renewed so are in ``resumed``."""
+
+    def __init__(
+        self, coordinator: str, resume: Mapping[str, tuple[int, int]] | None = None
+    ) -> None:
         import httpx
 
         self.real: Any = None
         self.view: Any = None
+        self.resumed: set[str] = set()
         if not coordinator.lower().startswith("http://"):
             return
-        real = self.real = httpx.AsyncHTTPTransport(verify=False)  # plain http: no TLS
+        self.real = httpx.AsyncHTTPTransport(verify=False)  # plain http: no TLS
+        todo = dict(resume or {})
+        owner = self
 
         class _View(httpx.AsyncBaseTransport):
             async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-                return await real.handle_async_request(request)
+                if todo and request.method == "POST" and request.url.path == "/v1/lease_pid":
+                    body = resumed_lease(await request.aread(), todo)
+                    if body is not None:
+                        owner.resumed.add(json.loads(body)["producer_name"])
+                        headers = [
+                            (k, v) for k, v in request.headers.raw if k.lower() != b"content-length"
+                        ]
+                        request = httpx.Request(
+                            request.method,
+                            request.url,
+                            headers=headers,
+                            content=body,
+                            extensions=request.extensions,
+                        )
+                response: httpx.Response = await owner.real.handle_async_request(request)
+                return response
 
             async def aclose(self) -> None:  # each producer's client closes its view only
                 return None
@@ -164,8 +221,9 @@ def job_name_for(settings: WriteSettings, task: TaskInfo) -> str:
 
 
 class Attempt:
-    """What every attempt shares: who it is, its producers by bucket, and what it does
-    when fenced. The write is ``pidlease.spark.columnar.ColumnarAttempt``."""
+    """What every attempt shares: who it is, its producers by bucket (leased, resumed,
+    closed), and what it does when fenced. The write is
+    ``pidlease.spark.columnar.ColumnarAttempt``."""
 
     def __init__(
         self,
@@ -178,6 +236,8 @@ class Attempt:
         self.task = task
         self.job = job_name_for(settings, task)
         self._on_leased = on_leased
+        # bucket -> topic partition -> the PID's durable highwater when it was leased
+        self.durable: dict[int, dict[int, int]] = {}
 
     def name(self, bucket: int) -> str:
         if not self.settings.bucketed:  # a plain DataFrame: the bucket is the Spark partition
@@ -195,7 +255,16 @@ class Attempt:
             buckets=list(buckets),
         )
 
-    def _open(self, name: str) -> AsyncProducer:
+    def run_leases(self) -> dict[str, tuple[int, int]]:
+        """The run's leases this attempt renews instead of taking over: the first attempt
+        of a micro-batch's task only (a retry or a speculative copy must fence the
+        attempts before it)."""
+        t = self.task
+        if t.batch_id is None or t.attempt > 0 or t.speculative:
+            return {}
+        return dict(self.settings.run_leases)
+
+    def _open(self, name: str, transport: SharedTransport) -> AsyncProducer:
         s = self.settings
         return AsyncProducer(
             s.coordinator,
@@ -206,10 +275,78 @@ class Attempt:
             linger_ms=s.linger_ms,
             batch_records_max=s.batch_records_max,
             api_token=s.api_token,
-            http_transport=self.coordinator_transport,
+            http_transport=transport.view,
         )
 
-    coordinator_transport: Any = None  # shared by the attempt's producers (see below)
+    async def _start(self, name: str, transport: SharedTransport) -> AsyncProducer:
+        """``name``'s producer, leased: renewed at the run's generation when the
+        transport resumes it, else taken over (or created). A renewal answered FENCED (a
+        retry or copy took the producer over since) or UNKNOWN_PID (its state expired)
+        falls back to a takeover."""
+        producer = self._open(name, transport)
+        try:
+            return await producer.start()
+        except (errors.ProducerFenced, errors.UnknownPid) as exc:
+            await producer.close()
+            if name not in transport.resumed:
+                raise
+            log.info("%s: the run's lease was not renewed (%s): taking it over", name, exc)
+        except BaseException:
+            await producer.close()
+            raise
+        producer = self._open(name, transport)  # the transport resumes a name once
+        try:
+            return await producer.start()
+        except BaseException:
+            await producer.close()
+            raise
+
+    async def lease(
+        self, buckets: list[int], commit: PartitionCommit, transport: SharedTransport
+    ) -> dict[int, AsyncProducer]:
+        """The producers of ``buckets``, all leased, with their PIDs, generations and the
+        earlier attempt a takeover fenced recorded in ``commit``; a takeover by another
+        attempt that wins the race raises ``AttemptFenced``."""
+        started = await asyncio.gather(
+            *(self._start(self.name(b), transport) for b in buckets), return_exceptions=True
+        )
+        producers = {
+            b: p for b, p in zip(buckets, started, strict=True) if not isinstance(p, BaseException)
+        }
+        failed = [e for e in started if isinstance(e, BaseException)]
+        if failed:
+            await self.close(producers, ok=False)
+            if isinstance(failed[0], errors.ProducerFenced):
+                raise self._fenced(commit, failed[0]) from failed[0]
+            raise failed[0]
+        if self._on_leased is not None:
+            self._on_leased()
+        first = producers[buckets[0]]
+        commit.pid, commit.generation = first.pid, first.generation
+        earlier: dict[str, Any] | None = None
+        for b, p in producers.items():
+            commit.pids[b] = [p.pid, p.generation]
+            # The attempt that fenced an earlier one records it (the loser's no-op message
+            # may be the one Spark keeps, or none at all): one entry for the earlier
+            # attempt, its durable rows added up over the buckets.
+            last = self.durable[b] = {tp: p.last_sequence_id(tp) for tp in range(p.partitions)}
+            fenced = takeover_record(self.task, p.pid, p.generation, last)
+            if fenced is not None and earlier is None:
+                earlier = fenced
+            elif fenced is not None and earlier is not None:
+                earlier["durable_rows"] += fenced["durable_rows"]
+        if earlier is not None:
+            commit.fenced_attempts.append(earlier)
+        return producers
+
+    @staticmethod
+    async def close(producers: Mapping[int, AsyncProducer], *, ok: bool) -> None:
+        """Close every producer: after a success each delivers what it was sent; after a
+        failure each waits at most ``CLOSE_TIMEOUT_MS`` for its batches in flight."""
+        await asyncio.gather(
+            *(p.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS) for p in producers.values()),
+            return_exceptions=True,
+        )
 
     def _fenced(self, commit: PartitionCommit, exc: BaseException) -> AttemptFenced:
         who = "speculative copy" if self.task.speculative else f"attempt {self.task.attempt}"

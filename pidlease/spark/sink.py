@@ -2,16 +2,19 @@
 (``df.writeStream``), both Arrow writers (Spark hands each task Arrow record batches,
 which encode much faster than rows).
 
-Spark builds a sink once on the driver, in a planning worker, then pickles it to every
+Spark builds a sink on the driver, in a planning worker, then pickles it to every
 task: so ``plan`` checks everything that can be checked before a task runs (options, the
 columns, the topic's existence and dedup mode) and fails the query with a sentence a
-user can act on. Each task then runs ``pidlease.spark.faults.run_task`` (one ``Attempt``, plus
-whatever faults the options inject); ``commit``/``abort`` on the driver add the tasks'
-messages up into the job report (``pidlease.spark.job_report``).
+user can act on. Each task then runs ``pidlease.spark.faults.run_task`` (one
+``ColumnarAttempt``, plus whatever faults the options inject); ``commit``/``abort`` on
+the driver add the tasks' messages up into the job report (``pidlease.spark.job_report``).
+A stream's sink is planned again for every micro-batch's ``commit`` (PySpark's commit
+runner), but pickled to the tasks once per query run: that is when it takes the run's
+leases (``StreamSink.__getstate__``, ``take_run_leases``).
 
-Both send whole Arrow batches (``pidlease.spark.columnar``: one ``send_batch`` per topic
-partition and Arrow batch); only a batch task that starts its own speculative copy
-(a test fault) sends row by row (``pidlease.spark.attempt``).
+Both send whole Arrow batches (``pidlease.spark.columnar``: one ``send_batch`` per
+(bucket, topic partition) group, cut at ``batch_records_max`` by the SDK), with the
+lease, resume and fence handling of ``pidlease.spark.attempt``.
 
 A plain DataFrame (without ``pidlease.spark.bucketed``'s columns, the contract's example) is
 accepted: each Spark partition is one bucket (``pidlease.spark.sequencing``), and ``plan``
@@ -40,7 +43,12 @@ from pidlease.spark.encoding import RecordEncoder
 from pidlease.spark.errors import InjectedFailure, OptionError, PipelineError, TopicModeError
 from pidlease.spark.faults import run_task
 from pidlease.spark.options import WriteSettings
-from pidlease.spark.sequencing import BUCKET_COLUMN, BUCKETS_METADATA, HASH_COLUMN
+from pidlease.spark.sequencing import (
+    BUCKET_COLUMN,
+    BUCKETS_METADATA,
+    HASH_COLUMN,
+    producer_name,
+)
 
 log = logging.getLogger("pidlease.spark.sink")
 
@@ -155,10 +163,42 @@ class BatchSink(DataSourceArrowWriter):
         job_report.save(report, self.settings.report_path, quiet=not self.settings.log_report)
 
 
+def take_run_leases(settings: WriteSettings) -> WriteSettings:
+    """``settings`` with the query run's leases: every producer a bucketed stream with a
+    ``job_name`` can use (``<job>:<bucket>/<buckets>``), taken over once (a name never
+    leased is created), which fences every writer of an earlier run at once; the tasks
+    of each micro-batch then renew these leases instead of taking them over
+    (``pidlease.spark.attempt``), so a micro-batch writes no fence record. A plain
+    DataFrame's producers (one per Spark partition, a count not known here) and a stream
+    named by its query id (not known here either) take over in every task, as before."""
+    if not settings.bucketed or not settings.job_name:
+        return settings
+    names = [producer_name(settings.job_name, b, settings.buckets) for b in range(settings.buckets)]
+    leases: dict[str, tuple[int, int]] = {}
+    with LeaseClient(settings.coordinator, api_token=settings.api_token) as client:
+        for name in names:
+            got = client.lease(
+                settings.topic, 0, -1, producer_name=name, expire_ms=settings.expire_ms
+            )
+            leases[name] = (got.pid, got.generation)
+    log.info("job %r: %d producers leased for this query run", settings.job_name, len(leases))
+    return dataclasses.replace(settings, run_leases=leases)
+
+
 class StreamSink(DataSourceStreamArrowWriter):
     def __init__(self, settings: WriteSettings, encoder: RecordEncoder) -> None:
         self.settings = settings
         self.encoder = encoder
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What the tasks get: Spark pickles the writer once per query run, to ship it
+        with the write; the run's leases are taken then (``take_run_leases``). The
+        writer planned for a micro-batch's commit is never pickled, and takes none."""
+        return {"settings": take_run_leases(self.settings), "encoder": self.encoder}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.settings = state["settings"]
+        self.encoder = state["encoder"]
 
     @classmethod
     def plan(cls, options: Any, schema: StructType, overwrite: bool) -> StreamSink:

@@ -14,6 +14,7 @@ import zlib
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,7 +36,7 @@ BUCKETS = 4
 
 
 def _use_fake(monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator) -> None:
-    def _open(self: Attempt, name: str) -> AsyncProducer:
+    def _open(self: Attempt, name: str, _transport: object = None) -> AsyncProducer:
         s = self.settings
         return AsyncProducer(
             "http://fake",
@@ -361,3 +362,75 @@ def test_encode_columns_gives_the_row_encoders_bytes(kind: str, data: st.DataObj
     k, v = enc.encode_columns(batch)
     assert k.to_pylist() == [key_bytes(x) for x in keys]
     assert v.to_pylist() == [value_bytes(x) for x in vals]
+
+
+def test_micro_batches_renew_the_runs_leases_and_write_no_fence_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 26: each micro-batch's task took its producers over, a fence record in every
+    partition per bucket and micro-batch. With the run's leases (taken over once, by the
+    driver) the first attempt of each micro-batch renews them; a retry still takes over
+    (fencing the attempt before it), and the micro-batch after it falls back to a
+    takeover when its renewal is answered FENCED. Every row is written once throughout."""
+    from pidlease.client.lease_client import lease_request
+    from pidlease.spark.attempt import SharedTransport
+    from pidlease.spark.sequencing import producer_name
+
+    with fake_cluster(STREAM_TOPICS) as (srv, coord):
+
+        def _open(self: Attempt, name: str, transport: SharedTransport) -> AsyncProducer:
+            transport.real = coord.transport()  # the rewriting view, then the fake
+            return AsyncProducer(
+                "http://fake", topic="t", producer_name=name, http_transport=transport.view
+            )
+
+        monkeypatch.setattr(Attempt, "_open", _open)
+        fences: list[tuple[str, int, int, int]] = []
+        fence = srv.fence
+        monkeypatch.setattr(srv, "fence", lambda *a: (fences.append(a), fence(*a)))
+        names = [producer_name("J", b, BUCKETS) for b in range(BUCKETS)]
+        with httpx.Client(transport=coord.transport(), base_url="http://fake") as driver:
+            for name in names:  # a used name: the run's takeover fences it once
+                driver.post("/v1/lease_pid", json=lease_request("t", 0, -1, producer_name=name))
+            run = {}
+            for name in names:
+                got = driver.post(
+                    "/v1/lease_pid", json=lease_request("t", 0, -1, producer_name=name)
+                ).json()
+                run[name] = (got["pid"], got["generation"])
+        run_settings = dataclasses.replace(_settings(), run_leases=run)
+        fenced_by_the_run = len(fences)
+        assert fenced_by_the_run == BUCKETS * 3
+
+        def rows(batch_id: int) -> tuple[list[str | None], list[str]]:
+            keys: list[str | None] = [f"k{i % 7}" for i in range(200)]
+            return keys, [f"b{batch_id}-{i}" for i in range(200)]
+
+        for batch_id in range(3):
+            commit = ColumnarAttempt(run_settings, TaskInfo(0, 0, batch_id=batch_id)).run_columns(
+                ENC, _batches(*rows(batch_id), 50)
+            )
+            assert commit.appended == 200 and not commit.fenced_attempts
+        assert len(fences) == fenced_by_the_run  # three micro-batches, no fence record
+
+        def boom() -> None:
+            raise InjectedFailure("injected")
+
+        with pytest.raises(InjectedFailure):
+            ColumnarAttempt(run_settings, TaskInfo(0, 0, batch_id=3)).run_columns(
+                ENC, _batches(*rows(3), 50), {120: boom}
+            )
+        assert len(fences) == fenced_by_the_run
+        retry = ColumnarAttempt(run_settings, TaskInfo(0, 1, batch_id=3)).run_columns(
+            ENC, _batches(*rows(3), 50)
+        )
+        assert retry.skipped > 0 and retry.fenced_attempts  # it fenced attempt 0
+        assert len(fences) > fenced_by_the_run
+        after_retry = len(fences)
+        after = ColumnarAttempt(run_settings, TaskInfo(0, 0, batch_id=4)).run_columns(
+            ENC, _batches(*rows(4), 50)
+        )
+        assert after.appended == 200  # its renewal was FENCED: it took the producers over
+        assert len(fences) > after_retry
+        got = _in_log(srv)
+    assert got == Counter(v.encode() for b in range(5) for v in rows(b)[1])
