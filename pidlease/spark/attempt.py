@@ -301,12 +301,12 @@ class Attempt:
             await producer.close()
             raise
 
-    async def lease(
-        self, buckets: list[int], commit: PartitionCommit, transport: SharedTransport
-    ) -> dict[int, AsyncProducer]:
-        """The producers of ``buckets``, all leased, with their PIDs, generations and the
-        earlier attempt a takeover fenced recorded in ``commit``; a takeover by another
-        attempt that wins the race raises ``AttemptFenced``."""
+    async def lease(self, buckets: list[int], commit: PartitionCommit) -> dict[int, AsyncProducer]:
+        """The producers of ``buckets``, all leased over one transport (the run's leases
+        renewed where ``run_leases`` allows), with their PIDs, generations and the earlier
+        attempt a takeover fenced recorded in ``commit``; a takeover by another attempt
+        that wins the race raises ``AttemptFenced``. ``close`` ends them."""
+        transport = self._transport = SharedTransport(self.settings.coordinator, self.run_leases())
         started = await asyncio.gather(
             *(self._start(self.name(b), transport) for b in buckets), return_exceptions=True
         )
@@ -339,14 +339,19 @@ class Attempt:
             commit.fenced_attempts.append(earlier)
         return producers
 
-    @staticmethod
-    async def close(producers: Mapping[int, AsyncProducer], *, ok: bool) -> None:
-        """Close every producer: after a success each delivers what it was sent; after a
-        failure each waits at most ``CLOSE_TIMEOUT_MS`` for its batches in flight."""
+    async def close(self, producers: Mapping[int, AsyncProducer], *, ok: bool) -> None:
+        """Close every producer, then the transport: after a success each delivers what it
+        was sent; after a failure each waits at most ``CLOSE_TIMEOUT_MS`` for its batches
+        in flight."""
         await asyncio.gather(
             *(p.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS) for p in producers.values()),
             return_exceptions=True,
         )
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
+
+    _transport: SharedTransport | None = None  # the coordinator transport of ``lease``
 
     def _fenced(self, commit: PartitionCommit, exc: BaseException) -> AttemptFenced:
         who = "speculative copy" if self.task.speculative else f"attempt {self.task.attempt}"

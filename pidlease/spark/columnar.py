@@ -30,9 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pidlease import errors
-from pidlease.client.producer import AsyncProducer
 from pidlease.client.record_columns import crc32_keys
-from pidlease.spark.attempt import Attempt, PartitionCommit, SharedTransport
+from pidlease.spark.attempt import Attempt, PartitionCommit
 from pidlease.spark.encoding import RecordEncoder
 from pidlease.spark.errors import AttemptFenced, PipelineError, StreamIdentityError
 from pidlease.spark.sequencing import (
@@ -193,26 +192,11 @@ class ColumnarAttempt(Attempt):
         planned_last: dict[int, dict[int, int]],
         hooks: Mapping[int, Callable[[], Any]],
     ) -> PartitionCommit:
-        shared = SharedTransport(self.settings.coordinator, self.run_leases())
-        try:
-            producers = await self.lease(buckets, commit, shared)
-            return await self._write(cols, buckets, commit, planned_last, hooks, producers)
-        finally:
-            await shared.aclose()
-
-    async def _write(
-        self,
-        cols: Columns,
-        buckets: list[int],
-        commit: PartitionCommit,
-        planned_last: dict[int, dict[int, int]],
-        hooks: Mapping[int, Callable[[], Any]],
-        producers: dict[int, AsyncProducer],
-    ) -> PartitionCommit:
         import numpy as np
         import pyarrow as pa
 
         t = self.task
+        producers = await self.lease(buckets, commit)
         pending: deque[Any] = deque()
         self._pending, self._commit = pending, commit
         ok = False
