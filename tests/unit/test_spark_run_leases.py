@@ -89,3 +89,42 @@ def test_the_shared_transport_sends_the_rewritten_lease() -> None:
 
     asyncio.run(go())
     assert [(r["pid"], r.get("generation")) for r in seen] == [(7, 41), (-1, None), (-1, None)]
+
+
+def test_the_writer_shipped_to_the_tasks_carries_the_runs_leases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spark pickles the stream's writer once per query run to ship it to the tasks (with
+    cloudpickle, as here); the writer it plans for each micro-batch's commit is never
+    pickled and takes no lease."""
+    import dataclasses
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from pidlease.spark import sink
+    from pidlease.spark.encoding import RecordEncoder
+
+    taken: list[WriteSettings] = []
+
+    def take(settings: WriteSettings) -> WriteSettings:
+        taken.append(settings)
+        return dataclasses.replace(settings, run_leases=RUN)
+
+    monkeypatch.setattr(sink, "take_run_leases", take)
+    settings = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name="job")
+    writer = sink.StreamSink(settings, RecordEncoder.for_columns([("value", "string")]))
+    shipped = pickle.loads(cloudpickle.dumps(writer))  # noqa: S301 - our own bytes
+    assert shipped.settings.run_leases == RUN and shipped.encoder == writer.encoder
+    assert taken == [settings]
+    assert writer.settings.run_leases == {}  # the driver's own writer holds none
+
+
+def test_the_run_leases_cover_a_bucketed_stream_with_a_job_name_only() -> None:
+    from pidlease.spark.sink import take_run_leases
+
+    # no coordinator is asked for these (none listens at port 1)
+    plain = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name="j", bucketed=False)
+    unnamed = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name=None)
+    assert take_run_leases(plain) is plain
+    assert take_run_leases(unnamed) is unnamed
