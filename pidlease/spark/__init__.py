@@ -10,19 +10,26 @@ format's name. Spark's Python workers import the data source by its module path
 How the package is built (read this first):
 
 - ``source``      the ``DataSource`` Spark knows; ``register(spark)`` adds it to a session
-- ``sink``        batch and streaming writers: checks on the driver, tasks run ``faults.run_task``
-- ``attempt``     one attempt at one Spark partition: lease by name (a takeover fences older
-                  attempts), skip what is durable, send the rest with explicit sequence ids
+- ``sink``        batch and streaming writers: checks on the driver, a stream's leases taken
+                  once per query run, tasks run ``faults.run_task``
+- ``attempt``     what one attempt at one Spark task is and holds: its producers' leases (a
+                  takeover fences older attempts; a stream's first attempt renews the run's),
+                  the durable highwaters it resumes after, what it does when fenced
+- ``columnar``    the write: the task's Arrow batches in canonical order, explicit sequence
+                  ids, rows at or below the durable highwater skipped, ``send_batch`` per group
 - ``bucketing``   ``bucketed(df)``: the row hash and bucket columns, and the shuffle by bucket
 - ``sequencing``  pure rules: producer name, topic partition and sequence id of each row
 - ``encoding``    rows (Arrow batches) to (key, value) bytes
+- ``options`` / ``errors``   the options parsed and checked; the errors a user sees
 - ``faults``      injected failures and the speculative copy used by tests and demos
 - ``job_report``  the commit messages added up on the driver
 - ``scan``        the batch read: offset ranges per topic partition, read with the SDK
 - ``stream_source``  the streaming read (``readStream``): offsets per partition in Spark's
                   checkpoint, each micro-batch's ranges read with the SDK
-- ``audit``       the exactly-once audit of a topic, in Spark, written as JSON and Parquet
+- ``audit`` / ``against``   the exactly-once audit of a topic, in Spark, written as JSON and
+                  Parquet; the audit by content against the input
 - ``session`` / ``progress`` / ``cli``   the ``pidlease-spark`` command
+- ``testing``     a Spark standalone cluster for tests and benchmarks
 
 Spark and pyarrow are imported only by the modules that need them (and by the entry points
 above only when called), so ``import pidlease.spark``, ``sequencing``, ``encoding``'s
