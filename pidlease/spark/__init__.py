@@ -10,10 +10,9 @@ format's name. Spark's Python workers import the data source by its module path
 How the package is built (read this first):
 
 - ``source``      the ``DataSource`` Spark knows; ``register(spark)`` adds it to a session
-- ``sink``        batch and streaming writers: checks on the driver, a stream's leases taken
-                  once per query run, tasks run ``faults.run_task``
+- ``sink``        batch and streaming writers: checks on the driver, tasks run ``faults.run_task``
 - ``attempt``     what one attempt at one Spark task is and holds: its producers' leases (a
-                  takeover fences older attempts; a stream's first attempt renews the run's),
+                  takeover fences older attempts; a micro-batch's first attempt renews),
                   the durable highwaters it resumes after, what it does when fenced
 - ``columnar``    the write: the task's Arrow batches in canonical order, explicit sequence
                   ids, rows at or below the durable highwater skipped, ``send_batch`` per group

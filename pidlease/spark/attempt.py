@@ -12,17 +12,18 @@ below it were written by an earlier attempt and are skipped (``Resume``). The re
 sent with explicit sequence ids, pipelined through the SDK's ``AsyncProducer``, and
 counted as they are acknowledged: appended, or duplicate (the partition already had it).
 
-A stream fences once per query run, not once per micro-batch (issue 26): the writer
-Spark ships to the tasks carries the run's leases (``run_leases``: taken over by the
-driver when it ships the writer, ``pidlease.spark.sink``), and the first attempt of a
-micro-batch's task renews its producer at the run's generation instead of taking it
-over (``SharedTransport``, ``resumed_lease``). That fences nothing and needs no fence: a
-writer of an earlier micro-batch holding the same generation writes only ids below this
-batch's (ids are ``batch_id * 2**32 + position``, and a micro-batch starts once the one
-before it is durable); every writer of the same micro-batch from an earlier run was fenced by the
-run's takeover. A retry or a speculative copy (attempt > 0) still takes over, fencing the
-attempts before it; a renewal answered FENCED (such a takeover came first) or
-UNKNOWN_PID falls back to a takeover.
+A stream does not fence in every micro-batch (issue 26): the first attempt of a
+micro-batch's task renews each producer at its current generation (``current_leases``:
+looked up by name; ``SharedTransport`` sends the producer's first lease as that renewal,
+``resumed_lease``) instead of taking it over, which writes no fence record. Another
+holder of that generation wrote an earlier micro-batch, whose ids are all below this
+one's (``batch_id * 2**32 + position``; a micro-batch starts once the one before it is
+durable). When ids of *this* micro-batch are already durable (a replay after a restart,
+whose earlier run may still have a writer), the attempt takes the producer over after
+all (``replayed``): a takeover per producer per restart, not per micro-batch. A retry
+or a speculative copy (attempt > 0) takes over, fencing the attempts before it; a
+renewal answered FENCED (a takeover came in between) or UNKNOWN_PID falls back to a
+takeover.
 
 A fenced attempt stops at once and closes its producers; what it sent before the fence
 is either in the log (and the newer attempt skips it) or was refused. It then waits
@@ -62,6 +63,7 @@ log = logging.getLogger("pidlease.spark.attempt")
 CLOSE_TIMEOUT_MS = 10_000  # a failing attempt waits this long for its in-flight batches
 FENCED_WAIT_S = 900.0  # a fenced attempt waits this long for the newer one's rows
 FENCED_POLL_S = 0.5
+PIDS_LOOKUP_MAX = 1000  # the coordinator's default page of GET /v1/pids
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,14 +257,29 @@ class Attempt:
             buckets=list(buckets),
         )
 
-    def run_leases(self) -> dict[str, tuple[int, int]]:
-        """The run's leases this attempt renews instead of taking over: the first attempt
-        of a micro-batch's task only (a retry or a speculative copy must fence the
-        attempts before it)."""
+    def renews(self) -> bool:
+        """Whether this attempt renews its producers' current leases instead of taking
+        them over: the first attempt of a micro-batch's task only (a retry or a
+        speculative copy must fence the attempts before it; a batch write has no earlier
+        micro-batch to share a generation with)."""
         t = self.task
-        if t.batch_id is None or t.attempt > 0 or t.speculative:
-            return {}
-        return dict(self.settings.run_leases)
+        return t.batch_id is not None and t.attempt == 0 and not t.speculative
+
+    def current_leases(self, names: list[str]) -> dict[str, tuple[int, int]]:
+        """The PID and current generation of each of ``names`` the coordinator knows
+        (``GET /v1/pids``, searched by the job's name); a name it does not list is
+        leased by name (created, or taken over)."""
+        s = self.settings
+        with LeaseClient(s.coordinator, api_token=s.api_token) as client:
+            view = client.call(
+                "GET", "/v1/pids", params={"q": f"{self.job}:", "limit": PIDS_LOOKUP_MAX}
+            )
+        wanted = set(names)
+        return {
+            str(v["producer_name"]): (int(v["pid"]), int(v["generation"]))
+            for v in view.get("pids", [])
+            if v.get("producer_name") in wanted
+        }
 
     def _open(self, name: str, transport: SharedTransport) -> AsyncProducer:
         s = self.settings
@@ -306,19 +323,37 @@ class Attempt:
         renewed where ``run_leases`` allows), with their PIDs, generations and the earlier
         attempt a takeover fenced recorded in ``commit``; a takeover by another attempt
         that wins the race raises ``AttemptFenced``. ``close`` ends them."""
-        transport = self._transport = SharedTransport(self.settings.coordinator, self.run_leases())
+        names = [self.name(b) for b in buckets]
+        renew = await asyncio.to_thread(self.current_leases, names) if self.renews() else {}
+        transport = self._transport = SharedTransport(self.settings.coordinator, renew)
         started = await asyncio.gather(
-            *(self._start(self.name(b), transport) for b in buckets), return_exceptions=True
+            *(self._start(n, transport) for n in names), return_exceptions=True
         )
         producers = {
             b: p for b, p in zip(buckets, started, strict=True) if not isinstance(p, BaseException)
         }
         failed = [e for e in started if isinstance(e, BaseException)]
+        if not failed:
+            # A replay: ids of this micro-batch are durable already, written by an
+            # earlier run (or stage attempt) that may still have a writer: fence it.
+            again = [b for b, p in producers.items() if self.replayed(p, transport)]
+            for b in again:
+                await producers.pop(b).close()
+            retaken = await asyncio.gather(
+                *(self._start(self.name(b), transport) for b in again), return_exceptions=True
+            )
+            producers.update(
+                (b, p)
+                for b, p in zip(again, retaken, strict=True)
+                if not isinstance(p, BaseException)
+            )
+            failed = [e for e in retaken if isinstance(e, BaseException)]
         if failed:
             await self.close(producers, ok=False)
             if isinstance(failed[0], errors.ProducerFenced):
                 raise self._fenced(commit, failed[0]) from failed[0]
             raise failed[0]
+        producers = {b: producers[b] for b in buckets}  # in bucket order
         if self._on_leased is not None:
             self._on_leased()
         first = producers[buckets[0]]
@@ -338,6 +373,15 @@ class Attempt:
         if earlier is not None:
             commit.fenced_attempts.append(earlier)
         return producers
+
+    def replayed(self, producer: AsyncProducer, transport: SharedTransport) -> bool:
+        """Whether ``producer``, renewed rather than taken over, already holds ids of this
+        micro-batch."""
+        t = self.task
+        if t.batch_id is None or producer.producer_name not in transport.resumed:
+            return False
+        floor = t.batch_id << STREAM_POSITION_BITS
+        return any(producer.last_sequence_id(tp) >= floor for tp in range(producer.partitions))
 
     async def close(self, producers: Mapping[int, AsyncProducer], *, ok: bool) -> None:
         """Close every producer, then the transport: after a success each delivers what it

@@ -126,9 +126,6 @@ class WriteSettings:
     # the rows carry pidlease.spark.bucketed's columns; False: a plain DataFrame, each Spark
     # partition one bucket (producer "<job>:<partition>"), set by the sink's plan
     bucketed: bool = True
-    # a stream's leases for this query run: producer name -> (pid, generation), taken over
-    # by the driver when it ships the writer (pidlease.spark.sink); not an option
-    run_leases: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, o: Mapping[str, str], *, streaming: bool = False) -> WriteSettings:

@@ -8,9 +8,6 @@ columns, the topic's existence and dedup mode) and fails the query with a senten
 user can act on. Each task then runs ``pidlease.spark.faults.run_task`` (one
 ``ColumnarAttempt``, plus whatever faults the options inject); ``commit``/``abort`` on
 the driver add the tasks' messages up into the job report (``pidlease.spark.job_report``).
-A stream's sink is planned again for every micro-batch's ``commit`` (PySpark's commit
-runner), but pickled to the tasks once per query run: that is when it takes the run's
-leases (``StreamSink.__getstate__``, ``take_run_leases``).
 
 Both send whole Arrow batches (``pidlease.spark.columnar``: one ``send_batch`` per
 (bucket, topic partition) group, cut at ``batch_records_max`` by the SDK), with the
@@ -43,12 +40,7 @@ from pidlease.spark.encoding import RecordEncoder
 from pidlease.spark.errors import InjectedFailure, OptionError, PipelineError, TopicModeError
 from pidlease.spark.faults import run_task
 from pidlease.spark.options import WriteSettings
-from pidlease.spark.sequencing import (
-    BUCKET_COLUMN,
-    BUCKETS_METADATA,
-    HASH_COLUMN,
-    producer_name,
-)
+from pidlease.spark.sequencing import BUCKET_COLUMN, BUCKETS_METADATA, HASH_COLUMN
 
 log = logging.getLogger("pidlease.spark.sink")
 
@@ -163,42 +155,10 @@ class BatchSink(DataSourceArrowWriter):
         job_report.save(report, self.settings.report_path, quiet=not self.settings.log_report)
 
 
-def take_run_leases(settings: WriteSettings) -> WriteSettings:
-    """``settings`` with the query run's leases: every producer a bucketed stream with a
-    ``job_name`` can use (``<job>:<bucket>/<buckets>``), taken over once (a name never
-    leased is created), which fences every writer of an earlier run at once; the tasks
-    of each micro-batch then renew these leases instead of taking them over
-    (``pidlease.spark.attempt``), so a micro-batch writes no fence record. A plain
-    DataFrame's producers (one per Spark partition, a count not known here) and a stream
-    named by its query id (not known here either) take over in every task, as before."""
-    if not settings.bucketed or not settings.job_name:
-        return settings
-    names = [producer_name(settings.job_name, b, settings.buckets) for b in range(settings.buckets)]
-    leases: dict[str, tuple[int, int]] = {}
-    with LeaseClient(settings.coordinator, api_token=settings.api_token) as client:
-        for name in names:
-            got = client.lease(
-                settings.topic, 0, -1, producer_name=name, expire_ms=settings.expire_ms
-            )
-            leases[name] = (got.pid, got.generation)
-    log.info("job %r: %d producers leased for this query run", settings.job_name, len(leases))
-    return dataclasses.replace(settings, run_leases=leases)
-
-
 class StreamSink(DataSourceStreamArrowWriter):
     def __init__(self, settings: WriteSettings, encoder: RecordEncoder) -> None:
         self.settings = settings
         self.encoder = encoder
-
-    def __getstate__(self) -> dict[str, Any]:
-        """What the tasks get: Spark pickles the writer once per query run, to ship it
-        with the write; the run's leases are taken then (``take_run_leases``). The
-        writer planned for a micro-batch's commit is never pickled, and takes none."""
-        return {"settings": take_run_leases(self.settings), "encoder": self.encoder}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.settings = state["settings"]
-        self.encoder = state["encoder"]
 
     @classmethod
     def plan(cls, options: Any, schema: StructType, overwrite: bool) -> StreamSink:

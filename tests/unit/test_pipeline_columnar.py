@@ -14,13 +14,12 @@ import zlib
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidlease.client.producer import AsyncProducer
-from pidlease.spark.attempt import Attempt, TaskInfo
+from pidlease.spark.attempt import Attempt, SharedTransport, TaskInfo
 from pidlease.spark.columnar import ColumnarAttempt
 from pidlease.spark.encoding import RecordEncoder, key_bytes, value_bytes
 from pidlease.spark.errors import InjectedFailure, PipelineError, StreamIdentityError
@@ -35,18 +34,28 @@ STREAM_TOPICS = {"t": (3, "monotonic")}  # a stream's ids leave holes
 BUCKETS = 4
 
 
-def _use_fake(monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator) -> None:
-    def _open(self: Attempt, name: str, _transport: object = None) -> AsyncProducer:
+def _use_fake(
+    monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator, *, renew: bool = False
+) -> None:
+    """Attempts lease from ``coord``; with ``renew``, through the attempt's transport, so a
+    micro-batch's first attempt renews its producers (else every lease is by name)."""
+
+    def _open(self: Attempt, name: str, transport: SharedTransport) -> AsyncProducer:
+        transport.real = coord.transport()  # behind the renewing view
         s = self.settings
         return AsyncProducer(
             "http://fake",
             topic=s.topic,
             producer_name=name,
             batch_records_max=s.batch_records_max,
-            http_transport=coord.transport(),
+            http_transport=transport.view if renew else coord.transport(),
         )
 
+    def current(self: Attempt, names: list[str]) -> dict[str, tuple[int, int]]:
+        return {n: (coord.names[n], coord.pids[coord.names[n]]) for n in names if n in coord.names}
+
     monkeypatch.setattr(Attempt, "_open", _open)
+    monkeypatch.setattr(Attempt, "current_leases", current)
 
 
 def _settings(partitioning: str = "auto") -> WriteSettings:
@@ -364,73 +373,50 @@ def test_encode_columns_gives_the_row_encoders_bytes(kind: str, data: st.DataObj
     assert v.to_pylist() == [value_bytes(x) for x in vals]
 
 
-def test_micro_batches_renew_the_runs_leases_and_write_no_fence_record(
+def test_micro_batches_renew_their_producers_and_write_no_fence_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 26: each micro-batch's task took its producers over, a fence record in every
-    partition per bucket and micro-batch. With the run's leases (taken over once, by the
-    driver) the first attempt of each micro-batch renews them; a retry still takes over
-    (fencing the attempt before it), and the micro-batch after it falls back to a
-    takeover when its renewal is answered FENCED. Every row is written once throughout."""
-    from pidlease.client.lease_client import lease_request
-    from pidlease.spark.attempt import SharedTransport
-    from pidlease.spark.sequencing import producer_name
-
+    partition per bucket and micro-batch. Now the first attempt of a micro-batch renews
+    each producer at its current generation; a retry takes over (fencing the attempt
+    before it), and so does a replay (ids of the micro-batch already durable: an earlier
+    run may still write). Every row is written once throughout."""
     with fake_cluster(STREAM_TOPICS) as (srv, coord):
-
-        def _open(self: Attempt, name: str, transport: SharedTransport) -> AsyncProducer:
-            transport.real = coord.transport()  # the rewriting view, then the fake
-            return AsyncProducer(
-                "http://fake", topic="t", producer_name=name, http_transport=transport.view
-            )
-
-        monkeypatch.setattr(Attempt, "_open", _open)
+        _use_fake(monkeypatch, coord, renew=True)
         fences: list[tuple[str, int, int, int]] = []
         fence = srv.fence
         monkeypatch.setattr(srv, "fence", lambda *a: (fences.append(a), fence(*a)))
-        names = [producer_name("J", b, BUCKETS) for b in range(BUCKETS)]
-        with httpx.Client(transport=coord.transport(), base_url="http://fake") as driver:
-            for name in names:  # a used name: the run's takeover fences it once
-                driver.post("/v1/lease_pid", json=lease_request("t", 0, -1, producer_name=name))
-            run = {}
-            for name in names:
-                got = driver.post(
-                    "/v1/lease_pid", json=lease_request("t", 0, -1, producer_name=name)
-                ).json()
-                run[name] = (got["pid"], got["generation"])
-        run_settings = dataclasses.replace(_settings(), run_leases=run)
-        fenced_by_the_run = len(fences)
-        assert fenced_by_the_run == BUCKETS * 3
 
         def rows(batch_id: int) -> tuple[list[str | None], list[str]]:
             keys: list[str | None] = [f"k{i % 7}" for i in range(200)]
             return keys, [f"b{batch_id}-{i}" for i in range(200)]
 
-        for batch_id in range(3):
-            commit = ColumnarAttempt(run_settings, TaskInfo(0, 0, batch_id=batch_id)).run_columns(
-                ENC, _batches(*rows(batch_id), 50)
+        def write(batch_id: int, attempt: int = 0, **hooks: Any) -> Any:
+            return ColumnarAttempt(
+                _settings(), TaskInfo(0, attempt, batch_id=batch_id)
+            ).run_columns(
+                ENC, _batches(*rows(batch_id), 50), {int(k[1:]): v for k, v in hooks.items()}
             )
-            assert commit.appended == 200 and not commit.fenced_attempts
-        assert len(fences) == fenced_by_the_run  # three micro-batches, no fence record
+
+        for batch_id in range(3):
+            assert write(batch_id).appended == 200
+        assert fences == []  # three micro-batches (the first one created the PIDs)
 
         def boom() -> None:
             raise InjectedFailure("injected")
 
         with pytest.raises(InjectedFailure):
-            ColumnarAttempt(run_settings, TaskInfo(0, 0, batch_id=3)).run_columns(
-                ENC, _batches(*rows(3), 50), {120: boom}
-            )
-        assert len(fences) == fenced_by_the_run
-        retry = ColumnarAttempt(run_settings, TaskInfo(0, 1, batch_id=3)).run_columns(
-            ENC, _batches(*rows(3), 50)
-        )
-        assert retry.skipped > 0 and retry.fenced_attempts  # it fenced attempt 0
-        assert len(fences) > fenced_by_the_run
+            write(3, r120=boom)
+        assert fences == []
+        retry = write(3, attempt=1)
+        assert retry.skipped > 0 and retry.fenced_attempts  # its takeover fenced attempt 0
         after_retry = len(fences)
-        after = ColumnarAttempt(run_settings, TaskInfo(0, 0, batch_id=4)).run_columns(
-            ENC, _batches(*rows(4), 50)
-        )
-        assert after.appended == 200  # its renewal was FENCED: it took the producers over
-        assert len(fences) > after_retry
+        assert after_retry == BUCKETS * 3
+        assert write(4).appended == 200  # renews the retry's generation: no fence
+        assert len(fences) == after_retry
+        # a restart replays micro-batch 4, which is durable: a takeover, every row skipped
+        replay = write(4)
+        assert replay.skipped == 200 and replay.appended == 0
+        assert len(fences) == after_retry + BUCKETS * 3
         got = _in_log(srv)
     assert got == Counter(v.encode() for b in range(5) for v in rows(b)[1])

@@ -3,20 +3,20 @@ TITLE = (
     "record per bucket and partition per micro-batch, inflating the topic's offsets"
 )
 ORIGIN = "issue 26 (the Spark streaming sink, one fence per micro-batch per partition)"
-# The first attempt of a micro-batch no longer renews the run's leases: every task
+# The first attempt of a micro-batch no longer renews its producers: every task
 # takes its producers over again.
 PATCHES = [
     (
         "pidlease/spark/attempt.py",
-        "        if t.batch_id is None or t.attempt > 0 or t.speculative:\n            return {}",
-        "        if t.batch_id is not None or t.batch_id is None:\n            return {}",
+        "        return t.batch_id is not None and t.attempt == 0 and not t.speculative\n",
+        "        return False\n",
     )
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
     "tests/unit/test_pipeline_columnar.py"
-    "::test_micro_batches_renew_the_runs_leases_and_write_no_fence_record"
+    "::test_micro_batches_renew_their_producers_and_write_no_fence_record"
 )
 BUDGET = 0
 WHY_NOT_SIM = (

@@ -1,6 +1,7 @@
-"""A stream's run leases (issue 26): which first lease of a micro-batch's producer goes out
-as a renewal at the run's generation (no takeover, no fence record), and which attempts
-take over instead. The real thing, with the fence records counted, is
+"""A micro-batch's renewals (issue 26): which first lease of a micro-batch's producer goes
+out as a renewal at its current generation (no takeover, no fence record), and which
+attempts take over instead. On fakes, with replays and retries:
+``tests/unit/test_pipeline_columnar.py``; the real thing, with the fence records counted,
 ``tests/integration/test_spark_stream_source.py``."""
 
 from __future__ import annotations
@@ -54,19 +55,17 @@ def test_other_leases_go_out_unchanged(req: dict[str, object]) -> None:
 
 
 def _attempt(attempt: int, batch_id: int | None, speculative: bool = False) -> Attempt:
-    settings = WriteSettings(
-        coordinator="http://127.0.0.1:1", topic="t", job_name="job", run_leases=RUN
-    )
+    settings = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name="job")
     return Attempt(settings, TaskInfo(0, attempt, batch_id, "q", speculative))
 
 
 def test_only_the_first_attempt_of_a_micro_batch_renews() -> None:
-    assert _attempt(0, 5).run_leases() == RUN
+    assert _attempt(0, 5).renews()
     # a retry or a speculative copy must fence the attempts before it: a takeover
-    assert _attempt(1, 5).run_leases() == {}
-    assert _attempt(0, 5, speculative=True).run_leases() == {}
-    # a batch write has no run: every attempt leases by name
-    assert _attempt(0, None).run_leases() == {}
+    assert not _attempt(1, 5).renews()
+    assert not _attempt(0, 5, speculative=True).renews()
+    # a batch write has no earlier micro-batch to share a generation with
+    assert not _attempt(0, None).renews()
 
 
 def test_the_shared_transport_sends_the_rewritten_lease() -> None:
@@ -89,42 +88,3 @@ def test_the_shared_transport_sends_the_rewritten_lease() -> None:
 
     asyncio.run(go())
     assert [(r["pid"], r.get("generation")) for r in seen] == [(7, 41), (-1, None), (-1, None)]
-
-
-def test_the_writer_shipped_to_the_tasks_carries_the_runs_leases(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Spark pickles the stream's writer once per query run to ship it to the tasks (with
-    cloudpickle, as here); the writer it plans for each micro-batch's commit is never
-    pickled and takes no lease."""
-    import dataclasses
-    import pickle
-
-    from pyspark import cloudpickle
-
-    from pidlease.spark import sink
-    from pidlease.spark.encoding import RecordEncoder
-
-    taken: list[WriteSettings] = []
-
-    def take(settings: WriteSettings) -> WriteSettings:
-        taken.append(settings)
-        return dataclasses.replace(settings, run_leases=RUN)
-
-    monkeypatch.setattr(sink, "take_run_leases", take)
-    settings = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name="job")
-    writer = sink.StreamSink(settings, RecordEncoder.for_columns([("value", "string")]))
-    shipped = pickle.loads(cloudpickle.dumps(writer))  # noqa: S301 - our own bytes
-    assert shipped.settings.run_leases == RUN and shipped.encoder == writer.encoder
-    assert taken == [settings]
-    assert writer.settings.run_leases == {}  # the driver's own writer holds none
-
-
-def test_the_run_leases_cover_a_bucketed_stream_with_a_job_name_only() -> None:
-    from pidlease.spark.sink import take_run_leases
-
-    # no coordinator is asked for these (none listens at port 1)
-    plain = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name="j", bucketed=False)
-    unnamed = WriteSettings(coordinator="http://127.0.0.1:1", topic="t", job_name=None)
-    assert take_run_leases(plain) is plain
-    assert take_run_leases(unnamed) is unnamed
