@@ -320,7 +320,7 @@ class Attempt:
 
     async def lease(self, buckets: list[int], commit: PartitionCommit) -> dict[int, AsyncProducer]:
         """The producers of ``buckets``, all leased over one transport (the run's leases
-        renewed where ``run_leases`` allows), with their PIDs, generations and the earlier
+        renewed where ``renews`` allows), with their PIDs, generations and the earlier
         attempt a takeover fenced recorded in ``commit``; a takeover by another attempt
         that wins the race raises ``AttemptFenced``. ``close`` ends them."""
         names = [self.name(b) for b in buckets]

@@ -3,8 +3,8 @@ a streaming query pidlease -> pidlease (``tests/integration/spark_stream_worker.
 its driver SIGKILLed (the whole process group: JVM and Python workers) in the middle of
 micro-batches, restarted from its checkpoint while the input grows, then run to the end
 with ``Trigger.AvailableNow``: the output holds the transform of every input record
-exactly once, and the sink wrote fence records once per query run (its run's takeover
-of each bucket's producer), not once per micro-batch (issue 26)."""
+exactly once, and the sink wrote fence records at most once per restart (the replayed
+micro-batch's takeover of each bucket's producer), not once per micro-batch (issue 26)."""
 
 from __future__ import annotations
 
@@ -190,8 +190,8 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
     assert _committed_ends(checkpoint) == dict(enumerate(_ends(url, "raw")))
 
     # Fence records (offsets that hold no record): at most one per bucket's producer and
-    # partition per query run (its takeover when the run starts); each micro-batch's tasks
-    # renew the run's leases. Before issue 26 every micro-batch's task took its producers
+    # partition per run (the takeover of a replayed micro-batch); each micro-batch's tasks
+    # renew their producers. Before issue 26 every micro-batch's task took its producers
     # over: BUCKETS * 2 fence records per micro-batch.
     fences = sum(_ends(url, "out")) - sum(got.values())
     batches = len(list((checkpoint / "commits").glob("[0-9]*")))
