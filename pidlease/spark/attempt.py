@@ -63,7 +63,7 @@ log = logging.getLogger("pidlease.spark.attempt")
 CLOSE_TIMEOUT_MS = 10_000  # a failing attempt waits this long for its in-flight batches
 FENCED_WAIT_S = 900.0  # a fenced attempt waits this long for the newer one's rows
 FENCED_POLL_S = 0.5
-PIDS_LOOKUP_MAX = 1000  # the coordinator's default page of GET /v1/pids
+PIDS_LOOKUP_MAX = 1000  # names found by one search (the name is in longer names too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,19 +267,17 @@ class Attempt:
 
     def current_leases(self, names: list[str]) -> dict[str, tuple[int, int]]:
         """The PID and current generation of each of ``names`` the coordinator knows
-        (``GET /v1/pids``, searched by the job's name); a name it does not list is
-        leased by name (created, or taken over)."""
+        (``GET /v1/pids``, searched by name: a task holds a few buckets); a name it does
+        not list is leased by name (created, or taken over)."""
         s = self.settings
+        found: dict[str, tuple[int, int]] = {}
         with LeaseClient(s.coordinator, api_token=s.api_token) as client:
-            view = client.call(
-                "GET", "/v1/pids", params={"q": f"{self.job}:", "limit": PIDS_LOOKUP_MAX}
-            )
-        wanted = set(names)
-        return {
-            str(v["producer_name"]): (int(v["pid"]), int(v["generation"]))
-            for v in view.get("pids", [])
-            if v.get("producer_name") in wanted
-        }
+            for name in names:
+                view = client.call("GET", "/v1/pids", params={"q": name, "limit": PIDS_LOOKUP_MAX})
+                for v in view.get("pids", []):
+                    if v.get("producer_name") == name:
+                        found[name] = (int(v["pid"]), int(v["generation"]))
+        return found
 
     def _open(self, name: str, transport: SharedTransport) -> AsyncProducer:
         s = self.settings
