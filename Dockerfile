@@ -13,7 +13,6 @@ COPY pyproject.toml README.md ./
 COPY pidlease ./pidlease
 COPY coordinator ./coordinator
 COPY partition_server ./partition_server
-COPY pipeline ./pipeline
 # Not editable: the image holds a built package (with coordinator/static, the dashboard's
 # assets, as package data).
 RUN pip install --no-cache-dir . \

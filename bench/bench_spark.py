@@ -6,10 +6,10 @@ then reading each back, on one machine, in one run; rows/s and their ratios.
     python bench/bench_spark.py --rows 1000000 --master spark://127.0.0.1:7077
 
 ``--standalone`` starts a Spark standalone master and two one-core workers (127.0.0.1
-and 127.0.0.2, as tests/integration/test_spark_cluster.py does, ``pipeline.testing``)
+and 127.0.0.2, as tests/integration/test_spark_cluster.py does, ``pidlease.spark.testing``)
 and stops them at the end; ``--master spark://...`` uses a running cluster, whose
 executors must import the same pidlease as this driver (``spark.executorEnv.PYTHONPATH``
-is set to the checkout of the ``pipeline`` package imported here). On a cluster,
+is set to the checkout of the ``pidlease`` package imported here). On a cluster,
 executor CPU is that of the executors' JVMs (``CoarseGrainedExecutorBackend``, found
 under the workers' process trees in /proc) and of their Python daemons and workers;
 the driver's JVM is reported apart.
@@ -20,7 +20,7 @@ started here on 127.0.0.1 and stopped at the end) and a Spark session. The data 
 ``--spark-partitions`` partitions; both sinks compute it the same way. A small warm-up
 write to each sink first keeps Python worker start-up out of the measured runs.
 
-- write: ``pipeline.bucketed(df).write.format("pidlease")`` (the row hash and bucket
+- write: ``pidlease.spark.bucketed(df).write.format("pidlease")`` (the row hash and bucket
   columns and the shuffle by bucket into ``--spark-partitions``; strict topic,
   ``--topic-partitions``, explicit sequence ids, key routing) against
   ``df.write.parquet`` (snappy, local disk; no shuffle);
@@ -142,14 +142,14 @@ def spark_cpu_s() -> dict[str, float]:
 
 
 def _standalone_helpers() -> ModuleType:
-    """``pipeline.testing`` (start and stop a standalone cluster); loaded from this
-    checkout by path when an older ``pipeline`` package without it is on the path."""
+    """``pidlease.spark.testing`` (start and stop a standalone cluster); loaded from this
+    checkout by path when an older checkout without it is on the path."""
     try:
-        from pipeline import testing
+        from pidlease.spark import testing
 
         return testing
     except ImportError:
-        path = Path(__file__).resolve().parents[1] / "pipeline" / "testing.py"
+        path = Path(__file__).resolve().parents[1] / "pidlease" / "spark" / "testing.py"
         spec = importlib.util.spec_from_file_location("_bench_standalone", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -160,13 +160,13 @@ def _standalone_helpers() -> ModuleType:
 def check_cwd(checkout: str) -> None:
     """Spark starts its Python workers with ``python -m pyspark.daemon``, which puts the
     working directory first on their path: run from another checkout, the driver imports
-    the ``pipeline`` of ``PYTHONPATH`` and the workers that of the directory (a sink
+    the ``pidlease`` of ``PYTHONPATH`` and the workers that of the directory (a sink
     pickled by one and read by the other fails, or a comparison measures the wrong code)."""
-    here = Path.cwd() / "pipeline"
-    if here.is_dir() and here.resolve() != Path(checkout) / "pipeline":
+    here = Path.cwd() / "pidlease"
+    if here.is_dir() and here.resolve() != Path(checkout) / "pidlease":
         raise SystemExit(
             f"run from another directory: Spark's Python workers would import {here}, "
-            f"this driver imports {checkout}/pipeline (e.g. cd /tmp first)"
+            f"this driver imports {checkout}/pidlease (e.g. cd /tmp first)"
         )
 
 
@@ -191,14 +191,20 @@ def _timed(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    import pipeline
+    import pidlease
     from pidlease.testing.devcluster import LocalCluster
-    from pipeline.session import build_session
+
+    try:
+        import pidlease.spark as package
+        from pidlease.spark.session import build_session
+    except ImportError:  # a checkout from before the move into pidlease.spark (issue 28)
+        import pipeline as package
+        from pipeline.session import build_session
 
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-spark-"))
     # executors import the pidlease this driver imports (a before/after comparison sets
     # PYTHONPATH to the tree under test)
-    checkout = str(Path(pipeline.__file__).resolve().parent.parent)
+    checkout = str(Path(pidlease.__file__).resolve().parent.parent)
     check_cwd(checkout)
     standalone: Any = None
     master = args.master
@@ -240,9 +246,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
 
         def to_pidlease(df: Any, topic: str, job: str, bucketed: bool = True) -> None:
-            # pipeline.bucketed since issue 30 (an older checkout has none)
-            if bucketed and hasattr(pipeline, "bucketed"):
-                df = pipeline.bucketed(df, args.buckets, partitions=args.spark_partitions)
+            # pidlease.spark.bucketed since issue 30 (an older checkout has none)
+            if bucketed and hasattr(package, "bucketed"):
+                df = package.bucketed(df, args.buckets, partitions=args.spark_partitions)
             (
                 df.write.format("pidlease")
                 .option("coordinator", url)
@@ -343,7 +349,7 @@ def compare_plain(
     args: argparse.Namespace, cluster: Any, df: Any, to_pidlease: Any, measure: Any
 ) -> dict[str, Any]:
     """The cost of row identity, in one run: ``--repeat`` pairs of writes of the same rows,
-    each to a topic of its own, through ``pipeline.bucketed`` (row hash, bucket, shuffle
+    each to a topic of its own, through ``pidlease.spark.bucketed`` (row hash, bucket, shuffle
     by bucket, content order) and as a plain DataFrame (no shuffle; one producer per Spark
     partition, content order within it), alternated (and which goes first too) so both
     see the same load."""
@@ -392,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         "--buckets",
         type=int,
         default=32,
-        help="pipeline.bucketed's bucket count (the write shuffles into --spark-partitions)",
+        help="pidlease.spark.bucketed's bucket count (the write shuffles into --spark-partitions)",
     )
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--master", default="local[2]", help="local[N] or spark://host:port")

@@ -17,7 +17,9 @@ Run it with ``PYTHONPATH`` pointing at another checkout to measure that checkout
 (the script itself only uses the data source's public options), and from a directory
 that holds no other checkout: Spark's Python workers (``python -m pyspark.daemon``) put
 the working directory first on their path, so run from a checkout's root they would
-import that checkout's ``pipeline`` whatever ``PYTHONPATH`` says. The script refuses to.
+import that checkout's ``pidlease`` whatever ``PYTHONPATH`` says. The script refuses to.
+A checkout from before the data source moved into ``pidlease.spark`` (its top-level
+``pipeline``) is measured too (``spark_package``).
 """
 
 from __future__ import annotations
@@ -32,13 +34,25 @@ from pathlib import Path
 from typing import Any
 
 
-def check_cwd() -> None:
-    """Refuse a working directory whose ``pipeline`` is not the one imported here (see
-    the module doc)."""
-    import pipeline
+def spark_package() -> tuple[Any, Any]:
+    """The data source's package and its ``session`` module: ``pidlease.spark``, or the
+    top-level ``pipeline`` of a checkout from before the move (issue 28 item 5)."""
+    try:
+        import pidlease.spark as package
+        from pidlease.spark import session
+    except ImportError:
+        import pipeline as package
+        from pipeline import session
+    return package, session
 
-    mine = Path(pipeline.__file__).resolve().parent
-    here = Path.cwd() / "pipeline"
+
+def check_cwd() -> None:
+    """Refuse a working directory whose ``pidlease`` is not the one imported here (see
+    the module doc)."""
+    import pidlease
+
+    mine = Path(pidlease.__file__).resolve().parent
+    here = Path.cwd() / "pidlease"
     if here.is_dir() and here.resolve() != mine:
         raise SystemExit(
             f"run from another directory: Spark's Python workers would import {here}, "
@@ -49,7 +63,9 @@ def check_cwd() -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     check_cwd()
     from pidlease.testing.devcluster import LocalCluster
-    from pipeline.session import build_session
+
+    package, session = spark_package()
+    build_session = session.build_session
 
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-stream-"))
     cluster = LocalCluster(work / "cluster", servers=args.servers).start()
@@ -71,10 +87,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 .option("maxFilesPerTrigger", args.files_per_batch)
                 .parquet(str(src))
             )
-            import pipeline
-
-            if hasattr(pipeline, "bucketed"):  # since issue 30; an older checkout has none
-                df = pipeline.bucketed(df, partitions=args.files_per_batch)
+            if hasattr(package, "bucketed"):  # since issue 30; an older checkout has none
+                df = package.bucketed(df, partitions=args.files_per_batch)
             q = (
                 df.writeStream.format("pidlease")
                 .option("coordinator", url)

@@ -13,7 +13,7 @@ then read three ways, each timed from the start of the read to its end:
 - ``stream-noop``: ``readStream`` with ``Trigger.AvailableNow`` into Spark's ``noop``
   sink (the stream source alone, ``--max-records-per-trigger`` per micro-batch);
 - ``stream-pidlease``: the same stream into a monotonic pidlease topic through the
-  exactly-once streaming sink with ``pipeline.bucketed`` (the pidlease -> pidlease query
+  exactly-once streaming sink with ``pidlease.spark.bucketed`` (the pidlease -> pidlease query
   of docs/processing.md); the output is then counted, so a lost or doubled record fails
   the run.
 
@@ -36,10 +36,10 @@ from bench.bench_stream import check_cwd
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     check_cwd()
-    import pipeline
+    import pidlease.spark
     from pidlease import Producer
+    from pidlease.spark.session import build_session
     from pidlease.testing.devcluster import LocalCluster
-    from pipeline.session import build_session
 
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-stream-read-"))
     cluster = LocalCluster(work / "cluster", servers=args.servers).start()
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         rows = stream().select("key", "value")
         q = (
-            pipeline.bucketed(rows)
+            pidlease.spark.bucketed(rows)
             .writeStream.format("pidlease")
             .option("coordinator", url)
             .option("topic", "out")

@@ -15,8 +15,8 @@ How the package is built (read this first; each subpackage's ``__init__`` lists 
 - ``cli``       the ``pidlease`` command, the demo and the exactly-once audit
 
 The servers live beside this package (``coordinator``, ``partition_server``) and import
-only ``pidlease.wire`` and ``pidlease.errors``; the Spark data source is ``pipeline``, entered by
-``pidlease.spark`` (``register``, ``bucketed``).
+only ``pidlease.wire`` and ``pidlease.errors``. The Spark data source is ``pidlease.spark``
+(``register``, ``bucketed``, the ``pidlease-spark`` command); nothing here imports it.
 
 Names are imported lazily at run time, so a server importing ``pidlease.wire.protocol``
 does not pay for the SDK's imports; a type checker sees the real classes (the imports

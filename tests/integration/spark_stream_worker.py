@@ -1,6 +1,6 @@
 """The Spark streaming query the stream source test starts and SIGKILLs (``python -m
 tests.integration.spark_stream_worker URL CHECKPOINT TRIGGER``): pidlease topic ``raw``
--> ``readStream.format("pidlease")`` -> a transform -> ``pipeline.bucketed`` ->
+-> ``readStream.format("pidlease")`` -> a transform -> ``pidlease.spark.bucketed`` ->
 ``writeStream.format("pidlease")`` topic ``out``, with the query's checkpoint at
 CHECKPOINT. TRIGGER is ``continuous`` (a micro-batch every 200 ms until killed) or
 ``available-now`` (everything the input holds at start, then exit 0)."""
@@ -25,9 +25,9 @@ def main(argv: list[str]) -> int:
     url, checkpoint, trigger = argv[0], argv[1], argv[2]
     from pyspark.sql import functions as F
 
-    import pipeline
-    from pipeline.sequencing import BUCKET_COLUMN
-    from pipeline.session import build_session
+    import pidlease.spark
+    from pidlease.spark.sequencing import BUCKET_COLUMN
+    from pidlease.spark.session import build_session
 
     spark = build_session(
         "local[2]", app_name="stream-source-test", conf={"spark.sql.shuffle.partitions": "2"}
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             time.sleep(ODD_BUCKET_DELAY_S)
         return value
 
-    ready = pipeline.bucketed(out, BUCKETS, 2)
+    ready = pidlease.spark.bucketed(out, BUCKETS, 2)
     w: Any = (
         ready.withColumn("value", slow_on_odd_buckets(F.col(BUCKET_COLUMN), F.col("value")))
         .writeStream.format("pidlease")

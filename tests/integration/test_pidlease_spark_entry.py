@@ -12,7 +12,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 import pidlease.spark
-from pipeline.session import DEFAULT_CONF, spark_environment
+from pidlease.spark.session import DEFAULT_CONF, spark_environment
 
 
 def test_register_from_the_pidlease_package_writes_and_reads(make_cluster) -> None:  # type: ignore[no-untyped-def]

@@ -3,7 +3,7 @@
 One Spark session (``local[2,4]``: two cores, a failed task retried up to three times) is
 shared by the module; each test has its own cluster (ZooKeeper chroot, coordinator,
 partition servers). Faults are injected through the data source's fault options
-(``pipeline.faults``): a task failing on its first attempt, a speculative copy of a task
+(``pidlease.spark.faults``): a task failing on its first attempt, a speculative copy of a task
 beside the original (Spark never speculates in local mode), a streaming query dying in
 the middle of a micro-batch and in the commit of another.
 """
@@ -21,11 +21,11 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql import functions as F
 
-import pipeline
+import pidlease.spark
 from pidlease.client.lease_client import LeaseClient
-from pipeline import job_report
-from pipeline.audit import run_audit
-from pipeline.session import build_session
+from pidlease.spark import job_report
+from pidlease.spark.audit import run_audit
+from pidlease.spark.session import build_session
 
 ROWS = 1_000_000
 SPARK_PARTITIONS = 4
@@ -43,7 +43,7 @@ def spark() -> Any:
 
 def _writer(df: Any, url: str, topic: str, job: str, report: Path, **options: Any) -> Any:
     w = (
-        pipeline.bucketed(df, BUCKETS, SPARK_PARTITIONS)
+        pidlease.spark.bucketed(df, BUCKETS, SPARK_PARTITIONS)
         .write.format("pidlease")
         .option("coordinator", url)
         .option("topic", topic)
@@ -216,7 +216,7 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
         # a shuffle (by bucket) before the sink: rows reach it in another order on
         # every replay, and each run shuffles into another number of partitions
         w = (
-            pipeline.bucketed(stream, BUCKETS, partitions)
+            pidlease.spark.bucketed(stream, BUCKETS, partitions)
             .writeStream.format("pidlease")
             .option("coordinator", url)
             .option("topic", "events")
@@ -265,7 +265,7 @@ def test_streaming_query_killed_mid_batch_and_in_commit_restarts_exactly_once(
     # records (at most one per micro-batch jump per PID and topic partition).
     assert audit["gaps_allowed"] and audit["missing"] == 0 and audit["allowed_gaps"] > 0
     # By content: the input's rows, encoded as the sink encodes them, each once in the topic.
-    from pipeline.against import compare
+    from pidlease.spark.against import compare
 
     content = compare(
         spark,
@@ -286,7 +286,7 @@ def test_a_plain_dataframe_is_written_once_through_a_retry_in_another_order(
     spark: Any, make_cluster: Any, tmp_path: Path
 ) -> None:
     """The contract's own example, on a DataFrame that did not go through
-    ``pipeline.bucketed``: each Spark partition is one producer ``<job_name>:<partition>``.
+    ``pidlease.spark.bucketed``: each Spark partition is one producer ``<job_name>:<partition>``.
     Every task's rows come in a random order (a non-deterministic sort key), so attempt 0,
     which dies after 450 rows, and its retry see their rows in different orders: numbered
     by position (before), the retry skipped rows never written and appended others again;
@@ -351,7 +351,7 @@ def test_writes_that_cannot_be_exactly_once_are_refused_before_any_task(
         _writer(df, url, "loose", "j", tmp_path / "r.json").save()
     with pytest.raises(Exception, match="append-only"):
         _writer(df, url, "strict-topic", "j", tmp_path / "r.json").mode("overwrite").save()
-    stream = pipeline.bucketed(
+    stream = pidlease.spark.bucketed(
         spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS value")
     )
     with pytest.raises(Exception, match=r"must be\s+monotonic"):  # noqa: PT012 - start, or the first micro-batch
@@ -374,7 +374,7 @@ def test_publish_and_audit_commands(
     spark: Any, make_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pidlease.client.producer import Producer
-    from pipeline.cli import main
+    from pidlease.spark.cli import main
 
     cluster = make_cluster(servers=1)
     cluster.create_topic("orders", partitions=3)
@@ -477,7 +477,7 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
     import sys
     import time
 
-    from pipeline.cli import main
+    from pidlease.spark.cli import main
 
     cluster = make_cluster(servers=1)
     cluster.create_topic("files", partitions=3)
@@ -508,7 +508,7 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
 
     # the killed run in a command of its own, the re-run on this module's session
     cmd = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args(first, 4, 8), "--master", "local[2]"],
+        [sys.executable, "-m", "pidlease.spark.cli", *args(first, 4, 8), "--master", "local[2]"],
         start_new_session=True,  # its JVM and Python workers are in its process group
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -543,7 +543,7 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
     report = tmp_path / "rerun.json"
     rerun = subprocess.run(
         [
-            *(sys.executable, "-m", "pipeline.cli", *args(first, 2, 3)),
+            *(sys.executable, "-m", "pidlease.spark.cli", *args(first, 2, 3)),
             *("--master", "local[1]", "--report", str(report)),
         ],
         capture_output=True,
@@ -580,7 +580,7 @@ def test_publish_killed_mid_write_then_rerun_over_files_listed_differently(
 
 def _replay_batches(rows: list[tuple[str, str]]) -> list[Any]:
     """Arrow batches of (key, value) rows, with the row hash and bucket columns that
-    ``pipeline.bucketed`` adds in Spark (here a crc32 of the row: any function of the row
+    ``pidlease.spark.bucketed`` adds in Spark (here a crc32 of the row: any function of the row
     will do)."""
     import zlib
 
@@ -609,11 +609,11 @@ def test_a_micro_batch_replayed_in_another_order_writes_every_row_once(
     import random
 
     from pidlease.client.reader import Reader
-    from pipeline.attempt import TaskInfo
-    from pipeline.columnar import ColumnarAttempt
-    from pipeline.encoding import RecordEncoder
-    from pipeline.errors import InjectedFailure
-    from pipeline.options import WriteSettings
+    from pidlease.spark.attempt import TaskInfo
+    from pidlease.spark.columnar import ColumnarAttempt
+    from pidlease.spark.encoding import RecordEncoder
+    from pidlease.spark.errors import InjectedFailure
+    from pidlease.spark.options import WriteSettings
 
     cluster = make_cluster(servers=1)
     cluster.create_topic("replayed", partitions=2, dedup="monotonic")
@@ -656,10 +656,10 @@ def test_a_fenced_attempt_ends_as_a_no_op_once_the_newer_one_wrote_its_rows(
     import threading
 
     from pidlease.client.reader import Reader
-    from pipeline.attempt import TaskInfo
-    from pipeline.columnar import ColumnarAttempt
-    from pipeline.encoding import RecordEncoder
-    from pipeline.options import WriteSettings
+    from pidlease.spark.attempt import TaskInfo
+    from pidlease.spark.columnar import ColumnarAttempt
+    from pidlease.spark.encoding import RecordEncoder
+    from pidlease.spark.options import WriteSettings
 
     cluster = make_cluster(servers=1)
     cluster.create_topic("fenced", partitions=2)
@@ -715,10 +715,10 @@ def test_the_speculative_copy_fences_an_original_that_has_acknowledged_rows(
     any was answered, and the million-row test failed in CI at
     ``twin['skipped'] >= fenced['appended'] > 0`` with appended 0."""
     from pidlease.client.reader import Reader
-    from pipeline.attempt import TaskInfo
-    from pipeline.encoding import RecordEncoder
-    from pipeline.faults import run_task
-    from pipeline.options import WriteSettings
+    from pidlease.spark.attempt import TaskInfo
+    from pidlease.spark.encoding import RecordEncoder
+    from pidlease.spark.faults import run_task
+    from pidlease.spark.options import WriteSettings
 
     cluster = make_cluster(servers=1)
     cluster.create_topic("twin", partitions=2)

@@ -36,12 +36,12 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-import pipeline  # noqa: E402 - after the importorskip calls, on purpose
-from pipeline import job_report  # noqa: E402 - as above
-from pipeline.audit import run_audit  # noqa: E402 - as above
-from pipeline.progress import task_attempts  # noqa: E402 - as above
-from pipeline.session import build_session  # noqa: E402 - as above
-from pipeline.testing import (  # noqa: E402 - as above
+import pidlease.spark  # noqa: E402 - after the importorskip calls, on purpose
+from pidlease.spark import job_report  # noqa: E402 - as above
+from pidlease.spark.audit import run_audit  # noqa: E402 - as above
+from pidlease.spark.progress import task_attempts  # noqa: E402 - as above
+from pidlease.spark.session import build_session  # noqa: E402 - as above
+from pidlease.spark.testing import (  # noqa: E402 - as above
     HOSTS,
     REPO,
     START_TIMEOUT_S,
@@ -111,7 +111,7 @@ def _data(spark: Any) -> Any:
 
 def _write(df: Any, url: str, topic: str, job: str, report: Path, **options: Any) -> None:
     w = (
-        pipeline.bucketed(df, BUCKETS, PARTITIONS)
+        pidlease.spark.bucketed(df, BUCKETS, PARTITIONS)
         .write.format("pidlease")
         .option("coordinator", url)
         .option("topic", topic)
@@ -160,7 +160,7 @@ def test_a_bad_pyspark_python_is_named_as_the_cause(tmp_path: Path) -> None:
     bad = str(tmp_path / "no-such-python3")
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "pipeline.cli", "publish", "--input", str(data)),
+            *(sys.executable, "-m", "pidlease.spark.cli", "publish", "--input", str(data)),
             *("--format", "json", "--topic", "t", "--master", "local[1]"),
             *("--coordinator", "http://127.0.0.1:9"),
         ],
@@ -193,7 +193,7 @@ def test_publish_command_on_the_cluster_prints_its_report_once(
     conf = [f"--conf={k}={v}" for k, v in CLUSTER_CONF.items()]
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "pipeline.cli", "publish", "--input", str(data)),
+            *(sys.executable, "-m", "pidlease.spark.cli", "publish", "--input", str(data)),
             *("--format", "json", "--topic", "orders", "--key-column", "customer"),
             *("--coordinator", url, "--master", standalone.url, "--report", str(report)),
             *conf,
@@ -367,7 +367,7 @@ def test_a_keyed_stream_restarts_from_its_checkpoint_exactly_once(
             .selectExpr("key", "to_json(named_struct('id', id)) AS value")
         )
         w = (
-            pipeline.bucketed(stream, BUCKETS, PARTITIONS)
+            pidlease.spark.bucketed(stream, BUCKETS, PARTITIONS)
             .writeStream.format("pidlease")
             .option("coordinator", url)
             .option("topic", "events")

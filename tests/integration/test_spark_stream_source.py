@@ -3,7 +3,8 @@ a streaming query pidlease -> pidlease (``tests/integration/spark_stream_worker.
 its driver SIGKILLed (the whole process group: JVM and Python workers) in the middle of
 micro-batches, restarted from its checkpoint while the input grows, then run to the end
 with ``Trigger.AvailableNow``: the output holds the transform of every input record
-exactly once."""
+exactly once, and the sink wrote fence records at most once per restart (the replayed
+micro-batch's takeover of each bucket's producer), not once per micro-batch (issue 26)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,7 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
 
     mid_write = 0
     loaded = 0
+    spawned = 0  # query runs: each takes its producers over once
     for k in range(KILLS_MAX):
         if k >= KILLS_MIN and mid_write:
             break
@@ -130,6 +132,7 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
         for _ in range(SPAWN_ATTEMPTS):
             since = log.stat().st_size if log.exists() else 0
             driver = spawn("continuous")
+            spawned += 1
             try:
                 # Kill once the run has written more than one micro-batch's worth: a batch
                 # is committed, the next one is on its way (its tasks write 200 rows a call).
@@ -163,6 +166,7 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
     for _ in range(SPAWN_ATTEMPTS):
         since = log.stat().st_size
         driver = spawn("available-now")
+        spawned += 1
         try:
             driver.wait(400)
         finally:
@@ -185,12 +189,22 @@ def test_streaming_query_killed_mid_batch_restarts_from_its_checkpoint_exactly_o
     # loader's fence records too)
     assert _committed_ends(checkpoint) == dict(enumerate(_ends(url, "raw")))
 
+    # Fence records (offsets that hold no record): at most one per bucket's producer and
+    # partition per run (the takeover of a replayed micro-batch); each micro-batch's tasks
+    # renew their producers. Before issue 26 every micro-batch's task took its producers
+    # over: BUCKETS * 2 fence records per micro-batch.
+    fences = sum(_ends(url, "out")) - sum(got.values())
+    batches = len(list((checkpoint / "commits").glob("[0-9]*")))
+    print(f"{fences} fence records in 'out' for {batches} micro-batches in {spawned} runs")
+    assert batches > spawned
+    assert fences <= spawned * worker.BUCKETS * 2
+
 
 def test_a_range_reads_exactly_its_offsets_however_the_log_grows(make_cluster: Any) -> None:
     """What a replay relies on: a task of range ``[start, end)`` returns the records of
     those offsets and nothing else, the same ones after the log grew past ``end``, and a
     range ending on a fence record (a control record: an offset, no record) ends there."""
-    from pipeline.stream_source import StreamRange, StreamReadSettings, read_range
+    from pidlease.spark.stream_source import StreamRange, StreamReadSettings, read_range
 
     cluster = make_cluster(servers=1)
     url = cluster.coordinator_url
@@ -226,7 +240,7 @@ def test_offsets_from_the_leaders_and_records_lost_to_retention(make_cluster: An
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
     from pidlease import errors
-    from pipeline.stream_source import StreamRange, StreamReadSettings, StreamScan, read_range
+    from pidlease.spark.stream_source import StreamRange, StreamReadSettings, StreamScan, read_range
 
     cluster = make_cluster(servers=1, env=RETENTION_ENV)
     url = cluster.coordinator_url

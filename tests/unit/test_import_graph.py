@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("pidlease", "coordinator", "partition_server", "pipeline")
+PACKAGES = ("pidlease", "coordinator", "partition_server")
 SERVERS = ("coordinator", "partition_server")
 NOT_FOR_SERVERS = ("pidlease.client", "pidlease.cli", "pidlease.testing")
 

@@ -1,5 +1,5 @@
-"""The write's columnar path (``pipeline.columnar``) against the pure reference
-(``pipeline.sequencing.plan``): the same rows give the records the reference plans
+"""The write's columnar path (``pidlease.spark.columnar``) against the pure reference
+(``pidlease.spark.sequencing.plan``): the same rows give the records the reference plans
 (keys, values, sequences, topic partitions, producers by bucket), whatever the order and
 batching they come in; a retry or a replayed micro-batch in another order resumes after
 what is durable with every row once; and ``encode_columns`` gives the same bytes as
@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidlease.client.producer import AsyncProducer
+from pidlease.spark.attempt import Attempt, SharedTransport, TaskInfo
+from pidlease.spark.columnar import ColumnarAttempt
+from pidlease.spark.encoding import RecordEncoder, key_bytes, value_bytes
+from pidlease.spark.errors import InjectedFailure, PipelineError, StreamIdentityError
+from pidlease.spark.options import WriteSettings
+from pidlease.spark.sequencing import BUCKET_COLUMN, HASH_COLUMN, Routing, Row, plan
 from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer, fake_cluster
-from pipeline.attempt import Attempt, TaskInfo
-from pipeline.columnar import ColumnarAttempt
-from pipeline.encoding import RecordEncoder, key_bytes, value_bytes
-from pipeline.errors import InjectedFailure, PipelineError, StreamIdentityError
-from pipeline.options import WriteSettings
-from pipeline.sequencing import BUCKET_COLUMN, HASH_COLUMN, Routing, Row, plan
 
 pa = pytest.importorskip("pyarrow")
 
@@ -34,18 +34,28 @@ STREAM_TOPICS = {"t": (3, "monotonic")}  # a stream's ids leave holes
 BUCKETS = 4
 
 
-def _use_fake(monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator) -> None:
-    def _open(self: Attempt, name: str) -> AsyncProducer:
+def _use_fake(
+    monkeypatch: pytest.MonkeyPatch, coord: FakeCoordinator, *, renew: bool = False
+) -> None:
+    """Attempts lease from ``coord``; with ``renew``, through the attempt's transport, so a
+    micro-batch's first attempt renews its producers (else every lease is by name)."""
+
+    def _open(self: Attempt, name: str, transport: SharedTransport) -> AsyncProducer:
+        transport.real = coord.transport()  # behind the renewing view
         s = self.settings
         return AsyncProducer(
             "http://fake",
             topic=s.topic,
             producer_name=name,
             batch_records_max=s.batch_records_max,
-            http_transport=coord.transport(),
+            http_transport=transport.view if renew else coord.transport(),
         )
 
+    def current(self: Attempt, names: list[str]) -> dict[str, tuple[int, int]]:
+        return {n: (coord.names[n], coord.pids[coord.names[n]]) for n in names if n in coord.names}
+
     monkeypatch.setattr(Attempt, "_open", _open)
+    monkeypatch.setattr(Attempt, "current_leases", current)
 
 
 def _settings(partitioning: str = "auto") -> WriteSettings:
@@ -76,7 +86,7 @@ def _hash(key: str | None, value: str) -> int:
 
 
 def _batches(keys: list[str | None], values: list[str], size: int) -> list[Any]:
-    """Arrow batches with the row hash and bucket columns ``pipeline.bucketed`` adds."""
+    """Arrow batches with the row hash and bucket columns ``pidlease.spark.bucketed`` adds."""
     hashes = [_hash(k, v) for k, v in zip(keys, values, strict=True)]
     return [
         pa.record_batch(
@@ -217,15 +227,15 @@ def test_the_sink_plans_a_plain_dataframe_with_a_warning_and_bucketed_rows_as_be
     warning naming what it leaves to the split; bucketed rows keep their bucket count."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-    from pipeline.sequencing import BUCKETS_METADATA
-    from pipeline.sink import bucketed_settings
+    from pidlease.spark.sequencing import BUCKETS_METADATA
+    from pidlease.spark.sink import bucketed_settings
 
     plain = StructType([StructField("value", StringType())])
-    with caplog.at_level("WARNING", logger="pipeline.sink"):
+    with caplog.at_level("WARNING", logger="pidlease.spark.sink"):
         got = bucketed_settings(_settings(), plain)
     assert got.bucketed is False
-    [warning] = [r for r in caplog.records if r.name == "pipeline.sink"]
-    assert "pipeline.bucketed(df)" in warning.getMessage()
+    [warning] = [r for r in caplog.records if r.name == "pidlease.spark.sink"]
+    assert "pidlease.spark.bucketed(df)" in warning.getMessage()
     assert "pidlease-spark publish" in warning.getMessage()
     bucketed = StructType(
         [
@@ -245,12 +255,12 @@ def test_a_bucketed_write_refuses_rows_without_the_bucket_columns() -> None:
     """``bucketed`` settings (the sink saw the columns in the schema) with rows lacking
     them: a clear error, never rows numbered as a plain partition."""
     batch = pa.record_batch({"key": pa.array(["a"]), "value": pa.array(["1"])})
-    with pytest.raises(PipelineError, match=r"pipeline.bucketed\(df\)"):
+    with pytest.raises(PipelineError, match=r"pidlease.spark.bucketed\(df\)"):
         ColumnarAttempt(_settings(), TaskInfo(0, 0)).run_columns(ENC, [batch])
 
 
 def _plain(settings: WriteSettings) -> WriteSettings:
-    """What the sink plans for a plain DataFrame (no ``pipeline.bucketed`` columns)."""
+    """What the sink plans for a plain DataFrame (no ``pidlease.spark.bucketed`` columns)."""
     return dataclasses.replace(settings, bucketed=False)
 
 
@@ -361,3 +371,52 @@ def test_encode_columns_gives_the_row_encoders_bytes(kind: str, data: st.DataObj
     k, v = enc.encode_columns(batch)
     assert k.to_pylist() == [key_bytes(x) for x in keys]
     assert v.to_pylist() == [value_bytes(x) for x in vals]
+
+
+def test_micro_batches_renew_their_producers_and_write_no_fence_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 26: each micro-batch's task took its producers over, a fence record in every
+    partition per bucket and micro-batch. Now the first attempt of a micro-batch renews
+    each producer at its current generation; a retry takes over (fencing the attempt
+    before it), and so does a replay (ids of the micro-batch already durable: an earlier
+    run may still write). Every row is written once throughout."""
+    with fake_cluster(STREAM_TOPICS) as (srv, coord):
+        _use_fake(monkeypatch, coord, renew=True)
+        fences: list[tuple[str, int, int, int]] = []
+        fence = srv.fence
+        monkeypatch.setattr(srv, "fence", lambda *a: (fences.append(a), fence(*a)))
+
+        def rows(batch_id: int) -> tuple[list[str | None], list[str]]:
+            keys: list[str | None] = [f"k{i % 7}" for i in range(200)]
+            return keys, [f"b{batch_id}-{i}" for i in range(200)]
+
+        def write(batch_id: int, attempt: int = 0, **hooks: Any) -> Any:
+            return ColumnarAttempt(
+                _settings(), TaskInfo(0, attempt, batch_id=batch_id)
+            ).run_columns(
+                ENC, _batches(*rows(batch_id), 50), {int(k[1:]): v for k, v in hooks.items()}
+            )
+
+        for batch_id in range(3):
+            assert write(batch_id).appended == 200
+        assert fences == []  # three micro-batches (the first one created the PIDs)
+
+        def boom() -> None:
+            raise InjectedFailure("injected")
+
+        with pytest.raises(InjectedFailure):
+            write(3, r120=boom)
+        assert fences == []
+        retry = write(3, attempt=1)
+        assert retry.skipped > 0 and retry.fenced_attempts  # its takeover fenced attempt 0
+        after_retry = len(fences)
+        assert after_retry == BUCKETS * 3
+        assert write(4).appended == 200  # renews the retry's generation: no fence
+        assert len(fences) == after_retry
+        # a restart replays micro-batch 4, which is durable: a takeover, every row skipped
+        replay = write(4)
+        assert replay.skipped == 200 and replay.appended == 0
+        assert len(fences) == after_retry + BUCKETS * 3
+        got = _in_log(srv)
+    assert got == Counter(v.encode() for b in range(5) for v in rows(b)[1])

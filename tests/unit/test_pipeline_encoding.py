@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pipeline.encoding import RecordEncoder, key_bytes, to_json
-from pipeline.errors import OptionError
+from pidlease.spark.encoding import RecordEncoder, key_bytes, to_json
+from pidlease.spark.errors import OptionError
 
 pa = pytest.importorskip("pyarrow")
 

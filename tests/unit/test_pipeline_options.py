@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from pidlease.client.lease_client import DEFAULT_COORDINATOR
-from pipeline.errors import InjectedFailure, OptionError
-from pipeline.options import Faults, ReadSettings, WriteSettings
-from pipeline.sequencing import Routing
+from pidlease.spark.errors import InjectedFailure, OptionError
+from pidlease.spark.options import Faults, ReadSettings, WriteSettings
+from pidlease.spark.sequencing import Routing
 
 pytest.importorskip("pyspark")
-from pipeline.attempt import TaskInfo
-from pipeline.faults import hooks_for, wants_twin
+from pidlease.spark.attempt import TaskInfo
+from pidlease.spark.faults import hooks_for, wants_twin
 
 
 def test_write_settings_with_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

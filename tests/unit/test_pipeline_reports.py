@@ -12,13 +12,13 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-# pipeline.attempt and pipeline.scan import pyspark at module level: these imports follow the
+# pidlease.spark.attempt and .scan import pyspark at module level: these imports follow the
 # importorskip calls so a machine without Spark skips this file instead of failing to collect it.
-from pipeline import job_report  # noqa: E402 - after the importorskip calls, on purpose
-from pipeline.attempt import PartitionCommit, TaskInfo, takeover_record  # noqa: E402 - as above
-from pipeline.audit import build_report, summary, write_report  # noqa: E402 - as above
-from pipeline.cli import cause, default_job_name, parser  # noqa: E402 - as above
-from pipeline.scan import OffsetRange, plan_ranges  # noqa: E402 - as above
+from pidlease.spark import job_report  # noqa: E402 - after the importorskip calls, on purpose
+from pidlease.spark.attempt import PartitionCommit, TaskInfo, takeover_record  # noqa: E402 - as above
+from pidlease.spark.audit import build_report, summary, write_report  # noqa: E402 - as above
+from pidlease.spark.cli import cause, default_job_name, parser  # noqa: E402 - as above
+from pidlease.spark.scan import OffsetRange, plan_ranges  # noqa: E402 - as above
 
 
 def _commit(k: int, attempt: int = 0, **kw: int) -> PartitionCommit:
@@ -275,7 +275,7 @@ def test_save_logs_the_report_line_unless_quiet(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     r = job_report.summarize([_commit(0, rows=3)], topic="t", committed=True)
-    with caplog.at_level("WARNING", logger="pipeline.job_report"):
+    with caplog.at_level("WARNING", logger="pidlease.spark.job_report"):
         job_report.save(r, str(tmp_path / "a.json"))
         job_report.save(r, str(tmp_path / "b.json"), quiet=True)
     assert [rec.getMessage() for rec in caplog.records] == [job_report.one_line(r)]
@@ -317,7 +317,7 @@ def test_cause_names_the_innermost_java_or_python_error() -> None:
     traceback = (
         "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
         '  File "worker.py", line 1, in main\n'
-        "ModuleNotFoundError: No module named 'pipeline'\n"
+        "ModuleNotFoundError: No module named 'pidlease'\n"
     )
     no_module = _Py4JJavaError(
         _Throwable(
@@ -325,8 +325,8 @@ def test_cause_names_the_innermost_java_or_python_error() -> None:
             _Throwable(traceback),
         )
     )
-    assert cause(no_module) == "ModuleNotFoundError: No module named 'pipeline'"
+    assert cause(no_module) == "ModuleNotFoundError: No module named 'pidlease'"
     ours = RuntimeError(
-        "Job aborted\npipeline.errors.AttemptFenced: attempt 0 was fenced\nValueError: later"
+        "Job aborted\npidlease.spark.errors.AttemptFenced: attempt 0 was fenced\nValueError: later"
     )
     assert cause(ours) == "AttemptFenced: attempt 0 was fenced"

@@ -14,7 +14,7 @@ import pytest
 from pidlease.wire import kafka_batch as K
 from pidlease.wire import protocol as P
 
-scan = pytest.importorskip("pipeline.scan")
+scan = pytest.importorskip("pidlease.spark.scan")
 
 
 def kafka_records() -> list[P.Record]:
@@ -45,7 +45,7 @@ class FakeReader:
 
 def test_scan_reads_kafka_records_with_their_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scan, "Reader", FakeReader)
-    from pipeline.options import ReadSettings
+    from pidlease.spark.options import ReadSettings
 
     s = scan.Scan(ReadSettings(coordinator="http://127.0.0.1:1", topic="t"))
     [batch] = list(s.read(scan.OffsetRange(0, 10, 12)))

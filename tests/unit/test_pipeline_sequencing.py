@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidlease.client.partitioner import partition_for_key
-from pipeline.sequencing import (
+from pidlease.spark.sequencing import (
     STREAM_POSITIONS_MAX,
     Resume,
     Routing,

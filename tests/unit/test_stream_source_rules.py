@@ -1,4 +1,4 @@
-"""The planning rules of the streaming source (``pipeline.stream_source``): where a
+"""The planning rules of the streaming source (``pidlease.spark.stream_source``): where a
 micro-batch ends and how it is cut into tasks, against what the docstrings promise."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ pytest.importorskip("pyspark")
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.errors import OptionError, PipelineError
-from pipeline.stream_source import (
+from pidlease.spark.errors import OptionError, PipelineError
+from pidlease.spark.stream_source import (
     StreamRange,
     StreamReadSettings,
     dump_offsets,

@@ -6,7 +6,7 @@ TITLE = (
 ORIGIN = "issue 26 item 3"
 PATCHES = [
     (
-        "pipeline/stream_source.py",
+        "pidlease/spark/stream_source.py",
         "                    if rec.offset >= rng.end:\n",
         "                    if False:  # TEETH: no end to the range\n",
     ),

@@ -7,7 +7,7 @@ ORIGIN = "issue 30 item 1 (plain DataFrame, same split)"
 # order of the rows' content (key, then value bytes).
 PATCHES = [
     (
-        "pipeline/columnar.py",
+        "pidlease/spark/columnar.py",
         "                order = content_order_columns(parts, cols.keys, cols.values)",
         '                order = np.argsort(parts, kind="stable")',
     )

@@ -7,7 +7,7 @@ ORIGIN = "issue 30 item 1"
 # being put in the order of their content (row hash, then bytes).
 PATCHES = [
     (
-        "pipeline/sequencing.py",
+        "pidlease/spark/sequencing.py",
         "    order = np.argsort(hashes)\n",
         "    order = np.arange(len(hashes))\n",
     )

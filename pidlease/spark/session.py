@@ -1,7 +1,7 @@
 """The Spark session ``pidlease-spark`` (and the tests and the benchmark) run on.
 
 Defaults keep Spark on loopback and quiet: the driver binds and advertises 127.0.0.1,
-no web UI, no console progress bar (``pipeline.progress`` reports instead), and Python
+no web UI, no console progress bar (``pidlease.spark.progress`` reports instead), and Python
 workers run the same interpreter as the driver (``PYSPARK_PYTHON``), so they import the
 same pidlease. ``local[*]`` by default; ``local[N,F]`` retries a failed task up to F-1
 times (plain ``local[N]`` never retries); ``spark://host:port`` for a standalone cluster,
@@ -46,7 +46,7 @@ def build_session(
     spark_environment()
     from pyspark.sql import SparkSession
 
-    from pipeline.source import register  # the submodule: see the note in pipeline/__init__
+    from pidlease.spark.source import register  # imports pyspark: only here
 
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**DEFAULT_CONF, **dict(conf or {})}.items():

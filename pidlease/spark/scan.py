@@ -21,7 +21,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.reader import Reader
-from pipeline.options import ReadSettings
+from pidlease.spark.options import ReadSettings
+from pidlease.wire.protocol import Record
 
 SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, pid BIGINT, generation BIGINT, "
@@ -71,6 +72,58 @@ def _arrow_schema() -> Any:
     )
 
 
+class ArrowRecords:
+    """Records of one topic partition gathered into Arrow batches of ``_arrow_schema``: the
+    batch read's and the stream read's one copy."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.schema = _arrow_schema()
+        self.offsets: list[int] = []
+        self.pids: list[int] = []
+        self.gens: list[int] = []
+        self.seqs: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes] = []
+        self.stamps: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, rec: Record) -> bool:
+        """Gather ``rec``; True once a batch's worth (``ARROW_BATCH_RECORDS``) is held."""
+        self.offsets.append(rec.offset)
+        self.pids.append(rec.pid)
+        self.gens.append(rec.generation)
+        self.seqs.append(rec.sequence_id)
+        self.keys.append(rec.key)
+        self.values.append(rec.value)
+        self.stamps.append(rec.timestamp_ms * 1000)
+        return len(self.offsets) >= ARROW_BATCH_RECORDS
+
+    def batch(self) -> Any:
+        """The records gathered, as one Arrow record batch; the buffers start empty again."""
+        import pyarrow as pa
+
+        n = len(self.offsets)
+        arrays = [
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.pids, pa.int64()),
+            pa.array(self.gens, pa.int64()),
+            pa.array(self.seqs, pa.int64()),
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array(self.stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        ]
+        for column in (self.offsets, self.pids, self.gens, self.seqs, self.stamps):
+            column.clear()
+        self.keys.clear()
+        self.values.clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
 class Scan(DataSourceReader):
     def __init__(self, settings: ReadSettings) -> None:
         self.settings = settings
@@ -84,49 +137,18 @@ class Scan(DataSourceReader):
         )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
-
         assert isinstance(partition, OffsetRange)
         if partition.end == partition.start:
             return
-        schema = _arrow_schema()
         topic, p, end = self.settings.topic, partition.partition, partition.end
-        cols: list[list[Any]] = [[] for _ in range(6)]
-        offsets, pids, gens, seqs, keys, values = cols
-        stamps: list[int] = []
-
-        def batch() -> Any:
-            n = len(offsets)
-            arrays = [
-                pa.array([topic] * n, pa.string()),
-                pa.array([p] * n, pa.int32()),
-                pa.array(offsets, pa.int64()),
-                pa.array(pids, pa.int64()),
-                pa.array(gens, pa.int64()),
-                pa.array(seqs, pa.int64()),
-                pa.array(keys, pa.binary()),
-                pa.array(values, pa.binary()),
-                pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            ]
-            for c in cols:
-                c.clear()
-            stamps.clear()
-            return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
+        out = ArrowRecords(topic, p)
         with Reader(
             self.settings.coordinator, topic, p, partition.start, api_token=self.settings.api_token
         ) as reader:
             for rec in reader:
                 if 0 <= end <= rec.offset:
                     break
-                offsets.append(rec.offset)
-                pids.append(rec.pid)
-                gens.append(rec.generation)
-                seqs.append(rec.sequence_id)
-                keys.append(rec.key)
-                values.append(rec.value)
-                stamps.append(rec.timestamp_ms * 1000)
-                if len(offsets) >= ARROW_BATCH_RECORDS:
-                    yield batch()
-        if offsets:
-            yield batch()
+                if out.add(rec):
+                    yield out.batch()
+        if out:
+            yield out.batch()

@@ -1,7 +1,7 @@
 """``pidlease-spark``: publish a data set to a topic exactly once, and audit a topic.
 
-Both commands run a Spark session of their own (``pipeline.session``; ``--master
-local[*]`` by default), print progress lines while Spark works (``pipeline.progress``)
+Both commands run a Spark session of their own (``pidlease.spark.session``; ``--master
+local[*]`` by default), print progress lines while Spark works (``pidlease.spark.progress``)
 and a summary at the end. ``publish`` exits 0 when the job committed; ``audit`` exits 0
 when the topic is exactly-once and 1 when it is not, like ``pidlease verify``.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pidlease.client.lease_client import DEFAULT_COORDINATOR
-from pipeline.options import COORDINATOR_ENV
-from pipeline.sequencing import BUCKETS_DEFAULT
+from pidlease.spark.options import COORDINATOR_ENV
+from pidlease.spark.sequencing import BUCKETS_DEFAULT
 
 MIN_PARTITIONS_DEFAULT = 8
 PARTITIONS_DEFAULT = 8
@@ -178,7 +178,7 @@ class _Session:
             for k, v in self.conf.items():
                 self.spark.conf.set(k, v)
             return self.spark
-        from pipeline.session import build_session, parse_conf
+        from pidlease.spark.session import build_session, parse_conf
 
         self.spark = build_session(
             self.args.master,
@@ -193,8 +193,8 @@ class _Session:
 
 
 def publish(args: argparse.Namespace, spark: Any = None) -> int:
-    from pipeline import job_report
-    from pipeline.progress import Progress, task_attempts
+    from pidlease.spark import job_report
+    from pidlease.spark.progress import Progress, task_attempts
 
     job = args.job_name or default_job_name(args.topic, args.input, args.format)
     report_path = args.report or os.path.join(
@@ -208,11 +208,11 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
             reader = reader.option("header", str(not args.csv_no_header).lower()).option(
                 "inferSchema", str(args.infer_schema).lower()
             )
-        import pipeline
+        import pidlease.spark
 
         # The row hash, bucket and shuffle by bucket: a row's producer and id do not
         # depend on how the files are listed or split, nor on the master's cores.
-        df = pipeline.bucketed(reader.load(args.input), args.buckets, args.partitions)
+        df = pidlease.spark.bucketed(reader.load(args.input), args.buckets, args.partitions)
         print(
             f"publishing {args.input} ({args.format}) to {args.topic!r} as job {job!r}",
             file=sys.stderr,
@@ -258,11 +258,11 @@ def publish(args: argparse.Namespace, spark: Any = None) -> int:
 
 
 def audit(args: argparse.Namespace, spark: Any = None) -> int:
-    from pipeline.audit import run_audit, summary, write_report
-    from pipeline.progress import Progress
+    from pidlease.spark.audit import run_audit, summary, write_report
+    from pidlease.spark.progress import Progress
 
     if args.against and not args.format:
-        from pipeline.errors import OptionError
+        from pidlease.spark.errors import OptionError
 
         raise OptionError("--against needs --format (parquet, csv or json)")
     with (
@@ -271,7 +271,7 @@ def audit(args: argparse.Namespace, spark: Any = None) -> int:
     ):
         report = run_audit(session, args.coordinator, args.topic, args.out)
         if args.against:
-            from pipeline.against import compare
+            from pidlease.spark.against import compare
 
             reader = session.read.format(args.format)
             if args.format == "csv":
@@ -290,7 +290,7 @@ def audit(args: argparse.Namespace, spark: Any = None) -> int:
             write_report(report, args.out)
     print(summary(report))
     if "against" in report:
-        from pipeline.against import summary as content_summary
+        from pidlease.spark.against import summary as content_summary
 
         print(content_summary(report["against"]))
     print(
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None, *, spark: Any = None) -> int:
     """Run the command; ``spark``: use this session instead of starting one."""
     args = parser().parse_args(argv)
     from pidlease import errors
-    from pipeline.errors import PipelineError
+    from pidlease.spark.errors import PipelineError
 
     try:
         return publish(args, spark) if args.command == "publish" else audit(args, spark)
@@ -371,7 +371,7 @@ def cause(exc: BaseException) -> str:
         m = _ERROR_LINE.match(line.strip())
         if m and m.group(1) != "Py4JJavaError":
             mine = f"{m.group(1)}: {m.group(2)}"
-            if "pipeline.errors." in line or "pidlease." in line:
+            if "pidlease." in line:
                 ours = mine
     if ours:
         return ours

@@ -6,7 +6,7 @@ everywhere in pidlease) and say which option is wrong. The table in docs/pipelin
 every option with its default.
 
 The fault options (``fail_after_rows_once``, ``speculate_partition``, ``kill_*``) exist
-for tests and demos of exactly-once; they are off unless given (see ``pipeline.faults``).
+for tests and demos of exactly-once; they are off unless given (see ``pidlease.spark.faults``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pidlease.client.lease_client import DEFAULT_COORDINATOR
-from pipeline.errors import OptionError
-from pipeline.sequencing import BUCKETS_DEFAULT, BUCKETS_MAX, Routing
+from pidlease.spark.errors import OptionError
+from pidlease.spark.sequencing import BUCKETS_DEFAULT, BUCKETS_MAX, Routing
 
 COORDINATOR_ENV = "PIDLEASE_COORDINATOR"
 SPLIT_RECORDS_DEFAULT = 250_000
@@ -76,7 +76,7 @@ def _topic(options: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Faults:
-    """Injected faults (tests and demos). See ``pipeline.faults``."""
+    """Injected faults (tests and demos). See ``pidlease.spark.faults``."""
 
     fail_after_rows_once: int | None = None  # attempt 0 fails before this row position
     fail_partitions: frozenset[int] | None = None  # which Spark partitions (None: all)
@@ -122,8 +122,8 @@ class WriteSettings:
     report_path: str | None = None
     log_report: bool = True  # also log the report line (the command prints it itself)
     faults: Faults = field(default_factory=Faults)
-    buckets: int = BUCKETS_DEFAULT  # the bucket count (pipeline.bucketed records it)
-    # the rows carry pipeline.bucketed's columns; False: a plain DataFrame, each Spark
+    buckets: int = BUCKETS_DEFAULT  # the bucket count (pidlease.spark.bucketed records it)
+    # the rows carry pidlease.spark.bucketed's columns; False: a plain DataFrame, each Spark
     # partition one bucket (producer "<job>:<partition>"), set by the sink's plan
     bucketed: bool = True
 

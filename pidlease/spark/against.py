@@ -26,8 +26,8 @@ EXAMPLES = 20
 
 def encoded(df: Any, key_column: str | None) -> Any:
     """``df``'s rows as the sink would publish them: (key BINARY, value BINARY)."""
-    from pipeline.encoding import RecordEncoder
-    from pipeline.sink import _columns
+    from pidlease.spark.encoding import RecordEncoder
+    from pidlease.spark.sink import _columns
 
     encoder = RecordEncoder.for_columns(_columns(df.schema), key_column)
 

@@ -2,19 +2,19 @@
 (``df.writeStream``), both Arrow writers (Spark hands each task Arrow record batches,
 which encode much faster than rows).
 
-Spark builds a sink once on the driver, in a planning worker, then pickles it to every
+Spark builds a sink on the driver, in a planning worker, then pickles it to every
 task: so ``plan`` checks everything that can be checked before a task runs (options, the
 columns, the topic's existence and dedup mode) and fails the query with a sentence a
-user can act on. Each task then runs ``pipeline.faults.run_task`` (one ``Attempt``, plus
-whatever faults the options inject); ``commit``/``abort`` on the driver add the tasks'
-messages up into the job report (``pipeline.job_report``).
+user can act on. Each task then runs ``pidlease.spark.faults.run_task`` (one
+``ColumnarAttempt``, plus whatever faults the options inject); ``commit``/``abort`` on
+the driver add the tasks' messages up into the job report (``pidlease.spark.job_report``).
 
-Both send whole Arrow batches (``pipeline.columnar``: one ``send_batch`` per topic
-partition and Arrow batch); only a batch task that starts its own speculative copy
-(a test fault) sends row by row (``pipeline.attempt``).
+Both send whole Arrow batches (``pidlease.spark.columnar``: one ``send_batch`` per
+(bucket, topic partition) group, cut at ``batch_records_max`` by the SDK), with the
+lease, resume and fence handling of ``pidlease.spark.attempt``.
 
-A plain DataFrame (without ``pipeline.bucketed``'s columns, the contract's example) is
-accepted: each Spark partition is one bucket (``pipeline.sequencing``), and ``plan``
+A plain DataFrame (without ``pidlease.spark.bucketed``'s columns, the contract's example) is
+accepted: each Spark partition is one bucket (``pidlease.spark.sequencing``), and ``plan``
 logs once what that leaves to the input split.
 
 Topic modes: a batch write numbers rows contiguously, so it works on ``strict`` (and
@@ -34,15 +34,15 @@ from pyspark.sql.types import StructType
 
 from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
-from pipeline import job_report
-from pipeline.attempt import PartitionCommit, TaskInfo
-from pipeline.encoding import RecordEncoder
-from pipeline.errors import InjectedFailure, OptionError, PipelineError, TopicModeError
-from pipeline.faults import run_task
-from pipeline.options import WriteSettings
-from pipeline.sequencing import BUCKET_COLUMN, BUCKETS_METADATA, HASH_COLUMN
+from pidlease.spark import job_report
+from pidlease.spark.attempt import PartitionCommit, TaskInfo
+from pidlease.spark.encoding import RecordEncoder
+from pidlease.spark.errors import InjectedFailure, OptionError, PipelineError, TopicModeError
+from pidlease.spark.faults import run_task
+from pidlease.spark.options import WriteSettings
+from pidlease.spark.sequencing import BUCKET_COLUMN, BUCKETS_METADATA, HASH_COLUMN
 
-log = logging.getLogger("pipeline.sink")
+log = logging.getLogger("pidlease.spark.sink")
 
 
 def _columns(schema: StructType) -> list[tuple[str, str]]:
@@ -55,18 +55,18 @@ def _columns(schema: StructType) -> list[tuple[str, str]]:
 
 
 PLAIN_WARNING = (
-    "job %r writes a plain DataFrame (not pipeline.bucketed(df)): each Spark partition is "
+    "job %r writes a plain DataFrame (not pidlease.spark.bucketed(df)): each Spark partition is "
     "one producer ('<job_name>:<partition>') numbering its rows in an order of the rows' "
     "content, so a retry, a replayed micro-batch or a re-run with the SAME input split "
     "writes every row exactly once in any row order; a re-run or restart with another "
     "split (another core count, another file listing, another spark.sql.shuffle.partitions) "
     "moves rows to other producers and can write them twice. For split independence write "
-    "pipeline.bucketed(df) (or use pidlease-spark publish, which buckets itself)"
+    "pidlease.spark.bucketed(df) (or use pidlease-spark publish, which buckets itself)"
 )
 
 
 def bucketed_settings(settings: WriteSettings, schema: StructType) -> WriteSettings:
-    """``settings`` with the bucket count of the rows (``pipeline.bucketed`` records it in
+    """``settings`` with the bucket count of the rows (``pidlease.spark.bucketed`` records it in
     the bucket column's metadata); for rows without the bucket columns (a plain
     DataFrame) ``bucketed=False``, and the warning of what that does not cover, once per
     job (the sink is planned once per write or streaming query)."""
@@ -75,7 +75,7 @@ def bucketed_settings(settings: WriteSettings, schema: StructType) -> WriteSetti
         if HASH_COLUMN in fields or BUCKET_COLUMN in fields:
             raise OptionError(
                 f"the rows have only one of {HASH_COLUMN!r} and {BUCKET_COLUMN!r}: write "
-                f"pipeline.bucketed(df) as it returns it, or a DataFrame with neither"
+                f"pidlease.spark.bucketed(df) as it returns it, or a DataFrame with neither"
             )
         log.warning(PLAIN_WARNING, settings.job_name or "stream-<query id>")
         return dataclasses.replace(settings, bucketed=False)
@@ -98,7 +98,7 @@ def check_buckets_once(messages: list[Any]) -> None:
                 raise PipelineError(
                     f"rows of bucket {b} were written by Spark partitions {other} and "
                     f"{m.spark_partition}: repartition by the bucket column after "
-                    f"adding it (pipeline.bucketed does); re-run the job"
+                    f"adding it (pidlease.spark.bucketed does); re-run the job"
                 )
 
 
@@ -142,7 +142,7 @@ class BatchSink(DataSourceArrowWriter):
         return cls(settings, encoder)
 
     def write(self, iterator: Iterator[Any]) -> PartitionCommit:
-        # Whole Arrow batches through the SDK's send_batch (pipeline.columnar).
+        # Whole Arrow batches through the SDK's send_batch (pidlease.spark.columnar).
         return run_task(self.settings, TaskInfo.current(), self.encoder, iterator)
 
     def commit(self, messages: list[Any]) -> None:

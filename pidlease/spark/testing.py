@@ -8,8 +8,9 @@ directory (without it a worker writes into site-packages) and web UI ports picke
 import pidlease from ``pythonpath`` (by default the checkout this module belongs to).
 
 Only the standard library and the location of pyspark are used: the benchmark loads
-this file by path when it runs against an older ``pipeline`` package (a before/after
-comparison), so it must not import anything else from ``pipeline``.
+this file by path when it runs against an older checkout (a before/after comparison,
+from before the data source moved here from the top-level ``pipeline``), so it must not
+import anything else from ``pidlease``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 START_TIMEOUT_S = 180.0  # JVMs start slowly on 2 cores shared with other suites
-REPO = Path(__file__).resolve().parent.parent  # the checkout executors import by default
+REPO = Path(__file__).resolve().parents[2]  # the checkout executors import by default
 
 
 def spark_home() -> Path:

@@ -2,7 +2,7 @@
 batches in, ``send_batch`` calls out, no Python object per row.
 
 ``ColumnarAttempt`` takes the task's rows as Arrow record batches, each with the row
-hash and bucket columns that ``pipeline.bucketed`` adds (``sequencing.HASH_COLUMN``,
+hash and bucket columns that ``pidlease.spark.bucketed`` adds (``sequencing.HASH_COLUMN``,
 ``BUCKET_COLUMN``), and works on whole columns: the encoder's key and value arrays
 (``RecordEncoder.encode_columns``), each row's topic partition (``route``'s rules: the
 SDK's key hash ``crc32_keys``, or the bucket), then the order rows are numbered in, which
@@ -30,18 +30,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pidlease import errors
-from pidlease.client.producer import AsyncProducer
 from pidlease.client.record_columns import crc32_keys
-from pipeline.attempt import (
-    CLOSE_TIMEOUT_MS,
-    Attempt,
-    PartitionCommit,
-    SharedTransport,
-    takeover_record,
-)
-from pipeline.encoding import RecordEncoder
-from pipeline.errors import AttemptFenced, PipelineError, StreamIdentityError
-from pipeline.sequencing import (
+from pidlease.spark.attempt import Attempt, PartitionCommit
+from pidlease.spark.encoding import RecordEncoder
+from pidlease.spark.errors import AttemptFenced, PipelineError, StreamIdentityError
+from pidlease.spark.sequencing import (
     BUCKET_COLUMN,
     HASH_COLUMN,
     STREAM_BATCH_ID_MAX,
@@ -55,7 +48,7 @@ from pipeline.sequencing import (
     stream_sequence,
 )
 
-log = logging.getLogger("pipeline.columnar")
+log = logging.getLogger("pidlease.spark.columnar")
 
 
 def route_column(keys: Any, buckets: Any, *, routing: Routing, partitions: int) -> Any:
@@ -85,7 +78,7 @@ def _column(batch: Any, name: str) -> Any:
         col = batch.column(name)
     except KeyError:
         raise PipelineError(
-            f"the rows lack the column {name!r}: write pipeline.bucketed(df), which adds "
+            f"the rows lack the column {name!r}: write pidlease.spark.bucketed(df), which adds "
             f"the row hash and bucket and the shuffle that puts each bucket in one task"
         ) from None
     return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -199,61 +192,17 @@ class ColumnarAttempt(Attempt):
         planned_last: dict[int, dict[int, int]],
         hooks: Mapping[int, Callable[[], Any]],
     ) -> PartitionCommit:
-        shared = SharedTransport(self.settings.coordinator)
-        try:
-            return await self._run_shared(cols, buckets, commit, planned_last, hooks, shared)
-        finally:
-            await shared.aclose()
-
-    async def _run_shared(
-        self,
-        cols: Columns,
-        buckets: list[int],
-        commit: PartitionCommit,
-        planned_last: dict[int, dict[int, int]],
-        hooks: Mapping[int, Callable[[], Any]],
-        shared: SharedTransport,
-    ) -> PartitionCommit:
         import numpy as np
         import pyarrow as pa
 
         t = self.task
-        self.coordinator_transport = shared.view
-        producers: dict[int, AsyncProducer] = {b: self._open(self.name(b)) for b in buckets}
-        started = await asyncio.gather(
-            *(p.start() for p in producers.values()), return_exceptions=True
-        )
-        for res in started:
-            if isinstance(res, errors.ProducerFenced):  # a concurrent takeover won the race
-                await asyncio.gather(*(p.close() for p in producers.values()))
-                raise self._fenced(commit, res) from res
-            if isinstance(res, BaseException):
-                await asyncio.gather(*(p.close() for p in producers.values()))
-                raise res
-        if self._on_leased is not None:
-            self._on_leased()
+        producers = await self.lease(buckets, commit)
         pending: deque[Any] = deque()
         self._pending, self._commit = pending, commit
         ok = False
         try:
-            first = producers[buckets[0]]
-            commit.pid, commit.generation = first.pid, first.generation
-            partitions = first.partitions
-            resume: dict[int, Resume] = {}
-            earlier: dict[str, Any] | None = None
-            for b, p in producers.items():
-                commit.pids[b] = [p.pid, p.generation]
-                resume[b] = Resume({tp: p.last_sequence_id(tp) for tp in range(partitions)})
-                # The attempt that fenced an earlier one records it (the loser's no-op
-                # message may be the one Spark keeps, or none at all): one entry for the
-                # earlier attempt, its durable rows added up over the buckets.
-                fenced = takeover_record(t, p.pid, p.generation, resume[b].last_sequence)
-                if fenced is not None and earlier is None:
-                    earlier = fenced
-                elif fenced is not None and earlier is not None:
-                    earlier["durable_rows"] += fenced["durable_rows"]
-            if earlier is not None:
-                commit.fenced_attempts.append(earlier)
+            partitions = producers[buckets[0]].partitions
+            resume = {b: Resume(last) for b, last in self.durable.items()}
             if t.batch_id is not None:
                 check_stream_identity(self.job, t.batch_id, resume)
             parts = route_column(
@@ -320,10 +269,7 @@ class ColumnarAttempt(Attempt):
                 _count(pending.popleft(), commit)
             raise self._fenced(commit, exc) from exc
         finally:
-            await asyncio.gather(
-                *(p.close(timeout_ms=None if ok else CLOSE_TIMEOUT_MS) for p in producers.values()),
-                return_exceptions=True,
-            )
+            await self.close(producers, ok=ok)
             for fut in pending:  # mark failures as seen, so asyncio does not log each one
                 if fut.done() and not fut.cancelled():
                     fut.exception()

@@ -2,7 +2,7 @@
 
 A daemon thread polls ``SparkContext.statusTracker()`` every ``interval_s`` and prints
 one line per change: the running stages with tasks done / total, and how long the job has
-taken. Spark's own console bar is off (``pipeline.session``) because it redraws in place,
+taken. Spark's own console bar is off (``pidlease.spark.session``) because it redraws in place,
 which logs and CI output mangle.
 """
 

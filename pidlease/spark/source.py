@@ -1,6 +1,6 @@
 """The ``pidlease`` Python data source: the one class Spark knows, which hands out the
-scan (``pipeline.scan``), the stream's reader (``pipeline.stream_source``) and the sinks
-(``pipeline.sink``)."""
+scan (``pidlease.spark.scan``), the stream's reader (``pidlease.spark.stream_source``) and the sinks
+(``pidlease.spark.sink``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.options import ReadSettings
-from pipeline.scan import SCHEMA_DDL, Scan
-from pipeline.sink import BatchSink, StreamSink
+from pidlease.spark.options import ReadSettings
+from pidlease.spark.scan import SCHEMA_DDL, Scan
+from pidlease.spark.sink import BatchSink, StreamSink
 
 FORMAT = "pidlease"
 
@@ -36,7 +36,7 @@ class PidleaseDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
         # Imported here: it needs pyspark.sql.streaming.datasource (PySpark >= 4.2), the
         # batch source and the sinks do not.
-        from pipeline.stream_source import StreamReadSettings, StreamScan
+        from pidlease.spark.stream_source import StreamReadSettings, StreamScan
 
         return StreamScan(StreamReadSettings.parse(self.options))
 

@@ -1,5 +1,5 @@
 """Injected faults, so tests and demos can show exactly-once under the failures Spark
-really has. Each is off unless its option is set (``pipeline.options.Faults``).
+really has. Each is off unless its option is set (``pidlease.spark.options.Faults``).
 
 - ``fail_after_rows_once=N``: attempt 0 of a batch-write task (of ``fail_partitions``,
   default all) raises ``InjectedFailure`` just before its row N, after handing rows
@@ -38,11 +38,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pipeline.attempt import PartitionCommit, TaskInfo
-from pipeline.columnar import ColumnarAttempt
-from pipeline.encoding import RecordEncoder
-from pipeline.errors import AttemptFenced, InjectedFailure, PipelineError
-from pipeline.options import Faults, WriteSettings
+from pidlease.spark.attempt import PartitionCommit, TaskInfo
+from pidlease.spark.columnar import ColumnarAttempt
+from pidlease.spark.encoding import RecordEncoder
+from pidlease.spark.errors import AttemptFenced, InjectedFailure, PipelineError
+from pidlease.spark.options import Faults, WriteSettings
 
 TWIN_LEASE_TIMEOUT_S = 60.0  # the speculative copy must have leased by then
 TWIN_FINISH_TIMEOUT_S = 600.0  # and finished by then

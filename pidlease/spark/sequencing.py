@@ -5,7 +5,7 @@ Everything here is pure, so retries can be reasoned about (and tested) without S
 A row's identity depends only on the row and the job, never on the order Spark delivers
 rows in nor on how it splits the input (issue 30):
 
-- **bucket**: ``pipeline.bucketed`` adds two columns in Spark before the write: a 64-bit
+- **bucket**: ``pidlease.spark.bucketed`` adds two columns in Spark before the write: a 64-bit
   hash of the row's columns (``HASH_COLUMN``, Spark's ``xxhash64``) and its bucket
   (``BUCKET_COLUMN`` = hash mod ``buckets``, the bucket count recorded in the column's
   metadata and in the producer names), and shuffles by the bucket, so every row of a
@@ -44,7 +44,7 @@ numbered in the same rows-only order with a row hash of 0 (``content_order_colum
 topic partition, then key and value bytes). A re-run or a replayed micro-batch with the
 same split gives every row the same (producer, sequence) in any row order; a different
 split (another core count, file listing or shuffle partition count) moves rows to other
-producers, which only ``pipeline.bucketed`` prevents.
+producers, which only ``pidlease.spark.bucketed`` prevents.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ STREAM_POSITION_BITS = 32
 STREAM_POSITIONS_MAX = 1 << STREAM_POSITION_BITS
 STREAM_BATCH_ID_MAX = MAX_SEQUENCE >> STREAM_POSITION_BITS
 
-HASH_COLUMN = "_pidlease_row_hash"  # xxhash64 of the row's columns (pipeline.bucketed)
+HASH_COLUMN = "_pidlease_row_hash"  # xxhash64 of the row's columns (pidlease.spark.bucketed)
 BUCKET_COLUMN = "_pidlease_bucket"  # hash mod buckets
 BUCKETS_METADATA = "pidlease_buckets"  # the bucket count, in BUCKET_COLUMN's metadata
 BUCKETS_DEFAULT = 32
@@ -246,7 +246,7 @@ def plan(
 ) -> list[PlannedRecord]:
     """Every row of a task with its destination and sequence, in the order they are
     sent (canonical). ``resume``: per bucket, what its producer's lease reported. The
-    pure reference of what ``pipeline.columnar`` does on whole columns."""
+    pure reference of what ``pidlease.spark.columnar`` does on whole columns."""
     rs = list(rows)
     parts = [route(routing, r.bucket, r.key, partitions) for r in rs]
     order = canonical(

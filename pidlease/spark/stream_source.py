@@ -5,7 +5,7 @@ every partition of the topic, so the range a micro-batch reads is ``[start[p], e
 of each partition. Spark writes that range into the query's checkpoint (its offset log)
 *before* the batch runs and replays exactly that range after a crash; a pidlease partition
 is an immutable log, so a replay reads the same records in the same order. With the
-exactly-once streaming sink (``pipeline.sink``, content identity: docs/pipeline.md) the
+exactly-once streaming sink (``pidlease.spark.sink``, content identity: docs/pipeline.md) the
 replayed batch maps to the same ids, which the output partitions resolve as duplicates:
 pidlease -> pidlease is effectively once across restarts (docs/processing.md).
 
@@ -43,11 +43,11 @@ from pyspark.sql.streaming.datasource import (
 from pidlease import errors
 from pidlease.client.lease_client import LeaseClient
 from pidlease.client.reader import Reader
-from pipeline.errors import OptionError, PipelineError
-from pipeline.options import SPLIT_RECORDS_DEFAULT, _get, _int, _topic, coordinator_url
-from pipeline.scan import ARROW_BATCH_RECORDS, _arrow_schema
+from pidlease.spark.errors import OptionError, PipelineError
+from pidlease.spark.options import SPLIT_RECORDS_DEFAULT, _get, _int, _topic, coordinator_url
+from pidlease.spark.scan import ArrowRecords
 
-log = logging.getLogger("pipeline.stream_source")
+log = logging.getLogger("pidlease.spark.stream_source")
 
 # How long a task waits for the records of its range to be readable (a leader failover of
 # the input: the new leader's high watermark can lag the old one's for a moment).
@@ -236,44 +236,16 @@ class StreamScan(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
-    """Every record of ``[rng.start, rng.end)`` as Arrow batches (``pipeline.scan``'s
+    """Every record of ``[rng.start, rng.end)`` as Arrow batches (``pidlease.spark.scan``'s
     schema), in offset order. The range was below the high watermark when it was planned,
     so its records exist: the reader goes on until its position reaches ``end`` (control
     records take offsets and are not returned), waiting up to ``RANGE_WAIT_S`` without
     progress for a new leader to catch up; a range that retention deleted raises
     ``OffsetOutOfRange``."""
-    import pyarrow as pa
-
     if rng.end <= rng.start:
         return
-    schema = _arrow_schema()
     topic, p = settings.topic, rng.partition
-    offsets: list[int] = []
-    pids: list[int] = []
-    gens: list[int] = []
-    seqs: list[int] = []
-    keys: list[bytes | None] = []
-    values: list[bytes] = []
-    stamps: list[int] = []
-    columns: list[list[Any]] = [offsets, pids, gens, seqs, keys, values, stamps]
-
-    def batch() -> Any:
-        n = len(offsets)
-        arrays = [
-            pa.array([topic] * n, pa.string()),
-            pa.array([p] * n, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array(pids, pa.int64()),
-            pa.array(gens, pa.int64()),
-            pa.array(seqs, pa.int64()),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        ]
-        for c in columns:
-            c.clear()
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
+    out = ArrowRecords(topic, p)
     deadline, progressed = time.monotonic() + RANGE_WAIT_S, rng.start
     with Reader(settings.coordinator, topic, p, rng.start, api_token=settings.api_token) as reader:
         while reader.position < rng.end:
@@ -281,15 +253,8 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
                 for rec in reader:
                     if rec.offset >= rng.end:
                         break
-                    offsets.append(rec.offset)
-                    pids.append(rec.pid)
-                    gens.append(rec.generation)
-                    seqs.append(rec.sequence_id)
-                    keys.append(rec.key)
-                    values.append(rec.value)
-                    stamps.append(rec.timestamp_ms * 1000)
-                    if len(offsets) >= ARROW_BATCH_RECORDS:
-                        yield batch()
+                    if out.add(rec):
+                        yield out.batch()
             except errors.OffsetOutOfRange as exc:
                 raise errors.OffsetOutOfRange(
                     f"records lost at the source: {topic!r} partition {p} offsets from "
@@ -309,5 +274,5 @@ def read_range(settings: StreamReadSettings, rng: StreamRange) -> Iterator[Any]:
                         f"(high watermark {reader.high_watermark})"
                     )
                 time.sleep(RANGE_POLL_S)
-    if offsets:
-        yield batch()
+    if out:
+        yield out.batch()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("pipeline.job_report")
+log = logging.getLogger("pidlease.spark.job_report")
 
 COUNTERS = ("rows", "skipped", "sent", "appended", "duplicates")
 
@@ -87,7 +87,7 @@ def with_spark_attempts(report: dict[str, Any], attempts: Sequence[dict[str, Any
     executor cannot tell a speculative copy from a retry (both are attempt > 0), the
     driver can. ``attempts``: one per task attempt of the write's stage, with ``index``
     (the Spark partition), ``attempt``, ``speculative`` and ``status`` (SUCCESS, FAILED,
-    KILLED, RUNNING), as ``pipeline.progress.task_attempts`` reads them."""
+    KILLED, RUNNING), as ``pidlease.spark.progress.task_attempts`` reads them."""
     spec = {(a["index"], a["attempt"]) for a in attempts if a["speculative"]}
     for p in report["partitions"]:
         if (p["spark_partition"], p["attempt"]) in spec:

@@ -1,5 +1,5 @@
 """``bucketed(df)``: the columns and the shuffle that make a row's identity a function of
-the row (``pipeline.sequencing``).
+the row (``pidlease.spark.sequencing``).
 
 It adds the row's 64-bit hash (``xxhash64`` of all its columns, computed by Spark in the
 JVM: the same on every run, core count and split) and its bucket (hash mod ``buckets``,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.sequencing import (
+from pidlease.spark.sequencing import (
     BUCKET_COLUMN,
     BUCKETS_DEFAULT,
     BUCKETS_MAX,

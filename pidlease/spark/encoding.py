@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import OptionError
+from pidlease.spark.errors import OptionError
 
 VALUE_COLUMN = "value"
 KEY_COLUMN = "key"
