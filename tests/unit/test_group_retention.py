@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from partition_server.kafka import group_state as G
 from partition_server.kafka.group_state import Group, OffsetEntry, State
-from partition_server.kafka.groups import (
+from partition_server.kafka.group_log import (
     apply_record,
     group_key,
     group_value,
