@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import io
 import socket
+import ssl
 import struct
 import typing
 from typing import Any, Self
@@ -18,14 +19,51 @@ from kio.serial import entity_reader, entity_writer
 
 NONE = 0
 OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 9, 15, 16
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+
+
+class SaslRefused(PermissionError):
+    """The listener refused the SASL/PLAIN login (a wrong user or token)."""
 
 
 class KafkaConn:
-    def __init__(self, address: str, client_id: str, timeout_s: float) -> None:
+    """``sasl``: (user, password) to log in with SASL/PLAIN first (a listener with API
+    tokens requires it); ``ssl_context``: TLS (a listener of a server with TLS)."""
+
+    def __init__(
+        self,
+        address: str,
+        client_id: str,
+        timeout_s: float,
+        *,
+        sasl: tuple[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.client_id = client_id.encode()
         self.corr = 0
+        if sasl is not None:
+            try:
+                self._login(*sasl)
+            except BaseException:
+                self.sock.close()
+                raise
+
+    def _login(self, user: str, password: str) -> None:
+        hs = self.request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+        if int(hs.error_code) != NONE:
+            raise SaslRefused(f"SASL/PLAIN not offered (mechanisms {list(hs.mechanisms)})")
+        r = self.request(SASL_AUTHENTICATE, 2, {"auth_bytes": f"\0{user}\0{password}".encode()})
+        if int(r.error_code) != NONE:
+            raise SaslRefused(f"SASL/PLAIN login as {user!r} refused: {r.error_message}")
 
     def request(self, api_key: int, version: int, values: dict[str, Any]) -> Any:
         self.corr += 1
@@ -96,12 +134,21 @@ def _entity_of(hint: Any) -> type[Any] | None:
     return None
 
 
-def server_groups(address: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+def server_groups(
+    address: str,
+    timeout_s: float = 5.0,
+    *,
+    sasl: tuple[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> list[dict[str, Any]]:
     """The groups one server's Kafka listener coordinates (ListGroups answers only those),
     each with its state, member count and committed offsets, in three requests (ListGroups,
-    DescribeGroups and a batched OffsetFetch). Groups still loading on that server are
-    left out. Raises OSError or EOFError when the listener cannot be reached."""
-    with KafkaConn(address, "pidlease-dashboard", timeout_s) as c:
+    DescribeGroups and a batched OffsetFetch), after a SASL/PLAIN login when ``sasl`` is
+    given. Groups still loading on that server are left out. Raises OSError or EOFError
+    when the listener cannot be reached (SaslRefused, an OSError, for a refused login)."""
+    with KafkaConn(
+        address, "pidlease-dashboard", timeout_s, sasl=sasl, ssl_context=ssl_context
+    ) as c:
         listed = c.request(LIST_GROUPS, 4, {"states_filter": []})
         ids = sorted(g.group_id for g in listed.groups)
         if not ids:
