@@ -307,6 +307,7 @@ class GroupCoordinator:
     def tick(self) -> None:
         now = self._clock()
         self._read_group_logs()
+        self._load_led()
         for idx, slot in list(self.slots.items()):
             r = self.broker.produce.route(GROUPS_TOPIC, idx)
             if self._stopping() or isinstance(r, NotRouted) or r.epoch != slot.epoch:
@@ -320,6 +321,20 @@ class GroupCoordinator:
                 slot.expire_at_ms = now + EXPIRE_CHECK_MS
                 self._expire(slot, now)
             self._maybe_checkpoint(slot)
+
+    def _load_led(self) -> None:
+        """Start loading every group log partition this server has come to lead, as a
+        Kafka broker does at its election, not at the first request for one of its groups:
+        a ListGroups (which covers all of them) answered COORDINATOR_LOAD_IN_PROGRESS
+        whenever one had not been asked for yet, and kafkajs's ``admin.listGroups`` does
+        not retry that."""
+        if self._stopping():
+            return
+        for idx in range(GROUPS_PARTITIONS):
+            if idx in self.slots:
+                continue
+            if isinstance(self.broker.produce.route(GROUPS_TOPIC, idx), Route):
+                self._slot(idx)
 
     # -- compaction of the group log -------------------------------------------------------
     def _read_group_logs(self) -> None:
