@@ -7,7 +7,7 @@ on disk on each replica, its first offset, and, after a SIGKILL of the coordinat
 many records the new coordinator replayed and how long its load took (its log line).
 
     python bench/bench_group_log.py [--commits 20000] [--partitions 8]
-        [--compact-bytes 262144] [--segment-bytes 65536] [--json out.json]
+        [--compact-bytes 262144] [--segment-bytes 65536] [--runs off,on] [--json out.json]
 
 Run ``--compact-bytes 0`` is compaction off (the log keeps every commit).
 """
@@ -137,10 +137,12 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--compact-bytes", type=int, default=262_144)
     ap.add_argument("--segment-bytes", type=int, default=65_536)
+    ap.add_argument("--runs", default="off,on", help="off,on: without then with compaction")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     results = []
-    for compact in (0, args.compact_bytes):
+    runs = {"off": 0, "on": args.compact_bytes}
+    for compact in [runs[r] for r in args.runs.split(",")]:
         with tempfile.TemporaryDirectory(prefix="bench-group-log-") as tmp:
             r = run(Path(tmp), args, compact)
         print(json.dumps(r), flush=True)
