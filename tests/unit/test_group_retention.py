@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 from partition_server.kafka import group_state as G
-from partition_server.kafka.group_state import Group, OffsetEntry, State
 from partition_server.kafka.group_log import (
     apply_record,
     group_key,
@@ -22,6 +21,7 @@ from partition_server.kafka.group_log import (
     offset_key,
     offset_value,
 )
+from partition_server.kafka.group_state import Group, OffsetEntry, State
 from tests.unit.test_group_state import SESSION, join, new_member, stable_group
 
 RET = 60_000
