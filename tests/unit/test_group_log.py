@@ -192,3 +192,29 @@ def test_checkpoint_batches_respect_the_size_and_end_with_the_marker() -> None:
         CHECKPOINT_KEY,
         json.dumps({"from": 1234, "bytes": sum(len(k) + len(v) for k, v in image)}).encode(),
     )
+
+
+def test_retention_releases_whole_segments_below_the_checkpoint_only() -> None:
+    from partition_server.retention import LogPolicy, SegmentInfo, segments_to_delete
+
+    segs = [
+        SegmentInfo(0, 100, 10, 0),
+        SegmentInfo(100, 200, 10, 0),
+        SegmentInfo(200, 300, 10, 0),
+        SegmentInfo(300, 350, 10, 0),  # the active one
+    ]
+    keep = LogPolicy()  # no retention by time or size: the group log's
+    at = {"high_watermark": 350, "replay_from": 350}
+    assert segments_to_delete(segs, keep, 10**12, **at) == (0, 0)
+    # A checkpoint starting at 250: the two segments wholly below go, not the one holding it.
+    assert segments_to_delete(segs, keep, 10**12, **at, release_below=250) == (2, 0)
+    assert segments_to_delete(segs, keep, 10**12, **at, release_below=200) == (2, 0)
+    # Never above the high watermark, nor past the newest snapshot's replay start.
+    assert segments_to_delete(
+        segs, keep, 0, high_watermark=150, replay_from=350, release_below=250
+    ) == (1, 0)
+    assert segments_to_delete(
+        segs, keep, 0, high_watermark=350, replay_from=150, release_below=250
+    ) == (1, 1)
+    # Never the active segment.
+    assert segments_to_delete(segs, keep, 0, **at, release_below=10**9) == (3, 0)
