@@ -31,8 +31,14 @@ every waiting request NOT_COORDINATOR.
 ``Group.expired``): what expires gets tombstones through the same durable path, so a
 reload after a coordinator's death does not bring it back.
 
-Not done: compaction of the group log (it grows with every commit; replay reads it all),
-static membership, group ACLs beyond SASL.
+**Compaction.** Every server reads the committed records of the group log partitions it
+hosts (leader or follower) into a ``group_log.LogTable``. The leader writes a checkpoint
+(the table's image, then a marker naming where it starts) once ``group_log_compact_bytes``
+were written since the last one and everything in the log is committed and read; every
+replica, on reading a committed marker, sets ``Partition.release_below`` and its retention
+deletes the segments below the checkpoint (docs/kafka.md, "Compaction of the group log").
+
+Not done: static membership, group ACLs beyond SASL.
 """
 
 from __future__ import annotations
@@ -343,11 +349,11 @@ class GroupCoordinator:
         read sets ``release_below``, the offset below which retention may delete this
         replica's segments (the committed log is the same on every replica, so each cuts
         where the leader does, deciding alone)."""
-        hosted = {
-            key[1]: part
-            for key, part in self.broker.partitions.items()
-            if key[0] == GROUPS_TOPIC and part.hosted
-        }
+        hosted = {}
+        for idx in range(GROUPS_PARTITIONS):
+            part = self.broker.partitions.get((GROUPS_TOPIC, idx))
+            if part is not None and part.hosted:
+                hosted[idx] = part
         for idx in [i for i in self.readers if i not in hosted]:
             del self.readers[idx]
         for idx, part in hosted.items():
