@@ -11,7 +11,10 @@ not install npm packages). The scenarios are ``kafkajs/features.js``.
   a config we do not take refused (INVALID_CONFIG);
 - compression: gzip stored as sent (the batch on disk is gzip), read back by
   ``pidlease.Reader``, ``pidlease verify`` OK; snappy, lz4 and zstd are not in kafkajs
-  (each needs a codec plugin package): it refuses to send, before any request."""
+  (each needs a codec plugin package): it refuses to send, before any request;
+- transactions: ``producer.transaction()`` fails "Failed to find group coordinator"
+  (FindCoordinator for its transactional id is COORDINATOR_NOT_AVAILABLE: transactions are
+  not supported) once its retries are spent; nothing written."""
 
 from __future__ import annotations
 
@@ -47,10 +50,10 @@ def env() -> dict[str, str]:
     return dict(os.environ, NODE_PATH=str(Path(KAFKAJS_DIR) / "node_modules"))
 
 
-def run(*args: str, timeout_s: float = 120) -> list[dict[str, Any]]:
+def run(*args: str, timeout_s: float = 120, retries: int = 10) -> list[dict[str, Any]]:
     r = subprocess.run(
         ["node", str(SCRIPT), *args],
-        env=env(),
+        env=dict(env(), KAFKAJS_RETRIES=str(retries)),
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -189,3 +192,15 @@ def test_kafkajs_gzip_stored_as_sent_and_the_other_codecs_need_plugins(
         errors = [x["error"] for x in got if "error" in x]
         assert errors and "compression not implemented" in errors[0].lower(), got
         assert list(Reader(c.coordinator_url, f"kj{codec}", partition=0)) == []
+
+
+def test_kafkajs_transaction_refused(make_cluster: Any) -> None:
+    c = make_cluster(servers=1)
+    c.create_topic("kjt", partitions=1, replication_factor=1)
+    got = run(c.kafka_bootstrap, "transaction", "kjt", timeout_s=300, retries=2)
+    assert not any("committed" in x for x in got), got
+    errors = [x for x in got if "error" in x]
+    # FindCoordinator for a transactional id: COORDINATOR_NOT_AVAILABLE, retried, then:
+    assert [e["type"] for e in errors] == ["KafkaJSGroupCoordinatorNotFound"], got
+    assert errors[0]["error"] == "Failed to find group coordinator"
+    assert list(Reader(c.coordinator_url, "kjt", partition=0)) == [], "nothing written"

@@ -3,13 +3,14 @@
 //   node features.js BOOTSTRAP compress TOPIC CODEC N   (CODEC: gzip | snappy | lz4 | zstd)
 //   node features.js BOOTSTRAP consume TOPIC GROUP      (until SIGTERM; then leaves the group)
 //   node features.js BOOTSTRAP offsets TOPIC GROUP
+//   node features.js BOOTSTRAP transaction TOPIC
 const { Kafka, logLevel, CompressionTypes } = require('kafkajs')
 const [bootstrap, scenario, topic] = process.argv.slice(2, 5)
 const kafka = new Kafka({
   clientId: 'kafkajs-features',
   brokers: bootstrap.split(','),
   logLevel: logLevel.NOTHING,
-  retry: { retries: 10, initialRetryTime: 200 }
+  retry: { retries: parseInt(process.env.KAFKAJS_RETRIES || '10'), initialRetryTime: 200 }
 })
 const out = o => console.log(JSON.stringify(o))
 const fail = e => { out({ error: e.message, type: e.type || e.name }); process.exit(3) }
@@ -76,6 +77,21 @@ async function consume (group) {
   })
 }
 
+async function transaction () {
+  const p = kafka.producer({ transactionalId: 'kafkajs-tx', idempotent: true, maxInFlightRequests: 1 })
+  const t0 = Date.now()
+  try {
+    await p.connect()
+    const tx = await p.transaction()
+    await tx.send({ topic, messages: [{ partition: 0, value: 'in a transaction' }] })
+    await tx.commit()
+    out({ committed: true })
+  } catch (e) {
+    out({ error: e.message, type: e.type || e.name, after_ms: Date.now() - t0 })
+  }
+  await p.disconnect()
+}
+
 async function offsets (group) {
   const a = kafka.admin()
   await a.connect()
@@ -93,5 +109,6 @@ async function offsets (group) {
   else if (scenario === 'compress') await compress(process.argv[5], parseInt(process.argv[6]))
   else if (scenario === 'consume') await consume(process.argv[5])
   else if (scenario === 'offsets') await offsets(process.argv[5])
+  else if (scenario === 'transaction') await transaction()
   else throw new Error(`unknown scenario ${scenario}`)
 })().catch(fail)
