@@ -4,9 +4,10 @@ ListGroups, DescribeGroups, DeleteGroups and OffsetDelete, over the rules of
 ``group_state.py``.
 
 **Placement.** A group lives in partition ``crc32(group id) mod GROUPS_PARTITIONS`` of
-the internal topic ``__pidlease_groups`` (replication factor min(3, servers), dedup off,
-no retention), created by the first server a FindCoordinator reaches while it does not
-exist. The coordinator of a group is the leader of its partition; any other server
+the internal topic ``__pidlease_groups`` (replication factor min(3, servers with a Kafka
+listener), on those, dedup off, no retention by time or size: compaction cuts it),
+created by the first server a FindCoordinator reaches while it does not exist. The
+coordinator of a group is the leader of its partition; any other server
 answers NOT_COORDINATOR, and FindCoordinator (any server) names the leader from
 ZooKeeper's view.
 
@@ -20,11 +21,12 @@ state is changed only by records that became durable, in log order, so it is alw
 replay of the log's committed prefix.
 
 **Loading.** A server that finds itself leader of a group partition (at a new leader
-epoch) answers COORDINATOR_LOAD_IN_PROGRESS while it waits for its log end to be
-committed and replays the partition from its start; members are not restored (they get
-UNKNOWN_MEMBER_ID and rejoin, so no member of the old coordinator can commit), offsets
-and generations are. A partition that stops leading here drops its groups and answers
-every waiting request NOT_COORDINATOR.
+epoch) starts loading it at the next tick (not at the first request for one of its
+groups: ListGroups covers them all), answers COORDINATOR_LOAD_IN_PROGRESS while it waits
+for its log end to be committed and replays the partition from its start; members are
+not restored (they get UNKNOWN_MEMBER_ID and rejoin, so no member of the old coordinator
+can commit), offsets and generations are. A partition that stops leading here drops its
+groups and answers every waiting request NOT_COORDINATOR.
 
 **Retention.** Once a second each loaded partition's groups are checked against
 ``group_offsets_retention_ms`` (Kafka's ``offsets.retention.minutes``; the rule is
