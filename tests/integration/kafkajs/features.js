@@ -60,7 +60,7 @@ async function compress (codec, n) {
 
 async function consume (group) {
   const c = kafka.consumer({ groupId: group, sessionTimeout: 10000, heartbeatInterval: 500, rebalanceTimeout: 10000 })
-  c.on(c.events.GROUP_JOIN, e => out({ joined: e.payload.memberAssignment[topic] || [], generation: e.payload.groupId && e.payload.duration }))
+  c.on(c.events.GROUP_JOIN, e => out({ joined: e.payload.memberAssignment[topic] || [] }))
   await c.connect()
   await c.subscribe({ topics: [topic], fromBeginning: true })
   await c.run({
