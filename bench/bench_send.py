@@ -12,7 +12,7 @@ an in-process sink, not a server: the coordinator is an ``httpx.MockTransport`` 
 request on the next loop iteration. What is measured is the SDK alone (both of its
 threads), without a server competing for the two cores.
 
-Three variants, interleaved in every repetition so drift hits them alike:
+Six variants, interleaved in every repetition so drift hits them alike:
 
 - ``old``            ``--old-rev`` (default fceb23d, before the engine was untangled),
                      extracted with ``git archive`` into a temporary directory and put
@@ -23,6 +23,8 @@ Three variants, interleaved in every repetition so drift hits them alike:
 - ``new-batch``      this tree, the records handed over by ``send_batch`` in calls of
                      ``--batch-call`` records (a list of bytes) instead of one ``send``
                      each ("send() us/record" is then the calls' time per record)
+- ``old-readable``, ``old-batch``: the same two on ``--old-rev``, so each new variant is
+                     compared with its own old one
 """
 
 from __future__ import annotations
@@ -187,6 +189,13 @@ def _old_tree(rev: str, into: Path) -> Path:
     return into
 
 
+# each new variant against its own old one (and send_batch against the old send)
+RATIOS = (
+    ("new-fast", "old"),
+    ("new-readable", "old-readable"),
+    ("new-batch", "old-batch"),
+    ("new-batch", "old"),
+)
 METRICS = {"records_per_s": "records/s", "cpu_us": "CPU us/record", "send_us": "send() us/record"}
 
 
@@ -230,21 +239,34 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--old-rev", default="fceb23d")
     ap.add_argument("--batch-call", type=int, default=10_000, help="records per send_batch")
+    ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.records, args.value_bytes, args.partitions)
         return
-    names = ("old", "new-fast", "new-readable", "new-batch")
+    names: tuple[str, ...] = (
+        "old",
+        "new-fast",
+        "old-readable",
+        "new-readable",
+        "old-batch",
+        "new-batch",
+    )
     got: dict[str, dict[str, list[float]]] = {n: {m: [] for m in METRICS} for n in names}
     with tempfile.TemporaryDirectory(prefix="pidlease-bench-send-") as tmp:
         old = _old_tree(args.old_rev, Path(tmp))
         runs = {
             "old": (old, False, 0),
             "new-fast": (ROOT, False, 0),
+            "old-readable": (old, True, 0),
             "new-readable": (ROOT, True, 0),
+            "old-batch": (old, False, args.batch_call),
             "new-batch": (ROOT, False, args.batch_call),
         }
+        if args.only:
+            runs = {n: r for n, r in runs.items() if n in args.only.split(",")}
+            names = tuple(runs)
         for rep in range(args.reps):
             line = []
             for name, (path, readable, batch_call) in runs.items():
@@ -270,8 +292,8 @@ def main() -> None:
                 f"    {n:13s} {fmt.format(med[n][k]):>10s}  "
                 f"[{fmt.format(min(vals))} - {fmt.format(max(vals))}]"
             )
-        for n in names[1:]:
-            print(f"    {n + ' / old':20s} {med[n][k] / med['old'][k]:.3f}")
+        for new, base in (r for r in RATIOS if set(r) <= set(names)):
+            print(f"    {new + ' / ' + base:26s} {med[new][k] / med[base][k]:.3f}")
 
 
 if __name__ == "__main__":

@@ -193,6 +193,10 @@ PRODUCER_ROUTES: tuple[tuple[str, str], ...] = (
     ("GET", "/v1/topics"),
     ("GET", "/v1/topics/*"),
     ("GET", "/v1/pids/*"),
+    # where the Kafka listeners (group coordinators) are: a consumer group member, processor
+    # or mirror with a producer token finds them here, as any authenticated Kafka client
+    # learns the brokers from Metadata
+    ("GET", "/v1/servers"),
 )
 GUARDED_OTHER = ("/dashboard", "/dashboard/data")
 

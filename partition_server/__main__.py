@@ -46,7 +46,11 @@ def main() -> int:
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        runner.run(_run(settings))
+        try:
+            runner.run(_run(settings))
+        except OSError as exc:  # a port in use, an unreachable address: one clear line
+            log.error("cannot start: %s", exc)
+            return 1
     return 0
 
 

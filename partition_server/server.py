@@ -202,7 +202,16 @@ class PartitionServer:
         if self.s.kafka_port:
             # Also before registering: the Kafka port goes into /servers/<id> with ours.
             self.kafka = make_listener(self.s, self.broker, self.registry, lambda: self._stopping)
-            bound = await self.kafka.start(self.s.kafka_host or self.s.host, self.s.kafka_port)
+            kafka_host = self.s.kafka_host or self.s.host
+            try:
+                bound = await self.kafka.start(kafka_host, self.s.kafka_port)
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"the Kafka listener cannot bind {kafka_host}:{self.s.kafka_port} "
+                    f"({exc.strerror or exc}): set PIDLEASE_KAFKA_PORT to a free port (each "
+                    "server on one machine needs its own), or 0 for no Kafka listener",
+                ) from exc
             self.kafka_port = self.s.kafka_advertised_port or bound
         await self.registry.register(adv_host, adv_port, self.kafka_port)
         await self.registry.refresh()  # arms the watches, now that we are listed

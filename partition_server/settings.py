@@ -234,12 +234,15 @@ class ServerSettings(BaseSettings):
 
     # -- Kafka listener (docs/kafka.md) --
     kafka_port: int = Field(
-        default=0,
+        default=9092,
         ge=0,
         le=65535,
         description=(
-            "port of the Kafka protocol listener (unmodified Kafka clients); 0: no listener "
-            "(`pidlease dev up` and LocalCluster turn it on)"
+            "port of the Kafka protocol listener (unmodified Kafka clients, and the consumer "
+            "group coordinator that `Consumer`, `Processor` and `pidlease mirror` join); 9092 "
+            "as Kafka's; 0: no listener (processors then need a static assignment). A second "
+            "server on one machine needs its own, as it needs its own `port` (`pidlease dev "
+            "up` and LocalCluster pick free ones)"
         ),
     )
     kafka_host: str = Field(

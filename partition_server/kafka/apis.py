@@ -296,13 +296,16 @@ class KafkaApis:
     def authenticate(self, auth_bytes: bytes, session: Session) -> str | None:
         """Check a PLAIN token; None when it passes, else why not."""
         creds = parse_plain(auth_bytes)
-        scope = None
+        who = None
         if creds is not None:
             user, password = creds
-            scope = self.principals.check(user, password) if self.principals.required else "admin"
-        if creds is None or scope is None:
+            if not self.principals.required:
+                who = (user or ANONYMOUS, "admin")
+            else:
+                who = self.principals.identify(user, password)
+        if who is None:
             return "authentication failed: wrong user or token"
-        session.principal, session.scope = creds[0], scope
+        session.principal, session.scope = who
         session.authenticated = True
         session.mechanism = None
         return None

@@ -38,13 +38,23 @@ class Principals:
 
     def check(self, user: str, password: str) -> str | None:
         """The scope of ``user`` when ``password`` is its token, else None."""
+        who = self.identify(user, password)
+        return None if who is None else who[1]
+
+    def identify(self, user: str, password: str) -> tuple[str, str] | None:
+        """(principal, scope) of ``user`` when ``password`` is its token, else None. An
+        empty ``user`` is the principal whose token ``password`` is, as at the
+        coordinator's HTTP door, where the token alone names the caller (the SDK's
+        ``Consumer`` sends only its ``api_token``); a token two principals share names
+        neither."""
         presented = hashlib.sha256(password.encode()).digest()
-        found: str | None = None
+        found: list[tuple[str, str]] = []
         for name, (scope, digest) in self.entries.items():
             match = hmac.compare_digest(presented, digest)
-            if match and hmac.compare_digest(name.encode(), user.encode()):
-                found = scope
-        return found
+            named = hmac.compare_digest(name.encode(), user.encode())
+            if match and (named or not user):
+                found.append((name, scope))
+        return found[0] if len(found) == 1 else None
 
 
 def load_principals(api_token: str, api_tokens: str, api_tokens_file: str) -> Principals:
@@ -84,7 +94,8 @@ def _split(where: str, raw: str) -> tuple[str, str, str]:
 
 def parse_plain(auth_bytes: bytes) -> tuple[str, str] | None:
     """(user, password) of a SASL/PLAIN message ``[authzid] NUL authcid NUL passwd``
-    (RFC 4616), or None when malformed or when it asks to act as somebody else."""
+    (RFC 4616), or None when malformed or when it asks to act as somebody else. An empty
+    user (with no authzid) is kept: ``Principals.identify`` finds it by its token."""
     parts = auth_bytes.split(b"\0")
     if len(parts) != 3:
         return None
@@ -92,6 +103,6 @@ def parse_plain(auth_bytes: bytes) -> tuple[str, str] | None:
         authzid, user, password = (p.decode() for p in parts)
     except UnicodeDecodeError:
         return None
-    if not user or (authzid and authzid != user):
+    if (not user and authzid) or (authzid and authzid != user):
         return None
     return user, password

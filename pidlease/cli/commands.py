@@ -147,6 +147,7 @@ def cmd_partition_server(args: argparse.Namespace) -> int:
         {
             "zk": "PIDLEASE_ZK",
             "port": "PIDLEASE_PORT",
+            "kafka_port": "PIDLEASE_KAFKA_PORT",
             "server_id": "PIDLEASE_SERVER_ID",
             "data_dir": "PIDLEASE_DATA_DIR",
         },
@@ -300,7 +301,13 @@ def _consume_group(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import Consumer
 
     n = 0
-    with Consumer(args.coordinator, [args.topic], args.group) as c:
+    with Consumer(
+        args.coordinator,
+        [args.topic],
+        args.group,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    ) as c:
         while args.max is None or n < args.max:
             recs = c.poll(1.0, max_records=500 if args.max is None else min(500, args.max - n))
             if not recs and c.assignment and not args.follow:
@@ -330,7 +337,11 @@ def _consume_group(args: argparse.Namespace) -> int:
 def cmd_groups_list(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import list_groups
 
-    groups = list_groups(args.coordinator)
+    groups = list_groups(
+        args.coordinator,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    )
     if args.json:
         print(json.dumps(groups))
     elif not groups:
@@ -344,7 +355,12 @@ def cmd_groups_list(args: argparse.Namespace) -> int:
 def cmd_groups_describe(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import describe_group
 
-    d = describe_group(args.coordinator, args.group)
+    d = describe_group(
+        args.coordinator,
+        args.group,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    )
     if args.json:
         print(json.dumps(d))
         return 0
@@ -364,7 +380,12 @@ def cmd_groups_describe(args: argparse.Namespace) -> int:
 def cmd_groups_delete(args: argparse.Namespace) -> int:
     from pidlease.client.consumer import delete_group
 
-    delete_group(args.coordinator, args.group)
+    delete_group(
+        args.coordinator,
+        args.group,
+        api_token=getattr(args, "api_token", None),
+        tls_ca_file=getattr(args, "tls_ca_file", None),
+    )
     print(f"deleted group {args.group}")
     return 0
 
@@ -715,6 +736,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     zk(s, "ZooKeeper hosts with chroot (env PIDLEASE_ZK)")
     s.add_argument("--port", type=int, help="TCP port (env PIDLEASE_PORT)")
+    s.add_argument(
+        "--kafka-port",
+        type=int,
+        help="Kafka listener and group coordinator port (env PIDLEASE_KAFKA_PORT, default "
+        "9092; 0: none)",
+    )
     s.add_argument("--server-id", type=int, help="server id (env PIDLEASE_SERVER_ID)")
     s.add_argument("--data-dir", help="log directory (env PIDLEASE_DATA_DIR)")
     s.set_defaults(func=cmd_partition_server)

@@ -24,6 +24,9 @@ examples:
 
 Killed and restarted with the same --name, it resumes where the target says it stopped:
 every source record lands exactly once, in order, with its key, value and timestamp.
+Instances started with the same --name share the source partitions through the consumer
+group named after it (on the source cluster) and take over a dead one's; --no-group (or
+--instance/--instances, or --until-caught-up) assigns partitions statically instead.
 """
 
 
@@ -68,12 +71,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="for target topics created by the mirror (default: the source topic's)",
     )
     m.add_argument("--instance", type=int, default=0, help="this instance's index (static split)")
-    m.add_argument("--instances", type=int, default=1, help="instances sharing --name")
     m.add_argument(
+        "--instances", type=int, default=1, help="instances sharing --name (static split)"
+    )
+    grp = m.add_mutually_exclusive_group()
+    grp.add_argument(
         "--group",
         action="store_true",
-        help="instances sharing --name split the partitions through a consumer group "
-        "(instead of --instance/--instances); a dead instance's partitions are taken over",
+        help="instances sharing --name split the partitions through the consumer group "
+        "named after it, and take over a dead one's (the default unless a static flag is "
+        "given; kept for scripts that said it)",
+    )
+    grp.add_argument(
+        "--no-group",
+        action="store_true",
+        help="no consumer group: this instance takes every partition (or its "
+        "--instance/--instances share); for a source without a Kafka listener",
     )
     m.add_argument("--metrics-port", type=int, help="serve Prometheus text on 127.0.0.1:PORT")
     m.add_argument(
@@ -107,6 +120,12 @@ def _serve_metrics(port: int, render: Callable[[], str]) -> ThreadingHTTPServer:
     return srv
 
 
+def group_choice(args: argparse.Namespace) -> bool | None:
+    """``--group``: True; ``--no-group``: False; neither: None, the processors' default
+    (the group, unless --instances or --until-caught-up ask for the static assignment)."""
+    return True if args.group else (False if args.no_group else None)
+
+
 def cmd_mirror(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
@@ -130,7 +149,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         until_caught_up=args.until_caught_up,
         instance=args.instance,
         instances=args.instances,
-        group=args.group,
+        group=group_choice(args),
     )
     srv = None
     if args.metrics_port is not None:

@@ -2,13 +2,16 @@
 
 - ``producer``       ``AsyncProducer`` (the engine, on asyncio) and ``Producer`` (the same
                      engine on a background thread, for blocking code); ``ProducerState``
-- ``config``         ``ProducerConfig``: the producer's settings, checked
-- ``sender``         one task per partition: batching, the in-flight window, resends;
-                     given its collaborators (``SenderContext``), it never sees the producer
+- ``config``         ``ProducerConfig`` (the tuning, checked) and ``ProducerSettings``
+- ``sender``         one task per partition: drains the accumulator, the in-flight window,
+                     resends; given its collaborators (``SenderContext``), it never sees
+                     the producer
+- ``accumulator``    per partition the open batch and the closed ones its sender has not
+                     taken, the linger deadline; the one buffer counter
 - ``record_columns`` ``send_batch``: a call's records as columns (lists or Arrow), routed
                      and encoded per batch in one step
 - ``batch_future``   the outcome of a ``send_batch`` call: its one future, lazy metadata
-- ``record_run``     records of one partition that fit in one batch, and their outcome
+- ``producer_batch`` ``ProducerBatch``: one batch being filled, and its records' outcome
 - ``record_future``  the cheap per-record future ``Producer.send`` returns
 - ``structs``        small value types: ``RecordMetadata``, ``BatchAck``
 - ``retry``          the retry policy: ``Backoff``, which errors are retriable
@@ -24,6 +27,7 @@
 - ``mirror``         copying topics between clusters on processors (``pidlease mirror``)
 
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
-``record_columns`` -> ``batch_future`` / ``record_run`` -> ``record_future`` -> ``structs``);
+``accumulator`` / ``record_columns`` -> ``batch_future`` / ``producer_batch`` ->
+``record_future`` -> ``structs``);
 tests/unit/test_import_graph.py fails on any cycle.
 """

@@ -1,5 +1,5 @@
 """The outcome of one ``send_batch`` call: ``BatchTracker`` collects the outcome of each of
-the call's runs (one ``RecordRun`` per batch, plus the replayed ids resolved at once) and
+the call's batches (one ``EncodedBatch`` each, plus the replayed ids resolved at once) and
 completes the call's one future when the last is settled: ``BatchFuture`` (the blocking
 ``Producer``'s, a ``concurrent.futures.Future``) or ``AsyncBatchFuture``. Their result,
 ``BatchMetadata``, is a lazy sequence: a record's ``RecordMetadata`` is made from its

@@ -1,16 +1,23 @@
-"""The producer's tuning settings, in one frozen, checked object: ``AsyncProducer`` and
-``Producer`` take each as a keyword of the same name and default, and hand the object to
-the parts of the engine that need it (the partition senders).
+"""The producer's settings: ``ProducerConfig``, the tuning, in one frozen, checked object
+the parts of the engine that need it get (the partition senders, the accumulator); and
+``ProducerSettings``, everything a producer is built from (the config included).
+``AsyncProducer`` and ``Producer`` take each as a keyword of the same name and default.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from pidlease import errors
 from pidlease.wire import protocol
 
-__all__ = ["DEFAULTS", "RECORD_OVERHEAD", "ProducerConfig"]
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["DEFAULTS", "RECORD_OVERHEAD", "ProducerConfig", "ProducerSettings"]
 
 RECORD_OVERHEAD = 8  # key_len + value_len of each record in the batch format
 
@@ -69,3 +76,23 @@ class ProducerConfig:
 
 
 DEFAULTS = ProducerConfig()  # the keyword defaults of AsyncProducer and Producer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProducerSettings:
+    """Everything a producer is built from, in one object: what ``AsyncProducer`` and
+    ``Producer`` take as keywords (the same for both; ``producer._Settings`` reads them
+    into this). ``config`` is checked; None for a clock or ``rng`` means the real one."""
+
+    coordinator_url: str
+    topic: str
+    config: ProducerConfig
+    producer_name: str | None = None  # None: a PID of its own, no takeover
+    expire_ms: int | None = None  # the PID's expiry; None: the topic's default
+    http_transport: httpx.AsyncBaseTransport | None = None  # the coordinator's (tests)
+    api_token: str | None = None
+    tls_ca_file: str | None = None
+    tls: bool = False
+    clock_ms: Callable[[], float] | None = None  # monotonic ms: linger, timeouts, backoff
+    wall_ms: Callable[[], float] | None = None  # ms since the epoch: batch timestamps
+    rng: random.Random | None = None  # backoff jitter, the round robin's start

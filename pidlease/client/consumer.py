@@ -13,28 +13,36 @@ group's committed offset (else ``auto_offset_reset``). Offsets are committed onl
 It is blocking: iteration reads, and rejoins when the background heartbeat hears of a
 rebalance; a rebalance lost in between (``commit()`` refused with ILLEGAL_GENERATION,
 UNKNOWN_MEMBER_ID or REBALANCE_IN_PROGRESS) raises ``CommitFailed`` and the next
-iteration rejoins, as Kafka's consumers do. Not done: the Kafka listener's TLS and SASL
-(the consumer connects in plaintext without credentials), ``AsyncConsumer``.
+iteration rejoins, as Kafka's consumers do.
+
+TLS and tokens take the producer's settings: ``tls_ca_file`` / ``tls`` (else
+``PIDLEASE_TLS_CA_FILE``) and ``api_token`` (else ``PIDLEASE_API_TOKEN``) serve the
+coordinator's HTTPS, the partition servers' protocol and the Kafka listener alike: the
+listener speaks TLS when its server does, and with a token the consumer authenticates there
+with SASL/PLAIN as the principal the token belongs to (an empty user name; the listener
+finds the principal by the token, as the coordinator does for a Bearer token). Not done:
+``AsyncConsumer``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import struct
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
-import httpx
-
 from pidlease import errors
-from pidlease.client.lease_client import coordinator_base_url
+from pidlease.client.lease_client import API_TOKEN_ENV, LeaseClient, coordinator_base_url
 from pidlease.client.reader import Reader
 from pidlease.errors import CommitFailed
 from pidlease.wire import protocol
 from pidlease.wire.kafka_conn import KafkaConn as _Conn
+from pidlease.wire.kafka_conn import SaslRefused
+from pidlease.wire.tls import client_ssl_context
 
 __all__ = ["CommitFailed", "Consumer"]
 
@@ -63,6 +71,9 @@ class Consumer:
         poll_interval_ms: float = 200,
         request_timeout_s: float = 30.0,
         client_id: str = "pidlease-consumer",
+        api_token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls: bool = False,
     ) -> None:
         if not topics or not all(isinstance(t, str) and t for t in topics):
             raise errors.ConfigError("topics must be a non-empty list of topic names")
@@ -79,6 +90,12 @@ class Consumer:
         self.poll_s = poll_interval_ms / 1000
         self.timeout_s = request_timeout_s
         self.client_id = client_id
+        # connection setup: the producer's TLS and token settings, for every door
+        self._ssl = client_ssl_context(tls_ca_file, tls)
+        token = api_token if api_token is not None else os.environ.get(API_TOKEN_ENV, "")
+        self._sasl = ("", token) if token else None
+        self._auth: dict[str, Any] = {"api_token": api_token, "tls_ca_file": tls_ca_file}
+        self._auth["tls"] = tls
         self.member_id = ""
         self.generation = -1
         self.positions: dict[TP, int] = {}  # next offset to read, per assigned partition
@@ -289,10 +306,14 @@ class Consumer:
         return {m: _assignment(a) for m, a in out.items()}
 
     def _partitions_of(self, topic: str) -> int:
-        r = httpx.get(f"{self.url}/v1/topics/{topic}", timeout=self.timeout_s)
-        if r.status_code != 200:
+        try:
+            with self._http() as c:
+                return c.topic(topic, offsets=False).partitions
+        except (errors.UnknownTopicOrPartition, errors.CoordinatorUnavailable):
             return 0
-        return int(r.json().get("partitions", 0))
+
+    def _http(self) -> LeaseClient:
+        return LeaseClient(self.url, request_timeout_ms=int(self.timeout_s * 1000), **self._auth)
 
     def _take(self, assigned: dict[str, list[int]]) -> None:
         tps = {(t, p) for t, ps in assigned.items() for p in ps}
@@ -307,7 +328,7 @@ class Consumer:
         for tp in new:
             off = committed.get(tp)
             if off is None:
-                self._readers[tp] = Reader(self.url, tp[0], tp[1], start=self.reset)
+                self._readers[tp] = Reader(self.url, tp[0], tp[1], start=self.reset, **self._auth)
                 self.positions[tp] = -1  # the reader's start decides
             else:
                 self.positions[tp] = off
@@ -316,7 +337,7 @@ class Consumer:
         r = self._readers.get(tp)
         pos = self.positions[tp]
         if r is None or (pos >= 0 and r.position != pos):
-            r = Reader(self.url, tp[0], tp[1], start_offset=pos)
+            r = Reader(self.url, tp[0], tp[1], start_offset=pos, **self._auth)
             self._readers[tp] = r
         return r
 
@@ -402,19 +423,31 @@ class Consumer:
         while time.monotonic() < deadline:
             for addr in self._bootstrap():
                 try:
-                    with _Conn(addr, self.client_id, self.timeout_s) as c:
+                    with self._conn(addr) as c:
                         r = c.request(FIND_COORDINATOR, 1, {"key": self.group, "key_type": 0})
                     if int(r.error_code) == NONE:
-                        return _Conn(f"{r.host}:{r.port}", self.client_id, self.timeout_s)
+                        return self._conn(f"{r.host}:{r.port}")
                     last = f"Kafka error {int(r.error_code)}"
+                except SaslRefused as exc:  # retrying cannot help
+                    raise errors.Unauthorized(
+                        f"the Kafka listener at {addr} refused the api_token: {exc}"
+                    ) from exc
                 except OSError as exc:
                     last = str(exc)
             time.sleep(0.2)
         raise errors.CoordinatorUnavailable(f"no coordinator for group {self.group!r}: {last}")
 
+    def _conn(self, address: str) -> _Conn:
+        return _Conn(
+            address, self.client_id, self.timeout_s, ssl_context=self._ssl, sasl=self._sasl
+        )
+
     def _bootstrap(self) -> list[str]:
-        r = httpx.get(f"{self.url}/v1/servers", timeout=self.timeout_s)
-        servers = r.json().get("servers", []) if r.status_code == 200 else []
+        try:
+            with self._http() as c:
+                servers = c.call("GET", "/v1/servers").get("servers", [])
+        except errors.CoordinatorUnavailable:
+            servers = []
         out = [f"{s['host']}:{s['kafka_port']}" for s in servers if s.get("kafka_port")]
         if not out:
             raise errors.CoordinatorUnavailable("no partition server has a Kafka listener")
@@ -473,34 +506,69 @@ def _parse_assignment(data: bytes) -> dict[str, list[int]]:
 DELETE_GROUPS, DESCRIBE_GROUPS, LIST_GROUPS = 42, 15, 16
 
 
-def _servers(url: str, timeout_s: float) -> list[str]:
-    r = httpx.get(f"{coordinator_base_url(url)}/v1/servers", timeout=timeout_s)
-    servers = r.json().get("servers", []) if r.status_code == 200 else []
+class _Door:
+    """How the group functions below reach a cluster: the Consumer's settings (token and CA
+    file, else ``PIDLEASE_API_TOKEN`` / ``PIDLEASE_TLS_CA_FILE``) for the coordinator's
+    HTTP(S) and the Kafka listeners' TLS and SASL/PLAIN."""
+
+    def __init__(
+        self, url: str, timeout_s: float, api_token: str | None, tls_ca_file: str | None
+    ) -> None:
+        self.url, self.timeout_s = coordinator_base_url(url), timeout_s
+        self.auth: dict[str, Any] = {"api_token": api_token, "tls_ca_file": tls_ca_file}
+        self.ssl = client_ssl_context(tls_ca_file)
+        token = api_token if api_token is not None else os.environ.get(API_TOKEN_ENV, "")
+        self.sasl = ("", token) if token else None
+
+    def http(self) -> LeaseClient:
+        return LeaseClient(self.url, request_timeout_ms=int(self.timeout_s * 1000), **self.auth)
+
+    def conn(self, address: str) -> _Conn:
+        try:
+            return _Conn(
+                address, "pidlease-cli", self.timeout_s, ssl_context=self.ssl, sasl=self.sasl
+            )
+        except SaslRefused as exc:
+            raise errors.Unauthorized(
+                f"the Kafka listener at {address} refused the api_token: {exc}"
+            ) from exc
+
+
+def _servers(door: _Door) -> list[str]:
+    with door.http() as c:
+        servers = c.call("GET", "/v1/servers").get("servers", [])
     out = [f"{s['host']}:{s['kafka_port']}" for s in servers if s.get("kafka_port")]
     if not out:
         raise errors.CoordinatorUnavailable("no partition server has a Kafka listener")
     return out
 
 
-def _group_conn(url: str, group: str, timeout_s: float) -> _Conn:
-    deadline = time.monotonic() + timeout_s
+def _group_conn(door: _Door, group: str) -> _Conn:
+    deadline = time.monotonic() + door.timeout_s
     last = 0
     while time.monotonic() < deadline:
-        for addr in _servers(url, timeout_s):
-            with _Conn(addr, "pidlease-cli", timeout_s) as c:
+        for addr in _servers(door):
+            with door.conn(addr) as c:
                 r = c.request(FIND_COORDINATOR, 1, {"key": group, "key_type": 0})
             if int(r.error_code) == NONE:
-                return _Conn(f"{r.host}:{r.port}", "pidlease-cli", timeout_s)
+                return door.conn(f"{r.host}:{r.port}")
             last = int(r.error_code)
         time.sleep(0.2)
     raise errors.CoordinatorUnavailable(f"no coordinator for group {group!r} (Kafka error {last})")
 
 
-def list_groups(url: str, timeout_s: float = 30.0) -> list[dict[str, str]]:
+def list_groups(
+    url: str,
+    timeout_s: float = 30.0,
+    *,
+    api_token: str | None = None,
+    tls_ca_file: str | None = None,
+) -> list[dict[str, str]]:
     """Every group of the cluster: (group, protocol type, state), from every server."""
+    door = _Door(url, timeout_s, api_token, tls_ca_file)
     out: dict[str, dict[str, str]] = {}
-    for addr in _servers(url, timeout_s):
-        with _Conn(addr, "pidlease-cli", timeout_s) as c:
+    for addr in _servers(door):
+        with door.conn(addr) as c:
             deadline = time.monotonic() + timeout_s
             while True:
                 r = c.request(LIST_GROUPS, 4, {"states_filter": []})
@@ -518,10 +586,18 @@ def list_groups(url: str, timeout_s: float = 30.0) -> list[dict[str, str]]:
     return [out[k] for k in sorted(out)]
 
 
-def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def describe_group(
+    url: str,
+    group: str,
+    timeout_s: float = 30.0,
+    *,
+    api_token: str | None = None,
+    tls_ca_file: str | None = None,
+) -> dict[str, Any]:
     """A group's state, members (with their partitions) and committed offsets, with the
     lag of each (the partition's high watermark minus the commit)."""
-    with _group_conn(url, group, timeout_s) as c:
+    door = _Door(url, timeout_s, api_token, tls_ca_file)
+    with _group_conn(door, group) as c:
         d = c.request(DESCRIBE_GROUPS, 5, {"groups": [group]}).groups[0]
         o = c.request(OFFSET_FETCH, 5, {"group_id": group, "topics": None})
     if int(d.error_code) != NONE:
@@ -543,8 +619,11 @@ def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, A
     offsets = []
     for t in o.topics:
         if t.name not in hws:
-            r = httpx.get(f"{coordinator_base_url(url)}/v1/topics/{t.name}", timeout=timeout_s)
-            rows = r.json().get("partition_states", []) if r.status_code == 200 else []
+            try:
+                with door.http() as h:
+                    rows = h.call("GET", f"/v1/topics/{t.name}").get("partition_states", [])
+            except (errors.UnknownTopicOrPartition, errors.CoordinatorUnavailable):
+                rows = []
             hws[t.name] = {int(x["partition"]): int(x.get("high_watermark", -1)) for x in rows}
         for p in t.partitions:
             hw = hws[t.name].get(p.partition_index, -1)
@@ -568,9 +647,16 @@ def describe_group(url: str, group: str, timeout_s: float = 30.0) -> dict[str, A
     }
 
 
-def delete_group(url: str, group: str, timeout_s: float = 30.0) -> None:
+def delete_group(
+    url: str,
+    group: str,
+    timeout_s: float = 30.0,
+    *,
+    api_token: str | None = None,
+    tls_ca_file: str | None = None,
+) -> None:
     """Delete an empty group and its committed offsets."""
-    with _group_conn(url, group, timeout_s) as c:
+    with _group_conn(_Door(url, timeout_s, api_token, tls_ca_file), group) as c:
         r = c.request(DELETE_GROUPS, 2, {"groups_names": [group]})
     code = int(r.results[0].error_code)
     if code == 68:

@@ -85,7 +85,10 @@ def prepare_topics(
 
 
 class Mirror:
-    """Mirrors ``topics`` from ``source`` to ``target`` under ``name``: ``await run()``."""
+    """Mirrors ``topics`` from ``source`` to ``target`` under ``name``: ``await run()``.
+    Instances with the same ``name`` share the source partitions through the consumer
+    group of ``name`` (``processor_group``; ``group=None`` decides as ``uses_group``:
+    static with ``partitions``, ``instances`` or ``until_caught_up``)."""
 
     def __init__(
         self,
@@ -98,7 +101,7 @@ class Mirror:
         partitions: list[int] | None = None,
         instance: int = 0,
         instances: int = 1,
-        group: bool = False,
+        group: bool | None = None,
         producer_options: dict[str, object] | None = None,
     ) -> None:
         if not topics:

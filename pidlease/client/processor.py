@@ -17,18 +17,22 @@ move records. ``docs/processing.md`` is the argument for why they are enough.
   wrote, the takeover fenced before it answered) says where to resume: nothing written:
   at the input's log start; the end mark of ``o``: at ``o + 1``; output ``i`` of ``o``
   without its end mark: at ``o`` again, sending only its outputs after ``i``.
-- Instances sharing a ``name`` split the input partitions statically (``instance`` of
-  ``instances``, or an explicit ``partitions`` list); starting an instance on partitions
+- By default (``uses_group``) instances sharing a ``name`` share the input partitions
+  through a consumer group (``processor_group(name)``, the partition servers' Kafka group
+  coordinator, on by default, found through the coordinator's server registry;
+  ``pidlease.client.consumer``): the group hands each member its partitions, and a member
+  that dies (no heartbeat for ``session_timeout_ms``) loses them to the others, whose
+  producers lease the same names and so fence whatever the dead (or only paused) member
+  still had in flight before they read ``last_sequence_id``. A member fenced on a
+  partition the group still gives it leaves that partition alone for ``FENCED_RETRY_S``.
+  The group only decides who works; what is written is decided by the names and the
+  resume rule alone, so a race between two members costs time, not records.
+- Static assignment instead (``group=False``, or any of ``partitions``, ``instances`` or
+  ``until_caught_up``): the instance takes ``instance`` of ``instances`` (or an explicit
+  ``partitions`` list; default all); for clusters without a Kafka listener, one-shot
+  catch-up runs, and pinning partitions to hosts. Starting an instance on partitions
   another holds takes their names over, which fences the other: it stops with
   ``ProducerFenced``.
-- Or, with ``group=True``, through a consumer group (``processor_group(name)``, the
-  partition servers' Kafka group coordinator, ``pidlease.client.consumer``): the group
-  hands each member its partitions, and a member that dies (no heartbeat for
-  ``session_timeout_ms``) loses them to the others, whose producers lease the same names
-  and so fence whatever the dead (or only paused) member still had in flight. A member
-  fenced on a partition the group still gives it leaves that partition alone for
-  ``FENCED_RETRY_S``. The group only decides who works; what is written is decided by the
-  names and the resume rule alone, so a race between two members costs time, not records.
 """
 
 from __future__ import annotations
@@ -71,6 +75,25 @@ def producer_name(name: str, input_topic: str, partition: int) -> str:
 def processor_group(name: str) -> str:
     """The consumer group of the instances named ``name`` (``group=True``)."""
     return f"pidlease-processor/{name}"
+
+
+def uses_group(
+    group: bool | None, *, partitions: object = None, instances: int = 1, until_caught_up: bool
+) -> bool:
+    """Whether a processor joins its consumer group: ``group`` when given (True with a
+    static flag is a ``ConfigError``); by default yes, unless a static flag says which
+    partitions to take (``partitions``, ``instances``) or the run is a one-shot catch-up
+    (``until_caught_up``: "everything the input held at start" is a property of all the
+    partitions this instance takes, which a group may change under it)."""
+    static = partitions is not None or instances != 1 or until_caught_up
+    if group is None:
+        return not static
+    if group and static:
+        raise errors.ConfigError(
+            "group=True: the group assigns the partitions; partitions, instances and "
+            "until_caught_up need the static assignment (group=False)"
+        )
+    return bool(group)
 
 
 def may_retake(now_s: float, fenced_at_s: float, fenced_generation: int, generation: int) -> bool:
@@ -223,7 +246,7 @@ class AsyncProcessor:
         instance: int = 0,
         instances: int = 1,
         until_caught_up: bool = False,
-        group: bool = False,
+        group: bool | None = None,
         session_timeout_ms: int = 10_000,
         api_token: str | None = None,
         tls_ca_file: str | None = None,
@@ -248,18 +271,9 @@ class AsyncProcessor:
             name,
             fn,
         )
-        if group and (partitions is not None or instances != 1 or until_caught_up):
-            raise errors.ConfigError(
-                "group=True: the group assigns the partitions; partitions, instances and "
-                "until_caught_up need the static assignment (group=False)"
-            )
-        if group and (api_token or tls_ca_file):
-            raise errors.ConfigError(
-                "group=True: the consumer group's member (pidlease.client.consumer) speaks "
-                "to the input cluster in plaintext without credentials; with api_token or "
-                "tls_ca_file on the input use the static assignment (instance/instances)"
-            )
-        self.group = group
+        self.group = uses_group(
+            group, partitions=partitions, instances=instances, until_caught_up=until_caught_up
+        )
         self._session_timeout_ms = session_timeout_ms
         self.fanout_max = fanout_max
         self._explicit = None if partitions is None else list(partitions)
@@ -328,12 +342,23 @@ class AsyncProcessor:
             processor_group(self.name),
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(100, self._session_timeout_ms // 10),
+            api_token=self.input.api_token,
+            tls_ca_file=self.input.tls_ca_file,
         )
         tasks: dict[int, asyncio.Task[None]] = {}
         fenced: dict[int, tuple[float, int]] = {}  # partition -> (when, group generation)
         try:
             while not self._stop.is_set():
-                if await loop.run_in_executor(member, consumer.sync_membership):
+                try:
+                    joined = await loop.run_in_executor(member, consumer.sync_membership)
+                except errors.CoordinatorUnavailable as unavailable:
+                    raise errors.CoordinatorUnavailable(
+                        f"{self.name}: cannot join the consumer group {consumer.group!r}: "
+                        f"{unavailable}. Instances share partitions through the partition servers' "
+                        "Kafka listener (PIDLEASE_KAFKA_PORT, on by default); without one, "
+                        "run with group=False (static assignment)"
+                    ) from unavailable
+                if joined:
                     log.info(
                         "%s: group generation %d gives this member partitions %s",
                         self.name,
@@ -555,9 +580,14 @@ class Processor:
     (a record interrupted half-way is processed again and only its missing outputs are
     sent). Outputs keep their input record's timestamp and go to output partition
     ``p % output_partitions``. ``output_url``: the output's cluster when not ``url``'s
-    (with ``output_api_token`` / ``output_tls_ca_file``). ``partitions`` or ``instance``
-    of ``instances``: the input partitions this instance takes (default: all).
-    ``until_caught_up``: return once everything the input held at start is processed.
+    (with ``output_api_token`` / ``output_tls_ca_file``).
+
+    Instances with the same ``name`` share the input partitions through the consumer group
+    ``processor_group(name)`` and take over a dead one's (``session_timeout_ms``), fencing
+    it. ``group=False``, or ``partitions`` / ``instance`` of ``instances``: a static
+    assignment instead (default: all partitions), without a group (a cluster without a
+    Kafka listener, pinned partitions). ``until_caught_up`` (static): return once
+    everything the input held at start is processed.
     ``producer_options``: more ``AsyncProducer`` settings (``linger_ms``, ...)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

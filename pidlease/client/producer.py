@@ -2,34 +2,41 @@
 engine on a background thread's event loop, for blocking code).
 
 The engine ties together the lease (``lease_keeper.py``: PID, generation, token,
-renewal), the leaders and their connections (``leader_pool.py``), and one
-``PartitionSender`` per partition (``sender.py``: batching, the in-flight window,
-resends). Records enter through ``admit`` (validation, partition choice, sequence-mode
-checks) under a lock, so ``Producer.send`` can admit on the caller's thread and raise bad
-input at once, before anything is queued.
+renewal), the leaders and their connections (``leader_pool.py``), the ``Accumulator``
+(``accumulator.py``: each partition's open and closed batches, the one buffer counter)
+and one ``PartitionSender`` per partition (``sender.py``: drains its partition's batches,
+the in-flight window, resends). Records enter through ``admit`` (validation, partition
+choice, sequence-mode checks) and are appended to the accumulator under one lock, so
+``Producer.send`` can admit on the caller's thread and raise bad input at once, before
+anything is queued. A send waits for buffer space in one loop per class
+(``Producer._wait_for_space``, ``AsyncProducer._wait_for_space``).
 
 Fatal errors (fenced, unknown PID, a real out-of-order, unauthorized, invalid) fail every
 unresolved future and the producer; later sends raise the same error type. When fenced,
 each batch's ``ProducerFenced`` says whether it may have been written (``indeterminate``,
 with its partition and sequences; ``sender.PartitionSender.fail_all``).
 
-The senders get their collaborators explicitly (``SenderContext``: the leader pool, the
-lease, the settings, the clocks, and callbacks into the engine); they never see the
-producer. The engine's lifecycle is ``ProducerState`` (checked transitions).
+The senders get their collaborators explicitly (``SenderContext``: the accumulator, the
+leader pool, the lease, the settings, the clocks, and callbacks for a fatal error, a
+retry, resent batches); they never see the producer, and nothing in the send path calls
+back into it. Both classes take the same keywords through one constructor (``_Settings``,
+read into one ``ProducerSettings``). The engine's lifecycle is ``ProducerState``
+(checked transitions).
 
 Fast path and readable path. ``send`` runs once per record, so its common case is written
 out inline in two places: ``AsyncProducer.admit`` (bytes, no key, no partition, own
 numbering: a few checks) and ``Producer.send`` (the same, appended straight to the
-partition's open run). Everything else, and every record when the switch
+partition's open batch in the accumulator). Everything else, and every record when the switch
 ``PIDLEASE_SDK_READABLE_PATH=1`` is set (read once, at import: ``READABLE_PATH``; a
 producer takes its value when it is built), goes through the readable path: ``admit``'s
-full checks, ``Partitioner.partition``, ``RecordRun.add``. Both give the same records,
+full checks, ``Partitioner.partition``, ``ProducerBatch.add``. Both give the same records,
 futures and batches: tests/unit/test_sdk_paths.py compares them on random workloads, and
 the SDK's unit tests run both ways (tests/unit/conftest.py).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import enum
@@ -44,6 +51,7 @@ from typing import Any, Self, TypeVar
 import httpx
 
 from pidlease import errors
+from pidlease.client.accumulator import Accumulator
 from pidlease.client.batch_future import (
     AsyncBatchFuture,
     BatchFuture,
@@ -51,7 +59,7 @@ from pidlease.client.batch_future import (
     BatchTracker,
 )
 from pidlease.client.config import DEFAULTS as _DEFAULTS
-from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig
+from pidlease.client.config import RECORD_OVERHEAD, ProducerConfig, ProducerSettings
 from pidlease.client.leader_pool import LeaderPool
 from pidlease.client.lease_client import (
     DEFAULT_COORDINATOR,
@@ -61,6 +69,7 @@ from pidlease.client.lease_client import (
 )
 from pidlease.client.lease_keeper import LeaseKeeper
 from pidlease.client.partitioner import Partitioner
+from pidlease.client.producer_batch import ProducerBatch
 from pidlease.client.record_columns import (
     Columns,
     IdPlan,
@@ -69,10 +78,9 @@ from pidlease.client.record_columns import (
     plan_ids,
     route,
 )
-from pidlease.client.record_future import RecordFuture, future_class, place, settle, settled_run
-from pidlease.client.record_run import RecordRun
+from pidlease.client.record_future import RecordFuture, future_class, place, settle, settled_outcome
 from pidlease.client.retry import retrying
-from pidlease.client.sender import PartitionSender, SenderContext, unsent_failure
+from pidlease.client.sender import PartitionSender, SenderContext
 from pidlease.client.structs import BatchAck, RecordMetadata
 from pidlease.errors import DeliveryTimeout, ProducerClosed
 from pidlease.wire import protocol
@@ -198,12 +206,10 @@ def _refused_send(exc: errors.PidleaseError) -> errors.PidleaseError:
     return new
 
 
-class AsyncProducer:
-    """Exactly-once producer for one topic, on the running event loop.
-
-    ``await AsyncProducer.create(url, topic, ...)`` (or ``async with AsyncProducer(...)``,
-    or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
-    returns an asyncio future of its ``RecordMetadata``."""
+class _Settings(abc.ABC):
+    """The constructor ``AsyncProducer`` and ``Producer`` share: one signature (the
+    keywords docs/sdk.md and the contract list), read into one ``ProducerSettings`` and
+    checked here, then given to the class's ``_build``."""
 
     def __init__(
         self,
@@ -233,7 +239,7 @@ class AsyncProducer:
     ) -> None:
         if not topic:
             raise errors.ConfigError("a producer needs a topic")
-        self.config = ProducerConfig(
+        config = ProducerConfig(
             max_in_flight=max_in_flight,
             linger_ms=linger_ms,
             delivery_timeout_ms=delivery_timeout_ms,
@@ -246,31 +252,66 @@ class AsyncProducer:
             start_timeout_ms=start_timeout_ms,
             metadata_refresh_min_ms=metadata_refresh_min_ms,
         )
-        self.config.check()
-        self.coordinator_url = coordinator_base_url(coordinator_url)
-        self.topic = topic
-        self.producer_name = producer_name
-        self.expire_ms = expire_ms
-        self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000)
-        self.wall_ms = wall_ms or (lambda: time.time() * 1000)
-        self.rng = rng or random.Random()
+        config.check()
+        self._build(
+            ProducerSettings(
+                coordinator_url=coordinator_url,
+                topic=topic,
+                config=config,
+                producer_name=producer_name,
+                expire_ms=expire_ms,
+                http_transport=http_transport,
+                api_token=api_token,
+                tls_ca_file=tls_ca_file,
+                tls=tls,
+                clock_ms=clock_ms,
+                wall_ms=wall_ms,
+                rng=rng,
+            )
+        )
+
+    @abc.abstractmethod
+    def _build(self, settings: ProducerSettings) -> None:
+        """Build the producer from checked settings."""
+
+
+class AsyncProducer(_Settings):
+    """Exactly-once producer for one topic, on the running event loop.
+
+    ``await AsyncProducer.create(url, topic, ...)`` (or ``async with AsyncProducer(...)``,
+    or ``await p.start()``) leases the PID; ``fut = await p.send(...)`` admits a record and
+    returns an asyncio future of its ``RecordMetadata``."""
+
+    @classmethod
+    def from_settings(cls, settings: ProducerSettings) -> AsyncProducer:
+        """A producer built from checked settings (what the blocking ``Producer`` does)."""
+        engine = cls.__new__(cls)
+        engine._build(settings)  # noqa: SLF001 - its own class, instead of __init__
+        return engine
+
+    def _build(self, settings: ProducerSettings) -> None:
+        self.settings = settings
+        self.config = settings.config
+        self.coordinator_url = coordinator_base_url(settings.coordinator_url)
+        self.topic = settings.topic
+        self.producer_name = settings.producer_name
+        self.expire_ms = settings.expire_ms
+        self.clock_ms = settings.clock_ms or (lambda: time.monotonic() * 1000)
+        self.wall_ms = settings.wall_ms or (lambda: time.time() * 1000)
+        self.rng = settings.rng or random.Random()
         self.partitions = 0
         self.dedup = "strict"
         self.fatal: errors.PidleaseError | None = None
         self.stats = {"batches_resent": 0, "retries": 0}
-        self.lock = threading.Lock()  # guards admit(): Producer.send runs it on callers' threads
-        # Set by Producer before start: records resolved, the engine failed, its futures'
-        # shared Condition (they are RecordFutures), its open runs (see Producer.send).
-        self.release_hook: Callable[[int], None] | None = None
-        self.fail_hook: Callable[[errors.PidleaseError], None] | None = None
-        # Set by Producer: the topic grew to n partitions (called under ``lock``).
-        self.grow_hook: Callable[[int], None] | None = None
+        # Guards admission and the accumulator: Producer.send runs on callers' threads.
+        self.lock = threading.Lock()
+        # Set by Producer before start: its futures' shared Condition (they are
+        # RecordFutures, resolved a batch at a time), and the topic grew to n partitions
+        # (called under ``lock``).
         self.future_condition: threading.Condition | None = None
-        self.open_runs: Producer | None = None
-        self._http_transport = http_transport
-        self._api_token = api_token
-        self._tls_ca_file, self._tls = tls_ca_file, tls  # pidlease/wire/tls.py
-        self._ssl = client_ssl_context(tls_ca_file, tls)
+        self.grow_hook: Callable[[int], None] | None = None
+        self.accumulator: Accumulator | None = None  # made by start()
+        self._ssl = client_ssl_context(settings.tls_ca_file, settings.tls)
         self._client: AsyncLeaseClient | None = None
         self._lease: LeaseKeeper | None = None
         self._pool: LeaderPool | None = None
@@ -280,8 +321,6 @@ class AsyncProducer:
         self._partitioner: Partitioner | None = None
         self._explicit: bool | None = None
         self._last_given: list[int] = []
-        self._buffered = 0
-        self._space: asyncio.Event | None = None
         self._state = ProducerState.NEW
         self._readable = READABLE_PATH
         # admit's inline case applies: OPEN and not on the readable path (kept in step with
@@ -331,10 +370,10 @@ class AsyncProducer:
         client = self._client = AsyncLeaseClient(
             self.coordinator_url,
             request_timeout_ms=cfg.request_timeout_ms,
-            transport=self._http_transport,
-            api_token=self._api_token,
-            tls_ca_file=self._tls_ca_file,
-            tls=self._tls,
+            transport=self.settings.http_transport,
+            api_token=self.settings.api_token,
+            tls_ca_file=self.settings.tls_ca_file,
+            tls=self.settings.tls,
         )
         try:
             self._lease = LeaseKeeper(
@@ -372,22 +411,32 @@ class AsyncProducer:
             await client.close()
             raise
         self._partitioner = Partitioner(self.partitions, start=self.rng.randrange(self.partitions))
-        self._space = asyncio.Event()
-        self._space.set()
+        # Records admitted on callers' threads (the blocking Producer: its futures share
+        # future_condition) wake their senders through the loop, once per burst.
+        threaded = self.future_condition is not None
+        acc = self.accumulator = Accumulator(
+            cfg,
+            self.partitions,
+            lock=self.lock,
+            clock_ms=self.clock_ms,
+            linked=threaded,
+            call_soon_threadsafe=(
+                asyncio.get_running_loop().call_soon_threadsafe if threaded else None
+            ),
+        )
         ctx = SenderContext(
             topic=self.topic,
             config=cfg,
+            accumulator=acc,
             leaders=self._pool,
             lease=self._lease,
             clock_ms=self.clock_ms,
             wall_ms=self.wall_ms,
             rng=self.rng,
             future_condition=self.future_condition,
-            open_runs=self.open_runs,
             on_fatal=self.fail,
             on_retry=self._on_retry,
             on_resent=self._on_resent,
-            on_resolved=self.records_resolved,
         )
         self._ctx = ctx
         self._senders = [
@@ -398,8 +447,9 @@ class AsyncProducer:
         # What a replayed (already durable) explicit sequence id resolves to: record i of
         # this "batch" is sequence i, duplicate, offset unknown (-1).
         self._replayed_ack = [BatchAck(self.topic, p, -1, 0, True) for p in range(self.partitions)]
-        self._replayed = [settled_run(ack) for ack in self._replayed_ack]
+        self._replayed = [settled_outcome(ack) for ack in self._replayed_ack]
         for s in self._senders:
+            acc.attach(s.partition, s.wake)
             s.start()
         self._lease.start()
         self._move_to(ProducerState.OPEN)
@@ -412,6 +462,9 @@ class AsyncProducer:
             return
         if self._state in (ProducerState.NEW, ProducerState.OPEN):
             self._move_to(ProducerState.CLOSING)  # FAILED stays so until CLOSED
+        if self.accumulator is not None:
+            with self.lock:
+                self.accumulator.close_all()
         for s in self._senders:
             s.close()
         tasks = [s.task for s in self._senders if s.task is not None]
@@ -458,18 +511,28 @@ class AsyncProducer:
         """Admit one record; returns the future of its RecordMetadata. Waits while
         ``buffer_records_max`` records are unresolved. Bad input raises here."""
         self.check_open()
-        assert self._space is not None
-        while self._buffered >= self.config.buffer_records_max:
-            self._space.clear()
-            await self._space.wait()
-            self.check_open()
+        acc = self.accumulator
+        if acc is None or acc.used >= acc.buffer_max:
+            acc = await self._wait_for_space()
         fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         with self.lock:
             got = self.admit(value, key, partition, sequence_id, fut)
-        if got is not None:
-            p, key_b, value_b, seq = got
-            self.enqueue(p, key_b, value_b, seq, fut)
+            if got is not None:
+                p, key_b, value_b, seq = got
+                acc.append(p, key_b, value_b, fut, seq)
         return fut
+
+    async def _wait_for_space(self) -> Accumulator:
+        """Until the accumulator has room for a record (``buffer_records_max``); raises
+        when the producer is not open (loop thread)."""
+        self.check_open()
+        acc = self.accumulator
+        assert acc is not None
+        while acc.used >= acc.buffer_max:
+            acc.space_event.clear()
+            await acc.space_event.wait()
+            self.check_open()
+        return acc
 
     async def send_and_wait(
         self,
@@ -497,26 +560,40 @@ class AsyncProducer:
         self.check_open()
         _check_timestamp(timestamp_ms)
         cols = Columns.of(values, keys, sequence_ids, bytes_max=self.config.batch_bytes_max)
-        assert self._space is not None
-        while self._buffered >= self.config.buffer_records_max:
-            self._space.clear()
-            await self._space.wait()
-            self.check_open()
+        await self._wait_for_space()
         fut = AsyncBatchFuture(cols.n, loop=asyncio.get_running_loop())
         with self.lock:
-            planned = self.plan_batch(cols, partition, fut.tracker)
-        for p, runs in planned:
-            if timestamp_ms is not None:
-                for r in runs:
-                    r.timestamp_ms = timestamp_ms
-            self.enqueue_runs(p, runs)
+            self.accumulate_batch(cols, partition, fut.tracker, timestamp_ms)
         fut.tracker.seal()
         return fut
+
+    def accumulate_batch(
+        self,
+        cols: Columns,
+        partition: int | None,
+        tracker: BatchTracker,
+        timestamp_ms: int | None,
+    ) -> None:
+        """Place a ``send_batch`` call's records (``plan_batch``) and append its batches to
+        the accumulator, closed, after the records sent before (under self.lock)."""
+        acc = self.accumulator
+        assert acc is not None
+        for p, batches in self.plan_batch(cols, partition, tracker):
+            if timestamp_ms is not None:
+                for r in batches:
+                    r.timestamp_ms = timestamp_ms
+            acc.append_closed(p, batches)
 
     async def flush(self) -> None:
         """Wait until every record admitted so far is resolved (acked or failed); records
         waiting for ``linger_ms`` are sent at once. Errors are on the futures."""
-        await asyncio.gather(*(s.wait_resolved(s.enqueued) for s in self._senders))
+        if self.accumulator is None:
+            return
+        with self.lock:
+            targets = self.accumulator.close_all()
+        await asyncio.gather(
+            *(s.wait_resolved(t) for s, t in zip(self._senders, targets, strict=False))
+        )
 
     def drop_connections(self) -> None:
         """Fault injection: abort every socket at once, as a network cut would. In-flight
@@ -626,10 +703,10 @@ class AsyncProducer:
 
     def plan_batch(
         self, cols: Columns, partition: int | None, tracker: BatchTracker
-    ) -> list[tuple[int, list[RecordRun]]]:
+    ) -> list[tuple[int, list[ProducerBatch]]]:
         """Place the records of a ``send_batch`` call (under self.lock): routing, the
         explicit-id rules of ``admit`` for every partition (all checked before anything
-        changes), then the runs of each partition. Raises on bad input, changing nothing."""
+        changes), then the batches of each partition. Raises on bad input, changing nothing."""
         self.check_open()
         explicit = cols.seqs is not None
         if self._explicit is not None and self._explicit != explicit:
@@ -697,60 +774,6 @@ class AsyncProducer:
         of ``Producer.send`` assumes (under self.lock)."""
         return self._admit_inline and self._explicit is False
 
-    def enqueue(
-        self,
-        partition: int,
-        key: bytes | None,
-        value: bytes,
-        seq: int,
-        fut: asyncio.Future[RecordMetadata],
-    ) -> None:
-        """Hand an admitted record to its partition (loop thread)."""
-        self._buffered += 1
-        if self.fatal is not None or self._state is ProducerState.CLOSED:
-            settle(fut, exc=self.unsent_failure(partition, seq, seq))
-            self.records_resolved(1)
-            return
-        self._senders[partition].enqueue(key, value, seq, fut)
-
-    def enqueue_runs(self, partition: int, runs: list[RecordRun]) -> None:
-        """Hand runs of admitted records built on a caller's thread to their partition
-        (loop thread; see ``Producer.send``)."""
-        n = sum(len(r.values) for r in runs)
-        self._buffered += n
-        if self.fatal is not None or self._state is ProducerState.CLOSED:
-            for r in runs:
-                self.fail_run(r, self.unsent_failure(partition, r.first_seq, r.last_seq))
-            self.records_resolved(n)
-            return
-        self._senders[partition].enqueue_runs(runs)
-
-    def fail_run(self, run: RecordRun, exc: BaseException) -> None:
-        """Fail the records of ``run`` that are still open."""
-        run.fail(exc, self.future_condition)
-
-    def unsent_failure(self, partition: int, first_seq: int, last_seq: int) -> BaseException:
-        """What admitted records that never left the producer fail with once it failed
-        (or closed): the fatal error, saying they were not written when fenced
-        (``first_seq`` -1: not numbered yet)."""
-        if self.fatal is None:
-            return ProducerClosed("closed")
-        return unsent_failure(
-            _fresh(self.fatal),
-            pid=self.pid,
-            generation=self.generation,
-            partition=partition,
-            first_seq=first_seq,
-            last_seq=last_seq,
-        )
-
-    def records_resolved(self, n: int) -> None:
-        self._buffered = max(0, self._buffered - n)
-        if self._space is not None and self._buffered < self.config.buffer_records_max:
-            self._space.set()
-        if self.release_hook is not None:
-            self.release_hook(n)
-
     # -- the senders' and the lease keeper's callbacks ----------------------------------
     def fail(self, exc: errors.PidleaseError) -> None:
         """A fatal error: fail every unresolved record and the producer (once)."""
@@ -763,11 +786,9 @@ class AsyncProducer:
             "producer pid %s of topic %s failed: %s: %s", self.pid, self.topic, exc.name, exc.detail
         )
         for s in self._senders:
-            s.fail_all(exc)
-        if self.fail_hook is not None:
-            self.fail_hook(exc)
-        if self._space is not None:
-            self._space.set()
+            s.fail_all(exc)  # each fails its partition's batches, sent or not
+        if self.accumulator is not None:
+            self.accumulator.space_event.set()  # waiting senders raise the error
         if self._lease is not None:
             self._lease.halt()
 
@@ -819,124 +840,50 @@ class AsyncProducer:
             PartitionSender(self._ctx, p, next_sequence=leases[p].sequence_number)
             for p in range(old, n)
         ]
+        assert self.accumulator is not None
         with self.lock:
+            self.accumulator.grow(n)
             self._senders.extend(senders)
             self._last_given.extend(leases[p].sequence_number - 1 for p in range(old, n))
             acks = [BatchAck(self.topic, p, -1, 0, True) for p in range(old, n)]
             self._replayed_ack.extend(acks)
-            self._replayed.extend(settled_run(ack) for ack in acks)
+            self._replayed.extend(settled_outcome(ack) for ack in acks)
             self._partitioner = Partitioner(n, start=self.rng.randrange(n))
             self.partitions = n
             if self.grow_hook is not None:
                 self.grow_hook(n)
         for sender in senders:
+            self.accumulator.attach(sender.partition, sender.wake)
             sender.start()
         log.info(
             "topic %s: %d partitions now (was %d); leased with pid %s", self.topic, n, old, self.pid
         )
         return n
 
-    def wake_partition(self, partition: int) -> None:
-        """Its sender has something new to look at (loop thread)."""
-        self._senders[partition].wake()
 
-
-class Producer:
+class Producer(_Settings):
     """The blocking producer: an ``AsyncProducer`` on a background thread's event loop.
     ``send`` returns a ``concurrent.futures.Future`` of ``RecordMetadata``; it blocks only
     while ``buffer_records_max`` records are unresolved. Construction leases the PID."""
 
-    def __init__(
-        self,
-        coordinator_url: str = DEFAULT_COORDINATOR,
-        topic: str = "",
-        *,
-        producer_name: str | None = None,
-        expire_ms: int | None = None,
-        max_in_flight: int = _DEFAULTS.max_in_flight,
-        linger_ms: float = _DEFAULTS.linger_ms,
-        delivery_timeout_ms: int | None = _DEFAULTS.delivery_timeout_ms,
-        batch_bytes_max: int = _DEFAULTS.batch_bytes_max,
-        batch_records_max: int = _DEFAULTS.batch_records_max,
-        buffer_records_max: int = _DEFAULTS.buffer_records_max,
-        request_timeout_ms: int = _DEFAULTS.request_timeout_ms,
-        retry_backoff_ms: float = _DEFAULTS.retry_backoff_ms,
-        retry_backoff_max_ms: float = _DEFAULTS.retry_backoff_max_ms,
-        start_timeout_ms: int = _DEFAULTS.start_timeout_ms,
-        metadata_refresh_min_ms: float = _DEFAULTS.metadata_refresh_min_ms,
-        http_transport: httpx.AsyncBaseTransport | None = None,
-        api_token: str | None = None,
-        tls_ca_file: str | None = None,
-        tls: bool = False,
-        clock_ms: Callable[[], float] | None = None,
-        wall_ms: Callable[[], float] | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        # The same keywords as AsyncProducer (tests/unit/test_producer_settings.py checks
-        # the two signatures agree), passed by name so none can land in the wrong slot.
-        self._engine = AsyncProducer(
-            coordinator_url,
-            topic,
-            producer_name=producer_name,
-            expire_ms=expire_ms,
-            max_in_flight=max_in_flight,
-            linger_ms=linger_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            batch_bytes_max=batch_bytes_max,
-            batch_records_max=batch_records_max,
-            buffer_records_max=buffer_records_max,
-            request_timeout_ms=request_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms,
-            retry_backoff_max_ms=retry_backoff_max_ms,
-            start_timeout_ms=start_timeout_ms,
-            metadata_refresh_min_ms=metadata_refresh_min_ms,
-            http_transport=http_transport,
-            api_token=api_token,
-            tls_ca_file=tls_ca_file,
-            tls=tls,
-            clock_ms=clock_ms,
-            wall_ms=wall_ms,
-            rng=rng,
-        )
-        # Records admitted on callers' threads are appended to their partition's open run
-        # (``_open_runs``), which stays on this side until it is full (then the next send
-        # hands it over), its first record has lingered linger_ms (the partition's sender
-        # takes it: ``take_open``), or a flush/close takes it. Handed-over runs wait in
-        # ``_handoff`` for the loop thread. Waking the loop costs a syscall and a GIL
-        # hand-off, so it is woken once per batch, not per record: when a run is handed
-        # over or a partition gets a new open run (its sender arms the linger timer).
-        # All of it is guarded by the engine's lock.
-        self._open_runs: list[RecordRun | None] = []
-        self._handoff: list[tuple[int, RecordRun]] = []
-        self._touched: set[int] = set()
-        self._wakeup_scheduled = False
+    def _build(self, settings: ProducerSettings) -> None:
+        self._engine = AsyncProducer.from_settings(settings)
+        # Records admitted on callers' threads go into the engine's accumulator, under the
+        # engine's lock: send's inline case appends to the partition's open batch itself
+        # (``_open``: the accumulator's slots), within the room the batch reserved.
         self._fast = False  # send's inline path applies: open, own numbering, not closing
         # This side's lifecycle (under the lock): NEW until the engine started, OPEN,
         # CLOSING from close() on (sends raise ProducerClosed), CLOSED once the loop stopped.
         # A failure is the engine's (its state and ``fatal``).
         self._state = ProducerState.NEW
         self._lock = self._engine.lock
-        cfg = self._engine.config
-        self._records_max = cfg.batch_records_max
-        self._bytes_max = cfg.batch_bytes_max
-        self._buffer_max = cfg.buffer_records_max
-        # buffer_records_max, counted under the engine's lock per run, not per record:
-        # _committed records were handed to the loop and are unresolved; each open run
-        # reserves room for `cap` records (_reserved: their sum), which send() fills without
-        # counting. _committed + _reserved <= buffer_records_max; senders wait on _space
-        # only when it is all taken.
-        self._committed = 0
-        self._reserved = 0
-        self._space = threading.Condition(self._engine.lock)
-        self._engine.release_hook = self._release
-        self._engine.fail_hook = self._on_fail
+        self._bytes_max = self._engine.config.batch_bytes_max
         self._engine.grow_hook = self._grown
         self._engine.future_condition = cond = threading.Condition()
-        self._engine.open_runs = self
         self._future_class = future_class(cond)
         self._loop = _new_loop()
         self._thread = threading.Thread(
-            target=self._run_loop, name=f"pidlease-producer-{topic}", daemon=True
+            target=self._run_loop, name=f"pidlease-producer-{settings.topic}", daemon=True
         )
         self._thread.start()
         try:
@@ -945,17 +892,18 @@ class Producer:
             self._stop_loop()
             raise
         eng = self._engine
+        assert eng.accumulator is not None
+        self._acc = eng.accumulator
+        self._open = self._acc.open  # grows in place with the topic
         # Round robin for the inline case: the Partitioner's own counter, one C call.
         self._next_round_robin = eng.partitioner.next_round_robin
         self._single = eng.partitions == 1
         with self._lock:
-            self._open_runs = [None] * eng.partitions
             self._move_to(ProducerState.OPEN)
 
     def _grown(self, n: int) -> None:
         """The topic grew to ``n`` partitions (the engine's ``check_partitions``, under the
-        lock): room for their open runs, and the new round robin."""
-        self._open_runs.extend([None] * (n - len(self._open_runs)))
+        lock): the new round robin."""
         self._single = n == 1
         self._next_round_robin = self._engine.partitioner.next_round_robin
 
@@ -1025,11 +973,13 @@ class Producer:
         try:
             # This runs once per record: the common case (bytes, no key, no partition, the
             # producer's own numbering, a value as long as the first of the partition's
-            # open run, room left in that run) is written out inline: place the future on
-            # the run, append the value. The run's `cap` covers both the batch limits and
-            # buffer_records_max. Everything else goes through _send_slow (once per batch
-            # in the common case; every record on the readable path, where _fast stays
-            # False: READABLE_PATH).
+            # open batch, room left in that batch) is written out inline: place the future
+            # on the batch, append the value. The batch's `cap` covers both the batch
+            # limits and buffer_records_max (Accumulator.append reserved it). Everything
+            # else goes through _send_slow (once per batch in the common case; every record
+            # on the readable path, where _fast stays False: READABLE_PATH). A failed
+            # producer's slots are emptied (the senders fail their batches), so its next
+            # send goes the slow way and raises.
             if (
                 self._fast
                 and key is None
@@ -1039,14 +989,14 @@ class Producer:
             ):
                 # round robin: the Partitioner's own iterator (under the lock)
                 p = 0 if self._single else self._next_round_robin()
-                run = self._open_runs[p]
-                if run is not None:
-                    values = run.values
+                batch = self._open[p]
+                if batch is not None:
+                    values = batch.values
                     i = len(values)
-                    if i < run.cap and len(value) == run.vlen:
-                        # record_future.place(fut, run, i), written out: a call costs
+                    if i < batch.cap and len(value) == batch.vlen:
+                        # record_future.place(fut, batch, i), written out: a call costs
                         # this line ~8 % (see RecordFuture)
-                        fut.record_run = run
+                        fut.batch_outcome = batch
                         fut.record_index = i
                         values.append(value)
                         return fut
@@ -1075,31 +1025,8 @@ class Producer:
         cols = Columns.of(values, keys, sequence_ids, bytes_max=self._bytes_max)
         fut = BatchFuture(cols.n)
         with self._lock:
-            while self._committed + self._reserved >= self._buffer_max:
-                eng.check_open()
-                if self._state is not ProducerState.OPEN:
-                    raise ProducerClosed("the producer is closed")
-                self._space.wait(0.2)
-            if self._state is not ProducerState.OPEN:
-                raise ProducerClosed("the producer is closed")
-            planned = eng.plan_batch(cols, partition, fut.tracker)
-            for p, runs in planned:
-                if not runs:
-                    continue
-                # Records sent before this call go first: the partition's open run is
-                # handed over ahead of the call's runs, which are closed batches.
-                run = self._open_runs[p]
-                if run is not None:
-                    self._close_run(p, run)
-                    self._handoff.append((p, run))
-                for r in runs:
-                    if timestamp_ms is not None:
-                        r.timestamp_ms = timestamp_ms
-                    self._handoff.append((p, r))
-                    self._committed += len(r.values)
-            if self._handoff and not self._wakeup_scheduled:
-                self._wakeup_scheduled = True
-                self._loop.call_soon_threadsafe(self._wakeup)
+            self._wait_for_space(None)
+            eng.accumulate_batch(cols, partition, fut.tracker, timestamp_ms)
             self._fast = eng.own_numbering_open()
         fut.tracker.seal()
         return fut
@@ -1113,139 +1040,44 @@ class Producer:
         sequence_id: int | None,
     ) -> RecordFuture:
         """send() for everything but the inline case, and the readable path for every
-        record (under the engine's lock): waits for buffer space, validates (admit), places
-        the record (``RecordRun.add``; a new run when the open one cannot take it), and sets
-        the run's room for the inline case."""
+        record (under the engine's lock): waits for buffer space, validates (admit), and
+        appends the record to its partition's open batch (``Accumulator.append``, which
+        also sets the batch's room for the inline case)."""
         eng = self._engine
-        while self._committed + self._reserved >= self._buffer_max:
-            runs = self._open_runs
-            run = runs[partition] if type(partition) is int and 0 <= partition < len(runs) else None
-            if run is not None and len(run.values) < run.cap:
-                break  # the record's partition has room reserved already
-            eng.check_open()  # a producer that failed while we waited must not block us
-            if self._state is not ProducerState.OPEN:
-                raise ProducerClosed("the producer is closed")
-            self._space.wait(0.2)
-        if self._state is not ProducerState.OPEN:
-            raise ProducerClosed("the producer is closed")
+        acc = self._acc
+        if acc.used >= acc.buffer_max or self._state is not ProducerState.OPEN:
+            self._wait_for_space(partition)  # (the common case checked inline: per record)
         got = eng.admit(value, key, partition, sequence_id, fut)
         if got is None:
             return fut  # an explicit sequence id already durable: resolved as a duplicate
         p, key_b, value_b, seq = got
-        run = self._open_runs[p]
-        if run is None or not run.add(key_b, value_b, fut, seq):
-            if run is not None:
-                self._close_run(p, run)  # full (or a hole in explicit ids)
-                self._handoff.append((p, run))
-            run = RecordRun(eng.clock_ms(), seq, self._records_max, self._bytes_max, linked=True)
-            run.add(key_b, value_b, fut, seq)
-            self._open_runs[p] = run
-            self._touched.add(p)
-            if not self._wakeup_scheduled:
-                self._wakeup_scheduled = True
-                self._loop.call_soon_threadsafe(self._wakeup)
-        # Room for the inline case: up to the batch limits for records of run.vlen bytes,
-        # within what is free of buffer_records_max (at least the records it holds).
-        n = len(run.values)
-        fits = min(self._records_max, n + (self._bytes_max - run.total()) // (run.vlen + 8))
-        free = self._buffer_max - self._committed - self._reserved
-        cap = max(n, min(fits, run.cap + free))
-        self._reserved += cap - run.cap
-        run.cap = cap
+        acc.append(p, key_b, value_b, fut, seq)
         self._fast = eng.own_numbering_open()
         return fut
 
-    def _close_run(self, p: int, run: RecordRun) -> None:
-        """``run`` leaves the open slot of partition ``p`` (under the lock): its records
-        count as committed, its unused reservation is free again."""
-        self._committed += len(run.values)
-        self._reserved -= run.cap
-        run.cap = 0
-        if self._open_runs[p] is run:
-            self._open_runs[p] = None
-        self._space.notify_all()
+    def _wait_for_space(self, partition: int | None) -> None:
+        """Until the accumulator has room for a record of ``partition`` (under the lock,
+        which the wait releases); raises when the producer fails or closes meanwhile."""
+        acc = self._acc
+        while not acc.has_room(partition):
+            self._engine.check_open()  # a producer that failed while we waited must not block us
+            if self._state is not ProducerState.OPEN:
+                raise ProducerClosed("the producer is closed")
+            acc.space.wait(0.2)
+        if self._state is not ProducerState.OPEN:
+            raise ProducerClosed("the producer is closed")
 
     @property
     def _unresolved(self) -> int:
         """Records admitted and not resolved yet (under the lock for an exact figure)."""
-        return self._committed + sum(len(r.values) for r in self._open_runs if r is not None)
-
-    # -- the loop thread's side of the open runs ---------------------------------------
-    def open_run(self, partition: int) -> RecordRun | None:
-        """The partition's open run, if it has records (read without the lock: a sender
-        only looks at its first_ms and size, and takes it with take_open)."""
-        if not self._open_runs:
-            return None
-        return self._open_runs[partition]
-
-    def take_open(self, partition: int) -> None:
-        """Hand the partition's open run to its sender (after any handed-over runs, so
-        admission order is kept): its linger time is up."""
-        with self._lock:
-            handoff, self._handoff = self._handoff, []
-            run = self._open_runs[partition]
-            if run is not None:
-                self._close_run(partition, run)
-                handoff.append((partition, run))
-        self._deliver(handoff)
-
-    def _take_all(self) -> list[tuple[int, RecordRun]]:
-        with self._lock:
-            taken, self._handoff = self._handoff, []
-            for p, run in enumerate(self._open_runs):
-                if run is not None:
-                    self._close_run(p, run)
-                    taken.append((p, run))
-        return taken
-
-    def _deliver(self, taken: list[tuple[int, RecordRun]]) -> None:
-        for p, run in taken:
-            self._engine.enqueue_runs(p, [run])
-
-    def _wakeup(self) -> None:
-        with self._lock:
-            self._wakeup_scheduled = False
-            handoff, self._handoff = self._handoff, []
-            touched, self._touched = self._touched, set()
-        self._deliver(handoff)
-        for p in touched:  # a new open run: its sender arms the linger timer
-            self._engine.wake_partition(p)
-
-    def _on_fail(self, exc: errors.PidleaseError) -> None:
-        """The engine failed (loop thread): fail the records still on this side too."""
-        with self._lock:
-            self._fast = False
-            taken, self._handoff = self._handoff, []
-            for p, run in enumerate(self._open_runs):
-                if run is not None:
-                    self._close_run(p, run)
-                    taken.append((p, run))
-        n = 0
-        for p, run in taken:
-            self._engine.fail_run(run, self._engine.unsent_failure(p, run.first_seq, run.last_seq))
-            n += len(run.values)
-        if n:
-            self._release(n)
-
-    def _release(self, n: int) -> None:
-        with self._lock:
-            self._committed -= n
-            self._space.notify_all()
-
-    async def _flush(self) -> None:
-        self._deliver(self._take_all())
-        await self._engine.flush()
-
-    async def _close(self, timeout_ms: float | None) -> None:
-        self._deliver(self._take_all())
-        await self._engine.close(timeout_ms)
+        return self._acc.unresolved()
 
     async def _drop(self) -> None:
         self._engine.drop_connections()
 
     def flush(self) -> None:
         """Block until every record sent so far is acked or failed."""
-        self._call(self._flush())
+        self._call(self._engine.flush())
 
     def drop_connections(self) -> None:
         """Fault injection: abort every socket, as a network cut would (see AsyncProducer)."""
@@ -1260,7 +1092,7 @@ class Producer:
             self._move_to(ProducerState.CLOSING)
             self._fast = False
         try:
-            self._call(self._close(timeout_ms))
+            self._call(self._engine.close(timeout_ms))
         finally:
             self._stop_loop()
             with self._lock:

@@ -12,8 +12,8 @@ run's body is built in one step: for Arrow, the record heads are one numpy array
 ``pyarrow.compute.binary_join_element_wise`` lays head, key and value of every record
 end to end, so a batch body is one slice of that buffer.
 
-Each run is an ``EncodedRun``: a ``RecordRun`` whose body is already encoded, so the
-partition's sender treats it like any other run (ordering, the in-flight window,
+Each run is an ``EncodedBatch``: a ``ProducerBatch`` whose body is already encoded, so the
+partition's sender treats it like any other batch (ordering, the in-flight window,
 resends, fencing) and a resend sends the same bytes. Its outcome goes to the call's
 ``BatchTracker`` (``batch_future.py``), which completes the call's one future when every
 run is settled; the future's result is ``BatchMetadata``, a lazy sequence (a record's
@@ -37,13 +37,13 @@ from typing import Any
 from pidlease import errors
 from pidlease.client.batch_future import BatchTracker, Positions
 from pidlease.client.config import RECORD_OVERHEAD
-from pidlease.client.record_run import RecordRun
+from pidlease.client.producer_batch import ProducerBatch
 from pidlease.client.structs import BatchAck
 from pidlease.wire import protocol
 
 __all__ = [
     "Columns",
-    "EncodedRun",
+    "EncodedBatch",
     "crc32_keys",
 ]
 
@@ -417,11 +417,12 @@ def encode_list(vals: list[bytes], keys: list[bytes | None] | None) -> list[byte
     return [b"".join(parts)]
 
 
-class EncodedRun(RecordRun):
-    """A run of ``send_batch``: its body already encoded (``parts``), ``count`` records.
-    ``values`` holds one shared placeholder per record, so everything that counts a run's
-    records (``len(run.values)``) counts these too; nothing can join it (``closed``). Its
-    outcome goes to the call's tracker (slot ``slot``)."""
+class EncodedBatch(ProducerBatch):
+    """A batch of ``send_batch``: its body already encoded (``parts``), ``count`` records.
+    ``values`` holds one shared placeholder per record, so everything that counts a
+    batch's records (``len(batch.values)``) counts these too; nothing can join it (it is
+    appended to the accumulator closed, and ``add`` refuses). Its outcome goes to the
+    call's tracker (slot ``slot``)."""
 
     __slots__ = ("parts", "slot", "tracker")
 
@@ -442,7 +443,6 @@ class EncodedRun(RecordRun):
         self.counted = count
         if first_seq >= 0:
             self.last_seq = first_seq + count - 1
-        self.closed = True
         self.tracker = tracker
         self.slot = slot
 
@@ -489,7 +489,7 @@ def build_runs(
     tracker: BatchTracker,
     replayed: BatchAck,
     now_ms: float,
-) -> list[RecordRun]:
+) -> list[ProducerBatch]:
     """The runs of one partition's records of a call (``pos``, in order), each one batch:
     replayed ids are settled at once as duplicates, the rest cut at the batch limits and
     at holes in explicit ids, each run's body encoded in one step."""
@@ -532,9 +532,9 @@ def build_runs(
         records_max=limits.records_max,
         breaks=ids.breaks if ids is not None else (),
     )
-    runs: list[RecordRun] = []
+    runs: list[ProducerBatch] = []
     for s, e in bounds:
         slot = tracker.add(pos[s:e])
         first_seq = -1 if seqs is None else seqs[s]
-        runs.append(EncodedRun(now_ms, first_seq, e - s, body_of(s, e), tracker, slot))
+        runs.append(EncodedBatch(now_ms, first_seq, e - s, body_of(s, e), tracker, slot))
     return runs

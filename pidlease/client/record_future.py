@@ -8,10 +8,10 @@ half of the producer's CPU per record. Kafka's Java producer answers the same pr
 one latch per batch behind light per-record futures (``FutureRecordMetadata`` points at
 its batch's ``ProduceRequestResult``). This module does the same:
 
-- A ``RecordFuture`` holds only where its record is: ``record_run`` (the ``RunState`` of
-  its batch, in practice the ``RecordRun`` the record was appended to) and
-  ``record_index`` (the record's index in it). Its state is read from the run: resolving
-  a batch is one store on the run (``resolve_run`` / ``fail_run``), whatever the number
+- A ``RecordFuture`` holds only where its record is: ``batch_outcome`` (the ``BatchOutcome`` of
+  its batch, in practice the ``ProducerBatch`` the record was appended to) and
+  ``record_index`` (the record's index in it). Its state is read from the batch: resolving
+  a batch is one store on the batch (``resolve_outcome`` / ``fail_outcome``), whatever the number
   of records.
 - Where its record is is the future's public contract with whoever makes it: set once,
   before the future is handed out (``place``; the blocking producer's inline send path
@@ -24,14 +24,14 @@ its batch's ``ProduceRequestResult``). This module does the same:
   (``result()``), from the batch's answer, and kept.
 - The two lists the base class keeps (``_waiters`` for ``concurrent.futures.wait``,
   ``_done_callbacks``) are made on first use, and a future that gets one is noted on its
-  run (``watched``), so resolution visits only those.
+  batch (``watched``), so resolution visits only those.
 
 Sharing a Condition means a waiter can be woken by another batch's resolution, so
 ``result``/``exception`` re-check their own state in a loop (``Condition.wait_for``) where
 the base class waits once. Everything else (``done``, ``cancel``, ``add_done_callback``,
 ``concurrent.futures.wait``/``as_completed``, ``asyncio.wrap_future``) is the base
 class's own code working on ``_state`` (a property here: the future's own state when it was
-cancelled or set by hand, else its run's).
+cancelled or set by hand, else its batch's).
 """
 
 from __future__ import annotations
@@ -69,22 +69,22 @@ _SETTLED = (FINISHED, CANCELLED, CANCELLED_AND_NOTIFIED)
 __all__ = [
     "BatchAck",
     "RecordFuture",
-    "RunState",
+    "BatchOutcome",
     "fail_all",
-    "fail_run",
+    "fail_outcome",
     "future_class",
     "place",
-    "resolve_run",
+    "resolve_outcome",
     "settle",
-    "settled_run",
+    "settled_outcome",
 ]
 
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
-class RunState:
+class BatchOutcome:
     """The shared outcome of a batch's records: PENDING, then FINISHED with ``outcome`` a
-    ``BatchAck`` or an exception. ``watched``: futures of the run with waiters or callbacks."""
+    ``BatchAck`` or an exception. ``watched``: futures of the batch with waiters or callbacks."""
 
     __slots__ = ("outcome", "state", "watched")
 
@@ -94,22 +94,22 @@ class RunState:
         self.watched: list[RecordFuture] | None = None
 
 
-def settled_run(outcome: BatchAck | BaseException) -> RunState:
-    """A run that is already resolved (``outcome``: a BatchAck or an exception)."""
-    run = RunState()
-    run.outcome = outcome
-    run.state = FINISHED
-    return run
+def settled_outcome(outcome: BatchAck | BaseException) -> BatchOutcome:
+    """An outcome that is already resolved (``outcome``: a BatchAck or an exception)."""
+    batch = BatchOutcome()
+    batch.outcome = outcome
+    batch.state = FINISHED
+    return batch
 
 
 class RecordFuture(Future[RecordMetadata]):
     """The future of one record's ``RecordMetadata``; see the module docstring. Use the
     class ``future_class(condition)`` returns: it carries the shared Condition. Whoever
-    makes one places it on its run at once (sets ``record_run`` and ``record_index``, or
+    makes one places it on its batch at once (sets ``batch_outcome`` and ``record_index``, or
     calls ``place``) and never again."""
 
     _condition: threading.Condition
-    record_run: RunState  # the run (batch) of this future's record
+    batch_outcome: BatchOutcome  # the outcome of this future's record's batch
     record_index: int = 0  # the record's index in it
     _own: str | None = None  # the state set on this future itself (cancel, set_result)
     _result: Any = None  # RecordMetadata once built (or set by hand)
@@ -122,7 +122,7 @@ class RecordFuture(Future[RecordMetadata]):
     @property
     def _state(self) -> str:
         own = self._own
-        return own if own in _SETTLED else self.record_run.state
+        return own if own in _SETTLED else self.batch_outcome.state
 
     @_state.setter
     def _state(self, value: str) -> None:
@@ -131,16 +131,16 @@ class RecordFuture(Future[RecordMetadata]):
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes never set: the base class's lists, made on first
         # use (under the shared Condition, as the base class uses them), and the future is
-        # noted on its run so that resolving the run reaches its waiters and callbacks.
+        # noted on its batch so that resolving the batch reaches its waiters and callbacks.
         if name in {"_waiters", "_done_callbacks"}:
             made: list[Any] = []
             object.__setattr__(self, name, made)
-            run = self.record_run
-            if run.state == PENDING:  # a resolved run never looks at them again
-                if run.watched is None:
-                    run.watched = [self]
+            batch = self.batch_outcome
+            if batch.state == PENDING:  # a resolved batch never looks at them again
+                if batch.watched is None:
+                    batch.watched = [self]
                 else:
-                    run.watched.append(self)
+                    batch.watched.append(self)
             return made
         raise AttributeError(name)
 
@@ -157,7 +157,7 @@ class RecordFuture(Future[RecordMetadata]):
             if self._exception is not None:
                 raise self._exception
             return r
-        out = self.record_run.outcome
+        out = self.batch_outcome.outcome
         if isinstance(out, BaseException):
             raise out
         assert out is not None  # FINISHED: an outcome was stored with the state
@@ -165,7 +165,7 @@ class RecordFuture(Future[RecordMetadata]):
         return r
 
     def result(self, timeout: float | None = None) -> Any:
-        if self._own is None and self.record_run.state == FINISHED:  # no lock needed: final
+        if self._own is None and self.batch_outcome.state == FINISHED:  # no lock needed: final
             return self._outcome()
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -173,8 +173,8 @@ class RecordFuture(Future[RecordMetadata]):
             return self._outcome()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._own is None and self.record_run.state == FINISHED:
-            out = self.record_run.outcome
+        if self._own is None and self.batch_outcome.state == FINISHED:
+            out = self.batch_outcome.outcome
             return out if isinstance(out, BaseException) else None
         with self._condition:
             if not self._condition.wait_for(self._settled, timeout):
@@ -183,7 +183,7 @@ class RecordFuture(Future[RecordMetadata]):
                 raise CancelledError
             if self._own == FINISHED:
                 return self._exception
-            out = self.record_run.outcome
+            out = self.batch_outcome.outcome
             return out if isinstance(out, BaseException) else None
 
     def __repr__(self) -> str:
@@ -195,16 +195,16 @@ def future_class(condition: threading.Condition) -> type[RecordFuture]:
     return type("RecordFuture", (RecordFuture,), {"_condition": condition})
 
 
-def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> None:
+def _settle(condition: threading.Condition, batch: BatchOutcome, outcome: Any) -> None:
     failed = isinstance(outcome, BaseException)
     with_callbacks = []
     with condition:
-        if run.state != PENDING:
+        if batch.state != PENDING:
             return  # resolved already: it keeps its outcome
-        run.outcome = outcome
-        run.state = FINISHED
-        if run.watched:
-            for f in dict.fromkeys(run.watched):
+        batch.outcome = outcome
+        batch.state = FINISHED
+        if batch.watched:
+            for f in dict.fromkeys(batch.watched):
                 if f._own in _SETTLED:  # noqa: SLF001 - RecordFuture's own module
                     continue  # cancelled (or set) by the user: stays so
                 d = f.__dict__
@@ -220,28 +220,30 @@ def _settle_run(condition: threading.Condition, run: RunState, outcome: Any) -> 
         f._invoke_callbacks()  # noqa: SLF001 - Future's private protocol, see the top
 
 
-def resolve_run(condition: threading.Condition, run: RunState, ack: BatchAck) -> None:
-    """Resolve every future of ``run`` (record ``i`` gets ``ack.metadata(i)``) at once;
-    futures the user cancelled stay cancelled. A run already resolved is left alone."""
-    _settle_run(condition, run, ack)
+def resolve_outcome(condition: threading.Condition, batch: BatchOutcome, ack: BatchAck) -> None:
+    """Resolve every future of ``batch`` (record ``i`` gets ``ack.metadata(i)``) at once;
+    futures the user cancelled stay cancelled. A batch already resolved is left alone."""
+    _settle(condition, batch, ack)
 
 
-def fail_run(condition: threading.Condition, run: RunState, exc: BaseException) -> None:
-    """Fail every still-open future of ``run`` with ``exc``."""
-    _settle_run(condition, run, exc)
+def fail_outcome(condition: threading.Condition, batch: BatchOutcome, exc: BaseException) -> None:
+    """Fail every still-open future of ``batch`` with ``exc``."""
+    _settle(condition, batch, exc)
 
 
-def place(future: RecordFuture, run: RunState, i: int) -> None:
-    """Make ``future`` the future of record ``i`` of ``run`` (its state and outcome are the
-    run's from now on). Only for a future not handed to anyone yet: no lock needed."""
-    future.record_run = run
+def place(future: RecordFuture, batch: BatchOutcome, i: int) -> None:
+    """Make ``future`` the future of record ``i`` of ``batch`` (its state and outcome are the
+    batch's from now on). Only for a future not handed to anyone yet: no lock needed."""
+    future.batch_outcome = batch
     future.record_index = i
 
 
-def fail_all(condition: threading.Condition, runs: Iterable[RunState], exc: BaseException) -> None:
-    """Fail every run of ``runs`` that is still open."""
-    for run in runs:
-        _settle_run(condition, run, exc)
+def fail_all(
+    condition: threading.Condition, batches: Iterable[BatchOutcome], exc: BaseException
+) -> None:
+    """Fail every batch of ``batches`` that is still open."""
+    for batch in batches:
+        _settle(condition, batch, exc)
 
 
 def settle(

@@ -3,10 +3,11 @@
 One ``PartitionSender`` task per partition owns everything about that partition's
 records once the producer has admitted them:
 
-- records wait in ``pending``, as runs of encoded records that fit one batch
-  (``record_run.py``), until the head run is full (``batch_records_max`` /
-  ``batch_bytes_max``), its first record has waited ``linger_ms``, or a flush or close
-  asks;
+- records wait in the producer's ``Accumulator`` (``accumulator.py``), as batches being
+  filled (``producer_batch.py``), until the partition's oldest batch is closed (the next
+  one started, or a flush or close closed it), full (``batch_records_max`` /
+  ``batch_bytes_max``), or its first record has waited ``linger_ms``; the sender takes
+  them from there, in admission order;
 - a batch gets its sequences when it is built (base = the partition's next sequence, or
   the caller's own contiguous run in explicit mode) and is then frozen: a resend sends
   the same bytes, so the server recognises a retry as the same batch (DUPLICATE with the
@@ -31,12 +32,12 @@ before an append, else may have been written. An attempt still in flight is wait
 first: once fenced, its answer is final.
 
 A sender is given what it uses and does not own, in one ``SenderContext`` shared by the
-senders of a producer: the leaders (``Leaders``: ``LeaderPool``), the lease
-(``LeaseView``: ``LeaseKeeper``), the settings, the clocks and the randomness, the blocking
-producer's open runs (``OpenRuns``), and callbacks for what it reports (a fatal error,
-a retry, resent batches, resolved records). It never sees the producer; the producer
-drives it through ``enqueue``/``enqueue_runs``, ``wake``, ``wait_resolved``, ``close``
-and ``fail_all``. Its lifecycle is ``SenderState``.
+senders of a producer: the accumulator it drains (and gives the room of resolved records
+back to), the leaders (``Leaders``: ``LeaderPool``), the lease (``LeaseView``:
+``LeaseKeeper``), the settings, the clocks and the randomness, and callbacks for what it
+reports (a fatal error, a retry, resent batches). It never sees the producer; the producer
+drives it through ``wake``, ``wait_resolved``, ``close`` and ``fail_all``. Its lifecycle
+is ``SenderState``.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from pidlease import errors
+from pidlease.client.accumulator import Accumulator
 from pidlease.client.config import ProducerConfig
 from pidlease.client.connection import Connection
-from pidlease.client.record_run import RecordRun
+from pidlease.client.producer_batch import ProducerBatch
 from pidlease.client.retry import Backoff, retriable
 from pidlease.client.structs import BatchAck, RecordMetadata
 from pidlease.errors import DeliveryTimeout, ProducerClosed, ProducerFenced
@@ -67,7 +69,6 @@ __all__ = [
     "InFlightBatch",
     "Leaders",
     "LeaseView",
-    "OpenRuns",
     "PartitionSender",
     "ProducerClosed",
     "RecordMetadata",
@@ -79,7 +80,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("pidlease.client.producer")
-_SMALLEST_RECORD = 8  # an encoded record with no key and an empty value
 # After a lost leader (NOT_LEADER, a refused or dropped connection) the backoff stops
 # doubling here: a failover takes about a ZooKeeper session timeout (1.2 s by default), and
 # each retry looks the leaders up again (at most one lookup per metadata_refresh_min_ms,
@@ -302,15 +302,6 @@ class LeaseView(Protocol):
     def token_ok(self, now_ms: float) -> bool: ...
 
 
-class OpenRuns(Protocol):
-    """Open runs kept on the callers' side (the blocking ``Producer``): a sender looks at
-    its partition's open run (linger, delivery timeout) and takes it when it may send."""
-
-    def open_run(self, partition: int) -> RecordRun | None: ...
-
-    def take_open(self, partition: int) -> None: ...
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SenderContext:
     """Everything a ``PartitionSender`` uses that it does not own, shared by the senders of
@@ -319,17 +310,16 @@ class SenderContext:
 
     topic: str
     config: ProducerConfig
+    accumulator: Accumulator  # the batches it sends, and the room it gives back
     leaders: Leaders
     lease: LeaseView
     clock_ms: Callable[[], float]  # monotonic, for linger/timeouts/backoff
     wall_ms: Callable[[], float]  # the batches' timestamps
     rng: random.Random  # backoff jitter
-    future_condition: threading.Condition | None  # shared by linked runs' RecordFutures
-    open_runs: OpenRuns | None  # the blocking Producer's side, if any
+    future_condition: threading.Condition | None  # shared by linked batches' RecordFutures
     on_fatal: Callable[[errors.PidleaseError], None]  # fail the producer (and every sender)
     on_retry: Callable[[int, errors.PidleaseError], None]  # (partition, error): stats, log
     on_resent: Callable[[int], None]  # this many batches were sent again
-    on_resolved: Callable[[int], None]  # this many records were acked or failed
 
 
 class SenderState(enum.Enum):
@@ -351,7 +341,7 @@ _NEXT_STATES = {
 
 @dataclass(slots=True, eq=False)
 class InFlightBatch:
-    run: RecordRun  # its records (and their futures), in sequence order
+    source: ProducerBatch  # what it was built from: its records' futures (payloads dropped)
     count: int
     base_sequence: int
     batch: bytes
@@ -379,14 +369,11 @@ class PartitionSender:
         self.partition = partition
         self.next_sequence = next_sequence  # auto numbering
         self.last_acked = next_sequence - 1  # highest sequence known durable
-        self.pending: deque[RecordRun] = deque()
-        self.pending_records = 0
+        self.acc = ctx.accumulator
         self.in_flight: deque[InFlightBatch] = deque()
-        self.enqueued = 0
-        self.resolved = 0
+        self.resolved = 0  # records of this partition acked or failed
         self.state = SenderState.RUNNING
         self.task: asyncio.Task[None] | None = None
-        self._flush_upto = 0
         self._wake = asyncio.Event()
         self._retry_at: float | None = None
         self._stale_metadata = False
@@ -399,46 +386,14 @@ class PartitionSender:
             base_ms=cfg.retry_backoff_ms, cap_ms=cfg.retry_backoff_max_ms, rng=ctx.rng
         )
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._records_max = cfg.batch_records_max
-        self._bytes_max = cfg.batch_bytes_max
-        # The blocking Producer keeps each partition's open run on the callers' side and
-        # hands over only closed runs (``open_run``, ``take_open``).
-        self.source = ctx.open_runs
 
-    # -- called by the producer (loop thread) -------------------------------------------
-    def enqueue(
-        self, key: bytes | None, value: bytes, seq: int, future: asyncio.Future[RecordMetadata]
-    ) -> None:
-        """One admitted record (``seq`` -1 unless explicit), from ``AsyncProducer.send``."""
-        pending = self.pending
-        if not pending or pending[-1].closed or not pending[-1].add(key, value, future, seq):
-            run = RecordRun(self.ctx.clock_ms(), seq, self._records_max, self._bytes_max)
-            run.add(key, value, future, seq)
-            pending.append(run)
-            # Waking the task per record would cost more than the batching saves: only a
-            # new run (to arm the linger timer, or because the previous one is full) does.
-            self._wake.set()
-        self.pending_records += 1
-        self.enqueued += 1
-
-    def enqueue_runs(self, runs: list[RecordRun]) -> None:
-        """Closed runs built on a caller's thread (``Producer.send``), in admission order:
-        each is one batch, sendable at once."""
-        pending = self.pending
-        n = 0
-        for run in runs:
-            n += len(run.values)
-            run.closed = True
-            pending.append(run)
-        self.pending_records += n
-        self.enqueued += n
-        self._wake.set()
-
+    # -- called by the producer and the accumulator (loop thread) --------------------------
     def wake(self) -> None:
         self._wake.set()
 
     def close(self) -> None:
-        """The producer is closing: send what is pending (no linger), then stop."""
+        """The producer is closing: send what waits in the accumulator (no linger), then
+        stop."""
         if self.state is SenderState.RUNNING:
             self._move_to(SenderState.CLOSING)
         self._wake.set()
@@ -460,12 +415,13 @@ class PartitionSender:
         )
 
     async def wait_resolved(self, target: int) -> None:
-        """Until ``target`` records of this partition are resolved (acked or failed)."""
+        """Until ``target`` records of this partition are resolved (acked or failed); the
+        caller closed the open batch first (``Accumulator.close_all``), so they all may
+        go now."""
         if self.resolved >= target:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((target, fut))
-        self._flush_upto = max(self._flush_upto, target)
         self._wake.set()
         await fut
 
@@ -490,37 +446,35 @@ class PartitionSender:
                 continue
             self._settle_failed(b, exc)
             n += b.count
-        for run in self.pending:
-            self._fail_run(
-                run,
+        for source in self.acc.take_all(self.partition):
+            self._fail_batch(
+                source,
                 unsent_failure(
                     exc,
                     pid=lease.pid,
                     generation=lease.generation,
                     partition=self.partition,
-                    first_seq=run.first_seq,
-                    last_seq=run.last_seq,
+                    first_seq=source.first_seq,
+                    last_seq=source.last_seq,
                 ),
             )
-            n += len(run.values)
+            n += len(source.values)
         self.in_flight.clear()
-        self.pending.clear()
-        self.pending_records = 0
         self._count_resolved(n)
         self._wake.set()
 
-    def _fail_run(self, run: RecordRun, exc: BaseException) -> None:
-        run.fail(exc, self.ctx.future_condition)
+    def _fail_batch(self, source: ProducerBatch, exc: BaseException) -> None:
+        source.fail(exc, self.ctx.future_condition)
 
     def _settle_failed(self, b: InFlightBatch, exc: BaseException) -> None:
         """Resolve a sent batch of a failed producer: acknowledged when it was answered
         OK, else failed with what is known of it (``_failure_of``)."""
         ack = self._ack_of(b)
         if ack is not None:
-            b.run.resolve(ack, self.ctx.future_condition)
+            b.source.resolve(ack, self.ctx.future_condition)
             self.last_acked = max(self.last_acked, b.last_sequence)
         else:
-            self._fail_run(b.run, self._failure_of(exc, b))
+            self._fail_batch(b.source, self._failure_of(exc, b))
 
     def _settle_drained(
         self, b: InFlightBatch, exc: BaseException, _answer: asyncio.Future[protocol.Response]
@@ -595,7 +549,11 @@ class PartitionSender:
                 self._complete_head()
                 if self._check_delivery_timeout(now):
                     break
-                if self.state is SenderState.CLOSING and not self.pending and not self.in_flight:
+                if (
+                    self.state is SenderState.CLOSING
+                    and not self.in_flight
+                    and self.acc.empty(self.partition)
+                ):
                     break
                 if self._retry_at is not None:
                     if any(b.response is not None for b in self.in_flight):
@@ -638,12 +596,9 @@ class PartitionSender:
         elif self._retry_at is not None:
             deadlines.append(self._retry_at)
         elif len(self.in_flight) < cfg.max_in_flight:
-            if self.pending:
-                deadlines.append(self.pending[0].first_ms + cfg.linger_ms)
-            elif self.source is not None:
-                run = self.source.open_run(self.partition)
-                if run is not None:
-                    deadlines.append(run.first_ms + cfg.linger_ms)
+            linger = self.acc.linger_deadline_ms(self.partition)
+            if linger is not None:
+                deadlines.append(linger)
         oldest = self._oldest_ms()
         if cfg.delivery_timeout_ms is not None and oldest is not None:
             deadlines.append(oldest + cfg.delivery_timeout_ms)
@@ -661,13 +616,7 @@ class PartitionSender:
     def _oldest_ms(self) -> float | None:
         if self.in_flight:
             return self.in_flight[0].first_ms
-        if self.pending:
-            return self.pending[0].first_ms
-        if self.source is not None:
-            run = self.source.open_run(self.partition)
-            if run is not None:
-                return run.first_ms
-        return None
+        return self.acc.oldest_ms(self.partition)
 
     def _check_delivery_timeout(self, now: float) -> bool:
         limit = self._config.delivery_timeout_ms
@@ -758,7 +707,7 @@ class PartitionSender:
         cond = self.ctx.future_condition
         while self.in_flight and self.in_flight[0].done:
             b = self.in_flight.popleft()
-            b.run.resolve(BatchAck(topic, p, b.base_offset, b.base_sequence, b.duplicate), cond)
+            b.source.resolve(BatchAck(topic, p, b.base_offset, b.base_sequence, b.duplicate), cond)
             self.last_acked = max(self.last_acked, b.last_sequence)
             self._count_resolved(b.count)
 
@@ -766,7 +715,7 @@ class PartitionSender:
         if not n:
             return
         self.resolved += n
-        self.ctx.on_resolved(n)
+        self.acc.release(n)
         if self._waiters:
             still = []
             for target, fut in self._waiters:
@@ -782,20 +731,7 @@ class PartitionSender:
         cfg = self._config
         if len(self.in_flight) >= cfg.max_in_flight or not self.ctx.lease.token_ok(now):
             return False
-        if not self.pending:
-            # The blocking Producer's open run: taken when its first record has lingered
-            # long enough (or it is full; a flush or close hands it over itself).
-            run = self.source.open_run(self.partition) if self.source is not None else None
-            return run is not None and (now - run.first_ms >= cfg.linger_ms or run.full())
-        head = self.pending[0]
-        return (
-            head.closed
-            or len(self.pending) > 1  # a run is closed when the next one starts
-            or head.full(_SMALLEST_RECORD)
-            or now - head.first_ms >= cfg.linger_ms
-            or self.state is SenderState.CLOSING
-            or self.enqueued - self.pending_records < self._flush_upto
-        )
+        return self.acc.sendable(self.partition, now, force=self.state is SenderState.CLOSING)
 
     async def _send_new(self) -> None:
         ctx = self.ctx
@@ -817,40 +753,39 @@ class PartitionSender:
             # never written. Wait for every answer, then resend in order (_resend).
             self._retry_at = ctx.clock_ms()
             return
-        if not self.pending and self.source is not None:
-            self.source.take_open(self.partition)
-        if not self.pending:
+        # Other tasks ran during the await: the batch to send is the partition's oldest now
+        # (the open one closes here, so nothing joins it while it is built).
+        source = self.acc.next_batch(self.partition)
+        if source is None:
             return
-        b = self._build_batch()
+        b = self._build_batch(source)
+        # Built: only now does the batch leave the accumulator. A build that raises leaves
+        # it there, where the crash handler's fail_all fails and counts its records (held
+        # only here, they were never resolved and flush() waited for ever).
+        self.acc.pop(self.partition, source)
         self.in_flight.append(b)
         self._transmit(b, conn)
 
-    def _build_batch(self) -> InFlightBatch:
-        run = self.pending[0]
-        run.closed = True
-        n = len(run.values)
-        base = run.first_seq if run.first_seq >= 0 else self.next_sequence
+    def _build_batch(self, source: ProducerBatch) -> InFlightBatch:
+        n = len(source.values)
+        base = source.first_seq if source.first_seq >= 0 else self.next_sequence
         lease = self.ctx.lease
-        batch = run.batch(
+        stamp = source.timestamp_ms  # the caller's (send_batch(timestamp_ms=)), or None
+        wire = source.batch(
             pid=lease.pid,
             generation=lease.generation,
             base_sequence=base,
-            timestamp_ms=int(self.ctx.wall_ms()) if run.timestamp_ms is None else run.timestamp_ms,
+            timestamp_ms=int(self.ctx.wall_ms()) if stamp is None else stamp,
         )
-        # Built: only now does the run leave pending. A build that raises leaves it there,
-        # where the crash handler's fail_all fails and counts its records (held only here,
-        # they were never resolved and flush() waited for ever).
-        self.pending.popleft()
-        self.pending_records -= n
-        if run.first_seq >= 0:
-            self.next_sequence = max(self.next_sequence, run.last_seq + 1)
+        if source.first_seq >= 0:
+            self.next_sequence = max(self.next_sequence, source.last_seq + 1)
         else:
             self.next_sequence += n
         # The batch is frozen from here on (a resend is the same bytes): the payloads are
-        # not needed any more, and the records' futures keep the run alive.
-        run.values = []
-        run.keyed = None
-        return InFlightBatch(run, n, base, batch, run.first_ms)
+        # not needed any more, and the records' futures keep it alive.
+        source.values = []
+        source.keyed = None
+        return InFlightBatch(source, n, base, wire, source.first_ms)
 
     def _transmit(self, b: InFlightBatch, conn: Connection) -> None:
         ctx = self.ctx

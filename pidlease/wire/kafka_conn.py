@@ -19,16 +19,20 @@ from kio.serial import entity_reader, entity_writer
 
 NONE = 0
 OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 9, 15, 16
+
+
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 
 
-class SaslRefused(PermissionError):
-    """The listener refused the SASL/PLAIN login (a wrong user or token)."""
+class SaslRefused(Exception):
+    """The Kafka listener refused our SASL/PLAIN credentials (not retriable)."""
 
 
 class KafkaConn:
-    """``sasl``: (user, password) to log in with SASL/PLAIN first (a listener with API
-    tokens requires it); ``ssl_context``: TLS (a listener of a server with TLS)."""
+    """One connection to a Kafka listener: over TLS with ``ssl_context`` (the listener
+    speaks TLS when its server does), authenticated with SASL/PLAIN when ``sasl`` is
+    ``(user, token)`` (the listener requires it when the server has API tokens; an empty
+    user authenticates as the principal the token belongs to)."""
 
     def __init__(
         self,
@@ -36,8 +40,8 @@ class KafkaConn:
         client_id: str,
         timeout_s: float,
         *,
-        sasl: tuple[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        sasl: tuple[str, str] | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         sock = socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -52,18 +56,19 @@ class KafkaConn:
         self.corr = 0
         if sasl is not None:
             try:
-                self._login(*sasl)
+                self._authenticate(*sasl)
             except BaseException:
                 self.sock.close()
                 raise
 
-    def _login(self, user: str, password: str) -> None:
-        hs = self.request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
-        if int(hs.error_code) != NONE:
-            raise SaslRefused(f"SASL/PLAIN not offered (mechanisms {list(hs.mechanisms)})")
-        r = self.request(SASL_AUTHENTICATE, 2, {"auth_bytes": f"\0{user}\0{password}".encode()})
+    def _authenticate(self, user: str, token: str) -> None:
+        r = self.request(SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
         if int(r.error_code) != NONE:
-            raise SaslRefused(f"SASL/PLAIN login as {user!r} refused: {r.error_message}")
+            raise SaslRefused(f"SaslHandshake PLAIN refused (Kafka error {int(r.error_code)})")
+        auth = b"\0" + user.encode() + b"\0" + token.encode()
+        a = self.request(SASL_AUTHENTICATE, 2, {"auth_bytes": auth})
+        if int(a.error_code) != NONE:
+            raise SaslRefused(a.error_message or f"Kafka error {int(a.error_code)}")
 
     def request(self, api_key: int, version: int, values: dict[str, Any]) -> Any:
         self.corr += 1
@@ -144,8 +149,9 @@ def server_groups(
     """The groups one server's Kafka listener coordinates (ListGroups answers only those),
     each with its state, member count and committed offsets, in three requests (ListGroups,
     DescribeGroups and a batched OffsetFetch), after a SASL/PLAIN login when ``sasl`` is
-    given. Groups still loading on that server are left out. Raises OSError or EOFError
-    when the listener cannot be reached (SaslRefused, an OSError, for a refused login)."""
+    given, over TLS with ``ssl_context``. Groups still loading on that server are left
+    out. Raises OSError or EOFError when the listener cannot be reached, SaslRefused for
+    a refused login."""
     with KafkaConn(
         address, "pidlease-dashboard", timeout_s, sasl=sasl, ssl_context=ssl_context
     ) as c:

@@ -82,6 +82,20 @@ def main(argv: list[str]) -> int:
             group=True,
             session_timeout_ms=6000,
         ).run()
+    elif kind == "share":  # no group flag: the default, instances of a name share
+        # share URL INPUT OUTPUT NAME [TOKEN CA_FILE]
+        token, ca = (argv[5], argv[6]) if len(argv) > 6 else (None, None)
+        Processor(
+            url,
+            argv[2],
+            argv[3],
+            argv[4],
+            clean,
+            fanout_max=2,
+            session_timeout_ms=6000,
+            api_token=token,
+            tls_ca_file=ca,
+        ).run()
     elif kind == "enrich":
         Processor(
             url, "clean", "enriched", "enricher", enrich, fanout_max=2, until_caught_up=until

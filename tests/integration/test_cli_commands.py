@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pidlease.cli.devctl import STATE_FILE
@@ -245,7 +246,7 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float =
 
 
 def test_service_commands_run_the_services(zk_hosts: str, tmp_path: Path) -> None:
-    sport, cport = free_port(), free_port()
+    sport, cport, kport = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIDLEASE_")}
     server = subprocess.Popen(
         [
@@ -257,6 +258,8 @@ def test_service_commands_run_the_services(zk_hosts: str, tmp_path: Path) -> Non
             zk_hosts,
             "--port",
             str(sport),
+            "--kafka-port",
+            str(kport),
             "--server-id",
             "7",
             "--data-dir",
@@ -295,6 +298,10 @@ def test_service_commands_run_the_services(zk_hosts: str, tmp_path: Path) -> Non
         assert (tmp_path / "s7").exists()
         p = cli("produce", "svc", url=url, stdin="x\ny\n")
         assert p.returncode == 0 and "2 new" in p.stdout, p.stderr
+        # the Kafka listener (with its group coordinator) is on and in the registry
+        _wait_listening(kport, server)
+        servers = httpx.get(f"{url}/v1/servers", timeout=10).json()["servers"]
+        assert [s.get("kafka_port") for s in servers] == [kport], servers
     finally:
         for proc in (coord, server):
             proc.send_signal(signal.SIGTERM)

@@ -135,7 +135,7 @@ def test_scope_matrix(make_cluster, tmp_path) -> None:  # type: ignore[no-untype
         ),
         (ADMIN, "PATCH", "/v1/topics/orders", lambda who: {"retention_ms": 3_600_000}),
         (ADMIN, "GET", "/v1/pids", None),
-        (ADMIN, "GET", "/v1/servers", None),
+        (PRODUCER, "GET", "/v1/servers", None),
         (ADMIN, "GET", "/v1/coordinators", None),
         (ADMIN, "POST", "/v1/cluster/rebalance", lambda who: {"dry_run": True}),
         (ADMIN, "GET", "/v1/cluster/moves", None),

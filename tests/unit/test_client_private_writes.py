@@ -1,6 +1,6 @@
 """No module of the SDK (pidlease/client) assigns another object's private attribute
 (``other._x = ...``): a class's private fields are written by its own methods, and what
-others may set is public (``RecordFuture.record_run``) or a method (``Connection.attach``).
+others may set is public (``RecordFuture.batch_outcome``) or a method (``Connection.attach``).
 Read from the source, so a new shortcut on a fast path fails here by line."""
 
 from __future__ import annotations

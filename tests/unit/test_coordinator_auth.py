@@ -121,7 +121,7 @@ def test_bearer_header_parsing() -> None:
         ("POST", "/v1/topics", "admin"),
         ("PATCH", "/v1/topics/orders", "admin"),  # reading a topic is a producer's, changing not
         ("GET", "/v1/pids", "admin"),
-        ("GET", "/v1/servers", "admin"),
+        ("GET", "/v1/servers", "producer"),  # a group member finds the Kafka listeners
         ("GET", "/v1/coordinators", "admin"),
         ("GET", "/v1/lease_pid", "admin"),  # wrong method: not a producer route
         ("GET", "/v1/topics/a/b", "admin"),  # not one segment

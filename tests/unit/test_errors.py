@@ -94,6 +94,7 @@ def test_config_error_is_a_value_error_and_not_a_server_answer() -> None:
 # The SDK's modules (the tooling, devcluster/zkserver/faultproxy/devctl/demo/cli, raises
 # its own errors for its own users).
 SDK_MODULES = (
+    "client.accumulator",
     "client.connection",
     "client.leader_pool",
     "client.lease_client",
@@ -103,7 +104,7 @@ SDK_MODULES = (
     "wire.protocol",
     "client.reader",
     "client.record_future",
-    "client.record_run",
+    "client.producer_batch",
     "client.sender",
     "client.config",
     "client.retry",

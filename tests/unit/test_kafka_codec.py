@@ -209,7 +209,8 @@ def test_sasl_plain_parse_and_principals(tmp_path: Any) -> None:
     assert parse_plain(b"alice\0alice\0pw") == ("alice", "pw")
     assert parse_plain(b"bob\0alice\0pw") is None  # acting as somebody else
     assert parse_plain(b"alice\0pw") is None
-    assert parse_plain(b"\0\0pw") is None
+    assert parse_plain(b"\0\0pw") == ("", "pw")  # the token alone names the principal
+    assert parse_plain(b"bob\0\0pw") is None
     f = tmp_path / "tokens"
     f.write_text("# comment\nbob:producer:bob-token-1 # trailing\n\n")
     p = load_principals("legacy-token", "alice:admin:alice-token", str(f))
@@ -219,6 +220,13 @@ def test_sasl_plain_parse_and_principals(tmp_path: Any) -> None:
     assert p.check("admin", "legacy-token") == "admin"
     assert p.check("alice", "bob-token-1") is None  # another's token
     assert p.check("carol", "alice-token") is None
+    # an empty user: the principal whose token it is (as a Bearer token at the coordinator)
+    assert p.identify("", "bob-token-1") == ("bob", "producer")
+    assert p.identify("", "legacy-token") == ("admin", "admin")
+    assert p.identify("", "nobody's-token") is None and p.check("", "x") is None
+    shared = load_principals("", "a:admin:same,b:producer:same", "")
+    assert shared.identify("", "same") is None  # ambiguous: neither
+    assert shared.identify("b", "same") == ("b", "producer")
     assert not load_principals("", "", "").required
     with pytest.raises(SaslConfigError):
         load_principals("", "alice:root:tok", "")

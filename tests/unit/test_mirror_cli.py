@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from pidlease import errors
 from pidlease.cli.commands import build_parser, main
-from pidlease.client.mirror import lag_metrics, progress_line
+from pidlease.cli.mirror import group_choice
+from pidlease.client.mirror import Endpoint, Mirror, lag_metrics, progress_line
 from pidlease.client.processor import PartitionProgress, ProcessorStats
 
 
@@ -23,6 +25,32 @@ def test_mirror_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert args.target_api_token == "t-token" and args.source_api_token is None
     assert not args.until_caught_up
+
+
+def _mirror(*flags: str) -> Mirror:
+    argv = ["mirror", "--source", "http://a:1", "--target", "http://b:2", "--topics", "x,y"]
+    args = build_parser().parse_args([*argv, *flags])
+    return Mirror(
+        Endpoint(args.source),
+        Endpoint(args.target),
+        args.topics.split(","),
+        name=args.name,
+        until_caught_up=args.until_caught_up,
+        instance=args.instance,
+        instances=args.instances,
+        group=group_choice(args),
+    )
+
+
+def test_mirrors_of_a_name_share_partitions_through_the_group_by_default() -> None:
+    assert all(p.group for p in _mirror().processors.values())
+    assert all(p.group for p in _mirror("--group").processors.values())
+    for static in (["--no-group"], ["--until-caught-up"], ["--instance", "1", "--instances", "2"]):
+        assert not any(p.group for p in _mirror(*static).processors.values()), static
+    with pytest.raises(errors.ConfigError, match="group=True"):
+        _mirror("--group", "--until-caught-up")
+    with pytest.raises(SystemExit):
+        _mirror("--group", "--no-group")
 
 
 def test_mirror_unreachable_source_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,6 +27,7 @@ from pidlease.client.processor import (
     processor_group,
     producer_name,
     resume_plan,
+    uses_group,
 )
 
 
@@ -75,13 +76,29 @@ def test_a_fenced_partition_is_retaken_after_the_group_moved_on_or_the_retry_tim
         {"partitions": [0]},
         {"instances": 2},
         {"until_caught_up": True},
-        {"api_token": "t"},
-        {"tls_ca_file": "ca.pem"},
     ],
 )
 def test_group_mode_refuses_the_static_assignment_flags(static: dict[str, object]) -> None:
     with pytest.raises(errors.ConfigError, match="group=True"):
         AsyncProcessor("http://127.0.0.1:1", "raw", "clean", "n", list, group=True, **static)  # type: ignore[arg-type]
+    # without group=True the same flags choose the static assignment
+    p = AsyncProcessor("http://127.0.0.1:1", "raw", "clean", "n", list, **static)  # type: ignore[arg-type]
+    assert not p.group
+
+
+def test_instances_with_a_name_share_partitions_through_the_group_by_default() -> None:
+    assert uses_group(None, until_caught_up=False)  # the contract's default
+    assert not uses_group(False, until_caught_up=False)  # the explicit opt-out
+    assert uses_group(True, until_caught_up=False)
+    assert not uses_group(None, partitions=[0, 2], until_caught_up=False)
+    assert not uses_group(None, instances=2, until_caught_up=False)
+    assert not uses_group(None, until_caught_up=True)
+    url = "http://127.0.0.1:1"
+    assert AsyncProcessor(url, "raw", "clean", "n", list).group  # type: ignore[arg-type]
+    # TLS and tokens no longer force the static assignment: the member uses them too
+    tls = {"api_token": "t", "tls_ca_file": "ca.pem"}
+    assert AsyncProcessor(url, "raw", "clean", "n", list, **tls).group  # type: ignore[arg-type]
+    assert AsyncProcessor(url, "raw", "clean", "n", list, group=True, **tls).group  # type: ignore[arg-type]
 
 
 @st.composite

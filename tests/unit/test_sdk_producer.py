@@ -349,7 +349,7 @@ def test_buffer_bound_blocks_send_until_acks_free_space(fake) -> None:  # type: 
         futs = [p.send(b"b%d" % i) for i in range(5000)]  # 5x the bound: send must wait, not grow
         p.flush()
         assert all(f.result(5) for f in futs)
-        assert p._engine._buffered == 0 and p._unresolved == 0
+        assert p._acc.used == 0 and p._unresolved == 0
     assert len(srv.records("one", 0)) == 5000
 
 
@@ -368,7 +368,7 @@ def test_buffer_bound_with_several_partitions_and_threads(fake) -> None:  # type
                 futs[k].append(p.send(b"w%d-%d" % (k, i) if i % 7 else b"x" * (i % 13)))
                 if i % 100 == 0:
                     with p._lock:
-                        seen_max.append(p._committed + p._reserved)
+                        seen_max.append(p._acc.used)
 
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
         for t in threads:
@@ -377,7 +377,7 @@ def test_buffer_bound_with_several_partitions_and_threads(fake) -> None:  # type
             t.join(30)
         p.flush()
         metas = [f.result(5) for fs in futs for f in fs]
-        assert p._unresolved == 0 and p._reserved == 0 and p._committed == 0
+        assert p._unresolved == 0 and p._acc.used == 0
     assert max(seen_max) <= 300
     assert sum(len(srv.records("t", i)) for i in range(3)) == 6000
     assert_exactly_once(srv, "t", 3, metas)

@@ -1,5 +1,5 @@
 """RecordFuture (one shared Condition, resolution per run, lazy metadata) behaves as a
-concurrent.futures.Future for every way a user can wait on it; RecordRun keeps batches
+concurrent.futures.Future for every way a user can wait on it; ProducerBatch keeps batches
 within their limits and explicit sequence ids contiguous, and builds the same bytes as
 ``protocol.encode_batch``."""
 
@@ -12,20 +12,26 @@ import time
 
 import pytest
 
-from pidlease.client.record_future import BatchAck, fail_all, fail_run, future_class, resolve_run
-from pidlease.client.record_run import RecordRun
+from pidlease.client.producer_batch import ProducerBatch
+from pidlease.client.record_future import (
+    BatchAck,
+    fail_all,
+    fail_outcome,
+    future_class,
+    resolve_outcome,
+)
 from pidlease.client.sender import RecordMetadata
 from pidlease.wire import protocol
 from pidlease.wire.protocol import BATCH_HEADER_SIZE
 
 
-def make_runs(*sizes: int) -> tuple[threading.Condition, list[RecordRun], list[cf.Future]]:  # type: ignore[type-arg]
+def make_runs(*sizes: int) -> tuple[threading.Condition, list[ProducerBatch], list[cf.Future]]:  # type: ignore[type-arg]
     """Linked runs (the blocking Producer's) of ``sizes`` records, and all their futures."""
     cond = threading.Condition()
     cls = future_class(cond)
     runs, futs = [], []
     for n in sizes:
-        run = RecordRun(0.0, -1, 1000, 1 << 20, linked=True)
+        run = ProducerBatch(0.0, -1, 1000, 1 << 20, linked=True)
         for _ in range(n):
             f = cls()
             assert run.add(None, b"v", f, -1)
@@ -37,7 +43,7 @@ def make_runs(*sizes: int) -> tuple[threading.Condition, list[RecordRun], list[c
 def test_resolve_gives_each_record_its_metadata() -> None:
     cond, (run,), futs = make_runs(3)
     assert all(isinstance(f, cf.Future) and not f.done() for f in futs)
-    resolve_run(cond, run, BatchAck("t", 2, 100, 7, False))
+    resolve_outcome(cond, run, BatchAck("t", 2, 100, 7, False))
     assert all(f.done() for f in futs)
     assert [f.result(0) for f in futs] == [
         RecordMetadata("t", 2, 100 + i, 7 + i, False) for i in range(3)
@@ -47,14 +53,14 @@ def test_resolve_gives_each_record_its_metadata() -> None:
 
 def test_duplicate_without_offsets_and_failure() -> None:
     cond, (first, second), futs = make_runs(1, 1)
-    resolve_run(cond, first, BatchAck("t", 0, -1, 5, True))
+    resolve_outcome(cond, first, BatchAck("t", 0, -1, 5, True))
     assert futs[0].result() == RecordMetadata("t", 0, -1, 5, True)
     err = RuntimeError("fenced")
     fail_all(cond, [first, second], err)  # the resolved one keeps its result
     assert futs[0].exception() is None and futs[1].exception() is err
     with pytest.raises(RuntimeError):
         futs[1].result()
-    resolve_run(cond, second, BatchAck("t", 0, 0, 0, False))  # failed stays failed
+    resolve_outcome(cond, second, BatchAck("t", 0, 0, 0, False))  # failed stays failed
     assert futs[1].exception() is err
 
 
@@ -65,7 +71,7 @@ def test_timeout_cancel_and_callbacks() -> None:
     assert futs[1].cancel() and futs[1].cancelled()
     seen = []
     futs[2].add_done_callback(lambda f: seen.append(f.result().offset))
-    resolve_run(cond, run, BatchAck("t", 0, 10, 0, False))
+    resolve_outcome(cond, run, BatchAck("t", 0, 10, 0, False))
     assert futs[1].cancelled()  # a cancelled record stays cancelled
     assert not futs[0].cancel()  # a resolved one cannot be cancelled
     with pytest.raises(cf.CancelledError):
@@ -81,7 +87,7 @@ def test_callback_on_failure() -> None:
     seen: list[object] = []
     futs[1].add_done_callback(lambda f: seen.append(f.exception()))
     err = ValueError("x")
-    fail_run(cond, run, err)
+    fail_outcome(cond, run, err)
     assert seen == [err]
 
 
@@ -92,46 +98,48 @@ def test_waiter_on_one_future_survives_others_resolving() -> None:
     t = threading.Thread(target=lambda: got.append(futs[1].result(timeout=5)))
     t.start()
     time.sleep(0.05)
-    resolve_run(cond, first, BatchAck("t", 0, 0, 0, False))  # wakes the waiter early
+    resolve_outcome(cond, first, BatchAck("t", 0, 0, 0, False))  # wakes the waiter early
     time.sleep(0.05)
     assert t.is_alive()
-    resolve_run(cond, second, BatchAck("t", 0, 1, 1, False))
+    resolve_outcome(cond, second, BatchAck("t", 0, 1, 1, False))
     t.join(5)
     assert got == [RecordMetadata("t", 0, 1, 1, False)]
 
 
 def test_module_wait_as_completed_and_asyncio() -> None:
     cond, (first, second), futs = make_runs(2, 2)
-    threading.Timer(0.05, lambda: resolve_run(cond, first, BatchAck("t", 0, 0, 0, False))).start()
+    threading.Timer(
+        0.05, lambda: resolve_outcome(cond, first, BatchAck("t", 0, 0, 0, False))
+    ).start()
     done, _not_done = cf.wait(futs, timeout=5, return_when=cf.FIRST_COMPLETED)
     assert set(done) == set(futs[:2])
-    threading.Timer(0.05, lambda: fail_run(cond, second, ValueError("x"))).start()
+    threading.Timer(0.05, lambda: fail_outcome(cond, second, ValueError("x"))).start()
     assert len(list(cf.as_completed(futs, timeout=5))) == 4
     assert cf.wait(futs, timeout=5).not_done == set()
 
     async def main() -> RecordMetadata:
         c, (r,), fs = make_runs(1)
         asyncio.get_running_loop().call_later(
-            0.02, resolve_run, c, r, BatchAck("t", 0, 3, 3, False)
+            0.02, resolve_outcome, c, r, BatchAck("t", 0, 3, 3, False)
         )
         return await asyncio.wrap_future(fs[0])
 
     assert asyncio.run(main()).offset == 3
 
 
-def test_record_run_limits_and_contiguity() -> None:
+def test_producer_batch_limits_and_contiguity() -> None:
     value = b"x" * 92  # 100 bytes encoded
-    run = RecordRun(0.0, -1, 3, BATCH_HEADER_SIZE + 250)
+    run = ProducerBatch(0.0, -1, 3, BATCH_HEADER_SIZE + 250)
     assert run.add(None, value, 1, -1) and run.add(None, value, 2, -1)
     assert not run.add(None, value, 3, -1)  # over bytes
     assert run.add(None, b"", 3, -1) and not run.add(None, b"", 4, -1)  # over count
     assert run.full(8) and run.count == 3 and run.futures == [1, 2, 3]
-    ex = RecordRun(0.0, 5, 10, 10_000)
+    ex = ProducerBatch(0.0, 5, 10, 10_000)
     assert (
         ex.add(None, value, 1, 5) and ex.add(None, value, 2, 6) and not ex.add(None, value, 3, 8)
     )  # a hole
     assert ex.last_seq == 6 and ex.size == BATCH_HEADER_SIZE + 2 * 100
-    keyed = RecordRun(0.0, -1, 10, 10_000)
+    keyed = ProducerBatch(0.0, -1, 10, 10_000)
     assert keyed.add(b"key", value, 1, -1) and keyed.size == BATCH_HEADER_SIZE + 103
 
 
@@ -145,8 +153,8 @@ def test_record_run_limits_and_contiguity() -> None:
         [(None, b"ab"), (None, b"ab"), (None, b"a")],  # uniform until the last
     ],
 )
-def test_record_run_batch_is_encode_batch(records: list[tuple[bytes | None, bytes]]) -> None:
-    run = RecordRun(0.0, -1, 1000, 1 << 20)
+def test_producer_batch_batch_is_encode_batch(records: list[tuple[bytes | None, bytes]]) -> None:
+    run = ProducerBatch(0.0, -1, 1000, 1 << 20)
     for k, v in records:
         assert run.add(k, v, None, -1)
     kw = {"pid": 77, "generation": 3, "base_sequence": 40, "timestamp_ms": 1234}

@@ -161,7 +161,7 @@ def test_a_crashed_lease_renewal_fails_the_producer_instead_of_starving_flush(
 def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A sender that crashes fails the producer (``_run``'s handler), and ``fail_all``
     fails what is in its window and pending. A batch being built was in neither: its run
-    had left ``pending`` before ``RecordRun.batch`` ran, so a build that raised left its
+    had left ``pending`` before ``ProducerBatch.batch`` ran, so a build that raised left its
     records unresolved and uncounted, and flush() waited for ever on a failed producer."""
     srv = FakePartitionServer(TOPICS).start()
     coord = FakeCoordinator(srv, TOPICS)
@@ -182,7 +182,7 @@ def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch
             assert p._pool is not None
             await p._pool.connection_for(0)
             await wait_until(lambda: srv.connections() == 1)
-            monkeypatch.setattr(sender_module.RecordRun, "batch", broken_batch)
+            monkeypatch.setattr(sender_module.ProducerBatch, "batch", broken_batch)
             fut = await p.send(b"r0")
             try:
                 await asyncio.wait_for(p.flush(), 2.0)

@@ -6,7 +6,7 @@ ORIGIN = "issue 26 item 2"
 PATCHES = [
     (
         "pidlease/client/sender.py",
-        "timestamp_ms=int(self.ctx.wall_ms()) if run.timestamp_ms is None else run.timestamp_ms,",
+        "timestamp_ms=int(self.ctx.wall_ms()) if stamp is None else stamp,",
         "timestamp_ms=int(self.ctx.wall_ms()),",
     )
 ]

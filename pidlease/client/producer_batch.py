@@ -1,23 +1,24 @@
-"""``RecordRun``: records of one partition, admitted one after the other, that fit in one
-batch; and, once it is sent, the shared outcome of those records.
+"""``ProducerBatch``: one batch of one partition being filled, record by record, and sent
+as one produce request; with the ``BatchOutcome`` its records' futures share.
 
-This is how a record travels from ``send`` to the wire without per-record work on the
-producer's event loop: ``send`` appends the record's value (a keyed record: key and value,
-its key length noted) to the partition's open run; a new run starts when the open one is
-full by ``batch_records_max`` / ``batch_bytes_max`` or, with explicit sequence ids, when
-the id does not follow the previous one. The loop thread moves whole runs into the
-partition's sender, which turns the head run into a batch with one join, one CRC and one
-header (``batch``). Like Kafka's ``RecordAccumulator``, batch boundaries are decided when
-records are appended, and a run is exactly one batch.
+A record reaches the wire without per-record work on the producer's event loop:
+``Accumulator.append`` (or ``Producer.send``'s inline case) appends the record's value (a
+keyed record: key and value, its key length noted) to the partition's open batch; a new
+batch starts when the open one is full by ``batch_records_max`` / ``batch_bytes_max`` or,
+with explicit sequence ids, when the id does not follow the previous one. The partition's
+sender takes closed batches from the accumulator and turns each into the request's batch
+with one join, one CRC and one header (``batch``). As in Kafka's ``RecordAccumulator``,
+batch boundaries are decided when records are appended: a ``ProducerBatch`` is exactly
+one batch on the wire.
 
-The run is also the ``RunState`` of its records' futures: the blocking ``Producer``'s
-``RecordFuture``s point at it (``record_future.py``), so resolving the batch is one store
-on the run. The ``AsyncProducer``'s asyncio futures are kept in ``futures`` and resolved
-one by one.
+It is also a ``BatchOutcome`` (``record_future.py``): the blocking ``Producer``'s
+``RecordFuture``s point at it (a linked batch), so resolving the batch is one store,
+whatever the number of records. An ``AsyncProducer``'s asyncio futures are kept in
+``futures`` and resolved one by one.
 
-A run keeps only what a batch needs: the payloads, which of them carry a key, the
-admission time of its first record (linger and delivery timeout count from it) and, in
-explicit mode, its first and last sequence ids.
+It keeps only what a batch needs: the payloads, which of them carry a key, the admission
+time of its first record (linger and delivery timeout count from it) and, in explicit
+mode, its first and last sequence ids.
 """
 
 from __future__ import annotations
@@ -28,22 +29,21 @@ from functools import partial
 from typing import Any
 
 from pidlease.client.config import RECORD_OVERHEAD
-from pidlease.client.record_future import RunState, fail_run, place, resolve_run, settle
+from pidlease.client.record_future import BatchOutcome, fail_outcome, place, resolve_outcome, settle
 from pidlease.client.structs import BatchAck
 from pidlease.wire import protocol
 from pidlease.wire.protocol import BATCH_HEADER_SIZE
 
-__all__ = ["RECORD_OVERHEAD", "RecordRun"]
+__all__ = ["RECORD_OVERHEAD", "ProducerBatch"]
 
 _REC_HEAD = protocol.REC_HEAD
 _head_no_key = partial(_REC_HEAD.pack, -1)
 
 
-class RecordRun(RunState):
+class ProducerBatch(BatchOutcome):
     __slots__ = (
         "bytes_max",
         "cap",
-        "closed",
         "counted",
         "first_ms",
         "first_seq",
@@ -70,13 +70,13 @@ class RecordRun(RunState):
         self.values: list[bytes] = []  # per record: its value, or key + value when keyed
         self.keyed: dict[int, int] | None = None  # record index -> key length
         # The asyncio futures of the records (AsyncProducer); None when the records'
-        # RecordFutures point at this run instead (``linked``: the blocking Producer).
+        # RecordFutures point at this batch instead (``linked``: the blocking Producer).
         self.futures: list[Any] | None = None if linked else []
         self.size = BATCH_HEADER_SIZE  # bytes of the batch made of the first `counted` records
         self.counted = 0
         # The blocking Producer's send appends records with no key whose value is `vlen`
         # bytes long (the first record's) itself, while fewer than `cap` records are in the
-        # run (cap: what it reserved of buffer_records_max, within the batch limits), and
+        # batch (cap: what it reserved of buffer_records_max, within the batch limits), and
         # leaves size/counted alone: each such record adds vlen + 8 bytes (see total()).
         self.vlen = -1
         self.cap = 0
@@ -85,7 +85,6 @@ class RecordRun(RunState):
         self.last_seq = first_seq - 1
         self.records_max = records_max
         self.bytes_max = bytes_max
-        self.closed = False  # handed over whole: it is one batch, nothing joins it
         # The batch's timestamp when the caller gave one (``send_batch(timestamp_ms=)``,
         # a mirror keeping its source's); None: the producer's clock when it is built.
         self.timestamp_ms: int | None = None
@@ -96,8 +95,8 @@ class RecordRun(RunState):
 
     def add(self, key: bytes | None, value: bytes, future: Any, seq: int) -> bool:
         """Append one record (``seq`` -1 unless the caller numbers records) when it fits:
-        the run is not full and, in explicit mode, ``seq`` follows the last id. False
-        when it does not (the caller starts a new run); an empty run takes any record
+        the batch is not full and, in explicit mode, ``seq`` follows the last id. False
+        when it does not (the caller starts a new batch); an empty batch takes any record
         (the producer refuses records larger than a batch before they get here)."""
         values = self.values
         n = len(values)
@@ -127,7 +126,7 @@ class RecordRun(RunState):
         return True
 
     def total(self) -> int:
-        """Bytes of the batch this run would make (the records appended by send itself
+        """Bytes of the batch this batch would make (the records appended by send itself
         included)."""
         return self.size + (len(self.values) - self.counted) * (self.vlen + RECORD_OVERHEAD)
 
@@ -169,7 +168,7 @@ class RecordRun(RunState):
         return parts
 
     def batch(self, *, pid: int, generation: int, base_sequence: int, timestamp_ms: int) -> bytes:
-        """The batch of this run, ready to send (``protocol.batch_from_records`` bytes)."""
+        """The batch of this batch, ready to send (``protocol.batch_from_records`` bytes)."""
         return protocol.batch_from_parts(
             self.body_parts(),
             len(self.values),
@@ -181,21 +180,21 @@ class RecordRun(RunState):
 
     # -- the outcome of its records -------------------------------------------------------
     def resolve(self, ack: BatchAck, condition: threading.Condition | None) -> None:
-        """The batch of this run was acknowledged: record ``i`` gets ``ack.metadata(i)``.
+        """The batch of this batch was acknowledged: record ``i`` gets ``ack.metadata(i)``.
         Linked futures (the blocking Producer's, sharing ``condition``) by one store on the
-        run; asyncio futures one by one."""
+        batch; asyncio futures one by one."""
         if self.futures is None:
-            assert condition is not None, "linked runs need the futures' Condition"
-            resolve_run(condition, self, ack)
+            assert condition is not None, "linked batches need the futures' Condition"
+            resolve_outcome(condition, self, ack)
         else:
             for i, fut in enumerate(self.futures):
                 settle(fut, ack.metadata(i))
 
     def fail(self, exc: BaseException, condition: threading.Condition | None) -> None:
-        """Fail the records of this run that are still open."""
+        """Fail the records of this batch that are still open."""
         if self.futures is None:
-            assert condition is not None, "linked runs need the futures' Condition"
-            fail_run(condition, self, exc)
+            assert condition is not None, "linked batches need the futures' Condition"
+            fail_outcome(condition, self, exc)
         else:
             for fut in self.futures:
                 settle(fut, exc=exc)
