@@ -55,14 +55,35 @@ def commit(w: KafkaWire, group: str, offsets: dict[tuple[str, int], int]) -> dic
     raise AssertionError("the group's log partition never loaded")
 
 
+def offset_fetch(w: KafkaWire, group: str) -> Any:
+    r = w.request(
+        C.OFFSET_FETCH,
+        8,
+        {"groups": [{"group_id": group, "topics": None}], "require_stable": False},
+    )
+    return r.groups[0]
+
+
+def settled_coordinator(c: Any, group: str, not_at: str) -> str:
+    """The new coordinator once it answers for the group: a FindCoordinator answer may
+    name a server that has not taken the partition over yet (NOT_COORDINATOR, or the load
+    in progress), which a client asks again, as this does."""
+
+    def ready() -> str | None:
+        a = coordinator(c, group, not_at=not_at)
+        try:
+            with KafkaWire(a) as w:
+                code = int(offset_fetch(w, group).error_code)
+        except (OSError, EOFError):
+            return None
+        return a if code == 0 else None
+
+    return wait_for(ready, 90, f"a new coordinator answering for {group}")
+
+
 def fetched(w: KafkaWire, group: str) -> dict[tuple[str, int], int]:
     def loaded() -> Any:
-        r = w.request(
-            C.OFFSET_FETCH,
-            8,
-            {"groups": [{"group_id": group, "topics": None}], "require_stable": False},
-        )
-        g = r.groups[0]
+        g = offset_fetch(w, group)
         return g if int(g.error_code) != 14 else None
 
     g = wait_for(loaded, 60, f"{group}'s partition loaded")
@@ -138,7 +159,7 @@ def test_compacted_group_log_loses_nothing_across_a_coordinator_kill(make_cluste
 
     coord = next(s for s in c.servers if s.kafka_address == addr)
     c.kill(coord)
-    addr2 = coordinator(c, kept, not_at=addr)
+    addr2 = settled_coordinator(c, kept, not_at=addr)
     with KafkaWire(addr2) as w:
         assert fetched(w, kept) == last, "a committed offset lost with the compacted log"
         assert fetched(w, deleted) == {}, "a deleted group came back"
