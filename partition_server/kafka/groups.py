@@ -745,6 +745,12 @@ class GroupCoordinator:
     # -- Heartbeat, LeaveGroup -------------------------------------------------------------
     def heartbeat(self, h: C.Header, req: Any) -> Reply:
         slot, code = self._locate(req.group_id)
+        if code == G.COORDINATOR_LOAD_IN_PROGRESS:
+            # As Kafka's broker: a heartbeat while the group's partition loads is answered
+            # NONE ("blindly"); the member learns it is unknown at the next one, once
+            # loaded. aiokafka raises COORDINATOR_LOAD_IN_PROGRESS from a heartbeat to the
+            # application (its getmany()), which stopped its consumers at a failover.
+            code = G.NONE
         if slot is not None:
             g = slot.groups.get(req.group_id)
             code = (
