@@ -15,13 +15,21 @@ produce pause moves cause), the longest gap between two SDK acks; at the end the
 exactly-once audit of the whole topic (``verify``: every SDK-acked record once, no
 duplicate from either producer) and the record count against what both were acked.
 
+The catch-up fetches of the moving replicas are throttled by the servers'
+``PIDLEASE_MOVE_FETCH_BYTES_PER_S`` (``--move-throttle``; 0: none): run it with and without
+to see what the throttle buys the producers' p99 (``--record-bytes`` and ``--prefill-s``
+give the moves a log worth throttling; ``--no-drain`` stops after the rebalance).
+
     PYTHONPATH=. python bench/bench_rebalance.py [--partitions 60] [--rate 500]
+        [--record-bytes 16] [--prefill-s 8] [--move-throttle BYTES_PER_S] [--no-drain]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import statistics
 import sys
 import tempfile
@@ -45,9 +53,12 @@ TOPIC = "elastic"
 class Load(threading.Thread):
     """One producer at ``rate`` records/s; (send time, ack time) of every acked record."""
 
-    def __init__(self, kind: str, cluster: LocalCluster, partitions: int, rate: int) -> None:
+    def __init__(
+        self, kind: str, cluster: LocalCluster, partitions: int, rate: int, pad: int = 0
+    ) -> None:
         super().__init__(daemon=True)
         self.kind, self.cluster, self.partitions, self.rate = kind, cluster, partitions, rate
+        self.pad = pad  # random bytes: a compressed batch stays this big
         self.stop = threading.Event()
         self.acks: list[tuple[float, float]] = []
         self.errors: list[str] = []
@@ -76,7 +87,7 @@ class Load(threading.Thread):
             t0, i = time.monotonic(), 0
             while not self.stop.is_set():
                 ts = time.monotonic()
-                f = p.send(b"sdk-%d" % i, partition=i % self.partitions)
+                f = p.send(b"sdk-%d" % i + os.urandom(self.pad), partition=i % self.partitions)
                 f.add_done_callback(
                     lambda f, ts=ts: self._ack(ts) if f.exception() is None else None
                 )
@@ -103,7 +114,12 @@ class Load(threading.Thread):
                 else:
                     self.errors.append(str(err))
 
-            p.produce(TOPIC, b"kafka-%d" % i, partition=i % self.partitions, on_delivery=done)
+            p.produce(
+                TOPIC,
+                b"kafka-%d" % i + os.urandom(self.pad),
+                partition=i % self.partitions,
+                on_delivery=done,
+            )
             p.poll(0)
             i += 1
             self.sent = i
@@ -144,6 +160,22 @@ def run_job(cluster: LocalCluster, path: str) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(path)
+
+
+def throttled_bytes(cluster: LocalCluster) -> int:
+    """Bytes the servers sent under the move throttle (their counters, summed)."""
+    import urllib.request
+
+    total = 0
+    for svc in cluster.servers:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(svc.metrics_url + "/metrics", timeout=5) as r,
+        ):
+            for line in r.read().decode().splitlines():
+                if line.startswith("pidlease_server_move_throttled_bytes_total "):
+                    total += int(float(line.split()[1]))
+    return total
 
 
 def loads(cluster: LocalCluster, servers: list[int]) -> tuple[dict[int, int], dict[int, int]]:
@@ -190,6 +222,16 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=60)
     ap.add_argument("--rate", type=int, default=500, help="records/s per producer")
     ap.add_argument("--trace", action="store_true", help="log the SDK (DEBUG) to sdk.log")
+    ap.add_argument("--record-bytes", type=int, default=16, help="about this many bytes each")
+    ap.add_argument("--prefill-s", type=float, default=8.0, help="load before the steady phase")
+    ap.add_argument(
+        "--move-throttle",
+        type=int,
+        default=None,
+        metavar="BYTES_PER_S",
+        help="the servers' PIDLEASE_MOVE_FETCH_BYTES_PER_S (default: theirs; 0: none)",
+    )
+    ap.add_argument("--no-drain", action="store_true", help="stop after the rebalance")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pidlease-bench-rebalance-"))
     if args.trace:
@@ -202,13 +244,22 @@ def main() -> int:
         sdk_log.setLevel(logging.DEBUG)
         print(f"logs in {work}", flush=True)
     env = {"PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "10000"}
+    if args.move_throttle is not None:
+        env["PIDLEASE_MOVE_FETCH_BYTES_PER_S"] = str(args.move_throttle)
+    pad = max(0, args.record_bytes - 10)
+    print(
+        f"partitions {args.partitions}, {args.rate} records/s per producer of ~"
+        f"{args.record_bytes} bytes, move throttle "
+        f"{'server default' if args.move_throttle is None else args.move_throttle} bytes/s",
+        flush=True,
+    )
     with LocalCluster(work, servers=3, env=env) as cluster:
         cluster.create_topic(TOPIC, partitions=args.partitions, replication_factor=3)
         time.sleep(2.0)
-        loadz = [Load(k, cluster, args.partitions, args.rate) for k in ("sdk", "kafka")]
+        loadz = [Load(k, cluster, args.partitions, args.rate, pad) for k in ("sdk", "kafka")]
         for ld in loadz:
             ld.start()
-        time.sleep(8.0)
+        time.sleep(args.prefill_s)
         t_steady = time.monotonic()
         time.sleep(5.0)
         steady_window = (t_steady, time.monotonic())
@@ -219,15 +270,17 @@ def main() -> int:
         run_job(cluster, "/v1/cluster/rebalance")
         t1 = time.monotonic()
         report("rebalance", loadz, t0, t1, steady, steady_window)
+        print(f"  sent under the move throttle: {throttled_bytes(cluster):,} bytes", flush=True)
         reps, leads = loads(cluster, [1, 2, 3, 4])
         print(f"  replicas per server {reps}, leaders {leads}", flush=True)
-        print("drain of server 2:", flush=True)
-        run_job(cluster, "/v1/servers/2/drain")
-        t2 = time.monotonic()
-        report("drain", loadz, t1, t2, steady, steady_window)
-        cluster.stop_service(cluster.server(2))
-        reps, leads = loads(cluster, [1, 3, 4])
-        print(f"  replicas per server {reps}, leaders {leads}; server 2 stopped", flush=True)
+        if not args.no_drain:
+            print("drain of server 2:", flush=True)
+            run_job(cluster, "/v1/servers/2/drain")
+            t2 = time.monotonic()
+            report("drain", loadz, t1, t2, steady, steady_window)
+            cluster.stop_service(cluster.server(2))
+            reps, leads = loads(cluster, [1, 3, 4])
+            print(f"  replicas per server {reps}, leaders {leads}; server 2 stopped", flush=True)
         time.sleep(3.0)
         for ld in loadz:
             ld.stop.set()

@@ -81,9 +81,7 @@ class Coordinator:
             request_timeout_ms=settings.zk_request_timeout_ms,
             session_timeout_ms=settings.zk_session_timeout_ms,
         )
-        self.allocator = PidAllocator(
-            self.store, settings.pid_block_size, attempts_max=settings.cas_attempts_max
-        )
+        self.allocator = PidAllocator(self.store, settings.pid_block_size)
         # A TLS coordinator calls the partition servers over TLS too (pidlease/wire/tls.py).
         peer_tls = (
             peer_ssl_context(settings.tls_certfile, settings.tls_ca_file)
@@ -144,7 +142,7 @@ class Coordinator:
             ),
         )
         self.topics = Topics(self.store, self.leaders, clock_ms)
-        self.moves = MoveJobs(self.store.zk)
+        self.moves = MoveJobs(self.store.zk, coordinator_id=settings.coordinator_id)
         info = {
             "id": settings.coordinator_id,
             "host": settings.http_host,
@@ -193,8 +191,10 @@ class Coordinator:
     def start(self) -> None:
         self.store.start()
         self.housekeeper.start()
+        self.moves.start_watching()  # the cluster's one moves job: progress, takeover
 
     def stop(self) -> None:
+        self.moves.stop_watching()
         self.housekeeper.stop()
         self.fleet.close()
         if self.dashboard.groups_view is not None:

@@ -5,7 +5,9 @@ PID on many partitions of one leader in one request; PRODUCER_LIST pages through
 row on the partitions a leader leads (the operator's view, ``live_rows.py``).
 
 Blocking sockets, because the coordinator's request handlers run on threads (kazoo is
-thread-based). A small pool keeps up to ``connections_max`` idle connections per leader;
+thread-based): the protocol client is ``pidlease.wire.blocking_conn`` (the SDK reader's
+too); this module adds the pool and the errors. A small pool keeps up to
+``connections_max`` idle connections per leader;
 each call has one deadline for connect, send and receive. Every failure to reach a leader
 becomes ``CoordinatorUnavailable`` (retriable 503), never a hang.
 
@@ -17,23 +19,21 @@ coordinator's ``tls_ca_file`` and the address it is reached at.
 from __future__ import annotations
 
 import itertools
-import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from pidlease.errors import CoordinatorUnavailable, CorruptRecord
+from pidlease import errors
+from pidlease.errors import (
+    CoordinatorUnavailable,
+    CorruptRecord,
+    PidleaseError,
+    ServerUnavailable,
+    Unauthorized,
+)
 from pidlease.wire import protocol
-from pidlease.wire.framing import FrameTooLarge, recv_frame
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise CoordinatorUnavailable(f"partition leader address {address!r} is malformed")
-    return host, int(port)
-
+from pidlease.wire.blocking_conn import BlockingConnection
 
 # What one more partition may add to a PRODUCER_STATES / FENCES call's deadline: a FENCES
 # answer waits until every fence is durable on the partitions' in-sync followers, and with
@@ -46,17 +46,6 @@ def many_timeout_s(timeout_s: float, partitions: int) -> float:
     """The deadline of one call for ``partitions`` partitions: the one-partition deadline
     ``timeout_s`` and ``MANY_MS_PER_PARTITION`` for each."""
     return timeout_s + partitions * MANY_MS_PER_PARTITION / 1000
-
-
-class _Deadline:
-    def __init__(self, timeout_s: float) -> None:
-        self.end = time.monotonic() + timeout_s
-
-    def left(self) -> float:
-        left = self.end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        return left
 
 
 class LeaderClient:
@@ -72,7 +61,7 @@ class LeaderClient:
         self._timeout_s = timeout_ms / 1000
         self._connections_max = connections_max
         self._frame_bytes_max = frame_bytes_max
-        self._idle: dict[str, list[socket.socket]] = {}
+        self._idle: dict[str, list[BlockingConnection]] = {}
         self._lock = threading.Lock()
         self._corr = itertools.count(1)
         self._closed = False
@@ -153,7 +142,9 @@ class LeaderClient:
         return many_timeout_s(self._timeout_s, n)
 
     def _entries(self, address: str, resp: protocol.Response, n: int) -> list[protocol.Response]:
-        if resp.error_code != 0:  # the request as a whole was refused: every entry says so
+        if (
+            resp.error_code != errors.NONE
+        ):  # the request as a whole was refused: every entry says so
             return [protocol.Response(0, resp.error_code, resp.detail) for _ in range(n)]
         if resp.entries is None or len(resp.entries) != n:
             self.failures += 1
@@ -190,18 +181,18 @@ class LeaderClient:
             s.close()
 
     # -- plumbing --------------------------------------------------------------------------
-    def _take(self, address: str) -> socket.socket | None:
+    def _take(self, address: str) -> BlockingConnection | None:
         with self._lock:
             idle = self._idle.get(address)
             return idle.pop() if idle else None
 
-    def _give_back(self, address: str, sock: socket.socket) -> None:
+    def _give_back(self, address: str, conn: BlockingConnection) -> None:
         with self._lock:
             idle = self._idle.setdefault(address, [])
             if not self._closed and len(idle) < self._connections_max:
-                idle.append(sock)
+                idle.append(conn)
                 return
-        sock.close()
+        conn.close()
 
     def _call(
         self,
@@ -213,69 +204,60 @@ class LeaderClient:
     ) -> protocol.Response:
         self.calls += 1
         timeout_s = timeout_s or self._timeout_s
-        deadline = _Deadline(timeout_s)
-        host, port = split_address(address)
+        end = time.monotonic() + timeout_s
         name = protocol.API_NAMES[api_key]
         # A pooled connection may have been closed by the server while idle; that shows
         # up as an error before any answer arrives, and one fresh connection is tried.
         for attempt in (0, 1):
-            sock = self._take(address) if attempt == 0 else None
-            reused = sock is not None
+            conn = self._take(address) if attempt == 0 else None
+            reused = conn is not None
             try:
-                if sock is None:
-                    sock = socket.create_connection((host, port), timeout=deadline.left())
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    if self.ssl_context is not None:
-                        raw, sock = sock, None
-                        try:
-                            sock = self.ssl_context.wrap_socket(raw, server_hostname=host)
-                        finally:
-                            if sock is None:
-                                raw.close()
-                corr = next(self._corr) & 0xFFFFFFFF
-                sock.settimeout(deadline.left())
-                sock.sendall(build(corr))
-                body = self._read_frame(sock, deadline)
-                resp = protocol.decode_response(api_key, body)
-                if resp.correlation_id != corr:
-                    raise CorruptRecord(f"correlation id {resp.correlation_id} != {corr}")
-            except (ConnectionError, EOFError) as exc:
-                if sock is not None:
-                    sock.close()
-                if reused:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise ServerUnavailable("deadline passed") from TimeoutError()
+                if conn is None:
+                    conn = BlockingConnection(
+                        address,
+                        timeout_ms=max(1, int(left * 1000)),
+                        frame_bytes_max=self._frame_bytes_max,
+                        ssl_context=self.ssl_context,
+                        what="partition leader",
+                    )
+                    reused = False
+                resp = conn.request(api_key, build, timeout_s=end - time.monotonic())
+            except (ServerUnavailable, Unauthorized) as exc:
+                if conn is not None:
+                    conn.close()
+                cause = exc.__cause__
+                if reused and isinstance(cause, (EOFError, ConnectionError)):
                     continue
                 self.failures += 1
-                raise CoordinatorUnavailable(
-                    f"partition leader {address} unreachable ({name}): {exc}"
-                ) from exc
-            except ssl.SSLError as exc:
-                if sock is not None:
-                    sock.close()
-                self.failures += 1
-                raise CoordinatorUnavailable(
-                    f"TLS with partition leader {address} failed ({name}): {exc}"
-                ) from exc
-            except (OSError, TimeoutError) as exc:
-                if sock is not None:
-                    sock.close()
-                self.failures += 1
-                raise CoordinatorUnavailable(
-                    f"partition leader {address} did not answer {name} within "
-                    f"{timeout_s * 1000:.0f} ms: {exc}"
-                ) from exc
-            except CorruptRecord as exc:
-                if sock is not None:
-                    sock.close()
-                self.failures += 1
-                raise CoordinatorUnavailable(
-                    f"partition leader {address} sent a malformed {name} answer: {exc.detail}"
-                ) from exc
-            self._give_back(address, sock)
+                raise self._unavailable(address, name, timeout_s, conn is None, exc) from exc
+            self._give_back(address, conn)
             return resp
         raise AssertionError("unreachable")
 
-    def _read_frame(self, sock: socket.socket, deadline: _Deadline) -> bytes:
-        try:
-            return recv_frame(sock, self._frame_bytes_max, timeout_s=deadline.left)
-        except FrameTooLarge as exc:
-            raise CorruptRecord(str(exc)) from exc
+    @staticmethod
+    def _unavailable(
+        address: str, name: str, timeout_s: float, connecting: bool, exc: PidleaseError
+    ) -> CoordinatorUnavailable:
+        """What a failed call to a leader becomes: always retriable (503)."""
+        cause = exc.__cause__
+        if isinstance(exc, Unauthorized) or isinstance(cause, ssl.SSLError):
+            return CoordinatorUnavailable(
+                f"TLS with partition leader {address} failed ({name}): {exc.detail}"
+            )
+        if isinstance(cause, CorruptRecord):
+            return CoordinatorUnavailable(
+                f"partition leader {address} sent a malformed {name} answer: {cause.detail}"
+            )
+        if isinstance(cause, TimeoutError) or (
+            not connecting and isinstance(cause, OSError) and not isinstance(cause, ConnectionError)
+        ):
+            return CoordinatorUnavailable(
+                f"partition leader {address} did not answer {name} within "
+                f"{timeout_s * 1000:.0f} ms: {exc.detail}"
+            )
+        return CoordinatorUnavailable(
+            f"partition leader {address} unreachable ({name}): {exc.detail}"
+        )

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from pidlease.errors import InvalidRequest
 from pidlease.wire.cluster import SERVERS, PartitionState, TopicSpec, partition_path, topic_path
 
 log = logging.getLogger("coordinator.moves")
@@ -258,16 +260,20 @@ class MoveRunner:
         *,
         timeout_s: float,
         stop: Callable[[], bool] = lambda: False,
+        into: list[Move] | None = None,
     ) -> list[Move]:
         """Move every partition of ``targets`` whose replica list differs from ``current``,
-        ``parallel`` at a time, until all end or ``timeout_s`` passes (the moves left
-        keep their records and resume with the next run)."""
+        ``parallel`` at a time, until all end, ``timeout_s`` passes or ``stop()`` is true
+        (the moves left keep their records and resume with the next run). ``into`` gets
+        the moves at once (a status shows them while they run)."""
         queue = [
             Move(k, list(current[k]), list(t))
             for k, t in sorted(targets.items())
             if list(current.get(k, [])) != list(t)
         ]
         moves = list(queue)
+        if into is not None:
+            into.extend(moves)
         active: list[Move] = []
         deadline = time.monotonic() + timeout_s
         while (queue or active) and time.monotonic() < deadline and not stop():
@@ -311,31 +317,209 @@ def read_cluster(zk: Any) -> tuple[dict[Key, list[int]], list[int]]:
     return current, live
 
 
+JOB = "/jobs/moves"  # the cluster's one rebalance or drain job (persistent: its spec, progress)
+JOB_OWNER = "/jobs/moves-owner"  # ephemeral: the coordinator running it, while it lives
+JOB_LINES_MAX = 500  # progress lines kept in the job node (the last ones)
+JOB_PUBLISH_S = 1.0  # the owner writes its progress to the job node at most this often
+
+
+class JobRunning(InvalidRequest):
+    """A rebalance or drain is already running somewhere in the cluster (409)."""
+
+    http_status = 409
+
+
 class MoveJobs:
-    """One rebalance or drain at a time (the coordinator's ``/v1/cluster`` routes): plan
-    (``rebalance.plan``), resume the moves a previous run left recorded, then run the
-    planned ones in a thread; ``status()`` shows the progress lines and each move."""
+    """The cluster's one rebalance or drain at a time (the coordinator's ``/v1/cluster``
+    routes), whichever coordinator is asked.
 
-    def __init__(self, zk: Any, *, parallel: int = 4, timeout_s: float = 3600.0) -> None:
-        import threading
+    A job is claimed in one ZooKeeper transaction: the job node ``/jobs/moves`` (kind,
+    drained servers, settings, progress) set to running at the version read as not
+    running, and the ephemeral ``/jobs/moves-owner`` created with this coordinator's id.
+    A second request, to any coordinator, finds the job running and gets ``JobRunning``
+    (409) naming it and where to follow it; ``status()`` on any coordinator shows the
+    owner's progress (the owner writes it to the job node about once a second).
 
+    When the owner dies its ephemeral node goes with its session; every coordinator
+    looks about once a second (``JOB_PUBLISH_S``, or ``takeover_poll_s`` when shorter),
+    and the first to create the owner node again (in a transaction with the job node's
+    version) takes the job over: it plans again for
+    the same kind and drained servers, from where the moves are (the moves recorded under
+    ``/moves`` resume first, ``MoveRunner.pending``). An owner that finds the owner node
+    gone or someone else's (its session expired) stops driving moves at once; every move
+    step is a compare-and-set, so two drivers for a moment are safe, only wasteful.
+
+    The job itself: plan (``rebalance.plan``), resume the moves a previous run left
+    recorded, then run the planned ones in a thread."""
+
+    def __init__(
+        self,
+        zk: Any,
+        *,
+        coordinator_id: str = "coordinator",
+        parallel: int = 4,
+        timeout_s: float = 3600.0,
+        takeover_poll_s: float = 2.0,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
         self.rollback_after_s = 30.0
         self.zk = zk
+        self.me = coordinator_id
         self.parallel = parallel
         self.timeout_s = timeout_s
+        self.takeover_poll_s = takeover_poll_s
+        self.clock_ms = clock_ms
         self.lines: list[str] = []
         self.moves: list[Move] = []
         self.kind = ""
+        self.drain: list[int] = []
+        self.started_ms = 0
         self.running = False
         self.error = ""
+        self.takeovers = 0
+        self._dropped0 = 0  # the job's lines dropped before ``lines[0]`` (the CLI counts them)
+        self._lost = threading.Event()  # this coordinator no longer owns the job it runs
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._published = (-1, -1)
 
+    # -- the watcher: publish progress, notice a lost ownership, take over a dead owner's --
+    def start_watching(self) -> None:
+        self._watcher = threading.Thread(target=self._watch, name="moves-jobs", daemon=True)
+        self._watcher.start()
+
+    def stop_watching(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(JOB_PUBLISH_S, self.takeover_poll_s)):
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper away: the next tick retries
+                log.debug("moves job watcher: %s", exc)
+
+    def tick(self) -> None:
+        """One look (the watcher thread's; tests call it directly)."""
+        if self.running:
+            if not self._owner_is_me():
+                if not self._lost.is_set():
+                    self._note(f"{self.me} no longer owns the {self.kind}: stopping")
+                self._lost.set()
+                return
+            self._publish(final=False)
+            return
+        self.take_over()
+
+    def _owner_is_me(self) -> bool:
+        try:
+            raw, _ = self.zk.get(JOB_OWNER)
+        except NoNodeError:
+            return False
+        return bool(raw.decode(errors="replace") == self.me)
+
+    def _read_job(self) -> tuple[dict[str, Any], Any] | None:
+        try:
+            raw, stat = self.zk.get(JOB)
+        except NoNodeError:
+            return None
+        try:
+            job = json.loads(raw)
+        except ValueError:
+            job = {}
+        return (job if isinstance(job, dict) else {}), stat
+
+    def take_over(self) -> bool:
+        """Take the running job of a coordinator that died (its owner node gone); True
+        when this coordinator now runs it."""
+        got = self._read_job()
+        if got is None or not got[0].get("running") or self.zk.exists(JOB_OWNER):
+            return False
+        job, stat = got
+        was = job.get("owner", "?")
+        line = (
+            f"{self.me} takes over the {job.get('kind', 'job')} of {was} (its owner node is gone)"
+        )
+        job = {**job, "owner": self.me, "lines": [*job.get("lines", []), line][-JOB_LINES_MAX:]}
+        if not self._claim(job, stat.version):
+            return False
+        self.takeovers += 1
+        log.warning("%s", line)
+        drain = [int(x) for x in job.get("drain", [])]
+        with self._lock:
+            self.running, self.kind, self.error = True, str(job.get("kind", "rebalance")), ""
+            self.drain, self.started_ms = drain, int(job.get("started_ms", self.clock_ms()))
+            self.rollback_after_s = float(job.get("rollback_after_s", 30.0))
+            self.lines, self.moves = list(job["lines"]), []
+            self._dropped0 = int(job.get("lines_dropped", 0))
+            self._lost.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(None, None), name="moves", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def _claim(self, job: dict[str, Any], version: int | None) -> bool:
+        """Set the job node (at ``version``; None: create it) and create the owner node,
+        in one transaction; False when another got there first."""
+        with contextlib.suppress(NodeExistsError):
+            self.zk.ensure_path("/jobs")
+        t = self.zk.transaction()
+        data = json.dumps(job).encode()
+        if version is None:
+            t.create(JOB, data)
+        else:
+            t.set_data(JOB, data, version=version)
+        t.create(JOB_OWNER, self.me.encode(), ephemeral=True)
+        results = t.commit()
+        return not any(isinstance(r, Exception) for r in results)
+
+    def _job_json(self, *, running: bool) -> dict[str, Any]:
+        with self._lock:
+            lines = self.lines[-JOB_LINES_MAX:]
+            return {
+                "kind": self.kind,
+                "drain": self.drain,
+                "rollback_after_s": self.rollback_after_s,
+                "started_ms": self.started_ms,
+                "owner": self.me,
+                "running": running,
+                "failure": self.error,
+                "lines": lines,
+                "lines_dropped": self._dropped0 + max(0, len(self.lines) - len(lines)),
+                "moves": [m.to_json() for m in self.moves],
+            }
+
+    def _publish(self, *, final: bool) -> None:
+        """Write the progress to the job node (the owner only); the final write also
+        deletes the owner node, in the same transaction."""
+        mark = (len(self.lines), sum(m.steps for m in self.moves))
+        if not final and mark == self._published:
+            return
+        data = json.dumps(self._job_json(running=not final)).encode()
+        if final:
+            t = self.zk.transaction()
+            t.set_data(JOB, data)
+            t.delete(JOB_OWNER)
+            results = t.commit()
+            if any(isinstance(r, Exception) for r in results):
+                log.warning("the moves job's end not recorded: %s", results)
+        else:
+            self.zk.set(JOB, data)
+        self._published = mark
+
+    # -- running ---------------------------------------------------------------------------
     def _note(self, line: str) -> None:
         log.info("%s", line)
         with self._lock:
             self.lines.append(line)
-            del self.lines[:-2000]
+            over = len(self.lines) - 2000
+            if over > 0:
+                del self.lines[:over]
+                self._dropped0 += over
 
     def plan(self, drain: Collection[int] = ()) -> dict[str, Any]:
         from coordinator.rebalance import leader_loads, plan, replica_loads
@@ -347,8 +531,6 @@ class MoveJobs:
         holding = {r for reps in current.values() for r in reps}
         unknown = sorted(set(drain) - set(live) - holding)
         if unknown:
-            from pidlease.errors import InvalidRequest
-
             raise InvalidRequest(
                 f"server(s) {unknown} are neither live nor hold a replica; live: {live}"
             )
@@ -369,6 +551,17 @@ class MoveJobs:
             "_current": current,
         }
 
+    def _refuse_running(self) -> None:
+        got = self._read_job()
+        if got is not None and got[0].get("running"):
+            job = got[0]
+            raise JobRunning(
+                f"a {job.get('kind', 'job')} is running, on coordinator {job.get('owner', '?')}; "
+                "follow it with GET /v1/cluster/moves (on any coordinator) and ask again "
+                "once it has ended",
+                job={k: job.get(k) for k in ("kind", "owner", "drain", "started_ms")},
+            )
+
     def start(
         self,
         kind: str,
@@ -377,14 +570,10 @@ class MoveJobs:
         dry_run: bool,
         rollback_after_s: float = 30.0,
     ) -> dict[str, Any]:
-        import threading
-
         from coordinator.rebalance import PlanError
-        from pidlease.errors import InvalidRequest
 
-        with self._lock:
-            if self.running:
-                raise InvalidRequest(f"a {self.kind} is running; see GET /v1/cluster/moves")
+        if not dry_run:
+            self._refuse_running()
         try:
             p = self.plan(drain)
         except PlanError as exc:
@@ -395,41 +584,77 @@ class MoveJobs:
             return p
         with self._lock:
             if self.running:
-                raise InvalidRequest(f"a {self.kind} is running; see GET /v1/cluster/moves")
+                raise JobRunning(f"a {self.kind} is running here; see GET /v1/cluster/moves")
             self.running, self.kind, self.error = True, kind, ""
+            self.drain, self.started_ms = sorted(drain), self.clock_ms()
             self.rollback_after_s = rollback_after_s
             self.lines, self.moves = [], []
+            self._dropped0 = 0
+            self._lost.clear()
+        try:
+            got = self._read_job()
+            if got is not None and got[0].get("running"):
+                claimed = False
+            else:
+                claimed = self._claim(
+                    self._job_json(running=True), None if got is None else got[1].version
+                )
+        except BaseException:
+            with self._lock:
+                self.running = False
+            raise
+        if not claimed:
+            with self._lock:
+                self.running = False
+            self._refuse_running()
+            raise JobRunning("another coordinator started a job at the same moment; ask again")
+        p["owner"] = self.me
         self._thread = threading.Thread(
             target=self._run, args=(targets, current), name="moves", daemon=True
         )
         self._thread.start()
         return p
 
-    def _run(self, targets: dict[Key, list[int]], current: dict[Key, list[int]]) -> None:
+    def _run(
+        self, targets: dict[Key, list[int]] | None, current: dict[Key, list[int]] | None
+    ) -> None:
+        from coordinator.rebalance import PlanError
+
         runner = MoveRunner(
             self.zk,
             progress=self._note,
             parallel=self.parallel,
             rollback_after_s=self.rollback_after_s,
         )
+        stop = self._lost.is_set
         try:
             pending = runner.pending()
             if pending:
                 self._note(f"resuming {len(pending)} move(s) a previous run left")
-                done = runner.run(
+                runner.run(
                     {k: t for k, (_, t) in pending.items()},
                     {k: o for k, (o, _) in pending.items()},
                     timeout_s=self.timeout_s,
+                    stop=stop,
+                    into=self.moves,
                 )
-                self.moves.extend(done)
-                # the resumed ones may have changed what the plan started from
-                current, _ = read_cluster(self.zk)
-            todo = {k: t for k, t in targets.items() if k in current}
-            self._note(f"{sum(1 for k, t in todo.items() if t != current[k])} move(s) to run")
-            self.moves.extend(runner.run(todo, current, timeout_s=self.timeout_s))
+            if targets is None and not stop():  # taken over: plan again, from here
+                try:
+                    p = self.plan(self.drain)
+                except PlanError as exc:
+                    raise RuntimeError(f"no plan: {exc}") from exc
+                targets = p["_targets"]
+            current, _ = read_cluster(self.zk)  # the resumed ones may have moved things
+            todo = {k: t for k, t in (targets or {}).items() if k in current}
+            if not stop():
+                n = sum(1 for k, t in todo.items() if t != current[k])
+                self._note(f"{n} move(s) to run")
+                runner.run(todo, current, timeout_s=self.timeout_s, stop=stop, into=self.moves)
             left = [m for m in self.moves if m.state == "pending"]
             back = [m for m in self.moves if m.state == "rolled back"]
-            if left:
+            if stop():
+                self._note(f"{len(left)} move(s) left to the coordinator that owns the job now")
+            elif left:
                 self._note(f"{len(left)} move(s) left pending; they resume with the next run")
             elif back:
                 self._note(f"{len(back)} move(s) rolled back; run {self.kind} again")
@@ -439,15 +664,40 @@ class MoveJobs:
             self.error = f"{type(exc).__name__}: {exc}"
             self._note(f"{self.kind} failed: {self.error}")
         finally:
+            if not self._lost.is_set():
+                try:
+                    self._publish(final=True)
+                except Exception as exc:  # noqa: BLE001 - the owner node goes with the session
+                    log.warning("the moves job's end not recorded: %s", exc)
             with self._lock:
                 self.running = False
 
     def status(self) -> dict[str, Any]:
+        """This coordinator's job while it runs one; else the cluster's job as its owner
+        last wrote it (running elsewhere, or ended)."""
+        if not self.running:
+            try:
+                got = self._read_job()
+            except Exception:  # noqa: BLE001 - ZooKeeper away: what this one knows
+                got = None
+            if got is not None and got[0]:
+                job = got[0]
+                return {
+                    "kind": job.get("kind", ""),
+                    "running": bool(job.get("running")),
+                    "owner": job.get("owner", ""),
+                    "failure": job.get("failure", ""),
+                    "lines": list(job.get("lines", [])),
+                    "lines_dropped": int(job.get("lines_dropped", 0)),
+                    "moves": list(job.get("moves", [])),
+                }
         with self._lock:
             return {
                 "kind": self.kind,
                 "running": self.running,
+                "owner": self.me if self.kind else "",
                 "failure": self.error,
                 "lines": list(self.lines),
+                "lines_dropped": self._dropped0,
                 "moves": [m.to_json() for m in self.moves],
             }

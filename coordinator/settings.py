@@ -1,7 +1,8 @@
 """The coordinator's typed settings, read from ``PIDLEASE_*`` environment variables.
 
-One table of names, defaults and meanings lives in ``docs/coordinator.md``; keep the two in
-step. Every duration is in milliseconds and says so in its name.
+The settings it shares with the partition server come from
+``pidlease.wire.service_settings.ServiceSettings``; docs/settings.md is generated from both.
+Every duration is in milliseconds and says so in its name.
 """
 
 from __future__ import annotations
@@ -10,33 +11,22 @@ import os
 import socket
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from coordinator.auth import Principal, build_principals
+from pidlease.wire.service_settings import ServiceSettings
 
 
 def default_coordinator_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class CoordinatorSettings(BaseSettings):
-    # hide_input_in_errors: a bad setting's message must not print the tokens and secrets
-    # read with it.
-    model_config = SettingsConfigDict(
-        env_prefix="PIDLEASE_", extra="ignore", hide_input_in_errors=True
-    )
+class CoordinatorSettings(ServiceSettings):
+    """The coordinator's own settings; those it shares with the partition server (``zk``,
+    ``lease_secret``, ``api_token(s)``, ``tls_*``) are in ``ServiceSettings``."""
 
-    zk: str = "127.0.0.1:2181/pidlease"
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8470, ge=0, le=65535)
     coordinator_id: str = ""
-    lease_secret: str = "pidlease-dev-secret"  # noqa: S105 - the local-cluster default; deployments set PIDLEASE_LEASE_SECRET
-    # When set, every /v1 call needs "Authorization: Bearer <api_token>" (401 otherwise);
-    # it is the admin principal named "admin" (coordinator/auth.py).
-    api_token: str = ""
-    # Named principals "name:scope:token,..." (scope admin|producer), and a file of them.
-    api_tokens: str = ""
-    api_tokens_file: str = ""
     # New PIDs one principal may hold (0 = no limit); counted in ZooKeeper per principal.
     pids_max_per_principal: int = Field(default=0, ge=0)
 
@@ -79,11 +69,8 @@ class CoordinatorSettings(BaseSettings):
         default=10_000,
         ge=1_000,
         description=(
-            "ZooKeeper session timeout asked for. Longer than the partition server's "
-            "(1,200) on purpose: a coordinator's session holds no leadership, so a short one "
-            "would only make a busy coordinator lose it (and its housekeeping turn) for "
-            "nothing; the variable has the same name for both services, so set it per "
-            "process if you set it"
+            "ZooKeeper session timeout asked for (why it is longer than the partition "
+            "server's: see the table below)"
         ),
     )
     leader_request_timeout_ms: int = Field(default=5_000, ge=10)
@@ -114,22 +101,6 @@ class CoordinatorSettings(BaseSettings):
         ),
     )
 
-    # TLS (docs/operations.md): HTTPS with both files; then partition servers are called over TLS.
-    tls_certfile: str = Field(
-        default="",
-        description=(
-            "PEM certificate (chain) to serve HTTPS with; with `tls_keyfile`. Both empty: HTTP. "
-            "A TLS coordinator calls the partition servers (FENCE, PRODUCER_STATE) over TLS too"
-        ),
-    )
-    tls_keyfile: str = Field(default="", description="PEM private key of `tls_certfile`")
-    tls_ca_file: str = Field(
-        default="",
-        description=(
-            "CA bundle trusted when calling partition servers over TLS; empty: the system store"
-        ),
-    )
-
     @model_validator(mode="after")
     def _check(self) -> CoordinatorSettings:
         if not self.coordinator_id:
@@ -140,18 +111,9 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError(
                 "need lease_expire_ms_min <= lease_expire_ms_default <= lease_expire_ms_max"
             )
-        if bool(self.tls_certfile) != bool(self.tls_keyfile):
-            raise ValueError(
-                "HTTPS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
-                "PIDLEASE_TLS_KEYFILE), or neither for HTTP"
-            )
         self.principals()  # a malformed api_tokens / api_tokens_file entry stops the start
         return self
 
     def principals(self) -> list[Principal]:
         """The configured API principals (empty: the API is open)."""
         return build_principals(self.api_token, self.api_tokens, self.api_tokens_file)
-
-    @property
-    def secret_bytes(self) -> bytes:
-        return self.lease_secret.encode()

@@ -464,6 +464,15 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         kind="counter",
     )
     g(
+        "pidlease_server_move_throttled_bytes_total",
+        "Bytes this server, as leader, sent to replicas catching up for a move, under the "
+        "move throttle (move_fetch_bytes_per_s; partition_server/move_throttle.py).",
+        lambda: getattr(
+            getattr(getattr(broker, "replicas", None), "move_throttle", None), "throttled_bytes", 0
+        ),
+        kind="counter",
+    )
+    g(
         "pidlease_server_replica_lag_offsets",
         "Per follower of a partition this server leads: offsets behind the leader's log end "
         "(-1 before its first fetch).",

@@ -36,6 +36,7 @@ from partition_server import leadership
 from partition_server.checkpoint import HighWatermarkCheckpoint
 from partition_server.handoff import PreferredLeader
 from partition_server.liveness import LiveServers
+from partition_server.move_throttle import MoveThrottle, is_moving
 from partition_server.partition import Partition, Role
 from partition_server.registry import Assignment, Registry
 from partition_server.replica_fetcher import FetchSessions, ReplicaFetcher
@@ -105,6 +106,10 @@ class ReplicaManager:
         # win no election), and the preferred-leader election run on each maintenance tick.
         self.leaving = False
         self.preferred = PreferredLeader(self)
+        # The catch-up fetches of moving replicas share one bytes/s budget (move_throttle.py).
+        self.move_throttle = MoveThrottle(
+            int(getattr(settings, "move_fetch_bytes_per_s", 0)), clock=time.monotonic
+        )
         if hasattr(registry, "configure_lease"):  # test doubles may have no lease at all
             registry.configure_lease(
                 margin_ms=getattr(settings, "zk_step_down_margin_ms", 0),
@@ -587,7 +592,15 @@ class ReplicaManager:
             if bad is not None:
                 return P.replica_fetch_response(corr, bad[0], bad[1])
         max_bytes = min(max(req.max_bytes, 1), self.s.fetch_bytes_max)
+        moving = self._moving(key, rid, part)
+        if moving:
+            max_bytes = await self._move_allowance(max_bytes, req.max_wait_ms)
+            bad = self._check_follower(req, part)  # it may have waited: still leading?
+            if bad is not None:
+                return P.replica_fetch_response(corr, bad[0], bad[1])
         data = part.replica_read(req.offset, max_bytes)
+        if moving:
+            self.move_throttle.spent(sum(len(b) for b in data))
         hw = part.high_watermark
         self._hw_sent[(key, rid)] = hw
         return P.replica_fetch_response(
@@ -633,16 +646,24 @@ class ReplicaManager:
         budget = max(min(req.max_bytes, self.s.frame_bytes_max - 65536), 1)
         part_max = min(max(req.flags, 1), self.s.fetch_bytes_max)
         sent = 0
+        moving = await self._moving_many(live, answered, rid, req.max_wait_ms)
         for i, e, part in live:
             if i in answered or not self._news(e, part):
                 continue
             data: list[bytes] = []
             if e.offset < part.log.next_offset and budget - sent > 0:
-                data = part.replica_read(e.offset, min(part_max, budget - sent))
+                room = min(part_max, budget - sent)
+                if i in moving:
+                    room = self.move_throttle.allowance(room)
+                    if room == 0:
+                        continue  # the move throttle's budget is spent: its turn comes
+                data = part.replica_read(e.offset, room)
                 size = sum(len(b) for b in data)
                 if sent and sent + size > budget:
                     continue  # over the frame's room: its turn comes (the follower rotates)
                 sent += size
+                if i in moving:
+                    self.move_throttle.spent(size)
             elif e.offset < part.log.next_offset and not part.high_watermark > e.high_watermark:
                 continue  # no room left for its data this round
             answered[i] = P.ReplicaFetched(
@@ -656,6 +677,52 @@ class ReplicaManager:
                 data,  # type: ignore[arg-type]
             )
         return P.replica_fetch_many_response(corr, 0, "", [answered[i] for i in sorted(answered)])
+
+    # -- the move throttle (issue 27; move_throttle.py) ----------------------------------------
+    def _moving(self, key: Key, rid: int, part: Partition) -> bool:
+        """Follower ``rid`` of ``part`` (led here) catches up for a move: throttled."""
+        if not self.move_throttle.enabled or part.isr is None:
+            return False
+        spec = self.registry.assignment.topics.get(key[0])
+        if spec is None:
+            return False
+        isr = part.isr
+        return is_moving(isr.replicas, sorted(isr.counted()), spec.replication_factor, rid)
+
+    async def _move_allowance(self, want: int, max_wait_ms: int) -> int:
+        """Bytes a moving replica's fetch may read, after waiting (up to its wait) for the
+        budget to refill; at least 1 (a read returns one whole batch) once the wait is up."""
+        wait_s = self.move_throttle.wait_s()
+        if wait_s > 0:
+            limit = min(max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
+            await asyncio.sleep(min(wait_s, limit))
+        return max(1, self.move_throttle.allowance(want))
+
+    async def _moving_many(
+        self,
+        live: list[tuple[int, P.ReplicaFetchEntry, Partition]],
+        answered: dict[int, P.ReplicaFetched],
+        rid: int,
+        max_wait_ms: int,
+    ) -> set[int]:
+        """The entries of a session fetch that are moving replicas' catch-up. When those
+        are all it has news for and the budget is spent, wait (up to its wait) for the
+        budget to refill, so the follower does not come back at once for nothing; then
+        check each entry again, as after the fetch's own wait (an error in ``answered``)."""
+        moving = {i for i, e, p in live if self._moving((e.topic, e.partition), rid, p)}
+        if not moving:
+            return moving
+        news = [i for i, e, p in live if i not in answered and self._news(e, p)]
+        if news and set(news) <= moving:
+            wait_s = self.move_throttle.wait_s()
+            if wait_s > 0:
+                limit = min(max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
+                await asyncio.sleep(min(wait_s, limit))
+                for i, e, part in live:
+                    bad = None if i in answered else self._check(rid, e.leader_epoch, part)
+                    if bad is not None:
+                        answered[i] = P.ReplicaFetched(e.topic, e.partition, bad[0], bad[1])
+        return moving
 
     @staticmethod
     def _news(e: P.ReplicaFetchEntry, part: Partition) -> bool:

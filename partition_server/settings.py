@@ -1,11 +1,13 @@
-"""Typed settings of a partition server, read from ``PIDLEASE_*`` environment variables."""
+"""Typed settings of a partition server, read from ``PIDLEASE_*`` environment variables
+(those shared with the coordinator: ``pidlease.wire.service_settings``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pidlease.wire.service_settings import ServiceSettings
 
 MiB = 1024 * 1024
 # The coordinator's longest lease; a PID's state must outlive any lease of it, or a
@@ -13,14 +15,10 @@ MiB = 1024 * 1024
 LEASE_MAX_MS = 86_400_000
 
 
-class ServerSettings(BaseSettings):
-    # hide_input_in_errors: a bad setting's message must not print the API tokens
-    model_config = SettingsConfigDict(
-        env_prefix="PIDLEASE_", extra="ignore", hide_input_in_errors=True
-    )
+class ServerSettings(ServiceSettings):
+    """A partition server's own settings; those it shares with the coordinator (``zk``,
+    ``lease_secret``, ``api_token(s)``, ``tls_*``) are in ``ServiceSettings``."""
 
-    zk: str = "127.0.0.1:2181/pidlease"
-    lease_secret: str = "pidlease-dev-secret"  # noqa: S105 - the local-cluster default; deployments set PIDLEASE_LEASE_SECRET
     server_id: int = Field(default=1, ge=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8480, ge=0, le=65535)
@@ -166,6 +164,16 @@ class ServerSettings(BaseSettings):
             "follower; 0: no limit"
         ),
     )
+    move_fetch_bytes_per_s: int = Field(
+        default=16 * MiB,
+        ge=0,
+        description=(
+            "bytes per second this server, as leader, sends to the replicas catching up for "
+            "a move (a partition mid-move, the replica not in sync), all of them together; "
+            "in-sync followers and other catch-ups are not throttled; 0: no throttle "
+            "(Kafka's leader.replication.throttled.rate)"
+        ),
+    )
     replica_fetch_wait_max_ms: int = Field(
         default=500,
         ge=1,
@@ -215,21 +223,6 @@ class ServerSettings(BaseSettings):
         ge=0,
         le=65535,
         description=("port registered in ZooKeeper; 0: the port this server listens on"),
-    )
-    tls_certfile: str = Field(
-        default="",
-        description=(
-            "PEM certificate (chain) to serve TLS with; with `tls_keyfile`. Both empty: plaintext. "
-            "A TLS server also speaks TLS to the other servers it fetches from"
-        ),
-    )
-    tls_keyfile: str = Field(default="", description="PEM private key of `tls_certfile`")
-    tls_ca_file: str = Field(
-        default="",
-        description=(
-            "CA bundle trusted when connecting to other partition servers over TLS (replica "
-            "fetching); empty: the system trust store"
-        ),
     )
 
     # -- Kafka listener (docs/kafka.md) --
@@ -298,19 +291,6 @@ class ServerSettings(BaseSettings):
             "deletes whole segments below a checkpoint)"
         ),
     )
-    api_token: str = Field(
-        default="",
-        description=(
-            "as the coordinator's: when any API token is set, the Kafka listener requires "
-            "SASL/PLAIN (user = principal, password = its token)"
-        ),
-    )
-    api_tokens: str = Field(
-        default="", description="as the coordinator's: `name:scope:token,...` principals"
-    )
-    api_tokens_file: str = Field(
-        default="", description="as the coordinator's: a file of `name:scope:token` lines"
-    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
@@ -331,11 +311,6 @@ class ServerSettings(BaseSettings):
                 "zk_heartbeat_interval_ms must be at most half of zk_session_timeout_ms minus "
                 "zk_step_down_margin_ms, or leaders step down between two heartbeats"
             )
-        if bool(self.tls_certfile) != bool(self.tls_keyfile):
-            raise ValueError(
-                "TLS needs both tls_certfile and tls_keyfile (PIDLEASE_TLS_CERTFILE, "
-                "PIDLEASE_TLS_KEYFILE), or neither for plaintext"
-            )
         if self.tls:
             from pidlease.wire.tls import peer_ssl_context, server_ssl_context
 
@@ -344,20 +319,12 @@ class ServerSettings(BaseSettings):
         return self
 
     @property
-    def tls(self) -> bool:
-        return bool(self.tls_certfile)
-
-    @property
     def routes(self) -> dict[int, str]:
         return parse_routes(self.replica_routes)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def secret_bytes(self) -> bytes:
-        return self.lease_secret.encode()
 
 
 def parse_routes(spec: str) -> dict[int, str]:

@@ -1,25 +1,21 @@
 """Test tools for the partition server's own tests: helpers that read and damage a
 partition's files on disk (to compare replicas, to tear a log tail as a crash mid-write
 would), and fakes for replicated partitions run without servers (an executor the test
-steps by hand, a ZooKeeper holding one partition state). Client-side tools (the wire test
-client, batch and token builders) are in ``pidlease.testing.wire``."""
+steps by hand; the fake ZooKeeper is ``tests/sim/zk.py``'s ``partition_zk``). Client-side
+tools (the wire test client, batch and token builders) are in ``pidlease.testing.wire``."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from kazoo.exceptions import BadVersionError, ConnectionLoss
 
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, dir_name
 from partition_server.producer_state import Outcome
 from pidlease.wire import protocol as P
-from pidlease.wire.cluster import PartitionState
 
 
 def log_batches(data_dir: Path, topic: str, partition: int) -> list[bytes]:
@@ -114,74 +110,6 @@ async def settle(rounds: int = 10) -> None:
     """Let callbacks scheduled by finished executor calls run (a few loop iterations)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
-
-
-@dataclass
-class _Stat:
-    version: int
-
-
-class FakeZk:
-    """One partition's state znode, kazoo-shaped (``get``, ``set`` with a version).
-    ``fail_sets`` writes raise ConnectionLoss first; ``land_failed`` says whether such a
-    write was applied anyway (a lost connection leaves it unknown to the writer)."""
-
-    def __init__(
-        self, ps: PartitionState, *, fail_sets: int = 0, land_failed: bool = False
-    ) -> None:
-        self.raw = ps.to_bytes()
-        self.version = 0
-        self.fail_sets = fail_sets
-        self.land_failed = land_failed
-        self.sets = 0
-
-    @property
-    def state(self) -> PartitionState:
-        return PartitionState.from_bytes(self.raw)
-
-    def get(self, path: str) -> tuple[bytes, _Stat]:
-        return self.raw, _Stat(self.version)
-
-    def set(self, path: str, data: bytes, version: int = -1) -> None:
-        self.sets += 1
-        if version != self.version:
-            raise BadVersionError
-        if self.fail_sets:
-            self.fail_sets -= 1
-            if self.land_failed:
-                self.raw, self.version = data, self.version + 1
-            raise ConnectionLoss
-        self.raw, self.version = data, self.version + 1
-
-    def transaction(self) -> _FakeTransaction:
-        return _FakeTransaction(self)
-
-
-class _FakeTransaction:
-    """kazoo's ``TransactionRequest`` over :class:`FakeZk` (its one znode): ``commit``
-    applies every write or none, answering a stale version as kazoo does (a list with the
-    error in place of the result), a lost connection by raising."""
-
-    def __init__(self, zk: FakeZk) -> None:
-        self.zk = zk
-        self.writes: list[tuple[bytes, int]] = []
-
-    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
-        self.writes.append((value, version))
-
-    def commit(self) -> list[Any]:
-        zk = self.zk
-        zk.sets += 1
-        if any(v not in (-1, zk.version + i) for i, (_, v) in enumerate(self.writes)):
-            return [BadVersionError() for _ in self.writes]
-        landed = not zk.fail_sets or zk.land_failed
-        if landed:
-            for data, _ in self.writes:
-                zk.raw, zk.version = data, zk.version + 1
-        if zk.fail_sets:
-            zk.fail_sets -= 1
-            raise ConnectionLoss
-        return [_Stat(zk.version) for _ in self.writes]
 
 
 def open_part(

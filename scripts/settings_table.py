@@ -21,6 +21,7 @@ from coordinator.settings import CoordinatorSettings  # noqa: E402
 from partition_server.settings import ServerSettings  # noqa: E402
 from pidlease.cli.commands import LOG_SETTING_FLAGS  # noqa: E402
 from pidlease.wire.cluster import TopicSpec  # noqa: E402
+from pidlease.wire.service_settings import DIFFERENT_DEFAULTS, ServiceSettings  # noqa: E402
 
 SERVICES = [
     ("coordinator", CoordinatorSettings, "docs/coordinator.md"),
@@ -66,17 +67,60 @@ def render() -> str:
         "| service | setting | environment variable | default | meaning |",
         "| --- | --- | --- | --- | --- |",
     ]
+    shared = ServiceSettings.model_fields
+    for name, field in shared.items():
+        lines.append(
+            f"| both | `{name}` | `PIDLEASE_{name.upper()}` | {_default(field.default)} | "
+            f"{(field.description or '').replace('|', chr(92) + '|')} |"
+        )
     for service, cls, doc in SERVICES:
         meanings = _doc_meanings(ROOT / doc)
         for name, field in cls.model_fields.items():
+            if name in shared:
+                continue
             default = field.default
             meaning = (field.description or meanings.get(name, "")).replace("|", "\\|")
             lines.append(
                 f"| {service} | `{name}` | `PIDLEASE_{name.upper()}` | "
                 f"{_default(default)} | {meaning} |"
             )
+    lines += _different_defaults_section()
     lines += _topic_section()
     return "\n".join(lines) + "\n"
+
+
+def _different_defaults_section() -> list[str]:
+    """Settings both services have by the same name (one environment variable) outside the
+    shared base: each must have a reason in ``DIFFERENT_DEFAULTS``, or be moved to the base."""
+    own = [
+        {n: f.default for n, f in cls.model_fields.items() if n not in ServiceSettings.model_fields}
+        for _, cls, _ in SERVICES
+    ]
+    both = sorted(set(own[0]) & set(own[1]))
+    unexplained = [n for n in both if n not in DIFFERENT_DEFAULTS]
+    stale = [n for n in DIFFERENT_DEFAULTS if n not in both]
+    if unexplained or stale:
+        raise SystemExit(
+            f"settings in both services outside ServiceSettings without a reason {unexplained}, "
+            f"reasons for no such setting {stale}: move the setting to "
+            "pidlease/wire/service_settings.py, or say in DIFFERENT_DEFAULTS why it differs"
+        )
+    lines = [
+        "",
+        "## Same name, two defaults",
+        "",
+        "Rows marked `both` are one setting of both services "
+        "(`pidlease/wire/service_settings.py`). These have the same environment variable but "
+        "a default of their own in each service, and why:",
+        "",
+        "| setting | coordinator | partition server | why |",
+        "| --- | --- | --- | --- |",
+    ]
+    for n in both:
+        lines.append(
+            f"| `{n}` | {_default(own[0][n])} | {_default(own[1][n])} | {DIFFERENT_DEFAULTS[n]} |"
+        )
+    return lines
 
 
 def _topic_section() -> list[str]:

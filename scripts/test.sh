@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3
-exec timeout 3600 "$PY" -m pytest tests -q -p no:cacheprovider "$@"
+exec timeout 3600 "$PY" -m pytest tests -q -p no:cacheprovider --durations=40 "$@"

@@ -7,7 +7,7 @@ clients produce to and fetch from the same partitions as the pidlease SDK.
 - ``apis``: ApiVersions, Metadata, InitProducerId, CreateTopics and SASL, over the
   ZooKeeper registry, and the dispatch to ``records``;
 - ``records``: Produce, Fetch and ListOffsets over the partitions this server leads;
-- ``codes``: the Kafka error codes answered here;
+- (Kafka error codes: ``pidlease.wire.kafka_errors``, the one table);
 - ``pids``: InitProducerId's PIDs, from the cluster's ZooKeeper PID counter, and who owns them;
 - ``topics``: CreateTopics, written to ZooKeeper as the coordinator writes a topic;
 - ``sasl``: SASL/PLAIN against the same API tokens as the coordinator.

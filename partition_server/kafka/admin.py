@@ -22,23 +22,24 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpir
 from partition_server.kafka import codec as C
 from partition_server.kafka import configs as CF
 from partition_server.kafka import topics as T
-from partition_server.kafka.codes import (
+from partition_server.registry import Registry
+from partition_server.settings import ServerSettings
+from pidlease.errors import describe
+from pidlease.wire import kafka_errors as E
+from pidlease.wire.cluster import TopicSpec
+from pidlease.wire.kafka_errors import (
     INVALID_REQUEST,
     NONE,
     REQUEST_TIMED_OUT,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_ID,
 )
-from partition_server.registry import Registry
-from partition_server.settings import ServerSettings
-from pidlease.errors import describe
-from pidlease.wire.cluster import TopicSpec
 
 log = logging.getLogger("partition_server.kafka")
 
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
-UNKNOWN_TOPIC_ID = 100
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
@@ -259,7 +260,7 @@ def _operations(configs: Any, incremental: bool) -> tuple[dict[str, str | None],
             deletes.append(c.name)
         else:
             raise T.CreateError(
-                CF.INVALID_CONFIG,
+                E.INVALID_CONFIG,
                 f"{c.name}: APPEND and SUBTRACT are for list configs; none is alterable here",
             )
     return sets, deletes

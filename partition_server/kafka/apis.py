@@ -21,7 +21,14 @@ from typing import Any
 from partition_server.broker import Broker
 from partition_server.kafka import codec as C
 from partition_server.kafka.admin import ADMIN_APIS, AdminApis, admin_error_values
-from partition_server.kafka.codes import (
+from partition_server.kafka.groups import GROUP_APIS, GroupCoordinator
+from partition_server.kafka.pids import KafkaPids, PidError
+from partition_server.kafka.records import RecordApis, Reply
+from partition_server.kafka.sasl import ANONYMOUS, Principals, parse_plain
+from partition_server.kafka.topics import CreateError, create, plan
+from partition_server.registry import Registry
+from partition_server.settings import ServerSettings
+from pidlease.wire.kafka_errors import (
     ILLEGAL_SASL_STATE,
     INVALID_REQUEST,
     LEADER_NOT_AVAILABLE,
@@ -34,13 +41,6 @@ from partition_server.kafka.codes import (
     UNSUPPORTED_SASL_MECHANISM,
     UNSUPPORTED_VERSION,
 )
-from partition_server.kafka.groups import GROUP_APIS, GroupCoordinator
-from partition_server.kafka.pids import KafkaPids, PidError
-from partition_server.kafka.records import RecordApis, Reply
-from partition_server.kafka.sasl import ANONYMOUS, Principals, parse_plain
-from partition_server.kafka.topics import CreateError, create, plan
-from partition_server.registry import Registry
-from partition_server.settings import ServerSettings
 
 log = logging.getLogger("partition_server.kafka")
 

@@ -24,6 +24,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from pidlease.wire.kafka_conn import entity_fields, nested_entity
+
 # API keys we speak (Kafka's numbering).
 PRODUCE = 0
 FETCH = 1
@@ -223,29 +225,12 @@ def build(cls: type[Any], values: dict[str, Any]) -> Any:
     dropped, missing ones take kio's default or a zero value; nested entities may be
     given as dicts (lists of dicts for arrays)."""
     kwargs: dict[str, Any] = {}
-    for f, hint in _fields(typing.cast(Any, cls)):  # a class is hashable; typeshed says not
+    for f, hint in entity_fields(typing.cast(Any, cls)):  # a class is hashable; typeshed says not
         if f.name in values:
             kwargs[f.name] = _convert(hint, values[f.name])
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = _zero(hint, f.metadata.get("kafka_type"))
     return cls(**kwargs)
-
-
-@functools.cache
-def _fields(cls: Any) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
-
-
-def _entity_of(hint: Any) -> type[Any] | None:
-    """The nested entity class of a field (its own type, or its array's element)."""
-    for t in (hint, *typing.get_args(hint)):
-        if dataclasses.is_dataclass(t) and isinstance(t, type):
-            return t
-        for u in typing.get_args(t):
-            if dataclasses.is_dataclass(u) and isinstance(u, type):
-                return u
-    return None
 
 
 def _is_array(hint: Any) -> bool:
@@ -255,7 +240,7 @@ def _is_array(hint: Any) -> bool:
 def _convert(hint: Any, value: Any) -> Any:
     if value is None:
         return None
-    entity = _entity_of(hint)
+    entity = nested_entity(hint)
     if entity is not None:
         if _is_array(hint):
             return tuple(v if not isinstance(v, dict) else build(entity, v) for v in value)
@@ -278,7 +263,7 @@ def _zero(hint: Any, kafka_type: str | None) -> Any:
         return ()
     if type(None) in typing.get_args(hint):
         return None
-    entity = _entity_of(hint)
+    entity = nested_entity(hint)
     if entity is not None:
         return build(entity, {})
     if kafka_type == "error_code":

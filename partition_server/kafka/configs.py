@@ -14,8 +14,9 @@ import dataclasses
 from typing import Any
 
 from pidlease.wire.cluster import DEDUP_MODES, TopicSpec, log_setting_problem
-
-INVALID_CONFIG = 40
+from pidlease.wire.kafka_errors import (
+    INVALID_CONFIG,
+)
 
 # Kafka name -> TopicSpec field (a log setting: may change after creation)
 SETTINGS = {

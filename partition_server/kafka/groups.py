@@ -78,6 +78,7 @@ from partition_server.produce import NotRouted, Route
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease.wire import kafka_batch as K
+from pidlease.wire import kafka_errors as E
 from pidlease.wire.protocol import iter_batches, iter_records
 
 log = logging.getLogger("partition_server.kafka.groups")
@@ -218,7 +219,7 @@ class GroupCoordinator:
     def _locate(self, group_id: str) -> tuple[Slot | None, int]:
         """The loaded slot of this group, or the error code to answer."""
         if self._stopping():
-            return None, G.NOT_COORDINATOR
+            return None, E.NOT_COORDINATOR
         return self._slot(partition_of(group_id))
 
     def _slot(self, idx: int) -> tuple[Slot | None, int]:
@@ -232,10 +233,10 @@ class GroupCoordinator:
             a = self.registry.assignment
             ps = a.partitions.get((GROUPS_TOPIC, idx))
             if ps is None:
-                return None, G.COORDINATOR_NOT_AVAILABLE
+                return None, E.COORDINATOR_NOT_AVAILABLE
             if ps.leader == self.s.server_id:
-                return None, G.COORDINATOR_LOAD_IN_PROGRESS  # becoming leader
-            return None, G.NOT_COORDINATOR
+                return None, E.COORDINATOR_LOAD_IN_PROGRESS  # becoming leader
+            return None, E.NOT_COORDINATOR
         if slot is not None and (slot.epoch != r.epoch or slot.part is not r.part):
             self._drop(idx, f"leader epoch {slot.epoch} -> {r.epoch}")
             slot = None
@@ -244,8 +245,8 @@ class GroupCoordinator:
             self.slots[idx] = slot
             slot.task = asyncio.get_running_loop().create_task(self._load(slot))
         if not slot.loaded:
-            return None, G.COORDINATOR_LOAD_IN_PROGRESS
-        return slot, G.NONE
+            return None, E.COORDINATOR_LOAD_IN_PROGRESS
+        return slot, E.NONE
 
     async def _load(self, slot: Slot) -> None:
         """Replay the group log's partition once its end is committed."""
@@ -299,9 +300,9 @@ class GroupCoordinator:
         for g in slot.groups.values():
             g.state = State.DEAD
         for key in [k for k in self._joins if k[0] == idx]:
-            self._joins.pop(key)(JoinAnswer(key[2], G.NOT_COORDINATOR))
+            self._joins.pop(key)(JoinAnswer(key[2], E.NOT_COORDINATOR))
         for key in [k for k in self._syncs if k[0] == idx]:
-            self._syncs.pop(key)(SyncAnswer(key[2], G.NOT_COORDINATOR))
+            self._syncs.pop(key)(SyncAnswer(key[2], E.NOT_COORDINATOR))
         log.info("group log partition %d: dropped (%s)", idx, why)
 
     async def _tick_loop(self) -> None:
@@ -425,7 +426,7 @@ class GroupCoordinator:
         for records in batches:
             f = self._write(slot, records, apply=False)
             futures.append(f)
-            if f.done() and f.result() != G.NONE:
+            if f.done() and f.result() != E.NONE:
                 return  # not written: no marker, the next tick tries again
         slot.checkpointing = True
         self.checkpoints += 1
@@ -502,7 +503,7 @@ class GroupCoordinator:
             or r.epoch != slot.epoch
             or self.slots.get(slot.index) is not slot
         ):
-            out.set_result(G.NOT_COORDINATOR)
+            out.set_result(E.NOT_COORDINATOR)
             return out
         batch = K.encode_kafka_batch(records, base_timestamp_ms=self._clock())
         res = kafka_produce(
@@ -514,15 +515,15 @@ class GroupCoordinator:
             batch_bytes_max=self.s.batch_bytes_max,
         )
         if isinstance(res, NotRouted):
-            out.set_result(G.NOT_COORDINATOR)
+            out.set_result(E.NOT_COORDINATOR)
             return out
 
         def done(result: KafkaProduceResult) -> None:
             code = _group_code(result.error_code)
-            if apply and code == G.NONE and self.slots.get(slot.index) is slot:
+            if apply and code == E.NONE and self.slots.get(slot.index) is slot:
                 for k, v in records:
                     apply_record(slot.groups, k, v)
-            if code != G.NONE:
+            if code != E.NONE:
                 log.warning(
                     "group log partition %d: write refused (%d: %s)",
                     slot.index,
@@ -542,7 +543,7 @@ class GroupCoordinator:
         try:
             return await asyncio.wait_for(asyncio.shield(fut), WRITE_TIMEOUT_S)
         except TimeoutError:
-            return G.COORDINATOR_NOT_AVAILABLE
+            return E.COORDINATOR_NOT_AVAILABLE
 
     # -- FindCoordinator -------------------------------------------------------------------
     def find_coordinator(self, h: C.Header, req: Any) -> Reply:
@@ -554,7 +555,7 @@ class GroupCoordinator:
             if key_type != 0:
                 return {
                     "key": key,
-                    "error_code": G.COORDINATOR_NOT_AVAILABLE,
+                    "error_code": E.COORDINATOR_NOT_AVAILABLE,
                     "error_message": "transactions are not supported",
                     "node_id": -1,
                     "host": "",
@@ -570,7 +571,7 @@ class GroupCoordinator:
                 return _no_coordinator(key, "the group's log partition has no live leader")
             return {
                 "key": key,
-                "error_code": G.NONE,
+                "error_code": E.NONE,
                 "node_id": info.id,
                 "host": info.host,
                 "port": info.kafka_port,
@@ -644,7 +645,7 @@ class GroupCoordinator:
 
         gid = req.group_id
         if G.group_id_problem(gid):
-            return answer(JoinAnswer(req.member_id, G.INVALID_GROUP_ID))
+            return answer(JoinAnswer(req.member_id, E.INVALID_GROUP_ID))
         slot, code = self._locate(gid)
         if slot is None:
             return answer(JoinAnswer(req.member_id, code))
@@ -675,7 +676,7 @@ class GroupCoordinator:
         key = (slot.index, gid, member_id)
         old = self._joins.pop(key, None)
         if old is not None:
-            old(JoinAnswer(member_id, G.REBALANCE_IN_PROGRESS))
+            old(JoinAnswer(member_id, E.REBALANCE_IN_PROGRESS))
 
         def resolve(j: JoinAnswer) -> None:
             if not fut.done():
@@ -708,7 +709,7 @@ class GroupCoordinator:
             return answer(SyncAnswer(mid, code))
         g = slot.groups.get(gid)
         if g is None:
-            return answer(SyncAnswer(mid, G.UNKNOWN_MEMBER_ID))
+            return answer(SyncAnswer(mid, E.UNKNOWN_MEMBER_ID))
         now, plan_ = g.sync(
             self._clock(),
             member_id=mid,
@@ -734,7 +735,7 @@ class GroupCoordinator:
                 c = f.result()
                 ev = (
                     g.complete_sync(generation, plan_)
-                    if c == G.NONE
+                    if c == E.NONE
                     else g.fail_sync(generation, c)
                 )
                 self._deliver(slot, g, ev)
@@ -745,16 +746,16 @@ class GroupCoordinator:
     # -- Heartbeat, LeaveGroup -------------------------------------------------------------
     def heartbeat(self, h: C.Header, req: Any) -> Reply:
         slot, code = self._locate(req.group_id)
-        if code == G.COORDINATOR_LOAD_IN_PROGRESS:
+        if code == E.COORDINATOR_LOAD_IN_PROGRESS:
             # As Kafka's broker: a heartbeat while the group's partition loads is answered
             # NONE ("blindly"); the member learns it is unknown at the next one, once
             # loaded. aiokafka raises COORDINATOR_LOAD_IN_PROGRESS from a heartbeat to the
             # application (its getmany()), which stopped its consumers at a failover.
-            code = G.NONE
+            code = E.NONE
         if slot is not None:
             g = slot.groups.get(req.group_id)
             code = (
-                G.UNKNOWN_MEMBER_ID
+                E.UNKNOWN_MEMBER_ID
                 if g is None
                 else g.heartbeat(self._clock(), req.member_id, req.generation_id)
             )
@@ -773,12 +774,12 @@ class GroupCoordinator:
             if slot is not None:
                 g = slot.groups.get(req.group_id)
                 if g is None:
-                    c = G.UNKNOWN_MEMBER_ID
+                    c = E.UNKNOWN_MEMBER_ID
                 else:
                     c, ev = g.leave(self._clock(), mid)
                     self._deliver(slot, g, ev)
             results.append({"member_id": mid, "group_instance_id": iid, "error_code": c})
-        top = code if slot is None else (results[0]["error_code"] if v < 3 else G.NONE)
+        top = code if slot is None else (results[0]["error_code"] if v < 3 else E.NONE)
         return C.respond(
             C.LEAVE_GROUP, v, h.correlation_id, {"error_code": top, "members": results}
         )
@@ -818,18 +819,18 @@ class GroupCoordinator:
             return answer({(name, p.partition_index): code for name, p in wanted})
 
         if G.group_id_problem(gid):
-            return all_(G.INVALID_GROUP_ID)
+            return all_(E.INVALID_GROUP_ID)
         slot, code = self._locate(gid)
         if slot is None:
             return all_(code)
         g = slot.groups.get(gid)
         if g is None:
             if generation >= 0 or mid:
-                return all_(G.UNKNOWN_MEMBER_ID if mid else G.ILLEGAL_GENERATION)
+                return all_(E.UNKNOWN_MEMBER_ID if mid else E.ILLEGAL_GENERATION)
             g = slot.groups[gid] = Group(gid)
             g.empty_since_ms = self._clock()  # its retention runs from its first commit
         code = g.commit_check(mid, generation)
-        if code != G.NONE:
+        if code != E.NONE:
             return all_(code)
         now = self._clock()
         g.touch(now, mid)
@@ -840,11 +841,11 @@ class GroupCoordinator:
             i = p.partition_index
             meta = p.committed_metadata or ""
             if (name, i) not in a.partitions:
-                codes[(name, i)] = G.UNKNOWN_TOPIC_OR_PARTITION
+                codes[(name, i)] = E.UNKNOWN_TOPIC_OR_PARTITION
             elif len(meta.encode()) > G.METADATA_MAX_BYTES:
-                codes[(name, i)] = G.OFFSET_METADATA_TOO_LARGE
+                codes[(name, i)] = E.OFFSET_METADATA_TOO_LARGE
             else:
-                codes[(name, i)] = G.NONE
+                codes[(name, i)] = E.NONE
                 entry = G.OffsetEntry(
                     int(p.committed_offset),
                     int(getattr(p, "committed_leader_epoch", -1)),
@@ -861,7 +862,7 @@ class GroupCoordinator:
         async def run() -> bytes:
             c = await self._written(written)
             for key, got in codes.items():
-                if got == G.NONE:
+                if got == E.NONE:
                     codes[key] = c
             return answer(codes)
 
@@ -932,20 +933,20 @@ class GroupCoordinator:
         out = [
             {
                 "name": name,
-                "partitions": [_fetched(i, offsets.get((name, i)), G.NONE) for i in parts],
+                "partitions": [_fetched(i, offsets.get((name, i)), E.NONE) for i in parts],
             }
             for name, parts in topics
         ]
-        return out, G.NONE
+        return out, E.NONE
 
     # -- ListGroups, DescribeGroups --------------------------------------------------------
     def list_groups(self, h: C.Header, req: Any) -> Reply:
         states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
         groups = []
-        code = G.NONE
+        code = E.NONE
         for idx in range(GROUPS_PARTITIONS):
             slot, got = self._slot(idx)
-            if got == G.COORDINATOR_LOAD_IN_PROGRESS:
+            if got == E.COORDINATOR_LOAD_IN_PROGRESS:
                 code = got
             if slot is None:
                 continue
@@ -975,7 +976,7 @@ class GroupCoordinator:
                     {
                         "error_code": code,
                         "group_id": gid,
-                        "group_state": State.DEAD.value if code == G.NONE else "",
+                        "group_state": State.DEAD.value if code == E.NONE else "",
                         "protocol_type": "",
                         "protocol_data": "",
                         "members": [],
@@ -998,7 +999,7 @@ class GroupCoordinator:
             ]
             out.append(
                 {
-                    "error_code": G.NONE,
+                    "error_code": E.NONE,
                     "group_id": gid,
                     "group_state": g.state.value,
                     "protocol_type": g.protocol_type or "",
@@ -1020,10 +1021,10 @@ class GroupCoordinator:
                 continue
             g = slot.groups.get(gid)
             if g is None or g.state is State.DEAD:
-                results.append((gid, G.GROUP_ID_NOT_FOUND))
+                results.append((gid, E.GROUP_ID_NOT_FOUND))
                 continue
             if g.state is not State.EMPTY or g.pending:
-                results.append((gid, G.NON_EMPTY_GROUP))
+                results.append((gid, E.NON_EMPTY_GROUP))
                 continue
             records: list[tuple[bytes, bytes | None]] = [
                 (offset_key(gid, t, p), None) for t, p in sorted(g.offsets)
@@ -1054,7 +1055,7 @@ class GroupCoordinator:
             topics: dict[str, list[dict[str, Any]]] = {}
             for name, i in wanted:
                 topics.setdefault(name, []).append(
-                    {"partition_index": i, "error_code": codes.get((name, i), G.NONE)}
+                    {"partition_index": i, "error_code": codes.get((name, i), E.NONE)}
                 )
             return C.respond(
                 C.OFFSET_DELETE,
@@ -1071,24 +1072,24 @@ class GroupCoordinator:
             return answer(code, {})
         g = slot.groups.get(gid)
         if g is None or g.state is State.DEAD:
-            return answer(G.GROUP_ID_NOT_FOUND, {})
+            return answer(E.GROUP_ID_NOT_FOUND, {})
         subscribed = g.subscribed_topics() if g.members else set()
         codes: dict[tuple[str, int], int] = {}
         records: list[tuple[bytes, bytes | None]] = []
         for name, i in wanted:
             if subscribed is None or name in subscribed:
-                codes[(name, i)] = G.GROUP_SUBSCRIBED_TO_TOPIC
+                codes[(name, i)] = E.GROUP_SUBSCRIBED_TO_TOPIC
             elif (name, i) in g.offsets:
                 records.append((offset_key(gid, name, i), None))
         if not records:
-            return answer(G.NONE, codes)
+            return answer(E.NONE, codes)
         written = self._write(slot, records)
 
         async def run() -> bytes:
             c = await self._written(written)
-            if c != G.NONE:
+            if c != E.NONE:
                 return answer(c, {})
-            return answer(G.NONE, codes)
+            return answer(E.NONE, codes)
 
         return asyncio.ensure_future(run())
 
@@ -1102,14 +1103,14 @@ def _expired(expiring: set[str], gid: str, _f: asyncio.Future[int]) -> None:
 
 
 def _undead(g: Group, f: asyncio.Future[int]) -> None:
-    if f.result() != G.NONE and g.state is State.DEAD:
+    if f.result() != E.NONE and g.state is State.DEAD:
         g.state = State.EMPTY
 
 
 def _no_coordinator(key: str, why: str) -> dict[str, Any]:
     return {
         "key": key,
-        "error_code": G.COORDINATOR_NOT_AVAILABLE,
+        "error_code": E.COORDINATOR_NOT_AVAILABLE,
         "error_message": why,
         "node_id": -1,
         "host": "",
@@ -1130,9 +1131,9 @@ def _fetched(i: int, e: G.OffsetEntry | None, code: int) -> dict[str, Any]:
 def _group_code(produce_code: int) -> int:
     """Kafka's mapping of a failed group-log append to the group APIs' codes."""
     if produce_code == K.NONE:
-        return G.NONE
+        return E.NONE
     if produce_code in (K.NOT_LEADER_OR_FOLLOWER, K.KAFKA_STORAGE_ERROR):
-        return G.NOT_COORDINATOR
+        return E.NOT_COORDINATOR
     if produce_code == K.MESSAGE_TOO_LARGE:
-        return G.INVALID_COMMIT_OFFSET_SIZE
-    return G.COORDINATOR_NOT_AVAILABLE
+        return E.INVALID_COMMIT_OFFSET_SIZE
+    return E.COORDINATOR_NOT_AVAILABLE

@@ -20,9 +20,9 @@ from typing import Any
 
 from partition_server.kafka import codec as C
 from partition_server.kafka.apis import KafkaApis, Session
-from partition_server.kafka.codes import UNKNOWN_SERVER_ERROR
 from partition_server.ordered import OrderedReplies
 from pidlease.wire.framing import FrameDecoder, FrameTooLarge
+from pidlease.wire.kafka_errors import UNKNOWN_SERVER_ERROR
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S
 
 log = logging.getLogger("partition_server.kafka")

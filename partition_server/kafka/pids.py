@@ -2,8 +2,9 @@
 owns each Kafka PID.
 
 PIDs come from ``/pid_block``, the counter the coordinator's allocator reserves blocks
-from, with the same protocol: reserve ``[next, next + block)`` by a compare-and-set on the
-znode's version, hand the block out from memory. So a PID leased over HTTP and one given to
+from, by the same code (``pidlease.wire.pid_blocks``, one retry limit): reserve
+``[next, next + block)`` by a compare-and-set on the znode's version, hand the block out
+from memory. So a PID leased over HTTP and one given to
 a Kafka client can never be the same, and a server that dies wastes only the rest of its
 block. (The partition server may not import ``coordinator``, and calling a coordinator
 over HTTP would make every InitProducerId depend on one being up; the counter is the
@@ -26,13 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
-PID_BLOCK = "/pid_block"  # pidlease/wire/cluster.py PID_BLOCK
+from pidlease.errors import CoordinatorUnavailable
+from pidlease.wire.kafka_errors import UNKNOWN_SERVER_ERROR
+from pidlease.wire.pid_blocks import PidBlocks, ZkCounter
+
 KAFKA_PIDS = "/kafka_pids"
-FIRST_PID = 1
-MAX_PID = 2**63 - 1
-CAS_ATTEMPTS = 1000
 OWNERS_CACHED_MAX = 100_000
 
 
@@ -62,10 +63,8 @@ class KafkaPids:
         self._zk = zk
         self.block_size = block_size
         self._lock = threading.Lock()
-        self._next = 0
-        self._end = 0
+        self._blocks = PidBlocks(ZkCounter(zk), block_size)
         self._owners: dict[int, str] = {}
-        self.blocks_reserved = 0
 
     def init(self, principal: str, pid: int = -1, epoch: int = -1) -> KafkaPid:
         """A new PID at epoch 0, whatever ``pid`` and ``epoch`` say: Kafka's broker answers
@@ -125,38 +124,14 @@ class KafkaPids:
             self._owners[pid] = principal
 
     def _next_pid(self) -> int:
-        with self._lock:
-            if self._next >= self._end:
-                self._next, self._end = self._reserve()
-                self.blocks_reserved += 1
-            pid = self._next
-            self._next += 1
-            return pid
+        try:
+            return self._blocks.next_pid()
+        except CoordinatorUnavailable as exc:  # a damaged or exhausted counter, or contention
+            raise PidError(UNKNOWN_SERVER_ERROR, str(exc)) from exc
 
-    def _reserve(self) -> tuple[int, int]:
-        # The coordinator's allocator protocol (coordinator/allocator.py), on the same znode.
-        for _ in range(CAS_ATTEMPTS):
-            try:
-                raw, stat = self._zk.get(PID_BLOCK)
-            except NoNodeError:
-                end = FIRST_PID + self.block_size
-                try:
-                    self._zk.create(PID_BLOCK, str(end).encode())
-                except NodeExistsError:
-                    continue
-                return FIRST_PID, end
-            value = int(raw)
-            if value < FIRST_PID:
-                raise PidError(-1, f"PID counter holds {value}; the ZooKeeper data is damaged")
-            end = value + self.block_size
-            if end - 1 > MAX_PID:
-                raise PidError(-1, "every 63-bit PID has been handed out")
-            try:
-                self._zk.set(PID_BLOCK, str(end).encode(), version=stat.version)
-            except BadVersionError:
-                continue
-            return value, end
-        raise PidError(-1, "could not reserve a PID block (compare-and-set conflicts); retry")
+    @property
+    def blocks_reserved(self) -> int:
+        return self._blocks.blocks_fetched
 
 
 def _dump(rec: KafkaPid) -> bytes:

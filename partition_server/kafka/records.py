@@ -22,14 +22,6 @@ from typing import Any
 
 from partition_server.broker import Broker
 from partition_server.kafka import codec as C
-from partition_server.kafka.codes import (
-    INVALID_RECORD,
-    NONE,
-    NOT_LEADER_OR_FOLLOWER,
-    REQUEST_TIMED_OUT,
-    UNKNOWN_TOPIC_OR_PARTITION,
-    UNSUPPORTED_VERSION,
-)
 from partition_server.kafka_partition import (
     KafkaProduceResult,
     Unauthorized,
@@ -39,6 +31,14 @@ from partition_server.kafka_partition import (
 from partition_server.partition import Partition
 from partition_server.produce import NotRouted
 from partition_server.settings import ServerSettings
+from pidlease.wire.kafka_errors import (
+    INVALID_RECORD,
+    NONE,
+    NOT_LEADER_OR_FOLLOWER,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    UNSUPPORTED_VERSION,
+)
 from pidlease.wire.protocol import BatchHeader
 
 log = logging.getLogger("partition_server.kafka")

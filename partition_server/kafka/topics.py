@@ -32,14 +32,15 @@ from pidlease.wire.cluster import (
     topic_name_problem,
     topic_path,
 )
+from pidlease.wire.kafka_errors import (
+    INVALID_PARTITIONS,
+    INVALID_REPLICATION_FACTOR,
+    INVALID_TOPIC,
+    TOPIC_ALREADY_EXISTS,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 
 PARTITIONS_MAX = 1000
-# Kafka error codes CreateTopics answers with.
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REPLICATION_FACTOR = 38
-INVALID_TOPIC = 17
-INVALID_CONFIG = 40
 
 
 class CreateError(Exception):
@@ -111,7 +112,6 @@ def create(zk: Any, spec: TopicSpec, states: list[PartitionState]) -> None:
 
 
 ALTER_ATTEMPTS = 10
-UNKNOWN_TOPIC_OR_PARTITION = 3
 TOPIC_PARTITIONS_MAX = 10_000  # the coordinator's limit for a topic
 
 

@@ -619,10 +619,11 @@ def _run_moves(args: argparse.Namespace, path: str, what: str) -> int:
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             st = c.call("GET", "/v1/cluster/moves")
-            lines = st.get("lines", [])
-            for line in lines[seen:]:
+            # The job's node keeps its last lines only: count the dropped ones too.
+            lines, dropped = st.get("lines", []), int(st.get("lines_dropped", 0))
+            for line in lines[max(0, seen - dropped) :]:
                 print(line, flush=True)
-            seen = len(lines)
+            seen = dropped + len(lines)
             if not st.get("running"):
                 left = [m for m in st.get("moves", []) if m["state"] != "done"]
                 if st.get("failure") or left:

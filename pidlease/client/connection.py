@@ -10,7 +10,8 @@ lost answer nothing later on the same stream can be trusted, so the caller recon
 resends.
 
 ``BlockingConnection`` is the reader's: one request at a time on a plain socket, so an
-iterator needs no event loop.
+iterator needs no event loop (``pidlease.wire.blocking_conn``, shared with the
+coordinator's calls to partition leaders; re-exported here).
 
 Both take ``ssl_context`` (``pidlease.wire.tls.client_ssl_context``) to speak TLS; a server
 certificate the context does not trust fails the connect with ``Unauthorized`` (not
@@ -21,26 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 import ssl
 import time
-from typing import Any, Self, cast
+from typing import Any, cast
 
 from pidlease.errors import CorruptRecord, ServerUnavailable
 from pidlease.wire import protocol
-from pidlease.wire.framing import FrameDecoder, FrameTooLarge, recv_frame
+from pidlease.wire.blocking_conn import BlockingConnection, split_address
+from pidlease.wire.framing import FrameDecoder, FrameTooLarge
 from pidlease.wire.tls import HANDSHAKE_TIMEOUT_S, connect_error
+
+__all__ = ["BlockingConnection", "Connection", "split_address"]
 
 CONNECT_TIMEOUT_MS_DEFAULT = 5_000
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` -> (host, port); raises ServerUnavailable when it is not one."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ServerUnavailable(f"partition server address {address!r} is not host:port")
-    return host, int(port)
 
 
 class _Protocol(asyncio.Protocol):
@@ -240,74 +235,3 @@ def _shut(transport: asyncio.Transport) -> None:
         transport.abort()
     else:
         transport.close()
-
-
-class BlockingConnection:
-    """One request at a time to a partition server on a blocking socket."""
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
-        frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        self.address = address
-        self.frame_bytes_max = frame_bytes_max
-        host, port = split_address(address)
-        self._sock: socket.socket | None = None
-        try:
-            sock = socket.create_connection((host, port), timeout=timeout_ms / 1000)
-        except OSError as exc:
-            raise connect_error(address, exc) from exc
-        if ssl_context is not None:
-            try:
-                sock = ssl_context.wrap_socket(sock, server_hostname=host)
-            except OSError as exc:  # ssl.SSLError is an OSError
-                sock.close()
-                raise connect_error(address, exc) from exc
-        self._sock = sock
-        self._corr = itertools.count(1)
-
-    def request(self, api_key: int, build: Any) -> protocol.Response:
-        """Send ``build(correlation_id)``, read and decode the answer. Any socket trouble
-        closes the connection and raises ServerUnavailable."""
-        if self._sock is None:
-            raise ServerUnavailable("connection is closed")
-        corr = next(self._corr) & 0xFFFFFFFF
-        try:
-            self._sock.sendall(build(corr))
-            body = recv_frame(self._sock, self.frame_bytes_max)
-            resp = protocol.decode_response(api_key, body)
-        except FrameTooLarge as exc:
-            self.close()
-            raise ServerUnavailable(
-                f"server sent a frame of {exc.size} bytes, over the limit"
-            ) from exc
-        except EOFError as exc:
-            self.close()
-            raise ServerUnavailable(f"{self.address} closed the connection") from exc
-        except (OSError, CorruptRecord, ValueError) as exc:
-            self.close()
-            raise ServerUnavailable(f"request to {self.address} failed: {exc}") from exc
-        except ServerUnavailable:
-            self.close()
-            raise
-        if resp.correlation_id != corr:
-            self.close()
-            raise ServerUnavailable(
-                f"{self.address} answered correlation id {resp.correlation_id}, expected {corr}"
-            )
-        return resp
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

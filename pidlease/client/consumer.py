@@ -42,16 +42,24 @@ from pidlease.errors import CommitFailed
 from pidlease.wire import protocol
 from pidlease.wire.kafka_conn import KafkaConn as _Conn
 from pidlease.wire.kafka_conn import SaslRefused
+from pidlease.wire.kafka_errors import (
+    COORDINATOR_LOAD_IN_PROGRESS,
+    COORDINATOR_NOT_AVAILABLE,
+    GROUP_ID_NOT_FOUND,
+    ILLEGAL_GENERATION,
+    MEMBER_ID_REQUIRED,
+    NON_EMPTY_GROUP,
+    NONE,
+    NOT_COORDINATOR,
+    REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
+)
 from pidlease.wire.tls import client_ssl_context
 
 __all__ = ["CommitFailed", "Consumer"]
 
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 OFFSET_COMMIT, OFFSET_FETCH = 8, 9
-NONE = 0
-COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 14, 15, 16
-ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS = 22, 25, 27
-MEMBER_ID_REQUIRED = 79
 _RETRIABLE = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
 _REJOIN = {ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS}
 ASSIGNOR = "range"
@@ -659,9 +667,9 @@ def delete_group(
     with _group_conn(_Door(url, timeout_s, api_token, tls_ca_file), group) as c:
         r = c.request(DELETE_GROUPS, 2, {"groups_names": [group]})
     code = int(r.results[0].error_code)
-    if code == 68:
+    if code == NON_EMPTY_GROUP:
         raise errors.InvalidRequest(f"group {group!r} has members: stop them first")
-    if code == 69:
+    if code == GROUP_ID_NOT_FOUND:
         raise errors.InvalidRequest(f"no group {group!r}")
     if code != NONE:
         raise errors.CoordinatorUnavailable(f"DeleteGroups: Kafka error {code}")

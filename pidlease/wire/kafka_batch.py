@@ -30,6 +30,24 @@ import google_crc32c
 from pidlease.errors import CorruptRecord
 from pidlease.wire import kafka_codecs as KC
 from pidlease.wire import protocol as P
+from pidlease.wire.kafka_errors import (
+    CORRUPT_MESSAGE,
+    DUPLICATE_SEQUENCE_NUMBER,
+    INVALID_PRODUCER_EPOCH,
+    INVALID_RECORD,
+    KAFKA_STORAGE_ERROR,
+    MESSAGE_TOO_LARGE,
+    NONE,
+    NOT_ENOUGH_REPLICAS,
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    UNKNOWN_PRODUCER_ID,
+    UNKNOWN_SERVER_ERROR,
+    UNSUPPORTED_COMPRESSION_TYPE,
+    UNSUPPORTED_FOR_MESSAGE_FORMAT,
+)
 
 __all__ = [
     "CORRUPT_MESSAGE",
@@ -55,23 +73,6 @@ __all__ = [
     "validate_kafka_batch",
 ]
 
-# Kafka's error codes, the ones this path answers.
-UNKNOWN_SERVER_ERROR = -1
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-NOT_LEADER_OR_FOLLOWER = 6
-MESSAGE_TOO_LARGE = 10
-NOT_ENOUGH_REPLICAS = 19
-NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
-UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-DUPLICATE_SEQUENCE_NUMBER = 46
-INVALID_PRODUCER_EPOCH = 47
-KAFKA_STORAGE_ERROR = 56
-UNKNOWN_PRODUCER_ID = 59
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
 
 # attributes: bits 0-2 compression codec, 3 timestamp type, 4 transactional, 5 control.
 _CODEC_MASK = 0x07

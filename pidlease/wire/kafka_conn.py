@@ -17,7 +17,10 @@ from typing import Any, Self
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-NONE = 0
+from pidlease.wire.kafka_errors import (
+    NONE,
+)
+
 OFFSET_FETCH, DESCRIBE_GROUPS, LIST_GROUPS = 9, 15, 16
 
 
@@ -109,10 +112,10 @@ class KafkaConn:
 def build_request(cls: Any, values: dict[str, Any]) -> Any:
     """A kio request of ``cls`` from plain values (nested entities as dicts)."""
     kwargs: dict[str, Any] = {}
-    for f, hint in _fields(cls):
+    for f, hint in entity_fields(cls):
         if f.name in values:
             v = values[f.name]
-            entity = _entity_of(hint)
+            entity = nested_entity(hint)
             if entity is not None and isinstance(v, list):
                 v = tuple(build_request(entity, x) if isinstance(x, dict) else x for x in v)
             elif isinstance(v, list):
@@ -124,12 +127,15 @@ def build_request(cls: Any, values: dict[str, Any]) -> Any:
 
 
 @functools.cache
-def _fields(cls: Any) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
+def entity_fields(cls: Any) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
+    """(field, resolved type hint) of a kio entity class, cached per class (the partition
+    server's Kafka codec uses it too)."""
     hints = typing.get_type_hints(cls)
     return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
 
 
-def _entity_of(hint: Any) -> type[Any] | None:
+def nested_entity(hint: Any) -> type[Any] | None:
+    """The nested entity class of a field (its own type, or its array's element)."""
     for t in (hint, *typing.get_args(hint)):
         if dataclasses.is_dataclass(t) and isinstance(t, type):
             return t

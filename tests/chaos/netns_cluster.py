@@ -161,6 +161,13 @@ class NetCluster:
             "coordinator", CLIENT, argv, env, cdir / "coordinator.log", COORDINATOR_PORT
         )
 
+    def add_server(self, i: int, timeout_s: float = 90.0) -> None:
+        """Start partition server ``i`` (its host must exist: ``hosts_for(n)`` with n >= i),
+        a server joining the running cluster (the moves scenario's new server)."""
+        self._server(i)
+        self.start_proc(self.procs[f"s{i}"], timeout_s)
+        self.servers = max(self.servers, i)
+
     def start_proc(self, p: Proc, timeout_s: float = 90.0) -> None:
         with open(p.log_path, "ab") as log:
             log.write(f"\n=== start {p.name} at {time.strftime('%H:%M:%S')} ===\n".encode())

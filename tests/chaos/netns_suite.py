@@ -443,10 +443,11 @@ def table(results: list[PhaseResult], command: str) -> str:
 
 
 @contextlib.contextmanager
-def netns_cluster(base: Path, server_env: dict[str, str]) -> Any:
-    """A Network and a started NetCluster, the calling thread in the client host; every
-    namespace, bridge and process removed afterwards, also on failure."""
-    net = Network(hosts_for(3))
+def netns_cluster(base: Path, server_env: dict[str, str], *, spare_hosts: int = 0) -> Any:
+    """A Network and a started NetCluster of three servers (and ``spare_hosts`` hosts for
+    servers added later), the calling thread in the client host; every namespace, bridge
+    and process removed afterwards, also on failure."""
+    net = Network(hosts_for(3 + spare_hosts))
     try:
         net.start()
         with net.entered(CLIENT):

@@ -58,6 +58,24 @@ from tests.sim.net import SimNetwork
 from tests.sim.producer import Lineage, Producer
 from tests.sim.zk import FakeZk, FakeZkClient
 
+# The simulation's seam: the server modules whose ``os`` (disk writes: DiskShim), ``time``
+# (clocks: _VirtualTime) and ``asyncio`` (sleep(0) yields that last a few virtual ms:
+# _SlowYields) ``World.patched`` replaces. tests/unit/test_sim_seam.py fails when a server
+# module reaches one of them outside these (or its list of known escapes).
+DISK_MODULES = (
+    partition_server.log,
+    partition_server.flusher,
+    partition_server.atomic_file,
+    partition_server.broker,
+)
+CLOCK_MODULES = (
+    partition_server.log,
+    partition_server.replication,
+    partition_server.registry,
+    partition_server.server,
+)
+YIELD_MODULES = (partition_server.partition,)
+
 SECRET = "sim-secret"
 EPOCH_MS = 1_700_000_000_000
 ZK3_P = 0.05  # seeds with a 3-server ZooKeeper, when not asked for (--zk3) or against
@@ -412,12 +430,7 @@ class World:
             saved.append((obj, name, getattr(obj, name)))
             setattr(obj, name, value)
 
-        for mod in (
-            partition_server.log,
-            partition_server.flusher,
-            partition_server.atomic_file,
-            partition_server.broker,
-        ):
+        for mod in DISK_MODULES:
             put(mod, "os", self.disk)
         # Recovery runs a full gc pass and freezes the heap (a production speed-up for
         # millions of long-lived objects); here it would only cost ~5 ms per boot.
@@ -428,12 +441,7 @@ class World:
         # long a connection remembers a partition a re-read did not find: on the wall
         # clock a whole run lasts under a second, so no request re-read ZooKeeper again).
         vtime = _VirtualTime(self)
-        for mod in (
-            partition_server.log,
-            partition_server.replication,
-            partition_server.registry,
-            partition_server.server,
-        ):
+        for mod in CLOCK_MODULES:
             put(mod, "time", vtime)
         put(partition_server.log, "_last_write_failure_log_s", -1e9)
         orig_mark, orig_set_hw = Partition.mark_durable, Partition.set_high_watermark
@@ -510,7 +518,8 @@ class World:
         # Exporting a chunk of rows takes CPU time in production (ms for 20 000 PIDs), and
         # other callbacks run in between; in virtual time it would take none. A yield in
         # partition.py (capture's) lasts a seed-chosen few ms of virtual time instead.
-        put(partition_server.partition, "asyncio", _SlowYields(self.rng))
+        for mod in YIELD_MODULES:
+            put(mod, "asyncio", _SlowYields(self.rng))
         put(Partition, "mark_durable", mark_durable)
         put(Partition, "set_high_watermark", set_high_watermark)
         put(asyncio, "open_connection", self.net.open_connection)

@@ -14,13 +14,19 @@ events wait. The quorum hears nothing from those sessions: ``session_timeout_s``
 expires them (their ephemerals go, the rest of the cluster elects new leaders), and the
 clients learn it only when their server drops them at the end of the window and they
 reconnect to another (LOST, then CONNECTED with a new session); a session still alive
-then resumes, and its pending watch events are delivered."""
+then resumes, and its pending watch events are delivered.
+
+This is the project's one fake ZooKeeper (issue 28): the simulation's, and the unit tests'
+(``partition_zk`` for one partition's state znode; the async calls and
+``before_request`` gate for the coordinator's write batcher; ``fail_writes`` /
+``land_failed`` for a lost connection around a write)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +41,7 @@ from kazoo.exceptions import (  # type: ignore[import-untyped]
 )
 from kazoo.protocol.states import KazooState, WatchedEvent  # type: ignore[import-untyped]
 
+from pidlease.wire.cluster import PartitionState, partition_path, server_path
 from tests.sim.loop import NODE
 
 
@@ -62,10 +69,13 @@ class ZkServer:
 
 class FakeZk:
     def __init__(
-        self, rng: random.Random, trace: Callable[[str, str], None], servers: int = 1
+        self,
+        rng: random.Random | None = None,
+        trace: Callable[[str, str], None] | None = None,
+        servers: int = 1,
     ) -> None:
-        self.rng = rng
-        self.trace = trace
+        self.rng = rng if rng is not None else random.Random(0)
+        self.trace = trace if trace is not None else (lambda kind, msg: None)
         self.nodes: dict[str, _Znode] = {"/": _Znode(b"", 0, 0)}
         self.ensemble = [ZkServer(z) for z in range(servers)]
         self.clients: list[FakeZkClient] = []
@@ -82,6 +92,17 @@ class FakeZk:
         self._sessions = 0
         self.ops = 0
         self.on_owner_read: Callable[[FakeZkClient], None] | None = None
+        # Unit tests: ``sets`` counts set requests and transaction commits (failed ones
+        # too); the next ``fail_writes`` of them raise ConnectionLoss, after being applied
+        # when ``land_failed`` (a lost connection leaves the outcome unknown to the writer).
+        self.sets = 0
+        self.fail_writes = 0
+        self.land_failed = False
+        # The async calls (the coordinator's): each first calls ``before_request`` (a test
+        # holds a request "in ZooKeeper" with it), then runs under ``lock`` (threads).
+        self.before_request: Callable[[], None] | None = None
+        self.lock = threading.RLock()
+        self.multi_sizes: list[int] = []
 
     def client(self, name: str) -> FakeZkClient:
         """A new session for the node ``name``, on a server in touch with the quorum."""
@@ -337,8 +358,36 @@ class FakeZkClient:
 
     def set(self, path: str, data: bytes, version: int = -1) -> Stat:
         self.zk.ops += 1
+        self.zk.sets += 1
         self._maybe_fail(True)
+        if self.zk.fail_writes:
+            z = self.zk.nodes.get(path)
+            if z is not None and version in (-1, z.version):
+                self._injected_failure(lambda: self.zk.set(path, data, version))
         return self.zk.set(path, data, version)
+
+    def _injected_failure(self, apply: Callable[[], Any]) -> None:
+        """One of the ``fail_writes``: ConnectionLoss, after ``apply`` when ``land_failed``."""
+        self.zk.fail_writes -= 1
+        if self.zk.land_failed:
+            apply()
+        raise ConnectionLoss
+
+    # -- the async calls (kazoo's ``*_async``, as the coordinator's store makes them) --------
+    def _async(self, fn: Callable[[], Any]) -> FakeAsyncResult:
+        if self.zk.before_request is not None:
+            self.zk.before_request()
+        with self.zk.lock:
+            try:
+                return FakeAsyncResult(fn())
+            except Exception as exc:  # noqa: BLE001 - kazoo hands it to the result
+                return FakeAsyncResult(exc)
+
+    def create_async(self, path: str, value: bytes = b"", makepath: bool = False) -> Any:
+        return self._async(lambda: self.create(path, value, makepath=makepath))
+
+    def set_async(self, path: str, value: bytes, version: int = -1) -> Any:
+        return self._async(lambda: self.set(path, value, version))
 
     def delete(self, path: str, version: int = -1) -> None:
         self.zk.ops += 1
@@ -376,27 +425,110 @@ class FakeTransaction:
 
     def __init__(self, client: FakeZkClient) -> None:
         self.client = client
-        self.writes: list[tuple[str, bytes, int]] = []
+        # (path, value, version); version None: a create
+        self.writes: list[tuple[str, bytes, int | None]] = []
 
     def set_data(self, path: str, value: bytes, version: int = -1) -> None:
         self.writes.append((path, value, version))
 
+    def create(self, path: str, value: bytes = b"") -> None:
+        self.writes.append((path, value, None))
+
+    def commit_async(self) -> FakeAsyncResult:
+        self.client.zk.multi_sizes.append(len(self.writes))
+        return self.client._async(self.commit)
+
     def commit(self) -> list[Any]:
         c = self.client
         c.zk.ops += 1
+        c.zk.sets += 1
         c._maybe_fail(True)  # one request, as the real multi is
         nodes = c.zk.nodes
-        versions = {p: z.version for p, z in nodes.items() if p in {w[0] for w in self.writes}}
+        exists = {p: nodes[p].version if p in nodes else None for p, _, _ in self.writes}
         for i, (path, _value, version) in enumerate(self.writes):
-            if path not in versions or version not in (-1, versions[path]):
-                err: Exception = NoNodeError() if path not in versions else BadVersionError()
+            have = exists[path]
+            err: Exception | None = None
+            if version is None:
+                if have is not None:
+                    err = NodeExistsError()
+                elif FakeZk._parent(path) not in nodes and FakeZk._parent(path) not in exists:
+                    err = NoNodeError()
+                else:
+                    exists[path] = 0
+            elif have is None:
+                err = NoNodeError()
+            elif version not in (-1, have):
+                err = BadVersionError()
+            else:
+                exists[path] = have + 1
+            if err is not None:
                 return [
                     RolledBackError() if j < i else err if j == i else RuntimeInconsistency()
                     for j in range(len(self.writes))
                 ]
-            versions[path] += 1
+        if c.zk.fail_writes:
+            c._injected_failure(self._apply)
+        return self._apply()
+
+    def _apply(self) -> list[Any]:
+        c = self.client
         c.zk.trace("zk", f"{c.name}: a transaction of {len(self.writes)} writes")
-        return [c.zk.set(path, value, version) for path, value, version in self.writes]
+        return [
+            c.zk.create(path, value) or path if version is None else c.zk.set(path, value, version)
+            for path, value, version in self.writes
+        ]
+
+
+class FakeAsyncResult:
+    """kazoo's ``IAsyncResult``, already settled: ``get`` returns the value or raises."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+class PartitionZk(FakeZkClient):
+    """A session on a :class:`FakeZk` holding one partition's state znode (and
+    ``/servers/<id>`` of the ``live`` servers): what a replicated partition run without
+    servers reads and writes. ``state`` is the znode now."""
+
+    def __init__(self, zk: FakeZk, path: str) -> None:
+        super().__init__(zk, "test")
+        self.path = path
+
+    @property
+    def state(self) -> PartitionState:
+        return PartitionState.from_bytes(self.zk.nodes[self.path].data)
+
+    @property
+    def sets(self) -> int:
+        return self.zk.sets
+
+
+def partition_zk(
+    ps: PartitionState,
+    *,
+    topic: str = "t",
+    partition: int = 0,
+    live: list[int] | None = None,
+    fail_sets: int = 0,
+    land_failed: bool = False,
+) -> PartitionZk:
+    """A :class:`PartitionZk` whose partition ``topic``/``partition`` holds ``ps``; the next
+    ``fail_sets`` writes raise ConnectionLoss (applied anyway when ``land_failed``)."""
+    zk = FakeZk()
+    path = partition_path(topic, partition)
+    zk.create(path, ps.to_bytes(), makepath=True)
+    for sid in live or []:
+        zk.create(server_path(sid), b"", makepath=True)
+    zk.fail_writes, zk.land_failed = fail_sets, land_failed
+    c = PartitionZk(zk, path)
+    zk.clients.append(c)
+    return c
 
 
 def _children(tree: dict[str, _Znode], path: str) -> list[str]:

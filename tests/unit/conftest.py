@@ -16,13 +16,17 @@ import pytest
 from pidlease.client import producer as producer_module
 from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer, fake_cluster
 
-# test_sdk_*.py and the producer's settings; the differential test (test_sdk_paths.py)
-# picks its paths itself
+# The SDK's tests that run both ways: a module that sets ``SDK_BOTH_PATHS = True`` (the
+# layout with folders, tests/unit/client/), or, in the flat layout, test_sdk_*.py and the
+# producer's settings; the differential test (test_sdk_paths.py) picks its paths itself.
 _BOTH_WAYS = re.compile(r"test_(sdk_(?!paths\b)\w+|producer_settings)\.py$")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "sdk_path" in metafunc.fixturenames and _BOTH_WAYS.search(metafunc.definition.path.name):
+    if "sdk_path" in metafunc.fixturenames and (
+        getattr(metafunc.module, "SDK_BOTH_PATHS", False)
+        or _BOTH_WAYS.search(metafunc.definition.path.name)
+    ):
         metafunc.parametrize("sdk_path", ["fast", "readable"], indirect=True)
 
 

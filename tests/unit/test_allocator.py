@@ -8,9 +8,14 @@ import threading
 
 import pytest
 
-from coordinator.allocator import FIRST_PID, PidAllocator
+from coordinator.allocator import CAS_ATTEMPTS, FIRST_PID, PidAllocator
+from partition_server.kafka.pids import KafkaPids, PidError
 from pidlease.errors import CoordinatorUnavailable
+from pidlease.wire.cluster import PID_BLOCK
+from pidlease.wire.kafka_errors import UNKNOWN_SERVER_ERROR
+from pidlease.wire.pid_blocks import ZkCounter
 from pidlease.wire.protocol import MAX_PID
+from tests.sim.zk import FakeZk
 
 
 class FakeCounter:
@@ -127,3 +132,36 @@ def test_many_threads_get_distinct_pids() -> None:
         t.join(30)
     assert len(out) == 12 * 300
     assert len(set(out)) == len(out)
+
+
+def test_one_retry_limit_for_every_reserver() -> None:
+    """Issue 28: the coordinator gave up after 10,000 conflicts, the partition servers'
+    InitProducerId after 1,000; one reservation now, one limit (pidlease/wire/pid_blocks.py
+    says why 1,000)."""
+    counter = FakeCounter(FIRST_PID)
+    counter.steal = 10**9
+    with pytest.raises(CoordinatorUnavailable, match=f"after {CAS_ATTEMPTS} "):
+        PidAllocator(counter, block_size=10).next_pid()
+    assert counter.writes == CAS_ATTEMPTS == 1_000
+
+
+def test_kafka_init_producer_id_and_http_leases_share_the_counter_and_its_checks() -> None:
+    zk = FakeZk()
+    kafka = KafkaPids(zk.client("server-1"), block_size=5)
+    coord = PidAllocator(ZkCounter(zk.client("coordinator")), block_size=7)
+    pids = []
+    for _ in range(4):
+        pids += [kafka.init("alice").pid for _ in range(6)]
+        pids += [coord.next_pid() for _ in range(8)]
+    assert len(set(pids)) == len(pids) and min(pids) == FIRST_PID
+    # The counter is the end of the last block either reserved.
+    assert int(zk.nodes[PID_BLOCK].data) == max(kafka._blocks._end, coord._end)
+    # A damaged counter is refused the same way by both (a Kafka client sees
+    # UNKNOWN_SERVER_ERROR, an HTTP client a 503).
+    zk.nodes[PID_BLOCK].data = b"0"
+    fresh = KafkaPids(zk.client("server-2"), block_size=5)
+    with pytest.raises(PidError, match="damaged") as err:
+        fresh.init("alice")
+    assert err.value.code == UNKNOWN_SERVER_ERROR
+    with pytest.raises(CoordinatorUnavailable, match="damaged"):
+        PidAllocator(ZkCounter(zk.client("coordinator-2")), block_size=7).next_pid()

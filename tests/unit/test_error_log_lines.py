@@ -12,10 +12,10 @@ from kazoo.exceptions import ConnectionLoss
 from kazoo.protocol.states import KazooState
 
 from partition_server.registry import Registry
-from partition_server.testing import FakeZk
 from pidlease.errors import NotLeader, describe
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
+from tests.sim.zk import partition_zk
 from tests.unit.test_replication_isr_retry import LAG_MS, append, fetch, setup
 
 
@@ -33,7 +33,9 @@ def test_a_failed_isr_write_logs_what_failed(
 ) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)  # ConnectionLoss()
+        zk = partition_zk(
+            PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1
+        )  # ConnectionLoss()
         part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
         await append(part, 0)
         await fetch(mgr, part, 2, 1)

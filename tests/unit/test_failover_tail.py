@@ -10,7 +10,6 @@ import asyncio
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from partition_server import replica_fetcher
 from partition_server.flusher import Flusher
@@ -20,24 +19,18 @@ from partition_server.replica_fetcher import ReplicaFetcher
 from partition_server.testing import open_part, settle
 from pidlease import errors
 from pidlease.wire import protocol as P
-from pidlease.wire.cluster import PartitionState, server_path
+from pidlease.wire.cluster import PartitionState
 from pidlease.wire.framing import read_frame
+from tests.sim.zk import partition_zk
 from tests.unit.test_replication_isr_retry import KEY
-from tests.unit.test_step_down import Zk, setup
-
-
-class ElectionZk(Zk):
-    """``exists`` says which servers are live (an election needs the leader's gone)."""
-
-    def exists(self, path: str) -> Any:
-        return object() if any(path == server_path(s) for s in self.live) else None
+from tests.unit.test_step_down import setup
 
 
 def test_the_winner_of_an_election_leads_before_any_re_read(tmp_path: Path) -> None:
     async def go() -> None:
         ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])  # server 2 led epoch 4; it died
         part, mgr, registry, _clock, _ = setup(tmp_path, ps, [1, 3])
-        zk = ElectionZk(ps, [1, 3])
+        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
         registry.zk = zk
         assert registry.lease is not None
         registry.lease.confirm(5, 1_000)
@@ -59,9 +52,9 @@ def test_a_lost_election_takes_no_role(tmp_path: Path) -> None:
     async def go() -> None:
         ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])
         part, mgr, registry, _clock, _ = setup(tmp_path, ps, [1, 3])
-        zk = ElectionZk(ps, [1, 3])
-        zk.version = 7  # server 3 won first: our read's version is stale by our set
-        zk.raw = PartitionState([1, 2, 3], 3, 5, [1, 3]).to_bytes()
+        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
+        node = zk.zk.nodes[zk.path]  # server 3 won first: our read's version is stale by our set
+        node.version, node.data = 7, PartitionState([1, 2, 3], 3, 5, [1, 3]).to_bytes()
         registry.zk = zk
         assert registry.lease is not None
         registry.lease.confirm(5, 1_000)

@@ -17,10 +17,10 @@ from typing import Any
 from kio.serial import entity_reader
 
 from partition_server.kafka import codec as C
-from partition_server.kafka import group_state as G
 from partition_server.kafka.groups import GroupCoordinator
 from partition_server.produce import Route
 from partition_server.settings import ServerSettings
+from pidlease.wire import kafka_errors as E
 
 
 class Loading:
@@ -63,7 +63,7 @@ def test_a_heartbeat_while_loading_is_answered_none(tmp_path: Path) -> None:
                 SimpleNamespace(group_id="g", generation_id=4, member_id="m"),
             )
             assert isinstance(hb, bytes)
-            assert int(decode(C.HEARTBEAT, 3, hb).error_code) == G.NONE
+            assert int(decode(C.HEARTBEAT, 3, hb).error_code) == E.NONE
             join = gc.handle(
                 C.Header(C.JOIN_GROUP, 5, 2, "t", 0),
                 SimpleNamespace(
@@ -78,7 +78,7 @@ def test_a_heartbeat_while_loading_is_answered_none(tmp_path: Path) -> None:
             )
             assert isinstance(join, bytes)
             code = int(decode(C.JOIN_GROUP, 5, join).error_code)
-            assert code == G.COORDINATOR_LOAD_IN_PROGRESS
+            assert code == E.COORDINATOR_LOAD_IN_PROGRESS
         finally:
             await gc.close()
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from partition_server.kafka import group_state as G
 from partition_server.kafka.group_state import Events, Group, State
+from pidlease.wire import kafka_errors as E
 
 SESSION = 6_000
 META = b"\0\0\0\0\0\1\0\6orders\xff\xff\xff\xff"  # consumer protocol: ["orders"]
@@ -49,7 +50,7 @@ def join(
 
 def new_member(g: Group, now: int) -> str:
     ans, _ = join(g, now)
-    assert ans is not None and ans.error_code == G.MEMBER_ID_REQUIRED and ans.member_id
+    assert ans is not None and ans.error_code == E.MEMBER_ID_REQUIRED and ans.member_id
     return ans.member_id
 
 
@@ -61,7 +62,7 @@ def test_first_join_needs_a_member_id_then_waits_for_the_initial_delay() -> None
     assert ans is None and not ev.joins, "waits for others during the initial delay"
     ev = g.tick(G.INITIAL_REBALANCE_DELAY_MS)
     (j,) = ev.joins
-    assert j.error_code == G.NONE and j.generation == 1 and j.leader == mid
+    assert j.error_code == E.NONE and j.generation == 1 and j.leader == mid
     assert [m[0] for m in j.members] == [mid] and j.members[0][2] == META
     assert g.state is State.COMPLETING_REBALANCE
 
@@ -96,7 +97,7 @@ def test_two_members_one_generation_leader_alone_gets_the_members() -> None:
     assert s is None and plan == {a: b"A", b: b"B"}
     ev = g.complete_sync(1, plan)
     assert {x.member_id: x.assignment for x in ev.syncs} == {a: b"A", b: b"B"}
-    assert all(x.error_code == G.NONE for x in ev.syncs)
+    assert all(x.error_code == E.NONE for x in ev.syncs)
     assert g.state is State.STABLE
 
 
@@ -123,30 +124,30 @@ def stable_group(n: int = 2) -> tuple[Group, list[str], int]:
 
 def test_heartbeat_codes() -> None:
     g, (a, _b), now = stable_group()
-    assert g.heartbeat(now, a, 1) == G.NONE
-    assert g.heartbeat(now, "stranger", 1) == G.UNKNOWN_MEMBER_ID
-    assert g.heartbeat(now, a, 0) == G.ILLEGAL_GENERATION
+    assert g.heartbeat(now, a, 1) == E.NONE
+    assert g.heartbeat(now, "stranger", 1) == E.UNKNOWN_MEMBER_ID
+    assert g.heartbeat(now, a, 0) == E.ILLEGAL_GENERATION
     c = new_member(g, now)
     join(g, now, c)
     assert g.state is State.PREPARING_REBALANCE
-    assert g.heartbeat(now, a, 1) == G.REBALANCE_IN_PROGRESS
+    assert g.heartbeat(now, a, 1) == E.REBALANCE_IN_PROGRESS
 
 
 def test_session_timeout_removes_a_member_and_its_commits_are_refused() -> None:
     g, (a, b), now = stable_group()
-    assert g.commit_check(a, 1) == G.NONE
+    assert g.commit_check(a, 1) == E.NONE
     t = now + SESSION // 2
-    assert g.heartbeat(t, b, 1) == G.NONE  # b alive, a silent
+    assert g.heartbeat(t, b, 1) == E.NONE  # b alive, a silent
     ev = g.tick(now + SESSION + 1)
     assert a not in g.members and g.state is State.PREPARING_REBALANCE
     assert not ev.joins
-    assert g.commit_check(a, 1) == G.UNKNOWN_MEMBER_ID, "a zombie's commit is refused"
-    assert g.heartbeat(now + SESSION + 1, b, 1) == G.REBALANCE_IN_PROGRESS
+    assert g.commit_check(a, 1) == E.UNKNOWN_MEMBER_ID, "a zombie's commit is refused"
+    assert g.heartbeat(now + SESSION + 1, b, 1) == E.REBALANCE_IN_PROGRESS
     _, ev = join(g, now + SESSION + 2, b)
     (j,) = ev.joins
     assert j.generation == 2 and j.leader == b
-    assert g.commit_check(b, 1) == G.ILLEGAL_GENERATION
-    assert g.commit_check(b, 2) == G.REBALANCE_IN_PROGRESS  # completing: no assignment yet
+    assert g.commit_check(b, 1) == E.ILLEGAL_GENERATION
+    assert g.commit_check(b, 2) == E.REBALANCE_IN_PROGRESS  # completing: no assignment yet
 
 
 def test_rebalance_timeout_drops_members_that_do_not_rejoin() -> None:
@@ -156,18 +157,18 @@ def test_rebalance_timeout_drops_members_that_do_not_rejoin() -> None:
         return
     assert g.state is State.PREPARING_REBALANCE
     t = now + 100
-    assert g.heartbeat(t, b, 1) == G.REBALANCE_IN_PROGRESS
+    assert g.heartbeat(t, b, 1) == E.REBALANCE_IN_PROGRESS
     ev = g.tick(now + SESSION + 1)  # b never rejoined within the rebalance timeout
     assert b not in g.members and [j.member_id for j in ev.joins] == [a]
 
 
 def test_simple_commits_only_into_an_empty_group() -> None:
     g = Group("g")
-    assert g.commit_check("", -1) == G.NONE
+    assert g.commit_check("", -1) == E.NONE
     g2, (a, _), now = stable_group()
-    assert g2.commit_check("", -1) == G.UNKNOWN_MEMBER_ID
-    assert g2.leave(now, a)[0] == G.NONE
-    assert g2.leave(now, a)[0] == G.UNKNOWN_MEMBER_ID
+    assert g2.commit_check("", -1) == E.UNKNOWN_MEMBER_ID
+    assert g2.leave(now, a)[0] == E.NONE
+    assert g2.leave(now, a)[0] == E.UNKNOWN_MEMBER_ID
 
 
 def test_last_member_leaving_empties_the_group() -> None:
@@ -175,18 +176,18 @@ def test_last_member_leaving_empties_the_group() -> None:
     g.leave(now, a)
     _, ev = g.leave(now, b)
     assert ev.emptied and g.state is State.EMPTY and not g.members
-    assert g.commit_check("", -1) == G.NONE
+    assert g.commit_check("", -1) == E.NONE
 
 
 def test_join_refusals() -> None:
     g = Group("g")
     ans, _ = join(g, 0, session=10)
-    assert ans is not None and ans.error_code == G.INVALID_SESSION_TIMEOUT
+    assert ans is not None and ans.error_code == E.INVALID_SESSION_TIMEOUT
     ans, _ = join(g, 0, "made-up")
-    assert ans is not None and ans.error_code == G.UNKNOWN_MEMBER_ID
+    assert ans is not None and ans.error_code == E.UNKNOWN_MEMBER_ID
     g2, _, now = stable_group()
     ans, _ = join(g2, now, protocols=[("roundrobin", META)], v4=False)
-    assert ans is not None and ans.error_code == G.INCONSISTENT_GROUP_PROTOCOL
+    assert ans is not None and ans.error_code == E.INCONSISTENT_GROUP_PROTOCOL
 
 
 def test_parse_subscription() -> None:
@@ -224,13 +225,13 @@ def test_generations_and_zombies(seq: list[tuple[str, int, int]]) -> None:
 
     def absorb(ev: Events) -> None:
         nonlocal latest
-        gens = {j.generation for j in ev.joins if j.error_code == G.NONE}
+        gens = {j.generation for j in ev.joins if j.error_code == E.NONE}
         assert len(gens) <= 1, "one completed rebalance: one generation"
         for j in ev.joins:
             c = next((c for c in clients if c.member_id == j.member_id), None)
-            if j.error_code == G.NONE:
+            if j.error_code == E.NONE:
                 assert j.generation > latest or j.generation == latest, "never goes back"
-                leaders = {x.leader for x in ev.joins if x.error_code == G.NONE}
+                leaders = {x.leader for x in ev.joins if x.error_code == E.NONE}
                 assert len(leaders) == 1
                 if c is not None:
                     if c.generation >= 0:
@@ -254,13 +255,13 @@ def test_generations_and_zombies(seq: list[tuple[str, int, int]]) -> None:
             if not c.member_id or c.gone:
                 ans, ev = join(g, now)
                 absorb(ev)
-                if ans is not None and ans.error_code == G.MEMBER_ID_REQUIRED:
+                if ans is not None and ans.error_code == E.MEMBER_ID_REQUIRED:
                     clients[i] = c = Client(ans.member_id)
                 else:
                     continue
             ans, ev = join(g, now, c.member_id)
             absorb(ev)
-            if ans is not None and ans.error_code == G.NONE:
+            if ans is not None and ans.error_code == E.NONE:
                 c.generation = ans.generation
         elif op == "sync" and c.member_id:
             ans, plan = g.sync(
@@ -276,16 +277,16 @@ def test_generations_and_zombies(seq: list[tuple[str, int, int]]) -> None:
         elif op == "heartbeat" and c.member_id:
             code = g.heartbeat(now, c.member_id, c.generation)
             if (c.member_id, c.generation) in stale or c.member_id in dead_ids:
-                assert code != G.NONE, "a zombie's heartbeat is refused"
+                assert code != E.NONE, "a zombie's heartbeat is refused"
         elif op == "leave" and c.member_id:
             code, ev = g.leave(now, c.member_id)
             absorb(ev)
-            if code == G.NONE:
+            if code == E.NONE:
                 dead_ids.add(c.member_id)
                 c.gone = True
         elif op == "commit" and c.member_id:
             code = g.commit_check(c.member_id, c.generation)
-            if code == G.NONE:
+            if code == E.NONE:
                 assert (c.member_id, c.generation) not in stale, "a stale generation committed"
                 assert c.member_id not in dead_ids, "a member that left committed"
                 assert c.generation == g.generation == latest

@@ -147,3 +147,18 @@ def test_a_dead_server_can_be_drained_an_unknown_one_cannot() -> None:
     assert all(2 not in reps and len(reps) == 2 for reps in targets.values())
     with pytest.raises(InvalidRequest, match="neither live nor hold a replica"):
         MoveJobs(zkc).plan(drain=[7])
+
+
+def test_a_jobs_dropped_lines_are_counted_so_a_follower_prints_each_line_once() -> None:
+    """The job keeps its last 2000 lines here and its last 500 in ZooKeeper; both say how
+    many came before (the CLI's `seen` index counts them), across a takeover too."""
+    from coordinator.moves import JOB_LINES_MAX, MoveJobs
+
+    jobs = MoveJobs(_zk_with({0: [1, 2]}, live=[1, 2]))
+    for i in range(2100):
+        jobs._note(f"line {i}")
+    assert jobs.status()["lines_dropped"] == 100 and jobs.status()["lines"][0] == "line 100"
+    published = jobs._job_json(running=True)
+    assert len(published["lines"]) == JOB_LINES_MAX
+    assert published["lines_dropped"] + len(published["lines"]) == 2100
+    assert published["lines"][0] == f"line {2100 - JOB_LINES_MAX}"

@@ -15,11 +15,12 @@ from types import SimpleNamespace
 
 from partition_server.flusher import Flusher
 from partition_server.replication import ReplicaManager
-from partition_server.testing import FakeZk, InlineExecutor, b, open_part
+from partition_server.testing import InlineExecutor, b, open_part
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
 from pidlease.wire.framing import unpack_header
 from tests.helpers import ManualClock
+from tests.sim.zk import partition_zk
 
 WAIT_MS = 5_000  # the follower's fetch may be held this long when nothing comes
 
@@ -59,7 +60,9 @@ def test_a_held_fetch_is_answered_at_the_first_append_to_any_of_its_partitions(
             frame_bytes_max=1 << 21,
         )
         registry = SimpleNamespace(
-            zk=FakeZk(PartitionState([1, 2], 1, 1, [1, 2])), refresh=lambda: None, assignment=None
+            zk=partition_zk(PartitionState([1, 2], 1, 1, [1, 2])),
+            refresh=lambda: None,
+            assignment=None,
         )
         mgr = ReplicaManager(
             settings, registry, parts, tmp_path, clock_ms=clock, zk_executor=InlineExecutor()

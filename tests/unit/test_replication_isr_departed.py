@@ -19,11 +19,12 @@ from partition_server.liveness import LiveServers
 from partition_server.partition import Partition
 from partition_server.registry import Assignment
 from partition_server.replication import ReplicaManager
-from partition_server.testing import FakeZk, InlineExecutor, b, open_part, settle
+from partition_server.testing import InlineExecutor, b, open_part, settle
 from pidlease.errors import NotEnoughReplicas
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState, ServerInfo
 from tests.helpers import ManualClock
+from tests.sim.zk import PartitionZk, partition_zk
 
 LAG_MS = 10_000
 KEY = ("t", 0)
@@ -37,7 +38,7 @@ def setup(
     tmp_path: Path,
     clock: ManualClock,
     isr: list[int],
-    zk: FakeZk,
+    zk: PartitionZk,
     *,
     min_interval_ms: int = 0,
     min_insync: int = 1,
@@ -102,7 +103,7 @@ def test_a_vanished_follower_leaves_the_in_sync_set_at_once_and_the_ack_goes_out
 ) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
         part, mgr, registry = setup(tmp_path, clock, [1, 2, 3], zk)
         await read(mgr, part, registry, servers(1, 2, 3))
         ack = await append(part, 0)
@@ -128,7 +129,7 @@ def test_a_vanished_follower_leaves_the_in_sync_set_at_once_and_the_ack_goes_out
 def test_the_isr_change_rate_limit_does_not_hold_a_departure_back(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]))
         part, mgr, registry = setup(tmp_path, clock, [1, 2], zk, min_interval_ms=60_000)
         await read(mgr, part, registry, servers(1, 2, 3))
         await append(part, 0)
@@ -148,7 +149,7 @@ def test_below_min_insync_the_departure_still_shrinks_and_produces_are_refused(
 ) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
         part, mgr, registry = setup(tmp_path, clock, [1, 2, 3], zk, min_insync=2)
         await read(mgr, part, registry, servers(1, 2, 3))
         await fetch(mgr, part, 2, 0)
@@ -173,7 +174,7 @@ def test_below_min_insync_the_departure_still_shrinks_and_produces_are_refused(
 def test_no_removal_while_the_session_is_there(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
         part, mgr, registry = setup(tmp_path, clock, [1, 2, 3], zk)
         await read(mgr, part, registry, servers(1, 2, 3))
         ack = await append(part, 0)
@@ -198,7 +199,7 @@ def test_a_read_without_our_own_znode_or_before_a_server_registered_removes_nobo
 ) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
         part, mgr, registry = setup(tmp_path, clock, [1, 2, 3], zk)
         # 3 has not registered yet (the cluster starting): the lag rule's business
         await read(mgr, part, registry, servers(1, 2))
@@ -219,7 +220,7 @@ def test_a_read_without_our_own_znode_or_before_a_server_registered_removes_nobo
 def test_a_departure_whose_write_fails_is_retried_by_the_tick(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
         part, mgr, registry = setup(tmp_path, clock, [1, 2, 3], zk)
         await read(mgr, part, registry, servers(1, 2, 3))
         await read(mgr, part, registry, servers(1, 2))

@@ -9,9 +9,10 @@ import asyncio
 from pathlib import Path
 
 from partition_server.replication import ReplicaManager
-from partition_server.testing import FakeZk, settle
+from partition_server.testing import settle
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
+from tests.sim.zk import partition_zk
 from tests.unit.test_replication_isr_retry import KEY, LAG_MS, append, fetch, setup
 
 TICK_MS = 250  # the maintenance tick for this lag time (replication._maintain)
@@ -32,7 +33,7 @@ async def run(mgr: ReplicaManager, clock: ManualClock, until_ms: int, fetchers: 
 def test_an_unreachable_follower_of_an_idle_partition_is_removed_once(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
         part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
         mgr.s.isr_change_min_interval_ms = 1_000
         await append(part, 0)
@@ -58,7 +59,7 @@ def test_a_follower_back_right_after_its_removal_waits_the_minimum_interval(
 ) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
         part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
         mgr.s.isr_change_min_interval_ms = 2_000
         await append(part, 0)

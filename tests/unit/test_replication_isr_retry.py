@@ -17,17 +17,18 @@ from partition_server.flusher import Flusher
 from partition_server.isr import InSyncReplicas
 from partition_server.partition import Partition
 from partition_server.replication import ReplicaManager
-from partition_server.testing import FakeZk, InlineExecutor, b, open_part, settle
+from partition_server.testing import InlineExecutor, b, open_part, settle
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
+from tests.sim.zk import PartitionZk, partition_zk
 
 LAG_MS = 10_000
 KEY = ("t", 0)
 
 
 def setup(
-    tmp_path: Path, clock: ManualClock, isr: list[int], zk: FakeZk
+    tmp_path: Path, clock: ManualClock, isr: list[int], zk: PartitionZk
 ) -> tuple[Partition, ReplicaManager]:
     part = open_part(
         tmp_path, Flusher(mode="batch", interval_ms=0, executor=InlineExecutor()), clock_ms=clock
@@ -78,7 +79,7 @@ async def fetch(mgr: ReplicaManager, part: Partition, replica: int, offset: int)
 def test_a_failed_removal_of_a_dead_follower_is_retried(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
         part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
         ack = await append(part, 0)
         await fetch(mgr, part, 2, 1)
@@ -105,7 +106,7 @@ def test_a_failed_addition_keeps_counting_the_follower_and_is_retried(tmp_path: 
         clock = ManualClock(1_000)
         # the write is lost with the connection after ZooKeeper applied it: 3 is in sync
         # there, though the leader was told the write failed
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1, land_failed=True)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1, land_failed=True)
         part, mgr = setup(tmp_path, clock, [1, 2], zk)
         await append(part, 0)
         await fetch(mgr, part, 2, 1)
@@ -128,7 +129,7 @@ def test_a_failed_addition_keeps_counting_the_follower_and_is_retried(tmp_path: 
 def test_a_failed_addition_is_retried_and_a_dead_joiner_stops_holding_acks(tmp_path: Path) -> None:
     async def go() -> None:
         clock = ManualClock(1_000)
-        zk = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
         part, mgr = setup(tmp_path, clock, [1, 2], zk)
         await append(part, 0)
         await fetch(mgr, part, 2, 1)
@@ -139,7 +140,7 @@ def test_a_failed_addition_is_retried_and_a_dead_joiner_stops_holding_acks(tmp_p
         assert part.isr is not None and part.isr.isr == {1, 2, 3}
 
         # A second failed addition, then the joiner dies: it must not stall acks forever.
-        zk2 = FakeZk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
+        zk2 = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
         part2, mgr2 = setup(tmp_path / "2", clock, [1, 2], zk2)
         await append(part2, 0)
         await fetch(mgr2, part2, 2, 1)

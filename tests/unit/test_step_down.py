@@ -18,11 +18,12 @@ from partition_server.leadership import ZkLease
 from partition_server.partition import Partition, Role
 from partition_server.registry import Assignment, Registry
 from partition_server.replication import ReplicaManager
-from partition_server.testing import FakeZk, InlineExecutor, open_part, settle
+from partition_server.testing import InlineExecutor, open_part, settle
 from pidlease import errors
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
+from tests.sim.zk import PartitionZk, partition_zk
 from tests.unit.test_replication_isr_retry import KEY, append, fetch
 
 TIMEOUT_MS, MARGIN_MS = 1_500, 300
@@ -68,15 +69,6 @@ def test_the_granted_timeout_replaces_the_asked_one_and_bounds_the_margin() -> N
 
 
 # -- the manager -----------------------------------------------------------------------------
-class Zk(FakeZk):
-    def __init__(self, state: PartitionState, live: list[int]) -> None:
-        super().__init__(state)
-        self.live = live
-
-    def get_children(self, path: str) -> list[str]:
-        return [str(s) for s in self.live]
-
-
 class LeaseRegistry(Registry):
     """The real lease bookkeeping, no ZooKeeper: refreshes are only counted."""
 
@@ -92,14 +84,14 @@ class LeaseRegistry(Registry):
 
 def setup(
     tmp_path: Path, ps: PartitionState, live: list[int]
-) -> tuple[Partition, ReplicaManager, LeaseRegistry, ManualClock, Zk]:
+) -> tuple[Partition, ReplicaManager, LeaseRegistry, ManualClock, PartitionZk]:
     clock = ManualClock(1_000)
     part = open_part(
         tmp_path, Flusher(mode="batch", interval_ms=0, executor=InlineExecutor()), clock_ms=clock
     )
     part.hosted = True
     part.role = Role.FOLLOWER
-    zk = Zk(ps, live)
+    zk = partition_zk(ps, live=live)
     registry = LeaseRegistry(zk)
     settings = SimpleNamespace(
         server_id=1,

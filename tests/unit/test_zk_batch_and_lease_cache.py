@@ -8,101 +8,41 @@ import threading
 from typing import Any
 
 import pytest
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coordinator.lease_cache import AddressCache, RecordCache
 from coordinator.zk_batch import WriteBatcher
 from pidlease.errors import CoordinatorUnavailable
 from pidlease.wire.cluster import PidRecord
+from tests.sim.zk import FakeZk
 
 
-class Done:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class FakeZk:
-    """Znodes as {path: (data, version)}; a transaction applies all or nothing."""
+class Zk:
+    """The one fake ZooKeeper (tests/sim/zk.py), with ``/pids``; ``gate`` holds each request
+    "in ZooKeeper" while clear; ``down`` makes every wait fail as an unreachable ensemble."""
 
     def __init__(self) -> None:
-        self.nodes: dict[str, tuple[bytes, int]] = {}
-        self.requests = 0
-        self.multi_sizes: list[int] = []
-        self.lock = threading.Lock()
+        self.zk = FakeZk()
+        self.zk.create("/pids", b"")
+        self.client = self.zk.client("coordinator")
         self.gate = threading.Event()
         self.gate.set()
+        self.zk.before_request = lambda: self.gate.wait(5)
         self.down = False
 
-    def _op(
-        self, nodes: dict[str, tuple[bytes, int]], op: tuple[str, str, bytes, int | None]
-    ) -> Any:
-        kind, path, data, version = op
-        if kind == "create":
-            if path in nodes:
-                return NodeExistsError()
-            nodes[path] = (data, 0)
-            return path
-        if path not in nodes:
-            return NoNodeError()
-        if nodes[path][1] != version:
-            return BadVersionError()
-        nodes[path] = (data, version + 1)
-        return True
+    def node(self, path: str) -> tuple[bytes, int]:
+        z = self.zk.nodes[path]
+        return z.data, z.version
 
-    def create_async(self, path: str, data: bytes) -> Done:
-        return self._single(("create", path, data, None))
-
-    def set_async(self, path: str, data: bytes, version: int) -> Done:
-        return self._single(("set", path, data, version))
-
-    def _single(self, op: tuple[str, str, bytes, int | None]) -> Done:
-        self.gate.wait(5)
-        with self.lock:
-            self.requests += 1
-            return Done(self._op(self.nodes, op))
-
-    def transaction(self) -> FakeTx:
-        return FakeTx(self)
-
-
-class FakeTx:
-    def __init__(self, zk: FakeZk) -> None:
-        self.zk = zk
-        self.ops: list[tuple[str, str, bytes, int | None]] = []
-
-    def create(self, path: str, data: bytes) -> None:
-        self.ops.append(("create", path, data, None))
-
-    def set_data(self, path: str, data: bytes, version: int) -> None:
-        self.ops.append(("set", path, data, version))
-
-    def commit_async(self) -> Done:
-        self.zk.gate.wait(5)
-        with self.zk.lock:
-            self.zk.requests += 1
-            self.zk.multi_sizes.append(len(self.ops))
-            trial = dict(self.zk.nodes)
-            results = [self.zk._op(trial, op) for op in self.ops]
-            if any(isinstance(r, Exception) for r in results):
-                return Done([r if isinstance(r, Exception) else RolledBackError() for r in results])
-            self.zk.nodes = trial
-            return Done(results)
-
-
-def wait(zk: FakeZk) -> Any:
-    def w(done: Done) -> Any:
-        if zk.down:
+    def wait(self, result: Any) -> Any:
+        if self.down:
             raise CoordinatorUnavailable("ZooKeeper unavailable")
-        if isinstance(done.value, Exception):
-            raise done.value
-        return done.value
-
-    return w
+        return result.get()
 
 
 def test_writes_queued_behind_one_in_flight_go_out_as_one_multi() -> None:
-    zk = FakeZk()
-    b = WriteBatcher(zk, wait(zk), batch_max=64)
+    zk = Zk()
+    b = WriteBatcher(zk.client, zk.wait, batch_max=64)
     try:
         zk.gate.clear()  # the first write blocks "in ZooKeeper"
         first = b.submit("/pids/1", b"a", None)
@@ -112,17 +52,18 @@ def test_writes_queued_behind_one_in_flight_go_out_as_one_multi() -> None:
         zk.gate.set()
         assert first.result(5) is True
         assert all(f.result(5) is True for f in futs)
-        assert set(zk.nodes) == {f"/pids/{i}" for i in range(1, 22)}
-        assert zk.requests < 21, zk.multi_sizes  # fewer requests than writes
-        assert max(zk.multi_sizes) >= 2
+        assert set(zk.zk.children("/pids")) == {str(i) for i in range(1, 22)}
+        assert zk.zk.ops < 21, zk.zk.multi_sizes  # fewer requests than writes
+        assert max(zk.zk.multi_sizes) >= 2
     finally:
         b.stop()
 
 
 def test_one_failing_write_does_not_fail_its_batch_neighbours() -> None:
-    zk = FakeZk()
-    zk.nodes["/pids/5"] = (b"old", 3)
-    b = WriteBatcher(zk, wait(zk))
+    zk = Zk()
+    zk.zk.create("/pids/5", b"old")
+    zk.zk.nodes["/pids/5"].version = 3
+    b = WriteBatcher(zk.client, zk.wait)
     try:
         zk.gate.clear()
         blocker = b.submit("/pids/100", b"z", None)
@@ -140,16 +81,16 @@ def test_one_failing_write_does_not_fail_its_batch_neighbours() -> None:
         assert fresh.result(5) is True
         with pytest.raises(NoNodeError):
             gone.result(5)
-        assert zk.nodes["/pids/5"] == (b"cas", 4)
-        assert all(f"/pids/{i}" in zk.nodes for i in range(10, 15))
+        assert zk.node("/pids/5") == (b"cas", 4)
+        assert all(f"/pids/{i}" in zk.zk.nodes for i in range(10, 15))
     finally:
         b.stop()
 
 
 def test_zookeeper_down_fails_every_write_of_the_batch_with_the_same_error() -> None:
-    zk = FakeZk()
+    zk = Zk()
     zk.down = True
-    b = WriteBatcher(zk, wait(zk))
+    b = WriteBatcher(zk.client, zk.wait)
     try:
         futs = [b.submit(f"/pids/{i}", b"x", None) for i in range(5)]
         for f in futs:
