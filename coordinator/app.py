@@ -11,6 +11,7 @@ than fail.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.allocator import PidAllocator
-from coordinator.auth import ANONYMOUS, Principal
+from coordinator.auth import ANONYMOUS, Principal, own_login
 from coordinator.dashboard import (
     CSP,
     HORIZON_MS_DEFAULT,
@@ -60,6 +61,7 @@ from coordinator.store import Store
 from coordinator.topics import Topics
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
 from pidlease.wire.cluster import topic_name_problem
+from pidlease.wire.kafka_conn import server_groups
 from pidlease.wire.protocol import MAX_PID
 from pidlease.wire.tls import peer_ssl_context
 
@@ -126,7 +128,17 @@ class Coordinator:
             expiring_window_ms=settings.lease_expiring_window_ms,
             producers=self.producers,
             groups_view=GroupsView(
-                self.store.live_servers, timeout_ms=settings.leader_request_timeout_ms
+                self.store.live_servers,
+                timeout_ms=settings.leader_request_timeout_ms,
+                # SASL/PLAIN as the coordinator's own principal when API tokens are set,
+                # TLS when the coordinator calls the servers over TLS.
+                fetch=functools.partial(
+                    server_groups,
+                    sasl=own_login(
+                        settings.api_token, settings.api_tokens, settings.api_tokens_file
+                    ),
+                    ssl_context=peer_tls,
+                ),
             ),
         )
         self.topics = Topics(self.store, self.leaders, clock_ms)

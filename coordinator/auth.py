@@ -132,6 +132,33 @@ def build_principals(
     return out
 
 
+def own_login(
+    api_token: str = "", api_tokens: str = "", api_tokens_file: str = ""
+) -> tuple[str, str] | None:
+    """The (name, token) the coordinator logs in with where it is a client of the
+    partition servers' Kafka listeners (the groups view: SASL/PLAIN, the same principals):
+    the first admin principal configured (``api_token`` first, then ``api_tokens``, then
+    the file), else the first principal of any scope (describing groups needs no scope);
+    None without principals. The entries were checked by ``build_principals``."""
+    entries: list[tuple[str, str, str]] = []
+    if api_token:
+        entries.append((LEGACY_ADMIN_NAME, ADMIN, api_token))
+    lines = [e for e in api_tokens.split(",") if e.strip()]
+    if api_tokens_file:
+        lines += [
+            line
+            for line in Path(api_tokens_file).read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    for line in lines:
+        name, scope, token = (x.strip() for x in line.strip().split(":", 2))
+        entries.append((name, scope, token))
+    for name, scope, token in entries:
+        if scope == ADMIN:
+            return name, token
+    return (entries[0][0], entries[0][2]) if entries else None
+
+
 class Authenticator:
     """Finds the principal of a presented token; ``enabled`` is False with no principals."""
 

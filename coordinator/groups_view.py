@@ -6,8 +6,11 @@ reports it (the leader's log row): the lag is the records written and committed 
 yet consumed by the group, ``high watermark - committed``.
 
 A group whose coordinator cannot be reached is missing until it can; the view says which
-servers did not answer. Not done: a cluster whose Kafka listener requires SASL (the
-coordinator does not authenticate to it: those servers show as not answering).
+servers did not answer. With API tokens the listeners require SASL/PLAIN: the coordinator
+logs in as its own principal (``auth.own_login``: the first admin one configured; the
+servers have the same tokens), over TLS when it calls the servers over TLS (``app.py``
+passes both to ``server_groups``); a refused login shows as a server not answering, with
+the reason.
 """
 
 from __future__ import annotations

@@ -535,6 +535,7 @@ class Broker:
                 now_ms,
                 high_watermark=part.high_watermark,
                 replay_from=replay_from,
+                release_below=part.release_below,
             )
             want_snapshot = want_snapshot or blocked > 0
             if n == 0:

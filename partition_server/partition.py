@@ -123,6 +123,9 @@ class Partition:
         self.state.drops_allowed = True  # dropped (expiry, eviction) only where it leads
         self.leader_address = ""
         self.hosted = False  # assigned to this server in ZooKeeper
+        # Segments wholly below this offset may go whatever the retention policy (the
+        # group log's newest checkpoint start: partition_server/kafka/group_log.py).
+        self.release_below = 0
         self.batches_appended = 0
         # -- replication (see replication.py) --
         self.replicated = high_watermark is not None

@@ -66,15 +66,19 @@ def segments_to_delete(
     *,
     high_watermark: int,
     replay_from: int,
+    release_below: int = 0,
 ) -> tuple[int, int]:
     """(segments the policy lets go from the old end, how many more it would let go but for
-    ``replay_from``). The last segment (the active one) never goes."""
+    ``replay_from``). The last segment (the active one) never goes. A segment ending at or
+    below ``release_below`` goes whatever the policy (what a checkpoint of the group log
+    superseded)."""
     total = sum(s.size for s in segments)
     n = blocked = 0
     for s in segments[:-1]:
         by_time = policy.retention_ms >= 0 and s.max_timestamp_ms < now_ms - policy.retention_ms
         by_size = policy.retention_bytes >= 0 and total - s.size >= policy.retention_bytes
-        if not (by_time or by_size) or s.end_offset > high_watermark:
+        released = s.end_offset <= release_below
+        if not (by_time or by_size or released) or s.end_offset > high_watermark:
             break
         if s.end_offset > replay_from:
             blocked += 1

@@ -272,6 +272,25 @@ class ServerSettings(ServiceSettings):
             "long; in a group with members, those of topics no member subscribes to"
         ),
     )
+    group_log_compact_bytes: int = Field(
+        default=4 << 20,
+        ge=0,
+        description=(
+            "compaction of the group log: a group coordinator writes a checkpoint of its "
+            "groups and offsets once this much (and at least the last checkpoint's size) was "
+            "written to a group log partition since the last one, and the segments below it "
+            "go on every replica; 0: never (the log keeps every commit)"
+        ),
+    )
+    group_log_segment_bytes: int = Field(
+        default=4 << 20,
+        ge=4096,
+        le=1 << 30,
+        description=(
+            "segment size of the group log topic, set when a server creates it (compaction "
+            "deletes whole segments below a checkpoint)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:

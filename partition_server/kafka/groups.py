@@ -4,9 +4,10 @@ ListGroups, DescribeGroups, DeleteGroups and OffsetDelete, over the rules of
 ``group_state.py``.
 
 **Placement.** A group lives in partition ``crc32(group id) mod GROUPS_PARTITIONS`` of
-the internal topic ``__pidlease_groups`` (replication factor min(3, servers), dedup off,
-no retention), created by the first server a FindCoordinator reaches while it does not
-exist. The coordinator of a group is the leader of its partition; any other server
+the internal topic ``__pidlease_groups`` (replication factor min(3, servers with a Kafka
+listener), on those, dedup off, no retention by time or size: compaction cuts it),
+created by the first server a FindCoordinator reaches while it does not exist. The
+coordinator of a group is the leader of its partition; any other server
 answers NOT_COORDINATOR, and FindCoordinator (any server) names the leader from
 ZooKeeper's view.
 
@@ -20,19 +21,26 @@ state is changed only by records that became durable, in log order, so it is alw
 replay of the log's committed prefix.
 
 **Loading.** A server that finds itself leader of a group partition (at a new leader
-epoch) answers COORDINATOR_LOAD_IN_PROGRESS while it waits for its log end to be
-committed and replays the partition from its start; members are not restored (they get
-UNKNOWN_MEMBER_ID and rejoin, so no member of the old coordinator can commit), offsets
-and generations are. A partition that stops leading here drops its groups and answers
-every waiting request NOT_COORDINATOR.
+epoch) starts loading it at the next tick (not at the first request for one of its
+groups: ListGroups covers them all), answers COORDINATOR_LOAD_IN_PROGRESS while it waits
+for its log end to be committed and replays the partition from its start; members are
+not restored (they get UNKNOWN_MEMBER_ID and rejoin, so no member of the old coordinator
+can commit), offsets and generations are. A partition that stops leading here drops its
+groups and answers every waiting request NOT_COORDINATOR.
 
 **Retention.** Once a second each loaded partition's groups are checked against
 ``group_offsets_retention_ms`` (Kafka's ``offsets.retention.minutes``; the rule is
 ``Group.expired``): what expires gets tombstones through the same durable path, so a
 reload after a coordinator's death does not bring it back.
 
-Not done: compaction of the group log (it grows with every commit; replay reads it all),
-static membership, group ACLs beyond SASL.
+**Compaction.** Every server reads the committed records of the group log partitions it
+hosts (leader or follower) into a ``group_log.LogTable``. The leader writes a checkpoint
+(the table's image, then a marker naming where it starts) once ``group_log_compact_bytes``
+were written since the last one and everything in the log is committed and read; every
+replica, on reading a committed marker, sets ``Partition.release_below`` and its retention
+deletes the segments below the checkpoint (docs/kafka.md, "Compaction of the group log").
+
+Not done: static membership, group ACLs beyond SASL.
 """
 
 from __future__ import annotations
@@ -40,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import time
 import zlib
@@ -51,6 +58,18 @@ from typing import Any
 from partition_server.broker import Broker
 from partition_server.kafka import codec as C
 from partition_server.kafka import group_state as G
+from partition_server.kafka.group_log import (
+    CHECKPOINT_KEY,
+    CompactPolicy,
+    LogTable,
+    apply_record,
+    checkpoint_batches,
+    checkpoint_size,
+    group_key,
+    group_value,
+    offset_key,
+    offset_value,
+)
 from partition_server.kafka.group_state import Events, Group, JoinAnswer, State, SyncAnswer
 from partition_server.kafka.topics import CreateError, create, plan
 from partition_server.kafka_partition import KafkaProduceResult, kafka_produce
@@ -70,6 +89,7 @@ TICK_S = 0.1
 LOAD_TIMEOUT_S = 30.0
 WRITE_TIMEOUT_S = 15.0
 LOAD_READ_BYTES = 1 << 20
+READ_PER_TICK_BYTES = 4 << 20
 EXPIRE_CHECK_MS = 1_000
 
 GROUP_APIS = frozenset(
@@ -95,67 +115,6 @@ def partition_of(group_id: str) -> int:
     return zlib.crc32(group_id.encode("utf-8")) % GROUPS_PARTITIONS
 
 
-# -- the group log's records ---------------------------------------------------------------
-def offset_key(group_id: str, topic: str, partition: int) -> bytes:
-    return json.dumps(["o", group_id, topic, partition]).encode()
-
-
-def group_key(group_id: str) -> bytes:
-    return json.dumps(["g", group_id]).encode()
-
-
-def offset_value(e: G.OffsetEntry) -> bytes:
-    return json.dumps(
-        {"o": e.offset, "e": e.leader_epoch, "m": e.metadata, "ts": e.commit_ms}
-    ).encode()
-
-
-def group_value(g: Group, ts_ms: int) -> bytes:
-    """A group's record; ``ts`` (when written; for a group going empty, when it did) starts
-    its offsets' retention after a reload."""
-    return json.dumps(
-        {
-            "gen": g.generation,
-            "pt": g.protocol_type,
-            "pn": g.protocol_name,
-            "members": len(g.members),
-            "ts": ts_ms,
-        }
-    ).encode()
-
-
-def apply_record(groups: dict[str, Group], key: bytes | None, value: bytes | None) -> None:
-    """One record of the group log into ``groups`` (replay and live writes alike). A
-    null or empty value is a tombstone. Records that do not parse are skipped (logged)."""
-    if not key:
-        return
-    try:
-        k = json.loads(key)
-        v = json.loads(value) if value else None
-        if k[0] == "o":
-            _, gid, topic, p = k
-            if v is None:
-                g = groups.get(gid)
-                if g is not None:
-                    g.offsets.pop((topic, int(p)), None)
-                return
-            g = groups.setdefault(gid, Group(gid))
-            g.offsets[(topic, int(p))] = G.OffsetEntry(
-                int(v["o"]), int(v["e"]), str(v["m"]), int(v["ts"])
-            )
-        elif k[0] == "g":
-            gid = k[1]
-            if v is None:
-                groups.pop(gid, None)
-                return
-            g = groups.setdefault(gid, Group(gid))
-            g.generation = max(g.generation, int(v["gen"]))
-            g.protocol_type = v["pt"]
-            g.empty_since_ms = max(g.empty_since_ms, int(v.get("ts", 0)))
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        log.warning("group log: skipping a record that does not parse: %s", exc)
-
-
 @dataclass
 class Slot:
     """A partition of the group log led here, at ``epoch``."""
@@ -168,6 +127,21 @@ class Slot:
     task: asyncio.Task[None] | None = None
     expire_at_ms: int = 0  # the next offset retention pass
     expiring: set[str] = field(default_factory=set)  # groups whose tombstones are pending
+    checkpointing: bool = False  # a checkpoint written and not yet durable
+
+
+@dataclass
+class LogReader:
+    """A group log partition hosted here (led or followed) as read so far: the table of
+    its committed records up to ``at`` (``group_log.LogTable``), from which this replica
+    learns where the newest checkpoint starts (its segments below may go) and the leader
+    takes the image of its next checkpoint."""
+
+    part: Partition
+    table: LogTable
+    at: int
+    bytes_since: int = 0  # bytes read since the newest checkpoint marker
+    image_bytes: int = 0  # the newest checkpoint's size (keys and values)
 
 
 class GroupCoordinator:
@@ -194,6 +168,9 @@ class GroupCoordinator:
         self._ticker: asyncio.Task[None] | None = None
         self._creating: asyncio.Task[None] | None = None
         self.loads = 0
+        self.readers: dict[int, LogReader] = {}
+        self.compact = CompactPolicy(settings.group_log_compact_bytes)
+        self.checkpoints = 0  # written by this server as leader
 
     # -- entry -----------------------------------------------------------------------------
     def handle(self, h: C.Header, req: Any, client_host: str = "") -> Reply:
@@ -222,6 +199,11 @@ class GroupCoordinator:
         if k == C.OFFSET_DELETE:
             return self.offset_delete(h, req)
         raise AssertionError(f"api {k} is not a group API")
+
+    def start(self) -> None:
+        """Start the timers (the listener starts): followers of the group log read it
+        too, to learn where its checkpoints let it be cut."""
+        self._ensure_ticker()
 
     def _ensure_ticker(self) -> None:
         if self._ticker is None or self._ticker.done():
@@ -333,6 +315,8 @@ class GroupCoordinator:
 
     def tick(self) -> None:
         now = self._clock()
+        self._read_group_logs()
+        self._load_led()
         for idx, slot in list(self.slots.items()):
             r = self.broker.produce.route(GROUPS_TOPIC, idx)
             if self._stopping() or isinstance(r, NotRouted) or r.epoch != slot.epoch:
@@ -345,6 +329,121 @@ class GroupCoordinator:
             if now >= slot.expire_at_ms:
                 slot.expire_at_ms = now + EXPIRE_CHECK_MS
                 self._expire(slot, now)
+            self._maybe_checkpoint(slot)
+
+    def _load_led(self) -> None:
+        """Start loading every group log partition this server has come to lead, as a
+        Kafka broker does at its election, not at the first request for one of its groups:
+        a ListGroups (which covers all of them) answered COORDINATOR_LOAD_IN_PROGRESS
+        whenever one had not been asked for yet, and kafkajs's ``admin.listGroups`` does
+        not retry that."""
+        if self._stopping():
+            return
+        for idx in range(GROUPS_PARTITIONS):
+            if idx in self.slots:
+                continue
+            if isinstance(self.broker.produce.route(GROUPS_TOPIC, idx), Route):
+                self._slot(idx)
+
+    # -- compaction of the group log -------------------------------------------------------
+    def _read_group_logs(self) -> None:
+        """Read what became committed in each group log partition hosted here (leader or
+        follower, at most ``READ_PER_TICK_BYTES`` each) into its table; a checkpoint marker
+        read sets ``release_below``, the offset below which retention may delete this
+        replica's segments (the committed log is the same on every replica, so each cuts
+        where the leader does, deciding alone)."""
+        hosted = {}
+        for idx in range(GROUPS_PARTITIONS):
+            part = self.broker.partitions.get((GROUPS_TOPIC, idx))
+            if part is not None and part.hosted:
+                hosted[idx] = part
+        for idx in [i for i in self.readers if i not in hosted]:
+            del self.readers[idx]
+        for idx, part in hosted.items():
+            rd = self.readers.get(idx)
+            plog = part.log
+            if (
+                rd is None
+                or rd.part is not part
+                or rd.at < plog.log_start_offset
+                or rd.at > plog.next_offset
+            ):
+                rd = self.readers[idx] = LogReader(part, LogTable(), plog.log_start_offset)
+            before = rd.table.checkpoint_from
+            try:
+                self._read_into(rd)
+            except Exception as exc:  # noqa: BLE001 - read again from the start next tick
+                log.warning("group log partition %d: read failed: %s", idx, exc)
+                del self.readers[idx]
+                continue
+            cp = rd.table.checkpoint_from
+            if cp > before and cp > part.release_below:
+                part.release_below = cp
+                self.broker.retention_soon()
+
+    def _read_into(self, rd: LogReader) -> None:
+        part = rd.part
+        budget = READ_PER_TICK_BYTES
+        while rd.at < part.high_watermark and budget > 0:
+            chunks = part.fetch(rd.at, min(LOAD_READ_BYTES, budget))
+            if not chunks:
+                return
+            for c in chunks:
+                budget -= len(c)
+                for bh, pos in iter_batches(c):
+                    if bh.base_offset + bh.count <= rd.at:
+                        continue
+                    if not bh.is_control:
+                        for rec in iter_records(c, bh, pos):
+                            marker = rec.key == CHECKPOINT_KEY
+                            before = rd.table.checkpoint_from
+                            rd.table.apply(rec.key, rec.value)
+                            if marker and rd.table.checkpoint_from != before:
+                                rd.bytes_since = 0
+                                rd.image_bytes = checkpoint_size(rec.value)
+                            else:
+                                rd.bytes_since += len(rec.key or b"") + len(rec.value or b"")
+                    rd.at = bh.base_offset + bh.count
+
+    def _maybe_checkpoint(self, slot: Slot) -> None:
+        """Write a checkpoint (the table's image, then its marker) when the policy says
+        so and every record of the log is committed and read (so the image is the log's
+        state as of where it lands: nothing between)."""
+        rd = self.readers.get(slot.index)
+        part = slot.part
+        if (
+            slot.checkpointing
+            or rd is None
+            or rd.part is not part
+            or rd.at != part.log.next_offset
+            or not self.compact.due(rd.bytes_since, rd.image_bytes)
+        ):
+            return
+        start = part.log.next_offset
+        image = rd.table.image()
+        batches = checkpoint_batches(image, start, self.s.batch_bytes_max // 2)
+        futures = []
+        for records in batches:
+            f = self._write(slot, records, apply=False)
+            futures.append(f)
+            if f.done() and f.result() != E.NONE:
+                return  # not written: no marker, the next tick tries again
+        slot.checkpointing = True
+        self.checkpoints += 1
+        log.info(
+            "group log partition %d: checkpoint of %d groups, %d offsets at offset %d "
+            "(%d bytes written since the last)",
+            slot.index,
+            len(rd.table.groups),
+            rd.table.offsets(),
+            start,
+            rd.bytes_since,
+        )
+
+        def done(_f: asyncio.Future[int]) -> None:
+            slot.checkpointing = False
+
+        futures[-1].add_done_callback(done)
 
     def _expire(self, slot: Slot, now: int) -> None:
         """Offset retention (``Group.expired``): tombstones for the offsets it lets go, and
@@ -389,10 +488,13 @@ class GroupCoordinator:
         if ev.emptied:
             self._write(slot, [(group_key(g.group_id), group_value(g, g.empty_since_ms))])
 
-    def _write(self, slot: Slot, records: list[tuple[bytes, bytes | None]]) -> asyncio.Future[int]:
+    def _write(
+        self, slot: Slot, records: list[tuple[bytes, bytes | None]], *, apply: bool = True
+    ) -> asyncio.Future[int]:
         """Append ``records`` to the slot's partition through the produce path, acks=all;
         the future resolves with a group error code once committed (NONE) or refused.
-        Applied to the slot's groups once committed, in log order."""
+        Applied to the slot's groups once committed, in log order (unless ``apply`` is
+        False: a checkpoint restates what the groups already hold)."""
         loop = asyncio.get_running_loop()
         out: asyncio.Future[int] = loop.create_future()
         r = self.broker.produce.route(GROUPS_TOPIC, slot.index)
@@ -418,7 +520,7 @@ class GroupCoordinator:
 
         def done(result: KafkaProduceResult) -> None:
             code = _group_code(result.error_code)
-            if code == E.NONE and self.slots.get(slot.index) is slot:
+            if apply and code == E.NONE and self.slots.get(slot.index) is slot:
                 for k, v in records:
                     apply_record(slot.groups, k, v)
             if code != E.NONE:
@@ -487,11 +589,20 @@ class GroupCoordinator:
             return
 
         async def run() -> None:
-            live = sorted(self.registry.assignment.servers)
+            # Servers with a Kafka listener only: their coordinators read the log and cut it
+            # at its checkpoints (a server without one would keep every commit).
+            servers = self.registry.assignment.servers
+            live = sorted(i for i, info in servers.items() if info.kafka_port > 0)
             if not live:
                 return
             spec, states = plan(GROUPS_TOPIC, GROUPS_PARTITIONS, min(3, len(live)), live, {})
-            spec = dataclasses.replace(spec, dedup="off", retention_ms=-1, retention_bytes=-1)
+            spec = dataclasses.replace(
+                spec,
+                dedup="off",
+                retention_ms=-1,
+                retention_bytes=-1,
+                segment_bytes=self.s.group_log_segment_bytes,
+            )
             loop = asyncio.get_running_loop()
             try:
                 await loop.run_in_executor(None, create, self.registry.zk, spec, states)
@@ -635,6 +746,12 @@ class GroupCoordinator:
     # -- Heartbeat, LeaveGroup -------------------------------------------------------------
     def heartbeat(self, h: C.Header, req: Any) -> Reply:
         slot, code = self._locate(req.group_id)
+        if code == E.COORDINATOR_LOAD_IN_PROGRESS:
+            # As Kafka's broker: a heartbeat while the group's partition loads is answered
+            # NONE ("blindly"); the member learns it is unknown at the next one, once
+            # loaded. aiokafka raises COORDINATOR_LOAD_IN_PROGRESS from a heartbeat to the
+            # application (its getmany()), which stopped its consumers at a failover.
+            code = E.NONE
         if slot is not None:
             g = slot.groups.get(req.group_id)
             code = (

@@ -83,6 +83,7 @@ class KafkaListener:
             ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self._ssl else None,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        self.apis.groups.start()
         return self.port
 
     async def stop(self) -> None:

@@ -145,12 +145,22 @@ def nested_entity(hint: Any) -> type[Any] | None:
     return None
 
 
-def server_groups(address: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+def server_groups(
+    address: str,
+    timeout_s: float = 5.0,
+    *,
+    sasl: tuple[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> list[dict[str, Any]]:
     """The groups one server's Kafka listener coordinates (ListGroups answers only those),
     each with its state, member count and committed offsets, in three requests (ListGroups,
-    DescribeGroups and a batched OffsetFetch). Groups still loading on that server are
-    left out. Raises OSError or EOFError when the listener cannot be reached."""
-    with KafkaConn(address, "pidlease-dashboard", timeout_s) as c:
+    DescribeGroups and a batched OffsetFetch), after a SASL/PLAIN login when ``sasl`` is
+    given, over TLS with ``ssl_context``. Groups still loading on that server are left
+    out. Raises OSError or EOFError when the listener cannot be reached, SaslRefused for
+    a refused login."""
+    with KafkaConn(
+        address, "pidlease-dashboard", timeout_s, sasl=sasl, ssl_context=ssl_context
+    ) as c:
         listed = c.request(LIST_GROUPS, 4, {"states_filter": []})
         ids = sorted(g.group_id for g in listed.groups)
         if not ids:

@@ -1,5 +1,6 @@
 """A confluent-kafka group member as its own process, for the group tests (it must be
-SIGKILLable): ``python -m tests.integration.kafka_group_consumer BOOTSTRAP GROUP TOPIC OUT``.
+SIGKILLable): ``python -m tests.integration.kafka_group_consumer BOOTSTRAP GROUP TOPIC OUT
+[confluent|aiokafka]`` (an aiokafka member writes the same events).
 
 It subscribes, and after every poll commits what it read synchronously. Every event goes
 to OUT as one line, flushed at once, with the time: ``A t p,p,...`` (assigned), ``R t p o
@@ -69,5 +70,67 @@ def main(bootstrap: str, group: str, topic: str, out_path: str) -> None:
         out.close()
 
 
+def aio_main(bootstrap: str, group: str, topic: str, out_path: str) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+    from aiokafka import TopicPartition as AioTopicPartition
+    from aiokafka.errors import KafkaError
+
+    out = open(out_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def say(*parts: object) -> None:
+        out.write(" ".join(str(p) for p in (parts[0], f"{time.time():.6f}", *parts[1:])) + "\n")
+
+    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            return None
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            say("A", ",".join(str(tp.partition) for tp in sorted(assigned)) or "-")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        c = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            metadata_max_age_ms=2000,
+        )
+        c.subscribe([topic], listener=Listener())
+        await c.start()
+        try:
+            while not stop.is_set():
+                batch = await c.getmany(timeout_ms=500, max_records=500)
+                nxt: dict[int, int] = {}
+                for tp, msgs in batch.items():
+                    for m in msgs:
+                        say("R", tp.partition, m.offset, m.value.decode())
+                        nxt[tp.partition] = m.offset + 1
+                if not nxt:
+                    continue
+                for p, o in sorted(nxt.items()):
+                    say("B", p, o)
+                try:
+                    await c.commit({AioTopicPartition(topic, p): o for p, o in nxt.items()})
+                except KafkaError as exc:
+                    say("F", str(exc).replace("\n", " "))
+                    continue
+                for p, o in sorted(nxt.items()):
+                    say("C", p, o)
+        finally:
+            await c.stop()
+            out.close()
+
+    asyncio.run(run())
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    if sys.argv[5:6] == ["aiokafka"]:
+        aio_main(*sys.argv[1:5])
+    else:
+        main(*sys.argv[1:5])

@@ -125,7 +125,9 @@ class Member:
         return ev
 
 
-def start_member(c: LocalCluster, group: str, topic: str, out: Path) -> Member:
+def start_member(
+    c: LocalCluster, group: str, topic: str, out: Path, client: str = "confluent"
+) -> Member:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [
@@ -136,6 +138,7 @@ def start_member(c: LocalCluster, group: str, topic: str, out: Path) -> Member:
             group,
             topic,
             str(out),
+            client,
         ],
         cwd=ROOT,
         env=env,

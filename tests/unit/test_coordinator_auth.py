@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -352,3 +353,16 @@ def test_guard_without_principals_is_open_as_anonymous_admin() -> None:
     g = _guarded("")
     for path in ("/v1/pids", "/dashboard", "/v1/topics"):
         assert _get(g, path).json()["principal"] == "anonymous"
+
+
+def test_own_login_is_the_first_admin_principal(tmp_path: Path) -> None:
+    from coordinator.auth import own_login
+
+    assert own_login() is None
+    assert own_login("legacy-token-1234") == ("admin", "legacy-token-1234")
+    tokens = "alice:producer:alice-token-123,root:admin:root:token-789"
+    assert own_login("", tokens) == ("root", "root:token-789")
+    assert own_login("", "alice:producer:alice-token-123") == ("alice", "alice-token-123")
+    f = tmp_path / "tokens"
+    f.write_text("# ops\nbob:producer:bob-token-4567\nops:admin:ops-token-0000\n")
+    assert own_login("", "alice:producer:alice-token-123", str(f)) == ("ops", "ops-token-0000")

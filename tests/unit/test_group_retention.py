@@ -14,14 +14,14 @@
 from __future__ import annotations
 
 from partition_server.kafka import group_state as G
-from partition_server.kafka.group_state import Group, OffsetEntry, State
-from partition_server.kafka.groups import (
+from partition_server.kafka.group_log import (
     apply_record,
     group_key,
     group_value,
     offset_key,
     offset_value,
 )
+from partition_server.kafka.group_state import Group, OffsetEntry, State
 from pidlease.wire import kafka_errors as E
 from tests.unit.test_group_state import SESSION, join, new_member, stable_group
 
