@@ -13,8 +13,9 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-_TEST = "test_a_group_tombstone_takes_its_offsets_and_stays_after_the_cut"
-PYTEST = f"tests/unit/test_group_log.py::{_TEST}"
+PYTEST = (
+    "tests/unit/test_group_log.py::test_a_group_tombstone_takes_its_offsets_and_stays_after_the_cut"
+)
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = (
     "the simulation sends no group requests (docs/kafka.md, 'Consumer groups'): the group "
