@@ -51,6 +51,9 @@ class Assignment:
     # Every topic name listed in ZooKeeper, readable or not (a topic being created has an
     # empty spec): a topic not in it was deleted. None when not a full read of ZooKeeper.
     listed: set[str] | None = None
+    # The partitions a partial read (``Registry._read_changed``) read again; the rest are
+    # the previous assignment's, unchanged. None: anything may have changed (a full read).
+    changed: frozenset[tuple[str, int]] | None = None
 
 
 class Registry:
@@ -444,7 +447,12 @@ class Registry:
             self._want = True
             return
         old = self.assignment
-        a = Assignment(topics=old.topics, partitions={**old.partitions, **got}, servers=old.servers)
+        a = Assignment(
+            topics=old.topics,
+            partitions={**old.partitions, **got},
+            servers=old.servers,
+            changed=frozenset(got),
+        )
         self.assignment = a
         self.partial_reads += 1
         if self.on_change is not None:
