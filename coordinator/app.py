@@ -29,9 +29,12 @@ from coordinator.auth import ANONYMOUS, Principal
 from coordinator.dashboard import (
     CSP,
     HORIZON_MS_DEFAULT,
+    LOG_PAGE_ROWS,
+    LOG_ROWS_MAX,
     PAGE_ROWS,
     PAGE_ROWS_MAX,
     Dashboard,
+    LogQuery,
     PidQuery,
 )
 from coordinator.events import EventLog, ObservedLeaseService
@@ -48,6 +51,7 @@ from coordinator.pid_index import STATES as PID_STATES
 from coordinator.pid_index import PidIndex, Producers
 from coordinator.schemas import (
     LOG_SETTINGS,
+    TOPIC_NAME_MAX,
     LeaseBatchBody,
     LeaseBody,
     MovesBody,
@@ -505,6 +509,9 @@ def create_app(
         not_writing: bool = False,
         offset: int = Query(0, ge=0, le=MAX_PID),
         limit: int = Query(PAGE_ROWS, ge=1, le=PAGE_ROWS_MAX),
+        logs_topic: str = Query("", max_length=TOPIC_NAME_MAX),
+        logs_offset: int = Query(0, ge=0, le=2**31 - 1),
+        logs_limit: int = Query(LOG_PAGE_ROWS, ge=1, le=LOG_ROWS_MAX),
     ) -> JSONResponse:
         query = PidQuery(
             states=frozenset(state) if state else frozenset(PID_STATES),
@@ -513,8 +520,10 @@ def create_app(
             offset=offset,
             limit=limit,
         )
+        logs_query = LogQuery(topic=logs_topic, offset=logs_offset, limit=logs_limit)
         return JSONResponse(
-            coord.dashboard.data(horizon_ms, query), headers={"Cache-Control": "no-store"}
+            coord.dashboard.data(horizon_ms, query, logs_query),
+            headers={"Cache-Control": "no-store"},
         )
 
     @app.get("/dashboard/static/{name}", include_in_schema=False)
