@@ -219,7 +219,7 @@ class Topics:
             raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
         last = spec.partitions if count is None else min(spec.partitions, first + count)
         numbers = list(range(min(first, spec.partitions), last))
-        states = self.store.get_partition_states(name, numbers)
+        states = self.store.get_partition_states(name, numbers, watched=True)
         servers = self.store.get_servers(sorted({s.leader for s in states if s is not None}))
         metadata: dict[int, dict[str, Any] | None] = {}
         if with_offsets and servers:
