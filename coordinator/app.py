@@ -51,7 +51,6 @@ from coordinator.pid_index import STATES as PID_STATES
 from coordinator.pid_index import PidIndex, Producers
 from coordinator.schemas import (
     LOG_SETTINGS,
-    TOPIC_NAME_MAX,
     LeaseBatchBody,
     LeaseBody,
     MovesBody,
@@ -63,7 +62,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from coordinator.topics import Topics
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
-from pidlease.wire.cluster import topic_name_problem
+from pidlease.wire.cluster import TOPIC_NAME_MAX, topic_name_problem
 from pidlease.wire.protocol import MAX_PID
 from pidlease.wire.tls import peer_ssl_context
 

@@ -535,7 +535,11 @@ class Store:
         with self._states_lock:
             out: list[PartitionState | None] = [self._states.get(path) for path in paths]
             epoch = self._states_epoch
-            fired = {path: self._fired.get(path, 0) for path, st in zip(paths, out) if st is None}
+            fired = {
+                path: self._fired.get(path, 0)
+                for path, st in zip(paths, out, strict=True)
+                if st is None
+            }
         if not fired:
             return out
         self._check()
@@ -550,10 +554,10 @@ class Store:
             for path, st in read.items():
                 # Kept only when no watch event came for it since before the read (the read
                 # may be older than the change the event told of) and no session change.
-                if st is not None and epoch == self._states_epoch:
-                    if self._fired.get(path, 0) == fired[path]:
-                        self._states[path] = st
-        return [read[path] if path in read else st for path, st in zip(paths, out, strict=True)]
+                unchanged = self._fired.get(path, 0) == fired[path]
+                if st is not None and epoch == self._states_epoch and unchanged:
+                    self._states[path] = st
+        return [read.get(path, st) for path, st in zip(paths, out, strict=True)]
 
     def _state_watch(self, event: Any) -> None:
         # kazoo's thread: the znode changed (or was deleted): forget what was read of it.

@@ -28,7 +28,7 @@ from partition_server.retention import LogPolicy, segments_to_delete
 from partition_server.settings import ServerSettings
 from partition_server.snapshot import PartitionImage, Snapshot, SnapshotStore
 from pidlease.errors import describe
-from pidlease.wire.cluster import DEDUP_MODES
+from pidlease.wire.cluster import DEDUP_MODES, PartitionState
 from pidlease.wire.protocol import producer_list_part
 
 log = logging.getLogger("partition_server.broker")
@@ -331,8 +331,9 @@ class Broker:
         self._drop_deleted(a)
         me = self.s.server_id
         hosted: set[Key] = set()
+        visit: list[tuple[Key, PartitionState]]
         if a.changed is None or a.listed is not None:
-            visit = a.partitions.items()
+            visit = list(a.partitions.items())
         else:
             keys = a.changed | self._open_failed
             visit = [(k, a.partitions[k]) for k in keys if k in a.partitions]

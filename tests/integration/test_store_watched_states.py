@@ -34,7 +34,7 @@ def test_kept_states_follow_every_change_and_save_the_reads(zk_hosts: str) -> No
                 PartitionState([1, 2], 1, 0, [1, 2]).to_bytes(),
                 makepath=True,
             )
-        parts = list(range(50)) + [50]  # and one that does not exist
+        parts = [*range(50), 50]  # and one that does not exist
         first = store.get_partition_states("wide", parts, watched=True)
         assert [s.leader if s else None for s in first] == [1] * 50 + [None]
         reads = store.read_requests
