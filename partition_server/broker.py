@@ -192,8 +192,7 @@ class Broker:
         # A killed process leaves written-but-unsynced pages; make them durable before
         # anything we now call durable is acked or snapshotted.
         for part in self.partitions.values():
-            for fd in part.log.all_fds():
-                os.fsync(fd)
+            part.log.fsync_all()
         # The recovered state is long lived: keep it out of every future GC pass.
         gc.collect()
         gc.freeze()
