@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
