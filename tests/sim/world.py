@@ -412,11 +412,11 @@ class World:
             saved.append((obj, name, getattr(obj, name)))
             setattr(obj, name, value)
 
+        # (the broker's recovery fsync is the log's now: ``PartitionLog.fsync_all``)
         for mod in (
             partition_server.log,
             partition_server.flusher,
             partition_server.atomic_file,
-            partition_server.broker,
         ):
             put(mod, "os", self.disk)
         # Recovery runs a full gc pass and freezes the heap (a production speed-up for
