@@ -136,7 +136,16 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"pidlease-bench-partitions-{n}-"))
     with LocalCluster(work, servers=3, kafka=False) as cluster:
         t = time.monotonic()
-        cluster.create_topic(TOPIC, partitions=n, replication_factor=3)
+        # (not cluster.create_topic: its HTTP timeout is too short for 10,000 partitions
+        # on a loaded machine, where the P=10,000 run stopped before it began)
+        status, body = http_json(
+            "POST",
+            cluster.coordinator_url + "/v1/topics",
+            {"name": TOPIC, "partitions": n, "replication_factor": 3},
+            timeout_s=args.start_timeout_s,
+        )
+        if status != 200:
+            raise RuntimeError(f"create topic: {status} {body}")
         wait_for(
             lambda: (s := states(cluster)) and all(x["leader"] is not None for x in s),
             300,

@@ -30,9 +30,12 @@ from coordinator.auth import ANONYMOUS, Principal, own_login
 from coordinator.dashboard import (
     CSP,
     HORIZON_MS_DEFAULT,
+    LOG_PAGE_ROWS,
+    LOG_ROWS_MAX,
     PAGE_ROWS,
     PAGE_ROWS_MAX,
     Dashboard,
+    LogQuery,
     PidQuery,
 )
 from coordinator.events import EventLog, ObservedLeaseService
@@ -60,7 +63,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store
 from coordinator.topics import Topics
 from pidlease.errors import CoordinatorUnavailable, InvalidRequest, PidleaseError, Unauthorized
-from pidlease.wire.cluster import topic_name_problem
+from pidlease.wire.cluster import TOPIC_NAME_MAX, topic_name_problem
 from pidlease.wire.kafka_conn import server_groups
 from pidlease.wire.protocol import MAX_PID
 from pidlease.wire.tls import peer_ssl_context
@@ -517,6 +520,9 @@ def create_app(
         not_writing: bool = False,
         offset: int = Query(0, ge=0, le=MAX_PID),
         limit: int = Query(PAGE_ROWS, ge=1, le=PAGE_ROWS_MAX),
+        logs_topic: str = Query("", max_length=TOPIC_NAME_MAX),
+        logs_offset: int = Query(0, ge=0, le=2**31 - 1),
+        logs_limit: int = Query(LOG_PAGE_ROWS, ge=1, le=LOG_ROWS_MAX),
     ) -> JSONResponse:
         query = PidQuery(
             states=frozenset(state) if state else frozenset(PID_STATES),
@@ -525,8 +531,10 @@ def create_app(
             offset=offset,
             limit=limit,
         )
+        logs_query = LogQuery(topic=logs_topic, offset=logs_offset, limit=logs_limit)
         return JSONResponse(
-            coord.dashboard.data(horizon_ms, query), headers={"Cache-Control": "no-store"}
+            coord.dashboard.data(horizon_ms, query, logs_query),
+            headers={"Cache-Control": "no-store"},
         )
 
     @app.get("/dashboard/static/{name}", include_in_schema=False)

@@ -40,7 +40,8 @@ log = logging.getLogger("coordinator.dashboard")
 REFRESH_MS = 1000  # how stale a shared snapshot may be
 ROWS_MAX = 2000  # PID rows sent to a browser (counts and timeline cover all)
 EVENTS_SHOWN = 50
-LOG_ROWS_MAX = 2000  # partition logs sent to a browser, by topic and partition
+LOG_ROWS_MAX = 2000  # partition logs on one page of the "Partition logs" table, at most
+LOG_PAGE_ROWS = 100  # partition logs per page by default (10,000 partitions: 100 pages)
 TIMELINE_BUCKETS = 30
 HORIZON_MS_DEFAULT = 300_000
 HORIZON_MS_MIN, HORIZON_MS_MAX = 10_000, 7 * 86_400_000
@@ -59,6 +60,16 @@ class PidQuery:
     idle_ms: int = IDLE_MS_DEFAULT
     offset: int = 0
     limit: int = PAGE_ROWS
+
+
+@dataclass(frozen=True, slots=True)
+class LogQuery:
+    """What the dashboard's "Partition logs" table asks for: the partitions whose topic
+    name contains ``topic`` (all when empty), by topic and partition, one page of them."""
+
+    topic: str = ""
+    offset: int = 0
+    limit: int = LOG_PAGE_ROWS
 
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -114,17 +125,25 @@ def timeline(
     }
 
 
-def log_rows(servers: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """One row per partition from the logs its leader reports, by topic and partition. Two
-    servers both claiming a partition (a failover in progress) show the newer epoch's."""
-    best: dict[tuple[str, int], dict[str, Any]] = {}
+def log_rows(
+    servers: list[dict[str, Any]], limit: int, *, topic: str = "", offset: int = 0
+) -> tuple[list[dict[str, Any]], int]:
+    """One row per partition from the logs its leader reports, by topic and partition, and
+    how many partitions matched: rows ``offset`` .. ``offset + limit - 1`` of the partitions
+    whose topic name contains ``topic``. Two servers both claiming a partition (a failover
+    in progress) show the newer epoch's."""
+    best: dict[tuple[str, int], tuple[dict[str, Any], Any]] = {}
     for s in servers:
         for row in s.get("logs") or ():
             key = (row["topic"], row["partition"])
+            if topic and topic not in key[0]:
+                continue
             old = best.get(key)
-            if old is None or row.get("leader_epoch", -1) > old.get("leader_epoch", -1):
-                best[key] = {**row, "leader": s.get("id")}
-    return [best[k] for k in sorted(best)][:limit]
+            if old is None or row.get("leader_epoch", -1) > old[0].get("leader_epoch", -1):
+                best[key] = (row, s.get("id"))
+    keys = sorted(best)
+    rows = [{**best[k][0], "leader": best[k][1]} for k in keys[offset : offset + limit]]
+    return rows, len(keys)
 
 
 def order_rows(pids: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -212,7 +231,7 @@ class Dashboard:
                 groups, silent = self.groups_view.survey()
                 hws = {
                     (r["topic"], r["partition"]): int(r.get("high_watermark", -1))
-                    for r in log_rows(servers, 1 << 30)
+                    for r in log_rows(servers, 1 << 30)[0]
                 }
                 got = (time.monotonic(), lag_rows(groups, hws), silent)
                 self._groups = got
@@ -234,11 +253,16 @@ class Dashboard:
 
     # -- the JSON the page polls -----------------------------------------------------------
     def data(
-        self, horizon_ms: int = HORIZON_MS_DEFAULT, query: PidQuery | None = None
+        self,
+        horizon_ms: int = HORIZON_MS_DEFAULT,
+        query: PidQuery | None = None,
+        logs_query: LogQuery | None = None,
     ) -> dict[str, Any]:
         horizon_ms = min(max(horizon_ms, HORIZON_MS_MIN), HORIZON_MS_MAX)
         servers = self.servers()
-        logs = log_rows(servers, LOG_ROWS_MAX + 1)
+        lq = logs_query or LogQuery()
+        limit = min(max(lq.limit, 1), LOG_ROWS_MAX)
+        logs, logs_matched = log_rows(servers, limit, topic=lq.topic, offset=lq.offset)
         groups, groups_silent = self.groups(servers)
         return {
             "error": "NONE",
@@ -249,8 +273,16 @@ class Dashboard:
             **self.producers_data(horizon_ms, query or PidQuery()),
             # The logs travel once, in their own table, not again inside each server.
             "servers": [{k: v for k, v in s.items() if k != "logs"} for s in servers],
-            "logs": logs[:LOG_ROWS_MAX],
-            "logs_truncated": len(logs) > LOG_ROWS_MAX,
+            # One page of the partitions (10,000 of them are 100 pages, issue 24).
+            "logs": logs,
+            "logs_truncated": lq.offset + len(logs) < logs_matched,
+            "logs_page": {
+                "topic": lq.topic,
+                "offset": lq.offset,
+                "limit": limit,
+                "count": len(logs),
+                "matched": logs_matched,
+            },
             "events": self.events.recent(EVENTS_SHOWN),
             "groups": groups[:GROUPS_MAX],
             "groups_truncated": len(groups) > GROUPS_MAX,
@@ -425,6 +457,11 @@ updated <span id="updated">at load</span> <span id="status" class="ok"></span></
 <th>fenced appends</th><th>duplicates</th><th>out of order</th></tr></thead><tbody></tbody></table>
 </section>
 <section class="panel"><h2>Partition logs</h2>
+<div class="filters"><input id="logs-filter" type="search" placeholder="topic contains"
+ aria-label="show the partitions of topics whose name contains">
+<span id="logs-shown" class="note"></span>
+<button id="logs-prev" type="button">previous</button>
+<button id="logs-next" type="button">next</button></div>
 <table id="logs"><thead><tr><th>topic</th><th>partition</th><th>leader</th><th>log start</th>
 <th>log end</th><th>high watermark</th><th>size</th><th>retention deleted</th></tr></thead>
 <tbody></tbody></table><p id="logs-note" class="note"></p></section>

@@ -111,8 +111,10 @@ class FakeStore:
         return self._cas(cluster.topic_path(spec.name), spec.to_bytes(), version)
 
     def get_partition_states(
-        self, topic: str, partitions: list[int]
+        self, topic: str, partitions: list[int], *, watched: bool = False
     ) -> list[PartitionState | None]:
+        # ``watched``: the real store may answer from states it keeps until their znodes
+        # change; this one always reads (the same answers, with no watch delay).
         out = []
         for p in partitions:
             got = self._get(cluster.partition_path(topic, p))

@@ -219,7 +219,10 @@ class Topics:
             raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
         last = spec.partitions if count is None else min(spec.partitions, first + count)
         numbers = list(range(min(first, spec.partitions), last))
-        states = self.store.get_partition_states(name, numbers)
+        # Without offsets (the producers' and readers' leader lookups, many a second in a
+        # failover): the states this coordinator keeps until their znodes change. With
+        # offsets (operators, `topic describe`): read from ZooKeeper, as exact as can be.
+        states = self.store.get_partition_states(name, numbers, watched=not with_offsets)
         servers = self.store.get_servers(sorted({s.leader for s in states if s is not None}))
         metadata: dict[int, dict[str, Any] | None] = {}
         if with_offsets and servers:

@@ -51,6 +51,9 @@ class Assignment:
     # Every topic name listed in ZooKeeper, readable or not (a topic being created has an
     # empty spec): a topic not in it was deleted. None when not a full read of ZooKeeper.
     listed: set[str] | None = None
+    # The partitions a partial read (``Registry._read_changed``) read again; the rest are
+    # the previous assignment's, unchanged. None: anything may have changed (a full read).
+    changed: frozenset[tuple[str, int]] | None = None
 
 
 class Registry:
@@ -72,6 +75,7 @@ class Registry:
         # Partitions whose state znode changed since the last read (``_watch``): read alone
         # when no full read is wanted (``_read_changed``); counted for METADATA and tests.
         self._dirty: set[tuple[str, int]] = set()
+        self._servers_dirty = False  # /servers changed since the last read (``_watch``)
         self.partial_reads = 0
         # The leader's lease on its session (``ZkLease``; docs/replication.md, Step-down).
         # None until connect(): a registry that never talks to ZooKeeper (unit tests
@@ -373,8 +377,18 @@ class Registry:
             # one again, not the whole cluster. The changes that come together (a dead
             # server's partitions moved in a few transactions) are read together.
             self._loop.call_soon_threadsafe(self._changed, key)
+        elif _servers_changed(event):
+            # A server came or went: read the servers again, not every partition state
+            # (a dead server's elections waited for a read of all of them, 1000-10,000
+            # reads on each survivor, on the session the lease's heartbeat shares).
+            self._loop.call_soon_threadsafe(self._servers_changed)
         else:
             self._loop.call_soon_threadsafe(self.refresh)
+
+    def _servers_changed(self) -> None:
+        self._servers_dirty = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
 
     def _changed(self, key: tuple[str, int]) -> None:
         self._dirty.add(key)
@@ -394,12 +408,16 @@ class Registry:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while (self._want or self._dirty) and not self._closed:
+        while (self._want or self._dirty or self._servers_dirty) and not self._closed:
             if not self._want:
-                await self._read_changed(loop)
+                if self._servers_dirty:
+                    await self._read_servers(loop)
+                else:
+                    await self._read_changed(loop)
                 continue
             self._want = False
             self._dirty.clear()  # the full read covers them
+            self._servers_dirty = False
             waiters, self._waiters = self._waiters, []
             try:
                 a = await loop.run_in_executor(None, self._read_all)
@@ -444,7 +462,12 @@ class Registry:
             self._want = True
             return
         old = self.assignment
-        a = Assignment(topics=old.topics, partitions={**old.partitions, **got}, servers=old.servers)
+        a = Assignment(
+            topics=old.topics,
+            partitions={**old.partitions, **got},
+            servers=old.servers,
+            changed=frozenset(got),
+        )
         self.assignment = a
         self.partial_reads += 1
         if self.on_change is not None:
@@ -452,6 +475,38 @@ class Registry:
                 self.on_change(a)
             except Exception:
                 log.exception("applying the partition states read from ZooKeeper failed")
+
+    async def _read_servers(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read again only the live servers (re-arming the children watch), into a copy of
+        the last assignment (``changed`` None: every partition is applied again, any of
+        them may have lost or found its leader). A failed read asks for a full read."""
+        self._servers_dirty = False
+        try:
+            servers = await loop.run_in_executor(None, self._read_server_list, self._watch)
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper down: the full read retries
+            log.warning("reading the servers failed (%s)", describe(exc))
+            self._want = True
+            return
+        old = self.assignment
+        a = Assignment(topics=old.topics, partitions=old.partitions, servers=servers)
+        self.assignment = a
+        self.partial_reads += 1
+        if self.on_change is not None:
+            try:
+                self.on_change(a)
+            except Exception:
+                log.exception("applying the servers read from ZooKeeper failed")
+
+    def _read_server_list(self, watch: Any) -> dict[int, ServerInfo]:
+        zk = self.zk
+        out: dict[int, ServerInfo] = {}
+        for sid in zk.get_children(SERVERS, watch=watch):
+            try:
+                raw, _ = zk.get(server_path(int(sid)))
+                out[int(sid)] = ServerInfo.from_bytes(raw)
+            except (NoNodeError, ValueError, TypeError):
+                continue
+        return out
 
     def _read_partitions(
         self, keys: list[tuple[str, int]]
@@ -500,12 +555,7 @@ class Registry:
                     log.warning(
                         "partition %s/%s has an unreadable state: %s", name, p, describe(exc)
                     )
-        for sid in zk.get_children(SERVERS, watch=w):
-            try:
-                raw, _ = zk.get(server_path(int(sid)))
-                a.servers[int(sid)] = ServerInfo.from_bytes(raw)
-            except (NoNodeError, ValueError, TypeError):
-                continue
+        a.servers = self._read_server_list(w)
         return a
 
     def _get_many(self, paths: list[str], watch: Any) -> list[Any]:
@@ -540,6 +590,11 @@ def _changed_partition(event: object) -> tuple[str, int] | None:
     if not parts[4].isdigit() or not parts[2]:
         return None
     return parts[2], int(parts[4])
+
+
+def _servers_changed(event: object) -> bool:
+    """A children watch of ``/servers`` fired: a server registered or its session ended."""
+    return getattr(event, "type", None) == "CHILD" and getattr(event, "path", None) == SERVERS
 
 
 def _children_or_watch_creation(zk: Any, path: str, watch: Any) -> list[str]:

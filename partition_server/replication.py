@@ -382,7 +382,13 @@ class ReplicaManager:
                 elif after is not None:
                     after(state)
             self._lead_won(won)
-            if not f.cancelled():
+            if not f.cancelled() and any(written.get(key) is None for key in batch):
+                # A write failed, lost its race or may have landed unseen: read everything
+                # again. When each one's state is known, the data watch that the last read
+                # armed on each written znode brings it back as a partial read (those
+                # partitions only); a full re-read after every bulk write was 1000-10,000
+                # partition reads and an apply of them all, on each survivor, several times
+                # per failover, on the ZooKeeper session the lease's heartbeat shares.
                 self.registry.refresh()
 
         task.add_done_callback(done)

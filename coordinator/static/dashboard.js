@@ -129,6 +129,7 @@
 
   // -- the PID table's server side: page, filters, age of the leaders' answers ----------
   let pidOffset = 0;
+  let logsOffset = 0;  // the "Partition logs" table's page (issue 24: 10,000 partitions)
   function pidQuery() {
     const params = new URLSearchParams();
     const needle = $("filter").value.trim();
@@ -137,6 +138,9 @@
     if (states.length && states.length < 3) for (const s of states) params.append("state", s);
     if ($("not-writing").checked) params.set("not_writing", "true");
     params.set("offset", String(pidOffset));
+    const topic = $("logs-filter").value.trim();
+    if (topic) params.set("logs_topic", topic);
+    params.set("logs_offset", String(logsOffset));
     return params.toString();
   }
 
@@ -255,8 +259,31 @@
       return tr;
     });
     $("logs").tBodies[0].replaceChildren(...rows);
-    setText($("logs-note"), data.logs_truncated ? `first ${data.logs.length} partitions shown`
-      : (data.logs.length ? "" : "no partition leader reported a log yet"));
+    const meta = data.logs_page;
+    if (!meta) {  // a coordinator from before the pages
+      setText($("logs-note"), data.logs_truncated ? `first ${data.logs.length} partitions shown`
+        : (data.logs.length ? "" : "no partition leader reported a log yet"));
+      return;
+    }
+    if (meta.offset > 0 && meta.count === 0 && meta.matched > 0) {
+      // past the end (partitions gone, or a narrower filter): back to the last page
+      logsOffset = Math.max(0, Math.floor((meta.matched - 1) / meta.limit) * meta.limit);
+      schedule(0);
+    }
+    const first = meta.count ? meta.offset + 1 : 0;
+    setText($("logs-shown"), `partitions ${first}-${meta.offset + meta.count} of ${meta.matched}`
+      + (meta.topic ? ` in topics matching "${meta.topic}"` : ""));
+    $("logs-prev").disabled = meta.offset <= 0;
+    $("logs-next").disabled = meta.offset + meta.count >= meta.matched;
+    setText($("logs-note"), meta.matched ? ""
+      : (meta.topic ? "no partition of a matching topic reported a log" : "no partition leader reported a log yet"));
+  }
+
+  function turnLogsPage(step) {
+    const meta = data && data.logs_page;
+    if (!meta) return;
+    logsOffset = Math.max(0, logsOffset + step * meta.limit);
+    schedule(0);
   }
 
   // -- consumer groups (issue 25): one row per group and committed partition -------------
@@ -359,6 +386,9 @@
     $("not-writing").addEventListener("change", refilter);
     $("prev").addEventListener("click", () => turnPage(-1));
     $("next").addEventListener("click", () => turnPage(1));
+    $("logs-prev").addEventListener("click", () => turnLogsPage(-1));
+    $("logs-next").addEventListener("click", () => turnLogsPage(1));
+    $("logs-filter").addEventListener("input", () => { logsOffset = 0; schedule(0); });
     $("horizon").addEventListener("change", () => schedule(0));
     setInterval(() => data && renderTable(), TICK_MS);
     sortKey = "";  // the first setSort picks ascending expiry

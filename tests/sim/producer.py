@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pidlease import errors
 from pidlease.wire import protocol as P
+from pidlease.wire.cluster import partition_path
 from pidlease.wire.token import make_token
 
 if TYPE_CHECKING:
@@ -207,9 +208,15 @@ class Producer:
             # Odd seeds fence through FENCES, the coordinator's request for many partitions
             # (issue 24), even seeds through FENCE (chosen without drawing from the rng).
             many = self.w.seed % 2 == 1
+            mine = 0
             if many:
-                entry = P.PartitionEntry(lin.topic, lin.partition, P.FENCE_CREATE_IF_ABSENT, 0)
-                frame = P.fences_request(corr, lin.pid, self.generation, self.token, [entry])
+                entries = self._fence_entries()
+                mine = next(
+                    i
+                    for i, e in enumerate(entries)
+                    if (e.topic, e.partition) == (lin.topic, lin.partition)
+                )
+                frame = P.fences_request(corr, lin.pid, self.generation, self.token, entries)
             else:
                 frame = P.fence_request(
                     corr,
@@ -224,8 +231,10 @@ class Producer:
             try:
                 r = P.decode_response(P.FENCES if many else P.FENCE, await conn.read_frame())
                 if many and r.error_code == 0:
-                    assert r.entries is not None and len(r.entries) == 1, r
-                    r = r.entries[0]
+                    assert r.entries is not None and len(r.entries) == len(entries), r
+                    # The other entries' answers are the coordinator's to judge (it retries
+                    # the takeover when one failed); this holder resumes on its own.
+                    r = r.entries[mine]
             except (ConnectionError, asyncio.IncompleteReadError):
                 self._drop_conn()
                 await asyncio.sleep(backoff)
@@ -256,6 +265,27 @@ class Producer:
                 return False  # an even newer holder
             lin.failed = f"FENCE answered {code_name(r.error_code)}: {r.detail}"
             return False
+
+    def _fence_entries(self) -> list[P.PartitionEntry]:
+        """The coordinator's FENCES (issue 24): one request per leader server carrying every
+        partition of the PID's record that server leads. Modelled as a PID leased on every
+        partition of every topic (a producer's record names them all): this partition,
+        then each other partition whose leader in ZooKeeper is this partition's, in the
+        coordinator's order (by topic, then partition), each created if absent (the PID
+        never wrote there). Fencing the PID there writes a fence record to each of their
+        logs and starts its state there, as a real takeover of a wide producer does."""
+        lin, w = self.lin, self.w
+        leader = w._leader(lin.topic, lin.partition)
+        keys = [(lin.topic, lin.partition)]
+        for name in sorted(w.topics):
+            for q in range(w.topics[name].partitions):
+                if (
+                    (name, q) != keys[0]
+                    and partition_path(name, q) in w.zk.nodes  # created by now
+                    and w._leader(name, q) == leader
+                ):
+                    keys.append((name, q))
+        return [P.PartitionEntry(t, q, P.FENCE_CREATE_IF_ABSENT, 0) for t, q in sorted(keys)]
 
     def _build(self) -> Batch | None:
         lin = self.lin

@@ -66,8 +66,7 @@ DISK_MODULES = (
     partition_server.log,
     partition_server.flusher,
     partition_server.atomic_file,
-    partition_server.broker,
-)
+)  # (the broker's recovery fsync is the log's: ``PartitionLog.fsync_all``)
 CLOCK_MODULES = (
     partition_server.log,
     partition_server.replication,

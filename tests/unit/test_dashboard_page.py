@@ -241,10 +241,13 @@ def test_partition_logs_table_one_row_per_partition_from_its_newest_leader() -> 
         {"id": 2, "reachable": True, "logs": two},
         {"id": 3, "reachable": False, "error": "no answer in time"},
     ]
-    rows = D.log_rows(servers, 10)
+    rows, matched = D.log_rows(servers, 10)
     assert [(r["topic"], r["partition"], r["leader"]) for r in rows] == [("a", 0, 2), ("b", 0, 1)]
+    assert matched == 2
     assert rows[0]["log_start_offset"] == 20 and "segments_deleted" not in rows[0]
-    assert D.log_rows(servers, 1) == rows[:1]
+    assert D.log_rows(servers, 1) == (rows[:1], 2)
+    assert D.log_rows(servers, 1, offset=1) == (rows[1:], 2)
+    assert D.log_rows(servers, 10, topic="b") == (rows[1:], 1)
 
     class LogFleet(FakeFleet):
         def survey(self) -> list[dict[str, Any]]:
@@ -260,6 +263,11 @@ def test_partition_logs_table_one_row_per_partition_from_its_newest_leader() -> 
     )
     body = dash.data()
     assert body["logs"] == rows and body["logs_truncated"] is False
+    assert body["logs_page"] == {"topic": "", "offset": 0, "limit": 100, "count": 2, "matched": 2}
+    body = dash.data(logs_query=D.LogQuery(offset=1, limit=1))
+    assert body["logs"] == rows[1:] and body["logs_truncated"] is False
+    body = dash.data(logs_query=D.LogQuery(limit=1))
+    assert body["logs"] == rows[:1] and body["logs_truncated"] is True
     assert all("logs" not in s for s in body["servers"]) and len(body["servers"]) == 3
     page = D.render_page([], {"active": 0, "expiring": 0, "lapsed": 0}, NOW, "c", 0)
     assert '<table id="logs">' in page and "log start" in page and "high watermark" in page

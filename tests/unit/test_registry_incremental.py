@@ -1,6 +1,7 @@
 """A partition state's change is read alone (issue 24 items 3-4): the registry reads again
 only the partitions whose state znode fired, not every topic, partition and server; a
-deleted partition, a topic's spec or the servers still bring a full read. Against the
+deleted partition or a topic's spec still bring a full read; a server coming or going reads
+the servers alone. Against the
 simulation's fake ZooKeeper (one-shot watches delivered on the loop)."""
 
 from __future__ import annotations
@@ -65,9 +66,13 @@ def test_changed_partitions_are_read_alone_and_a_deletion_reads_everything() -> 
         admin.set(partition_path("t", 7), PartitionState([1, 2], 1, 2, [1, 2]).to_bytes())
         await settle(reg, lambda: seen[-1].partitions[("t", 7)].leader_epoch == 2)
         assert seen[-1].partitions[("t", 7)].leader_epoch == 2
-        # A server leaving is a full read (its child watch).
+        # A server leaving (its child watch) reads the servers alone: the partitions are
+        # kept, and applied again with the new servers (``changed`` None).
+        ops = zk.ops
         admin.delete(server_path(1))
-        await settle(reg, lambda: seen[-1].listed is not None and not seen[-1].servers)
-        assert seen[-1].listed == {"t"} and seen[-1].servers == {}
+        await settle(reg, lambda: not seen[-1].servers)
+        assert seen[-1].listed is None and seen[-1].servers == {} and seen[-1].changed is None
+        assert seen[-1].partitions == a.partitions | {("t", 7): seen[-1].partitions[("t", 7)]}
+        assert zk.ops - ops == 2  # the deletion, then one get_children of /servers
 
     asyncio.run(go())

@@ -86,3 +86,52 @@ def test_partitions_created_between_get_children_and_exists_are_read() -> None:
     reg.zk = RacyZk()
     a = reg._read_all()
     assert ("t", 0) in a.partitions
+
+
+def test_a_server_coming_or_going_reads_the_servers_not_every_partition() -> None:
+    """Issue 24: a children event of /servers (a server's session ended, or one registered)
+    reads the servers again, not every topic and partition state; the partitions are kept
+    from the last read, and applied again with the new servers (``changed`` None)."""
+    import random
+
+    from pidlease.wire.cluster import PartitionState, ServerInfo, partition_path, server_path
+    from pidlease.wire.cluster import topic_path as tpath
+    from tests.sim.zk import FakeZk
+
+    async def go() -> None:
+        zk = FakeZk(random.Random(0), lambda *_: None)
+        c = zk.client("server-1")
+        for sid in (1, 2, 3):
+            zk.create(server_path(sid), ServerInfo(sid, "h", 9000 + sid).to_bytes(), makepath=True)
+        zk.create(tpath("t"), TopicSpec("t", 40).to_bytes(), makepath=True)
+        for p in range(40):
+            zk.create(
+                partition_path("t", p), PartitionState([1, 2, 3], 2).to_bytes(), makepath=True
+            )
+        reg = Registry("unused:2181", 1)
+        reg.zk = c  # type: ignore[assignment]  # the simulation's ZooKeeper client
+        seen: list[Assignment] = []
+        reg.on_change = seen.append
+        full = await asyncio.wait_for(reg.refresh(), 5)
+        assert set(full.servers) == {1, 2, 3} and len(full.partitions) == 40
+        ops = zk.ops
+        zk.delete(server_path(2))  # server 2's session ended
+        for _ in range(100):  # bounded: 100 x 10 ms
+            if len(seen) > 1:
+                break
+            await asyncio.sleep(0.01)
+        latest = seen[-1]
+        assert set(latest.servers) == {1, 3}
+        assert latest.partitions == full.partitions and latest.changed is None
+        # one get_children of /servers and a get per live server: no partition read
+        assert zk.ops - ops <= 1 + 1 + 2, zk.ops - ops
+        assert reg.partial_reads == 1
+        # and the watch is armed again: a server registering is seen the same way
+        zk.create(server_path(4), ServerInfo(4, "h", 9004).to_bytes())
+        for _ in range(100):
+            if 4 in seen[-1].servers:
+                break
+            await asyncio.sleep(0.01)
+        assert set(seen[-1].servers) == {1, 3, 4} and reg.partial_reads == 2
+
+    asyncio.run(go())

@@ -121,3 +121,35 @@ def test_a_leadership_not_taken_after_its_prewrite_leaves_the_file_as_the_histor
             part.close()
 
     asyncio.run(go())
+
+
+def test_bulk_writes_whose_states_are_known_ask_for_no_full_reread(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Every election won: each written znode's data watch brings its state back (a partial
+    read), so no full re-read of the cluster is asked for. A failed transaction (it may have
+    landed unseen) asks for one."""
+    from partition_server import leadership
+
+    async def go() -> None:
+        _zk, mgr, parts, a = setup(tmp_path)
+        rereads: list[int] = []
+        mgr.registry.refresh = lambda: rereads.append(1)  # type: ignore[attr-defined]
+        for key, part in parts.items():
+            mgr.apply(key, part, PartitionState([1, 2, 3], 1, 0, [1, 2, 3]), a)
+        await settle(30)
+        assert all(part.role is Role.LEADER for part in parts.values())
+        assert rereads == []
+
+        def lost(*_a: Any) -> Any:
+            raise ConnectionError("connection lost during the commit")
+
+        monkeypatch.setattr(leadership, "commit_planned", lost)
+        key = ("t", 0)
+        mgr._zk_bulk(leadership.Change("t", 0, "set_isr", 1, (2,)))
+        await settle(30)
+        assert rereads == [1], key
+        for part in parts.values():
+            part.close()
+
+    asyncio.run(go())
