@@ -520,7 +520,7 @@ FULL: dict[str, Any] = {
         "segment_bytes": 4 * MiB,
         "produce_bytes": 1 * GiB,
         # The servers' defaults: retention also runs when a segment rolls and when the
-        # snapshot a deletion waits for is written (Broker.retention_soon), so the bound
+        # snapshot a deletion waits for is written (LogManager.retention_soon), so the bound
         # no longer needs a short timer (before that: 20 ms / 50 ms, docs/benchmarks.md).
         "retention_check_ms": 30_000,
         "snapshot_interval_ms": 30_000,

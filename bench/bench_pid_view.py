@@ -40,7 +40,7 @@ from typing import Any
 
 from coordinator.live_rows import LiveRows
 from coordinator.pid_index import build, page
-from partition_server.broker import producer_list_pages
+from partition_server.log_manager import producer_list_pages
 from partition_server.producer_state import ProducerStateTable
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PidRecord

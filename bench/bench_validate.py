@@ -22,7 +22,7 @@ from pidlease.wire import protocol as P
 
 def old_validate_batch(buf, pos=0, *, max_bytes=None):
     """validate_batch before the fast path (the same copy the differential test in
-    tests/unit/test_protocol_fastpath.py uses as its oracle)."""
+    tests/unit/wire/test_protocol_fastpath.py uses as its oracle)."""
     h = P.decode_batch_header(buf, pos)
     if h.batch_len < P.BATCH_HEADER_SIZE - 12:
         raise CorruptRecord(f"batch_len {h.batch_len} is shorter than a header")

@@ -3,7 +3,8 @@
 How it is built (one noun per module):
 
 - ``settings``        typed settings from ``PIDLEASE_*`` environment variables
-- ``append_rules``    the append rules, readable and pure (spec: tests/unit/append_rules_model.py)
+- ``append_rules``    the append rules, readable and pure (spec:
+tests/unit/server/append_rules_model.py)
 - ``producer_state``  per-PID state of one partition as columns, with the rules' fast twin
 - ``log``             segment files of one partition, the batch index, torn-tail recovery
 - ``snapshot``        one atomic file per server: offset vector + producer state

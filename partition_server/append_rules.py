@@ -1,8 +1,8 @@
 """The append rules of one partition (docs/protocol.md, PRODUCE), as readable code.
 
-Specification: ``tests/unit/append_rules_model.py``, the reference model written from the
+Specification: ``tests/unit/server/append_rules_model.py``, the reference model written from the
 contract's table row by row (not from this code); the property test
-``tests/unit/test_producer_state_property.py`` holds the table to it and holds
+``tests/unit/server/test_producer_state_property.py`` holds the table to it and holds
 ``ProducerStateTable.check_append`` (the fast twin, inline in the column storage of
 ``producer_state.py``) to ``check_append`` here, answer for answer. Read this module to
 learn the rules; change both twins together.

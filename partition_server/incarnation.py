@@ -46,7 +46,7 @@ def write(directory: Path, created_ms: int, born_ms: int) -> None:
     """Blocking, but without fsyncs: a topic of 10,000 partitions opens them all in one
     go. Written before the partition's first file and replaced by a rename, so a crash
     leaves the marker whole or missing, never torn; a missing one is adopted for the topic
-    ZooKeeper has (``Broker._drop_deleted``)."""
+    ZooKeeper has (``LogManager._drop_deleted``)."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (MARKER + ".tmp")
     tmp.write_bytes(json.dumps({"created_ms": created_ms, "born_ms": born_ms}).encode())

@@ -148,7 +148,7 @@ _OUTCOME_EVENT = {"FENCED": "fenced_append", "DUPLICATE": "duplicate"}
 
 class ServerMetrics:
     """The counters and the event feed of one server; gauges are callbacks registered by
-    whoever owns the state (the broker), read only when someone scrapes."""
+    whoever owns the state (the log manager), read only when someone scrapes."""
 
     def __init__(
         self,
@@ -340,17 +340,17 @@ def _role_name(p: Any) -> str:
     return str(getattr(role, "value", role))
 
 
-def watch_broker(m: ServerMetrics, broker: Any) -> None:
-    """Register the gauges read from a ``Broker`` at scrape time: tracked PIDs and their
+def watch_log_manager(m: ServerMetrics, log_manager: Any) -> None:
+    """Register the gauges read from a ``LogManager`` at scrape time: tracked PIDs and their
     memory, partitions by role, snapshot age, PID expiry, (leaders of replicated
     partitions) each follower's lag, and each hosted partition's log: size, start, end,
-    segments, and what retention deleted. Duck-typed, so a fake broker can stand in."""
+    segments, and what retention deleted. Duck-typed, so a fake log manager can stand in."""
 
     def parts() -> list[Any]:
-        return [p for p in broker.partitions.values() if getattr(p, "hosted", True)]
+        return [p for p in log_manager.partitions.values() if getattr(p, "hosted", True)]
 
     def state_bytes() -> int:
-        ps = list(broker.partitions.values())
+        ps = list(log_manager.partitions.values())
         # Sampling is bounded across the server, not per partition: ~4k entries a scrape.
         per = max(2, min(64, 4096 // max(1, len(ps))))
         return sum(estimate_state_bytes(p.state, per) for p in ps)
@@ -394,7 +394,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         # Hosted partitions only (the cardinality of the other per-partition series); the
         # broker keeps the totals of one that leaves, so a return resumes the counter.
         def one(p: Any) -> float:
-            by_key = getattr(broker, "deleted_by_partition", {})
+            by_key = getattr(log_manager, "deleted_by_partition", {})
             return float(by_key.get((p.topic, p.partition), (0, 0))[index])
 
         return per_partition(one)
@@ -403,7 +403,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         # Per hosted partition, 0 until one happens; a follower's count stays from when it
         # led (the replica manager keeps them across leaderships).
         def one(p: Any) -> float:
-            replicas = getattr(broker, "replicas", None)
+            replicas = getattr(log_manager, "replicas", None)
             by_key = getattr(replicas, "isr_changes", {})
             return float(by_key.get((p.topic, p.partition), (0, 0))[index])
 
@@ -413,7 +413,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
     g(
         "pidlease_server_tracked_pids",
         "PIDs with producer state, all partitions on this server.",
-        lambda: sum(len(p.state) for p in broker.partitions.values()),
+        lambda: sum(len(p.state) for p in log_manager.partitions.values()),
     )
     g(
         "pidlease_server_tracked_pids_by_partition",
@@ -432,19 +432,19 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "pidlease_server_snapshot_age_seconds",
         "Seconds since the last producer-state snapshot (since start when none yet): recovery "
         "replays the log written since then.",
-        # The broker's own snapshot clock (test fakes mirror the name).
-        lambda: max(0, broker.clock_ms() - broker._last_snapshot_ms) / 1000,  # noqa: SLF001
+        # The log manager's own snapshot clock (test fakes mirror the name).
+        lambda: max(0, log_manager.clock_ms() - log_manager._last_snapshot_ms) / 1000,  # noqa: SLF001
     )
     g(
         "pidlease_server_snapshots_total",
         "Producer-state snapshots written.",
-        lambda: broker.snapshots_taken,
+        lambda: log_manager.snapshots_taken,
         kind="counter",
     )
     g(
         "pidlease_server_pids_expired_total",
         "PIDs dropped after pid_expire_ms unused.",
-        lambda: sum(p.state.expired_total for p in broker.partitions.values()),
+        lambda: sum(p.state.expired_total for p in log_manager.partitions.values()),
         kind="counter",
     )
     g(
@@ -452,7 +452,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "PIDs dropped to make room for a new one because a partition hit "
         "tracked_pids_max_per_partition (only PIDs idle for pid_evict_idle_min_ms; monotonic "
         "topics: only expired ones).",
-        lambda: sum(p.state.evicted_total for p in broker.partitions.values()),
+        lambda: sum(p.state.evicted_total for p in log_manager.partitions.values()),
         kind="counter",
     )
     g(
@@ -460,7 +460,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "First appends of new PIDs refused TOO_MANY_PIDS: the partition tracked "
         "tracked_pids_max_per_partition PIDs and none could be evicted (too many distinct "
         "producers; see docs/reliability.md, Tracked-PID limit).",
-        lambda: sum(getattr(p.state, "refused_total", 0) for p in broker.partitions.values()),
+        lambda: sum(getattr(p.state, "refused_total", 0) for p in log_manager.partitions.values()),
         kind="counter",
     )
     g(
@@ -468,7 +468,9 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "Bytes this server, as leader, sent to replicas catching up for a move, under the "
         "move throttle (move_fetch_bytes_per_s; partition_server/move_throttle.py).",
         lambda: getattr(
-            getattr(getattr(broker, "replicas", None), "move_throttle", None), "throttled_bytes", 0
+            getattr(getattr(log_manager, "replicas", None), "move_throttle", None),
+            "throttled_bytes",
+            0,
         ),
         kind="counter",
     )
@@ -500,7 +502,7 @@ def watch_broker(m: ServerMetrics, broker: Any) -> None:
         "pidlease_server_min_insync_refusals_total",
         "Produces and fences refused NOT_ENOUGH_REPLICAS (the in-sync set below the topic's "
         "min_insync_replicas), on the partitions this server hosts.",
-        lambda: sum(getattr(p, "min_insync_refusals", 0) for p in broker.partitions.values()),
+        lambda: sum(getattr(p, "min_insync_refusals", 0) for p in log_manager.partitions.values()),
         kind="counter",
     )
     tp = ("topic", "partition")

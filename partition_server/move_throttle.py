@@ -14,7 +14,7 @@ most one second of the rate, a read takes what it sent (the bucket may go below 
 the last read's overshoot: a read returns at least one whole batch), and a fetch that
 finds the bucket empty waits for it to refill, up to its wait. Pure: the caller passes the
 clock (the replica manager passes its module's ``time.monotonic``, which the simulation
-replaces: tests/unit/test_sim_seam.py).
+replaces: tests/unit/repo/test_sim_seam.py).
 """
 
 from __future__ import annotations

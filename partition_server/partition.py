@@ -134,21 +134,16 @@ class Partition:
         self.leader_id = -1
         self.isr: InSyncReplicas | None = None  # while leading a replicated partition
         self.isr_clock_ms: Callable[[], int] = clock_ms  # its clock (become_leader)
-        self.min_insync = 1  # the topic's effective min_insync_replicas (the broker sets it)
+        self.min_insync = 1  # the topic's effective min_insync_replicas (the log manager sets it)
         self.min_insync_refusals = 0
         self._data_waiter: asyncio.Future[None] | None = None
         self.follower_rule_mismatches = 0
-        # Called when an append rolls the active segment (the broker runs retention then,
+        # Called when an append rolls the active segment (the log manager runs retention then,
         # so a size limit holds at any ingest rate, not only every retention_check_ms).
         self.on_roll: Callable[[], None] | None = None
         # A start-over image (rebuild.START_OVER_FILE) is on disk until a server snapshot
-        # holds this partition (the broker removes it then).
+        # holds this partition (the log manager removes it then).
         self.start_over_file = False
-
-    @property
-    def durable_end(self) -> int:
-        """Committed end (the name from before replication)."""
-        return self.high_watermark
 
     @classmethod
     def recover(

@@ -11,7 +11,7 @@ between a route and an append it made itself could not write to a follower's log
 down, and its batch went into the follower's log with an ack nothing failed).
 
 The bookkeeping of an append happens here once, for both protocols: the batches counted
-toward ``snapshot_interval_batches`` (the broker's ``note_append``), the appended, refused
+toward ``snapshot_interval_batches`` (the log manager's ``note_append``), the appended, refused
 and fenced metrics, and the append latency histogram.
 
 A protocol's answer (its codes, when a duplicate is answered) stays with the protocol;
@@ -97,7 +97,7 @@ class ProducePath:
         route: Callable[[str, int], tuple[Partition | None, str | None]],
         note_append: Callable[[int], None] | None = None,
     ) -> None:
-        """``route``: the broker's (the partition when this server leads it, else the
+        """``route``: the log manager's (the partition when this server leads it, else the
         leader's address, None when unknown). ``note_append``: counts batches toward the
         next snapshot."""
         self._route = route

@@ -2,7 +2,7 @@
 Pure: no I/O and no clock of its own; callers pass ``now_ms`` and offsets.
 
 The rules themselves (what each batch is answered, and why) are in ``append_rules.py``,
-readable, with the reference model ``tests/unit/append_rules_model.py`` as their
+readable, with the reference model ``tests/unit/server/append_rules_model.py`` as their
 specification. ``ProducerStateTable.check_append`` here is their fast twin, inline over the
 columns (one call per batch, no interface in between); the property test holds it to
 ``append_rules.check_append`` answer for answer, so change both together. This module keeps

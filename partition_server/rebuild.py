@@ -29,7 +29,7 @@ What each path trusts:
   at the truncation count the start-over then saves, so older snapshots, captured at the
   count before it, are no longer trusted. A crash at any point leaves either the old log
   with a trusted older snapshot (the follower starts over again at its next fetch) or the
-  start-over image trusted. The broker removes the file once a server snapshot holds the
+  start-over image trusted. The log manager removes the file once a server snapshot holds the
   partition (``Partition.start_over_file``)."""
 
 from __future__ import annotations

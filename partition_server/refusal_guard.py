@@ -26,7 +26,7 @@ GUARD_KEYS_MAX = 4096
 # Refused ranges one key may hold (more than an SDK has in flight: ``max_in_flight`` <= 100).
 GUARD_RANGES_MAX = 128
 
-Key = tuple[str, int, int]  # (topic, partition, pid)
+PartitionPid = tuple[str, int, int]  # (topic, partition, pid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class RefusalGuard:
     __slots__ = ("_held", "keys_max", "overflowed")
 
     def __init__(self, keys_max: int = GUARD_KEYS_MAX) -> None:
-        self._held: dict[Key, _Held] = {}
+        self._held: dict[PartitionPid, _Held] = {}
         self.keys_max = keys_max
         self.overflowed = False  # a refusal could not be recorded: close the connection
 
@@ -73,12 +73,16 @@ class RefusalGuard:
     def __bool__(self) -> bool:
         return bool(self._held)
 
-    def get(self, key: Key) -> Refusal | None:
+    def get(self, key: PartitionPid) -> Refusal | None:
         h = self._held.get(key)
         return None if h is None else h.summary()
 
     def blocking(
-        self, key: Key, generation: int, base_sequence: int, last_sequence: int | None = None
+        self,
+        key: PartitionPid,
+        generation: int,
+        base_sequence: int,
+        last_sequence: int | None = None,
     ) -> Refusal | None:
         """The refusal that holds this batch back, or None (it may be dispatched).
 
@@ -114,12 +118,12 @@ class RefusalGuard:
             del self._held[key]
         return None
 
-    def clear(self, key: Key) -> None:
+    def clear(self, key: PartitionPid) -> None:
         """Forget a key (the server saw the refused range is written already)."""
         self._held.pop(key, None)
 
     def note(
-        self, key: Key, generation: int, base_sequence: int, last_sequence: int, code: int
+        self, key: PartitionPid, generation: int, base_sequence: int, last_sequence: int, code: int
     ) -> None:
         """Record a retriable refusal (answered at dispatch, or a batch this guard held
         back). Per key the newest generation's refusals are kept, each range until it is

@@ -64,7 +64,7 @@ class Registry:
         self.zk: Any = None
         self.info: ServerInfo | None = None
         self.assignment = Assignment()
-        self.on_change: Any = None  # callable(Assignment), set by the broker
+        self.on_change: Any = None  # callable(Assignment), set by the log manager
         self._loop: asyncio.AbstractEventLoop | None = None
         self._want = False
         self._waiters: list[asyncio.Future[Assignment]] = []

@@ -28,16 +28,16 @@ from asyncio import sslproto
 from collections.abc import Callable
 from typing import NamedTuple
 
-from partition_server.broker import Broker
 from partition_server.handoff import controlled_shutdown
 from partition_server.kafka import KafkaListener, make_listener
-from partition_server.metrics import ServerMetrics, watch_broker
+from partition_server.log_manager import LogManager
+from partition_server.metrics import ServerMetrics, watch_log_manager
 from partition_server.metrics_listener import MetricsListener
 from partition_server.ordered import OrderedReplies
 from partition_server.partition import Partition, wall_clock_ms
 from partition_server.produce import NotRouted
 from partition_server.producer_state import FenceOutcome, Outcome
-from partition_server.refusal_guard import Key, Refusal, RefusalGuard
+from partition_server.refusal_guard import PartitionPid, Refusal, RefusalGuard
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease import errors
@@ -125,7 +125,7 @@ class _Conn(OrderedReplies[tuple[int, int]]):
 class _Batch(NamedTuple):
     """What the refusal guard needs of a PRODUCE, read before routing."""
 
-    key: Key
+    key: PartitionPid
     generation: int
     base_sequence: int
     last_sequence: int
@@ -152,10 +152,10 @@ class PartitionServer:
         self.registry = Registry(
             settings.zk, settings.server_id, timeout_s=settings.zk_session_timeout_ms / 1000
         )
-        self.broker = Broker(settings, self.registry, clock_ms=clock_ms)
+        self.log_manager = LogManager(settings, self.registry, clock_ms=clock_ms)
         self.metrics = ServerMetrics(settings.server_id, clock_ms=clock_ms)
-        watch_broker(self.metrics, self.broker)
-        self.broker.produce.metrics = self.metrics  # both protocols' appends are counted
+        watch_log_manager(self.metrics, self.log_manager)
+        self.log_manager.produce.metrics = self.metrics  # both protocols' appends are counted
         self.metrics_listener: MetricsListener | None = None
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -177,8 +177,8 @@ class PartitionServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.registry.connect)
         a = await loop.run_in_executor(None, self.registry.read_now)
-        self.broker.recover(a)
-        self.registry.on_change = self.broker.apply_assignment
+        self.log_manager.recover(a)
+        self.registry.on_change = self.log_manager.apply_assignment
         # Bind first (port 0 picks one), listen only once registered: whoever can connect
         # can also find us in ZooKeeper.
         if self._ssl is not None:
@@ -201,7 +201,9 @@ class PartitionServer:
             await self.metrics_listener.start()
         if self.s.kafka_port:
             # Also before registering: the Kafka port goes into /servers/<id> with ours.
-            self.kafka = make_listener(self.s, self.broker, self.registry, lambda: self._stopping)
+            self.kafka = make_listener(
+                self.s, self.log_manager, self.registry, lambda: self._stopping
+            )
             kafka_host = self.s.kafka_host or self.s.host
             try:
                 bound = await self.kafka.start(kafka_host, self.s.kafka_port)
@@ -216,8 +218,8 @@ class PartitionServer:
         await self.registry.register(adv_host, adv_port, self.kafka_port)
         await self.registry.refresh()  # arms the watches, now that we are listed
         await self._server.start_serving()
-        self.broker.replicas.start()
-        self._maint = loop.create_task(self.broker.maintain())
+        self.log_manager.replicas.start()
+        self._maint = loop.create_task(self.log_manager.maintain())
         log.info(
             "partition server %d serving on %s:%d%s (advertised %s, data %s, fsync=%s%s)",
             self.s.server_id,
@@ -235,10 +237,10 @@ class PartitionServer:
         # follower (handoff.py: a controlled shutdown; producers see a pause, not errors).
         # Then new requests get SERVER_UNAVAILABLE (retriable); the ones in flight are
         # answered after the final flush, then connections close.
-        if self.s.controlled_shutdown_timeout_ms > 0 and self.broker.replicas.started:
+        if self.s.controlled_shutdown_timeout_ms > 0 and self.log_manager.replicas.started:
             try:
                 await controlled_shutdown(
-                    self.broker.replicas, self.s.controlled_shutdown_timeout_ms / 1000
+                    self.log_manager.replicas, self.s.controlled_shutdown_timeout_ms / 1000
                 )
             except Exception as exc:  # noqa: BLE001 - stopping anyway, as after a SIGKILL
                 log.warning("controlled shutdown failed: %s", errors.describe(exc))
@@ -251,7 +253,7 @@ class PartitionServer:
             await self.metrics_listener.stop()
         if self._maint is not None:
             self._maint.cancel()
-        await self.broker.close()
+        await self.log_manager.close()
         for w in list(self._writers):
             w.close()
         await asyncio.get_running_loop().run_in_executor(None, self.registry.close)
@@ -346,13 +348,13 @@ class PartitionServer:
                 # dispatch again before reading the next frame, so nothing this connection
                 # sent later is applied first (the pipelining guarantee). Other
                 # connections are not held up: each has its own read loop.
-                key = _partition_of(body, self.broker.route)
+                key = _partition_of(body, self.log_manager.route)
                 reread = not _recently_missing(conn.missing, key, time.monotonic())
                 if reread:
                     await self._refresh_assignment()
                 reply = self.dispatch(body, conn.guard, refreshed=True)
                 assert reply is not None
-                if reread and self.broker.route(*key) == (None, None):
+                if reread and self.log_manager.route(*key) == (None, None):
                     _note_missing(conn.missing, key, time.monotonic())
             elif api in (P.REPLICA_FETCH, P.REPLICA_FETCH_MANY):
                 # Let the fetch's task take its first step (check the follower, record its
@@ -415,7 +417,7 @@ class PartitionServer:
         r = guard.blocking(b.key, b.generation, b.base_sequence, b.last_sequence)
         if r is None:
             return b
-        part, _ = self.broker.route(topic, partition)
+        part, _ = self.log_manager.route(topic, partition)
         if part is not None and _refused_range_written(part, pid, r):
             guard.clear(b.key)
             return b
@@ -454,21 +456,21 @@ class PartitionServer:
                     api, corr, errors.ServerUnavailable.code, "server is shutting down; retry"
                 )
             if req.api_key == P.METADATA:
-                info = self.broker.metadata(self.s.server_id, self.address)
+                info = self.log_manager.metadata(self.s.server_id, self.address)
                 info["ops"] = self.metrics.summary()  # the coordinator's dashboard reads it
                 return P.metadata_response(corr, 0, info=info)
             if api == P.PRODUCE:
                 return self._produce(req, refreshed)
             if api == P.REPLICA_FETCH_MANY:
-                return asyncio.ensure_future(self.broker.replicas.replica_fetch_many(req))
+                return asyncio.ensure_future(self.log_manager.replicas.replica_fetch_many(req))
             if api == P.PRODUCER_LIST:
-                parts, more = self.broker.producer_list(
+                parts, more = self.log_manager.producer_list(
                     req.max_bytes, (req.topic, req.partition, req.pid)
                 )
                 return P.producer_list_response(corr, 0, "", parts, more)
             if api in P.MANY_APIS:
                 return self._many(req, refreshed)
-            part, leader = self.broker.route(req.topic, req.partition)
+            part, leader = self.log_manager.route(req.topic, req.partition)
             if part is None:
                 return _not_routed(req, leader, refreshed)
             if api == P.FETCH:
@@ -478,9 +480,9 @@ class PartitionServer:
             if api == P.FENCE:
                 return self._fence(req, part)
             if api == P.REPLICA_FETCH:
-                return asyncio.ensure_future(self.broker.replicas.replica_fetch(req, part))
+                return asyncio.ensure_future(self.log_manager.replicas.replica_fetch(req, part))
             if api == P.EPOCH_END:
-                return self.broker.replicas.epoch_end(req, part)
+                return self.log_manager.replicas.epoch_end(req, part)
             return self._producer_state(req, part)
         except PidleaseError as exc:
             if len(body) < 5:
@@ -512,7 +514,7 @@ class PartitionServer:
                 verify_token(self.s.secret_bytes, req.token, h.pid, h.generation, self.clock_ms())
             return h
 
-        r = self.broker.produce.produce(
+        r = self.log_manager.produce.produce(
             req.topic,
             req.partition,
             batch,
@@ -639,7 +641,7 @@ class PartitionServer:
                 0,
             )
         if outcome is FenceOutcome.APPEND:
-            self.broker.note_append()
+            self.log_manager.note_append()
             self.metrics.fenced(part.topic, part.partition, req.pid, req.generation)
             log.info(
                 "fence %s-%d pid %d generation %d",
@@ -658,7 +660,7 @@ class PartitionServer:
         refuses the whole request. Partitions unknown here (None before ``refreshed``):
         ZooKeeper is re-read once for the whole request."""
         assert req.entries is not None
-        routes = [self.broker.route(e.topic, e.partition) for e in req.entries]
+        routes = [self.log_manager.route(e.topic, e.partition) for e in req.entries]
         if not refreshed and any(r == (None, None) for r in routes):
             return None
         fence = req.api_key == P.FENCES

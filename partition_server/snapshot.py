@@ -10,7 +10,7 @@ before the file is written. Replay from ``replay_from`` is idempotent (a batch a
 a row is skipped), so the result is exact. A log that ends before ``covered_to`` lost data
 the rows describe: that partition is rebuilt from offset 0 instead. So is one whose log a
 follower cut back since the capture began: the image carries the truncation count read
-before its first row (``epochs.py``), and the broker leaves out a partition cut while its
+before its first row (``epochs.py``), and the log manager leaves out a partition cut while its
 snapshot was taken.
 
 File layout (big-endian), written atomically (tmp file, fsync, rename, fsync dir):

@@ -7,7 +7,7 @@ import it. Read from the source (imports, file names); nothing runs.
     python scripts/test_index.py --check  # exit 1 when it is stale
 
 tests/unit/repo/test_testing_doc.py (before the unit tests got folders:
-tests/unit/test_testing_doc.py) fails when the index is stale."""
+tests/unit/repo/test_testing_doc.py) fails when the index is stale."""
 
 from __future__ import annotations
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from partition_server.broker import Broker
 from partition_server.kafka.apis import KafkaApis
 from partition_server.kafka.listener import KafkaListener
 from partition_server.kafka.pids import KafkaPids
 from partition_server.kafka.sasl import load_principals
+from partition_server.log_manager import LogManager
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease.wire.tls import server_ssl_context
@@ -34,7 +34,10 @@ __all__ = ["KafkaListener", "make_listener"]
 
 
 def make_listener(
-    settings: ServerSettings, broker: Broker, registry: Registry, stopping: Callable[[], bool]
+    settings: ServerSettings,
+    log_manager: LogManager,
+    registry: Registry,
+    stopping: Callable[[], bool],
 ) -> KafkaListener:
     """The listener of this server's settings: TLS when the server has TLS, SASL when
     API tokens are configured."""
@@ -47,7 +50,7 @@ def make_listener(
             pids.append(KafkaPids(registry.zk, settings.kafka_pid_block_size))
         return pids[0]
 
-    apis = KafkaApis(settings, broker, registry, get_pids, principals, stopping=stopping)
+    apis = KafkaApis(settings, log_manager, registry, get_pids, principals, stopping=stopping)
     ctx: ssl.SSLContext | None = (
         server_ssl_context(settings.tls_certfile, settings.tls_keyfile) if settings.tls else None
     )

@@ -1,4 +1,4 @@
-"""The Kafka APIs this listener answers, one method each, over the server's broker and
+"""The Kafka APIs this listener answers, one method each, over the server's log manager and
 ZooKeeper registry. ``codec.SUPPORTED`` lists them with their versions; docs/kafka.md is
 the matrix for users.
 
@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from partition_server.broker import Broker
 from partition_server.kafka import codec as C
 from partition_server.kafka.admin import ADMIN_APIS, AdminApis, admin_error_values
 from partition_server.kafka.groups import GROUP_APIS, GroupCoordinator
@@ -26,6 +25,7 @@ from partition_server.kafka.pids import KafkaPids, PidError
 from partition_server.kafka.records import RecordApis, Reply
 from partition_server.kafka.sasl import ANONYMOUS, Principals, parse_plain
 from partition_server.kafka.topics import CreateError, create, plan
+from partition_server.log_manager import LogManager
 from partition_server.registry import Registry
 from partition_server.settings import ServerSettings
 from pidlease.wire.kafka_errors import (
@@ -64,7 +64,7 @@ class KafkaApis:
     def __init__(
         self,
         settings: ServerSettings,
-        broker: Broker,
+        log_manager: LogManager,
         registry: Registry,
         pids: Callable[[], KafkaPids],
         principals: Principals,
@@ -72,19 +72,21 @@ class KafkaApis:
         stopping: Callable[[], bool],
     ) -> None:
         self.s = settings
-        self.broker = broker
+        self.log_manager = log_manager
         self.registry = registry
         self._pids = pids
         self.principals = principals
         self._stopping = stopping
         self.records = RecordApis(
             settings,
-            broker,
+            log_manager,
             self._refresh,
             (lambda pid: self._pids().owner(pid)) if principals.required else None,
             stopping=stopping,
         )
-        self.groups = GroupCoordinator(settings, broker, registry, self._refresh, stopping=stopping)
+        self.groups = GroupCoordinator(
+            settings, log_manager, registry, self._refresh, stopping=stopping
+        )
         self.admin = AdminApis(settings, registry, self._refresh)
 
     # -- entry -----------------------------------------------------------------------------

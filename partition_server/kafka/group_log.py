@@ -20,7 +20,7 @@ replaying all of them (a key's tombstone always follows its value, so a suffix t
 a value of a key the image leaves out also holds the tombstone that removed it; group
 records merge by max). So once a checkpoint is committed, every segment below ``S`` may
 go, on every replica, each deciding from its own committed log (the same on all):
-``tests/unit/test_group_log.py`` checks that rule against a replay of the whole log.
+``tests/unit/server/kafka/test_group_log.py`` checks that rule against a replay of the whole log.
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from partition_server.broker import Broker
 from partition_server.kafka import codec as C
 from partition_server.kafka import group_state as G
 from partition_server.kafka.group_log import (
@@ -73,6 +72,7 @@ from partition_server.kafka.group_log import (
 from partition_server.kafka.group_state import Events, Group, JoinAnswer, State, SyncAnswer
 from partition_server.kafka.topics import CreateError, create, plan
 from partition_server.kafka_partition import KafkaProduceResult, kafka_produce
+from partition_server.log_manager import LogManager
 from partition_server.partition import Partition
 from partition_server.produce import NotRouted, Route
 from partition_server.registry import Registry
@@ -148,7 +148,7 @@ class GroupCoordinator:
     def __init__(
         self,
         settings: ServerSettings,
-        broker: Broker,
+        log_manager: LogManager,
         registry: Registry,
         refresh: Callable[[], Awaitable[None]],
         *,
@@ -156,7 +156,7 @@ class GroupCoordinator:
         clock_ms: Callable[[], int] | None = None,
     ) -> None:
         self.s = settings
-        self.broker = broker
+        self.log_manager = log_manager
         self.registry = registry
         self._refresh = refresh
         self._stopping = stopping
@@ -225,7 +225,7 @@ class GroupCoordinator:
     def _slot(self, idx: int) -> tuple[Slot | None, int]:
         """The loaded slot of group log partition ``idx`` (its load started when it is
         led here and not loaded yet), or the error code to answer."""
-        r = self.broker.produce.route(GROUPS_TOPIC, idx)
+        r = self.log_manager.produce.route(GROUPS_TOPIC, idx)
         slot = self.slots.get(idx)
         if isinstance(r, NotRouted):
             if slot is not None:
@@ -318,7 +318,7 @@ class GroupCoordinator:
         self._read_group_logs()
         self._load_led()
         for idx, slot in list(self.slots.items()):
-            r = self.broker.produce.route(GROUPS_TOPIC, idx)
+            r = self.log_manager.produce.route(GROUPS_TOPIC, idx)
             if self._stopping() or isinstance(r, NotRouted) or r.epoch != slot.epoch:
                 self._drop(idx, "no longer leads at that epoch")
                 continue
@@ -342,7 +342,7 @@ class GroupCoordinator:
         for idx in range(GROUPS_PARTITIONS):
             if idx in self.slots:
                 continue
-            if isinstance(self.broker.produce.route(GROUPS_TOPIC, idx), Route):
+            if isinstance(self.log_manager.produce.route(GROUPS_TOPIC, idx), Route):
                 self._slot(idx)
 
     # -- compaction of the group log -------------------------------------------------------
@@ -354,7 +354,7 @@ class GroupCoordinator:
         where the leader does, deciding alone)."""
         hosted = {}
         for idx in range(GROUPS_PARTITIONS):
-            part = self.broker.partitions.get((GROUPS_TOPIC, idx))
+            part = self.log_manager.partitions.get((GROUPS_TOPIC, idx))
             if part is not None and part.hosted:
                 hosted[idx] = part
         for idx in [i for i in self.readers if i not in hosted]:
@@ -379,7 +379,7 @@ class GroupCoordinator:
             cp = rd.table.checkpoint_from
             if cp > before and cp > part.release_below:
                 part.release_below = cp
-                self.broker.retention_soon()
+                self.log_manager.retention_soon()
 
     def _read_into(self, rd: LogReader) -> None:
         part = rd.part
@@ -497,7 +497,7 @@ class GroupCoordinator:
         False: a checkpoint restates what the groups already hold)."""
         loop = asyncio.get_running_loop()
         out: asyncio.Future[int] = loop.create_future()
-        r = self.broker.produce.route(GROUPS_TOPIC, slot.index)
+        r = self.log_manager.produce.route(GROUPS_TOPIC, slot.index)
         if (
             not isinstance(r, Route)
             or r.epoch != slot.epoch
@@ -507,7 +507,7 @@ class GroupCoordinator:
             return out
         batch = K.encode_kafka_batch(records, base_timestamp_ms=self._clock())
         res = kafka_produce(
-            self.broker.produce,
+            self.log_manager.produce,
             GROUPS_TOPIC,
             slot.index,
             batch,

@@ -1,5 +1,5 @@
 """The record APIs of the Kafka listener: Produce, Fetch and ListOffsets, over the
-partitions this server leads (``Broker.route``) and the log side in
+partitions this server leads (``LogManager.route``) and the log side in
 ``partition_server/kafka_partition.py`` (validation, Kafka's idempotence rules, RecordBatch
 v2 assembly).
 
@@ -20,7 +20,6 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from partition_server.broker import Broker
 from partition_server.kafka import codec as C
 from partition_server.kafka_partition import (
     KafkaProduceResult,
@@ -28,6 +27,7 @@ from partition_server.kafka_partition import (
     kafka_fetch,
     kafka_produce,
 )
+from partition_server.log_manager import LogManager
 from partition_server.partition import Partition
 from partition_server.produce import NotRouted
 from partition_server.settings import ServerSettings
@@ -55,7 +55,7 @@ class RecordApis:
     def __init__(
         self,
         settings: ServerSettings,
-        broker: Broker,
+        log_manager: LogManager,
         refresh: Callable[[], Awaitable[None]],
         owner: Callable[[int], str | None] | None,
         *,
@@ -64,7 +64,7 @@ class RecordApis:
         """``owner``: who initialised a PID (blocking, run in an executor); None when SASL
         is off and PIDs are not checked."""
         self.s = settings
-        self.broker = broker
+        self.log_manager = log_manager
         self._refresh = refresh
         self._owner = owner
         self._stopping = stopping
@@ -151,7 +151,7 @@ class RecordApis:
     ) -> KafkaProduceResult | asyncio.Future[KafkaProduceResult] | None:
         """One partition's batch through the produce path; None when the partition is not
         known and ZooKeeper was not re-read yet for this request."""
-        path = self.broker.produce
+        path = self.log_manager.produce
         route = path.route(topic, pd.index)
         if isinstance(route, NotRouted):
             return self._not_routed(route, refreshed)
@@ -215,7 +215,7 @@ class RecordApis:
             parts = []
             for fp in t.partitions:
                 entry: dict[str, Any] = {"partition_index": fp.partition, "records": b""}
-                part, leader = self.broker.route(t.topic, fp.partition)
+                part, leader = self.log_manager.route(t.topic, fp.partition)
                 if part is None:
                     entry.update(
                         error_code=UNKNOWN_TOPIC_OR_PARTITION
@@ -254,7 +254,7 @@ class RecordApis:
         for t in req.topics:
             parts = []
             for lp in t.partitions:
-                part, leader = self.broker.route(t.name, lp.partition_index)
+                part, leader = self.log_manager.route(t.name, lp.partition_index)
                 if part is None:
                     code = UNKNOWN_TOPIC_OR_PARTITION if leader is None else NOT_LEADER_OR_FOLLOWER
                     parts.append(

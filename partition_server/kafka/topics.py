@@ -7,7 +7,7 @@ partition server picks them up through its watches as for a topic made over HTTP
   it retry); the existing partitions' znodes are not touched;
 - AlterConfigs / IncrementalAlterConfigs: a compare-and-set of the spec, as PATCH does;
 - DeleteTopics: the topic's znodes removed (partitions, then the topic). Each partition
-  server then drops its replicas of it: files, producer state, indexes (``Broker``).
+  server then drops its replicas of it: files, producer state, indexes (``LogManager``).
 
 Replicas are assigned round robin over the live servers (partition p's replicas are the R
 servers starting at p mod N), the coordinator's rule. Creation over the Kafka port is
@@ -223,7 +223,7 @@ def add_partitions(
 def delete(zk: Any, name: str) -> None:
     """Blocking: remove the topic's znodes, partitions first, then the topic (chunks of
     ``PARTITIONS_MAX`` per transaction). A partition server drops its replicas when the
-    topic is gone (``Broker``); until the last chunk the topic is still listed, with fewer
+    topic is gone (``LogManager``); until the last chunk the topic is still listed, with fewer
     partitions (a topic of at most that many partitions goes in one transaction).
     CreateError(UNKNOWN_TOPIC_OR_PARTITION) when it does not exist."""
     _existing_name(name)

@@ -29,5 +29,5 @@
 Imports go one way, down this list's dependency order (``producer`` -> ``sender`` ->
 ``accumulator`` / ``record_columns`` -> ``batch_future`` / ``producer_batch`` ->
 ``record_future`` -> ``structs``);
-tests/unit/test_import_graph.py fails on any cycle.
+tests/unit/repo/test_import_graph.py fails on any cycle.
 """

@@ -30,7 +30,7 @@ partition's open batch in the accumulator). Everything else, and every record wh
 ``PIDLEASE_SDK_READABLE_PATH=1`` is set (read once, at import: ``READABLE_PATH``; a
 producer takes its value when it is built), goes through the readable path: ``admit``'s
 full checks, ``Partitioner.partition``, ``ProducerBatch.add``. Both give the same records,
-futures and batches: tests/unit/test_sdk_paths.py compares them on random workloads, and
+futures and batches: tests/unit/client/test_paths.py compares them on random workloads, and
 the SDK's unit tests run both ways (tests/unit/conftest.py).
 """
 

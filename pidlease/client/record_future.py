@@ -52,7 +52,7 @@ from concurrent.futures import CancelledError, Future
 # ``_done_callbacks``, ``_result``, ``_exception``, and the waiters' ``add_result`` /
 # ``add_exception``. No public API offers it (composition with a real Future per record
 # is the cost we avoid), so it is named here once, and
-# tests/unit/test_sdk_record_future.py pins it against the running Python
+# tests/unit/client/test_record_future.py pins it against the running Python
 # (``test_the_future_internals_this_module_uses_are_there``).
 from concurrent.futures._base import (
     CANCELLED,

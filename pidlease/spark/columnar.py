@@ -16,7 +16,7 @@ bucket columns, ``settings.bucketed`` False) is one bucket, the task's Spark par
 with row hash 0, and its order is one Arrow sort (``sequencing.content_order_columns``).
 The canonical order needs the whole task: its encoded keys and values are held in
 memory until they are sent (about the size of the task's records). ``sequencing.plan``
-is the pure reference (tests/unit/test_pipeline_columnar.py compares them).
+is the pure reference (tests/unit/spark/test_columnar.py compares them).
 """
 
 from __future__ import annotations

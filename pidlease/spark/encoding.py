@@ -15,7 +15,7 @@ option fails on the driver before any task runs, and then applied to each Arrow 
 ``encode_columns`` gives the keys and values as Arrow binary arrays (what
 ``send_batch`` takes), column at a time where Arrow computes the same bytes (binary and
 string columns, integer keys); ``encode`` gives them as (key, value) pairs. Both produce
-the same bytes (tests/unit/test_pipeline_encoding.py compares them).
+the same bytes (tests/unit/spark/test_encoding.py compares them).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 a time on a plain socket, for code without an event loop. The SDK's ``Reader`` uses it
 (``pidlease.client.connection`` re-exports it) and so does the coordinator's
 ``LeaderClient`` (its calls to partition leaders, pooled there); in ``wire`` so the
-coordinator need not import the SDK (tests/unit/test_import_graph.py).
+coordinator need not import the SDK (tests/unit/repo/test_import_graph.py).
 
 Connecting raises ``Unauthorized`` when TLS finds a certificate the context does not trust
 (not retriable), ``ServerUnavailable`` for anything else (``tls.connect_error``). A request

@@ -1,7 +1,7 @@
 """A blocking client for a few Kafka protocol requests (kio schemas), one connection at a
 time: what the SDK's ``Consumer`` speaks to a group coordinator, what ``pidlease groups``
 and the coordinator's dashboard ask a partition server's Kafka listener. In ``wire`` so the
-coordinator can use it without importing the SDK (tests/unit/test_import_graph.py)."""
+coordinator can use it without importing the SDK (tests/unit/repo/test_import_graph.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ the lease-token secret, the API principals, the TLS files.
 
 A setting both services have under the same name but not in this base must say why its
 defaults differ in ``DIFFERENT_DEFAULTS``: ``scripts/settings_table.py`` writes each reason
-into docs/settings.md and fails (so does tests/unit/test_settings_doc.py) when a shared
+into docs/settings.md and fails (so does tests/unit/repo/test_settings_doc.py) when a shared
 name has two defaults and no reason."""
 
 from __future__ import annotations

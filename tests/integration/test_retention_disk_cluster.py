@@ -10,7 +10,7 @@ bookkeeping files (``log-start``, and index files once segments have them) whose
 not what ``retention_bytes`` limits.
 
 Retention runs when a segment rolls and again when the snapshot a deletion waits for is
-written (``Broker.retention_soon``), so the bound holds with the default
+written (``LogManager.retention_soon``), so the bound holds with the default
 ``retention_check_ms`` (30 s, longer than this test) at whatever rate the producer
 reaches: nothing is paced.
 """

@@ -45,7 +45,7 @@ def check(w: World) -> None:
             continue
         ps = PartitionState.from_bytes(z.data)
         srv = w.servers[ps.leader].server
-        part = srv.broker.partitions.get(key) if srv is not None else None
+        part = srv.log_manager.partitions.get(key) if srv is not None else None
         if part is None:
             if any(lin.acked for lin in lins):
                 w.violation(
@@ -73,7 +73,7 @@ def _check_replicas(w: World, key: tuple[str, int], replicas: list[int]) -> None
     parts = []
     for sid in replicas:
         srv = w.servers[sid].server
-        part = srv.broker.partitions.get(key) if srv is not None else None
+        part = srv.log_manager.partitions.get(key) if srv is not None else None
         if part is not None:
             parts.append((sid, part))
     for i, (sa, a) in enumerate(parts):

@@ -1,5 +1,5 @@
 """The simulated disk: real files (in a temp dir, tmpfs when there is one) behind a shim
-of the ``os`` module that the log, the flusher, the broker and atomic_file use.
+of the ``os`` module that the log, the flusher, the log manager and atomic_file use.
 
 The shim delegates to the real ``os`` and adds what a real disk does to a server:
 ``write`` may fail with ENOSPC (a full disk, for a while) or EIO, ``fsync`` may fail
@@ -163,7 +163,7 @@ class DiskShim:
                 notes.append(f"{'/'.join(p.split('/')[-2:])}: byte {at} flipped")
         return notes
 
-    def durable_end(self, plog: Any) -> int:
+    def fsynced_end(self, plog: Any) -> int:
         """The log offset below which every batch of ``plog`` is on the platter."""
         end = plog.log_start_offset  # retention deleted what is below, all fsynced
         segs = plog.segments

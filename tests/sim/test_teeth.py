@@ -64,7 +64,7 @@ def test_a_harmless_patch_is_not_found(tmp_path: Path) -> None:
         patches=[("tests/sim/teeth/__init__.py", "mutation testing of the search", "TEETH")],
         search="pytest",
         budget=0,
-        pytest="tests/unit/test_refusal_guard.py::test_generations",
+        pytest="tests/unit/server/test_refusal_guard.py::test_generations",
         why_not_sim="a check of the runner",
     )
     o = runner.run_bug(bug, runner.ROOT)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import partition_server.atomic_file
-import partition_server.broker
 import partition_server.flusher
 import partition_server.log
+import partition_server.log_manager
 import partition_server.partition
 import partition_server.registry
 import partition_server.replication
@@ -60,13 +60,13 @@ from tests.sim.zk import FakeZk, FakeZkClient
 
 # The simulation's seam: the server modules whose ``os`` (disk writes: DiskShim), ``time``
 # (clocks: _VirtualTime) and ``asyncio`` (sleep(0) yields that last a few virtual ms:
-# _SlowYields) ``World.patched`` replaces. tests/unit/test_sim_seam.py fails when a server
+# _SlowYields) ``World.patched`` replaces. tests/unit/repo/test_sim_seam.py fails when a server
 # module reaches one of them outside these (or its list of known escapes).
 DISK_MODULES = (
     partition_server.log,
     partition_server.flusher,
     partition_server.atomic_file,
-)  # (the broker's recovery fsync is the log's: ``PartitionLog.fsync_all``)
+)  # (the log manager's recovery fsync is the log's: ``PartitionLog.fsync_all``)
 CLOCK_MODULES = (
     partition_server.log,
     partition_server.replication,
@@ -170,16 +170,16 @@ class ServerNode:
                 reg.heartbeat_on_loop = True
 
             reg.connect = connect  # type: ignore[method-assign]
-            srv.broker.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
-            recover = srv.broker.recover
+            srv.log_manager.flusher._on_error = lambda exc: self.crash(f"fsync failed: {exc}")
+            recover = srv.log_manager.recover
 
             def recovered(a: Any) -> Any:
                 out = recover(a)
-                for key, part in srv.broker.partitions.items():
+                for key, part in srv.log_manager.partitions.items():
                     w.check_log_start(part, "recovery")
                     if (node.name, key) in w.rebuilt_from_log_start:
                         w.note_lost_pids(GAP_RECOVERY, part, node.name)
-                rec = srv.broker.recovery
+                rec = srv.log_manager.recovery
                 w.trace(
                     "server",
                     f"{node.name} recovered: snapshot {rec['snapshot']}, "
@@ -188,7 +188,7 @@ class ServerNode:
                 )
                 return out
 
-            srv.broker.recover = recovered  # type: ignore[method-assign]
+            srv.log_manager.recover = recovered  # type: ignore[method-assign]
             await srv.start()
             self.up = True
             w.trace("server", f"{node.name} serving")
@@ -372,7 +372,7 @@ class World:
     # -- invariants checked while running -----------------------------------------------------
     def check_durable(self, part: Partition, what: str) -> None:
         self.checks += 1
-        on_disk = self.disk.durable_end(part.log)
+        on_disk = self.disk.fsynced_end(part.log)
         if part.flushed_end > on_disk or part.high_watermark > on_disk:
             self.violation(
                 f"{part.topic}-{part.partition}: {what} leaves flushed_end "
@@ -433,7 +433,7 @@ class World:
             put(mod, "os", self.disk)
         # Recovery runs a full gc pass and freezes the heap (a production speed-up for
         # millions of long-lived objects); here it would only cost ~5 ms per boot.
-        put(partition_server.broker, "gc", _NoGcPasses())
+        put(partition_server.log_manager, "gc", _NoGcPasses())
         put(partition_server.partition, "gc", _NoGcPasses())
         # Clocks the server code reads directly: virtual too (replication's checkpoint and
         # reconcile timers, the rate limit of a log line, a start time in ZooKeeper, how
@@ -861,7 +861,7 @@ class World:
         for sid, s in sorted(self.servers.items()):
             if s.zkc is not zkc or s.node is None or not s.node.alive or s.server is None:
                 continue
-            for (topic, p), part in sorted(s.server.broker.partitions.items()):
+            for (topic, p), part in sorted(s.server.log_manager.partitions.items()):
                 spec = self.topics.get(topic)
                 if spec is None or spec.replication_factor < 2 or not _leads(part):
                     continue
@@ -972,7 +972,7 @@ class World:
                     continue
                 ps = PartitionState.from_bytes(z.data)
                 srv = self.servers[ps.leader].server if ps.leader in self.servers else None
-                part = srv.broker.partitions.get((name, p)) if srv is not None else None
+                part = srv.log_manager.partitions.get((name, p)) if srv is not None else None
                 if part is None or not _leads(part) or part.high_watermark < part.log.next_offset:
                     return False
         return True
@@ -1003,7 +1003,7 @@ class _SlowYields:
 
 
 class _NoGcPasses:
-    """``gc`` for broker.py and partition.py: the run keeps the collector off (its timing
+    """``gc`` for log_manager.py and partition.py: the run keeps the collector off (its timing
     would make runs differ: a killed node's coroutines run finally blocks when collected),
     so no collect, freeze, enable or disable from the server code."""
 

@@ -18,7 +18,7 @@ from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer, fake_cl
 
 # The SDK's tests that run both ways: a module that sets ``SDK_BOTH_PATHS = True`` (the
 # layout with folders, tests/unit/client/), or, in the flat layout, test_sdk_*.py and the
-# producer's settings; the differential test (test_sdk_paths.py) picks its paths itself.
+# producer's settings; the differential test (client/test_paths.py) picks its paths itself.
 _BOTH_WAYS = re.compile(r"test_(sdk_(?!paths\b)\w+|producer_settings)\.py$")
 
 

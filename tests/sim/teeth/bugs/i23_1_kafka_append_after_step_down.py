@@ -15,7 +15,8 @@ PATCHES = [
         "partition_server/kafka/records.py",
         "                authorize = await self._authorizer(pd.records, principal)\n"
         "                r = self._produce_now(t.name, pd, acks, authorize, refreshed)\n",
-        "                routed = self.broker.produce.route(t.name, pd.index)  # TEETH: before\n"
+        "                routed = self.log_manager.produce.route(t.name, pd.index)  # TEETH: "
+        "before\n"
         "                authorize = await self._authorizer(pd.records, principal)\n"
         "                if isinstance(routed, NotRouted):\n"
         "                    r = self._not_routed(routed, refreshed)\n"
@@ -37,7 +38,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_produce_path.py::"
+    "tests/unit/server/test_produce.py::"
     "test_a_kafka_produce_whose_partition_steps_down_during_the_owner_lookup_is_not_appended"
 )
 BUDGET = 1  # one pytest run

@@ -16,7 +16,7 @@ SIM_ARGS = ["--retention", "--no-zk3", "--start", "500000"]
 PYTEST = ""
 BUDGET = 3000
 WHY_NOT_SIM = ""
-# Found by the unit test tests/unit/test_rebuild.py::test_a_cut_keeps_the_highwater_of_a_pid_
+# Found by the unit test tests/unit/server/test_rebuild.py::test_a_cut_keeps_the_highwater_of_a_pid_
 # whose_only_batch_left_is_a_fence (and ..._recovery_from_a_distrusted_snapshot_...) and the
 # integration test tests/integration/test_rebuild_cluster.py (last_sequence_id -1, not 2).
 # Seen by the current simulation (s22-rebuild, before the "sim" helper's extension): NOT

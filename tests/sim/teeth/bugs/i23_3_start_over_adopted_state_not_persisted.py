@@ -18,7 +18,7 @@ SIM_ARGS = ["--retention", "--no-zk3", "--start", "500000"]
 PYTEST = ""
 BUDGET = 3000
 WHY_NOT_SIM = ""
-# Found by tests/unit/test_rebuild.py::test_a_follower_killed_after_starting_over_keeps_the_
+# Found by tests/unit/server/test_rebuild.py::test_a_follower_killed_after_starting_over_keeps_the_
 # state_it_adopted and tests/integration/test_rebuild_cluster.py (last_sequence_id 1, not 5).
 # Seen by the current simulation (s22-rebuild, before the "sim" helper's extension): NOT
 # found in 300 seeds of `run --retention --stop-on-failure` (0 failed); the lead re-checks.

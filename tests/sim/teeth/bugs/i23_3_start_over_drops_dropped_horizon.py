@@ -14,7 +14,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS = []
 PYTEST = (
-    "tests/unit/test_rebuild.py::"
+    "tests/unit/server/test_rebuild.py::"
     "test_a_follower_killed_after_starting_over_keeps_the_state_it_adopted"
 )
 BUDGET = 1

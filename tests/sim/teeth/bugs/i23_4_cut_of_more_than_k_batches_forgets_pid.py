@@ -15,7 +15,8 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_the_c"
+    "tests/unit/server/test_rebuild.py::"
+    "test_recovery_after_a_cut_of_more_than_k_batches_keeps_the_c"
     "ommitted_highwater"
 )
 BUDGET = 1
@@ -26,7 +27,8 @@ WHY_NOT_SIM = (
     "before the next snapshot, then that replica leading when the PID writes again, a chain "
     "those seeds did not produce (not analysed further). Its unit test searches"
 )
-# Found by tests/unit/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_
+# Found by
+# tests/unit/server/test_rebuild.py::test_recovery_after_a_cut_of_more_than_k_batches_keeps_
 # the_committed_highwater (UNKNOWN_PID where APPEND).
 # Seen by the current simulation (s22-rebuild, before the "sim" helper's extension): NOT
 # found in 300 seeds of `run --retention --stop-on-failure` (0 failed); the lead re-checks.

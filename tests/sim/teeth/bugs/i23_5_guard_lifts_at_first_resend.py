@@ -12,7 +12,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_refusal_guard.py::"
+    "tests/unit/server/test_refusal_guard.py::"
     "test_the_entry_lifts_only_when_the_resends_reach_the_last_refused_batch"
 )
 BUDGET = 0

@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_producer_state_property.py::"
+    "tests/unit/server/test_producer_state_property.py::"
     "test_monotonic_refused_run_skipped_is_not_duplicate_without_a_restart"
 )
 BUDGET = 0

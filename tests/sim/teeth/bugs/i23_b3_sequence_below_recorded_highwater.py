@@ -3,7 +3,7 @@ ORIGIN = "issue 23 Build 3 (finding 2)"
 # A partition that rebuilt a PID from a fence alone (retention, then a cut) reported
 # highwater -1; the lease answered sequence 0 although the coordinator had recorded a
 # higher durable highwater for that partition, and a replayable source wrote its records
-# again. The property test tests/unit/test_lease_rules.py::TestRecordedHighwater catches
+# again. The property test tests/unit/coordinator/test_leases.py::TestRecordedHighwater catches
 # it too.
 PATCHES = [
     (
@@ -15,7 +15,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_coordinator_service.py::"
+    "tests/unit/coordinator/test_service.py::"
     "test_renewal_below_the_recorded_highwater_is_unknown_pid"
 )
 BUDGET = 0

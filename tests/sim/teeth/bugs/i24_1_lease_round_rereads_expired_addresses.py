@@ -14,7 +14,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_coordinator_service.py::"
+    "tests/unit/coordinator/test_service.py::"
     "test_leader_addresses_that_expire_during_the_lookup_of_others_are_still_asked"
 )
 BUDGET = 1

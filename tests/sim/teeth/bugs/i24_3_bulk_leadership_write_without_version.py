@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_leadership_bulk.py::"
+    "tests/unit/server/test_leadership.py::"
     "test_a_transaction_that_meets_a_moved_znode_writes_nothing_and_the_lost_one_drops_out"
 )
 BUDGET = 1

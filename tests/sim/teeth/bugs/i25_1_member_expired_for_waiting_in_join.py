@@ -13,7 +13,8 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_group_state.py::test_a_session_runs_from_the_join_answer_not_from_the_join"
+    "tests/unit/server/kafka/test_group_state.py::"
+    "test_a_session_runs_from_the_join_answer_not_from_the_join"
 )
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = (

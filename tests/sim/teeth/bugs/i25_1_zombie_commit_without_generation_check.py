@@ -14,7 +14,7 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/test_group_state.py::test_generations_and_zombies"
+PYTEST = "tests/unit/server/kafka/test_group_state.py::test_generations_and_zombies"
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = (
     "the simulation drives producers and partitions, not Kafka consumer groups: the group "

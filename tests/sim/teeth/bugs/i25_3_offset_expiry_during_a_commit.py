@@ -13,7 +13,10 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/test_group_retention.py::test_nothing_expires_while_a_commit_is_being_written"
+PYTEST = (
+    "tests/unit/server/kafka/test_group_retention.py::"
+    "test_nothing_expires_while_a_commit_is_being_written"
+)
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = (
     "the simulation drives producers and partitions, not Kafka consumer groups: the group "

@@ -5,7 +5,7 @@ TITLE = (
 ORIGIN = "issue 25 item 3 (DeleteTopics)"
 PATCHES = [
     (
-        "partition_server/broker.py",
+        "partition_server/log_manager.py",
         "            elif have != spec.created_ms:\n",
         "            elif False:  # TEETH: the incarnation marker is not compared\n",
     ),
@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_topic_deletion.py::"
+    "tests/unit/server/test_topic_deletion.py::"
     "test_a_directory_of_an_older_life_is_dropped_and_old_snapshots_are_not_applied"
 )
 BUDGET = 1  # one pytest run

@@ -13,7 +13,7 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/test_processor_rules.py::test_any_crash_point_gives_each_output_exactly_once"
+PYTEST = "tests/unit/client/test_processor.py::test_any_crash_point_gives_each_output_exactly_once"
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = (
     "the simulation runs the partition server; the processor's resume rule lives in the SDK "

@@ -12,6 +12,6 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/test_sdk_send_batch.py::test_explicit_timestamp_is_every_batch_s_timestamp"
+PYTEST = "tests/unit/client/test_send_batch.py::test_explicit_timestamp_is_every_batch_s_timestamp"
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = "the simulation drives the partition server, not the SDK's batch building"

@@ -15,7 +15,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_pipeline_columnar.py"
+    "tests/unit/spark/test_columnar.py"
     "::test_micro_batches_renew_their_producers_and_write_no_fence_record"
 )
 BUDGET = 0

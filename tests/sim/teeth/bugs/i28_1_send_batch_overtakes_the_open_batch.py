@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_sdk_send_batch.py"
+    "tests/unit/client/test_send_batch.py"
     "::test_interleaved_sends_keep_call_order_in_each_partition[fast]"
 )
 BUDGET = 0

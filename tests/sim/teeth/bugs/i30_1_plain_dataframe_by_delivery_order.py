@@ -15,8 +15,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_pipeline_columnar.py"
-    "::test_a_plain_retry_in_another_order_writes_every_row_once"
+    "tests/unit/spark/test_columnar.py::test_a_plain_retry_in_another_order_writes_every_row_once"
 )
 BUDGET = 0
 WHY_NOT_SIM = (

@@ -15,7 +15,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_coordinator_service.py::"
+    "tests/unit/coordinator/test_service.py::"
     "test_takeover_with_a_leased_partition_left_unfenced_is_unknown_pid"
 )
 BUDGET = 0

@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_retention.py"
+    "tests/unit/server/test_retention.py"
     "::test_recovery_from_a_snapshot_taken_before_a_cut_keeps_pids_only_retention_deleted"
 )
 BUDGET = 0

@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_retention.py"
+    "tests/unit/server/test_retention.py"
     "::test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_skipped_range"
 )
 BUDGET = 0

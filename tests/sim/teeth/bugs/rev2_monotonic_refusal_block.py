@@ -14,7 +14,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_producer_state.py"
+    "tests/unit/server/test_producer_state.py"
     "::test_monotonic_refusal_blocks_later_batches_until_the_resend"
 )
 BUDGET = 0

@@ -5,7 +5,7 @@ TITLE = (
 ORIGIN = "docs/reliability.md review finding 7 (2026-11-24)"
 PATCHES = [
     (
-        "partition_server/broker.py",
+        "partition_server/log_manager.py",
         "            if part.role is not Role.LEADER:\n                continue\n"
         "            n = part.state.expire(",
         "            n = part.state.expire(  # TEETH: followers expire too\n",
@@ -19,7 +19,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_pid_expiry_roles.py"
+    "tests/unit/server/test_pid_expiry_roles.py"
     "::test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period"
 )
 BUDGET = 0

@@ -14,7 +14,8 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_group_log.py::test_a_group_tombstone_takes_its_offsets_and_stays_after_the_cut"
+    "tests/unit/server/kafka/test_group_log.py::"
+    "test_a_group_tombstone_takes_its_offsets_and_stays_after_the_cut"
 )
 BUDGET = 1  # one pytest run
 WHY_NOT_SIM = (

@@ -14,7 +14,10 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/test_refusal_guard.py::test_the_refused_range_grows_with_every_batch_held_back"
+PYTEST = (
+    "tests/unit/server/test_refusal_guard.py::"
+    "test_the_refused_range_grows_with_every_batch_held_back"
+)
 BUDGET = 0
 WHY_NOT_SIM = (
     "the simulation missed it in 4,000 seeds on 2026-11-27 (1,114 s; it took 1,286 on the "

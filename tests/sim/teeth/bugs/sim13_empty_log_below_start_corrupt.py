@@ -25,7 +25,9 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/test_log.py::test_a_log_cut_back_to_its_start_is_empty_and_still_answers"
+PYTEST = (
+    "tests/unit/server/test_log.py::test_a_log_cut_back_to_its_start_is_empty_and_still_answers"
+)
 BUDGET = 0
 WHY_NOT_SIM = (
     "not found by the simulation (--retention) in 2,000 seeds (2026-11-27, 1,412 s): "

@@ -15,7 +15,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/test_replication_partition.py::test_a_follower_rejoins_only_once_it_holds_the"
+    "tests/unit/server/test_replication.py::test_a_follower_rejoins_only_once_it_holds_the"
     "_new_leaders_log_at_its_epoch_start"
 )
 BUDGET = 1

@@ -1,0 +1,202 @@
+"""The tail of a failover (issue 16: at most 2 s after a SIGKILL of the leader): a server
+that wins an election takes the role from the state it wrote, not after re-reading the
+whole cluster state; a follower answered NOT_LEADER by the leader ZooKeeper names asks
+again at once, a bounded number of times, instead of waiting out its backoff. A real
+partition, a fake ZooKeeper (writes inline), a fake leader on a loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from partition_server import replica_fetcher
+from partition_server.flusher import Flusher
+from partition_server.partition import Role
+from partition_server.registry import Assignment
+from partition_server.replica_fetcher import ReplicaFetcher
+from partition_server.testing import open_part, settle
+from pidlease import errors
+from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState
+from pidlease.wire.framing import read_frame
+from tests.sim.zk import partition_zk
+from tests.unit.server.test_replication_isr_retry import KEY
+from tests.unit.server.test_step_down import setup
+
+
+def test_the_winner_of_an_election_leads_before_any_re_read(tmp_path: Path) -> None:
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])  # server 2 led epoch 4; it died
+        part, mgr, registry, _clock, _ = setup(tmp_path, ps, [1, 3])
+        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
+        registry.zk = zk
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        part.become_follower(2, 4, "")
+        mgr.apply(KEY, part, ps, Assignment())  # no /servers/2: elect
+        await settle()
+        assert zk.state.leader == 1 and zk.state.leader_epoch == 5
+        # No re-read answers here (LeaseRegistry only counts refreshes): the role comes
+        # from the state the compare-and-set wrote.
+        assert part.role is Role.LEADER and part.leader_epoch == 5
+        assert part.isr is not None and sorted(part.isr.isr) == [1, 3]
+        # Nor is a full re-read asked for: the written state is known, and the data watch
+        # the last read armed on its znode brings it back as a partial read (issue 24).
+        assert registry.refreshes == 0
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_lost_election_takes_no_role(tmp_path: Path) -> None:
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])
+        part, mgr, registry, _clock, _ = setup(tmp_path, ps, [1, 3])
+        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
+        node = zk.zk.nodes[zk.path]  # server 3 won first: our read's version is stale by our set
+        node.version, node.data = 7, PartitionState([1, 2, 3], 3, 5, [1, 3]).to_bytes()
+        registry.zk = zk
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        part.become_follower(2, 4, "")
+        mgr.apply(KEY, part, ps, Assignment())
+        await settle()
+        assert part.role is Role.FOLLOWER and part.leader_epoch == 4
+        part.close()
+
+    asyncio.run(go())
+
+
+class NotYetLeader:
+    """A leader that answers every request NOT_LEADER (each partition of a
+    REPLICA_FETCH_MANY), counting connections and requests."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                req = P.decode_request(await read_frame(reader, 1 << 20))
+                self.requests += 1
+                writer.write(self._answer(req))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _answer(req: P.Request) -> bytes:
+        code, why, corr = errors.NotLeader.code, "not leading yet", req.correlation_id
+        if req.api_key == P.EPOCH_END:
+            return P.epoch_end_response(corr, code, why)
+        if req.api_key == P.REPLICA_FETCH_MANY:
+            return P.replica_fetch_many_response(
+                corr,
+                0,
+                "",
+                [P.ReplicaFetched(e.topic, e.partition, code, why) for e in req.fetches or []],
+            )
+        return P.replica_fetch_response(corr, code, why)
+
+
+def fetcher_settings(backoff_ms: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        replica_fetch_backoff_ms=backoff_ms,
+        replica_fetch_timeout_ms=5_000,
+        replica_fetch_wait_max_ms=0,
+        fetch_bytes_max=1 << 20,
+        frame_bytes_max=1 << 21,
+    )
+
+
+def test_a_follower_asks_a_not_yet_leader_again_quickly_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        leader = NotYetLeader()
+        address = await leader.start()
+        troubles: list[float] = []
+        gave_up = asyncio.Event()
+
+        def trouble() -> None:
+            troubles.append(time.monotonic())
+            gave_up.set()
+
+        f = ReplicaFetcher(
+            part,
+            me=1,
+            leader=2,
+            epoch=5,
+            address=address,
+            settings=fetcher_settings(backoff_ms=2_000),  # a backoff would show as 2 s
+            on_trouble=trouble,
+        )
+        f.start()
+        await asyncio.wait_for(gave_up.wait(), 20)
+        # The first answer and the bounded quick retries, then one ZooKeeper re-read and
+        # the usual backoff (2 s here: nothing more for a while).
+        assert troubles, "the fetcher never gave up the quick retries"
+        # Asked again on the same connection (the fetch session to that server goes on;
+        # only this partition's part of it starts over).
+        assert leader.requests > 1, "not asked again before the backoff"
+        assert leader.requests == 1 + replica_fetcher.NOT_YET_LEADER_RETRIES
+        await asyncio.sleep(0.3)
+        assert leader.requests == 1 + replica_fetcher.NOT_YET_LEADER_RETRIES
+        assert leader.connections == 1
+        assert len(troubles) == 1
+        assert "NotLeader" in f.last_error
+        f.stop()
+        assert leader.server is not None
+        leader.server.close()
+        await settle()
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_leader_that_answered_before_gets_the_usual_backoff(tmp_path: Path) -> None:
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        leader = NotYetLeader()
+        address = await leader.start()
+        troubles: list[float] = []
+        gave_up = asyncio.Event()
+
+        def trouble() -> None:
+            troubles.append(time.monotonic())
+            gave_up.set()
+
+        f = ReplicaFetcher(
+            part,
+            me=1,
+            leader=2,
+            epoch=5,
+            address=address,
+            settings=fetcher_settings(backoff_ms=2_000),
+            on_trouble=trouble,
+        )
+        f.fetches_answered = 1  # it led this epoch and answered: now deposed, not late
+        f.start()
+        await asyncio.wait_for(gave_up.wait(), 20)
+        await asyncio.sleep(0.3)
+        assert leader.requests == 1 and len(troubles) == 1
+        f.stop()
+        assert leader.server is not None
+        leader.server.close()
+        await settle()
+        part.close()
+
+    asyncio.run(go())
