@@ -128,6 +128,7 @@ class AppendRulesModel:
         self._clock = 0  # orders refusals against takeovers
         self._refused: dict[int, list[tuple[int, int]]] = {}  # pid -> (clock, base) of each
         self._last_takeover: dict[int, int] = {}
+        self._last_restart = -1  # a restart forgets every refusal (none is in a log)
 
     # -- the state the rows speak of ------------------------------------------------------
     def next_offset(self) -> int:
@@ -306,11 +307,13 @@ class AppendRulesModel:
         # clears this" read as clearing that memory too or not: the text leaves both open,
         # so DUPLICATE is allowed where some reading allows it and the range is not one a
         # refusal may have left unwritten.
-        takeover = self._last_takeover.get(pid, -1)
-        if all(r > min(last, edge - 1) or t < takeover for t, r in refusals):
+        # A restart forgets the refusals before it (they are in no log: the block rule's
+        # ``maybe_forgotten``), so the partition's "no refusal since" may start there.
+        cleared = max(self._last_takeover.get(pid, -1), self._last_restart)
+        if all(r > min(last, edge - 1) or t < cleared for t, r in refusals):
             return Expectation(
                 "monotonic: reaches below every kept batch, no refusal at or "
-                "below it since the last takeover -> DUPLICATE or OUT_OF_ORDER",
+                "below it since the last takeover or restart -> DUPLICATE or OUT_OF_ORDER",
                 (*dup, ooo),
             )
         if written is not None:
@@ -424,6 +427,8 @@ class AppendRulesModel:
                 del self.lives[pid]
         for r in self.refusals.values():  # a refusal is in no log
             r.maybe_forgotten = True
+        self._clock += 1
+        self._last_restart = self._clock
 
     def forget(self, pid: int) -> None:
         """The partition dropped the PID's state (eviction, expiry)."""
