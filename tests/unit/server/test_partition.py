@@ -1,0 +1,230 @@
+"""``Partition`` (partition_server/partition.py): a follower's log cut (``truncate_to``)
+against its flushed end. Fsyncs are held by an executor and completed exactly where each
+test wants, or made to fail through the ``os`` module seen by ``log.py`` (the disk is real);
+a snapshot capture interleaved with a cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from partition_server import log as log_module
+from partition_server.flusher import Flusher
+from partition_server.producer_state import Outcome
+from partition_server.snapshot import Snapshot, SnapshotStore
+from partition_server.testing import (
+    HeldExecutor,
+    InlineExecutor,
+    b,
+    open_part,
+    outcome,
+    settle,
+    stored,
+)
+
+
+def test_a_flush_from_before_a_cut_does_not_cover_batches_fetched_after_it(tmp_path: Path) -> None:
+    """docs/reliability.md finding 3: a flush that began before ``truncate_to`` covered the
+    old log, not the batches fetched after the cut, so its completion must not call them
+    fsynced (the follower's next fetch reports its log end to the leader as held durably,
+    and the leader counts it for the high watermark)."""
+
+    async def go() -> None:
+        ex = HeldExecutor()
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0, executor=ex))
+        part.become_follower(1, 1, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0)])  # 0..5
+        fetched = part.wait_flushed(6)  # the fetcher fsyncs before its next fetch
+        await settle()
+        assert len(ex.held) == 1  # flush 1: offsets 0..5
+        image = await part.capture()  # a snapshot asks meanwhile, so the
+        snap = part.wait_flushed(image.covered_to)  # partition is dirty again
+        ex.run_next()
+        await settle()
+        assert fetched.done() and snap.done() and part.flushed_end == 6
+        assert len(ex.held) == 1  # flush 2 began with the log ending at 6
+        # The fetcher's next session: the leader's log diverges at 2. The new batch is
+        # written after flush 2 took its fds: flush 2 does not cover it.
+        assert part.truncate_to(2) == 2 and part.flushed_end == 2
+        part.append_replicated(stored([b(2, 0, 3)], 2), [(1, 0), (2, 2)])  # 2..4
+        after_cut = part.wait_flushed(part.log.next_offset)
+        ex.run_next()
+        await settle()
+        assert part.flushed_end <= 2, "a flush from before the cut marked later batches fsynced"
+        assert not after_cut.done()
+        await _run_flushes(ex, after_cut)  # a flush that began after the write
+        assert after_cut.done() and part.flushed_end == 5
+        seg_fd = part.log.segments[-1].fd
+        assert any(seg_fd in args[0] for args in ex.ran[2:])  # ... and it fsynced the segment
+        await _close(part, ex)
+
+    asyncio.run(go())
+
+
+def test_truncate_during_a_flush_keeps_the_fds_that_flush_holds(tmp_path: Path) -> None:
+    """docs/reliability.md finding 3: a cut during a flush keeps the fds that flush holds.
+
+    The caller need not wait for flushes before cutting: a dropped segment's fd stays
+    open until the fsync that holds it is over (a closed fd fails the fsync, and a failed
+    fsync stops the server)."""
+
+    async def go() -> None:
+        ex = HeldExecutor()
+        failures: list[BaseException] = []
+        flusher = Flusher(mode="batch", interval_ms=0, executor=ex, on_error=failures.append)
+        part = open_part(tmp_path, flusher, segment_bytes_max=1)  # one batch per segment
+        part.become_follower(1, 1, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0)])
+        assert len(part.log.segments) == 3
+        waiting = part.wait_flushed(6)
+        await settle()
+        assert len(ex.held) == 1  # holds the fds of all three segments
+        assert part.truncate_to(2) == 2 and len(part.log.segments) == 2  # the third is gone
+        ex.run_next()
+        await settle()
+        assert failures == []
+        assert part.flushed_end <= 2  # it covered the old log, now cut
+        assert waiting.done()  # ... and what it waited for is gone
+        assert isinstance(waiting.exception(), Exception)
+        kept = part.wait_flushed(2)
+        await _run_flushes(ex, kept)
+        assert kept.done() and part.flushed_end == 2 and failures == []
+        await _close(part, ex)
+
+    asyncio.run(go())
+
+
+async def _run_flushes(ex: HeldExecutor, until: asyncio.Future[Any]) -> None:
+    """Complete flushes one by one until ``until`` is resolved (a few at most)."""
+    for _ in range(5):
+        await settle()
+        if until.done() or not ex.held:
+            return
+        ex.run_next()
+
+
+async def _close(part, ex: HeldExecutor) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(10):
+        if not ex.held:
+            break
+        ex.run_next()
+        await settle()
+    part.close()
+
+
+class FailingDisk:
+    """``os`` for log.py: the call named in ``failing`` raises EIO."""
+
+    def __init__(self) -> None:
+        self.failing = ""
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(os, name)
+        if name != self.failing:
+            return real
+
+        def fail(*_args: Any) -> None:
+            raise OSError(errno.EIO, f"Input/output error (test {name})")
+
+        return fail
+
+
+@pytest.mark.parametrize("call", ["fsync", "ftruncate"])
+def test_a_failed_cut_calls_the_fsync_error_policy_and_lowers_the_flushed_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """docs/reliability.md finding 9 (simulation, seed 1426): a follower's cut whose ftruncate
+    or fsync fails.
+
+    ``PartitionLog.truncate_to`` raised out of ``Partition.truncate_to`` midway, with the
+    truncation counted and the file maybe cut but ``flushed_end`` still at the old end; the
+    fetcher took the OSError for a session error, refetched, and batches fetched after the
+    cut counted as fsynced below that stale end. A failed fsync or truncate follows the
+    server's policy for a failed fsync (the flusher's error handler: crash, recover from
+    what is on disk), and ``flushed_end`` is never left above the log's end. The disk is
+    real; only the ``os`` module seen by ``log.py`` is swapped for one whose call fails on
+    demand."""
+
+    async def go() -> None:
+        failures: list[BaseException] = []
+        flusher = Flusher(
+            mode="batch", interval_ms=0, executor=InlineExecutor(), on_error=failures.append
+        )
+        part = open_part(tmp_path, flusher)
+        part.become_follower(1, 2, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2), b(1, 4, 2)]), [(1, 0), (2, 2)])
+        fsynced = part.wait_flushed(6)
+        await settle()
+        assert fsynced.done() and part.flushed_end == 6
+        disk = FailingDisk()
+        monkeypatch.setattr(log_module, "os", disk)
+        disk.failing = call
+        with pytest.raises(OSError, match=f"test {call}"):  # the injected failure, unwrapped
+            part.truncate_to(3)  # the batch holding 3 starts at 2: the log ends at 2
+        assert part.flushed_end <= 2, f"flushed_end {part.flushed_end} above the cut at 2"
+        assert part.high_watermark <= 2
+        assert len(failures) == 1, "a failed fsync or truncate in a cut did not stop the server"
+        monkeypatch.setattr(log_module, "os", os)
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) -> None:
+    """docs/reliability.md finding 4 (review 4): a snapshot captured while a follower's log
+    is cut must never mix producer state from before the cut with a truncation count from
+    after it, or recovery trusts rows that describe batches no longer in the log (a cut
+    batch answered DUPLICATE, never committed) and skips batches the rows do not describe
+    (a resend appended twice)."""
+
+    async def go() -> None:
+        part = open_part(tmp_path / "data", Flusher(mode="batch", interval_ms=0))
+        part.become_follower(1, 1, "127.0.0.1:1")
+        # pid 1: sequences 0-1 at 0..1 and 2-3 at 2..3; pid 2: sequence 0 at 4
+        part.append_replicated(memoryview(stored([b(1, 0, 2), b(1, 2, 2), b(2, 0)])), [(1, 0)])
+        await part.wait_flushed(5)
+        part.set_high_watermark(2)
+        assert part.state.pids() == [1, 2]  # the capture exports pid 1, then yields
+
+        async def fetcher_session() -> None:
+            # The next session with a new leader: its epoch 2 began at 2, so pid 1's
+            # sequences 2-3 and pid 2's batch were never committed; the new leader holds
+            # pid 9's batch there instead.
+            part.truncate_to(2)
+            part.append_replicated(memoryview(stored([b(9, 0, 3)], 2)), [(1, 0), (2, 2)])
+
+        cut = asyncio.get_running_loop().create_task(fetcher_session())
+        image = await part.capture(chunk_pids=1)  # yields between pids: the cut runs there
+        await cut
+        await part.wait_flushed(image.covered_to)
+        store = SnapshotStore(tmp_path / "snapshots")
+        snap = Snapshot(1)
+        snap.partitions[("t", 0)] = image
+        store.write(snap)
+        await part.flusher.wait_idle()
+        part.close()
+
+        loaded = store.load_newest()
+        assert loaded is not None
+        again = open_part(
+            tmp_path / "data",
+            Flusher(mode="batch", interval_ms=0),
+            hw=2,
+            snapshot=loaded[0].partitions[("t", 0)],
+        )
+        # pid 1's resend of the cut sequences 2-3 must be written, not answered DUPLICATE
+        assert outcome(again, 1, 2, 2) is Outcome.APPEND
+        assert outcome(again, 2, 0, 1) is Outcome.APPEND
+        # pid 9's batch is in the log: its resend must not be appended a second time
+        assert again.state.get(9) is not None
+        assert outcome(again, 9, 0, 3) is not Outcome.APPEND
+        await again.flusher.wait_idle()
+        again.close()
+
+    asyncio.run(go())
