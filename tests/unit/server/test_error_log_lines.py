@@ -16,7 +16,7 @@ from pidlease.errors import NotLeader, describe
 from pidlease.wire.cluster import PartitionState
 from tests.helpers import ManualClock
 from tests.sim.zk import partition_zk
-from tests.unit.server.test_replication_isr_retry import LAG_MS, append, fetch, setup
+from tests.unit.server._replicas import LAG_MS, append, fetch, setup
 
 
 def test_describe_names_the_type_and_never_comes_out_empty() -> None:

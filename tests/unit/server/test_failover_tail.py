@@ -22,8 +22,8 @@ from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
 from pidlease.wire.framing import read_frame
 from tests.sim.zk import partition_zk
-from tests.unit.server.test_replication_isr_retry import KEY
-from tests.unit.server.test_step_down import setup
+from tests.unit.server._replicas import KEY
+from tests.unit.server._replicas import leased_setup as setup
 
 
 def test_the_winner_of_an_election_leads_before_any_re_read(tmp_path: Path) -> None:

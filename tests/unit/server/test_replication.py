@@ -1,20 +1,42 @@
-"""A replicated partition without servers: acks wait for the in-sync followers, recovery
-does not call batches above the checkpointed high watermark durable, a follower's cut
-rebuilds the producer state, and snapshot rows from before a cut are never trusted."""
+"""``ReplicaManager`` (partition_server/replication.py) and a replicated partition without
+servers: acks wait for the in-sync followers, recovery does not call batches above the
+checkpointed high watermark durable, a follower's cut rebuilds the producer state, and
+snapshot rows from before a cut are never trusted; the in-sync set's maintenance (failed
+ZooKeeper writes retried, an idle partition's unreachable follower removed once, a departed
+follower removed at once, the lag check on the monotonic clock) and step-down when the
+ZooKeeper lease ends. The set-ups are in ``_replicas.py``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
 
 from partition_server.log import PartitionLog
-from partition_server.partition import Partition
+from partition_server.partition import Partition, Role
 from partition_server.producer_state import Outcome
-from partition_server.testing import b, open_part, outcome, stored
-from pidlease.errors import CorruptRecord, NotLeader
+from partition_server.registry import Assignment
+from partition_server.replication import ReplicaManager
+from partition_server.testing import b, open_part, outcome, settle, stored
+from pidlease import errors
+from pidlease.errors import CorruptRecord, NotEnoughReplicas, NotLeader
 from pidlease.wire import protocol as P
+from pidlease.wire.cluster import PartitionState
+from tests.helpers import ManualClock
+from tests.sim.zk import partition_zk
+from tests.unit.server._replicas import (
+    KEY,
+    LAG_MS,
+    append,
+    fetch,
+    leased_setup,
+    read,
+    servers,
+    setup,
+    setup_live,
+)
 
 SEGMENT_BYTES = 4096
 
@@ -167,3 +189,510 @@ def test_a_follower_rejoins_only_once_it_holds_the_new_leaders_log_at_its_epoch_
     part.record_replica_fetch(2, 4)
     assert part.isr.joiners(part.high_watermark) == [2]
     part.close()
+
+
+# -- in-sync set changes whose ZooKeeper write fails (review 5, docs/reliability.md finding 5)
+
+
+def test_a_failed_removal_of_a_dead_follower_is_retried(tmp_path: Path) -> None:
+    """Review 5 (docs/reliability.md finding 5): a failed in-sync-set write to ZooKeeper is
+    retried, and whoever ZooKeeper may name in sync is counted."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
+        part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
+        ack = await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        assert not ack.done()  # follower 3 is dead: it holds the ack back
+        clock.now = 1_000 + LAG_MS + 1
+        await fetch(mgr, part, 2, 1)
+        mgr.check_isr(clock.now)
+        await settle()
+        assert zk.sets == 1 and zk.state.isr == [1, 2, 3]  # the removal failed
+        assert not ack.done()
+        clock.now += 250  # the next maintenance tick
+        mgr.check_isr(clock.now)
+        await settle()
+        assert zk.state.isr == [1, 2], "the failed removal was never retried"
+        assert part.isr is not None and part.isr.isr == {1, 2}
+        assert ack.done() and part.high_watermark == 1
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_addition_keeps_counting_the_follower_and_is_retried(tmp_path: Path) -> None:
+    """Review 5 (docs/reliability.md finding 5): a failed in-sync-set write to ZooKeeper is
+    retried, and whoever ZooKeeper may name in sync is counted."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        # the write is lost with the connection after ZooKeeper applied it: 3 is in sync
+        # there, though the leader was told the write failed
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1, land_failed=True)
+        part, mgr = setup(tmp_path, clock, [1, 2], zk)
+        await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        assert part.high_watermark == 1
+        await fetch(mgr, part, 3, 1)  # 3 caught up: add it (the write fails)
+        assert zk.sets == 1 and zk.state.isr == [1, 2, 3]
+        ack = await append(part, 1)
+        await fetch(mgr, part, 2, 2)
+        # ZooKeeper may name 3 in sync, and 3 lacks offset 1: nothing above 1 is acked
+        assert part.high_watermark == 1 and not ack.done()
+        await fetch(mgr, part, 3, 2)  # the addition is asked again, and lands
+        assert part.isr is not None and part.isr.isr == {1, 2, 3}
+        assert not part.isr.pending_add
+        assert ack.done() and part.high_watermark == 2
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_addition_is_retried_and_a_dead_joiner_stops_holding_acks(tmp_path: Path) -> None:
+    """Review 5 (docs/reliability.md finding 5): a failed in-sync-set write to ZooKeeper is
+    retried, and whoever ZooKeeper may name in sync is counted."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
+        part, mgr = setup(tmp_path, clock, [1, 2], zk)
+        await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        await fetch(mgr, part, 3, 1)  # add 3: the write fails, not applied
+        assert zk.sets == 1 and zk.state.isr == [1, 2]
+        await fetch(mgr, part, 3, 1)  # its next fetch asks again
+        assert zk.state.isr == [1, 2, 3]
+        assert part.isr is not None and part.isr.isr == {1, 2, 3}
+
+        # A second failed addition, then the joiner dies: it must not stall acks forever.
+        zk2 = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]), fail_sets=1)
+        part2, mgr2 = setup(tmp_path / "2", clock, [1, 2], zk2)
+        await append(part2, 0)
+        await fetch(mgr2, part2, 2, 1)
+        await fetch(mgr2, part2, 3, 1)  # the addition fails; 3 still counts
+        ack = await append(part2, 1)
+        await fetch(mgr2, part2, 2, 2)
+        assert not ack.done()  # 3 (counted, maybe in sync) lacks it
+        clock.now += LAG_MS + 1  # 3 never fetches again
+        await fetch(mgr2, part2, 2, 2)
+        for _ in range(3):  # maintenance ticks
+            mgr2.check_isr(clock.now)
+            await settle()
+            clock.now += 250
+        assert zk2.state.isr == [1, 2]
+        assert ack.done() and part2.high_watermark == 2
+        part.close()
+        part2.close()
+
+    asyncio.run(go())
+
+
+# -- an unreachable follower of an idle partition (issue 16, ISR flapping)
+
+
+TICK_MS = 250  # the maintenance tick for this lag time (replication._maintain)
+
+
+async def run(mgr: ReplicaManager, clock: ManualClock, until_ms: int, fetchers: list[int]) -> None:
+    """Move the clock to ``until_ms`` by ticks: each tick ``fetchers`` fetch up to the
+    leader's end (an idle partition: nothing new) and the maintenance pass runs."""
+    part = mgr.partitions[KEY]
+    while clock.now < until_ms:
+        clock.now += TICK_MS
+        for r in fetchers:
+            await fetch(mgr, part, r, part.log.next_offset)
+        mgr.check_isr(clock.now)
+        await settle()  # a leadership write takes a few turns of the loop (read, commit)
+
+
+def test_an_unreachable_follower_of_an_idle_partition_is_removed_once(tmp_path: Path) -> None:
+    """Issue 16 (ISR flapping): an unreachable follower of an idle partition is removed once,
+    not re-added on its old fetch (one ZooKeeper write, not one a second)."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
+        mgr.s.isr_change_min_interval_ms = 1_000
+        await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        await fetch(mgr, part, 3, 1)  # 3 holds everything, then becomes unreachable
+        assert part.high_watermark == 1
+        await run(mgr, clock, 1_000 + LAG_MS + 30_000, fetchers=[2])
+        assert zk.state.isr == [1, 2]
+        assert zk.sets == 1, f"{zk.sets} ZooKeeper writes for one follower's departure"
+        assert mgr.isr_changes[KEY] == (1, 0)
+
+        # 3 is reachable again: its own fetch (at the end) lets it back in, once
+        await run(mgr, clock, clock.now + 5_000, fetchers=[2, 3])
+        assert zk.state.isr == [1, 2, 3] and zk.sets == 2
+        assert mgr.isr_changes[KEY] == (1, 1)
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_follower_back_right_after_its_removal_waits_the_minimum_interval(
+    tmp_path: Path,
+) -> None:
+    """Issue 16 (ISR flapping): an unreachable follower of an idle partition is removed once,
+    not re-added on its old fetch (one ZooKeeper write, not one a second)."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
+        mgr.s.isr_change_min_interval_ms = 2_000
+        await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        await fetch(mgr, part, 3, 1)
+        await run(mgr, clock, 1_000 + LAG_MS + 1, fetchers=[2])
+        assert zk.state.isr == [1, 2]
+        removed_at = clock.now
+        await fetch(mgr, part, 3, 1)  # back at once
+        assert zk.state.isr == [1, 2]
+        clock.now = removed_at + 1_999
+        await fetch(mgr, part, 3, 1)
+        assert zk.state.isr == [1, 2]
+        clock.now = removed_at + 2_000
+        await fetch(mgr, part, 3, 1)
+        assert zk.state.isr == [1, 2, 3] and zk.sets == 2
+        part.close()
+
+    asyncio.run(go())
+
+
+# -- a follower whose ZooKeeper session ended (issue 16, follower loss)
+
+
+def test_a_vanished_follower_leaves_the_in_sync_set_at_once_and_the_ack_goes_out(
+    tmp_path: Path,
+) -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended (its /servers/<id>
+    znode gone) leaves the in-sync set at once, not replica_lag_time_max_ms later."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        part, mgr, registry = setup_live(tmp_path, clock, [1, 2, 3], zk)
+        await read(mgr, part, registry, servers(1, 2, 3))
+        ack = await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        await fetch(mgr, part, 3, 0)  # 3 fetched before the append, then was killed
+        assert not ack.done()  # 3 holds the ack back
+        clock.now += 1_300  # its session times out: far below the lag time
+        await read(mgr, part, registry, servers(1, 2))
+        assert zk.state.isr == [1, 2], "the departed follower is still in sync"
+        assert part.isr is not None and part.isr.isr == {1, 2}
+        assert ack.done() and part.high_watermark == 1
+        assert mgr.isr_changes[KEY] == (1, 0)  # counted as a shrink
+        # It comes back (a new session) and rejoins the usual way: a fresh fetch.
+        await read(mgr, part, registry, servers(1, 2, 3))
+        assert zk.sets == 1
+        await fetch(mgr, part, 3, 1)
+        assert zk.state.isr == [1, 2, 3]
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_the_isr_change_rate_limit_does_not_hold_a_departure_back(tmp_path: Path) -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended (its /servers/<id>
+    znode gone) leaves the in-sync set at once, not replica_lag_time_max_ms later."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2]))
+        part, mgr, registry = setup_live(tmp_path, clock, [1, 2], zk, min_interval_ms=60_000)
+        await read(mgr, part, registry, servers(1, 2, 3))
+        await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        await fetch(mgr, part, 3, 1)  # 3 caught up: added, a change just now
+        assert zk.state.isr == [1, 2, 3]
+        clock.now += 100  # well within the 60 s between changes
+        await read(mgr, part, registry, servers(1, 2))
+        assert zk.state.isr == [1, 2], "the rate limit held the departure back"
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_below_min_insync_the_departure_still_shrinks_and_produces_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended (its /servers/<id>
+    znode gone) leaves the in-sync set at once, not replica_lag_time_max_ms later."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        part, mgr, registry = setup_live(tmp_path, clock, [1, 2, 3], zk, min_insync=2)
+        await read(mgr, part, registry, servers(1, 2, 3))
+        await fetch(mgr, part, 2, 0)
+        await fetch(mgr, part, 3, 0)
+        ack = await append(part, 0)
+        await read(mgr, part, registry, servers(1, 3))  # 2 is gone: 2 of 3 still fine
+        assert zk.state.isr == [1, 3]
+        await read(mgr, part, registry, servers(1))  # 3 too: below the minimum
+        assert zk.state.isr == [1]
+        # the waiting ack is refused, not acked on one copy, and nothing new is taken
+        assert ack.done() and isinstance(ack.exception(), NotEnoughReplicas)
+        assert part.high_watermark == 0
+        end = part.log.next_offset
+        with pytest.raises(NotEnoughReplicas):
+            await append(part, 1)
+        assert part.log.next_offset == end
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_no_removal_while_the_session_is_there(tmp_path: Path) -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended (its /servers/<id>
+    znode gone) leaves the in-sync set at once, not replica_lag_time_max_ms later."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        part, mgr, registry = setup_live(tmp_path, clock, [1, 2, 3], zk)
+        await read(mgr, part, registry, servers(1, 2, 3))
+        ack = await append(part, 0)
+        await fetch(mgr, part, 2, 1)  # 3 silent, but its session is alive (a one-way cut)
+        for _ in range(8):
+            clock.now += 1_000  # 8 s: below the lag time
+            mgr.check_isr(clock.now)
+            await read(mgr, part, registry, servers(1, 2, 3))
+        assert zk.sets == 0 and zk.state.isr == [1, 2, 3] and not ack.done()
+        clock.now += LAG_MS  # the lag rule still applies to it
+        await fetch(mgr, part, 2, 1)
+        mgr.check_isr(clock.now)
+        await settle()
+        assert zk.state.isr == [1, 2]
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_read_without_our_own_znode_or_before_a_server_registered_removes_nobody(
+    tmp_path: Path,
+) -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended (its /servers/<id>
+    znode gone) leaves the in-sync set at once, not replica_lag_time_max_ms later."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]))
+        part, mgr, registry = setup_live(tmp_path, clock, [1, 2, 3], zk)
+        # 3 has not registered yet (the cluster starting): the lag rule's business
+        await read(mgr, part, registry, servers(1, 2))
+        mgr.check_isr(clock.now)
+        await settle()
+        assert zk.sets == 0
+        await read(mgr, part, registry, servers(1, 2, 3))
+        # a read made outside our session (our own znode missing) says nothing
+        await read(mgr, part, registry, servers(2))
+        mgr.check_isr(clock.now)
+        await settle()
+        assert zk.sets == 0
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_departure_whose_write_fails_is_retried_by_the_tick(tmp_path: Path) -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended (its /servers/<id>
+    znode gone) leaves the in-sync set at once, not replica_lag_time_max_ms later."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1)
+        part, mgr, registry = setup_live(tmp_path, clock, [1, 2, 3], zk)
+        await read(mgr, part, registry, servers(1, 2, 3))
+        await read(mgr, part, registry, servers(1, 2))
+        assert zk.sets == 1 and zk.state.isr == [1, 2, 3]  # the write failed
+        clock.now += 250
+        mgr.check_isr(clock.now)
+        await settle()
+        assert zk.state.isr == [1, 2]
+        part.close()
+
+    asyncio.run(go())
+
+
+# -- step-down (docs/replication.md, Step-down): ReplicaManager's use of the ZooKeeper lease
+
+
+def test_a_leader_steps_down_when_its_lease_ends(tmp_path: Path) -> None:
+    """Step-down (docs/replication.md, Step-down): a leader steps down when its ZooKeeper lease
+    ends and leads again only by step_in."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 1, 1, [1, 2, 3])
+        part, mgr, registry, clock, zk = leased_setup(tmp_path, ps, [1, 2, 3])
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)  # valid until 2200
+        mgr.apply(KEY, part, ps, Assignment())
+        assert part.role is Role.LEADER
+        ack = await append(part, 0)
+        await fetch(mgr, part, 2, 1)  # 3 has not fetched: the ack waits
+        assert not ack.done()
+        clock.now = 2_199
+        mgr.check_lease()
+        assert part.role is Role.LEADER and mgr.step_downs_total == 0
+        clock.now = 2_200
+        mgr.check_lease()
+        assert part.role is Role.FOLLOWER and mgr.step_downs_total == 1
+        await settle()
+        assert ack.done() and isinstance(ack.exception(), errors.NotLeader)
+        assert mgr.inherited[KEY] == 1  # leads again only through step_in
+        assert mgr.step_downs[-1]["epoch"] == 1
+        assert zk.sets == 0  # stepping down writes nothing (ZooKeeper may be unreachable)
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_fetch_after_the_lease_ended_is_refused_even_before_the_timer_runs(
+    tmp_path: Path,
+) -> None:
+    """Step-down (docs/replication.md, Step-down): a leader steps down when its ZooKeeper lease
+    ends and leads again only by step_in."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 1, 1, [1, 2])
+        part, mgr, registry, clock, _ = leased_setup(tmp_path, ps, [1, 2, 3])
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        mgr.apply(KEY, part, ps, Assignment())
+        ack = await append(part, 0)
+        clock.now = 2_250  # the lease ended; no check_lease has run (a busy loop)
+        req = P.Request(
+            P.REPLICA_FETCH,
+            1,
+            "t",
+            0,
+            offset=1,
+            max_bytes=1 << 20,
+            replica_id=2,
+            leader_epoch=1,
+            max_wait_ms=0,
+        )
+        answer = P.decode_response(P.REPLICA_FETCH, (await mgr.replica_fetch(req, part))[4:])
+        assert answer.error_code == errors.NotLeader.code
+        assert part.high_watermark == 0, "the fetch moved the high watermark: an ack"
+        await settle()
+        assert isinstance(ack.exception(), errors.NotLeader)
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_without_a_lease_nothing_is_led_and_the_lease_back_leads_only_by_step_in(
+    tmp_path: Path,
+) -> None:
+    """Step-down (docs/replication.md, Step-down): a leader steps down when its ZooKeeper lease
+    ends and leads again only by step_in."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 1, 1, [1, 2, 3])
+        part, mgr, registry, clock, zk = leased_setup(tmp_path, ps, [1, 2, 3])
+        assert registry.lease is not None
+        mgr.apply(KEY, part, ps, Assignment())  # no confirmation yet
+        assert part.role is Role.FOLLOWER and zk.sets == 0
+        registry.lease.confirm(5, 1_000)
+        mgr.apply(KEY, part, ps, Assignment())
+        assert part.role is Role.LEADER
+        clock.now = 3_000
+        mgr.check_lease()
+        assert part.role is Role.FOLLOWER
+        # ZooKeeper back, same session; it still names server 1 at epoch 1. Server 1 does
+        # not simply resume: a compare-and-set hands epoch 2 to a live in-sync replica.
+        registry.lease.confirm(5, 3_000)
+        mgr.apply(KEY, part, zk.state, Assignment())
+        await settle()
+        assert part.role is Role.FOLLOWER
+        assert zk.sets == 1 and zk.state.leader == 2 and zk.state.leader_epoch == 2
+        assert 1 not in zk.state.isr
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_new_session_ends_the_leaderships_of_the_old_one(tmp_path: Path) -> None:
+    """Step-down (docs/replication.md, Step-down): a leader steps down when its ZooKeeper lease
+    ends and leads again only by step_in."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 1, 1, [1, 2, 3])
+        part, mgr, registry, _clock, _ = leased_setup(tmp_path, ps, [1])
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        mgr.apply(KEY, part, ps, Assignment())
+        assert part.role is Role.LEADER
+        # The session expired and kazoo made a new one, confirmed before the timer ran:
+        # the new lease is valid, but not for a leadership taken in session 5.
+        registry.lease.confirm(6, 1_100)
+        mgr.check_lease()
+        assert part.role is Role.FOLLOWER and mgr.step_downs_total == 1
+        part.close()
+
+    asyncio.run(go())
+
+
+# -- the in-sync set's lag check on the monotonic clock (issue 23 item 7)
+
+
+CLOCK_LAG_MS = 400  # the maintenance loop ticks every CLOCK_LAG_MS / 4
+
+
+async def one_maintenance_tick(mgr: object) -> None:
+    task = asyncio.create_task(mgr._maintain())  # type: ignore[attr-defined]
+    await asyncio.sleep(CLOCK_LAG_MS / 4 / 1000 * 1.6)  # one tick, not two
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def test_a_wall_clock_step_shrinks_no_in_sync_set(tmp_path: Path) -> None:
+    """Issue 23 item 7: the in-sync set's lag check runs on the monotonic clock, not the wall
+    clock (an NTP step must not make every follower look lagging)."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 1, 1, [1, 2, 3])
+        part, mgr, registry, mono, zk = leased_setup(tmp_path, ps, [1, 2, 3])
+        wall = ManualClock(1_700_000_000_000)
+        mgr.clock_ms = wall  # the wall clock; ``mono`` stays the manager's mono_ms
+        mgr.s.replica_lag_time_max_ms = CLOCK_LAG_MS
+        mgr.s.hw_checkpoint_interval_ms = 60_000
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)  # the lease holds on ``mono`` until 2_200
+        mgr.apply(KEY, part, ps, Assignment())
+        assert part.role is Role.LEADER and part.isr is not None
+        await fetch(mgr, part, 2, 0)
+        await fetch(mgr, part, 3, 0)
+        # NTP steps the wall clock a minute forward (or back: the same rule): nothing
+        # happened to the followers, so no follower leaves the set.
+        wall.now += 60_000
+        mono.now += 10
+        await one_maintenance_tick(mgr)
+        assert part.isr.isr == {1, 2, 3} and not part.isr.pending_remove, (
+            "the wall clock's step made followers look lagging: in-sync set "
+            f"{sorted(part.isr.isr)}, being removed {sorted(part.isr.pending_remove)}"
+        )
+        assert zk.sets == 0
+        wall.now -= 120_000
+        await one_maintenance_tick(mgr)
+        assert part.isr.isr == {1, 2, 3} and zk.sets == 0
+        # The lag check still works, on the monotonic clock: 3 stops fetching.
+        mono.now += CLOCK_LAG_MS // 2
+        await fetch(mgr, part, 2, 0)
+        mono.now += CLOCK_LAG_MS // 2 + 50
+        await fetch(mgr, part, 2, 0)
+        await one_maintenance_tick(mgr)
+        assert 3 not in part.isr.isr or 3 in part.isr.pending_remove
+        assert 2 in part.isr.isr and 2 not in part.isr.pending_remove
+        part.close()
+
+    asyncio.run(go())

@@ -12,7 +12,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_replication_isr_clock.py::test_a_wall_clock_step_shrinks_no_in_sync_set"
+    "tests/unit/server/test_replication.py::test_a_wall_clock_step_shrinks_no_in_sync_set"
 )
 BUDGET = 0
 WHY_NOT_SIM = (
