@@ -7,8 +7,13 @@ simulation's fake ZooKeeper (one-shot watches delivered on the loop)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from typing import Any
+
+import pytest
+from kazoo.exceptions import ConnectionLoss
+from kazoo.protocol.states import KazooState
 
 from partition_server.registry import Assignment, Registry
 from pidlease.wire.cluster import (
@@ -76,3 +81,43 @@ def test_changed_partitions_are_read_alone_and_a_deletion_reads_everything() -> 
         assert zk.ops - ops == 2  # the deletion, then one get_children of /servers
 
     asyncio.run(go())
+
+
+# -- logged errors carry their text, a clean stop is logged as one (issue 16)
+def test_a_failed_zookeeper_read_logs_what_failed(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 16 (logged errors said nothing: ``set_isr failed: `` and ``reading ZooKeeper
+    failed ()``): a failed ZooKeeper read logs what failed."""
+
+    async def go() -> None:
+        reg = Registry("unused:2181", 1)
+
+        def read_all() -> None:
+            raise ConnectionLoss  # no text: str() of it is empty
+
+        reg._read_all = read_all  # type: ignore[method-assign,assignment] - a stand-in read
+        await asyncio.wait_for(reg.refresh(), 5)
+        reg._closed = True  # no retry after the test
+
+    with caplog.at_level(logging.WARNING, logger="partition_server.registry"):
+        asyncio.run(go())
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("reading ZooKeeper failed (ConnectionLoss()); keeping the last view")
+
+
+def test_a_clean_stop_is_not_logged_as_a_lost_session(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 16 (log lines): a clean stop is logged as a clean stop, not a lost session."""
+
+    reg = Registry("unused:2181", 1)
+    with caplog.at_level(logging.INFO, logger="partition_server.registry"):
+        reg.close()  # no client yet: only the flag a SIGTERM's shutdown sets
+        reg._on_state(KazooState.LOST)  # what kazoo says when our own stop ends the session
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "ZooKeeper session closed")
+    ]
+    assert not reg._session_lost
+    caplog.clear()
+    live = Registry("unused:2181", 1)
+    with caplog.at_level(logging.INFO, logger="partition_server.registry"):
+        live._on_state(KazooState.LOST)  # a real loss still warns and re-registers later
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "session lost" in caplog.records[0].getMessage() and live._session_lost

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -696,3 +697,81 @@ def test_a_wall_clock_step_shrinks_no_in_sync_set(tmp_path: Path) -> None:
         part.close()
 
     asyncio.run(go())
+
+
+# -- the tail of a failover: the winner of an election leads at once (issue 16)
+def test_the_winner_of_an_election_leads_before_any_re_read(tmp_path: Path) -> None:
+    """Issue 16 (the tail of a failover, at most 2 s after a SIGKILL of the leader): a server
+    that wins an election takes the role from the state it wrote, not after re-reading the
+    whole cluster state."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])  # server 2 led epoch 4; it died
+        part, mgr, registry, _clock, _ = leased_setup(tmp_path, ps, [1, 3])
+        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
+        registry.zk = zk
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        part.become_follower(2, 4, "")
+        mgr.apply(KEY, part, ps, Assignment())  # no /servers/2: elect
+        await settle()
+        assert zk.state.leader == 1 and zk.state.leader_epoch == 5
+        # No re-read answers here (LeaseRegistry only counts refreshes): the role comes
+        # from the state the compare-and-set wrote.
+        assert part.role is Role.LEADER and part.leader_epoch == 5
+        assert part.isr is not None and sorted(part.isr.isr) == [1, 3]
+        # Nor is a full re-read asked for: the written state is known, and the data watch
+        # the last read armed on its znode brings it back as a partial read (issue 24).
+        assert registry.refreshes == 0
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_lost_election_takes_no_role(tmp_path: Path) -> None:
+    """Issue 16 (the tail of a failover, at most 2 s after a SIGKILL of the leader): a server
+    that loses the election's compare-and-set takes no role."""
+
+    async def go() -> None:
+        ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])
+        part, mgr, registry, _clock, _ = leased_setup(tmp_path, ps, [1, 3])
+        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
+        node = zk.zk.nodes[zk.path]  # server 3 won first: our read's version is stale by our set
+        node.version, node.data = 7, PartitionState([1, 2, 3], 3, 5, [1, 3]).to_bytes()
+        registry.zk = zk
+        assert registry.lease is not None
+        registry.lease.confirm(5, 1_000)
+        part.become_follower(2, 4, "")
+        mgr.apply(KEY, part, ps, Assignment())
+        await settle()
+        assert part.role is Role.FOLLOWER and part.leader_epoch == 4
+        part.close()
+
+    asyncio.run(go())
+
+
+# -- logged errors carry their text (issue 16)
+def test_a_failed_isr_write_logs_what_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 16 (logged errors said nothing: ``set_isr failed: `` and ``reading ZooKeeper
+    failed ()``): a failed in-sync-set write logs what failed."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        zk = partition_zk(
+            PartitionState([1, 2, 3], 1, 1, [1, 2, 3]), fail_sets=1
+        )  # ConnectionLoss()
+        part, mgr = setup(tmp_path, clock, [1, 2, 3], zk)
+        await append(part, 0)
+        await fetch(mgr, part, 2, 1)
+        clock.now = 1_000 + LAG_MS + 1
+        mgr.check_isr(clock.now)
+        for _ in range(20):  # the write goes out with the loop's next turns (bulk path)
+            await asyncio.sleep(0)
+        part.close()
+
+    with caplog.at_level(logging.WARNING, logger="partition_server.replication"):
+        asyncio.run(go())
+    failed = [r.getMessage() for r in caplog.records if "set_isr failed" in r.getMessage()]
+    assert failed == ["t-0: set_isr failed: ConnectionLoss()"]

@@ -1,8 +1,5 @@
-"""The tail of a failover (issue 16: at most 2 s after a SIGKILL of the leader): a server
-that wins an election takes the role from the state it wrote, not after re-reading the
-whole cluster state; a follower answered NOT_LEADER by the leader ZooKeeper names asks
-again at once, a bounded number of times, instead of waiting out its backoff. A real
-partition, a fake ZooKeeper (writes inline), a fake leader on a loopback socket."""
+"""``ReplicaFetcher`` (partition_server/replica_fetcher.py): a follower's fetches from a fake
+leader on a loopback socket."""
 
 from __future__ import annotations
 
@@ -13,60 +10,11 @@ from types import SimpleNamespace
 
 from partition_server import replica_fetcher
 from partition_server.flusher import Flusher
-from partition_server.partition import Role
-from partition_server.registry import Assignment
 from partition_server.replica_fetcher import ReplicaFetcher
 from partition_server.testing import open_part, settle
 from pidlease import errors
 from pidlease.wire import protocol as P
-from pidlease.wire.cluster import PartitionState
 from pidlease.wire.framing import read_frame
-from tests.sim.zk import partition_zk
-from tests.unit.server._replicas import KEY
-from tests.unit.server._replicas import leased_setup as setup
-
-
-def test_the_winner_of_an_election_leads_before_any_re_read(tmp_path: Path) -> None:
-    async def go() -> None:
-        ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])  # server 2 led epoch 4; it died
-        part, mgr, registry, _clock, _ = setup(tmp_path, ps, [1, 3])
-        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
-        registry.zk = zk
-        assert registry.lease is not None
-        registry.lease.confirm(5, 1_000)
-        part.become_follower(2, 4, "")
-        mgr.apply(KEY, part, ps, Assignment())  # no /servers/2: elect
-        await settle()
-        assert zk.state.leader == 1 and zk.state.leader_epoch == 5
-        # No re-read answers here (LeaseRegistry only counts refreshes): the role comes
-        # from the state the compare-and-set wrote.
-        assert part.role is Role.LEADER and part.leader_epoch == 5
-        assert part.isr is not None and sorted(part.isr.isr) == [1, 3]
-        # Nor is a full re-read asked for: the written state is known, and the data watch
-        # the last read armed on its znode brings it back as a partial read (issue 24).
-        assert registry.refreshes == 0
-        part.close()
-
-    asyncio.run(go())
-
-
-def test_a_lost_election_takes_no_role(tmp_path: Path) -> None:
-    async def go() -> None:
-        ps = PartitionState([1, 2, 3], 2, 4, [1, 2, 3])
-        part, mgr, registry, _clock, _ = setup(tmp_path, ps, [1, 3])
-        zk = partition_zk(ps, live=[1, 3])  # no /servers/2: its leader is gone
-        node = zk.zk.nodes[zk.path]  # server 3 won first: our read's version is stale by our set
-        node.version, node.data = 7, PartitionState([1, 2, 3], 3, 5, [1, 3]).to_bytes()
-        registry.zk = zk
-        assert registry.lease is not None
-        registry.lease.confirm(5, 1_000)
-        part.become_follower(2, 4, "")
-        mgr.apply(KEY, part, ps, Assignment())
-        await settle()
-        assert part.role is Role.FOLLOWER and part.leader_epoch == 4
-        part.close()
-
-    asyncio.run(go())
 
 
 class NotYetLeader:
@@ -124,6 +72,10 @@ def fetcher_settings(backoff_ms: float) -> SimpleNamespace:
 def test_a_follower_asks_a_not_yet_leader_again_quickly_a_bounded_number_of_times(
     tmp_path: Path,
 ) -> None:
+    """Issue 16 (the tail of a failover, at most 2 s after a SIGKILL of the leader): a follower
+    answered NOT_LEADER by the leader ZooKeeper names asks again at once, a bounded number
+    of times, instead of waiting out its backoff."""
+
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         leader = NotYetLeader()
@@ -168,6 +120,10 @@ def test_a_follower_asks_a_not_yet_leader_again_quickly_a_bounded_number_of_time
 
 
 def test_a_leader_that_answered_before_gets_the_usual_backoff(tmp_path: Path) -> None:
+    """Issue 16 (the tail of a failover, at most 2 s after a SIGKILL of the leader): only a
+    leader that never answered yet is asked again at once; one that answered before gets the
+    usual backoff."""
+
     async def go() -> None:
         part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
         leader = NotYetLeader()
