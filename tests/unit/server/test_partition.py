@@ -16,6 +16,7 @@ import pytest
 
 from partition_server import log as log_module
 from partition_server.flusher import Flusher
+from partition_server.partition import Partition
 from partition_server.producer_state import Outcome
 from partition_server.snapshot import Snapshot, SnapshotStore
 from partition_server.testing import (
@@ -27,6 +28,8 @@ from partition_server.testing import (
     settle,
     stored,
 )
+from pidlease.errors import TooManyPids
+from pidlease.wire.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
 
 
 def test_a_flush_from_before_a_cut_does_not_cover_batches_fetched_after_it(tmp_path: Path) -> None:
@@ -226,5 +229,53 @@ def test_rows_captured_before_a_cut_are_not_trusted_at_recovery(tmp_path: Path) 
         assert outcome(again, 9, 0, 3) is not Outcome.APPEND
         await again.flusher.wait_idle()
         again.close()
+
+    asyncio.run(go())
+
+
+IDLE = 1_000  # the tracked-PID limit's idle time before eviction
+
+
+def _partition(tmp_path: Path, pids_max: int, clock: list[int]) -> Partition:
+    return open_part(
+        tmp_path,
+        hw=None,
+        pids_max=pids_max,
+        clock_ms=lambda: clock[0],
+        evict_idle_min_ms=IDLE,
+        expire_ms=10**9,
+    )
+
+
+def _batch(pid: int, base: int) -> tuple[memoryview, BatchHeader]:
+    raw = batch_from_records(
+        encode_record(None, b"v"), 1, pid=pid, generation=1, base_sequence=base, timestamp_ms=0
+    )
+    return memoryview(raw), validate_batch(raw)
+
+
+def test_partition_append_raises_too_many_pids_naming_the_partition(tmp_path: Path) -> None:
+    """Tracked-PID limit (docs/reliability.md, after Kafka's KIP-936): a full table refuses a
+    new PID with TOO_MANY_PIDS instead of silently forgetting a live one."""
+
+    clock = [0]
+    part = _partition(tmp_path, 1, clock)
+
+    async def go() -> None:
+        d, fut = part.append(*_batch(1, 0), lambda b, e: (b, e), epoch=part.leader_epoch)
+        assert d.outcome is Outcome.APPEND and fut is not None
+        assert await fut == (0, 0)
+        with pytest.raises(TooManyPids) as info:
+            part.append(*_batch(2, 0), lambda b, e: (b, e), epoch=part.leader_epoch)
+        assert info.value.retriable and "partition t-0" in info.value.detail
+        end = part.log.next_offset
+        clock[0] = IDLE
+        d, fut = part.append(*_batch(2, 0), lambda b, e: (b, e), epoch=part.leader_epoch)
+        assert d.outcome is Outcome.APPEND and part.log.next_offset == end + 1
+        assert part.state.pids() == [2] and part.state.refused_total == 1
+        assert fut is not None
+        await fut
+        await part.flusher.wait_idle()
+        part.close()
 
     asyncio.run(go())

@@ -11,20 +11,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from partition_server.flusher import Flusher
 from partition_server.log import PartitionLog
 from partition_server.partition import Partition, Role
 from partition_server.producer_state import Outcome
 from partition_server.registry import Assignment
 from partition_server.replication import ReplicaManager
-from partition_server.testing import b, open_part, outcome, settle, stored
+from partition_server.testing import InlineExecutor, b, open_part, outcome, settle, stored
 from pidlease import errors
 from pidlease.errors import CorruptRecord, NotEnoughReplicas, NotLeader
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState
+from pidlease.wire.framing import unpack_header
 from tests.helpers import ManualClock
 from tests.sim.zk import partition_zk
 from tests.unit.server._replicas import (
@@ -775,3 +779,75 @@ def test_a_failed_isr_write_logs_what_failed(
         asyncio.run(go())
     failed = [r.getMessage() for r in caplog.records if "set_isr failed" in r.getMessage()]
     assert failed == ["t-0: set_isr failed: ConnectionLoss()"]
+
+
+# -- a held REPLICA_FETCH_MANY wakes at the first append to any partition (issue 25)
+WAIT_MS = 5_000  # the follower's fetch may be held this long when nothing comes
+
+
+def request(entries: list[P.ReplicaFetchEntry]) -> P.Request:
+    frame = P.replica_fetch_many_request(
+        1,
+        entries,
+        replica_id=2,
+        max_wait_ms=WAIT_MS,
+        max_bytes=1 << 20,
+        partition_max_bytes=1 << 20,
+    )
+    assert unpack_header(frame[:4]) == len(frame) - 4
+    return P.decode_request(frame[4:])
+
+
+def test_a_held_fetch_is_answered_at_the_first_append_to_any_of_its_partitions(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 (an acks=all produce or a group's offset commit on a 2-server cluster took
+    replica_fetch_wait_max_ms, 500 ms, one time in two): a held REPLICA_FETCH_MANY is
+    answered at the first append to any of its partitions."""
+
+    async def go() -> None:
+        clock = ManualClock(1_000)
+        flusher = Flusher(mode="batch", interval_ms=0, executor=InlineExecutor())
+        parts = {}
+        for i in range(3):
+            part = open_part(tmp_path / str(i), flusher, partition=i, clock_ms=clock)
+            part.hosted = True
+            part.become_leader(1, 1, [1, 2], [1, 2])
+            parts[("t", i)] = part
+        settings = SimpleNamespace(
+            server_id=1,
+            routes={},
+            replica_lag_time_max_ms=10_000,
+            isr_change_min_interval_ms=0,
+            replica_fetch_wait_max_ms=WAIT_MS,
+            fetch_bytes_max=1 << 20,
+            frame_bytes_max=1 << 21,
+        )
+        registry = SimpleNamespace(
+            zk=partition_zk(PartitionState([1, 2], 1, 1, [1, 2])),
+            refresh=lambda: None,
+            assignment=None,
+        )
+        mgr = ReplicaManager(
+            settings, registry, parts, tmp_path, clock_ms=clock, zk_executor=InlineExecutor()
+        )
+        # The follower has everything (offset 0, high watermark 0) in all three.
+        held = asyncio.create_task(
+            mgr.replica_fetch_many(
+                request([P.ReplicaFetchEntry("t", i, 1, 0, 0) for i in range(3)])
+            )
+        )
+        await asyncio.sleep(0.05)
+        assert not held.done(), "nothing new: the leader holds the fetch"
+        t0 = time.monotonic()
+        part = parts[("t", 1)]
+        raw = bytearray(b(7, 0))
+        part.append(memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None, epoch=1)
+        answer = await asyncio.wait_for(held, WAIT_MS / 1000 + 5)
+        took = time.monotonic() - t0
+        resp = P.decode_response(P.REPLICA_FETCH_MANY, answer[4:])
+        assert [(f.topic, f.partition) for f in resp.fetched or []] == [("t", 1)]
+        assert len(bytes(resp.fetched[0].data)) == len(raw)  # type: ignore[index]
+        assert took < 1.0, f"answered {took:.2f} s after the append (held for the others)"
+
+    asyncio.run(go())
