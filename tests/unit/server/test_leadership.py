@@ -169,8 +169,7 @@ def test_a_lost_election_race_does_not_fail_the_in_sync_changes_beside_it() -> N
     assert all(out[("t", p)] is None and read(zk, p).leader == 3 for p in range(10, 20))
 
 
-# -- ZkLease (was test_step_down.py) ---------------------------------------------------------
-# -- ZkLease ---------------------------------------------------------------------------------
+# -- ZkLease: how long the ZooKeeper session is certainly alive ---------------------------
 def test_a_confirmed_request_makes_the_lease_end_a_margin_before_the_earliest_expiry() -> None:
     """Step-down (docs/replication.md, Step-down): how long the ZooKeeper session is certainly
     alive."""
