@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from partition_server import log as log_module
+from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher
-from partition_server.partition import Partition
+from partition_server.partition import Partition, Role
 from partition_server.producer_state import Outcome
 from partition_server.snapshot import Snapshot, SnapshotStore
 from partition_server.testing import (
@@ -28,8 +29,9 @@ from partition_server.testing import (
     settle,
     stored,
 )
-from pidlease.errors import TooManyPids
+from pidlease.errors import ServerUnavailable, TooManyPids
 from pidlease.wire.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
+from tests.unit.server._disks import FullDisk, on_disk
 
 
 def test_a_flush_from_before_a_cut_does_not_cover_batches_fetched_after_it(tmp_path: Path) -> None:
@@ -276,6 +278,113 @@ def test_partition_append_raises_too_many_pids_naming_the_partition(tmp_path: Pa
         assert fut is not None
         await fut
         await part.flusher.wait_idle()
+        part.close()
+
+    asyncio.run(go())
+
+
+# -- a leader-epoch file that cannot be saved (sim findings 8 and 14); ``disk``: conftest.py
+
+
+def test_a_failed_save_in_become_leader_changes_nothing_and_the_retry_saves(
+    tmp_path: Path, disk: FullDisk
+) -> None:
+    """docs/reliability.md sim finding 8: a leader-epoch file that cannot be saved (ENOSPC)
+    leaves the history in memory as it was, so the retry saves it."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        part.become_follower(1, 1, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2)]), [(1, 0)])
+        assert on_disk(part.log.dir) == [(1, 0)]
+        disk.full.add("t-0")
+        with pytest.raises(OSError, match=r"No space left on device \(test\)"):
+            part.become_leader(2, 2, [1, 2], [1, 2])
+        assert part.role is Role.FOLLOWER and part.leader_epoch == 1
+        assert part.epochs.entries == [(1, 0)], "the epoch stayed in memory, not on disk"
+        disk.full.clear()
+        part.become_leader(2, 2, [1, 2], [1, 2])  # the reconcile a second later
+        assert part.role is Role.LEADER and part.leader_epoch == 2
+        assert on_disk(part.log.dir) == [(1, 0), (2, 2)], "the retry never saved the epoch"
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_save_of_fetched_epochs_changes_nothing(tmp_path: Path, disk: FullDisk) -> None:
+    """docs/reliability.md sim finding 8: a leader-epoch file that cannot be saved (ENOSPC)
+    leaves the history in memory as it was, so the retry saves it."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        part.become_follower(1, 2, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2)]), [(1, 0)])
+        disk.full.add("t-0")
+        with pytest.raises(OSError, match=r"No space left on device \(test\)"):
+            part.append_replicated(stored([b(1, 2, 2)], 2), [(2, 2)])
+        assert part.epochs.entries == [(1, 0)] and part.log.next_offset == 2
+        disk.full.clear()
+        assert part.append_replicated(stored([b(1, 2, 2)], 2), [(2, 2)]) == 1  # the refetch
+        assert on_disk(part.log.dir) == [(1, 0), (2, 2)]
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_log_write_after_the_epochs_were_saved_leaves_no_entry_past_the_end(
+    tmp_path: Path,
+) -> None:
+    """docs/reliability.md sim finding 14 (seed 500722 --retention): a follower's failed log
+    write after the fetched batches' epochs were saved leaves no epoch entry past its log
+    end.
+
+    Found by the simulation (seed 500722 --retention): a follower at log end 2 fetched
+    the leader's epoch 0 batch at 2 and its epoch 3 starting at 4; the epochs were saved,
+    then the log write failed (ENOSPC). Epoch 3 "starting at 4" stayed in memory past the
+    log end, so when this replica was elected at its end (2) it could never take the
+    role ("epoch 4 would start at 2, before epoch 3's start 4"), retrying for ever: the
+    partition stuck."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        part.become_follower(1, 2, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2)]), [(1, 0)])
+
+        def full(*_a: object) -> int:
+            raise ServerUnavailable("write failed: [Errno 28] No space left on device")
+
+        real = part.log.append
+        part.log.append = full  # type: ignore[method-assign]
+        with pytest.raises(ServerUnavailable):
+            part.append_replicated(stored([b(1, 2, 2), b(1, 4, 2)], 2), [(1, 0), (3, 4)])
+        part.log.append = real  # type: ignore[method-assign]
+        assert part.log.next_offset == 2
+        assert all(start <= 2 for _, start in part.epochs.entries), part.epochs.entries
+        part.become_leader(2, 4, [1, 2], [2])  # elected at its end: takes the role
+        assert part.epochs.entries[-1] == (4, 2)
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_save_in_a_cut_changes_nothing(tmp_path: Path, disk: FullDisk) -> None:
+    """docs/reliability.md sim finding 8: a leader-epoch file that cannot be saved (ENOSPC)
+    leaves the history in memory as it was, so the retry saves it."""
+
+    async def go() -> None:
+        part = open_part(tmp_path, Flusher(mode="batch", interval_ms=0))
+        part.become_follower(1, 2, "127.0.0.1:1")
+        part.append_replicated(stored([b(1, 0, 2), b(1, 2, 2)]), [(1, 0), (2, 2)])
+        before = (list(part.epochs.entries), part.epochs.truncations)
+        disk.full.add("t-0")
+        with pytest.raises(OSError, match=r"No space left on device \(test\)"):
+            part.truncate_to(2)
+        assert (part.epochs.entries, part.epochs.truncations) == before
+        assert part.log.next_offset == 4
+        disk.full.clear()
+        assert part.truncate_to(2) == 2
+        assert on_disk(part.log.dir) == [(1, 0)]
+        assert EpochHistory.load(part.log.dir).truncations == before[1] + 1
         part.close()
 
     asyncio.run(go())

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -499,5 +500,27 @@ def test_a_server_coming_or_going_reads_the_servers_not_every_partition() -> Non
                 break
             await asyncio.sleep(0.01)
         assert set(seen[-1].servers) == {1, 3, 4} and reg.partial_reads == 2
+
+    asyncio.run(go())
+
+
+def test_the_registry_keeps_applying_after_a_change_handler_fails(tmp_path: Path) -> None:
+    """docs/reliability.md sim finding 8: the registry's task outlives a failing change handler
+    (an OSError killed it: no assignment was applied again)."""
+
+    async def go() -> None:
+        registry = Registry("unused:2181", 1)
+        seen: list[Assignment] = []
+
+        def on_change(a: Assignment) -> None:
+            seen.append(a)
+            if len(seen) == 1:
+                raise RuntimeError("handler bug")
+
+        registry.on_change = on_change
+        registry._read_all = Assignment  # type: ignore[method-assign]
+        first = await asyncio.wait_for(registry.refresh(), 5)  # answered all the same
+        second = await asyncio.wait_for(registry.refresh(), 5)
+        assert len(seen) == 2 and registry.assignment is second and first is not second
 
     asyncio.run(go())
