@@ -21,6 +21,7 @@ from partition_server.registry import Assignment, Registry
 from partition_server.retention import LogPolicy
 from partition_server.settings import ServerSettings
 from partition_server.testing import b, open_part, stored
+from partition_server.testing import b as batch
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState, TopicSpec
 from tests.helpers import ManualClock
@@ -408,3 +409,95 @@ def test_a_directory_without_a_marker_is_adopted(tmp_path: Path) -> None:
         await b.close()
 
     asyncio.run(go())
+
+
+# -- who may drop producer state: the leader only (docs/reliability.md finding 7)
+EXPIRE_MS = 10_000
+
+
+def follower(tmp_path: Path, clock: ManualClock, **limits: Any) -> Partition:
+    """A replicated partition on this server, following server 2 (as recovery opens it)."""
+    part = open_part(tmp_path, clock_ms=clock, expire_ms=EXPIRE_MS, **limits)
+    part.become_follower(2, 1, "127.0.0.1:1")
+    return part
+
+
+def expiry_log_manager(tmp_path: Path, clock: ManualClock, part: Partition) -> LogManager:
+    s = ServerSettings(
+        data_dir=str(tmp_path / "server"), pid_expire_ms=EXPIRE_MS, allow_short_pid_expire=True
+    )
+    b = LogManager(s, None, clock_ms=clock)  # type: ignore[arg-type]  # no registry needed here
+    b.partitions[("t", 0)] = part
+    return b
+
+
+# -- finding 7 ----------------------------------------------------------------------------
+def test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period(
+    tmp_path: Path,
+) -> None:
+    """docs/reliability.md finding 7 (review 7): renewals touch a PID's last use on the leader
+    only, so followers never expire or evict and a new leader gives every PID a full expiry
+    period."""
+
+    clock = ManualClock()
+    part = follower(tmp_path, clock)
+    b = expiry_log_manager(tmp_path, clock, part)
+    assert part.append_replicated(stored([batch(7, 0, 3)]), [(1, 0)]) == 1
+    part.set_high_watermark(3)  # the leader's next fetch answer: committed, not in flight
+    # The producer stays idle but renews its lease on the leader (PRODUCER_STATE touches
+    # the leader's state only) for three expiry periods.
+    clock.now += 3 * EXPIRE_MS
+    assert b.expire_pids(clock.now) == 0
+    assert 7 in part.state, "a follower expired a PID on its own clock"
+    part.become_leader(1, 2, [1, 2], [1, 2])  # the old leader died
+    e = part.state.get(7)
+    assert e is not None and e.last_use_ms == clock.now and e.durable_highwater == 2
+    # A live producer renews within the new period; a dead one expires one period on.
+    clock.now += EXPIRE_MS - 1
+    assert b.expire_pids(clock.now) == 0 and 7 in part.state
+    clock.now += 1
+    assert b.expire_pids(clock.now) == 1 and 7 not in part.state
+    assert part.state.dropped_last_use_max_ms == clock.now - EXPIRE_MS
+    asyncio.run(part.flusher.wait_idle())
+    part.close()
+
+
+def test_follower_never_evicts_for_room_and_a_new_leader_evicts_no_live_pid(tmp_path: Path) -> None:
+    """docs/reliability.md finding 7 (review 7): renewals touch a PID's last use on the leader
+    only, so followers never expire or evict and a new leader gives every PID a full expiry
+    period."""
+
+    clock = ManualClock()
+    part = follower(tmp_path, clock, pids_max=1, evict_idle_min_ms=1_000)
+    assert part.append_replicated(stored([batch(7, 0)]), [(1, 0)]) == 1
+    part.set_high_watermark(1)
+    clock.now += 5_000
+    assert part.append_replicated(stored([batch(8, 0)], start=1), [(1, 0)]) == 1
+    part.set_high_watermark(2)
+    assert 7 in part.state and 8 in part.state, "a follower evicted PID 7 to make room"
+    assert part.state.dropped_last_use_max_ms == 0
+    part.become_leader(1, 2, [1, 2], [1, 2])
+    # Right after the failover no PID has been idle for evict_idle_min_ms by this leader's
+    # clock, so a new PID is refused rather than forgetting one that may be live.
+    assert part.state.check_append(9, 0, 0, 1, clock.now).outcome is Outcome.TOO_MANY_PIDS
+    clock.now += 1_000
+    assert part.state.check_append(9, 0, 0, 1, clock.now).outcome is Outcome.APPEND
+    part.state.apply_append(9, 0, 0, 1, 2, clock.now)
+    assert len(part.state) == 1 and 9 in part.state
+    assert part.state.dropped_last_use_max_ms == clock.now - 1_000
+    asyncio.run(part.flusher.wait_idle())
+    part.close()
+
+
+def test_non_replicated_partition_still_expires(tmp_path: Path) -> None:
+    """docs/reliability.md finding 7 (review 7): renewals touch a PID's last use on the leader
+    only, so followers never expire or evict and a new leader gives every PID a full expiry
+    period."""
+
+    clock = ManualClock()
+    part = open_part(tmp_path, hw=None, clock_ms=clock, expire_ms=EXPIRE_MS)
+    b = expiry_log_manager(tmp_path, clock, part)
+    part.state.apply_append(7, 0, 0, 1, 0, clock.now, durable=True)
+    clock.now += EXPIRE_MS
+    assert b.expire_pids(clock.now) == 1
+    part.close()

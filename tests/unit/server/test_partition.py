@@ -18,8 +18,11 @@ from partition_server import log as log_module
 from partition_server.epochs import EpochHistory
 from partition_server.flusher import Flusher
 from partition_server.partition import Partition, Role
-from partition_server.producer_state import Outcome
-from partition_server.snapshot import Snapshot, SnapshotStore
+from partition_server.producer_state import FenceOutcome, Outcome
+from partition_server.snapshot import (
+    Snapshot,
+    SnapshotStore,
+)
 from partition_server.testing import (
     HeldExecutor,
     InlineExecutor,
@@ -31,6 +34,7 @@ from partition_server.testing import (
 )
 from pidlease.errors import ServerUnavailable, TooManyPids
 from pidlease.wire.protocol import BatchHeader, batch_from_records, encode_record, validate_batch
+from tests.helpers import ManualClock
 from tests.unit.server._disks import FullDisk, on_disk
 
 
@@ -385,6 +389,51 @@ def test_a_failed_save_in_a_cut_changes_nothing(tmp_path: Path, disk: FullDisk) 
         assert part.truncate_to(2) == 2
         assert on_disk(part.log.dir) == [(1, 0)]
         assert EpochHistory.load(part.log.dir).truncations == before[1] + 1
+        part.close()
+
+    asyncio.run(go())
+
+
+# -- the horizon of dropped PIDs (docs/reliability.md finding 6)
+EXPIRE_MS = 10_000
+
+
+def test_fence_creates_an_entry_only_for_a_pid_leased_after_the_horizon(tmp_path: Path) -> None:
+    """docs/reliability.md finding 6 (review 6): a partition remembers the newest last use of
+    any PID it dropped, and a takeover's FENCE creates a fresh entry only for a PID leased
+    after it."""
+
+    async def go() -> None:
+        clock = ManualClock()
+        part = open_part(tmp_path, hw=None, clock_ms=clock)
+        part.state.note_dropped(5_000)
+        answer = lambda existed, dhw, off: (existed, dhw, off)  # noqa: E731
+        outcome, fut = part.fence(7, 3, True, answer, leased_since_ms=5_000)
+        assert outcome is FenceOutcome.ABSENT and await fut == (False, -1, -1)
+        assert 7 not in part.state and part.log.next_offset == 0, "nothing written"
+        outcome, fut = part.fence(7, 3, True, answer, leased_since_ms=5_001)
+        assert outcome is FenceOutcome.APPEND and await fut == (False, -1, 0)
+        assert part.state.get(7).generation == 3  # type: ignore[union-attr]
+        outcome, fut = part.fence(8, 1, True, answer)  # an older coordinator: as before
+        assert outcome is FenceOutcome.APPEND and (await fut)[2] == 1
+        await part.flusher.wait_idle()
+        part.close()
+
+    asyncio.run(go())
+
+
+def test_capture_records_the_horizon(tmp_path: Path) -> None:
+    """docs/reliability.md finding 6 (review 6): a partition remembers the newest last use of
+    any PID it dropped, and a takeover's FENCE creates a fresh entry only for a PID leased
+    after it."""
+
+    async def go() -> None:
+        clock = ManualClock()
+        part = open_part(tmp_path, hw=None, clock_ms=clock)
+        part.state.apply_append(7, 0, 0, 1, 0, 123, durable=True)
+        part.state.expire(123 + EXPIRE_MS, EXPIRE_MS)
+        img = await part.capture()
+        assert img.dropped_last_use_max_ms == 123 and img.rows == []
         part.close()
 
     asyncio.run(go())

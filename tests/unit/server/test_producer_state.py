@@ -4,6 +4,7 @@ tested over the wire), plus fences, durability, expiry and the snapshot round tr
 
 from __future__ import annotations
 
+import time
 from array import array
 
 import pytest
@@ -717,3 +718,123 @@ def test_a_start_over_with_the_leaders_rows_below_its_start_ends_as_the_leader(
         for b in {flat[i] for i in range(0, len(flat), 3)}:
             assert fol.check_append(7, 0, b, 1).outcome is Outcome.DUPLICATE
         assert fol.check_append(7, 0, hw + 1, 1).outcome is Outcome.APPEND
+
+
+# -- who may drop producer state, and the horizon a drop leaves (findings 6 and 7)
+EXPIRE_MS = 10_000
+
+
+def test_raise_last_use_keeps_lru_order_and_later_times() -> None:
+    """docs/reliability.md finding 7 (review 7): renewals touch a PID's last use on the leader
+    only, so followers never expire or evict and a new leader gives every PID a full expiry
+    period."""
+
+    t = ProducerStateTable(mode="strict")
+    for pid, lu in ((1, 100), (2, 200), (3, 900)):
+        t.apply_append(pid, 0, 0, 1, pid, lu, durable=True)
+    t.raise_last_use(500)
+    assert [(pid, t.get(pid).last_use_ms) for pid in t.pids()] == [  # type: ignore[union-attr]
+        (1, 500),
+        (2, 500),
+        (3, 900),
+    ]
+    assert t.expire(500 + EXPIRE_MS, EXPIRE_MS) == 2 and t.pids() == [3]
+    empty = ProducerStateTable()
+    empty.raise_last_use(5)  # nothing to do, no error
+    assert len(empty) == 0
+
+
+def test_raise_last_use_of_a_million_pids_is_one_column_fill() -> None:
+    """docs/reliability.md finding 7 (review 7): renewals touch a PID's last use on the leader
+    only, so followers never expire or evict and a new leader gives every PID a full expiry
+    period."""
+
+    n = 1_000_000
+    t = ProducerStateTable(mode="strict")
+    t.load_rows([(pid, 0, 0, pid, array("q", (0, 0, pid))) for pid in range(1, n + 1)])
+    started = time.perf_counter()
+    t.raise_last_use(2 * n)
+    took = time.perf_counter() - started
+    assert min(t._lu) == max(t._lu) == 2 * n
+    print(f"raise_last_use of {n} PIDs: {took * 1000:.1f} ms")  # shown with -s
+
+
+# -- finding 6: the horizon ---------------------------------------------------------------
+def test_drops_raise_the_horizon_and_a_rebuild_keeps_it() -> None:
+    """docs/reliability.md finding 6 (review 6): a partition remembers the newest last use of
+    any PID it dropped, and a takeover's FENCE creates a fresh entry only for a PID leased
+    after it."""
+
+    t = ProducerStateTable(mode="strict", pids_max=1, evict_idle_min_ms=100)
+    t.apply_append(1, 0, 0, 1, 0, 1_000, durable=True)
+    t.apply_append(2, 0, 0, 1, 1, 1_050, durable=True)  # 1 is not idle enough to go
+    assert len(t) == 2 and t.dropped_last_use_max_ms == 0
+    assert t.expire(1_000 + EXPIRE_MS, EXPIRE_MS) == 1
+    assert t.dropped_last_use_max_ms == 1_000
+    t.apply_append(3, 0, 0, 1, 2, 1_200, durable=True)  # room for 3: 2 (idle 150 ms) goes
+    assert 2 not in t and t.dropped_last_use_max_ms == 1_050
+    t.clear()  # a rebuild from the log: drops stay dropped
+    assert t.dropped_last_use_max_ms == 1_050
+    t.note_dropped(900)
+    assert t.dropped_last_use_max_ms == 1_050
+    assert not t.may_create(1_050) and t.may_create(1_051)
+    assert t.may_create(0), "0: the coordinator did not say (an older one): create as before"
+
+
+# -- the rules as properties ----------------------------------------------------------------
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 12), st.integers(0, 40)),
+        st.tuples(st.just("expire"), st.just(0), st.integers(0, 40)),
+        st.tuples(st.just("lead"), st.just(0), st.integers(0, 40)),
+        st.tuples(st.just("follow"), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@given(_OPS, st.integers(1, 6), st.sampled_from(["strict", "monotonic"]))
+@settings(max_examples=300, deadline=None)
+def test_only_a_leader_drops_and_the_horizon_is_the_newest_dropped_last_use(
+    ops: list[tuple[str, int, int]], pids_max: int, mode: str
+) -> None:
+    """docs/reliability.md finding 6 (review 6): a partition remembers the newest last use of
+    any PID it dropped, and a takeover's FENCE creates a fresh entry only for a PID leased
+    after it. Followers drop nothing (finding 7).
+
+    A reference model written from the rules, not the table: a PID's last use is the
+    latest time it was applied (or the time its replica became leader); a follower never
+    loses a PID; the horizon is the largest last use any lost PID had when it went."""
+    t = ProducerStateTable(mode=mode, pids_max=pids_max, evict_idle_min_ms=30, expire_ms=50)
+    now = 0
+    last_use: dict[int, int] = {}
+    seq: dict[int, int] = {}
+    horizon = 0
+    for op, pid, dt in ops:
+        now += dt
+        before = set(last_use)
+        if op == "append":
+            s = seq.get(pid, -1) + 1
+            t.apply_append(pid, 0, s, 1, now, now, durable=True)
+            seq[pid] = s
+            last_use[pid] = max(last_use.get(pid, now), now)
+        elif op == "expire":
+            t.expire(now, 50)
+        elif op == "lead" and not t.drops_allowed:
+            t.drops_allowed = True
+            t.raise_last_use(now)
+            last_use = {p: max(lu, now) for p, lu in last_use.items()}
+        elif op == "follow":
+            t.drops_allowed = False
+        gone = before - set(t.pids()) - ({pid} if op == "append" else set())
+        if not t.drops_allowed:
+            assert not gone, "a follower dropped producer state"
+        for p in gone:
+            horizon = max(horizon, last_use.pop(p))
+            seq.pop(p)
+        assert set(t.pids()) == set(last_use)
+        assert t.dropped_last_use_max_ms == horizon
+        for p, lu in last_use.items():
+            assert t.get(p).last_use_ms == lu  # type: ignore[union-attr]
+        if t.drops_allowed and op == "expire":
+            assert all(lu + 50 > now for lu in last_use.values()), "expiry missed one"
