@@ -1,7 +1,8 @@
 """``PartitionSender`` (pidlease/client/sender.py) through a producer against the fake partition
-server (``pidlease.testing.fakes``): the send loop's rules end to end: fencing per batch,
-no batch on two connections across a leader change, a refused batch resent first, which
-errors are retried, and what the sender waits for. ``PartitionSender`` alone, through
+server (``pidlease.testing.fakes``): the send loop's rules end to end: fencing and the
+delivery timeout per batch, no batch on two connections across a leader change, a silent
+leader given up once another leads, a refused batch resent first, which errors are
+retried, and what the sender waits for. ``PartitionSender`` alone, through
 ``SenderContext`` fakes, is in test_partition_sender.py."""
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import pytest
 
 from pidlease import errors
 from pidlease.client import sender as sender_module
+from pidlease.client.leader_pool import SILENT_CHECK_MS
 from pidlease.client.producer import AsyncProducer, Producer
 from pidlease.testing.fakes import FakeCoordinator, FakePartitionServer
 from tests.helpers import wait_until
 
 SDK_BOTH_PATHS = True  # every test runs on the fast and the readable path (conftest)
-TOPICS = {"t": (3, "strict"), "one": (1, "strict"), "mono": (1, "monotonic")}
+TOPICS = {"t": (3, "strict"), "one": (1, "strict"), "mono": (1, "monotonic"), "s": (1, "monotonic")}
 
 
 # -- a fenced producer's records
@@ -51,7 +53,9 @@ def fenced(fut: Future[object]) -> errors.ProducerFenced:
     return exc
 
 
-def outcome(e: errors.ProducerFenced) -> tuple[int | None, int | None, int | None, bool]:
+def outcome(
+    e: errors.ProducerFenced | errors.DeliveryTimeout,
+) -> tuple[int | None, int | None, int | None, bool]:
     return e.partition, e.first_sequence, e.last_sequence, e.indeterminate
 
 
@@ -711,3 +715,225 @@ def test_a_sender_crashing_while_it_builds_a_batch_fails_its_records(monkeypatch
     assert flushed, "flush() still waiting 2 s after the sender crashed building a batch"
     assert isinstance(exc, errors.PidleaseError) and "crashed" in str(exc), exc
     assert srv.produce_requests == 0
+
+
+# -- a delivery timeout says per batch what may have been written (issue 30 item 5)
+def timed_out(fut: Future[object]) -> errors.DeliveryTimeout:
+    exc = fut.exception(10)
+    assert isinstance(exc, errors.DeliveryTimeout), exc
+    return exc
+
+
+def test_delivery_timeout_says_per_batch_what_may_have_been_written(fake) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30 item 5: a producer closed by delivery_timeout_ms fails each unresolved batch
+    with its own DeliveryTimeout saying what ProducerFenced says (partition, sequences,
+    whether it may have been written)."""
+
+    srv, coord = fake
+    # request_timeout_ms far above the delivery timeout: the held answers are still awaited
+    # when the delivery timeout closes the producer.
+    a = make(
+        coord,
+        producer_name="D",
+        delivery_timeout_ms=1000,
+        request_timeout_ms=60_000,
+        **ONE_AT_A_TIME,
+    )
+    try:
+        for p in range(3):
+            for _ in range(3):
+                a.send(b"acked", partition=p)
+        a.flush()
+        srv.hold_after_append.add(("t", 0))  # written, never answered
+        srv.hold_before_append.add(("t", 1))  # not written, never answered
+        before = srv.produce_requests
+        written = a.send(b"held-written", partition=0)
+        queued0 = a.send(b"queued", partition=0)
+        lost = a.send(b"held-unwritten", partition=1)
+        wait_for(lambda: srv.produce_requests >= before + 2)
+        assert outcome(timed_out(written)) == (0, 3, 3, True)
+        assert outcome(timed_out(lost)) == (1, 3, 3, True)
+        # never left the producer: not written, and never numbered
+        assert outcome(timed_out(queued0)) == (0, None, None, False)
+        assert "may have been written" in str(timed_out(written))
+        assert "last_sequence_id(0) with 3" in str(timed_out(written))
+        assert "never left the producer" in str(timed_out(queued0))
+        with pytest.raises(errors.DeliveryTimeout) as refused:
+            a.send(b"after", partition=2)
+        # refused at send: nothing of it was sent
+        assert (refused.value.partition, refused.value.indeterminate) == (None, False)
+    finally:
+        srv.hold_after_append.clear()
+        srv.hold_before_append.clear()
+        a.close(2000)
+
+    # docs/sdk.md's steps: take the name over, compare, resend what did not land.
+    b = make(coord, producer_name="D")
+    try:
+        w, lo = timed_out(written), timed_out(lost)
+        assert w.last_sequence is not None and lo.first_sequence is not None
+        assert b.last_sequence_id(0) >= w.last_sequence, "the held batch landed"
+        assert b.last_sequence_id(1) < lo.first_sequence, "the other one did not"
+        assert b.send(b"again", partition=1).result(5).sequence_id == 3
+    finally:
+        b.close(2000)
+    assert logged(srv, 0, a.pid) == [0, 1, 2, 3]
+    assert logged(srv, 1, a.pid) == [0, 1, 2, 3]
+
+
+# -- the SDK follows a leader that moved (issue 16 item 5)
+def aborts_of(p: AsyncProducer) -> int:
+    assert p._pool is not None
+    return p._pool.moved_aborts
+
+
+def test_a_silent_leader_is_given_up_once_another_leads() -> None:
+    """Issue 16 item 5 (the SDK follows a leader that moved): a silent leader is given up once
+    the coordinator names another, and the backoff after a lost leader stops at 100 ms."""
+
+    old, new = FakePartitionServer(TOPICS).start(), FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(old, TOPICS)
+
+    async def main() -> tuple[float, int]:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),
+            linger_ms=0,
+            request_timeout_ms=60_000,  # waiting it out would fail the bound below
+            metadata_refresh_min_ms=0,
+        ) as p:
+            await (await p.send(b"before"))
+            old.silent = True  # cut off: reads requests, answers nothing
+            t0 = time.monotonic()
+            fut = await p.send(b"during")
+            await wait_until(lambda: old.produce_requests >= 2)
+            coord.leader_override = new.address  # elected elsewhere; nobody told the SDK
+            await asyncio.wait_for(fut, 20)
+            return time.monotonic() - t0, aborts_of(p)
+
+    try:
+        took, aborts = asyncio.run(main())
+    finally:
+        old.stop()
+        new.stop()
+    assert [r.value for r in new.records("s", 0)] == [b"during"]
+    assert aborts == 1
+    assert took < 3 * SILENT_CHECK_MS / 1000 + 2, took
+
+
+def test_a_silent_leader_that_still_leads_is_left_alone() -> None:
+    """Issue 16 item 5 (the SDK follows a leader that moved): a silent leader is given up once
+    the coordinator names another, and the backoff after a lost leader stops at 100 ms."""
+
+    old = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(old, TOPICS)
+
+    async def main() -> int:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),
+            linger_ms=0,
+            request_timeout_ms=60_000,
+            metadata_refresh_min_ms=0,
+        ) as p:
+            old.silent = True
+            await p.send(b"held")
+            await asyncio.sleep(3 * SILENT_CHECK_MS / 1000)
+            aborts: int = aborts_of(p)
+            old.silent = False
+            old.drop_all()  # let the producer finish: the resend is answered
+            await p.flush()
+            return aborts
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        old.stop()
+
+
+def test_the_backoff_after_a_lost_leader_stops_at_100_ms() -> None:
+    """Issue 16 item 5 (the SDK follows a leader that moved): a silent leader is given up once
+    the coordinator names another, and the backoff after a lost leader stops at 100 ms."""
+
+    server = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(server, TOPICS)
+
+    async def main() -> dict[str, float]:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),
+            retry_backoff_ms=50,
+            retry_backoff_max_ms=1_000,
+        ) as p:
+            sender = p._senders[0]
+            delays: dict[str, float] = {}
+            # SEQUENCE_UNKNOWN first: no leader was lost before it, so nothing restarts
+            # its backoff (after a lost leader it would: the next test).
+            for exc in (
+                errors.SequenceUnknown("in flight"),
+                errors.NotLeader("moved"),
+                errors.ServerUnavailable("connection refused"),
+            ):
+                sender._backoff.failures = 10  # a long outage: the doubling is at its cap
+                sender._retry_at = None
+                now = p.clock_ms()
+                sender._schedule_retry(exc, now)
+                assert sender._retry_at is not None
+                delays[exc.name] = sender._retry_at - now
+            sender._retry_at = None
+            return delays
+
+    try:
+        delays = asyncio.run(main())
+    finally:
+        server.stop()
+    # A short poll for the new leader (it was 250 ms: up to 300 ms of a failover's pause
+    # came after the election).
+    assert delays["NOT_LEADER"] <= 100 and delays["SERVER_UNAVAILABLE"] <= 100, delays
+    assert delays["SEQUENCE_UNKNOWN"] > 100, delays  # other retries keep the full backoff
+
+
+def test_the_first_other_answer_after_a_lost_leader_starts_the_backoff_over() -> None:
+    """Issue 16 item 5 (the SDK follows a leader that moved): a silent leader is given up once
+    the coordinator names another, and the backoff after a lost leader stops at 100 ms.
+
+    After a failover the new leader may answer SEQUENCE_UNKNOWN for a batch it holds
+    above its high watermark (settled by its followers' next fetch): that retry must not
+    wait the backoff the outage built up (up to retry_backoff_max_ms)."""
+    server = FakePartitionServer(TOPICS).start()
+    coord = FakeCoordinator(server, TOPICS)
+
+    async def main() -> list[float]:
+        async with AsyncProducer(
+            "http://fake",
+            "s",
+            http_transport=coord.transport(),
+            retry_backoff_ms=50,
+            retry_backoff_max_ms=1_000,
+        ) as p:
+            sender = p._senders[0]
+            delays: list[float] = []
+            for exc in (
+                *[errors.ServerUnavailable("connection refused")] * 8,  # the outage
+                errors.SequenceUnknown("appended but not yet durable"),  # the new leader
+                errors.SequenceUnknown("appended but not yet durable"),
+                errors.SequenceUnknown("appended but not yet durable"),
+            ):
+                sender._retry_at = None
+                now = p.clock_ms()
+                sender._schedule_retry(exc, now)
+                assert sender._retry_at is not None
+                delays.append(sender._retry_at - now)
+            sender._retry_at = None
+            return delays
+
+    try:
+        delays = asyncio.run(main())
+    finally:
+        server.stop()
+    assert all(d <= 100 for d in delays[:8]), delays
+    assert delays[8] <= 60, delays  # the base backoff, jittered (+-20%)
+    assert delays[9] > delays[8] and delays[10] > delays[9], delays  # then it doubles again
