@@ -10,7 +10,7 @@ from kazoo.exceptions import ConnectionLoss
 
 from pidlease import errors
 from pidlease.client import producer, sender
-from pidlease.errors import NotLeader, describe
+from pidlease.errors import NotEnoughReplicas, NotLeader, describe
 
 
 def _tree() -> list[type[errors.PidleaseError]]:
@@ -160,3 +160,13 @@ def test_describe_names_the_type_and_never_comes_out_empty() -> None:
         "OSError: [Errno 28] No space left on device"
     )
     assert describe(NotLeader("server 2 leads")) == "NotLeader: server 2 leads"
+
+
+def test_the_new_error_is_retriable_with_its_own_code() -> None:
+    """min_insync_replicas (docs/replication.md): NOT_ENOUGH_REPLICAS is retriable with its own
+    code."""
+
+    assert errors.ERRORS_BY_CODE[25] is NotEnoughReplicas
+    assert errors.ERRORS_BY_NAME["NOT_ENOUGH_REPLICAS"] is NotEnoughReplicas
+    assert NotEnoughReplicas.retriable and NotEnoughReplicas.http_status == 503
+    assert not NotEnoughReplicas.invalid_metadata  # the leader is right; wait, not look up

@@ -205,3 +205,15 @@ def test_departed_names_counted_followers_only() -> None:
     s.pending_remove.add(2)
     assert s.departed({2, 3}) == [3]  # 2 is being removed already
     assert s.departed(set()) == []
+
+
+def test_isr_rules_count_the_confirmed_set_for_writes_and_the_counted_for_commits() -> None:
+    """min_insync_replicas (docs/replication.md): writes count the confirmed in-sync set,
+    commits the counted one."""
+
+    isr = InSyncReplicas(1, [1, 2, 3], [1], now_ms=0, min_insync=2)
+    assert not isr.accepts_writes() and not isr.commits()
+    isr.begin_change([2], [])  # a joiner counts for the HW before ZooKeeper confirms it
+    assert isr.commits() and not isr.accepts_writes()
+    isr.set_isr([1, 2])
+    assert isr.accepts_writes() and isr.commits()
