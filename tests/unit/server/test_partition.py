@@ -592,3 +592,46 @@ def test_r2_with_the_default_minimum_acks_on_the_leader_alone(tmp_path: Path) ->
         await close(part)
 
     asyncio.run(go())
+
+
+# -- LIST_OFFSETS: the first committed batch at or after a time (issue 13 item 4)
+STAMPS = [100, 200, 150, 400, 300, 500]  # producers' clocks: need not grow with the offset
+
+
+async def _filled(tmp_path: Path) -> Partition:
+    part = open_part(tmp_path, hw=0, segment_bytes_max=300)  # replicated: hw moved by hand
+    for seq, ts in enumerate(STAMPS):
+        raw = bytearray(
+            P.encode_batch(
+                [(None, b"x" * 60)], pid=7, generation=0, base_sequence=seq, timestamp_ms=ts
+            )
+        )
+        part.append(
+            memoryview(raw), P.validate_batch(bytes(raw)), lambda *_: None, epoch=part.leader_epoch
+        )
+    await part.wait_flushed(part.log.next_offset)
+    return part
+
+
+def test_partition_answers_the_first_committed_batch_at_or_after_the_time(
+    tmp_path: Path,
+) -> None:
+    """Issue 13 item 4 (LIST_OFFSETS: a reader's start by time, or the log's start or end): the
+    partition answers the first committed batch at or after the time, the high watermark
+    when none."""
+
+    async def main() -> None:
+        part = await _filled(tmp_path)
+        assert len(part.log.segments) > 2
+        part.set_high_watermark(4)  # offsets 4 and 5 are written, not committed
+        at = part.offset_for_timestamp
+        assert (at(P.EARLIEST_TIMESTAMP), at(P.LATEST_TIMESTAMP)) == (0, 4)
+        assert [at(t) for t in (0, 100, 101, 150, 160, 201, 400)] == [0, 0, 1, 1, 1, 3, 3]
+        # Only uncommitted batches are that new: start at the high watermark and wait.
+        assert at(401) == 4 and at(10**12) == 4
+        part.set_high_watermark(6)
+        assert (at(401), at(500), at(501), at(P.LATEST_TIMESTAMP)) == (5, 5, 6, 6)
+        await part.flusher.wait_idle()
+        part.close()
+
+    asyncio.run(main())

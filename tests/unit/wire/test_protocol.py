@@ -448,3 +448,81 @@ def test_trailing_bytes_are_refused() -> None:
     )
     with pytest.raises(errors.CorruptRecord, match="unexpected bytes"):
         P.decode_request(body(frame) + b"x")
+
+
+# -- LIST_OFFSETS (issue 13 item 4)
+@pytest.mark.parametrize("ts", [0, 1_700_000_000_123, P.LATEST_TIMESTAMP, P.EARLIEST_TIMESTAMP])
+def test_request_round_trips(ts: int) -> None:
+    """Issue 13 item 4 (LIST_OFFSETS: a reader's start by time, or the log's start or end): the
+    request and answer on the wire; malformed frames are CORRUPT_RECORD."""
+
+    raw = P.list_offsets_request(21, "orders", 3, ts)
+    assert raw[4] == P.LIST_OFFSETS == 8 and P.API_NAMES[8] == "list_offsets"
+    req = P.decode_request(raw[4:])
+    assert (req.api_key, req.correlation_id, req.topic, req.partition, req.timestamp_ms) == (
+        P.LIST_OFFSETS,
+        21,
+        "orders",
+        3,
+        ts,
+    )
+
+
+def test_response_round_trips_and_an_error_has_the_same_shape() -> None:
+    """Issue 13 item 4 (LIST_OFFSETS: a reader's start by time, or the log's start or end): the
+    request and answer on the wire; malformed frames are CORRUPT_RECORD."""
+
+    raw = P.list_offsets_response(
+        21, 0, offset=40, log_start_offset=12, high_watermark=99, leader=""
+    )
+    r = P.decode_response(P.LIST_OFFSETS, raw[4:])
+    assert (r.correlation_id, r.error_code, r.offset, r.log_start_offset, r.high_watermark) == (
+        21,
+        0,
+        40,
+        12,
+        99,
+    )
+    err = P.list_offsets_response(22, errors.NotLeader.code, "not me", leader="h:9")
+    r = P.decode_response(P.LIST_OFFSETS, err[4:])
+    assert (r.error_code, r.detail, r.leader, r.offset) == (
+        errors.NotLeader.code,
+        "not me",
+        "h:9",
+        -1,
+    )
+
+
+def test_malformed_requests_are_corrupt_record_not_a_crash() -> None:
+    """Issue 13 item 4 (LIST_OFFSETS: a reader's start by time, or the log's start or end): the
+    request and answer on the wire; malformed frames are CORRUPT_RECORD."""
+
+    raw = P.list_offsets_request(21, "orders", 3, 5)[4:]
+    for cut in (raw[:-1], raw[:-8], raw[:9]):  # short timestamp, no timestamp, short topic
+        with pytest.raises(CorruptRecord):
+            P.decode_request(cut)
+    with pytest.raises(CorruptRecord, match="unexpected bytes"):
+        P.decode_request(raw + b"\x00")
+    resp = P.list_offsets_response(1, 0, offset=1)[4:]
+    with pytest.raises(CorruptRecord):
+        P.decode_response(P.LIST_OFFSETS, resp[:-1])  # the leader string cut short
+
+
+@given(st.binary(max_size=120))
+@settings(max_examples=300)
+def test_any_answer_decodes_or_raises_corrupt_record(body: bytes) -> None:
+    """Issue 13 item 4 (LIST_OFFSETS: a reader's start by time, or the log's start or end): the
+    request and answer on the wire; malformed frames are CORRUPT_RECORD."""
+
+    with contextlib.suppress(CorruptRecord):
+        P.decode_response(P.LIST_OFFSETS, body)
+
+
+@given(st.binary(max_size=60))
+@settings(max_examples=300)
+def test_any_request_body_decodes_or_raises_corrupt_record(tail: bytes) -> None:
+    """Issue 13 item 4 (LIST_OFFSETS: a reader's start by time, or the log's start or end): the
+    request and answer on the wire; malformed frames are CORRUPT_RECORD."""
+
+    with contextlib.suppress(CorruptRecord):
+        P.decode_request(bytes([P.LIST_OFFSETS]) + b"\x00\x00\x00\x01" + tail)
