@@ -1,4 +1,5 @@
-"""``GroupCoordinator`` (partition_server/kafka/groups.py): what it answers while a group's log partition is loading, as Kafka's
+"""``GroupCoordinator`` (partition_server/kafka/groups.py): what it answers while a
+group's log partition is loading, as Kafka's
 broker does (GroupCoordinator.handleHeartbeat: "the group is still loading, so respond
 just blindly"): a Heartbeat is answered NONE, so the member learns it is unknown at the
 next one, once loaded; a JoinGroup, SyncGroup or OffsetCommit is answered
