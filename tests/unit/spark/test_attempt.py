@@ -1,9 +1,8 @@
-"""``Attempt`` (pidlease/spark/attempt.py): a micro-batch's renewals (issue 26): which
-first lease of a micro-batch's producer goes
-out as a renewal at its current generation (no takeover, no fence record), and which
-attempts take over instead. On fakes, with replays and retries:
-``tests/unit/spark/test_columnar.py``; the real thing, with the fence records counted,
-``tests/integration/test_spark_stream_source.py``."""
+"""``Attempt`` (pidlease/spark/attempt.py): a micro-batch's renewals (issue 26): which first
+lease of a micro-batch's producer goes out as a renewal at its current generation (no
+takeover, no fence record), and which attempts take over instead. On fakes, with replays and
+retries: ``tests/unit/spark/test_columnar.py``; the real thing, with the fence records
+counted, ``tests/integration/test_spark_stream_source.py``."""
 
 from __future__ import annotations
 
