@@ -6,9 +6,11 @@ import ast
 from pathlib import Path
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
 
 from pidlease import errors
 from pidlease.client import producer, sender
+from pidlease.errors import NotEnoughReplicas, NotLeader, describe
 
 
 def _tree() -> list[type[errors.PidleaseError]]:
@@ -146,3 +148,25 @@ def test_every_error_the_sdk_raises_is_in_the_tree() -> None:
     tree = {c.__name__ for c in _tree()}
     outside = {(m, name) for m in SDK_MODULES for name in _raised_names(m) if name not in tree}
     assert outside <= NOT_IN_TREE, outside - NOT_IN_TREE
+
+
+def test_describe_names_the_type_and_never_comes_out_empty() -> None:
+    """Issue 16 (logged errors said nothing: ``set_isr failed: `` and ``reading ZooKeeper
+    failed ()``): ``describe`` names the type and never comes out empty."""
+
+    assert describe(ConnectionLoss()) == "ConnectionLoss()"
+    assert describe(TimeoutError()) == "TimeoutError()"
+    assert describe(OSError(28, "No space left on device")) == (
+        "OSError: [Errno 28] No space left on device"
+    )
+    assert describe(NotLeader("server 2 leads")) == "NotLeader: server 2 leads"
+
+
+def test_the_new_error_is_retriable_with_its_own_code() -> None:
+    """min_insync_replicas (docs/replication.md): NOT_ENOUGH_REPLICAS is retriable with its own
+    code."""
+
+    assert errors.ERRORS_BY_CODE[25] is NotEnoughReplicas
+    assert errors.ERRORS_BY_NAME["NOT_ENOUGH_REPLICAS"] is NotEnoughReplicas
+    assert NotEnoughReplicas.retriable and NotEnoughReplicas.http_status == 503
+    assert not NotEnoughReplicas.invalid_metadata  # the leader is right; wait, not look up

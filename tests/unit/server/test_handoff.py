@@ -89,7 +89,8 @@ def _shutdown(tmp_path: Path, isr: list[int]) -> tuple[dict[str, int], Any, Any,
     from partition_server.partition import Role
     from partition_server.registry import Assignment
     from pidlease.wire.cluster import ServerInfo
-    from tests.unit.server.test_step_down import KEY, setup
+    from tests.unit.server._replicas import KEY
+    from tests.unit.server._replicas import leased_setup as setup
 
     async def go() -> tuple[dict[str, int], Any, Any, Any]:
         ps = PartitionState([1, 2, 3], 1, 1, isr)

@@ -13,9 +13,10 @@ import pytest
 from kazoo.exceptions import ConnectionLoss
 
 from partition_server import leadership
-from partition_server.leadership import Change, write_many
+from partition_server.leadership import Change, ZkLease, write_many
 from pidlease.wire.cluster import PartitionState, partition_path, server_path
 from tests.sim.zk import FakeZk, FakeZkClient
+from tests.unit.server._replicas import MARGIN_MS, TIMEOUT_MS
 
 
 def world(states: dict[int, PartitionState], live: set[int]) -> tuple[FakeZk, FakeZkClient]:
@@ -166,3 +167,51 @@ def test_a_lost_election_race_does_not_fail_the_in_sync_changes_beside_it() -> N
     assert counting.commits == [10, 10]  # the in-sync changes, then the elections (lost)
     assert all(out[("t", p)] == PartitionState([2, 3, 1], 2, 0, [2, 3]) for p in range(10))
     assert all(out[("t", p)] is None and read(zk, p).leader == 3 for p in range(10, 20))
+
+
+# -- ZkLease: how long the ZooKeeper session is certainly alive ---------------------------
+def test_a_confirmed_request_makes_the_lease_end_a_margin_before_the_earliest_expiry() -> None:
+    """Step-down (docs/replication.md, Step-down): how long the ZooKeeper session is certainly
+    alive."""
+
+    lease = ZkLease(TIMEOUT_MS, MARGIN_MS)
+    assert not lease.valid(0)
+    assert lease.confirm(5, 1_000)  # a new session's lease begins
+    assert lease.valid(2_199) and not lease.valid(2_200)  # 1000 + 1500 - 300
+    assert not lease.confirm(5, 900)  # an older send time never shortens it
+    assert lease.valid_until_ms == 2_200
+    lease.confirm(5, 1_400)
+    assert lease.valid(2_599) and not lease.valid(2_600)
+    assert lease.held_by(5, 2_000) and not lease.held_by(6, 2_000)
+    assert not lease.held_by(None, 2_000)
+
+
+def test_another_session_restarts_the_lease_and_a_lost_session_ends_it() -> None:
+    """Step-down (docs/replication.md, Step-down): how long the ZooKeeper session is certainly
+    alive."""
+
+    lease = ZkLease(TIMEOUT_MS, MARGIN_MS)
+    lease.confirm(5, 1_000)
+    # A new session says nothing of the gap between the two: its lease counts from its
+    # own confirmation, and the old session's leaderships are over.
+    assert lease.confirm(6, 500)
+    assert lease.valid_until_ms == 1_700
+    assert not lease.held_by(5, 600) and lease.held_by(6, 600)
+    lease.lost()
+    assert not lease.valid(600) and lease.session is None
+
+
+def test_the_granted_timeout_replaces_the_asked_one_and_bounds_the_margin() -> None:
+    """Step-down (docs/replication.md, Step-down): how long the ZooKeeper session is certainly
+    alive."""
+
+    lease = ZkLease(TIMEOUT_MS, MARGIN_MS)
+    lease.set_session_timeout(4_000)  # minSessionTimeout above what was asked
+    lease.confirm(1, 0)
+    assert lease.valid_until_ms == 3_700
+    lease.set_session_timeout(400)  # maxSessionTimeout below it: never outlive the session
+    assert lease.margin_ms == 200
+    lease.confirm(1, 10_000)
+    assert lease.valid_until_ms == 10_200
+    with pytest.raises(ValueError, match="margin"):
+        ZkLease(1_000, 1_000)

@@ -22,6 +22,7 @@ from partition_server.retention import LOG_START_FILE, LogPolicy, read_log_start
 from partition_server.settings import ServerSettings
 from partition_server.testing import open_part, outcome, stored
 from pidlease import errors
+from pidlease.wire import kafka_batch as K
 from pidlease.wire import protocol as P
 from pidlease.wire.cluster import PartitionState, TopicSpec
 from tests.helpers import ManualClock
@@ -601,5 +602,59 @@ def test_a_follower_starting_over_gets_the_state_of_pids_that_wrote_only_in_the_
             _leader_rows(lead, memoryview(bytes(resp.data)[:-1] + b"\x00"))
         await shut(fol)
         await shut(lead)
+
+    asyncio.run(go())
+
+
+# -- retention over Kafka batches
+KPID = 7
+
+
+def kafka(epoch: int, seq: int, ts: int) -> bytes:
+    return K.encode_kafka_batch(
+        [(None, b"x" * 600)],
+        producer_id=KPID,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        base_timestamp_ms=ts,
+    )
+
+
+def decide(part: Partition, raw: bytes) -> tuple[Outcome, int]:
+    h = P.decode_batch_header(raw)
+    d = part.state.check_append(h.pid, h.generation, h.base_sequence, h.count)
+    return d.outcome, d.base_offset
+
+
+def test_a_kafka_pid_whose_segments_all_went_keeps_its_state(tmp_path: Path) -> None:
+    """Retention over Kafka batches (docs/kafka.md): segments of a Kafka producer's batches go
+    by age, and its state survives in the snapshot's rows, so it still answers by Kafka's
+    rules, not UNKNOWN_PRODUCER_ID."""
+
+    clock = ManualClock(100 * HOUR_MS)
+    policy = LogPolicy(retention_ms=HOUR_MS, segment_bytes=SEG)
+
+    async def go() -> None:
+        part = open_part(tmp_path, hw=None, clock_ms=clock, policy=policy)
+        b = make_log_manager(tmp_path, clock, part)
+        for seq in range(5):
+            raw = kafka(3, seq, OLD_TS)
+            h = K.validate_kafka_batch(raw)
+            d, _ = part.append(memoryview(raw), h, lambda *_: None, epoch=part.leader_epoch)
+            assert d.outcome is Outcome.APPEND
+        await fill(part, 8, range(20), OLD_TS)  # ours, old too
+        await fill(part, 8, range(20, 30), clock.now)
+        await b.snapshot_now()
+        assert await retain(b, clock.now) > 0
+        first = part.log.segments[0].base_offset
+        assert first > 5, "the Kafka producer's batches are all deleted"
+        await shut(part)
+        again = reopen(tmp_path, clock, b, policy=policy)
+        assert again.log.log_start_offset == first
+        assert decide(again, kafka(3, 5, 1)) == (Outcome.APPEND, -1)  # not UNKNOWN_PID
+        assert decide(again, kafka(3, 4, 1)) == (Outcome.DUPLICATE, 4)  # its first offset
+        assert decide(again, kafka(2, 5, 1))[0] is Outcome.FENCED
+        assert decide(again, kafka(4, 0, 1))[0] is Outcome.APPEND
+        await shut(again)
 
     asyncio.run(go())

@@ -4,6 +4,8 @@ one) and partition recovery from a snapshot plus log replay."""
 from __future__ import annotations
 
 import asyncio
+import struct
+import zlib
 from array import array
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from partition_server.flusher import Flusher
 from partition_server.partition import Partition, replay_batch
 from partition_server.producer_state import ProducerStateTable
 from partition_server.snapshot import (
+    MAGIC_V3,
     CorruptSnapshot,
     PartitionImage,
     Snapshot,
@@ -22,7 +25,9 @@ from partition_server.snapshot import (
     decode,
     encode,
 )
+from partition_server.testing import open_part
 from pidlease.wire import protocol as P
+from tests.helpers import ManualClock
 
 
 def rows(*r: tuple) -> list:  # type: ignore[type-arg]
@@ -253,3 +258,31 @@ def test_fuzzy_capture_then_replay_equals_full_replay(sends, start, cuts, chunk)
     for h in headers:
         replay_batch(full, h, 0)
     assert sorted(recovered.export_rows()) == sorted(full.export_rows())
+
+
+def test_horizon_survives_a_snapshot_and_older_files_read_their_creation_time(
+    tmp_path: Path,
+) -> None:
+    """docs/reliability.md finding 6 (review 6): a partition remembers the newest last use of
+    any PID it dropped, and a takeover's FENCE creates a fresh entry only for a PID leased
+    after it."""
+
+    snap = Snapshot(77_000, {("t", 0): PartitionImage(0, 0, [], 0, 42_000)})
+    assert decode(encode(snap)) == snap
+    # The PLSNAP03 layout: no horizon field; read as the file's created_ms.
+    raw = encode(Snapshot(77_000, {("t", 0): PartitionImage(0, 0, [], 0, 0)}))
+    body = bytearray(raw[20:])
+    head = 8 + 4 + 2 + 1 + 4 + 8 + 8 + 8  # created, count, topic, partition .. truncations
+    del body[head : head + 8]
+    del body[head + 8 : head + 12]  # and PLSNAP05's count of durable highwaters (rows, words)
+    old = MAGIC_V3 + struct.pack(">IQ", zlib.crc32(body), len(body)) + bytes(body)
+    assert decode(old).partitions[("t", 0)].dropped_last_use_max_ms == 77_000
+    # Recovery takes it from the snapshot, even when the rows are not trusted (a cut).
+    part = open_part(
+        tmp_path,
+        hw=None,
+        clock_ms=ManualClock(),
+        snapshot=PartitionImage(0, 0, [], truncations=5, dropped_last_use_max_ms=42_000),
+    )
+    assert part.state.dropped_last_use_max_ms == 42_000
+    part.close()

@@ -6,7 +6,7 @@ ORIGIN = "issue 23 item 6"
 # syncs (through the quorum's leader) before the read. Needs the simulation's 3-node
 # ZooKeeper model (helper "sim": a cut-off follower serving stale reads and failing
 # sync/writes); with a one-server fake the search cannot tell the two apart. Also caught
-# by tests/unit/server/test_registry_heartbeat.py (a fake follower) and, on a real ensemble, by
+# by tests/unit/server/test_registry.py (a fake follower) and, on a real ensemble, by
 # tests/chaos/test_netns_zk_follower_cut.py.
 PATCHES = [
     (

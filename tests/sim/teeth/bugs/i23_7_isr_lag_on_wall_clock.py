@@ -11,9 +11,7 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = (
-    "tests/unit/server/test_replication_isr_clock.py::test_a_wall_clock_step_shrinks_no_in_sync_set"
-)
+PYTEST = "tests/unit/server/test_replication.py::test_a_wall_clock_step_shrinks_no_in_sync_set"
 BUDGET = 0
 WHY_NOT_SIM = (
     "the simulation's wall clock and monotonic clock are the same virtual clock: it never "

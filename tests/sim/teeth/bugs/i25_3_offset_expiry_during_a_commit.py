@@ -14,7 +14,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/kafka/test_group_retention.py::"
+    "tests/unit/server/kafka/test_group_state.py::"
     "test_nothing_expires_while_a_commit_is_being_written"
 )
 BUDGET = 1  # one pytest run

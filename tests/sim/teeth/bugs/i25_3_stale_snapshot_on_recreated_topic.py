@@ -14,7 +14,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_topic_deletion.py::"
+    "tests/unit/server/test_log_manager.py::"
     "test_a_directory_of_an_older_life_is_dropped_and_old_snapshots_are_not_applied"
 )
 BUDGET = 1  # one pytest run

@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/client/test_leader_switch.py"
+    "tests/unit/client/test_sender.py"
     "::test_no_batch_goes_to_a_new_leader_while_an_earlier_one_is_unanswered"
 )
 BUDGET = 0

@@ -12,7 +12,7 @@ PATCHES = [
 ]
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
-PYTEST = "tests/unit/client/test_waits.py::test_waiting_for_answers_before_a_resend_does_not_spin"
+PYTEST = "tests/unit/client/test_sender.py::test_waiting_for_answers_before_a_resend_does_not_spin"
 BUDGET = 0
 WHY_NOT_SIM = (
     "the simulation's producer is a model of sender.py, not sender.py itself; and a spin "

@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_replication_snapshot_cut.py"
+    "tests/unit/server/test_partition.py"
     "::test_rows_captured_before_a_cut_are_not_trusted_at_recovery"
 )
 BUDGET = 0

@@ -13,8 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_replication_isr_retry.py::"
-    "test_a_failed_removal_of_a_dead_follower_is_retried"
+    "tests/unit/server/test_replication.py::test_a_failed_removal_of_a_dead_follower_is_retried"
 )
 BUDGET = 0
 WHY_NOT_SIM = (

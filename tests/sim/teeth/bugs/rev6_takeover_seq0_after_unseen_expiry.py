@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_pid_expiry_roles.py"
+    "tests/unit/server/test_partition.py"
     "::test_fence_creates_an_entry_only_for_a_pid_leased_after_the_horizon"
 )
 BUDGET = 0

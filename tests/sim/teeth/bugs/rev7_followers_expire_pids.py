@@ -19,7 +19,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_pid_expiry_roles.py"
+    "tests/unit/server/test_log_manager.py"
     "::test_follower_keeps_a_renewed_pid_and_the_new_leader_gives_it_a_full_period"
 )
 BUDGET = 0

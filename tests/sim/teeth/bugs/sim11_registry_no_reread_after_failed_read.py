@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_registry_retry.py"
+    "tests/unit/server/test_registry.py"
     "::test_a_failed_read_is_read_again_and_learns_what_was_created_meanwhile"
 )
 BUDGET = 0

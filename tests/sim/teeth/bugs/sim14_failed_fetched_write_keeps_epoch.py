@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_replication_epoch_save.py"
+    "tests/unit/server/test_partition.py"
     "::test_a_failed_log_write_after_the_epochs_were_saved_leaves_no_entry_past_the_end"
 )
 BUDGET = 0

@@ -13,7 +13,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_replication_epoch_save.py"
+    "tests/unit/server/test_partition.py"
     "::test_a_failed_save_in_become_leader_changes_nothing_and_the_retry_saves"
 )
 BUDGET = 0

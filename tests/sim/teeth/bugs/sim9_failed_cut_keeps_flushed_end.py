@@ -24,7 +24,7 @@ PATCHES = [
 SEARCH = "pytest"
 SIM_ARGS: list[str] = []
 PYTEST = (
-    "tests/unit/server/test_replication_cut_failure.py"
+    "tests/unit/server/test_partition.py"
     "::test_a_failed_cut_calls_the_fsync_error_policy_and_lowers_the_flushed_end"
 )
 BUDGET = 0

@@ -1,8 +1,9 @@
-"""The Spark source's read of records a Kafka producer wrote: their generation (a Kafka
-epoch maps above 2**31 - 1, docs/kafka.md) fits the ``generation`` column, and keys,
-values, sequences and timestamps come through. The Reader is replaced by one that yields
-the records of a stored Kafka batch (the Reader's own reading of both formats is in
-tests/unit/wire/test_kafka_batch.py and tests/integration/test_kafka_log_cluster.py)."""
+"""The scan (pidlease/spark/scan.py): the Spark source's read of records a Kafka producer
+wrote: their generation (a Kafka epoch maps above 2**31 - 1, docs/kafka.md) fits the
+``generation`` column, and keys, values, sequences and timestamps come through. The Reader
+is replaced by one that yields the records of a stored Kafka batch (the Reader's own reading
+of both formats is in tests/unit/wire/test_kafka_batch.py and
+tests/integration/test_kafka_log_cluster.py)."""
 
 from __future__ import annotations
 

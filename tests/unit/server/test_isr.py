@@ -3,6 +3,9 @@ in-sync set and when it may come back, on a fake clock."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from partition_server.isr import InSyncReplicas
 
 
@@ -153,3 +156,64 @@ def test_joining_needs_the_leaders_log_end_at_the_start_of_its_epoch() -> None:
     assert s.joiners(70) == []
     s.record_fetch(1, 70, 80, 2)
     assert s.joiners(70) == [1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove"]),
+            st.sampled_from([2, 3]),
+            st.sampled_from(["written", "lost", "written but lost"]),
+        ),
+        max_size=12,
+    )
+)
+def test_whoever_zookeeper_may_name_in_sync_is_counted(steps: list[tuple[str, int, str]]) -> None:
+    """Review 5 (docs/reliability.md finding 5): a failed in-sync-set write to ZooKeeper was
+    never retried.
+
+    The pure rule under any run of writes that succeed, fail, or fail after landing:
+    the leader counts every follower ZooKeeper names in sync, and a failed change is left
+    to be found again (no removal stuck pending, every pending addition retryable)."""
+    s = InSyncReplicas(1, [1, 2, 3], [1, 2, 3], now_ms=0)
+    zk = {1, 2, 3}
+    for kind, r, result in steps:
+        if kind == "add" and r in s.isr:
+            continue  # the leader adds only followers outside the set
+        if kind == "remove" and r not in s.counted() - s.pending_remove:
+            continue  # ... and removes only counted ones
+        new = s.begin_change([r] if kind == "add" else [], [r] if kind == "remove" else [])
+        assert zk - {1} <= s.counted()  # while the write is in flight
+        if result != "lost":
+            zk = set(new)
+        if result == "written":
+            s.set_isr(new)
+        else:
+            s.change_failed()
+            assert not s.pending_remove and s.pending_add <= s.retry_add
+        assert zk - {1} <= s.counted()
+
+
+def test_departed_names_counted_followers_only() -> None:
+    """Issue 16 (follower loss): a follower whose ZooKeeper session ended leaves the in-sync
+    set at once; these are the followers to remove."""
+
+    s = InSyncReplicas(1, [1, 2, 3, 4], [1, 2, 3], now_ms=0)
+    s.pending_add.add(4)  # being added: counted, so it must go too
+    assert s.departed({1, 2, 4, 9}) == [2, 4]  # never the leader, never a non-replica
+    s.pending_remove.add(2)
+    assert s.departed({2, 3}) == [3]  # 2 is being removed already
+    assert s.departed(set()) == []
+
+
+def test_isr_rules_count_the_confirmed_set_for_writes_and_the_counted_for_commits() -> None:
+    """min_insync_replicas (docs/replication.md): writes count the confirmed in-sync set,
+    commits the counted one."""
+
+    isr = InSyncReplicas(1, [1, 2, 3], [1], now_ms=0, min_insync=2)
+    assert not isr.accepts_writes() and not isr.commits()
+    isr.begin_change([2], [])  # a joiner counts for the HW before ZooKeeper confirms it
+    assert isr.commits() and not isr.accepts_writes()
+    isr.set_isr([1, 2])
+    assert isr.accepts_writes() and isr.commits()

@@ -1,8 +1,8 @@
-"""A micro-batch's renewals (issue 26): which first lease of a micro-batch's producer goes
-out as a renewal at its current generation (no takeover, no fence record), and which
-attempts take over instead. On fakes, with replays and retries:
-``tests/unit/spark/test_columnar.py``; the real thing, with the fence records counted,
-``tests/integration/test_spark_stream_source.py``."""
+"""``Attempt`` (pidlease/spark/attempt.py): a micro-batch's renewals (issue 26): which first
+lease of a micro-batch's producer goes out as a renewal at its current generation (no
+takeover, no fence record), and which attempts take over instead. On fakes, with replays and
+retries: ``tests/unit/spark/test_columnar.py``; the real thing, with the fence records
+counted, ``tests/integration/test_spark_stream_source.py``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ RUN = {"job:0/2": (7, 41), "job:1/2": (8, 12)}
 
 
 def test_a_producers_first_lease_by_name_becomes_a_renewal_at_the_runs_generation() -> None:
+    """Issue 26 (a micro-batch's renewals): a micro-batch's producer's first lease goes out as
+    a renewal at its current generation, no takeover, no fence record."""
+
     todo = dict(RUN)
     body = json.dumps(lease_request("t", 0, -1, producer_name="job:1/2", expire_ms=5000))
     renewed = resumed_lease(body.encode(), todo)
@@ -48,6 +51,9 @@ def test_a_producers_first_lease_by_name_becomes_a_renewal_at_the_runs_generatio
     ],
 )
 def test_other_leases_go_out_unchanged(req: dict[str, object]) -> None:
+    """Issue 26 (a micro-batch's renewals): a micro-batch's producer's first lease goes out as
+    a renewal at its current generation, no takeover, no fence record."""
+
     todo = dict(RUN)
     assert resumed_lease(json.dumps(req).encode(), todo) is None
     assert todo == RUN
@@ -60,6 +66,9 @@ def _attempt(attempt: int, batch_id: int | None, speculative: bool = False) -> A
 
 
 def test_only_the_first_attempt_of_a_micro_batch_renews() -> None:
+    """Issue 26 (a micro-batch's renewals): a micro-batch's producer's first lease goes out as
+    a renewal at its current generation, no takeover, no fence record."""
+
     assert _attempt(0, 5).renews()
     # a retry or a speculative copy must fence the attempts before it: a takeover
     assert not _attempt(1, 5).renews()
@@ -69,7 +78,10 @@ def test_only_the_first_attempt_of_a_micro_batch_renews() -> None:
 
 
 def test_the_shared_transport_sends_the_rewritten_lease() -> None:
-    """The view in front of the real transport: the coordinator receives the renewal."""
+    """Issue 26 (a micro-batch's renewals): a micro-batch's producer's first lease goes out as
+    a renewal at its current generation, no takeover, no fence record.
+
+    The view in front of the real transport: the coordinator receives the renewal."""
     seen: list[dict[str, object]] = []
 
     def coordinator(request: httpx.Request) -> httpx.Response:

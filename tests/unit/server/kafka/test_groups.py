@@ -1,10 +1,11 @@
-"""What the group coordinator answers while a group's log partition is loading, as Kafka's
-broker does (GroupCoordinator.handleHeartbeat: "the group is still loading, so respond
-just blindly"): a Heartbeat is answered NONE, so the member learns it is unknown at the
-next one, once loaded; a JoinGroup, SyncGroup or OffsetCommit is answered
-COORDINATOR_LOAD_IN_PROGRESS and retried. aiokafka raises COORDINATOR_LOAD_IN_PROGRESS
-from a heartbeat to the application (its ``getmany()``): its consumers stopped when the
-group's coordinator moved (tests/integration/test_kafka_groups_kills.py)."""
+"""``GroupCoordinator`` (partition_server/kafka/groups.py): what it answers while a group's log
+partition is loading, as Kafka's broker does (GroupCoordinator.handleHeartbeat: "the group
+is still loading, so respond just blindly"): a Heartbeat is answered NONE, so the member
+learns it is unknown at the next one, once loaded; a JoinGroup, SyncGroup or OffsetCommit is
+answered COORDINATOR_LOAD_IN_PROGRESS and retried. aiokafka raises
+COORDINATOR_LOAD_IN_PROGRESS from a heartbeat to the application (its ``getmany()``): its
+consumers stopped when the group's coordinator moved
+(tests/integration/test_kafka_groups_kills.py)."""
 
 from __future__ import annotations
 
