@@ -158,7 +158,10 @@ class PartitionServer:
         self.log_manager.produce.metrics = self.metrics  # both protocols' appends are counted
         self.metrics_listener: MetricsListener | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        # Open client connections, closed at stop in the order they came: a dict, not a
+        # set (a set of writers iterates by address, so a stop closed them in a different
+        # order from run to run, and the simulation's replays of one seed diverged).
+        self._writers: dict[asyncio.StreamWriter, None] = {}
         self._maint: asyncio.Task[None] | None = None
         self.address = settings.address
         self.port = settings.port
@@ -261,7 +264,7 @@ class PartitionServer:
 
     # -- connections -----------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
+        self._writers[writer] = None
         conn = _Conn(self.s.inflight_requests_max_per_connection)
         wtask = asyncio.get_running_loop().create_task(conn.write_loop(writer))
         try:
@@ -277,7 +280,7 @@ class PartitionServer:
             try:
                 await wtask
             finally:
-                self._writers.discard(writer)
+                self._writers.pop(writer, None)
                 writer.close()
                 with contextlib.suppress(ConnectionError, OSError):
                     await writer.wait_closed()

@@ -69,7 +69,7 @@ class KafkaListener:
         self.inflight_max = inflight_max
         self._ssl = ssl_context
         self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._writers: dict[asyncio.StreamWriter, None] = {}  # closed at stop in this order
         self.port = 0
         self.connections_closed_bad_input = 0
 
@@ -95,7 +95,7 @@ class KafkaListener:
 
     # -- one connection --------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
+        self._writers[writer] = None
         conn = _Conn(self.apis, self.inflight_max)
         wtask = asyncio.get_running_loop().create_task(conn.write_loop(writer))
         try:
@@ -112,7 +112,7 @@ class KafkaListener:
             try:
                 await wtask
             finally:
-                self._writers.discard(writer)
+                self._writers.pop(writer, None)
                 writer.close()
                 with contextlib.suppress(ConnectionError, OSError, ssl.SSLError):
                     await writer.wait_closed()
