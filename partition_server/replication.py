@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ def is_replicated(ps: PartitionState | None) -> bool:
 
 
 _BULK_FAILURES_LOGGED = 10  # a failed bulk write names its first writes
+# A fetcher's trouble re-reads the live servers at most this often (``_fetch_trouble``).
+_SERVERS_REREAD_MS = 1000.0
 
 
 class ReplicaManager:
@@ -82,6 +85,7 @@ class ReplicaManager:
         self.fetchers: dict[Key, ReplicaFetcher] = {}
         self.fetch_sessions = FetchSessions()  # one per leader server (replica_fetcher.py)
         self._busy: set[Key] = set()
+        self._servers_reread_ms = float("-inf")  # ``_fetch_trouble``
         # Leadership writes queued this turn of the loop (``_zk_bulk``), and whether their
         # flush is scheduled.
         self._bulk: dict[Key, tuple[leadership.Change, Any]] = {}
@@ -256,7 +260,7 @@ class ReplicaManager:
             epoch=ps.leader_epoch,
             address=address,
             settings=self.s,
-            on_trouble=self.registry.refresh,
+            on_trouble=partial(self._fetch_trouble, key),
             on_append=self.note_append,
             pool=self.fetch_sessions,
         )
@@ -279,6 +283,20 @@ class ReplicaManager:
             self.apply_guarded(key, part, state, self.registry.assignment)
 
         return after
+
+    def _fetch_trouble(self, key: Key) -> None:
+        """A fetcher of ``key`` (or its whole fetch session) failed: read that partition's
+        state again, and the live servers at most once a second (``Registry.reread``), not
+        the whole cluster at every backoff."""
+        reread = getattr(self.registry, "reread", None)
+        if reread is None:  # test doubles
+            self.registry.refresh()
+            return
+        now = self.mono_ms()
+        servers = now - self._servers_reread_ms >= _SERVERS_REREAD_MS
+        if servers:
+            self._servers_reread_ms = now
+        reread(key, servers=servers)
 
     def forget(self, key: Key) -> None:
         """The partition is dropped (its topic was deleted): stop fetching it."""
@@ -401,6 +419,10 @@ class ReplicaManager:
         loop = asyncio.get_running_loop()
         result: dict[Key, PartitionState | None] = {}
         pending = {c.key: c for c in changes}
+        # The first round plans against the states and versions the registry last read
+        # (no re-read of hundreds of znodes before a failover's elections); a znode that
+        # moved since fails its transaction, and later rounds read.
+        known: Any = getattr(self.registry.assignment, "known", None)
         for _ in range(leadership.BULK_ROUNDS):
             if not pending:
                 break
@@ -411,7 +433,9 @@ class ReplicaManager:
                 self.me,
                 list(pending.values()),
                 result,
+                known,
             )
+            known = None
             pending = await loop.run_in_executor(
                 self.zk_executor, leadership.commit_planned, zk, planned, result
             )

@@ -164,9 +164,129 @@ def test_a_lost_election_race_does_not_fail_the_in_sync_changes_beside_it() -> N
     changes = [Change("t", p, "elect") for p in range(10, 20)]
     changes += [Change("t", p, "set_isr", 0, (2, 3)) for p in range(10)]
     out = write_many(counting, 2, changes)
-    assert counting.commits == [10, 10]  # the in-sync changes, then the elections (lost)
+    assert counting.commits == [10, 10]  # the elections (lost), then the in-sync changes
     assert all(out[("t", p)] == PartitionState([2, 3, 1], 2, 0, [2, 3]) for p in range(10))
     assert all(out[("t", p)] is None and read(zk, p).leader == 3 for p in range(10, 20))
+
+
+def known_from(zk: FakeZk) -> dict[tuple[str, int], tuple[PartitionState, int]]:
+    """What a registry's read of every partition of ``t`` holds now: (state, version)."""
+    out = {}
+    for path, node in zk.nodes.items():
+        if path.startswith(partition_path("t", 0).rsplit("/", 1)[0] + "/"):
+            out[("t", int(path.rsplit("/", 1)[1]))] = (
+                PartitionState.from_bytes(node.data),
+                node.version,
+            )
+    return out
+
+
+class CountingReads(Counting):
+    """Counting, and the partition znodes read (the fake client has no ``get_async``)."""
+
+    def __init__(self, c: FakeZkClient, before_commit: Any = None) -> None:
+        super().__init__(c, before_commit)
+        self.reads = 0
+
+    def get(self, path: str, *args: Any, **kw: Any) -> Any:
+        self.reads += "/partitions/" in path
+        return self.c.get(path, *args, **kw)
+
+
+def bulk(c: Any, me: int, changes: list[Change], known: Any) -> leadership.Results:
+    """``write_many``'s rounds as ``ReplicaManager._write_many`` runs them: the first
+    round planned against ``known``, the later ones read."""
+    result: leadership.Results = {}
+    pending = {ch.key: ch for ch in changes}
+    for _ in range(leadership.BULK_ROUNDS):
+        if not pending:
+            break
+        planned = leadership.read_and_plan(c, me, list(pending.values()), result, known)
+        known = None
+        pending = leadership.commit_planned(c, planned, result)
+    for key in pending:
+        result[key] = None
+    return result
+
+
+def test_elections_against_known_versions_read_no_partition_again() -> None:
+    """The registry's last read gives each state with its version: the 334 elections of a
+    failover are planned against them and committed in two transactions, no znode read."""
+    states = {p: PartitionState([1, 2, 3], 1, 4, [1, 2, 3]) for p in range(334)}
+    zk, c = world(states, live={2, 3})
+    known = known_from(zk)
+    counting = CountingReads(c)
+    out = bulk(counting, 2, [Change("t", p, "elect") for p in range(334)], known.get)
+    assert counting.reads == 0
+    assert counting.commits == [250, 84]
+    assert all(
+        out[("t", p)] == PartitionState([1, 2, 3], 2, 5, [2, 3]) == read(zk, p) for p in states
+    )
+
+
+def test_a_known_version_that_moved_loses_its_race_and_is_read_again() -> None:
+    """Server 3 won partition 5 after our registry read it: the transaction planned with
+    the old version fails whole; the next round reads, 5 is 3's, the rest are ours."""
+    states = {p: PartitionState([1, 2, 3], 1, 4, [1, 2, 3]) for p in range(10)}
+    zk, c = world(states, live={2, 3})
+    known = known_from(zk)
+    zk.set(partition_path("t", 5), PartitionState([1, 2, 3], 3, 5, [3, 2]).to_bytes())
+    counting = CountingReads(c)
+    out = bulk(counting, 2, [Change("t", p, "elect") for p in range(10)], known.get)
+    assert counting.commits == [10, 9]
+    assert counting.reads == 10
+    assert out[("t", 5)] is None and read(zk, 5).leader == 3
+    assert all(out[("t", p)] == read(zk, p) and read(zk, p).leader == 2 for p in set(states) - {5})
+
+
+def test_already_so_is_never_answered_from_a_known_state() -> None:
+    """Server 2 leads; its registry read the set [2, 3]; its own write then added 1 back
+    ([2, 3, 1], a newer version the registry has not read yet). Asked to shrink to [2, 3]
+    again, the known state says "already so": taken from it, nothing would be written, the
+    leader would count [2, 3] while ZooKeeper still names 1 in sync (electable without
+    the records acked meanwhile). The answer must come from a read."""
+    zk, c = world({0: PartitionState([2, 3, 1], 2, 7, [2, 3])}, live={2, 3})
+    known = known_from(zk)
+    zk.set(partition_path("t", 0), PartitionState([2, 3, 1], 2, 7, [2, 3, 1]).to_bytes())
+    out = bulk(c, 2, [Change("t", 0, "set_isr", 7, (2, 3))], known.get)
+    assert read(zk, 0).isr == [2, 3]
+    assert out[("t", 0)] == read(zk, 0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bulk_rules_against_known_states_are_the_single_rules(seed: int) -> None:
+    """As above, the first round planned against states read earlier, some of which
+    moved since (another server's write): every answer is still the single function's on
+    the znode as it is now."""
+    rng = random.Random(1000 + seed)
+    me = rng.choice([1, 2, 3, 4])
+    live = {s for s in (1, 2, 3, 4) if s == me or rng.random() < 0.5}
+    earlier = {p: random_state(rng) for p in range(12)}
+    zk, c = world(earlier, live)
+    known = known_from(zk)
+    now = dict(earlier)
+    for p in range(12):
+        if rng.random() < 0.3:
+            now[p] = random_state(rng)
+            zk.set(partition_path("t", p), now[p].to_bytes())
+    changes = []
+    for p, ps in now.items():
+        kind = rng.choice(["elect", "step_in", "set_isr"])
+        base = ps if rng.random() < 0.5 else earlier[p]  # asked on either view
+        epoch = base.leader_epoch if rng.random() < 0.8 else base.leader_epoch + 1
+        isr = tuple(r for r in base.replicas if r == me or rng.random() < 0.5)
+        changes.append(Change("t", p, kind, epoch, isr))
+    got = bulk(c, me, changes, known.get)
+    for ch in changes:
+        one_zk, one_c = world({ch.partition: now[ch.partition]}, live)
+        if ch.kind == "elect":
+            want = leadership.elect(one_c, "t", ch.partition, me)
+        elif ch.kind == "step_in":
+            want = leadership.step_in(one_c, "t", ch.partition, me, ch.epoch)
+        else:
+            want = leadership.set_isr(one_c, "t", ch.partition, me, ch.epoch, list(ch.isr))
+        assert got[ch.key] == want, (ch, earlier[ch.partition], now[ch.partition])
+        assert read(zk, ch.partition) == read(one_zk, ch.partition)
 
 
 # -- ZkLease: how long the ZooKeeper session is certainly alive ---------------------------
