@@ -20,6 +20,7 @@ run stopped with an error before it, or the measure was skipped) has no point th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -194,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         found = series(args.json, labels)
     except InputError as exc:
         ap.error(str(exc))
-    try:
-        import matplotlib  # noqa: F401 - only to say what is missing before drawing
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         ap.error("drawing needs matplotlib (the project's bench extra: pip install -e '.[bench]')")
     plot(found, args.out, args.note)
     print(f"wrote {args.out}")
