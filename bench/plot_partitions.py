@@ -111,8 +111,8 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 def series(paths: list[Path], labels: list[str] | None = None) -> list[Series]:
     """One series per (file, topic count), labelled by the file's label (default: its
-    name without .json) and, when the file holds several topic counts or runs of many
-    topics, the topic count."""
+    name without .json) and the topic count, unless the file holds one topic count that
+    is 1 or that its given label names."""
     if labels is not None and len(labels) != len(paths):
         raise InputError(f"{len(labels)} labels for {len(paths)} files")
     out = []
@@ -123,7 +123,8 @@ def series(paths: list[Path], labels: list[str] | None = None) -> list[Series]:
         for r in rows:
             by_topics.setdefault(r.get("topics", 1), []).append(r)
         for k in sorted(by_topics):
-            name = label if list(by_topics) == [1] else f"{label}, {k} topic{'s' * (k > 1)}"
+            plain = list(by_topics) == [1] or (len(by_topics) == 1 and labels is not None)
+            name = label if plain else f"{label}, {k} topic{'s' * (k > 1)}"
             out.append(Series(name, by_topics[k]))
     return out
 
@@ -143,7 +144,11 @@ def plot(all_series: list[Series], out: Path, note: str = "") -> None:
                 continue
             xs = [p.partitions for p in pts]
             ys = [p.value for p in pts]
-            err = [[p.value - p.low for p in pts], [p.high - p.value for p in pts]]
+            # (max 0: a mean of equal floats may land a rounding error past them)
+            err = [
+                [max(0.0, p.value - p.low) for p in pts],
+                [max(0.0, p.high - p.value) for p in pts],
+            ]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=s.label)
             drawn = True
         ax.set_xscale("log")
