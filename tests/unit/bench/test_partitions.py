@@ -97,6 +97,9 @@ def test_the_table_says_when_a_measure_was_skipped_or_not_logged() -> None:
     row = bp.show(r | {"topics": 1})
     assert row.startswith("| 30 | ")
     assert "| - | - | 9 of 10:" in row and row.endswith("handed over: not logged |")
+    note = "restarted server: every replica back in sync: 3 topic(s) not there within 300s"
+    row = bp.show(FULL | {"shutdown_note": note})
+    assert row.endswith(f"10 handed over, 0 kept ({note}) |")
 
 
 def test_a_run_that_stopped_early_shows_its_error() -> None:
