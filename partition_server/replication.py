@@ -400,14 +400,28 @@ class ReplicaManager:
                 elif after is not None:
                     after(state)
             self._lead_won(won)
-            if not f.cancelled() and any(written.get(key) is None for key in batch):
-                # A write failed, lost its race or may have landed unseen: read everything
-                # again. When each one's state is known, the data watch that the last read
-                # armed on each written znode brings it back as a partial read (those
-                # partitions only); a full re-read after every bulk write was 1000-10,000
-                # partition reads and an apply of them all, on each survivor, several times
-                # per failover, on the ZooKeeper session the lease's heartbeat shares.
+            unwritten = [key for key in batch if written.get(key) is None]
+            if f.cancelled() or not unwritten:
+                return
+            reread = getattr(self.registry, "reread", None)
+            if exc is not None or reread is None:
+                # A write may have landed unseen (a lost connection): read everything.
                 self.registry.refresh()
+                return
+            # Not written: its rule said no or it lost its race (another server moved
+            # first). Those partitions' states are read again, not the whole cluster: a
+            # full re-read after every bulk write was 1000-10,000 partition reads and an
+            # apply of them all, on each survivor, several times per failover, on the
+            # ZooKeeper session the lease's heartbeat shares; the survivor that lost the
+            # election race then followed the winner 0.7 s late, behind it. (The data
+            # watch that the last read armed on each znode brings a written or moved one
+            # back as a partial read too; both land in the same read.) An election or
+            # step-in refused may have been asked on a stale view of the live servers
+            # (the leader came back): those read the servers too, as the full read did,
+            # or the same refusal would be asked again at once.
+            servers = any(batch[key][0].kind != "set_isr" for key in unwritten)
+            for key in unwritten:
+                reread(key, servers=servers)
 
         task.add_done_callback(done)
 

@@ -965,6 +965,38 @@ def test_a_leadership_not_taken_after_its_prewrite_leaves_the_file_as_the_histor
     asyncio.run(go())
 
 
+def test_bulk_writes_not_written_reread_their_partitions_not_the_cluster(tmp_path: Path) -> None:
+    """Session 25 (issue 24): a survivor whose elections another survivor won first (its
+    view said leader 1 was gone; ZooKeeper now names server 3) reads those partitions
+    again, and the live servers, not the whole cluster (the loser of a 334-partition race
+    followed the winner 0.7 s late behind a full read of 1000 partitions); an in-sync
+    change refused reads its partition alone."""
+    from partition_server import leadership
+
+    async def go() -> None:
+        zk, mgr, parts, a = bulk_setup(tmp_path)
+        full: list[int] = []
+        partial: list[tuple[Any, bool]] = []
+        mgr.registry.refresh = lambda: full.append(1)  # type: ignore[attr-defined]
+        mgr.registry.reread = lambda key, servers: partial.append((key, servers))  # type: ignore[attr-defined]
+        for p in range(BULK_N):
+            zk.set(partition_path("t", p), PartitionState([1, 2, 3], 3, 1, [3, 2]).to_bytes())
+        for key, part in parts.items():
+            mgr.apply(key, part, PartitionState([1, 2, 3], 1, 0, [1, 2, 3]), a)
+        await settle(30)
+        assert full == []
+        assert sorted(partial) == sorted((key, True) for key in parts)
+        assert all(part.role is not Role.LEADER for part in parts.values())
+        partial.clear()
+        mgr._zk_bulk(leadership.Change("t", 0, "set_isr", 0, (2,)))  # not its epoch: refused
+        await settle(30)
+        assert (full, partial) == ([], [(("t", 0), False)])
+        for part in parts.values():
+            part.close()
+
+    asyncio.run(go())
+
+
 def test_bulk_writes_whose_states_are_known_ask_for_no_full_reread(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
