@@ -3,8 +3,9 @@ every partition this server leads to an in-sync follower before the server leave
 preferred-leader election (a leader that is not its partition's preferred replica, the
 first of the assignment, hands leadership back to it once it is in sync).
 
-Both are one compare-and-set of the PartitionState znode, under the same rules as an
-election (``leadership.py``): the new leader is a live member of the in-sync set as
+Each handover is a compare-and-set of the PartitionState znode, many of them in a few
+ZooKeeper transactions (``leadership.write_many``, change kind ``hand_over``), under the
+same rules as an election (``leadership.py``): the new leader is a live member of the in-sync set as
 ZooKeeper holds it (so it holds every acked record), the epoch goes up by one, and the
 write is refused unless the znode still names this server leader at the epoch it leads.
 The leader steps down locally *before* the write (waiting acks are answered NOT_LEADER,
@@ -21,16 +22,16 @@ after a leader lookup: the producer sees a pause, not an error.
   follower at the start of a leadership. It still holds everything acked, so it may still
   be elected.
 
-The pure rules (``successor``, ``preferred_due``) are here with the ZooKeeper write
-(``hand_over``, blocking: run it in an executor) and the two drivers the replica manager
-calls (``controlled_shutdown``, ``PreferredLeader``). docs/replication.md, "Handing
-leadership over".
+The pure rules: ``preferred_due`` here; ``successor``, ``handed_over`` and
+``plan_hand_over`` in ``leadership.py`` with the other leadership rules (the bulk writes
+plan by them). Here: the single ZooKeeper write (``hand_over``, blocking: run it in an
+executor) and the two drivers the replica manager calls (``controlled_shutdown``,
+``PreferredLeader``). docs/replication.md, "Handing leadership over".
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Executor
@@ -38,6 +39,8 @@ from typing import Any, Protocol
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
+from partition_server import leadership
+from partition_server.leadership import plan_hand_over, successor
 from partition_server.partition import Partition, Role
 from partition_server.registry import Registry
 from pidlease import errors
@@ -69,39 +72,17 @@ class ReplicaManager(Protocol):
         after: Callable[[PartitionState | None], None] | None = None,
     ) -> None: ...
 
+    def _zk_bulk(
+        self,
+        change: leadership.Change,
+        after: Callable[[PartitionState | None], None] | None = None,
+    ) -> None: ...
+
+    async def _write_many(
+        self, zk: Any, changes: list[leadership.Change]
+    ) -> dict[Key, PartitionState | None]: ...
+
     def resign(self, key: Key, part: Partition) -> None: ...
-
-
-def successor(
-    ps: PartitionState,
-    me: int,
-    live: Collection[int],
-    ends: Mapping[int, int] | None = None,
-    to: int | None = None,
-) -> int | None:
-    """Who may take leadership from ``me``: a live in-sync replica other than ``me``
-    (``to`` when given, and only it). Among several, the furthest fetched (``ends``, the
-    leader's view of each follower's log end: the shortest catch-up for the new leader's
-    followers), then the assignment's order (the preferred replica first). None: nobody
-    may (the leader keeps leading, or is lost with the server)."""
-    if ps.leader != me:
-        return None
-    ok = [r for r in ps.replicas if r != me and r in ps.isr and r in live]
-    if to is not None:
-        return to if to in ok else None
-    if not ok:
-        return None
-    ends = ends or {}
-    return max(ok, key=lambda r: (ends.get(r, -1), -ps.replicas.index(r)))
-
-
-def handed_over(ps: PartitionState, me: int, to: int, *, leave_isr: bool) -> PartitionState:
-    """The state a handover writes: ``to`` leads at the next epoch; ``me`` leaves the
-    in-sync set when it is going away (``leave_isr``)."""
-    isr = [r for r in ps.isr if r != me] if leave_isr else list(ps.isr)
-    return PartitionState(
-        replicas=list(ps.replicas), leader=to, leader_epoch=ps.leader_epoch + 1, isr=isr
-    )
 
 
 def preferred_due(
@@ -156,25 +137,16 @@ def hand_over(
     if ps.leader != me or ps.leader_epoch != epoch:
         return None
     live = {int(c) for c in zk.get_children(SERVERS) if c.isdigit()}
-    target = successor(ps, me, live, ends, to)
-    if target is None:
+    planned = plan_hand_over(ps, me, epoch, live, ends, to, leave_isr=leave_isr)
+    if planned is None:
         return None
-    new = handed_over(ps, me, target, leave_isr=leave_isr)
+    new, why = planned
     try:
         zk.set(path, new.to_bytes(), version=stat.version)
     except (BadVersionError, NoNodeError):
-        log.info("%s-%d: handover to %d lost a race; re-reading", topic, partition, target)
+        log.info("%s-%d: handover to %d lost a race; re-reading", topic, partition, new.leader)
         return None
-    log.info(
-        "%s-%d: server %d hands leadership to in-sync server %d (%s) -> epoch %d isr %s",
-        topic,
-        partition,
-        me,
-        target,
-        "leaving" if leave_isr else "preferred replica",
-        new.leader_epoch,
-        new.isr,
-    )
+    log.info("%s-%d: %s -> epoch %d isr %s", topic, partition, why, new.leader_epoch, new.isr)
     return new
 
 
@@ -212,26 +184,22 @@ async def controlled_shutdown(rm: ReplicaManager, timeout_s: float) -> dict[str,
         if not todo or zk is None or not getattr(zk, "connected", True):
             break  # (ZooKeeper unreachable: nothing can be written; stop as before)
         tried |= {k for k, _, _ in todo}
-        results = await asyncio.gather(
-            *(
-                loop.run_in_executor(
-                    rm.zk_executor,
-                    functools.partial(
-                        hand_over, zk, k[0], k[1], rm.me, e, ends=ends, leave_isr=True
-                    ),
-                )
-                for k, e, ends in todo
-            ),
-            return_exceptions=True,
-        )
-        for (key, _, _), res in zip(todo, results, strict=True):
-            if isinstance(res, PartitionState):
-                handed.add(key)
-            elif isinstance(res, BaseException):
-                log.warning("%s-%d: handover failed: %s", key[0], key[1], errors.describe(res))
-        await rm.registry.refresh()
+        # All of them in a few ZooKeeper transactions (``leadership.write_many``, the
+        # rule ``plan_hand_over`` checked against each znode's version), not a read, a
+        # server list and a compare-and-set each: 1000 leaderships took 6 s one by one.
+        changes = [
+            leadership.Change(k[0], k[1], "hand_over", e, ends=tuple(sorted(ends.items())))
+            for k, e, ends in todo
+        ]
+        try:
+            results = await rm._write_many(zk, changes)  # noqa: SLF001 - bulk writes
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper trouble: maybe written; re-read
+            log.warning("handing %d partition(s) over failed: %s", len(todo), errors.describe(exc))
+            results = {}
+        handed |= {key for key, state in results.items() if state is not None}
         if all(k in handed for k, _, _ in todo):
             continue  # one more pass finds anything left (none, usually) and ends
+        await rm.registry.refresh()
         await asyncio.sleep(0.1)
     n_kept = len((tried | kept) - handed)
     log.info(
@@ -245,7 +213,7 @@ async def controlled_shutdown(rm: ReplicaManager, timeout_s: float) -> dict[str,
 class PreferredLeader:
     """The preferred-leader election, checked on every maintenance tick of the replica
     manager: each partition this server leads whose preferred replica is due
-    (``preferred_due``) is handed to it, one write at a time per partition."""
+    (``preferred_due``) is handed to it, the handovers of one tick written together."""
 
     def __init__(self, rm: ReplicaManager) -> None:
         self.rm = rm
@@ -293,16 +261,12 @@ class PreferredLeader:
         log.info("%s-%d: handing leadership to preferred replica %d", key[0], key[1], pref)
         rm.resign(key, part)
         self.handed_total += 1
-        rm._zk(  # noqa: SLF001 - the manager's one-write-at-a-time path
-            key, _hand_to, epoch, pref
+        # Queued with every other leadership write of this tick and written together in
+        # a few transactions (``leadership.write_many``): a server back after a restart
+        # takes back hundreds of leaderships at once. When the write does not land, the
+        # stepped-down leader's next reconcile finds its epoch inherited and steps in
+        # (``leadership.step_in``): hands over to a live in-sync replica, or takes a new
+        # epoch itself.
+        rm._zk_bulk(  # noqa: SLF001 - the manager's bulk leadership writes
+            leadership.Change(key[0], key[1], "hand_over", epoch, to=pref, leave_isr=False)
         )
-
-
-def _hand_to(
-    zk: Any, topic: str, partition: int, me: int, epoch: int, to: int
-) -> PartitionState | None:
-    """``hand_over`` in the replica manager's ``_zk`` calling convention. When the write
-    does not land, the stepped-down leader's next reconcile finds its epoch inherited and
-    steps in (``leadership.step_in``): hands over to a live in-sync replica, or takes a new
-    epoch itself."""
-    return hand_over(zk, topic, partition, me, epoch, to=to, leave_isr=False)

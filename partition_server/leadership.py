@@ -25,7 +25,7 @@ the assignment and follows whatever won).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,13 +106,71 @@ def plan_step_in(
 
 def plan_set_isr(ps: PartitionState, me: int, epoch: int, isr: list[int]) -> PartitionState | None:
     """The ``set_isr`` rule on the state just read: the state to write (``ps`` itself when
-    it already says so: nothing to write), or None (no longer our epoch)."""
-    if ps.leader != me or ps.leader_epoch != epoch:
+    it already says so: nothing to write), or None (no longer our epoch, or a set naming a
+    replica the partition no longer has: asked on a view from before a replica move)."""
+    if ps.leader != me or ps.leader_epoch != epoch or not set(isr) <= set(ps.replicas):
         return None
     if sorted(ps.isr) == sorted(isr):
         return ps
     return PartitionState(
         replicas=ps.replicas, leader=me, leader_epoch=epoch, isr=sorted(isr, key=ps.replicas.index)
+    )
+
+
+def successor(
+    ps: PartitionState,
+    me: int,
+    live: Collection[int],
+    ends: Mapping[int, int] | None = None,
+    to: int | None = None,
+) -> int | None:
+    """Who may take leadership from ``me``: a live in-sync replica other than ``me``
+    (``to`` when given, and only it). Among several, the furthest fetched (``ends``, the
+    leader's view of each follower's log end: the shortest catch-up for the new leader's
+    followers), then the assignment's order (the preferred replica first). None: nobody
+    may (the leader keeps leading, or is lost with the server)."""
+    if ps.leader != me:
+        return None
+    ok = [r for r in ps.replicas if r != me and r in ps.isr and r in live]
+    if to is not None:
+        return to if to in ok else None
+    if not ok:
+        return None
+    ends = ends or {}
+    return max(ok, key=lambda r: (ends.get(r, -1), -ps.replicas.index(r)))
+
+
+def handed_over(ps: PartitionState, me: int, to: int, *, leave_isr: bool) -> PartitionState:
+    """The state a handover writes: ``to`` leads at the next epoch; ``me`` leaves the
+    in-sync set when it is going away (``leave_isr``)."""
+    isr = [r for r in ps.isr if r != me] if leave_isr else list(ps.isr)
+    return PartitionState(
+        replicas=list(ps.replicas), leader=to, leader_epoch=ps.leader_epoch + 1, isr=isr
+    )
+
+
+def plan_hand_over(
+    ps: PartitionState,
+    me: int,
+    epoch: int,
+    live: Collection[int],
+    ends: Mapping[int, int] | None,
+    to: int | None,
+    *,
+    leave_isr: bool,
+) -> tuple[PartitionState, str] | None:
+    """The ``hand_over`` rule (handoff.py: a controlled shutdown, a preferred-leader
+    election) on the state just read: the state to write and why, or None (the znode no
+    longer names ``me`` at ``epoch``, or nobody may take over)."""
+    if ps.leader != me or ps.leader_epoch != epoch:
+        return None
+    target = successor(ps, me, live, ends, to)
+    if target is None:
+        return None
+    why = "leaving" if leave_isr else "preferred replica"
+    return (
+        handed_over(ps, me, target, leave_isr=leave_isr),
+        f"server {me} hands leadership to in-sync server {target} ({why})",
     )
 
 
@@ -165,14 +223,19 @@ BULK_ROUNDS = 4  # read-plan-commit rounds before the rest is left to the next r
 @dataclass(frozen=True)
 class Change:
     """One leadership write asked for: ``kind`` is ``elect``, ``step_in`` (``epoch``: the
-    one this server was named for) or ``set_isr`` (``epoch``: the leadership's, ``isr``:
-    the set wanted)."""
+    one this server was named for), ``set_isr`` (``epoch``: the leadership's, ``isr``:
+    the set wanted) or ``hand_over`` (``epoch``: the leadership's; ``to``: the replica to
+    hand it to, 0 for the best live in-sync one, chosen by ``ends``, the followers' log
+    ends as the leader saw them; ``leave_isr``: this server leaves the in-sync set)."""
 
     topic: str
     partition: int
     kind: str
     epoch: int = 0
     isr: tuple[int, ...] = ()
+    to: int = 0
+    ends: tuple[tuple[int, int], ...] = ()
+    leave_isr: bool = True
 
     @property
     def key(self) -> tuple[str, int]:
@@ -224,6 +287,14 @@ def _plan(
         if not servers:
             servers.append({int(s) for s in zk.get_children(SERVERS) if s.isdigit()})
         return plan_step_in(ps, me, c.epoch, servers[0])
+    if c.kind == "hand_over":
+        if ps.leader != me or ps.leader_epoch != c.epoch:
+            return None
+        if not servers:
+            servers.append({int(s) for s in zk.get_children(SERVERS) if s.isdigit()})
+        return plan_hand_over(
+            ps, me, c.epoch, servers[0], dict(c.ends), c.to or None, leave_isr=c.leave_isr
+        )
     if c.kind == "set_isr":
         new = plan_set_isr(ps, me, c.epoch, list(c.isr))
         if new is None or new is ps:
@@ -319,7 +390,7 @@ def commit_planned(
     retry: dict[tuple[str, int], Change] = {}
     chunks = [
         same[i : i + multi_max]
-        for kind in ("elect", "step_in", "set_isr")  # a failover's elections first
+        for kind in ("elect", "hand_over", "step_in", "set_isr")  # a failover's elections first
         for same in [[x for x in planned if x[0].kind == kind]]
         for i in range(0, len(same), multi_max)
     ]

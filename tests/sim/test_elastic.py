@@ -35,7 +35,7 @@ def test_elastic_seeds_move_hand_over_and_pass() -> None:
     text = "\n".join(lines)
     assert seen.get("move", 0) > 0 and seen.get("sigterm", 0) > 0, seen
     assert seen.get("mover_crash", 0) > 0, seen
-    assert "(leaving) -> epoch" in text  # a controlled shutdown handed leadership over
-    assert "(preferred replica) -> epoch" in text  # a preferred-leader handover
+    assert "(leaving) -> " in text  # a controlled shutdown handed leadership over
+    assert "(preferred replica) -> " in text  # a preferred-leader handover
     assert ": done: replicas" in text  # a move ran to its end
     assert "resume:" in text  # and one was resumed after a coordinator crash

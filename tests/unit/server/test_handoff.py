@@ -11,7 +11,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from partition_server.handoff import handed_over, preferred_due, successor
+from partition_server.handoff import preferred_due
+from partition_server.leadership import handed_over, successor
 from pidlease.wire.cluster import PartitionState
 
 

@@ -119,6 +119,22 @@ def random_state(rng: random.Random) -> PartitionState:
     return PartitionState(replicas, leader, rng.randint(0, 5), isr)
 
 
+def hand_over_args(rng: random.Random, ps: PartitionState) -> tuple[Any, ...]:
+    """A handover's ``to`` (0: the best), the followers' ends and ``leave_isr``, random."""
+    to = rng.choice([0, *ps.replicas])
+    ends = tuple((r, rng.randint(0, 9)) for r in ps.replicas if rng.random() < 0.7)
+    return to, ends, rng.random() < 0.5
+
+
+def single_hand_over(c: Any, ch: Change, me: int) -> PartitionState | None:
+    """The single handover (handoff.py, one compare-and-set) the bulk one must match."""
+    from partition_server.handoff import hand_over
+
+    to = ch.to or None
+    ends = dict(ch.ends)
+    return hand_over(c, "t", ch.partition, me, ch.epoch, to=to, ends=ends, leave_isr=ch.leave_isr)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_bulk_rules_are_the_single_rules(seed: int) -> None:
     """Random states, random changes asked by server ``me``: what ``write_many`` writes
@@ -129,10 +145,10 @@ def test_bulk_rules_are_the_single_rules(seed: int) -> None:
     states = {p: random_state(rng) for p in range(12)}
     changes = []
     for p, ps in states.items():
-        kind = rng.choice(["elect", "step_in", "set_isr"])
+        kind = rng.choice(["elect", "step_in", "set_isr", "hand_over"])
         epoch = ps.leader_epoch if rng.random() < 0.8 else ps.leader_epoch + 1
         isr = tuple(r for r in ps.replicas if r == me or rng.random() < 0.5)
-        changes.append(Change("t", p, kind, epoch, isr))
+        changes.append(Change("t", p, kind, epoch, isr, *hand_over_args(rng, ps)))
     bulk_zk, bulk_c = world(states, live)
     got = write_many(bulk_c, me, changes)
     for ch in changes:
@@ -141,6 +157,8 @@ def test_bulk_rules_are_the_single_rules(seed: int) -> None:
             want = leadership.elect(one_c, "t", ch.partition, me)
         elif ch.kind == "step_in":
             want = leadership.step_in(one_c, "t", ch.partition, me, ch.epoch)
+        elif ch.kind == "hand_over":
+            want = single_hand_over(one_c, ch, me)
         else:
             want = leadership.set_isr(one_c, "t", ch.partition, me, ch.epoch, list(ch.isr))
         assert got[ch.key] == want, (ch, states[ch.partition])
@@ -271,11 +289,11 @@ def test_bulk_rules_against_known_states_are_the_single_rules(seed: int) -> None
             zk.set(partition_path("t", p), now[p].to_bytes())
     changes = []
     for p, ps in now.items():
-        kind = rng.choice(["elect", "step_in", "set_isr"])
+        kind = rng.choice(["elect", "step_in", "set_isr", "hand_over"])
         base = ps if rng.random() < 0.5 else earlier[p]  # asked on either view
         epoch = base.leader_epoch if rng.random() < 0.8 else base.leader_epoch + 1
         isr = tuple(r for r in base.replicas if r == me or rng.random() < 0.5)
-        changes.append(Change("t", p, kind, epoch, isr))
+        changes.append(Change("t", p, kind, epoch, isr, *hand_over_args(rng, base)))
     got = bulk(c, me, changes, known.get)
     for ch in changes:
         one_zk, one_c = world({ch.partition: now[ch.partition]}, live)
@@ -283,6 +301,8 @@ def test_bulk_rules_against_known_states_are_the_single_rules(seed: int) -> None
             want = leadership.elect(one_c, "t", ch.partition, me)
         elif ch.kind == "step_in":
             want = leadership.step_in(one_c, "t", ch.partition, me, ch.epoch)
+        elif ch.kind == "hand_over":
+            want = single_hand_over(one_c, ch, me)
         else:
             want = leadership.set_isr(one_c, "t", ch.partition, me, ch.epoch, list(ch.isr))
         assert got[ch.key] == want, (ch, earlier[ch.partition], now[ch.partition])
