@@ -280,7 +280,10 @@ def _wait_job(url: str) -> dict[str, Any]:
                 if not st["running"]:
                     return st
         time.sleep(0.5)
-    raise TimeoutError(f"the moves job still running after {JOB_MAX_S} s: {last.get('lines')}")
+    raise TimeoutError(
+        f"the moves job ({last.get('kind')}, owner {last.get('owner')}) still running after "
+        f"{JOB_MAX_S} s: {last.get('lines')}"
+    )
 
 
 def old_to_drain(url: str, servers: list[int]) -> tuple[int, list[str]]:
