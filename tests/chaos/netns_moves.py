@@ -1,10 +1,10 @@
 """Replica moves under the nemesis (issue 27 item 5), on namespace hosts (netns_cluster.py):
 producers pipeline into the suite's topic while a fourth server joins, the coordinator
-runs ``rebalance`` onto it and then drains it again (a round; rounds again, at most 4,
-while faults are left: moves can be quicker than faults; the long form at least two, the
-faults in each), with the move throttle low so a catch-up lasts, and a fault is injected
-at each phase of the moves as they are seen in ZooKeeper (the move records under
-``/moves`` and the partitions' states):
+runs ``rebalance`` onto it, then drains one of the first three servers, then drains the
+fourth again (a round; rounds again, at most 4, while faults are left: moves can be
+quicker than faults; the long form at least two, the faults in each), with the move
+throttle low so a catch-up lasts, and a fault is injected at each phase of the moves as
+they are seen in ZooKeeper (the move records under ``/moves`` and the partitions' states):
 
 - a move's **add** phase (the new replica catching up): the new replica cut from the
   partition's leader for a few seconds, then SIGKILLed and restarted;
@@ -14,6 +14,17 @@ at each phase of the moves as they are seen in ZooKeeper (the move records under
   taken over once its owner node is gone: coordinator/moves.py ``MoveJobs``);
 - the next lead: the **leader's link down** (isolated) for a few seconds;
 - a **remove** seen: the leader SIGKILLed and restarted.
+
+Why the drain of an old server: the rebalance alone moves only the idle topic's
+partitions (the planner takes the partitions to move in sorted order, and ``idle`` sorts
+before the produced topic), so its drain moved nothing that holds acknowledged records,
+and the suite could not see a move lose one: with the move bug i27_3 back (leadership
+handed to a new replica before it is in sync) it stayed green. The old server drained is
+picked by dry runs (``old_to_drain``): the one whose plan hands a produced partition's
+leadership to a replica its move adds, the case i27_3 needs; the test asserts that such a
+handover was planned (``MovesResult.planned_handovers``; the job lines that show it done,
+``loaded_handovers``, are printed: a coordinator killed before it published its last
+second of lines loses them), so a planner change cannot make it toothless again unseen.
 
 Faults come one at a time, each ended (healed, restarted) before the next is armed. After
 the jobs end (each run again while moves are left: a rollback, a job that lost its owner),
@@ -55,14 +66,25 @@ CUT_S = 3.0
 DOWN_S = 1.0
 JOB_MAX_S = 240.0
 RUNS_MAX = 4  # rebalance asked again while moves are left (bounded)
-ROUNDS_MAX = 4  # rebalance + drain rounds while faults are left (bounded)
-# A follower out of sync within seconds, as in the suite's short form; the move throttle
-# low (above the topic's write rate), so a move's catch-up lasts long enough for a fault,
-# and the throttle itself is under the nemesis.
+ROUNDS_MAX = 4  # rounds (rebalance, two drains) while faults are left (bounded)
+# The move throttle low (above the topic's write rate, about 15 KB/s a partition here),
+# so a move's catch-up lasts and the throttle itself is under the nemesis. Its
+# bucket holds one second of the rate: a log of twice that cannot be fetched in one
+# burst, so the old server's drain waits (at most LOADED_WAIT_S) for the produced
+# partitions to hold LOADED_BYTES: a new replica of one is then behind for about a second,
+# far longer than the mover's poll (0.2 s), and a move that hands it leadership before it
+# is in sync (i27_3) loses acknowledged records. (A smaller log fits in the first burst:
+# the new replica was in sync before the mover's next poll and the bug went unseen. The
+# rate trades the wait for the logs to grow against the later moves' catch-ups of the
+# grown logs: 256 KiB/s waited about 25 s, 64 KiB/s made the drains take 3 minutes.)
+MOVE_BYTES_PER_S = 128 * 1024
+LOADED_BYTES = 2 * MOVE_BYTES_PER_S
+LOADED_WAIT_S = 30.0
+# A follower out of sync within seconds, as in the suite's short form.
 SERVER_ENV = {
     "PIDLEASE_REPLICA_LAG_TIME_MAX_MS": "4000",
     "PIDLEASE_PREFERRED_LEADER_SETTLE_MS": "1000",
-    "PIDLEASE_MOVE_FETCH_BYTES_PER_S": str(256 * 1024),
+    "PIDLEASE_MOVE_FETCH_BYTES_PER_S": str(MOVE_BYTES_PER_S),
 }
 
 
@@ -130,6 +152,9 @@ class MovesResult:
     differ: list[str] = field(default_factory=list)
     took_s: float = 0.0
     trace: list[str] = field(default_factory=list)  # the injector's view of the moves
+    # Moves of the produced topic whose new first replica the move adds, as planned by
+    # the old servers' drains (what i27_3 needs; see the module docstring).
+    planned_handovers: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return "\n".join(
@@ -140,6 +165,8 @@ class MovesResult:
                 *(f"  fault: {f}" for f in self.faults),
                 f"  replicas per server {self.replicas}, leaders {self.leaders}",
                 f"  replicas that differ: {self.differ}",
+                *(f"  handover planned: {ln}" for ln in self.planned_handovers),
+                *(f"  handed over: {ln}" for ln in loaded_handovers(self.job_lines)),
                 *(f"  seen: {t}" for t in self.trace[-60:]),
                 f"  {self.report.summary() if self.report else 'no check'}",
             ]
@@ -226,11 +253,13 @@ class Injector(threading.Thread):
             time.sleep(0.05)
 
 
-def _job(url: str, path: str) -> dict[str, Any]:
+def _job(url: str, path: str, *, dry_run: bool = False) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while True:  # the coordinator may be restarting, or the old job still owned
         try:
-            status, body = http_json("POST", url + path, {"rollback_after_s": 60})
+            status, body = http_json(
+                "POST", url + path, {"rollback_after_s": 60, "dry_run": dry_run}
+            )
         except OSError:
             status, body = 0, {}
         if status == 200:
@@ -251,7 +280,86 @@ def _wait_job(url: str) -> dict[str, Any]:
                 if not st["running"]:
                     return st
         time.sleep(0.5)
-    raise TimeoutError(f"the moves job still running after {JOB_MAX_S} s: {last.get('lines')}")
+    raise TimeoutError(
+        f"the moves job ({last.get('kind')}, owner {last.get('owner')}) still running after "
+        f"{JOB_MAX_S} s: {last.get('lines')}"
+    )
+
+
+def old_to_drain(url: str, servers: list[int]) -> tuple[int, list[str]]:
+    """The one of ``servers`` whose drain (planned by a dry run) hands the most partitions
+    of the produced topic to a first replica the move adds (then: moves the most of them;
+    then: the lowest id), and those planned handovers."""
+    best: tuple[tuple[int, int, int], int, list[str]] | None = None
+    for s in servers:
+        planned = _job(url, f"/v1/servers/{s}/drain", dry_run=True)["moves"]
+        ours = [m for m in planned if m["topic"] == TOPIC]
+        hand = [
+            f"{TOPIC}-{m['partition']}: {m['from']} -> {m['to']}"
+            for m in ours
+            if m["to"][0] not in m["from"]
+        ]
+        score = (len(hand), len(ours), -s)
+        if best is None or score > best[0]:
+            best = (score, s, hand)
+    assert best is not None, "no server to drain"
+    return best[1], best[2]
+
+
+def loaded_handovers(job_lines: list[str]) -> list[str]:
+    """The job lines where a move of the produced topic handed leadership to a replica
+    that move added (the step i27_3 takes too early)."""
+    added: dict[str, set[int]] = {}
+    out = []
+    for ln in job_lines:
+        key, _, rest = ln.partition(": ")
+        if not key.startswith(f"{TOPIC}-"):
+            continue
+        if rest.startswith("move "):
+            orig, _, target = rest[len("move ") :].partition(" -> ")
+            with contextlib.suppress(ValueError):
+                added[key] = set(json.loads(target)) - set(json.loads(orig))
+        elif rest.startswith("leadership ") and key in added:
+            to = rest[len("leadership ") :].split(" ")[2]
+            if to.isdigit() and int(to) in added[key]:
+                out.append(ln)
+    return out
+
+
+def _log_sizes(c: NetCluster) -> dict[int, int]:
+    """Each produced partition's log size (bytes) on its leader's disk (0: not readable)."""
+    out = {}
+    for p in range(PARTITIONS):
+        try:
+            pdir = c.data_dir / f"server-{c.leader(TOPIC, p)}" / "data" / f"{TOPIC}-{p}"
+            out[p] = sum(seg.stat().st_size for seg in pdir.glob("*.log"))
+        except Exception:  # noqa: BLE001 - ZooKeeper cut, a segment rolled: 0, look again
+            out[p] = 0
+    return out
+
+
+def _wait_loaded(c: NetCluster, res: MovesResult) -> None:
+    """Wait (at most LOADED_WAIT_S) until every produced partition holds LOADED_BYTES."""
+    deadline = time.monotonic() + LOADED_WAIT_S
+    sizes = _log_sizes(c)
+    while min(sizes.values()) < LOADED_BYTES and time.monotonic() < deadline:
+        time.sleep(0.5)
+        sizes = _log_sizes(c)
+    res.trace.append(f"{time.strftime('%H:%M:%S')} produced logs before the drain: {sizes}")
+
+
+def _run_job(url: str, path: str, res: MovesResult) -> None:
+    """Start a job (again while moves are left, bounded) and wait for its end."""
+    for _ in range(RUNS_MAX):
+        res.runs += 1
+        body = _job(url, path)
+        print(f"{path}: {len(body['moves'])} move(s) planned", flush=True)
+        if not body["moves"]:
+            return
+        st = _wait_job(url)
+        res.job_lines += st["lines"]
+        if st["moves"] and all(m["state"] == "done" for m in st["moves"]):
+            return
 
 
 def run_moves(
@@ -259,8 +367,11 @@ def run_moves(
 ) -> MovesResult:
     """The scenario (see the module docstring) on a started cluster whose topics exist
     (``Suite.setup``) and whose host ``s4`` is free: ``rounds`` times a rebalance onto
-    server 4 and its drain, the faults injected once per round."""
-    res = MovesResult(f"rebalance onto a new server, then its drain (at least {rounds} x)")
+    server 4, an old server's drain and server 4's drain, the faults injected once per
+    round."""
+    res = MovesResult(
+        f"rebalance onto a new server, an old one's drain, the new one's (at least {rounds} x)"
+    )
     t0 = time.monotonic()
     load = Load(cluster.coordinator_url, load_idx).start()
     inj = Injector(net, cluster, FAULTS * rounds)
@@ -269,27 +380,24 @@ def run_moves(
         time.sleep(2.0)
         cluster.add_server(NEW)
         inj.start()
-        # A round: a rebalance onto server 4, then its drain; more rounds (bounded) while
-        # faults are left, for moves quicker than the faults.
-        paths = ["/v1/cluster/rebalance", f"/v1/servers/{NEW}/drain"]
-        for n, path in enumerate(paths * ROUNDS_MAX):
-            if n >= 2 * rounds and n % 2 == 0 and not inj.faults:
+        # A round: a rebalance onto server 4, an old server's drain (see the module
+        # docstring), server 4's drain; more rounds (bounded) while faults are left, for
+        # moves quicker than the faults.
+        url = cluster.coordinator_url
+        for n in range(ROUNDS_MAX):
+            if n >= rounds and not inj.faults:
                 break
-            res.rounds = n // 2 + 1
-            for _ in range(RUNS_MAX):
-                res.runs += 1
-                body = _job(cluster.coordinator_url, path)
-                print(f"{path}: {len(body['moves'])} move(s) planned", flush=True)
-                if not body["moves"]:
-                    break
-                st = _wait_job(cluster.coordinator_url)
-                res.job_lines += st["lines"]
-                if st["moves"] and all(m["state"] == "done" for m in st["moves"]):
-                    break
+            res.rounds = n + 1
+            _run_job(url, "/v1/cluster/rebalance", res)
+            _wait_loaded(cluster, res)
+            old, hand = old_to_drain(url, [s for s in cluster.server_ids() if s != NEW])
+            res.planned_handovers += hand
+            _run_job(url, f"/v1/servers/{old}/drain", res)
+            _run_job(url, f"/v1/servers/{NEW}/drain", res)
         inj.done_flag.set()
         inj.join(JOB_MAX_S)
         res.faults = inj.injected + [f"(injector retried after: {e})" for e in inj.errors[:3]]
-        res.trace = inj.trace
+        res.trace = inj.trace + res.trace
     finally:
         inj.done_flag.set()
         load.stop()
@@ -397,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             suite.teardown()
     bad = verdict(res)
+    if not res.planned_handovers:
+        bad.append("no move planned to hand a produced partition's leadership to a replica")
     print("OK" if not bad else f"FAILED: {bad}")
     return 0 if not bad else 1
 
@@ -405,4 +515,13 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["FAULTS", "PRODUCERS", "SERVER_ENV", "MovesResult", "run_moves", "verdict"]
+__all__ = [
+    "FAULTS",
+    "PRODUCERS",
+    "SERVER_ENV",
+    "MovesResult",
+    "loaded_handovers",
+    "old_to_drain",
+    "run_moves",
+    "verdict",
+]

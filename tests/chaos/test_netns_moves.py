@@ -1,9 +1,13 @@
 """Replica moves under the nemesis on network-namespace hosts, short form (CI): a fourth
-server joins, the coordinator rebalances onto it and then drains it, while a fault hits
-each phase of the moves (the new replica cut and SIGKILLed while it catches up, the moving
-replica killed once it leads, the coordinator killed mid-job, the leader's link down, the
-leader killed after a remove: netns_moves.py); then the exactly-once check of the whole
-log, replicas in sync, even and byte-identical. The long form (``--chaos-long`` or
+server joins, the coordinator rebalances onto it, drains an old server (one whose drain
+hands a produced partition's leadership to a replica the move adds) and then drains the
+fourth, while a fault hits each phase of the moves (the new replica cut and SIGKILLed
+while it catches up, the moving replica killed once it leads, the coordinator killed
+mid-job, the leader's link down, the leader killed after a remove: netns_moves.py); then
+the exactly-once check of the whole log, replicas in sync, even and byte-identical, and
+that a move was planned to hand a produced partition's leadership to a replica it adds
+(the step the move bug i27_3 takes before the replica is in sync: with it back, this test
+fails with acknowledged records lost; docs/reliability.md). The long form (``--chaos-long`` or
 ``PIDLEASE_CHAOS_LONG=1``, or ``python -m tests.chaos.netns_moves --long``) runs two
 rounds, the faults in each.
 
@@ -41,3 +45,6 @@ def test_a_rebalance_with_a_fault_at_each_move_step_loses_nothing(
     want = len(FAULTS) * (2 if chaos_long else 1)
     assert len([f for f in res.faults if not f.startswith("(")]) == want, res.summary()
     assert any("takes over" in ln for ln in res.job_lines), res.job_lines[-30:]
+    # The search aims where i27_3 bites: a move planned to hand a produced partition's
+    # leadership to a replica it adds (the job lines that show it done are printed).
+    assert res.planned_handovers, res.summary()

@@ -2,30 +2,31 @@
 show): what test_kafka_groups.py's confluent-kafka run shows, with fewer members and
 partitions.
 
-- aiokafka: 2 members (own processes, tests/integration/kafka_group_consumer.py) of one
-  group on a 4-partition R=3 topic while an idempotent producer writes; one member
-  SIGKILLed (the other takes its partitions over after its session timeout), then the
-  server coordinating the group SIGKILLed, then the member stopped and 2 new ones started:
-  every record read, none skipped, no committed record read again by a member starting a
-  partition, and the new members start each partition exactly at its last commit.
+- aiokafka: 2 members (own processes: kafka_group_consumer.py, driven and checked by
+  kafka_group_clients.py, as there) of one group on a 4-partition R=3 topic while an
+  idempotent producer writes; one member SIGKILLed (the other takes its partitions over
+  after its session timeout), then the server coordinating the group SIGKILLed, then the
+  member stopped and 2 new ones started: every record read, none skipped, no committed
+  record read again by a member starting a partition, and the new members start each
+  partition exactly at its last commit.
 - kcat ``-G``: a run reads everything and commits; the server coordinating the group is
   SIGKILLed; the next run (against the new coordinator) reads only what came after.
 """
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from partition_server.kafka.groups import GROUPS_TOPIC, partition_of
-from tests.integration.test_kafka_groups import (
+from tests.integration.kafka_group_clients import (
     ENV,
-    KCAT,
     Sender,
     check_group_log,
     first_reads,
+    kcat_consume,
+    kcat_produce,
     leader_of,
     start_member,
     stop_members,
@@ -80,48 +81,15 @@ def test_kcat_commits_survive_the_coordinators_kill(make_cluster: Any) -> None:
     c = make_cluster(servers=3, env=ENV)
     c.create_topic("kklines", partitions=2, replication_factor=3)
 
-    def produce(lines: list[str]) -> None:
-        for p in (0, 1):
-            r = subprocess.run(
-                [KCAT, "-P", "-b", c.kafka_bootstrap, "-t", "kklines", "-p", str(p)],
-                input="\n".join(x for i, x in enumerate(lines) if i % 2 == p) + "\n",
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            assert r.returncode == 0, r.stderr
-
-    def consume() -> list[str]:
-        r = subprocess.run(
-            [
-                KCAT,
-                "-b",
-                ",".join(s.kafka_address for s in c.servers if s.alive),
-                "-G",
-                "kkgroup",
-                "-e",
-                "-X",
-                "auto.offset.reset=earliest",
-                "-f",
-                "%s\n",
-                "-X",
-                "session.timeout.ms=6000",
-                "kklines",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert r.returncode == 0, r.stderr
-        return sorted(x for x in r.stdout.splitlines() if x)
+    def consume() -> list[str]:  # every live server named: one was SIGKILLed
+        bootstrap = ",".join(s.kafka_address for s in c.servers if s.alive)
+        return kcat_consume(bootstrap, "kkgroup", "kklines", timeout_s=120)
 
     first = [f"a{i:03d}" for i in range(100)]
-    produce(first)
+    kcat_produce(c.kafka_bootstrap, "kklines", first)
     assert consume() == sorted(first)
     coord = leader_of(c, GROUPS_TOPIC, partition_of("kkgroup"))
     c.kill(c.server(coord))
     second = [f"b{i:03d}" for i in range(50)]
-    produce(second)
+    kcat_produce(c.kafka_bootstrap, "kklines", second)
     assert consume() == sorted(second), "the commits of the first run survived the kill"
