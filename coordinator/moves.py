@@ -375,6 +375,12 @@ class MoveJobs:
         self.drain: list[int] = []
         self.started_ms = 0
         self.running = False
+        # Set once this coordinator's claim of the job (the owner node) is in ZooKeeper:
+        # ``start`` sets ``running`` before it claims, and the watcher's tick in between
+        # found no owner node, took the job for lost and stranded it (running and owned in
+        # ZooKeeper, nothing moving, every new job refused; the netns moves suite's long
+        # form hung on it twice).
+        self.claimed = False
         self.error = ""
         self.takeovers = 0
         self._dropped0 = 0  # the job's lines dropped before ``lines[0]`` (the CLI counts them)
@@ -405,6 +411,8 @@ class MoveJobs:
     def tick(self) -> None:
         """One look (the watcher thread's; tests call it directly)."""
         if self.running:
+            if not self.claimed:
+                return  # ``start`` is claiming it: no owner node yet, and none lost
             if not self._owner_is_me():
                 if not self._lost.is_set():
                     self._note(f"{self.me} no longer owns the {self.kind}: stopping")
@@ -446,6 +454,7 @@ class MoveJobs:
         job = {**job, "owner": self.me, "lines": [*job.get("lines", []), line][-JOB_LINES_MAX:]}
         if not self._claim(job, stat.version):
             return False
+        self.claimed = True
         self.takeovers += 1
         log.warning("%s", line)
         drain = [int(x) for x in job.get("drain", [])]
@@ -586,6 +595,7 @@ class MoveJobs:
             if self.running:
                 raise JobRunning(f"a {self.kind} is running here; see GET /v1/cluster/moves")
             self.running, self.kind, self.error = True, kind, ""
+            self.claimed = False
             self.drain, self.started_ms = sorted(drain), self.clock_ms()
             self.rollback_after_s = rollback_after_s
             self.lines, self.moves = [], []
@@ -608,6 +618,7 @@ class MoveJobs:
                 self.running = False
             self._refuse_running()
             raise JobRunning("another coordinator started a job at the same moment; ask again")
+        self.claimed = True
         p["owner"] = self.me
         self._thread = threading.Thread(
             target=self._run, args=(targets, current), name="moves", daemon=True

@@ -93,3 +93,45 @@ def test_one_job_claimed_refused_shown_taken_over_and_finished(clients: list[Kaz
     # Over: a new job may start anywhere.
     assert a.start("rebalance", dry_run=False)["owner"] == "a"
     wait_for(lambda: not a.running, 30, "the empty rebalance to end")
+
+
+def test_a_watcher_tick_while_the_job_is_being_claimed_does_not_strand_it(
+    clients: list[KazooClient],
+) -> None:
+    """``start`` marks the job running before its claim (the owner node) lands; the
+    watcher's tick in that window found no owner node, took the job for lost and stopped
+    it, while ZooKeeper kept it running and owned: nothing moved and every new job was
+    refused (the netns moves suite's long form hung on it; helper moves, session 25).
+    Before the fix: the drain never moved the replica (``TimeoutError`` here)."""
+    za, _zb, zt = clients
+    zt.create(topic_path("t"), TopicSpec("t", 1, 2, "strict").to_bytes(), makepath=True)
+    ps = PartitionState(replicas=[1, 2], leader=1, leader_epoch=0, isr=[1, 2])
+    zt.create(partition_path("t", 0), ps.to_bytes(), makepath=True)
+    for s in (1, 2, 3):
+        zt.create(server_path(s), b"{}", makepath=True, ephemeral=True)
+    a = MoveJobs(za, coordinator_id="a")
+    real = a._read_job
+    ticked: list[int] = []
+
+    def read_job_after_a_tick() -> object:
+        if a.running and not ticked:
+            ticked.append(1)
+            a.tick()  # the watcher thread's look, landing between running=True and the claim
+        return real()
+
+    a._read_job = read_job_after_a_tick  # type: ignore[method-assign]
+    a.start("drain of server 2", [2], dry_run=False, rollback_after_s=600)
+    a._read_job = real  # type: ignore[method-assign]
+    assert ticked == [1]
+    for _ in range(3):
+        a.tick()
+    # The move adds server 3 and waits for it to catch up (nobody plays the leader here):
+    # the job runs and still owns itself.
+    wait_for(
+        lambda: 3 in PartitionState.from_bytes(zt.get(partition_path("t", 0))[0]).replicas,
+        30,
+        "the drain to add a replica on server 3",
+    )
+    assert a.running and a.claimed and not a._lost.is_set()
+    assert zt.get(JOB_OWNER)[0] == b"a"
+    assert not any("no longer owns" in line for line in a.status()["lines"])
