@@ -715,11 +715,14 @@ class ReplicaManager:
         are all it has news for and the budget is spent, wait (up to its wait) for the
         budget to refill, so the follower does not come back at once for nothing; then
         check each entry again, as after the fetch's own wait (an error in ``answered``)."""
-        moving = {i for i, e, p in live if self._moving((e.topic, e.partition), rid, p)}
+        # Only an entry with news reads data, the only thing the throttle limits (an idle
+        # entry of a moving replica is not asked about: one pass over the news, not over
+        # every partition of the session each round).
+        news = [(i, e, p) for i, e, p in live if i not in answered and self._news(e, p)]
+        moving = {i for i, e, p in news if self._moving((e.topic, e.partition), rid, p)}
         if not moving:
             return moving
-        news = [i for i, e, p in live if i not in answered and self._news(e, p)]
-        if news and set(news) <= moving:
+        if len(moving) == len(news):
             wait_s = self.move_throttle.wait_s()
             if wait_s > 0:
                 limit = min(max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
@@ -728,6 +731,15 @@ class ReplicaManager:
                     bad = None if i in answered else self._check(rid, e.leader_epoch, part)
                     if bad is not None:
                         answered[i] = P.ReplicaFetched(e.topic, e.partition, bad[0], bad[1])
+                # Appends during the wait: those entries' reads are throttled too.
+                moving |= {
+                    i
+                    for i, e, p in live
+                    if i not in answered
+                    and i not in moving
+                    and self._news(e, p)
+                    and self._moving((e.topic, e.partition), rid, p)
+                }
         return moving
 
     @staticmethod
@@ -839,12 +851,28 @@ class ReplicaManager:
     def check_lease(self) -> None:
         """Step down from every leadership whose ZooKeeper lease ended; when the lease is
         back, re-read ZooKeeper so the roles are decided again (by compare-and-set)."""
-        for part in list(self.partitions.values()):
-            if part.role is Role.LEADER and part.replicated:
-                self._check_lease_of(part)
+        self._check_leases()
         if self._lease_session(self.mono_ms()):
             with contextlib.suppress(RuntimeError):  # no loop: a test driving it by hand
                 self.registry.refresh()
+
+    def _check_leases(self) -> None:
+        """Step down from every leadership whose lease ended. One lease check per ZooKeeper
+        session the leaderships were taken in (all of them in one, mostly), not one per
+        partition: the watch runs every 50 ms while leading, and a pass over thousands of
+        partitions each time was the largest cost of an idle server (issue 24). Only the
+        leaderships of a lapsed session are visited."""
+        led = self._led_in
+        if not led:
+            return
+        now = self.mono_ms()
+        lapsed = {s for s in set(led.values()) if not self._lease_held(s, now)}
+        if not lapsed:
+            return
+        for key, session in list(led.items()):
+            part = self.partitions.get(key)
+            if session in lapsed and part is not None and part.role is Role.LEADER:
+                self.step_down(key, part, "its ZooKeeper session may have expired")
 
     def _check_lease_of(self, part: Partition) -> None:
         key = (part.topic, part.partition)
@@ -891,17 +919,12 @@ class ReplicaManager:
         """Steps down when a lease ends, waking at the end of the lease (at most every
         50 ms while leading, so a confirmation that moved the end is seen)."""
         while True:
-            leading = any(
-                k in self._led_in for k, p in self.partitions.items() if p.role is Role.LEADER
-            )
             wait_ms = 200.0
-            if leading:
+            if self._led_in:  # (may name a partition deposed since: a 50 ms wake, no more)
                 wait_ms = min(50.0, max(1.0, self._lease_remaining_ms(self.mono_ms())))
             await asyncio.sleep(wait_ms / 1000)
             try:
-                for part in list(self.partitions.values()):
-                    if part.role is Role.LEADER:
-                        self._check_lease_of(part)
+                self._check_leases()
             except Exception:  # keep watching; the next pass retries
                 log.exception("checking the ZooKeeper lease failed")
 
@@ -945,7 +968,8 @@ class ReplicaManager:
             if part.role is Role.LEADER and part.isr is not None:
                 now = part.isr_clock_ms() if now_ms is None else now_ms
                 out = set(part.isr.laggards(now, self.s.replica_lag_time_max_ms))
-                out |= set(part.isr.departed(gone))
+                if gone:
+                    out |= set(part.isr.departed(gone))
                 if out:
                     self._change_isr(key, part, [], sorted(out), gone)
 
