@@ -499,8 +499,11 @@ class FetchSession:
             return
         # The leader counts each offset as held durably here (towards its high
         # watermark): never send one not fsynced (a no-op when the previous round or the
-        # reconciliation already waited).
-        await asyncio.gather(*(f.part.wait_flushed(f.part.log.next_offset) for f in fetching))
+        # reconciliation already waited; only the members with an unflushed tail are
+        # waited for, not a future per followed partition each round).
+        unflushed = [f for f in fetching if f.part.flushed_end < f.part.log.next_offset]
+        if unflushed:
+            await asyncio.gather(*(f.part.wait_flushed(f.part.log.next_offset) for f in unflushed))
         fetching = [f for f in fetching if self._live(f) and f.reconciled]
         if not fetching or self._due(loop.time(), False):
             return  # reconcile those that joined meanwhile first
