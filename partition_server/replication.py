@@ -960,14 +960,17 @@ class ReplicaManager:
         with a hand-moved clock) overrides it."""
         self._observe_servers(self.registry.assignment)
         gone = frozenset(self.liveness.gone())
+        lag_ms = self.s.replica_lag_time_max_ms
         for key, part in list(self.partitions.items()):
-            if part.role is Role.LEADER and part.isr is not None:
-                now = part.isr_clock_ms() if now_ms is None else now_ms
-                out = set(part.isr.laggards(now, self.s.replica_lag_time_max_ms))
-                if gone:
-                    out |= set(part.isr.departed(gone))
-                if out:
-                    self._change_isr(key, part, [], sorted(out), gone)
+            isr = part.isr
+            if isr is None or part.role is not Role.LEADER:
+                continue
+            now = part.isr_clock_ms() if now_ms is None else now_ms
+            out = isr.laggards(now, lag_ms)  # mostly a comparison (isr.py)
+            if gone:
+                out = sorted(set(out) | set(isr.departed(gone)))
+            if out:
+                self._change_isr(key, part, [], out, gone)
 
     def _observe_servers(self, a: Assignment | None) -> None:
         servers = getattr(a, "servers", None)
