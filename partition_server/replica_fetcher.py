@@ -574,8 +574,10 @@ class FetchSession:
                         part.epochs.save()
                     except OSError as exc:
                         log.error("saving the leader epochs of %s failed: %s", part, exc)
+        members = self.members
         for k, (f, _) in sent.items():
-            if k not in named and self._live(f) and f.reconciled:
+            # (``_live`` inlined: this visits every followed partition each round)
+            if k not in named and members.get(k) is f and f.reconciled:
                 f.answered()  # left out of the answer: the leader took it, nothing new
         if flushing:
             # Fsynced before the next fetch reports these ends to the leader.
