@@ -855,9 +855,9 @@ class ReplicaManager:
     def _check_leases(self) -> None:
         """Step down from every leadership whose lease ended. One lease check per ZooKeeper
         session the leaderships were taken in (all of them in one, mostly), not one per
-        partition: the watch runs every 50 ms while leading, and a pass over thousands of
-        partitions each time was the largest cost of an idle server (issue 24). Only the
-        leaderships of a lapsed session are visited."""
+        partition: the watch runs every 50 ms while leading, and its passes over every
+        partition were a quarter of an idle server's loop at 3000 partitions (issue 24).
+        Only the leaderships of a lapsed session are visited."""
         led = self._led_in
         if not led:
             return
