@@ -228,10 +228,15 @@ class PreferredLeader:
         live = set(a.servers)
         now = rm.mono_ms()
         settle = float(getattr(rm.s, "preferred_leader_settle_ms", 0))
+        led_since = self.led_since
         for key, part in list(rm.partitions.items()):
+            if part.isr is None or part.role is not Role.LEADER:
+                if key in led_since:
+                    del led_since[key]
+                continue  # (a follower: one look each tick, nothing built)
             ps = a.partitions.get(key)
-            if part.role is not Role.LEADER or part.isr is None or ps is None:
-                self.led_since.pop(key, None)
+            if ps is None:
+                led_since.pop(key, None)
                 continue
             epoch = part.leader_epoch
             since = self.led_since.get(key)

@@ -86,6 +86,9 @@ class InSyncReplicas:
         self.pending_remove: set[int] = set()  # a write removing them is in flight
         self.retry_add: set[int] = set()  # pending additions whose write failed
         self.last_change_ms: int | None = None  # the last write decided in this leadership
+        # ``laggards``' answer is none up to this time, for this lag (None: not known): an
+        # idle leader's check of thousands of partitions each tick costs a comparison each.
+        self._no_laggard_until: tuple[int, float] | None = None
         # A follower gets a full lag period from the start of this leadership to show up.
         self.followers = {
             r: FollowerProgress(last_caught_up_ms=now_ms) for r in replicas if r != leader
@@ -96,6 +99,8 @@ class InSyncReplicas:
         if p is None:
             return
         if end_offset >= leader_end:
+            if now_ms < p.last_caught_up_ms:
+                self._no_laggard_until = None  # a clock set back (tests): look again
             p.last_caught_up_ms = now_ms
         elif end_offset >= p.leader_end_at_last_fetch and p.last_fetch_ms:
             p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
@@ -129,14 +134,28 @@ class InSyncReplicas:
     def laggards(self, now_ms: int, lag_ms: int) -> list[int]:
         """Counted followers not caught up for ``lag_ms``: to be removed. A pending
         addition counts too: one whose write failed and that then died must not hold the
-        high watermark back for ever."""
-        return sorted(
-            r
+        high watermark back for ever.
+
+        When there are none, none can appear before the oldest candidate's last catch-up
+        plus ``lag_ms``: a follower's ``last_caught_up_ms`` only grows, and whatever changes
+        the candidates (``begin_change``, ``change_failed``, ``set_isr``) forgets that
+        time, so until then the answer is the same without looking."""
+        quiet = self._no_laggard_until
+        if quiet is not None and quiet[0] == lag_ms and now_ms <= quiet[1]:
+            return []
+        candidates = [
+            (r, self.followers[r])
             for r in self.counted() - self.pending_remove
-            if r != self.leader
-            and r in self.followers
-            and now_ms - self.followers[r].last_caught_up_ms > lag_ms
-        )
+            if r != self.leader and r in self.followers
+        ]
+        out = sorted(r for r, p in candidates if now_ms - p.last_caught_up_ms > lag_ms)
+        if not out:
+            oldest = min((p.last_caught_up_ms for _, p in candidates), default=None)
+            self._no_laggard_until = (
+                lag_ms,
+                float("inf") if oldest is None else oldest + lag_ms,
+            )
+        return out
 
     def departed(self, gone: Collection[int]) -> list[int]:
         """Counted followers in ``gone`` (their ZooKeeper session ended): to be removed
@@ -153,6 +172,8 @@ class InSyncReplicas:
         decided to remove them, has reached the high watermark and ``epoch_start`` (again,
         when the write adding them failed). None within ``min_interval_ms`` of the last
         change."""
+        if self.followers.keys() <= self.isr:
+            return []  # every follower is in the set: the idle case, without a pass
         if self.last_change_ms is not None and now_ms - self.last_change_ms < min_interval_ms:
             return []
         return sorted(
@@ -170,6 +191,7 @@ class InSyncReplicas:
         high watermark from now on, before ZooKeeper may name it in sync, and is caught up
         as of the fetch that let it in. ``remove`` needs a new fetch to come back."""
         self.last_change_ms = now_ms
+        self._no_laggard_until = None
         for r in add:
             p = self.followers[r]
             p.last_caught_up_ms = max(p.last_caught_up_ms, p.last_fetch_ms)
@@ -188,10 +210,12 @@ class InSyncReplicas:
         now, and become joiners again so the write is retried."""
         self.pending_remove.clear()
         self.retry_add |= self.pending_add
+        self._no_laggard_until = None
 
     def set_isr(self, isr: list[int]) -> None:
         """ZooKeeper now says ``isr``, after our write (one at a time): a follower being
         removed that it does not name stops counting, even one still pending addition."""
+        self._no_laggard_until = None
         self.isr = set(isr) | {self.leader}
         self.pending_add -= self.isr | self.pending_remove
         self.retry_add &= self.pending_add

@@ -499,8 +499,11 @@ class FetchSession:
             return
         # The leader counts each offset as held durably here (towards its high
         # watermark): never send one not fsynced (a no-op when the previous round or the
-        # reconciliation already waited).
-        await asyncio.gather(*(f.part.wait_flushed(f.part.log.next_offset) for f in fetching))
+        # reconciliation already waited; only the members with an unflushed tail are
+        # waited for, not a future per followed partition each round).
+        unflushed = [f for f in fetching if f.part.flushed_end < f.part.log.next_offset]
+        if unflushed:
+            await asyncio.gather(*(f.part.wait_flushed(f.part.log.next_offset) for f in unflushed))
         fetching = [f for f in fetching if self._live(f) and f.reconciled]
         if not fetching or self._due(loop.time(), False):
             return  # reconcile those that joined meanwhile first
@@ -571,8 +574,10 @@ class FetchSession:
                         part.epochs.save()
                     except OSError as exc:
                         log.error("saving the leader epochs of %s failed: %s", part, exc)
+        members = self.members
         for k, (f, _) in sent.items():
-            if k not in named and self._live(f) and f.reconciled:
+            # (``_live`` inlined: this visits every followed partition each round)
+            if k not in named and members.get(k) is f and f.reconciled:
                 f.answered()  # left out of the answer: the leader took it, nothing new
         if flushing:
             # Fsynced before the next fetch reports these ends to the leader.

@@ -690,10 +690,8 @@ class ReplicaManager:
         budget = max(min(req.max_bytes, self.s.frame_bytes_max - 65536), 1)
         part_max = min(max(req.flags, 1), self.s.fetch_bytes_max)
         sent = 0
-        moving = await self._moving_many(live, answered, rid, req.max_wait_ms)
-        for i, e, part in live:
-            if i in answered or not self._news(e, part):
-                continue
+        moving, news = await self._moving_many(live, answered, rid, req.max_wait_ms)
+        for i, e, part in news:
             data: list[bytes] = []
             if e.offset < part.log.next_offset and budget - sent > 0:
                 room = min(part_max, budget - sent)
@@ -748,25 +746,35 @@ class ReplicaManager:
         answered: dict[int, P.ReplicaFetched],
         rid: int,
         max_wait_ms: int,
-    ) -> set[int]:
-        """The entries of a session fetch that are moving replicas' catch-up. When those
-        are all it has news for and the budget is spent, wait (up to its wait) for the
-        budget to refill, so the follower does not come back at once for nothing; then
-        check each entry again, as after the fetch's own wait (an error in ``answered``)."""
-        moving = {i for i, e, p in live if self._moving((e.topic, e.partition), rid, p)}
-        if not moving:
-            return moving
-        news = [i for i, e, p in live if i not in answered and self._news(e, p)]
-        if news and set(news) <= moving:
-            wait_s = self.move_throttle.wait_s()
-            if wait_s > 0:
-                limit = min(max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
-                await asyncio.sleep(min(wait_s, limit))
-                for i, e, part in live:
-                    bad = None if i in answered else self._check(rid, e.leader_epoch, part)
-                    if bad is not None:
-                        answered[i] = P.ReplicaFetched(e.topic, e.partition, bad[0], bad[1])
-        return moving
+    ) -> tuple[set[int], list[tuple[int, P.ReplicaFetchEntry, Partition]]]:
+        """The entries of a session fetch with news to answer (not answered yet), and
+        which of those are moving replicas' catch-up. When those are all it has news for
+        and the budget is spent, wait (up to its wait) for the budget to refill, so the
+        follower does not come back at once for nothing; then check each entry again, as
+        after the fetch's own wait (an error in ``answered``), and look for news again.
+        Only an entry with news reads data, the only thing the throttle limits: an idle
+        entry costs one look, not a question to the throttle each round (issue 24)."""
+        news = [(i, e, p) for i, e, p in live if i not in answered and self._news(e, p)]
+        moving = {i for i, e, p in news if self._moving((e.topic, e.partition), rid, p)}
+        if not moving or len(moving) != len(news):
+            return moving, news
+        wait_s = self.move_throttle.wait_s()
+        if wait_s <= 0:
+            return moving, news
+        limit = min(max_wait_ms, self.s.replica_fetch_wait_max_ms) / 1000
+        await asyncio.sleep(min(wait_s, limit))
+        for i, e, part in live:
+            bad = None if i in answered else self._check(rid, e.leader_epoch, part)
+            if bad is not None:
+                answered[i] = P.ReplicaFetched(e.topic, e.partition, bad[0], bad[1])
+        news = [(i, e, p) for i, e, p in live if i not in answered and self._news(e, p)]
+        # Appends during the wait: those entries' reads are throttled too.
+        moving |= {
+            i
+            for i, e, p in news
+            if i not in moving and self._moving((e.topic, e.partition), rid, p)
+        }
+        return moving, news
 
     @staticmethod
     def _news(e: P.ReplicaFetchEntry, part: Partition) -> bool:
@@ -877,12 +885,28 @@ class ReplicaManager:
     def check_lease(self) -> None:
         """Step down from every leadership whose ZooKeeper lease ended; when the lease is
         back, re-read ZooKeeper so the roles are decided again (by compare-and-set)."""
-        for part in list(self.partitions.values()):
-            if part.role is Role.LEADER and part.replicated:
-                self._check_lease_of(part)
+        self._check_leases()
         if self._lease_session(self.mono_ms()):
             with contextlib.suppress(RuntimeError):  # no loop: a test driving it by hand
                 self.registry.refresh()
+
+    def _check_leases(self) -> None:
+        """Step down from every leadership whose lease ended. One lease check per ZooKeeper
+        session the leaderships were taken in (all of them in one, mostly), not one per
+        partition: the watch runs every 50 ms while leading, and its passes over every
+        partition were a quarter of an idle server's loop at 3000 partitions (issue 24).
+        Only the leaderships of a lapsed session are visited."""
+        led = self._led_in
+        if not led:
+            return
+        now = self.mono_ms()
+        lapsed = {s for s in set(led.values()) if not self._lease_held(s, now)}
+        if not lapsed:
+            return
+        for key, session in list(led.items()):
+            part = self.partitions.get(key)
+            if session in lapsed and part is not None and part.role is Role.LEADER:
+                self.step_down(key, part, "its ZooKeeper session may have expired")
 
     def _check_lease_of(self, part: Partition) -> None:
         key = (part.topic, part.partition)
@@ -929,17 +953,12 @@ class ReplicaManager:
         """Steps down when a lease ends, waking at the end of the lease (at most every
         50 ms while leading, so a confirmation that moved the end is seen)."""
         while True:
-            leading = any(
-                k in self._led_in for k, p in self.partitions.items() if p.role is Role.LEADER
-            )
             wait_ms = 200.0
-            if leading:
+            if self._led_in:  # (may name a partition deposed since: a 50 ms wake, no more)
                 wait_ms = min(50.0, max(1.0, self._lease_remaining_ms(self.mono_ms())))
             await asyncio.sleep(wait_ms / 1000)
             try:
-                for part in list(self.partitions.values()):
-                    if part.role is Role.LEADER:
-                        self._check_lease_of(part)
+                self._check_leases()
             except Exception:  # keep watching; the next pass retries
                 log.exception("checking the ZooKeeper lease failed")
 
@@ -979,13 +998,17 @@ class ReplicaManager:
         with a hand-moved clock) overrides it."""
         self._observe_servers(self.registry.assignment)
         gone = frozenset(self.liveness.gone())
+        lag_ms = self.s.replica_lag_time_max_ms
         for key, part in list(self.partitions.items()):
-            if part.role is Role.LEADER and part.isr is not None:
-                now = part.isr_clock_ms() if now_ms is None else now_ms
-                out = set(part.isr.laggards(now, self.s.replica_lag_time_max_ms))
-                out |= set(part.isr.departed(gone))
-                if out:
-                    self._change_isr(key, part, [], sorted(out), gone)
+            isr = part.isr
+            if isr is None or part.role is not Role.LEADER:
+                continue
+            now = part.isr_clock_ms() if now_ms is None else now_ms
+            out = isr.laggards(now, lag_ms)  # mostly a comparison (isr.py)
+            if gone:
+                out = sorted(set(out) | set(isr.departed(gone)))
+            if out:
+                self._change_isr(key, part, [], out, gone)
 
     def _observe_servers(self, a: Assignment | None) -> None:
         servers = getattr(a, "servers", None)
@@ -1002,7 +1025,7 @@ class ReplicaManager:
             return
         self._observe_servers(a)
         gone = frozenset(self.liveness.gone())
-        out = part.isr.departed(gone)
+        out = part.isr.departed(gone) if gone else []
         if out:
             self._change_isr(key, part, [], out, gone)
 

@@ -217,3 +217,78 @@ def test_isr_rules_count_the_confirmed_set_for_writes_and_the_counted_for_commit
     assert isr.commits() and not isr.accepts_writes()
     isr.set_isr([1, 2])
     assert isr.accepts_writes() and isr.commits()
+
+
+def reference_laggards(s: InSyncReplicas, now_ms: int, lag_ms: int) -> list[int]:
+    """The lag rule as docs/replication.md states it: a counted follower, not being
+    removed already, not caught up for longer than ``lag_ms``."""
+    return sorted(
+        r
+        for r, p in s.followers.items()
+        if r in s.counted() and r not in s.pending_remove and now_ms - p.last_caught_up_ms > lag_ms
+    )
+
+
+def reference_joiners(s: InSyncReplicas, hw: int, now_ms: int, min_interval_ms: int) -> list[int]:
+    """Joining (docs/replication.md): outside the set (or an addition to ask again), a
+    fetch since its removal that reached the high watermark and the epoch's start, and
+    not within ``min_interval_ms`` of the last change."""
+    if s.last_change_ms is not None and now_ms - s.last_change_ms < min_interval_ms:
+        return []
+    return sorted(
+        r
+        for r, p in s.followers.items()
+        if r not in s.isr
+        and (r not in s.pending_add or r in s.retry_add)
+        and p.fetches > p.fetches_at_removal
+        and p.end_offset >= 0
+        and p.end_offset >= max(hw, s.epoch_start)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["fetch", "fetch", "fetch", "check", "remove", "add", "written", "lost"]
+            ),
+            st.sampled_from([2, 3, 4]),
+            # ms the clock moves: often just to, or just past, a lag period's end
+            st.one_of(st.sampled_from([0, 1, 99, 100, 101, 999, 1000]), st.integers(0, 3000)),
+            st.integers(0, 20),  # the follower's offset / the leader's end
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([100, 1000]),
+)
+def test_the_remembered_quiet_time_answers_as_the_rule_does(
+    steps: list[tuple[str, int, int, int]], lag_ms: int
+) -> None:
+    """Issue 24 (an idle server costs nothing whatever its partition count): ``laggards``
+    remembers until when no follower can lag, ``joiners`` answers at once when everyone
+    is in the set. Under any run of fetches, checks and in-sync writes (confirmed or
+    lost), both answer what the rule, computed afresh, says at every step."""
+    now = 0
+    s = InSyncReplicas(1, [1, 2, 3, 4], [1, 2, 3], now_ms=now, epoch_start=5)
+    leader_end = 5
+    pending: list[int] | None = None
+    for kind, r, dt, n in steps:
+        now += dt
+        if kind == "fetch":
+            leader_end = max(leader_end, n)
+            s.record_fetch(r, min(n, leader_end), leader_end, now)
+        elif kind in ("remove", "add") and pending is None:
+            if kind == "remove" and r in s.counted() - s.pending_remove:
+                pending = s.begin_change([], [r], now)
+            elif kind == "add" and r not in s.isr:
+                pending = s.begin_change([r], [], now)
+        elif kind in ("written", "lost") and pending is not None:
+            if kind == "written":
+                s.set_isr(pending)
+            else:
+                s.change_failed()
+            pending = None
+        assert s.laggards(now, lag_ms) == reference_laggards(s, now, lag_ms), (kind, now)
+        hw = s.high_watermark(leader_end)
+        assert s.joiners(hw, now, 500) == reference_joiners(s, hw, now, 500), (kind, now)
