@@ -109,7 +109,17 @@ class Flusher:
         self._running = True
         parts = list(self._dirty)
         self._dirty.clear()
-        jobs = [(p, *p.prepare_flush()) for p in parts]
+        try:
+            jobs = [(p, *p.prepare_flush()) for p in parts]
+        except OSError as exc:
+            # Taking the fds failed (EMFILE opening a directory, say): what was handed out
+            # before the failure is no longer anyone's to fsync. Raising here left the
+            # flusher "running" for good, every flush waiter (acks, follower fetches)
+            # hanging with the server up; the fsync failure's policy instead (crash and
+            # recover from the log, unless the caller chose otherwise).
+            self._running = False
+            self._on_error(exc)
+            return
         fds = [fd for _, _, fl in jobs for fd in fl]
         loop = asyncio.get_running_loop()
         # Many files (a write to each of hundreds of partitions): fsynced in a few lanes at

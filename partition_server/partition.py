@@ -519,6 +519,7 @@ class Partition:
         return (self.epochs.truncations, self.log.next_offset), self.log.take_dirty()
 
     def flush_done(self, mark: FlushMark) -> None:
+        self.log.release_retired()  # the flush that held them has ended
         generation, end_offset = mark
         if generation != self.epochs.truncations:
             # The fsync covered the log as it was before a cut; the batches now above the

@@ -211,6 +211,34 @@ def test_an_open_log_holds_one_descriptor_per_segment_and_none_for_its_directory
     assert open_fds() == before
 
 
+def test_a_log_written_once_holds_no_directory_descriptor_once_its_flush_ended(
+    tmp_path: Path,
+) -> None:
+    """Issue 24, session 25: the directory handed to a flush was closed only at the log's
+    next ``take_dirty``; a partition written once (a record to each of 10,000) kept it open
+    for good, 10,000 segments and 10,000 directories reached the server's limit of 20,000
+    (EMFILE), the flusher stopped and those partitions never acked again. It is closed when
+    the flush that held it ends (``release_retired``, from ``Partition.flush_done``).
+    Without the release (the old behaviour, closed at the next take_dirty only): 60
+    descriptors held by these 20 logs, not 40."""
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    logs = [PartitionLog.open(tmp_path / f"t-{p}", len(mk(0)))[0] for p in range(20)]
+    for lg in logs:
+        put(lg, mk(0))
+        put(lg, mk(2))  # rolls: its directory goes to the next flush
+        for fd in lg.take_dirty():
+            os.fsync(fd)  # the flush
+        lg.release_retired()  # ...has ended
+    assert open_fds() - before == 20 * 2  # two segments each, no directory
+    for lg in logs:
+        lg.close()
+    assert open_fds() == before
+
+
 def test_offset_for_timestamp_is_the_first_batch_at_or_after_the_time(tmp_path: Path) -> None:
     """Kafka's ListOffsets by time: the first batch in log order whose timestamp is at or
     after T (timestamps need not grow), never at or past the end offset (the high
