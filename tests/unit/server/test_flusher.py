@@ -189,3 +189,31 @@ def test_a_failed_fsync_goes_to_the_error_policy_and_marks_nothing(directory: Pa
         assert f.flushes == 0
 
     run(main)
+
+
+def test_failing_to_take_the_fds_goes_to_the_error_policy_and_leaves_the_flusher_usable(
+    directory: Path,
+) -> None:
+    """Session 25 (issue 24): ``prepare_flush`` raising (EMFILE opening a log's directory,
+    at 10,000 partitions) escaped ``Flusher._start`` and left it "running" for good: no
+    flush ever again, every flush waiter hanging with the server up. It goes to the error
+    policy (production: crash and recover, as for a failed fsync), and the flusher is not
+    left running. Before the fix: "timed out waiting for the error policy" (the callback's
+    exception went to the loop's handler) and ``_running`` stayed True."""
+
+    async def main() -> None:
+        seen: list[BaseException] = []
+        f = Flusher(mode="batch", interval_ms=0, on_error=seen.append)
+        a = FakePartition(directory, "a")
+
+        def emfile() -> Any:
+            raise OSError(24, "Too many open files")
+
+        a.prepare_flush = emfile  # type: ignore[method-assign]
+        a.write(f)
+        await until(lambda: bool(seen), "the error policy")
+        assert isinstance(seen[0], OSError) and seen[0].errno == 24
+        assert not f._running
+        assert a.done == [] and f.flushes == 0
+
+    run(main)
