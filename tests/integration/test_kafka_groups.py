@@ -48,6 +48,11 @@ LONG = os.environ.get("PIDLEASE_GROUPS_LONG") == "1"
 def test_confluent_group_member_and_coordinator_killed_then_all_restarted(  # type: ignore[no-untyped-def]
     make_cluster, tmp_path
 ) -> None:
+    # The members and the sender are confluent_kafka clients (kafka_group_clients.py, which
+    # imports it); named here too, for the client matrix's check that each test it lists
+    # uses its client (tests/unit/repo/test_kafka_matrix_doc.py reads this file).
+    import confluent_kafka  # noqa: F401 - named for that check; the helpers use it
+
     c = make_cluster(servers=3, env=ENV)
     topic, group = "gorders", "billing"
     c.create_topic(topic, partitions=6, replication_factor=3)
